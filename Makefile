@@ -1,0 +1,43 @@
+# capacity-pilot — the commands infra teams and CI use.
+# `make test` is what CI runs (.ci/run); it must work on a fresh machine that has only
+# the Rust toolchain, Python 3.11 and Node: everything else is installed here, pinned.
+
+SHELL := /bin/bash
+VENV ?= .venv
+PYTHON ?= python3
+CARGO ?= cargo
+# Pinned test tooling, installed into $(VENV) by `make venv`.
+MOTO_VERSION := 5.2.5
+WERKZEUG_VERSION := 3.1.9
+
+.PHONY: test lint fmt run venv build deploy bench
+
+## test: every test, lint included (what CI runs)
+test: lint venv
+	$(CARGO) test --workspace --all-targets
+	$(CARGO) test --workspace --doc
+
+## lint: formatting and clippy with warnings as errors
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+## venv: the pinned Python tools the tests need (moto's DynamoDB server)
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check \
+		"moto[server]==$(MOTO_VERSION)" "werkzeug==$(WERKZEUG_VERSION)"
+	touch $@
+
+## run: the whole lifecycle offline (not built yet)
+run:
+	@echo "make run: not built yet." >&2
+	@echo "It needs the five Lambda functions (issue 5), the SAM template (issue 6) and the" >&2
+	@echo "local runner with its Lambda host and local EventBridge (issue 7)." >&2
+	@echo "What exists today: the domain library and planner (make test)." >&2
+	@exit 1

@@ -1,0 +1,1 @@
+//! Placeholder until the emulator lands (issue 3).

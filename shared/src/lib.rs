@@ -1,0 +1,1 @@
+//! capacity-pilot: the domain, ports and adapters shared by the Lambda functions.
