@@ -1,0 +1,9 @@
+//! The pure core: requests, offerings, the planner, the life cycle, money and time.
+//! Nothing here performs I/O, reads the clock or names an AWS SDK type.
+
+pub mod catalog;
+pub mod money;
+pub mod offering;
+pub mod request;
+pub mod status;
+pub mod time_rules;

@@ -1,0 +1,235 @@
+//! The request life cycle as a type: which status may follow which.
+//!
+//! Every write to a request goes through [`RequestStatus::transition`], so an illegal jump
+//! (buying for a cancelled request, launching before a reservation) is an error before it
+//! is a bug.
+
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+pub enum RequestStatus {
+    /// Validated and recorded.
+    Accepted,
+    /// Looking for reservation offerings.
+    Searching,
+    /// Nothing feasible yet; searching again on the schedule until the search deadline.
+    NotFound,
+    /// Candidates recorded; the purchase step decides.
+    OfferingsFound,
+    /// Above the approval threshold; waiting for an approver.
+    AwaitingApproval,
+    /// A worker holds the purchase lease and the budget is debited.
+    Purchasing,
+    /// Bought; waiting for a window to open (also between segments).
+    Reserved,
+    /// The workload runs in an open window.
+    Active,
+    /// Warning and stopping the workload ahead of AWS's forced termination.
+    Draining,
+    /// `on-demand-first`: trying to launch on demand (or spot) before reserving.
+    TryingOnDemand,
+    RunningOnDemand,
+    RunningSpot,
+    // Terminal states. Each is recorded with a reason.
+    Ended,
+    Rejected,
+    Cancelled,
+    Failed,
+}
+
+use RequestStatus::*;
+
+/// A transition the life cycle does not allow.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("illegal transition {from} -> {to}")]
+pub struct IllegalTransition {
+    pub from: RequestStatus,
+    pub to: RequestStatus,
+}
+
+impl RequestStatus {
+    pub const ALL: [RequestStatus; 16] = [
+        Accepted,
+        Searching,
+        NotFound,
+        OfferingsFound,
+        AwaitingApproval,
+        Purchasing,
+        Reserved,
+        Active,
+        Draining,
+        TryingOnDemand,
+        RunningOnDemand,
+        RunningSpot,
+        Ended,
+        Rejected,
+        Cancelled,
+        Failed,
+    ];
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Ended | Rejected | Cancelled | Failed)
+    }
+
+    /// A cancellation is honoured until money is committed.
+    pub fn is_cancellable(self) -> bool {
+        matches!(
+            self,
+            Accepted | Searching | NotFound | OfferingsFound | AwaitingApproval | TryingOnDemand
+        )
+    }
+
+    /// The statuses that may follow `self`.
+    pub fn successors(self) -> &'static [RequestStatus] {
+        match self {
+            Accepted => &[Searching, TryingOnDemand, Cancelled, Failed],
+            Searching => &[OfferingsFound, NotFound, Cancelled, Failed],
+            NotFound => &[Searching, OfferingsFound, Cancelled, Failed],
+            // Back to Searching when the chosen offering has gone.
+            OfferingsFound => &[AwaitingApproval, Purchasing, Searching, Cancelled, Failed],
+            AwaitingApproval => &[Purchasing, Searching, Rejected, Cancelled, Failed],
+            // Purchasing -> Purchasing: a second worker takes over an expired lease.
+            // Purchasing -> Searching: reconciled, nothing bought, the offering has gone.
+            Purchasing => &[Purchasing, Reserved, Searching, Failed],
+            // Reserved -> Searching: payment failed and the block was released.
+            Reserved => &[Active, Draining, Searching, Ended, Failed],
+            // Active -> Reserved: between the segments of a split plan.
+            Active => &[Draining, Reserved, Ended, Failed],
+            Draining => &[Reserved, Ended, Failed],
+            // TryingOnDemand -> Searching: no on-demand capacity; fall back to a reservation.
+            TryingOnDemand => &[RunningOnDemand, RunningSpot, Searching, Cancelled, Failed],
+            RunningOnDemand => &[Draining, Ended, Failed],
+            RunningSpot => &[Draining, Ended, Failed],
+            Ended | Rejected | Cancelled | Failed => &[],
+        }
+    }
+
+    pub fn can_become(self, to: RequestStatus) -> bool {
+        self.successors().contains(&to)
+    }
+
+    /// The checked step from `self` to `to`.
+    pub fn transition(self, to: RequestStatus) -> Result<RequestStatus, IllegalTransition> {
+        if self.can_become(to) {
+            Ok(to)
+        } else {
+            Err(IllegalTransition { from: self, to })
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Accepted => "Accepted",
+            Searching => "Searching",
+            NotFound => "NotFound",
+            OfferingsFound => "OfferingsFound",
+            AwaitingApproval => "AwaitingApproval",
+            Purchasing => "Purchasing",
+            Reserved => "Reserved",
+            Active => "Active",
+            Draining => "Draining",
+            TryingOnDemand => "TryingOnDemand",
+            RunningOnDemand => "RunningOnDemand",
+            RunningSpot => "RunningSpot",
+            Ended => "Ended",
+            Rejected => "Rejected",
+            Cancelled => "Cancelled",
+            Failed => "Failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<RequestStatus> {
+        RequestStatus::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+}
+
+impl fmt::Display for RequestStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::{BTreeSet, VecDeque};
+
+    #[test]
+    fn terminal_states_have_no_successors() {
+        for s in RequestStatus::ALL {
+            assert_eq!(s.is_terminal(), s.successors().is_empty(), "{s}");
+        }
+    }
+
+    #[test]
+    fn every_state_is_reachable_from_accepted_and_can_reach_an_end() {
+        let mut seen = BTreeSet::from([Accepted]);
+        let mut queue = VecDeque::from([Accepted]);
+        while let Some(s) = queue.pop_front() {
+            for &n in s.successors() {
+                if seen.insert(n) {
+                    queue.push_back(n);
+                }
+            }
+        }
+        // Rejected is also the entry state of a request that fails validation.
+        for s in RequestStatus::ALL {
+            assert!(seen.contains(&s) || s == Rejected, "{s} unreachable");
+            assert!(
+                s.is_terminal()
+                    || s.successors().iter().any(|n| n.is_terminal())
+                    || s.successors()
+                        .iter()
+                        .any(|n| n.successors().iter().any(|m| m.is_terminal())),
+                "{s} cannot end"
+            );
+        }
+    }
+
+    #[test]
+    fn illegal_transitions_are_errors() {
+        assert_eq!(
+            Cancelled.transition(Purchasing),
+            Err(IllegalTransition {
+                from: Cancelled,
+                to: Purchasing
+            })
+        );
+        assert!(Searching.transition(Reserved).is_err());
+        assert!(
+            Purchasing.transition(Cancelled).is_err(),
+            "no cancel once buying"
+        );
+        assert!(
+            Reserved.transition(Cancelled).is_err(),
+            "no cancel once bought"
+        );
+        assert_eq!(OfferingsFound.transition(Purchasing), Ok(Purchasing));
+    }
+
+    #[test]
+    fn on_demand_first_falls_back_to_searching() {
+        assert!(Accepted.can_become(TryingOnDemand));
+        assert!(TryingOnDemand.can_become(Searching));
+        assert!(TryingOnDemand.can_become(RunningSpot));
+    }
+
+    #[test]
+    fn cancellation_is_honoured_exactly_until_purchase() {
+        for s in RequestStatus::ALL {
+            assert_eq!(s.can_become(Cancelled), s.is_cancellable(), "{s}");
+        }
+    }
+
+    #[test]
+    fn status_names_round_trip() {
+        for s in RequestStatus::ALL {
+            assert_eq!(RequestStatus::parse(s.as_str()), Some(s));
+        }
+    }
+}
