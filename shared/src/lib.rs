@@ -1,3 +1,8 @@
 //! capacity-pilot: the domain, ports and adapters shared by the Lambda functions.
 
+pub mod aws;
 pub mod domain;
+pub mod ports;
+
+#[cfg(feature = "test-util")]
+pub mod fakes;

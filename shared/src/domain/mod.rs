@@ -4,6 +4,8 @@
 pub mod catalog;
 pub mod money;
 pub mod offering;
+pub mod planner;
 pub mod request;
+pub mod reservation;
 pub mod status;
 pub mod time_rules;

@@ -1,0 +1,1 @@
+//! The DynamoDB `Store` adapter (issue 4; being built).

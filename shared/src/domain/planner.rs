@@ -1,0 +1,369 @@
+//! The planner: from the offerings found (possibly across regions), pick the feasible
+//! plans and rank them, explaining the choice and every rejection.
+//!
+//! A plan is one offering, or (with `allow_split`) two Capacity Block offerings of the
+//! same type, count and region that do not overlap and together cover the duration while
+//! neither does alone. Best means the lowest upfront fee, then the earlier start, then
+//! fewer segments, then the more preferred instance type.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::catalog::PriceTable;
+use super::money::Usd;
+use super::offering::{Offering, Product};
+use super::request::CapacityRequest;
+use super::time_rules::PURCHASE_LEAD;
+
+/// A way to satisfy a request, with the reason it ranks where it does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Plan {
+    /// One offering, or two Capacity Block offerings in start order.
+    pub offerings: Vec<Offering>,
+    pub product: Product,
+    pub region: String,
+    pub instance_type: String,
+    pub instance_count: u32,
+    pub upfront_fee: Usd,
+    pub start: DateTime<Utc>,
+    pub end: DateTime<Utc>,
+    /// Segments over all offerings.
+    pub segments: usize,
+    /// Reserved hours (per instance) over all segments.
+    pub covered_hours: Decimal,
+    /// The on-demand cost of the same instance-hours, when the price is known.
+    pub on_demand_cost: Option<Usd>,
+    /// `on_demand_cost - upfront_fee`.
+    pub saving: Option<Usd>,
+    pub reason: String,
+}
+
+impl Plan {
+    pub fn offering_ids(&self) -> Vec<&str> {
+        self.offerings.iter().map(|o| o.id.as_str()).collect()
+    }
+    pub fn is_split(&self) -> bool {
+        self.segments > 1
+    }
+}
+
+/// Why an offering is not (part of) the chosen plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Rejection {
+    pub offering_id: String,
+    pub region: String,
+    pub reason: String,
+}
+
+/// The planner's answer: feasible plans best first, and a reason for every other offering.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct Planning {
+    pub plans: Vec<Plan>,
+    pub rejections: Vec<Rejection>,
+}
+
+impl Planning {
+    pub fn best(&self) -> Option<&Plan> {
+        self.plans.first()
+    }
+}
+
+/// The ranking key: lower is better. Offering ids make the order total and deterministic.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RankKey {
+    pub upfront_fee: Usd,
+    pub start: DateTime<Utc>,
+    pub segments: usize,
+    pub type_preference: usize,
+    pub tie_break: Vec<String>,
+}
+
+/// Plans the request against `offerings` at `now`.
+pub fn plan(
+    request: &CapacityRequest,
+    offerings: &[Offering],
+    prices: &PriceTable,
+    now: DateTime<Utc>,
+) -> Planning {
+    let mut plans: Vec<(RankKey, Vec<usize>)> = Vec::new();
+    // Per offering: the reasons it fails alone, and whether only its length failed.
+    let mut verdicts: Vec<Vec<String>> = Vec::with_capacity(offerings.len());
+    let mut short_only: Vec<bool> = Vec::with_capacity(offerings.len());
+
+    for (i, o) in offerings.iter().enumerate() {
+        let basic = basic_problems(request, o, now);
+        let mut all = basic.clone();
+        let short = coverage_shortfall(request, o.covered_minutes());
+        if let Some(s) = &short {
+            all.push(s.clone());
+        }
+        if o.upfront_fee > request.budget.max_upfront {
+            all.push(format!(
+                "upfront fee ${} exceeds the request's max_upfront_usd ${}",
+                o.upfront_fee, request.budget.max_upfront
+            ));
+        }
+        if all.is_empty() {
+            plans.push((rank_key(request, &[o]), vec![i]));
+        }
+        // A split partner must pass every check except length; fee is checked on the sum.
+        short_only.push(basic.is_empty() && short.is_some() && o.product == Product::CapacityBlock);
+        verdicts.push(all);
+    }
+
+    if request.allow_split {
+        for a in 0..offerings.len() {
+            for b in 0..offerings.len() {
+                if a == b || !short_only[a] || !short_only[b] {
+                    continue;
+                }
+                let (oa, ob) = (&offerings[a], &offerings[b]);
+                let ordered = oa.end() <= ob.start();
+                let same = oa.region == ob.region
+                    && oa.instance_type == ob.instance_type
+                    && oa.instance_count == ob.instance_count;
+                let covered = oa.covered_minutes() + ob.covered_minutes();
+                let fee = oa.upfront_fee + ob.upfront_fee;
+                if ordered
+                    && same
+                    && covered >= minutes(request)
+                    && fee <= request.budget.max_upfront
+                {
+                    plans.push((rank_key(request, &[oa, ob]), vec![a, b]));
+                }
+            }
+        }
+    }
+
+    plans.sort_by(|x, y| x.0.cmp(&y.0));
+    let total = plans.len();
+    let mut out: Vec<Plan> = plans
+        .iter()
+        .enumerate()
+        .map(|(rank, (_, idx))| {
+            let os: Vec<Offering> = idx.iter().map(|&i| offerings[i].clone()).collect();
+            build_plan(os, prices, rank, total)
+        })
+        .collect();
+    if let Some(best) = out.first().cloned() {
+        for p in out.iter_mut().skip(1) {
+            p.reason = format!(
+                "{}; ranks below the chosen plan ({})",
+                p.reason,
+                compare(p, &best)
+            );
+        }
+    }
+
+    // A reason for every offering that is not part of the chosen plan.
+    let chosen: Vec<&str> = out.first().map(|p| p.offering_ids()).unwrap_or_default();
+    let mut first_rank: BTreeMap<&str, usize> = BTreeMap::new();
+    for (rank, p) in out.iter().enumerate() {
+        for id in p.offering_ids() {
+            first_rank.entry(id).or_insert(rank);
+        }
+    }
+    let mut rejections = Vec::new();
+    for (i, o) in offerings.iter().enumerate() {
+        if chosen.contains(&o.id.as_str()) {
+            continue;
+        }
+        let reason = match first_rank.get(o.id.as_str()) {
+            Some(&rank) => {
+                let p = &out[rank];
+                let role = if p.offerings.len() > 1 {
+                    "part of a feasible split plan"
+                } else {
+                    "feasible"
+                };
+                format!(
+                    "{role}, ranked {} of {}: {}",
+                    rank + 1,
+                    out.len(),
+                    compare(p, &out[0])
+                )
+            }
+            None if verdicts[i].is_empty() => "feasible but not chosen".to_string(),
+            None => verdicts[i].join("; "),
+        };
+        rejections.push(Rejection {
+            offering_id: o.id.clone(),
+            region: o.region.clone(),
+            reason,
+        });
+    }
+    Planning {
+        plans: out,
+        rejections,
+    }
+}
+
+fn minutes(request: &CapacityRequest) -> i64 {
+    i64::from(request.duration_hours) * 60
+}
+
+fn coverage_shortfall(request: &CapacityRequest, covered_minutes: i64) -> Option<String> {
+    (covered_minutes < minutes(request)).then(|| {
+        format!(
+            "covers {} of the {} hours needed",
+            Decimal::from(covered_minutes) / Decimal::from(60),
+            request.duration_hours
+        )
+    })
+}
+
+/// Every check except length and fee.
+fn basic_problems(request: &CapacityRequest, o: &Offering, now: DateTime<Utc>) -> Vec<String> {
+    let mut why = Vec::new();
+    if !request.reservation_products().any(|p| p == o.product) {
+        why.push(format!(
+            "product {} is not allowed for workload {}",
+            o.product,
+            request.workload_kind().as_str()
+        ));
+    }
+    if !request.regions.contains(&o.region) {
+        why.push(format!("region {} is not one the request allows", o.region));
+    }
+    if !request.instance_types.contains(&o.instance_type) {
+        why.push(format!(
+            "instance type {} was not asked for",
+            o.instance_type
+        ));
+    }
+    if o.instance_count != request.instance_count {
+        why.push(format!(
+            "{} instances, the request needs {}",
+            o.instance_count, request.instance_count
+        ));
+    }
+    if o.segments.is_empty() || o.segments.iter().any(|s| s.end <= s.start) {
+        why.push("has no usable segment".to_string());
+        return why;
+    }
+    if o.segments.len() > 2 {
+        why.push(format!(
+            "{} segments; at most two are accepted",
+            o.segments.len()
+        ));
+    } else if o.segments.len() == 2 && !request.allow_split {
+        why.push("comes in two segments and the request does not allow a split".to_string());
+    }
+    let w = request.window;
+    if o.start() < w.earliest_start || o.end() > w.latest_end {
+        why.push(format!(
+            "runs {} to {}, outside the window {} to {}",
+            o.start().format("%Y-%m-%dT%H:%MZ"),
+            o.end().format("%Y-%m-%dT%H:%MZ"),
+            w.earliest_start.format("%Y-%m-%dT%H:%MZ"),
+            w.latest_end.format("%Y-%m-%dT%H:%MZ"),
+        ));
+    }
+    if o.start() < now + PURCHASE_LEAD {
+        why.push(format!(
+            "starts at {}, too soon to buy (needs 30 min lead)",
+            o.start().format("%Y-%m-%dT%H:%MZ")
+        ));
+    }
+    why
+}
+
+fn rank_key(request: &CapacityRequest, os: &[&Offering]) -> RankKey {
+    let type_preference = request
+        .instance_types
+        .iter()
+        .position(|t| *t == os[0].instance_type)
+        .unwrap_or(usize::MAX);
+    RankKey {
+        upfront_fee: os.iter().map(|o| o.upfront_fee).sum(),
+        start: os[0].start(),
+        segments: os.iter().map(|o| o.segments.len()).sum(),
+        type_preference,
+        tie_break: os
+            .iter()
+            .map(|o| format!("{}/{}", o.region, o.id))
+            .collect(),
+    }
+}
+
+/// The ranking key of a built plan, for callers and tests that compare rankings.
+pub fn plan_rank_key(request: &CapacityRequest, p: &Plan) -> RankKey {
+    let os: Vec<&Offering> = p.offerings.iter().collect();
+    rank_key(request, &os)
+}
+
+fn build_plan(offerings: Vec<Offering>, prices: &PriceTable, rank: usize, total: usize) -> Plan {
+    let first = &offerings[0];
+    let upfront_fee: Usd = offerings.iter().map(|o| o.upfront_fee).sum();
+    let covered_minutes: i64 = offerings.iter().map(Offering::covered_minutes).sum();
+    let covered_hours = Decimal::from(covered_minutes) / Decimal::from(60);
+    let on_demand_cost = prices
+        .on_demand(&first.instance_type)
+        .map(|p| Usd::new(p.amount() * covered_hours * Decimal::from(first.instance_count)));
+    let saving = on_demand_cost.map(|od| od - upfront_fee);
+    let segments: usize = offerings.iter().map(|o| o.segments.len()).sum();
+    let what = format!(
+        "{} x {} {} in {} from {} for {} h{}: ${} upfront",
+        first.instance_count,
+        first.instance_type,
+        first.product,
+        first.region,
+        first.start().format("%Y-%m-%dT%H:%MZ"),
+        covered_hours.normalize(),
+        if segments > 1 {
+            format!(" in {segments} segments")
+        } else {
+            String::new()
+        },
+        upfront_fee.to_cents(),
+    );
+    let versus = match (on_demand_cost, saving) {
+        (Some(od), Some(s)) if od.is_positive() => format!(
+            ", ${} ({}%) below the on-demand ${} for the same instance-hours",
+            s.to_cents(),
+            (s.amount() * Decimal::from(100) / od.amount()).round_dp(1),
+            od.to_cents()
+        ),
+        _ => ", no on-demand price known to compare".to_string(),
+    };
+    let reason = if rank == 0 {
+        format!("chosen: the lowest upfront fee of {total} feasible plan(s); {what}{versus}")
+    } else {
+        format!("{what}{versus}")
+    };
+    let end = offerings.last().expect("non-empty").end();
+    Plan {
+        product: first.product,
+        region: first.region.clone(),
+        instance_type: first.instance_type.clone(),
+        instance_count: first.instance_count,
+        upfront_fee,
+        start: first.start(),
+        end,
+        segments,
+        covered_hours,
+        on_demand_cost,
+        saving,
+        reason,
+        offerings,
+    }
+}
+
+/// Why `p` ranks below `best`, in words.
+fn compare(p: &Plan, best: &Plan) -> String {
+    match p.upfront_fee.cmp(&best.upfront_fee) {
+        Ordering::Greater => format!(
+            "costs ${} vs ${} for the chosen plan",
+            p.upfront_fee.to_cents(),
+            best.upfront_fee.to_cents()
+        ),
+        _ if p.start > best.start => "same fee, later start".to_string(),
+        _ if p.segments > best.segments => "same fee and start, more segments".to_string(),
+        _ => "same fee, start and segments; a less preferred type or a later tie-break".to_string(),
+    }
+}

@@ -1,0 +1,81 @@
+//! A reservation we bought (a Capacity Block's Capacity Reservation, or a training plan),
+//! as the market reports it and as we record it.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::money::Usd;
+use super::offering::{Product, Segment};
+
+/// The life cycle AWS reports, mapped from the EC2 (`payment-pending`, ...) and SageMaker
+/// (`Pending`, ...) spellings by the adapters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReservationState {
+    PaymentPending,
+    PaymentFailed,
+    Scheduled,
+    Active,
+    Expired,
+    Failed,
+    Cancelled,
+    Unavailable,
+    /// A state this build does not know; kept verbatim by the adapter's logs.
+    Unknown,
+}
+
+impl ReservationState {
+    /// Whether the capacity exists, or will.
+    pub fn is_live(self) -> bool {
+        matches!(
+            self,
+            ReservationState::PaymentPending
+                | ReservationState::Scheduled
+                | ReservationState::Active
+        )
+    }
+}
+
+impl fmt::Display for ReservationState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        f.write_str(&s)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Reservation {
+    /// `cr-...` for a Capacity Block, the training plan ARN for a plan.
+    pub id: String,
+    pub product: Product,
+    pub region: String,
+    pub instance_type: String,
+    pub instance_count: u32,
+    pub segments: Vec<Segment>,
+    pub upfront_fee: Usd,
+    pub state: ReservationState,
+    /// The offering it was bought from, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offering_id: Option<String>,
+    /// The request id tag (`capacity-pilot:request-id`), when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_tag: Option<String>,
+    /// UltraServer blocks have a longer forced-termination lead.
+    #[serde(default)]
+    pub ultraserver: bool,
+}
+
+impl Reservation {
+    pub fn start(&self) -> DateTime<Utc> {
+        self.segments.first().map(|s| s.start).unwrap_or_default()
+    }
+    pub fn end(&self) -> DateTime<Utc> {
+        self.segments.last().map(|s| s.end).unwrap_or_default()
+    }
+}

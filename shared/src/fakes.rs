@@ -1,0 +1,1 @@
+//! In-memory fakes of every port, for handler unit tests (feature `test-util`).

@@ -1,0 +1,740 @@
+//! The small traits the functions need from the outside world: the capacity market, the
+//! workloads, the state store, the event sink and the clock.
+//!
+//! They speak domain types only. The AWS adapters (`aws/`) convert at the edge; in-memory
+//! fakes (`fakes`, behind the `test-util` feature) serve handler unit tests.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use chrono::{DateTime, Datelike, Utc};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::domain::money::{MicroUsd, Usd};
+use crate::domain::offering::{Offering, Product};
+use crate::domain::planner::Plan;
+use crate::domain::request::{CapacityRequest, LaunchTemplateRef, RequestId, Team};
+use crate::domain::reservation::Reservation;
+use crate::domain::status::RequestStatus;
+
+// =======================================================================================
+// Errors shared by the ports.
+// =======================================================================================
+
+/// A failed call to an outside service, classified once, here, for every caller.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PortError {
+    /// Throttled: retry later with backoff.
+    #[error("throttled by {service}: {code}: {message}")]
+    Throttled {
+        service: &'static str,
+        code: String,
+        message: String,
+    },
+    /// A server-side or network failure with a known outcome (nothing happened): retry.
+    #[error("transient failure of {service}: {code}: {message}")]
+    Transient {
+        service: &'static str,
+        code: String,
+        message: String,
+    },
+    /// The call may or may not have taken effect (timeout, 5xx, lost response). For a
+    /// purchase this means: reconcile before anything else.
+    #[error("outcome unknown for {service}: {message}")]
+    OutcomeUnknown {
+        service: &'static str,
+        message: String,
+    },
+    /// The offering can no longer be bought (expired, sold, not found).
+    #[error("offering gone: {code}: {message}")]
+    OfferingGone { code: String, message: String },
+    /// Insufficient capacity (on-demand, spot, or inside a reservation).
+    #[error("no capacity: {code}: {message}")]
+    NoCapacity { code: String, message: String },
+    /// The request itself is wrong or not allowed; retrying won't help.
+    #[error("{service} refused: {code}: {message}")]
+    Permanent {
+        service: &'static str,
+        code: String,
+        message: String,
+    },
+}
+
+impl PortError {
+    /// Whether the same call may be retried as it is.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            PortError::Throttled { .. } | PortError::Transient { .. }
+        )
+    }
+
+    /// The AWS error code, when there is one.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            PortError::Throttled { code, .. }
+            | PortError::Transient { code, .. }
+            | PortError::OfferingGone { code, .. }
+            | PortError::NoCapacity { code, .. }
+            | PortError::Permanent { code, .. } => Some(code),
+            PortError::OutcomeUnknown { .. } => None,
+        }
+    }
+}
+
+// =======================================================================================
+// Capacity market: search, purchase, describe, reconcile-by-tag, for both products.
+// =======================================================================================
+
+/// One search: a product, a region, a type and count, a duration and a date range.
+/// Requests asking the same question share one query (and one AWS call).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct OfferingQuery {
+    /// `CapacityBlock` or `TrainingPlan { target }`.
+    pub product: Product,
+    pub region: String,
+    pub instance_type: String,
+    pub instance_count: u32,
+    pub duration_hours: u32,
+    pub start_from: DateTime<Utc>,
+    pub end_by: DateTime<Utc>,
+}
+
+/// What a purchase is for: every purchase is tagged with the request id, and training
+/// plans are named from it, so a repeat collides instead of buying twice.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PurchaseSpec {
+    pub request_id: RequestId,
+    /// The training plan name (ignored for Capacity Blocks).
+    pub plan_name: String,
+    /// `Linux/UNIX` etc. (Capacity Blocks only).
+    pub instance_platform: String,
+    /// The request's tags plus ours (`capacity-pilot:managed`, `capacity-pilot:request-id`).
+    pub tags: BTreeMap<String, String>,
+}
+
+pub trait CapacityMarket: Send + Sync {
+    /// Offerings for one query, priced against on-demand.
+    fn search(
+        &self,
+        query: &OfferingQuery,
+    ) -> impl Future<Output = Result<Vec<Offering>, PortError>> + Send;
+
+    /// Buys an offering **with SDK retries disabled**: a retry after a lost response would
+    /// buy twice. Any doubt is `OutcomeUnknown`, to be settled by
+    /// [`CapacityMarket::find_by_request`].
+    fn purchase(
+        &self,
+        offering: &Offering,
+        spec: &PurchaseSpec,
+    ) -> impl Future<Output = Result<Reservation, PortError>> + Send;
+
+    /// The current view of one reservation, `None` when AWS does not know it.
+    fn describe(
+        &self,
+        product: Product,
+        region: &str,
+        reservation_id: &str,
+    ) -> impl Future<Output = Result<Option<Reservation>, PortError>> + Send;
+
+    /// Every reservation of `product` in `region` tagged (or, for plans, named) for the
+    /// request: how a purchase whose outcome is unknown is reconciled.
+    fn find_by_request(
+        &self,
+        product: Product,
+        region: &str,
+        request_id: &RequestId,
+        plan_name: &str,
+    ) -> impl Future<Output = Result<Vec<Reservation>, PortError>> + Send;
+}
+
+// =======================================================================================
+// Workloads: EC2 instances, training jobs, HyperPod instance groups, endpoints.
+// =======================================================================================
+
+/// How an instance is bought.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LaunchMarket {
+    /// Into a Capacity Block: market type `capacity-block` and a reservation target.
+    CapacityBlock {
+        reservation_id: String,
+    },
+    OnDemand,
+    Spot,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaunchSpec {
+    pub region: String,
+    pub market: LaunchMarket,
+    pub instance_type: String,
+    pub count: u32,
+    pub subnet_id: String,
+    pub launch_template: LaunchTemplateRef,
+    /// At most 64 characters; see `domain::launch::client_token`.
+    pub client_token: String,
+    pub tags: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InstanceState {
+    Pending,
+    Running,
+    ShuttingDown,
+    Terminated,
+    Stopping,
+    Stopped,
+}
+
+impl InstanceState {
+    /// Still holds (or will hold) a slot.
+    pub fn is_live(self) -> bool {
+        matches!(self, InstanceState::Pending | InstanceState::Running)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InstanceHealth {
+    Ok,
+    Impaired,
+    /// Initializing or no data yet.
+    Unknown,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceInfo {
+    pub instance_id: String,
+    pub region: String,
+    pub availability_zone: String,
+    pub instance_type: String,
+    pub state: InstanceState,
+    pub health: InstanceHealth,
+    pub reservation_id: Option<String>,
+    pub launched_at: Option<DateTime<Utc>>,
+    pub tags: BTreeMap<String, String>,
+}
+
+/// Which instances to describe; filters are AND-ed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceFilter {
+    pub instance_ids: Vec<String>,
+    pub reservation_id: Option<String>,
+    /// `capacity-pilot:request-id`.
+    pub request_id: Option<RequestId>,
+    /// Only `capacity-pilot:managed` instances.
+    pub managed_only: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrainingJobSpec {
+    pub region: String,
+    pub job_name: String,
+    pub role_arn: String,
+    pub training_image: String,
+    pub output_s3_uri: String,
+    pub instance_type: String,
+    pub instance_count: u32,
+    pub volume_size_gb: u32,
+    /// `None` runs on demand.
+    pub training_plan_arn: Option<String>,
+    pub max_runtime_seconds: u32,
+    pub hyper_parameters: BTreeMap<String, String>,
+    pub tags: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobState {
+    InProgress,
+    Completed,
+    Failed,
+    Stopping,
+    Stopped,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobInfo {
+    pub job_name: String,
+    pub state: JobState,
+    /// AWS's secondary status, e.g. `Pending`, `Training`.
+    pub detail: String,
+    pub failure_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceGroupSpec {
+    pub region: String,
+    pub cluster_name: String,
+    pub instance_group_name: String,
+    pub instance_type: String,
+    pub instance_count: u32,
+    pub training_plan_arn: Option<String>,
+    pub execution_role_arn: String,
+    pub life_cycle_source_s3_uri: Option<String>,
+    pub life_cycle_on_create: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceGroupInfo {
+    pub cluster_name: String,
+    /// Whether the cluster carries `capacity-pilot:managed`; we touch no other cluster.
+    pub cluster_managed: bool,
+    pub instance_group_name: Option<String>,
+    pub current_count: u32,
+    pub target_count: u32,
+    pub status: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointSpec {
+    pub region: String,
+    pub endpoint_name: String,
+    pub endpoint_config_name: String,
+    pub model_name: String,
+    pub variant_name: String,
+    pub instance_type: String,
+    pub instance_count: u32,
+    /// The training plan ARN (`capacity-reservations-only`); `None` runs on demand.
+    pub ml_reservation_arn: Option<String>,
+    pub tags: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointInfo {
+    pub endpoint_name: String,
+    /// AWS's `EndpointStatus`, e.g. `Creating`, `InService`, `Failed`.
+    pub status: String,
+    pub failure_reason: Option<String>,
+}
+
+pub trait Workloads: Send + Sync {
+    fn launch_instances(
+        &self,
+        spec: &LaunchSpec,
+    ) -> impl Future<Output = Result<Vec<InstanceInfo>, PortError>> + Send;
+
+    fn describe_instances(
+        &self,
+        region: &str,
+        filter: &InstanceFilter,
+    ) -> impl Future<Output = Result<Vec<InstanceInfo>, PortError>> + Send;
+
+    /// Idempotent: terminating a terminated instance succeeds.
+    fn terminate_instances(
+        &self,
+        region: &str,
+        instance_ids: &[String],
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+
+    /// The first of `subnet_ids` in `availability_zone`, if any.
+    fn subnet_in_zone(
+        &self,
+        region: &str,
+        subnet_ids: &[String],
+        availability_zone: &str,
+    ) -> impl Future<Output = Result<Option<String>, PortError>> + Send;
+
+    /// Creates the job; an existing job of that name is success (the name is our key).
+    fn start_training_job(
+        &self,
+        spec: &TrainingJobSpec,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+
+    fn describe_training_job(
+        &self,
+        region: &str,
+        job_name: &str,
+    ) -> impl Future<Output = Result<Option<JobInfo>, PortError>> + Send;
+
+    fn stop_training_job(
+        &self,
+        region: &str,
+        job_name: &str,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+
+    fn describe_instance_group(
+        &self,
+        region: &str,
+        cluster_name: &str,
+        instance_group_name: &str,
+    ) -> impl Future<Output = Result<Option<InstanceGroupInfo>, PortError>> + Send;
+
+    /// Creates or resizes the instance group on the cluster (UpdateCluster).
+    fn put_instance_group(
+        &self,
+        spec: &InstanceGroupSpec,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+
+    /// Creates the endpoint config and the endpoint; existing ones of those names are success.
+    fn create_endpoint(
+        &self,
+        spec: &EndpointSpec,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+
+    fn describe_endpoint(
+        &self,
+        region: &str,
+        endpoint_name: &str,
+    ) -> impl Future<Output = Result<Option<EndpointInfo>, PortError>> + Send;
+
+    /// Deletes the endpoint and its config; missing ones are success.
+    fn delete_endpoint(
+        &self,
+        region: &str,
+        endpoint_name: &str,
+        endpoint_config_name: &str,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+}
+
+// =======================================================================================
+// Events out, and the clock.
+// =======================================================================================
+
+/// An event to publish on our bus, with source `capacity-pilot`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboundEvent {
+    /// Stable across re-publication, so consumers can drop duplicates; unique per event.
+    pub event_key: String,
+    pub detail_type: String,
+    /// The JSON detail, carrying `event_key` too.
+    pub detail: serde_json::Value,
+}
+
+/// What a publish did with each event.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PublishReport {
+    /// Keys accepted by the bus.
+    pub sent: Vec<String>,
+    /// Keys refused, with the code and message; the caller keeps them for the next run.
+    pub failed: Vec<(String, String, String)>,
+}
+
+pub trait EventSink: Send + Sync {
+    /// Publishes in batches of at most 10, retrying failed entries; never drops silently.
+    fn publish(
+        &self,
+        events: &[OutboundEvent],
+    ) -> impl Future<Output = Result<PublishReport, PortError>> + Send;
+}
+
+pub trait Clock: Send + Sync {
+    fn now(&self) -> impl Future<Output = Result<DateTime<Utc>, PortError>> + Send;
+}
+
+// =======================================================================================
+// The store: transitions, leases, the budget ledger, the outbox and due work.
+// =======================================================================================
+
+/// The event (or scheduled tick) that caused a write. Its id is recorded in the same
+/// transaction, so a duplicate delivery is a no-op.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Cause {
+    pub event_id: String,
+}
+
+impl Cause {
+    pub fn new(event_id: impl Into<String>) -> Cause {
+        Cause {
+            event_id: event_id.into(),
+        }
+    }
+}
+
+/// A calendar month of a team's budget, `YYYY-MM` in UTC.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct BudgetMonth(pub String);
+
+impl BudgetMonth {
+    pub fn of(t: DateTime<Utc>) -> BudgetMonth {
+        BudgetMonth(format!("{:04}-{:02}", t.year(), t.month()))
+    }
+}
+
+/// A purchase lease: while it has not expired, only its holder may buy or record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Lease {
+    pub token: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// A request as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestRecord {
+    pub request_id: RequestId,
+    pub team: Team,
+    pub request: CapacityRequest,
+    pub status: RequestStatus,
+    /// Incremented by every write; the condition of the next one.
+    pub version: u64,
+    /// Why the request is in its status.
+    pub reason: String,
+    /// When a schedule should look at it next (the due-work index).
+    pub next_action_at: Option<DateTime<Utc>>,
+    pub lease: Option<Lease>,
+    /// The outstanding purchase debit, released only when reconciliation shows no
+    /// reservation exists.
+    pub open_debit: Option<MicroUsd>,
+    /// Everything this request has been debited and kept (purchases and on-demand spend).
+    pub spent: MicroUsd,
+    /// The ranked plans from the last search.
+    pub candidates: Vec<Plan>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A new, validated request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NewRequest {
+    pub request: CapacityRequest,
+    pub reason: String,
+    pub next_action_at: Option<DateTime<Utc>>,
+    pub at: DateTime<Utc>,
+    pub caused_by: Cause,
+    pub outbox: Vec<OutboundEvent>,
+}
+
+/// A debit against the team's monthly cap and the request's own cap, applied in the same
+/// transaction as the transition it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Debit {
+    pub team: Team,
+    pub month: BudgetMonth,
+    pub amount: MicroUsd,
+    pub team_cap: MicroUsd,
+    /// The request's `max_upfront_usd`; its `spent` plus this debit must fit.
+    pub request_cap: MicroUsd,
+}
+
+/// A status change, conditional on `expected_version` and `from`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Transition {
+    pub request_id: RequestId,
+    pub expected_version: u64,
+    pub from: RequestStatus,
+    pub to: RequestStatus,
+    pub reason: String,
+    pub next_action_at: Option<DateTime<Utc>>,
+    pub at: DateTime<Utc>,
+    pub caused_by: Cause,
+    pub outbox: Vec<OutboundEvent>,
+    /// Replaces the recorded candidate plans when `Some`.
+    pub candidates: Option<Vec<Plan>>,
+    /// On-demand and spot launches debit their estimated cost with the transition.
+    pub debit: Option<Debit>,
+}
+
+/// Takes the purchase lease and debits the budget in one transaction.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BeginPurchase {
+    pub request_id: RequestId,
+    pub expected_version: u64,
+    /// `OfferingsFound` or `AwaitingApproval`; or `Purchasing` to take over an expired lease.
+    pub from: RequestStatus,
+    pub lease: Lease,
+    /// `None` when taking over: the first worker's debit stays open.
+    pub debit: Option<Debit>,
+    pub reason: String,
+    pub at: DateTime<Utc>,
+    pub caused_by: Cause,
+    pub outbox: Vec<OutboundEvent>,
+}
+
+/// Records a bought (or adopted) reservation; refused unless the lease is still ours.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordReservation {
+    pub request_id: RequestId,
+    pub lease_token: String,
+    pub reservation: Reservation,
+    /// `Reserved`, or `Purchasing` when a split plan still has a segment to buy.
+    pub to: RequestStatus,
+    pub reason: String,
+    pub next_action_at: Option<DateTime<Utc>>,
+    pub at: DateTime<Utc>,
+    pub caused_by: Cause,
+    pub outbox: Vec<OutboundEvent>,
+}
+
+/// Records "reconciled: no reservation exists" and releases the open debit: the only way
+/// a debit is ever released.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReleaseUnbought {
+    pub request_id: RequestId,
+    pub lease_token: String,
+    /// `Searching` (the offering has gone) or `Failed`.
+    pub to: RequestStatus,
+    /// Must say what reconciliation found.
+    pub reason: String,
+    pub next_action_at: Option<DateTime<Utc>>,
+    pub at: DateTime<Utc>,
+    pub caused_by: Cause,
+    pub outbox: Vec<OutboundEvent>,
+}
+
+/// The result of a conditional write. Losing a race is normal, not an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteOutcome {
+    Applied {
+        version: u64,
+    },
+    /// The version or status moved on: re-read and decide again.
+    Conflict,
+    /// The causing event was already processed: nothing to do.
+    DuplicateEvent,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BeginPurchaseOutcome {
+    Acquired {
+        version: u64,
+    },
+    Conflict,
+    DuplicateEvent,
+    /// Another worker holds an unexpired lease.
+    LeaseHeld {
+        until: DateTime<Utc>,
+    },
+    /// The team's monthly cap would be exceeded.
+    OverTeamBudget {
+        spent: MicroUsd,
+        cap: MicroUsd,
+    },
+    /// The request's `max_upfront_usd` would be exceeded.
+    OverRequestBudget {
+        spent: MicroUsd,
+        cap: MicroUsd,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseWriteOutcome {
+    Applied {
+        version: u64,
+    },
+    /// The lease expired and was taken over, or was never ours: our write is refused.
+    LeaseLost,
+    DuplicateEvent,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreateOutcome {
+    Created {
+        version: u64,
+    },
+    /// A request with this id exists (the caller's idempotency key).
+    AlreadyExists,
+    DuplicateEvent,
+}
+
+/// An outbox item not yet published.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboxItem {
+    pub request_id: String,
+    pub event: OutboundEvent,
+    pub created_at: DateTime<Utc>,
+}
+
+/// An entry of the due-work index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DueItem {
+    pub request_id: RequestId,
+    pub status: RequestStatus,
+    pub next_action_at: DateTime<Utc>,
+}
+
+/// A launched instance, job, group or endpoint, recorded under its reservation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkloadRecord {
+    pub request_id: RequestId,
+    /// The reservation (or `on-demand`) it runs in.
+    pub reservation_id: String,
+    /// Instance slot or segment index.
+    pub slot: u32,
+    /// Increases with each replacement; part of the launch's client token.
+    pub generation: u32,
+    /// Instance id, job name, `cluster/group` or endpoint name.
+    pub resource_id: String,
+    pub state: String,
+    pub updated_at: DateTime<Utc>,
+}
+
+pub trait Store: Send + Sync {
+    /// Records a new request (status `Accepted`) with its outbox, once per request id.
+    fn create_request(
+        &self,
+        new: NewRequest,
+    ) -> impl Future<Output = Result<CreateOutcome, PortError>> + Send;
+
+    /// A request, or `None` (also when archived and past its TTL).
+    fn get_request(
+        &self,
+        request_id: &RequestId,
+    ) -> impl Future<Output = Result<Option<RequestRecord>, PortError>> + Send;
+
+    /// A conditional status change. Transitions into terminal states set the archival TTL.
+    /// A transition from `Purchasing` is refused: use the lease operations.
+    fn transition(
+        &self,
+        t: Transition,
+    ) -> impl Future<Output = Result<WriteOutcome, PortError>> + Send;
+
+    fn begin_purchase(
+        &self,
+        b: BeginPurchase,
+    ) -> impl Future<Output = Result<BeginPurchaseOutcome, PortError>> + Send;
+
+    fn record_reservation(
+        &self,
+        r: RecordReservation,
+    ) -> impl Future<Output = Result<LeaseWriteOutcome, PortError>> + Send;
+
+    fn release_unbought(
+        &self,
+        r: ReleaseUnbought,
+    ) -> impl Future<Output = Result<LeaseWriteOutcome, PortError>> + Send;
+
+    fn reservations(
+        &self,
+        request_id: &RequestId,
+    ) -> impl Future<Output = Result<Vec<Reservation>, PortError>> + Send;
+
+    /// What a team has spent in a month, in the ledger's exact unit.
+    fn budget_spent(
+        &self,
+        team: &Team,
+        month: &BudgetMonth,
+    ) -> impl Future<Output = Result<MicroUsd, PortError>> + Send;
+
+    fn put_workload(&self, w: WorkloadRecord)
+    -> impl Future<Output = Result<(), PortError>> + Send;
+
+    fn workloads(
+        &self,
+        request_id: &RequestId,
+    ) -> impl Future<Output = Result<Vec<WorkloadRecord>, PortError>> + Send;
+
+    /// Outbox items not yet marked sent, oldest first, at most `limit`.
+    fn unsent_outbox(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<OutboxItem>, PortError>> + Send;
+
+    fn mark_sent(
+        &self,
+        request_id: &str,
+        event_key: &str,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+
+    /// Every request in one of `statuses` whose `next_action_at <= now`, across all pages.
+    fn due(
+        &self,
+        statuses: &[RequestStatus],
+        now: DateTime<Utc>,
+    ) -> impl Future<Output = Result<Vec<DueItem>, PortError>> + Send;
+}
+
+/// Money helper for callers building debits.
+pub fn debit_amount(fee: Usd) -> MicroUsd {
+    fee.to_micros_ceil()
+}
