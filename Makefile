@@ -10,7 +10,7 @@ CARGO ?= cargo
 MOTO_VERSION := 5.2.5
 WERKZEUG_VERSION := 3.1.9
 
-.PHONY: test lint fmt run venv build deploy bench
+.PHONY: test lint fmt run venv schemas build deploy bench
 
 ## test: every test, lint included (what CI runs)
 test: lint venv
@@ -24,6 +24,10 @@ lint:
 
 fmt:
 	$(CARGO) fmt --all
+
+## schemas: regenerate infra/events/schemas/ from the Rust event types
+schemas:
+	UPDATE_SCHEMAS=1 $(CARGO) test -p capacity-pilot --test domain schemas
 
 ## venv: the pinned Python tools the tests need (moto's DynamoDB server)
 venv: $(VENV)/.installed

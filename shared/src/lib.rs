@@ -1,6 +1,7 @@
 //! capacity-pilot: the domain, ports and adapters shared by the Lambda functions.
 
 pub mod aws;
+pub mod config;
 pub mod domain;
 pub mod ports;
 

@@ -2,6 +2,7 @@
 //! Nothing here performs I/O, reads the clock or names an AWS SDK type.
 
 pub mod catalog;
+pub mod events;
 pub mod money;
 pub mod offering;
 pub mod planner;

@@ -531,7 +531,17 @@ pub fn parse_request(
         .and_then(|s| Team::parse(&s).map_err(|m| p.add("team", m)).ok());
 
     let workload = parse_workload(map, &mut p);
-    let kind = workload.as_ref().map(kind_of);
+    // The kind alone decides products and type lists, even when the rest of the workload
+    // is at fault, so those rules still report their own problems.
+    let kind = workload.as_ref().map(kind_of).or_else(|| {
+        match map.get("workload")?.get("kind")?.as_str()? {
+            "ec2-instances" => Some(WorkloadKind::Ec2Instances),
+            "training-job" => Some(WorkloadKind::TrainingJob),
+            "hyperpod-cluster" => Some(WorkloadKind::HyperpodCluster),
+            "inference-endpoint" => Some(WorkloadKind::InferenceEndpoint),
+            _ => None,
+        }
+    });
 
     let interruptible = member::<bool>(map, "interruptible", false, &mut p).unwrap_or(false);
     let strategy = member::<Strategy>(map, "strategy", false, &mut p).unwrap_or_default();
@@ -609,7 +619,17 @@ pub fn parse_request(
     let tags = parse_tags(map, &mut p);
 
     if !p.0.is_empty() {
-        return Err(p.0);
+        // In the order of the schema, so the message reads like the request.
+        let rank = |f: &FieldError| {
+            let top = f.field.split(['.', '[']).next().unwrap_or_default();
+            TOP_LEVEL_FIELDS
+                .iter()
+                .position(|t| *t == top)
+                .unwrap_or(TOP_LEVEL_FIELDS.len())
+        };
+        let mut problems = p.0;
+        problems.sort_by_key(rank);
+        return Err(problems);
     }
     // Every `None` above recorded a problem, so these are all present.
     match (

@@ -1,1 +1,0 @@
-//! The DynamoDB `Store` adapter (issue 4; being built).

@@ -1,0 +1,386 @@
+//! Typed configuration, read once at cold start from the environment variables the SAM
+//! template sets (ARCHITECTURE section 7). Every missing or malformed variable is named.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use rust_decimal::Decimal;
+
+use crate::domain::catalog::{PriceTable, SupportedInstanceTypes};
+use crate::domain::money::Usd;
+use crate::domain::request::{Team, is_region_name};
+
+/// Each team's monthly cap; `*` is the default for teams not listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TeamBudgets {
+    pub caps: BTreeMap<String, Usd>,
+    pub default: Option<Usd>,
+}
+
+impl TeamBudgets {
+    /// The team's monthly cap; `None` means the team may not spend at all.
+    pub fn cap_for(&self, team: &Team) -> Option<Usd> {
+        self.caps.get(team.as_str()).copied().or(self.default)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub table_name: String,
+    pub event_bus_name: String,
+    pub allowed_regions: Vec<String>,
+    pub allowed_request_sources: Vec<String>,
+    pub approver_sources: Vec<String>,
+    pub team_budgets: TeamBudgets,
+    pub default_drain_minutes: u32,
+    pub max_replacements_per_reservation: u32,
+    /// 0 < share <= 1: above it, replace-unhealthy stops and alarms instead.
+    pub max_unhealthy_share: Decimal,
+    pub sagemaker_execution_role_arn: String,
+    pub instance_types: SupportedInstanceTypes,
+    pub prices: PriceTable,
+    /// Local runs only: the simulated clock's URL.
+    pub clock_url: Option<String>,
+}
+
+/// Every variable at fault, with what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigError {
+    pub problems: Vec<(String, String)>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid configuration: ")?;
+        for (i, (var, why)) in self.problems.iter().enumerate() {
+            if i > 0 {
+                write!(f, "; ")?;
+            }
+            write!(f, "{var} {why}")?;
+        }
+        Ok(())
+    }
+}
+
+pub const DEFAULT_DRAIN_MINUTES: u32 = 15;
+pub const DEFAULT_MAX_REPLACEMENTS: u32 = 3;
+
+struct Reader<'a> {
+    lookup: &'a dyn Fn(&str) -> Option<String>,
+    problems: Vec<(String, String)>,
+}
+
+impl Reader<'_> {
+    fn get(&self, var: &str) -> Option<String> {
+        (self.lookup)(var).filter(|v| !v.trim().is_empty())
+    }
+
+    fn fail(&mut self, var: &str, why: impl Into<String>) {
+        self.problems.push((var.to_string(), why.into()));
+    }
+
+    fn required(&mut self, var: &str) -> String {
+        match self.get(var) {
+            Some(v) => v.trim().to_string(),
+            None => {
+                self.fail(var, "is required and not set");
+                String::new()
+            }
+        }
+    }
+
+    fn list(&mut self, var: &str, required: bool) -> Vec<String> {
+        match self.get(var) {
+            Some(v) => v
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect(),
+            None => {
+                if required {
+                    self.fail(var, "is required and not set (a comma-separated list)");
+                }
+                vec![]
+            }
+        }
+    }
+
+    fn number<T: std::str::FromStr>(&mut self, var: &str, default: T) -> T {
+        match self.get(var) {
+            None => default,
+            Some(v) => v.trim().parse().unwrap_or_else(|_| {
+                self.fail(var, format!("must be a whole number, got {v:?}"));
+                default
+            }),
+        }
+    }
+
+    fn json<T: serde::de::DeserializeOwned>(&mut self, var: &str) -> Option<T> {
+        let v = self.get(var)?;
+        match serde_json::from_str(&v) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                self.fail(var, format!("is not valid: {e}"));
+                None
+            }
+        }
+    }
+}
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Config::from_lookup(&|k| std::env::var(k).ok())
+    }
+
+    /// Reads configuration through `lookup` (tests pass a map; nothing sets process env).
+    pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let mut r = Reader {
+            lookup,
+            problems: vec![],
+        };
+        let table_name = r.required("TABLE_NAME");
+        let event_bus_name = r.required("EVENT_BUS_NAME");
+
+        let allowed_regions = r.list("ALLOWED_REGIONS", true);
+        if let Some(bad) = allowed_regions.iter().find(|x| !is_region_name(x)) {
+            r.fail("ALLOWED_REGIONS", format!("has {bad:?}, not a region name"));
+        }
+        if allowed_regions.is_empty() && r.get("ALLOWED_REGIONS").is_some() {
+            r.fail("ALLOWED_REGIONS", "must name at least one region");
+        }
+        let allowed_request_sources = r.list("ALLOWED_REQUEST_SOURCES", true);
+        if allowed_request_sources
+            .iter()
+            .any(|s| s == "capacity-pilot")
+        {
+            r.fail(
+                "ALLOWED_REQUEST_SOURCES",
+                "may not include capacity-pilot (our own events are never requests)",
+            );
+        }
+        let approver_sources = r.list("APPROVER_SOURCES", true);
+
+        let team_budgets = match r.get("TEAM_BUDGETS_USD") {
+            None => {
+                r.fail(
+                    "TEAM_BUDGETS_USD",
+                    "is required and not set (JSON map of team to monthly cap, \"*\" for the default)",
+                );
+                None
+            }
+            Some(v) => match parse_team_budgets(&v) {
+                Ok(b) => Some(b),
+                Err(why) => {
+                    r.fail("TEAM_BUDGETS_USD", why);
+                    None
+                }
+            },
+        };
+
+        let default_drain_minutes = r.number("DEFAULT_DRAIN_MINUTES", DEFAULT_DRAIN_MINUTES);
+        let max_replacements_per_reservation =
+            r.number("MAX_REPLACEMENTS_PER_RESERVATION", DEFAULT_MAX_REPLACEMENTS);
+        let max_unhealthy_share = match r.get("MAX_UNHEALTHY_SHARE") {
+            None => Decimal::new(5, 1),
+            Some(v) => match v.trim().parse::<Decimal>() {
+                Ok(d) if d > Decimal::ZERO && d <= Decimal::ONE => d,
+                _ => {
+                    r.fail(
+                        "MAX_UNHEALTHY_SHARE",
+                        format!("must be a decimal in (0, 1], got {v:?}"),
+                    );
+                    Decimal::new(5, 1)
+                }
+            },
+        };
+        let sagemaker_execution_role_arn = r.required("SAGEMAKER_EXECUTION_ROLE_ARN");
+        if !sagemaker_execution_role_arn.is_empty()
+            && !sagemaker_execution_role_arn.starts_with("arn:aws")
+        {
+            r.fail("SAGEMAKER_EXECUTION_ROLE_ARN", "must be an IAM role ARN");
+        }
+        let instance_types = r
+            .json::<SupportedInstanceTypes>("SUPPORTED_INSTANCE_TYPES")
+            .unwrap_or_default();
+        let prices = match r.json::<PriceTable>("ON_DEMAND_PRICES_USD") {
+            // An override replaces listed types and keeps the defaults for the rest.
+            Some(over) => {
+                let mut t = PriceTable::default();
+                t.0.extend(over.0);
+                t
+            }
+            None => PriceTable::default(),
+        };
+        let clock_url = r.get("CAPACITY_PILOT_CLOCK_URL");
+
+        if !r.problems.is_empty() {
+            return Err(ConfigError {
+                problems: r.problems,
+            });
+        }
+        Ok(Config {
+            table_name,
+            event_bus_name,
+            allowed_regions,
+            allowed_request_sources,
+            approver_sources,
+            team_budgets: team_budgets.expect("no problems recorded"),
+            default_drain_minutes,
+            max_replacements_per_reservation,
+            max_unhealthy_share,
+            sagemaker_execution_role_arn,
+            instance_types,
+            prices,
+            clock_url,
+        })
+    }
+}
+
+fn parse_team_budgets(v: &str) -> Result<TeamBudgets, String> {
+    let raw: BTreeMap<String, String> = serde_json::from_str(v).map_err(|e| {
+        format!(
+            "must be a JSON object of team to decimal-string cap, e.g. {{\"*\": \"50000\"}}: {e}"
+        )
+    })?;
+    let mut caps = BTreeMap::new();
+    let mut default = None;
+    for (team, cap) in raw {
+        let cap = Usd::parse(&cap).map_err(|e| format!("cap for {team:?} {e}"))?;
+        if cap < Usd::ZERO {
+            return Err(format!("cap for {team:?} is negative"));
+        }
+        if team == "*" {
+            default = Some(cap);
+        } else {
+            Team::parse(&team).map_err(|e| format!("team {team:?} {e}"))?;
+            caps.insert(team, cap);
+        }
+    }
+    Ok(TeamBudgets { caps, default })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: BTreeMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    const FULL: [(&str, &str); 7] = [
+        ("TABLE_NAME", "capacity-pilot-state"),
+        ("EVENT_BUS_NAME", "capacity-pilot"),
+        ("ALLOWED_REGIONS", "us-east-1, us-east-2"),
+        ("ALLOWED_REQUEST_SOURCES", "com.example.ml-platform"),
+        ("APPROVER_SOURCES", "com.example.approvals"),
+        (
+            "TEAM_BUDGETS_USD",
+            r#"{"team-a": "50000", "*": "10000.50"}"#,
+        ),
+        (
+            "SAGEMAKER_EXECUTION_ROLE_ARN",
+            "arn:aws:iam::123456789012:role/capacity-pilot-sagemaker",
+        ),
+    ];
+
+    #[test]
+    fn a_complete_environment_gives_a_typed_config_with_defaults() {
+        let c = Config::from_lookup(&env(&FULL)).unwrap();
+        assert_eq!(c.allowed_regions, ["us-east-1", "us-east-2"]);
+        assert_eq!(c.default_drain_minutes, DEFAULT_DRAIN_MINUTES);
+        assert_eq!(
+            c.team_budgets.cap_for(&Team::parse("team-a").unwrap()),
+            Some(Usd::parse("50000").unwrap())
+        );
+        assert_eq!(
+            c.team_budgets.cap_for(&Team::parse("other").unwrap()),
+            Some(Usd::parse("10000.50").unwrap())
+        );
+        assert_eq!(c.instance_types, SupportedInstanceTypes::default());
+        assert_eq!(c.clock_url, None);
+    }
+
+    #[test]
+    fn every_missing_variable_is_named() {
+        let err = Config::from_lookup(&env(&[])).unwrap_err();
+        let vars: Vec<&str> = err.problems.iter().map(|(v, _)| v.as_str()).collect();
+        assert_eq!(
+            vars,
+            [
+                "TABLE_NAME",
+                "EVENT_BUS_NAME",
+                "ALLOWED_REGIONS",
+                "ALLOWED_REQUEST_SOURCES",
+                "APPROVER_SOURCES",
+                "TEAM_BUDGETS_USD",
+                "SAGEMAKER_EXECUTION_ROLE_ARN"
+            ]
+        );
+        assert!(err.to_string().contains("TABLE_NAME is required"));
+    }
+
+    #[test]
+    fn malformed_variables_are_named_with_the_reason() {
+        let mut pairs = FULL.to_vec();
+        pairs.extend([
+            ("TEAM_BUDGETS_USD", r#"{"team-a": 5000}"#),
+            ("DEFAULT_DRAIN_MINUTES", "soon"),
+            ("MAX_UNHEALTHY_SHARE", "1.5"),
+            ("ON_DEMAND_PRICES_USD", "not json"),
+            ("ALLOWED_REGIONS", "us-east-1,mars"),
+        ]);
+        // Later pairs override earlier ones.
+        let err = Config::from_lookup(&env(&pairs)).unwrap_err();
+        let vars: Vec<&str> = err.problems.iter().map(|(v, _)| v.as_str()).collect();
+        assert_eq!(
+            vars,
+            [
+                "ALLOWED_REGIONS",
+                "TEAM_BUDGETS_USD",
+                "DEFAULT_DRAIN_MINUTES",
+                "MAX_UNHEALTHY_SHARE",
+                "ON_DEMAND_PRICES_USD"
+            ]
+        );
+    }
+
+    #[test]
+    fn overrides_replace_the_type_list_and_extend_the_price_table() {
+        let mut pairs = FULL.to_vec();
+        pairs.extend([
+            (
+                "SUPPORTED_INSTANCE_TYPES",
+                r#"{"capacity_block": ["p9.huge"], "training_plan": []}"#,
+            ),
+            (
+                "ON_DEMAND_PRICES_USD",
+                r#"{"p9.huge": {"on_demand": "99.5"}}"#,
+            ),
+            (
+                "CAPACITY_PILOT_CLOCK_URL",
+                "http://127.0.0.1:4566/_local/clock",
+            ),
+        ]);
+        let c = Config::from_lookup(&env(&pairs)).unwrap();
+        assert_eq!(c.instance_types.capacity_block, ["p9.huge"]);
+        assert_eq!(
+            c.prices.on_demand("p9.huge"),
+            Some(Usd::parse("99.5").unwrap())
+        );
+        assert!(c.prices.on_demand("p5.48xlarge").is_some(), "defaults kept");
+        assert!(c.clock_url.is_some());
+    }
+
+    #[test]
+    fn our_own_source_can_never_submit_requests() {
+        let mut pairs = FULL.to_vec();
+        pairs.push(("ALLOWED_REQUEST_SOURCES", "capacity-pilot,com.example"));
+        let err = Config::from_lookup(&env(&pairs)).unwrap_err();
+        assert_eq!(err.problems[0].0, "ALLOWED_REQUEST_SOURCES");
+    }
+}

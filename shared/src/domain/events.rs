@@ -1,0 +1,290 @@
+//! The event contract: the events we publish (source `capacity-pilot`) and the custom
+//! events we consume besides requests. Each type derives its JSON Schema; the schemas are
+//! checked in under `infra/events/schemas/` and a test fails when they drift.
+//!
+//! Every published detail carries `event_key`, stable across re-publication, so consumers
+//! can drop duplicates; money is a decimal string in USD.
+
+use chrono::{DateTime, Utc};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::money::Usd;
+use super::offering::Product;
+use super::planner::{Plan, Rejection};
+use super::request::{FieldError, Strategy, WorkloadKind};
+use super::status::RequestStatus;
+
+/// The `source` of every event we publish.
+pub const SOURCE: &str = "capacity-pilot";
+
+/// Inbound detail-types on our bus.
+pub mod inbound {
+    pub const REQUEST_SUBMITTED: &str = "Capacity Request Submitted";
+    pub const REQUEST_CANCELLED: &str = "Capacity Request Cancelled";
+    pub const PURCHASE_APPROVED: &str = "Capacity Purchase Approved";
+    pub const PURCHASE_REJECTED: &str = "Capacity Purchase Rejected";
+}
+
+/// A published event's detail: its detail-type comes with it.
+pub trait EventDetail: Serialize + JsonSchema {
+    const DETAIL_TYPE: &'static str;
+    fn event_key(&self) -> &str;
+}
+
+macro_rules! detail {
+    ($ty:ident, $name:literal) => {
+        impl EventDetail for $ty {
+            const DETAIL_TYPE: &'static str = $name;
+            fn event_key(&self) -> &str {
+                &self.event_key
+            }
+        }
+    };
+}
+
+/// A plan as events describe it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct PlanSummary {
+    pub offering_ids: Vec<String>,
+    pub product: Product,
+    pub region: String,
+    pub instance_type: String,
+    pub instance_count: u32,
+    pub start: DateTime<Utc>,
+    pub end: DateTime<Utc>,
+    pub segments: usize,
+    pub upfront_fee_usd: Usd,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_demand_cost_usd: Option<Usd>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saving_usd: Option<Usd>,
+    pub reason: String,
+}
+
+impl From<&Plan> for PlanSummary {
+    fn from(p: &Plan) -> Self {
+        PlanSummary {
+            offering_ids: p.offering_ids().into_iter().map(String::from).collect(),
+            product: p.product,
+            region: p.region.clone(),
+            instance_type: p.instance_type.clone(),
+            instance_count: p.instance_count,
+            start: p.start,
+            end: p.end,
+            segments: p.segments,
+            upfront_fee_usd: p.upfront_fee,
+            on_demand_cost_usd: p.on_demand_cost,
+            saving_usd: p.saving,
+            reason: p.reason.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct RequestAccepted {
+    pub event_key: String,
+    pub request_id: String,
+    pub team: String,
+    pub strategy: Strategy,
+    pub workload_kind: WorkloadKind,
+    /// After this the request fails if nothing feasible was found.
+    pub search_deadline: DateTime<Utc>,
+}
+detail!(RequestAccepted, "Capacity Request Accepted");
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct RequestRejected {
+    pub event_key: String,
+    /// Absent when the request id itself could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    /// The inbound event's source and id, so the sender can match the rejection.
+    pub source: String,
+    pub event_id: String,
+    /// Every field at fault.
+    pub problems: Vec<FieldError>,
+}
+detail!(RequestRejected, "Capacity Request Rejected");
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct OfferingsFound {
+    pub event_key: String,
+    pub request_id: String,
+    /// The chosen plan first.
+    pub plans: Vec<PlanSummary>,
+    pub rejections: Vec<Rejection>,
+}
+detail!(OfferingsFound, "Capacity Offerings Found");
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct NotFound {
+    pub event_key: String,
+    pub request_id: String,
+    pub reason: String,
+    pub next_search_at: DateTime<Utc>,
+    pub search_deadline: DateTime<Utc>,
+    pub rejections: Vec<Rejection>,
+}
+detail!(NotFound, "Capacity Not Found");
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct AwaitingApproval {
+    pub event_key: String,
+    pub request_id: String,
+    pub team: String,
+    pub upfront_fee_usd: Usd,
+    pub approval_above_usd: Usd,
+    pub plan: PlanSummary,
+}
+detail!(AwaitingApproval, "Capacity Purchase Awaiting Approval");
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Reserved {
+    pub event_key: String,
+    pub request_id: String,
+    pub reservation_ids: Vec<String>,
+    pub product: Product,
+    pub region: String,
+    pub instance_type: String,
+    pub instance_count: u32,
+    pub start: DateTime<Utc>,
+    pub end: DateTime<Utc>,
+    pub upfront_fee_usd: Usd,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_demand_cost_usd: Option<Usd>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saving_usd: Option<Usd>,
+    /// True when an existing tagged reservation was adopted instead of buying.
+    pub adopted: bool,
+}
+detail!(Reserved, "Capacity Reserved");
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct WorkloadLaunched {
+    pub event_key: String,
+    pub request_id: String,
+    /// The reservation, or `on-demand` / `spot`.
+    pub reservation_id: String,
+    pub segment: u32,
+    pub workload_kind: WorkloadKind,
+    /// Instance ids, the job name, `cluster/group` or the endpoint name.
+    pub resource_ids: Vec<String>,
+    pub planned_start: DateTime<Utc>,
+    pub launched_at: DateTime<Utc>,
+    /// Estimated spend debited for on-demand and spot launches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_cost_usd: Option<Usd>,
+}
+detail!(WorkloadLaunched, "Capacity Workload Launched");
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct InstanceReplaced {
+    pub event_key: String,
+    pub request_id: String,
+    pub reservation_id: String,
+    pub replaced_instance_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_instance_id: Option<String>,
+    pub generation: u32,
+    pub reason: String,
+}
+detail!(InstanceReplaced, "Capacity Instance Replaced");
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ReservationExpiring {
+    pub event_key: String,
+    pub request_id: String,
+    pub reservation_ids: Vec<String>,
+    pub segment: u32,
+    pub ends_at: DateTime<Utc>,
+    pub drain_starts_at: DateTime<Utc>,
+    pub forced_termination_at: DateTime<Utc>,
+}
+detail!(ReservationExpiring, "Capacity Reservation Expiring");
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct WorkloadDrained {
+    pub event_key: String,
+    pub request_id: String,
+    pub reservation_id: String,
+    pub segment: u32,
+    pub resource_ids: Vec<String>,
+    pub drained_at: DateTime<Utc>,
+    pub forced_termination_at: DateTime<Utc>,
+}
+detail!(WorkloadDrained, "Capacity Workload Drained");
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ReservationEnded {
+    pub event_key: String,
+    pub request_id: String,
+    pub reservation_ids: Vec<String>,
+    pub ended_at: DateTime<Utc>,
+    /// What was cleaned up: endpoints, configs, orphaned instances.
+    pub cleaned_up: Vec<String>,
+    pub spent_usd: Usd,
+}
+detail!(ReservationEnded, "Capacity Reservation Ended");
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct RequestFailed {
+    pub event_key: String,
+    pub request_id: String,
+    pub status_before: RequestStatus,
+    pub reason: String,
+    /// Anything bought before the failure (e.g. the first half of a split).
+    pub reservation_ids: Vec<String>,
+    pub spent_usd: Usd,
+}
+detail!(RequestFailed, "Capacity Request Failed");
+
+/// `Capacity Request Cancelled` (inbound).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelRequest {
+    pub request_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `Capacity Purchase Approved` / `Capacity Purchase Rejected` (inbound).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PurchaseDecision {
+    pub request_id: String,
+    pub approver: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+}
+
+/// Every schema we check in: file stem -> schema.
+pub fn schemas() -> Vec<(&'static str, schemars::Schema)> {
+    use schemars::schema_for;
+    vec![
+        (
+            "capacity-request-submitted",
+            schema_for!(super::request::RequestDetail),
+        ),
+        ("capacity-request-cancelled", schema_for!(CancelRequest)),
+        ("capacity-purchase-decision", schema_for!(PurchaseDecision)),
+        ("capacity-request-accepted", schema_for!(RequestAccepted)),
+        ("capacity-request-rejected", schema_for!(RequestRejected)),
+        ("capacity-offerings-found", schema_for!(OfferingsFound)),
+        ("capacity-not-found", schema_for!(NotFound)),
+        (
+            "capacity-purchase-awaiting-approval",
+            schema_for!(AwaitingApproval),
+        ),
+        ("capacity-reserved", schema_for!(Reserved)),
+        ("capacity-workload-launched", schema_for!(WorkloadLaunched)),
+        ("capacity-instance-replaced", schema_for!(InstanceReplaced)),
+        (
+            "capacity-reservation-expiring",
+            schema_for!(ReservationExpiring),
+        ),
+        ("capacity-workload-drained", schema_for!(WorkloadDrained)),
+        ("capacity-reservation-ended", schema_for!(ReservationEnded)),
+        ("capacity-request-failed", schema_for!(RequestFailed)),
+    ]
+}

@@ -1,1 +1,0 @@
-//! In-memory fakes of every port, for handler unit tests (feature `test-util`).

@@ -1,0 +1,7 @@
+//! The domain's behaviour, tested from the outside: request validation, the planner
+//! against a brute-force oracle, and the example events under `infra/events/`.
+
+mod examples;
+mod planner_oracle;
+mod schemas;
+mod validation;

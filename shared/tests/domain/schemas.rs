@@ -1,0 +1,65 @@
+//! The checked-in JSON Schemas under `infra/events/schemas/` match the Rust types.
+//! After changing an event type, regenerate them with `make schemas`.
+
+use std::path::{Path, PathBuf};
+
+use capacity_pilot::domain::events::schemas;
+
+fn schema_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../infra/events/schemas")
+}
+
+#[test]
+fn the_checked_in_schemas_match_the_types() {
+    let dir = schema_dir();
+    let update = std::env::var_os("UPDATE_SCHEMAS").is_some();
+    let mut drifted = Vec::new();
+    for (stem, schema) in schemas() {
+        let path = dir.join(format!("{stem}.json"));
+        let want = serde_json::to_string_pretty(&schema).unwrap() + "\n";
+        if update {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(&path, &want).unwrap();
+            continue;
+        }
+        match std::fs::read_to_string(&path) {
+            Ok(have) if have == want => {}
+            _ => drifted.push(stem),
+        }
+    }
+    assert!(
+        drifted.is_empty(),
+        "schemas drifted from the types: {drifted:?}; run `make schemas` and review the diff"
+    );
+    // Nothing stale is left behind either.
+    let known: Vec<String> = schemas().iter().map(|(s, _)| format!("{s}.json")).collect();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        assert!(known.contains(&name), "{name} has no type; delete it");
+    }
+}
+
+#[test]
+fn the_request_schema_describes_the_example_requests() {
+    // A cheap structural check that the schema and the examples agree on the field set.
+    let schema = serde_json::to_value(
+        schemas()
+            .into_iter()
+            .find(|(s, _)| *s == "capacity-request-submitted")
+            .unwrap()
+            .1,
+    )
+    .unwrap();
+    let props = schema["properties"].as_object().unwrap();
+    let example: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../infra/events/requests/valid/ec2-capacity-block.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    for key in example["detail"].as_object().unwrap().keys() {
+        assert!(props.contains_key(key), "{key} not in the schema");
+    }
+}
