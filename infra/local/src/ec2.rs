@@ -1,0 +1,1846 @@
+//! EC2 as the capacity-pilot functions use it: Capacity Block offerings, purchases, extensions and
+//! their reservation lifecycle; a seeded VPC and launch templates; instances launched into blocks,
+//! on-demand or spot, with `ClientToken` idempotency, status checks and the events AWS emits.
+//! Handlers return the children of `<OpResponse>`; the protocol layer wraps them.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use chrono::{DateTime, TimeDelta, Utc};
+use rust_decimal::Decimal;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+use crate::market::{BlockOffering, BlockSearch, Pool, valid_block_hours};
+use crate::query::{Query, filter_matches};
+use crate::util::{ec2_time, hex_id};
+use crate::world::{Action, World};
+use crate::xml::{El, el, set};
+
+/// The platforms a Capacity Block can be bought for.
+pub const BLOCK_PLATFORMS: [&str; 5] = [
+    "Linux/UNIX",
+    "Red Hat Enterprise Linux",
+    "RHEL with HA",
+    "SUSE Linux",
+    "Ubuntu Pro",
+];
+
+/// A purchased Capacity Block, seen by EC2 as a targeted Capacity Reservation.
+#[derive(Debug, Clone, Serialize)]
+pub struct CapacityReservation {
+    pub id: String,
+    pub block_id: String,
+    pub region: String,
+    pub availability_zone: String,
+    pub instance_type: String,
+    pub platform: String,
+    pub count: i64,
+    pub start: DateTime<Utc>,
+    pub end: DateTime<Utc>,
+    pub created: DateTime<Utc>,
+    pub state: String,
+    pub tags: BTreeMap<String, String>,
+    pub offering_id: String,
+    pub upfront_fee: Decimal,
+    pub ultraserver: bool,
+    pub fail_payment: bool,
+    pub extensions: Vec<Extension>,
+}
+
+/// A purchased extension of a block.
+#[derive(Debug, Clone, Serialize)]
+pub struct Extension {
+    pub offering_id: String,
+    pub start: DateTime<Utc>,
+    pub end: DateTime<Utc>,
+    pub hours: i64,
+    pub status: String,
+    pub purchased: DateTime<Utc>,
+    pub upfront_fee: Decimal,
+}
+
+/// A Capacity Block extension offering.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExtensionOffering {
+    pub id: String,
+    pub cr: String,
+    pub start: DateTime<Utc>,
+    pub end: DateTime<Utc>,
+    pub hours: i64,
+    pub upfront_fee: Decimal,
+}
+
+/// How an instance is paid for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Lifecycle {
+    OnDemand,
+    Spot,
+    CapacityBlock,
+}
+
+/// An EC2 instance.
+#[derive(Debug, Clone, Serialize)]
+pub struct Instance {
+    pub id: String,
+    pub region: String,
+    pub availability_zone: String,
+    pub subnet_id: String,
+    pub vpc_id: String,
+    pub instance_type: String,
+    pub image_id: String,
+    pub state: String,
+    pub launch_time: DateTime<Utc>,
+    pub reservation_id: String,
+    pub client_token: String,
+    pub lifecycle: Lifecycle,
+    pub capacity_reservation_id: Option<String>,
+    pub capacity_block_id: Option<String>,
+    pub tags: BTreeMap<String, String>,
+    pub terminated_at: Option<DateTime<Utc>>,
+    pub slot_released: bool,
+    pub impaired: bool,
+    pub state_reason: Option<(String, String)>,
+    pub scheduled_events: Vec<ScheduledEvent>,
+    pub launch_index: i64,
+}
+
+/// A scheduled event on an instance (`DescribeInstanceStatus` `eventsSet`).
+#[derive(Debug, Clone, Serialize)]
+pub struct ScheduledEvent {
+    pub id: String,
+    pub code: String,
+    pub description: String,
+    pub not_before: DateTime<Utc>,
+    pub not_after: DateTime<Utc>,
+}
+
+/// One `RunInstances` call's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct Launch {
+    pub region: String,
+    pub instance_ids: Vec<String>,
+}
+
+/// All EC2 resources.
+#[derive(Debug, Default)]
+pub struct Ec2State {
+    pub reservations: BTreeMap<String, CapacityReservation>,
+    pub instances: BTreeMap<String, Instance>,
+    pub launches: BTreeMap<String, Launch>,
+    pub client_tokens: HashMap<(String, String), (String, String)>,
+    pub offerings: HashMap<String, BlockOffering>,
+    pub consumed_offerings: HashSet<String>,
+    pub extension_offerings: HashMap<String, ExtensionOffering>,
+}
+
+impl Ec2State {
+    pub fn snapshot(&self) -> Value {
+        json!({
+            "capacity_reservations": self.reservations.values().collect::<Vec<_>>(),
+            "instances": self.instances.values().collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// A subnet of the seeded VPC.
+#[derive(Debug, Clone)]
+pub struct Subnet {
+    pub id: String,
+    pub vpc_id: String,
+    pub availability_zone: String,
+    pub cidr: String,
+}
+
+/// A seeded launch template.
+#[derive(Debug, Clone)]
+pub struct LaunchTemplate {
+    pub id: String,
+    pub name: &'static str,
+    pub image_id: String,
+    pub instance_type: Option<&'static str>,
+}
+
+const STATE_CODES: [(&str, i64); 6] = [
+    ("pending", 0),
+    ("running", 16),
+    ("shutting-down", 32),
+    ("terminated", 48),
+    ("stopping", 64),
+    ("stopped", 80),
+];
+
+fn state_code(name: &str) -> i64 {
+    STATE_CODES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(0, |(_, c)| *c)
+}
+
+fn state_el(name: &str, tag: &str) -> El {
+    el(name).v("code", state_code(tag)).v("name", tag)
+}
+
+fn dry_run(q: &Query) -> Result<(), ApiError> {
+    if q.bool("DryRun") {
+        return Err(ApiError::ec2(
+            412,
+            "DryRunOperation",
+            "Request would have succeeded, but DryRun flag is set.",
+        ));
+    }
+    Ok(())
+}
+
+/// Offset pagination with opaque tokens, as EC2's describe calls page.
+pub fn paginate<T>(
+    items: Vec<T>,
+    max: Option<i64>,
+    token: Option<&str>,
+    (min_max, max_max): (i64, i64),
+) -> Result<(Vec<T>, Option<String>), ApiError> {
+    let start = match token {
+        None => 0,
+        Some(t) => t
+            .strip_prefix("lc1-")
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|n| *n <= items.len())
+            .ok_or_else(|| {
+                ApiError::ec2(
+                    400,
+                    "InvalidPaginationToken",
+                    format!("Invalid pagination token: {t}"),
+                )
+            })?,
+    };
+    let size = match max {
+        None => usize::MAX,
+        Some(m) if m < min_max || m > max_max => {
+            return Err(ApiError::invalid(format!(
+                "Value ({m}) for parameter maxResults is invalid. Expecting a value between {min_max} and {max_max}."
+            )));
+        }
+        Some(m) => m as usize,
+    };
+    let total = items.len();
+    let page: Vec<T> = items.into_iter().skip(start).take(size).collect();
+    let next = (start + page.len() < total).then(|| format!("lc1-{}", start + page.len()));
+    Ok((page, next))
+}
+
+impl World {
+    /// The seeded VPC's subnets in a region, one per zone.
+    pub fn subnets(&self, region: &str) -> Vec<Subnet> {
+        let seed = self.market.seed.to_string();
+        let vpc_id = hex_id("vpc-", &[&seed, region]);
+        self.market
+            .region(region)
+            .azs
+            .iter()
+            .enumerate()
+            .map(|(i, az)| Subnet {
+                id: hex_id("subnet-", &[&seed, region, az]),
+                vpc_id: vpc_id.clone(),
+                availability_zone: az.clone(),
+                cidr: format!("10.0.{}.0/20", i * 16),
+            })
+            .collect()
+    }
+
+    /// The seeded launch templates in a region.
+    pub fn launch_templates(&self, region: &str) -> Vec<LaunchTemplate> {
+        let seed = self.market.seed.to_string();
+        [
+            ("capacity-pilot-gpu", None),
+            ("capacity-pilot-cpu", Some("m5.large")),
+        ]
+        .into_iter()
+        .map(|(name, ty)| LaunchTemplate {
+            id: hex_id("lt-", &[&seed, region, name]),
+            name,
+            image_id: hex_id("ami-", &[&seed, region, name]),
+            instance_type: ty,
+        })
+        .collect()
+    }
+
+    /// Routes one EC2 action.
+    pub fn ec2_call(&mut self, region: &str, op: &str, q: &Query) -> Result<Vec<El>, ApiError> {
+        self.settle();
+        match op {
+            "DescribeCapacityBlockOfferings" => self.describe_block_offerings(region, q),
+            "PurchaseCapacityBlock" => self.purchase_block(region, q),
+            "DescribeCapacityReservations" => self.describe_reservations(region, q),
+            "DescribeCapacityBlocks" => self.describe_blocks(region, q),
+            "DescribeCapacityBlockExtensionOfferings" => {
+                self.describe_extension_offerings(region, q)
+            }
+            "PurchaseCapacityBlockExtension" => self.purchase_extension(region, q),
+            "DescribeSubnets" => self.describe_subnets(region, q),
+            "RunInstances" => self.run_instances(region, q),
+            "DescribeInstances" => self.describe_instances(region, q),
+            "DescribeInstanceStatus" => self.describe_instance_status(region, q),
+            "TerminateInstances" => self.terminate_instances(region, q),
+            "CreateTags" => self.create_tags(region, q),
+            other => Err(ApiError::ec2(
+                400,
+                "InvalidAction",
+                format!("The action {other} is not valid for this web service."),
+            )),
+        }
+    }
+
+    fn describe_block_offerings(&mut self, region: &str, q: &Query) -> Result<Vec<El>, ApiError> {
+        dry_run(q)?;
+        let search = BlockSearch {
+            region: region.to_string(),
+            instance_type: q.req("InstanceType")?.to_string(),
+            instance_count: q.req_int("InstanceCount")?,
+            duration_hours: q.req_int("CapacityDurationHours")?,
+            start_range: q.time("StartDateRange")?,
+            end_range: q.time("EndDateRange")?,
+        };
+        let offerings = self.market.search_blocks(self.now, &search)?;
+        for o in &offerings {
+            self.ec2.offerings.insert(o.id.clone(), o.clone());
+        }
+        let (page, next) = paginate(
+            offerings,
+            q.int("MaxResults")?,
+            q.get("NextToken"),
+            (1, 1000),
+        )?;
+        let items = page.iter().map(|o| {
+            el("item")
+                .v("capacityBlockOfferingId", &o.id)
+                .v("instanceType", &o.instance_type)
+                .v("availabilityZone", &o.availability_zone)
+                .v("instanceCount", o.instance_count)
+                .v("startDate", ec2_time(o.start))
+                .v("endDate", ec2_time(o.end))
+                .v("capacityBlockDurationHours", o.duration_hours())
+                .v("capacityBlockDurationMinutes", o.duration_minutes())
+                .v("upfrontFee", o.upfront_fee)
+                .v("currencyCode", "USD")
+                .v("tenancy", "default")
+        });
+        let mut out = vec![set("capacityBlockOfferingSet", items)];
+        if let Some(n) = next {
+            out.push(El::leaf("nextToken", n));
+        }
+        Ok(out)
+    }
+
+    fn purchase_block(&mut self, region: &str, q: &Query) -> Result<Vec<El>, ApiError> {
+        let offering_id = q.req("CapacityBlockOfferingId")?.to_string();
+        let platform = q.req("InstancePlatform")?.to_string();
+        if !BLOCK_PLATFORMS.contains(&platform.as_str()) {
+            return Err(ApiError::invalid(format!(
+                "Value ({platform}) for parameter InstancePlatform is invalid."
+            )));
+        }
+        if !offering_id.starts_with("cb-") || offering_id.len() != 20 {
+            return Err(ApiError::ec2(
+                400,
+                "InvalidCapacityBlockOfferingIdMalformed",
+                format!("The Capacity Block offering ID '{offering_id}' is malformed."),
+            ));
+        }
+        let offering = self
+            .ec2
+            .offerings
+            .get(&offering_id)
+            .filter(|o| o.region == region)
+            .cloned()
+            .ok_or_else(|| {
+                ApiError::ec2(
+                    400,
+                    "InvalidCapacityBlockOfferingIdNotFound",
+                    format!("The Capacity Block offering ID '{offering_id}' does not exist."),
+                )
+            })?;
+        let expired = || {
+            ApiError::ec2(
+                400,
+                "InvalidCapacityBlockOfferingIdExpired",
+                format!("The Capacity Block offering ID '{offering_id}' has expired."),
+            )
+        };
+        if (self.settings.single_use_offerings
+            && self.ec2.consumed_offerings.contains(&offering_id))
+            || offering.start <= self.now
+        {
+            return Err(expired());
+        }
+        let free = self.market.free_between(
+            Pool::CapacityBlock,
+            region,
+            &offering.availability_zone,
+            &offering.instance_type,
+            offering.start,
+            offering.end,
+        );
+        if i64::from(free) < offering.instance_count {
+            return Err(expired());
+        }
+        dry_run(q)?;
+        let tags = q.tag_specs("capacity-reservation")?;
+        self.market.consume(
+            Pool::CapacityBlock,
+            region,
+            &offering.availability_zone,
+            &offering.instance_type,
+            (offering.start, offering.end),
+            offering.instance_count,
+        );
+        self.ec2.consumed_offerings.insert(offering_id.clone());
+        let id = self.next_id("cr-");
+        let block_id = self.next_id("cb-");
+        let ultraserver = self
+            .market
+            .type_spec(&offering.instance_type)
+            .is_some_and(|s| s.ultraserver);
+        let cr = CapacityReservation {
+            id: id.clone(),
+            block_id,
+            region: region.to_string(),
+            availability_zone: offering.availability_zone.clone(),
+            instance_type: offering.instance_type.clone(),
+            platform,
+            count: offering.instance_count,
+            start: offering.start,
+            end: offering.end,
+            created: self.now,
+            state: "payment-pending".to_string(),
+            tags,
+            offering_id,
+            upfront_fee: offering.upfront_fee,
+            ultraserver,
+            fail_payment: false,
+            extensions: Vec::new(),
+        };
+        tracing::info!(capacity_reservation_id = %id, upfront_fee = %cr.upfront_fee, "capacity block purchased");
+        let pay_at = self
+            .minutes(self.settings.payment_minutes)
+            .min(cr.start - TimeDelta::minutes(5));
+        self.ec2.reservations.insert(id.clone(), cr);
+        self.schedule(pay_at, Action::BlockPayment(id.clone()));
+        let cr = &self.ec2.reservations[&id];
+        Ok(vec![
+            self.reservation_el(cr).rename("capacityReservation"),
+            set("capacityBlockSet", [self.block_el(cr)]),
+        ])
+    }
+
+    fn reservation_el(&self, cr: &CapacityReservation) -> El {
+        let available = if cr.state == "active" {
+            (cr.count - self.holding(|i| i.capacity_reservation_id.as_deref() == Some(&cr.id)))
+                .max(0)
+        } else {
+            0
+        };
+        el("item")
+            .v("capacityReservationId", &cr.id)
+            .v("ownerId", &self.settings.account_id)
+            .v(
+                "capacityReservationArn",
+                self.arn(
+                    "ec2",
+                    &cr.region,
+                    &format!("capacity-reservation/{}", cr.id),
+                ),
+            )
+            .v("instanceType", &cr.instance_type)
+            .v("instancePlatform", &cr.platform)
+            .v("availabilityZone", &cr.availability_zone)
+            .v("tenancy", "default")
+            .v("totalInstanceCount", cr.count)
+            .v("availableInstanceCount", available)
+            .v("ebsOptimized", true)
+            .v("ephemeralStorage", false)
+            .v("state", &cr.state)
+            .v("startDate", ec2_time(cr.start))
+            .v("endDate", ec2_time(cr.end))
+            .v("endDateType", "limited")
+            .v("instanceMatchCriteria", "targeted")
+            .v("createDate", ec2_time(cr.created))
+            .v("reservationType", "capacity-block")
+            .v("capacityBlockId", &cr.block_id)
+            .tags(cr.tags.iter())
+    }
+
+    fn block_el(&self, cr: &CapacityReservation) -> El {
+        el("item")
+            .v("capacityBlockId", &cr.block_id)
+            .v("availabilityZone", &cr.availability_zone)
+            .list("capacityReservationIdSet", [El::leaf("item", &cr.id)])
+            .v("startDate", ec2_time(cr.start))
+            .v("endDate", ec2_time(cr.end))
+            .v("createDate", ec2_time(cr.created))
+            .v("state", &cr.state)
+            .tags(cr.tags.iter())
+    }
+
+    /// How many instances matching `f` hold a slot (not yet returned after termination).
+    fn holding(&self, f: impl Fn(&Instance) -> bool) -> i64 {
+        self.ec2
+            .instances
+            .values()
+            .filter(|i| !i.slot_released && f(i))
+            .count() as i64
+    }
+
+    fn describe_reservations(&mut self, region: &str, q: &Query) -> Result<Vec<El>, ApiError> {
+        dry_run(q)?;
+        let ids = q.list("CapacityReservationId");
+        for id in &ids {
+            self.find_cr(region, id)?;
+        }
+        let filters = q.filters();
+        let items: Vec<El> = self
+            .ec2
+            .reservations
+            .values()
+            .filter(|cr| cr.region == region && (ids.is_empty() || ids.contains(&cr.id)))
+            .filter(|cr| {
+                filters.iter().all(|f| match f.name.as_str() {
+                    "state" => filter_matches(&f.values, &cr.state),
+                    "instance-type" => filter_matches(&f.values, &cr.instance_type),
+                    "availability-zone" => filter_matches(&f.values, &cr.availability_zone),
+                    "instance-platform" => filter_matches(&f.values, &cr.platform),
+                    "owner-id" => filter_matches(&f.values, &self.settings.account_id),
+                    "tenancy" => filter_matches(&f.values, "default"),
+                    "instance-match-criteria" => filter_matches(&f.values, "targeted"),
+                    "tag-key" => cr.tags.keys().any(|k| filter_matches(&f.values, k)),
+                    name => match name.strip_prefix("tag:") {
+                        Some(key) => cr
+                            .tags
+                            .get(key)
+                            .is_some_and(|v| filter_matches(&f.values, v)),
+                        None => false,
+                    },
+                })
+            })
+            .map(|cr| self.reservation_el(cr))
+            .collect();
+        let (page, next) = paginate(items, q.int("MaxResults")?, q.get("NextToken"), (1, 1000))?;
+        let mut out = vec![set("capacityReservationSet", page)];
+        if let Some(n) = next {
+            out.push(El::leaf("nextToken", n));
+        }
+        Ok(out)
+    }
+
+    fn find_cr(&self, region: &str, id: &str) -> Result<&CapacityReservation, ApiError> {
+        if !id.starts_with("cr-") || id.len() != 20 {
+            return Err(ApiError::ec2(
+                400,
+                "InvalidCapacityReservationId.Malformed",
+                format!("Invalid id: \"{id}\" (expecting \"cr-xxxxxxxxxxxxxxxxx\")"),
+            ));
+        }
+        self.ec2
+            .reservations
+            .get(id)
+            .filter(|cr| cr.region == region)
+            .ok_or_else(|| {
+                ApiError::ec2(
+                    400,
+                    "InvalidCapacityReservationId.NotFound",
+                    format!("The capacity reservation ID '{id}' does not exist"),
+                )
+            })
+    }
+
+    fn describe_blocks(&mut self, region: &str, q: &Query) -> Result<Vec<El>, ApiError> {
+        dry_run(q)?;
+        let ids = q.list("CapacityBlockId");
+        let filters = q.filters();
+        let items: Vec<El> = self
+            .ec2
+            .reservations
+            .values()
+            .filter(|cr| cr.region == region && (ids.is_empty() || ids.contains(&cr.block_id)))
+            .filter(|cr| {
+                filters.iter().all(|f| match f.name.as_str() {
+                    "state" => filter_matches(&f.values, &cr.state),
+                    "availability-zone" => filter_matches(&f.values, &cr.availability_zone),
+                    "capacity-block-id" => filter_matches(&f.values, &cr.block_id),
+                    name => match name.strip_prefix("tag:") {
+                        Some(key) => cr
+                            .tags
+                            .get(key)
+                            .is_some_and(|v| filter_matches(&f.values, v)),
+                        None => false,
+                    },
+                })
+            })
+            .map(|cr| self.block_el(cr))
+            .collect();
+        let (page, next) = paginate(items, q.int("MaxResults")?, q.get("NextToken"), (1, 1000))?;
+        let mut out = vec![set("capacityBlockSet", page)];
+        if let Some(n) = next {
+            out.push(El::leaf("nextToken", n));
+        }
+        Ok(out)
+    }
+
+    fn describe_extension_offerings(
+        &mut self,
+        region: &str,
+        q: &Query,
+    ) -> Result<Vec<El>, ApiError> {
+        dry_run(q)?;
+        let hours = q.req_int("CapacityBlockExtensionDurationHours")?;
+        let cr = self
+            .find_cr(region, q.req("CapacityReservationId")?)?
+            .clone();
+        if !valid_block_hours(hours) {
+            return Err(ApiError::invalid(format!(
+                "Invalid CapacityBlockExtensionDurationHours {hours}: extensions are 1-14 days in 1-day increments, then 7-day increments"
+            )));
+        }
+        if !["active", "scheduled"].contains(&cr.state.as_str())
+            || cr.extensions.iter().any(|e| e.status == "payment-pending")
+        {
+            return Err(ApiError::invalid(format!(
+                "Capacity Block {} cannot be extended in its current state ({})",
+                cr.id, cr.state
+            )));
+        }
+        let mut offerings = Vec::new();
+        let within_window =
+            self.now >= cr.end - TimeDelta::days(56) && self.now <= cr.end - TimeDelta::hours(1);
+        let new_end = cr.end + TimeDelta::hours(hours);
+        if within_window && (new_end - cr.start) <= TimeDelta::days(182) {
+            let free = self.market.free_between(
+                Pool::CapacityBlock,
+                region,
+                &cr.availability_zone,
+                &cr.instance_type,
+                cr.end,
+                new_end,
+            );
+            if i64::from(free) >= cr.count {
+                let hourly = self.market.block_hourly(
+                    region,
+                    &cr.availability_zone,
+                    &cr.instance_type,
+                    (cr.end, new_end),
+                );
+                let fee = (hourly * Decimal::from(cr.count) * Decimal::from(hours)).round_dp(2);
+                let id = hex_id("cbe-", &[&cr.id, &cr.end.to_rfc3339(), &hours.to_string()]);
+                offerings.push(ExtensionOffering {
+                    id,
+                    cr: cr.id.clone(),
+                    start: cr.end,
+                    end: new_end,
+                    hours,
+                    upfront_fee: fee,
+                });
+            }
+        }
+        for o in &offerings {
+            self.ec2.extension_offerings.insert(o.id.clone(), o.clone());
+        }
+        let (page, next) = paginate(
+            offerings,
+            q.int("MaxResults")?,
+            q.get("NextToken"),
+            (1, 100),
+        )?;
+        let items = page.iter().map(|o| {
+            el("item")
+                .v("capacityBlockExtensionOfferingId", &o.id)
+                .v("instanceType", &cr.instance_type)
+                .v("instanceCount", cr.count)
+                .v("availabilityZone", &cr.availability_zone)
+                .v("startDate", ec2_time(cr.start))
+                .v("capacityBlockExtensionStartDate", ec2_time(o.start))
+                .v("capacityBlockExtensionEndDate", ec2_time(o.end))
+                .v("capacityBlockExtensionDurationHours", o.hours)
+                .v("upfrontFee", o.upfront_fee)
+                .v("currencyCode", "USD")
+                .v("tenancy", "default")
+        });
+        let mut out = vec![set("capacityBlockExtensionOfferingSet", items)];
+        if let Some(n) = next {
+            out.push(El::leaf("nextToken", n));
+        }
+        Ok(out)
+    }
+
+    fn purchase_extension(&mut self, region: &str, q: &Query) -> Result<Vec<El>, ApiError> {
+        let offering_id = q.req("CapacityBlockExtensionOfferingId")?.to_string();
+        let cr_id = q.req("CapacityReservationId")?.to_string();
+        let cr = self.find_cr(region, &cr_id)?.clone();
+        let offering = self
+            .ec2
+            .extension_offerings
+            .get(&offering_id)
+            .filter(|o| o.cr == cr_id)
+            .cloned()
+            .ok_or_else(|| {
+                ApiError::invalid(format!(
+                    "The Capacity Block extension offering ID '{offering_id}' does not exist."
+                ))
+            })?;
+        if offering.start != cr.end || cr.extensions.iter().any(|e| e.status == "payment-pending") {
+            return Err(ApiError::invalid(format!(
+                "The Capacity Block extension offering ID '{offering_id}' has expired."
+            )));
+        }
+        let free = self.market.free_between(
+            Pool::CapacityBlock,
+            region,
+            &cr.availability_zone,
+            &cr.instance_type,
+            offering.start,
+            offering.end,
+        );
+        if i64::from(free) < cr.count {
+            return Err(ApiError::invalid(format!(
+                "The Capacity Block extension offering ID '{offering_id}' has expired."
+            )));
+        }
+        dry_run(q)?;
+        self.market.consume(
+            Pool::CapacityBlock,
+            region,
+            &cr.availability_zone,
+            &cr.instance_type,
+            (offering.start, offering.end),
+            cr.count,
+        );
+        let ext = Extension {
+            offering_id: offering_id.clone(),
+            start: offering.start,
+            end: offering.end,
+            hours: offering.hours,
+            status: "payment-pending".to_string(),
+            purchased: self.now,
+            upfront_fee: offering.upfront_fee,
+        };
+        let pay_at = self.minutes(self.settings.payment_minutes);
+        self.ec2
+            .reservations
+            .get_mut(&cr_id)
+            .expect("found above")
+            .extensions
+            .push(ext.clone());
+        self.schedule(
+            pay_at,
+            Action::ExtensionPayment {
+                cr: cr_id.clone(),
+                extension: offering_id,
+            },
+        );
+        Ok(vec![set(
+            "capacityBlockExtensionSet",
+            [extension_el(&cr, &ext)],
+        )])
+    }
+
+    fn describe_subnets(&mut self, region: &str, q: &Query) -> Result<Vec<El>, ApiError> {
+        dry_run(q)?;
+        let ids = q.list("SubnetId");
+        let all = self.subnets(region);
+        for id in &ids {
+            if !all.iter().any(|s| &s.id == id) {
+                return Err(ApiError::ec2(
+                    400,
+                    "InvalidSubnetID.NotFound",
+                    format!("The subnet ID '{id}' does not exist"),
+                ));
+            }
+        }
+        let filters = q.filters();
+        let items: Vec<El> = all
+            .iter()
+            .filter(|s| ids.is_empty() || ids.contains(&s.id))
+            .filter(|s| {
+                filters.iter().all(|f| match f.name.as_str() {
+                    "availability-zone" => filter_matches(&f.values, &s.availability_zone),
+                    "vpc-id" => filter_matches(&f.values, &s.vpc_id),
+                    "subnet-id" => filter_matches(&f.values, &s.id),
+                    "state" => filter_matches(&f.values, "available"),
+                    "default-for-az" => filter_matches(&f.values, "true"),
+                    _ => false,
+                })
+            })
+            .map(|s| {
+                el("item")
+                    .v("subnetId", &s.id)
+                    .v(
+                        "subnetArn",
+                        self.arn("ec2", region, &format!("subnet/{}", s.id)),
+                    )
+                    .v("state", "available")
+                    .v("vpcId", &s.vpc_id)
+                    .v("cidrBlock", &s.cidr)
+                    .v("availableIpAddressCount", 4091)
+                    .v("availabilityZone", &s.availability_zone)
+                    .v("defaultForAz", true)
+                    .v("mapPublicIpOnLaunch", false)
+                    .v("ownerId", &self.settings.account_id)
+            })
+            .collect();
+        let (page, next) = paginate(items, q.int("MaxResults")?, q.get("NextToken"), (5, 1000))?;
+        let mut out = vec![set("subnetSet", page)];
+        if let Some(n) = next {
+            out.push(El::leaf("nextToken", n));
+        }
+        Ok(out)
+    }
+
+    fn run_instances(&mut self, region: &str, q: &Query) -> Result<Vec<El>, ApiError> {
+        let min = q.req_int("MinCount")?;
+        let max = q.req_int("MaxCount")?;
+        if min < 1 || max < min {
+            return Err(ApiError::invalid(format!(
+                "Invalid MinCount/MaxCount: {min}/{max}"
+            )));
+        }
+        let token = q.get("ClientToken").map(str::to_string);
+        if let Some(t) = &token {
+            if t.len() > 64 {
+                return Err(ApiError::invalid(
+                    "ClientToken must be at most 64 characters",
+                ));
+            }
+            let fingerprint = fingerprint(q);
+            if let Some((fp, rid)) = self
+                .ec2
+                .client_tokens
+                .get(&(region.to_string(), t.clone()))
+                .cloned()
+            {
+                if fp != fingerprint {
+                    return Err(ApiError::ec2(
+                        400,
+                        "IdempotentParameterMismatch",
+                        format!("Client token '{t}' was used with different parameters"),
+                    ));
+                }
+                return Ok(self.launch_response(&rid));
+            }
+        }
+        // launch template
+        let template = match (
+            q.get("LaunchTemplate.LaunchTemplateId"),
+            q.get("LaunchTemplate.LaunchTemplateName"),
+        ) {
+            (None, None) => None,
+            (Some(id), _) => Some(
+                self.launch_templates(region)
+                    .into_iter()
+                    .find(|t| t.id == id)
+                    .ok_or_else(|| {
+                        ApiError::ec2(
+                            400,
+                            "InvalidLaunchTemplateId.NotFound",
+                            format!("The specified launch template, with template ID {id}, does not exist."),
+                        )
+                    })?,
+            ),
+            (None, Some(name)) => Some(
+                self.launch_templates(region)
+                    .into_iter()
+                    .find(|t| t.name == name)
+                    .ok_or_else(|| {
+                        ApiError::ec2(
+                            400,
+                            "InvalidLaunchTemplateName.NotFoundException",
+                            format!("The specified launch template, with template name {name}, does not exist."),
+                        )
+                    })?,
+            ),
+        };
+        let image_id = match (q.get("ImageId"), &template) {
+            (Some(i), _) => i.to_string(),
+            (None, Some(t)) => t.image_id.clone(),
+            (None, None) => {
+                return Err(ApiError::ec2(
+                    400,
+                    "MissingParameter",
+                    "The request must contain the parameter ImageId",
+                ));
+            }
+        };
+        let instance_type = match (
+            q.get("InstanceType"),
+            template.as_ref().and_then(|t| t.instance_type),
+        ) {
+            (Some(t), _) => t.to_string(),
+            (None, Some(t)) => t.to_string(),
+            (None, None) => {
+                return Err(ApiError::ec2(
+                    400,
+                    "MissingParameter",
+                    "The request must contain the parameter InstanceType",
+                ));
+            }
+        };
+        let subnets = self.subnets(region);
+        let subnet = match q.get("SubnetId") {
+            Some(id) => subnets
+                .iter()
+                .find(|s| s.id == id)
+                .cloned()
+                .ok_or_else(|| {
+                    ApiError::ec2(
+                        400,
+                        "InvalidSubnetID.NotFound",
+                        format!("The subnet ID '{id}' does not exist"),
+                    )
+                })?,
+            None => match q.get("Placement.AvailabilityZone") {
+                Some(az) => subnets
+                    .iter()
+                    .find(|s| s.availability_zone == az)
+                    .cloned()
+                    .ok_or_else(|| {
+                        ApiError::invalid(format!("Invalid availability zone: [{az}]"))
+                    })?,
+                None => subnets[0].clone(),
+            },
+        };
+        if let Some(az) = q.get("Placement.AvailabilityZone")
+            && az != subnet.availability_zone
+        {
+            return Err(ApiError::invalid(format!(
+                "The subnet {} is not in availability zone {az}",
+                subnet.id
+            )));
+        }
+        let market_type = q.get("InstanceMarketOptions.MarketType");
+        let target_cr = q.get(
+            "CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId",
+        );
+        let (lifecycle, cr_id, block_id, launch_count) = match (market_type, target_cr) {
+            (Some("capacity-block"), None) => {
+                return Err(ApiError::ec2(
+                    400,
+                    "MissingParameter",
+                    "Capacity Block launches must target a Capacity Reservation: CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId",
+                ));
+            }
+            (Some("capacity-block"), Some(cr_id)) => {
+                let cr = self.find_cr(region, cr_id)?.clone();
+                if cr.state == "payment-pending" || cr.state == "scheduled" {
+                    return Err(ApiError::ec2(
+                        400,
+                        "InvalidCapacityReservationState.PendingActivation",
+                        format!("Your Capacity Block {} is not active yet.", cr.id),
+                    ));
+                }
+                if cr.state != "active" {
+                    return Err(ApiError::invalid(format!(
+                        "The Capacity Reservation {} is in state {} and cannot be used.",
+                        cr.id, cr.state
+                    )));
+                }
+                if cr.availability_zone != subnet.availability_zone {
+                    return Err(ApiError::invalid(format!(
+                        "The Capacity Reservation {} is in {} but the launch is in {}.",
+                        cr.id, cr.availability_zone, subnet.availability_zone
+                    )));
+                }
+                if cr.instance_type != instance_type {
+                    return Err(ApiError::invalid(format!(
+                        "The instance type {instance_type} does not match the Capacity Reservation's type {}.",
+                        cr.instance_type
+                    )));
+                }
+                let available = cr.count
+                    - self.holding(|i| i.capacity_reservation_id.as_deref() == Some(&cr.id));
+                if available < min {
+                    return Err(ApiError::ec2(
+                        400,
+                        "ReservationCapacityExceeded",
+                        format!(
+                            "The targeted Capacity Reservation {} does not have enough available instance capacity ({available} available).",
+                            cr.id
+                        ),
+                    ));
+                }
+                (
+                    Lifecycle::CapacityBlock,
+                    Some(cr.id),
+                    Some(cr.block_id),
+                    max.min(available),
+                )
+            }
+            (Some(other), _) if other != "spot" => {
+                return Err(ApiError::invalid(format!(
+                    "Value ({other}) for parameter InstanceMarketOptions.MarketType is invalid."
+                )));
+            }
+            (mt, Some(cr)) => {
+                return Err(ApiError::ec2(
+                    400,
+                    "InvalidParameterCombination",
+                    format!(
+                        "Targeting Capacity Reservation {cr} requires MarketType capacity-block{}",
+                        if mt.is_some() { " (spot given)" } else { "" }
+                    ),
+                ));
+            }
+            (mt, None) => {
+                let spot = mt == Some("spot");
+                let lc = if spot {
+                    Lifecycle::Spot
+                } else {
+                    Lifecycle::OnDemand
+                };
+                let total = self.market.on_demand_total(
+                    region,
+                    &subnet.availability_zone,
+                    &instance_type,
+                    spot,
+                );
+                let used = self.holding(|i| {
+                    i.lifecycle == lc
+                        && i.region == region
+                        && i.availability_zone == subnet.availability_zone
+                        && i.instance_type == instance_type
+                });
+                let free = total - used;
+                if free < min {
+                    return Err(ApiError::ec2(
+                        500,
+                        "InsufficientInstanceCapacity",
+                        format!(
+                            "We currently do not have sufficient {instance_type} capacity in the Availability Zone you requested ({}). Our system will be working on provisioning additional capacity.",
+                            subnet.availability_zone
+                        ),
+                    ));
+                }
+                (lc, None, None, max.min(free))
+            }
+        };
+        dry_run(q)?;
+        let tags = q.tag_specs("instance")?;
+        let reservation_id = self.next_id("r-");
+        let token = token.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let mut ids = Vec::new();
+        for n in 0..launch_count {
+            let id = self.next_id("i-");
+            let inst = Instance {
+                id: id.clone(),
+                region: region.to_string(),
+                availability_zone: subnet.availability_zone.clone(),
+                subnet_id: subnet.id.clone(),
+                vpc_id: subnet.vpc_id.clone(),
+                instance_type: instance_type.clone(),
+                image_id: image_id.clone(),
+                state: "pending".to_string(),
+                launch_time: self.now,
+                reservation_id: reservation_id.clone(),
+                client_token: token.clone(),
+                lifecycle,
+                capacity_reservation_id: cr_id.clone(),
+                capacity_block_id: block_id.clone(),
+                tags: tags.clone(),
+                terminated_at: None,
+                slot_released: false,
+                impaired: false,
+                state_reason: None,
+                scheduled_events: Vec::new(),
+                launch_index: n,
+            };
+            self.ec2.instances.insert(id.clone(), inst);
+            self.instance_event(&id);
+            let at = self.now + TimeDelta::seconds(self.settings.instance_launch_seconds);
+            self.schedule(at, Action::InstanceRunning(id.clone()));
+            ids.push(id);
+        }
+        tracing::info!(reservation_id = %reservation_id, instances = ?ids, "instances launched");
+        self.ec2.launches.insert(
+            reservation_id.clone(),
+            Launch {
+                region: region.to_string(),
+                instance_ids: ids,
+            },
+        );
+        self.ec2.client_tokens.insert(
+            (region.to_string(), token),
+            (fingerprint(q), reservation_id.clone()),
+        );
+        Ok(self.launch_response(&reservation_id))
+    }
+
+    fn launch_response(&self, reservation_id: &str) -> Vec<El> {
+        let launch = &self.ec2.launches[reservation_id];
+        let items: Vec<El> = launch
+            .instance_ids
+            .iter()
+            .map(|id| self.instance_el(&self.ec2.instances[id]))
+            .collect();
+        vec![
+            El::leaf("reservationId", reservation_id),
+            El::leaf("ownerId", &self.settings.account_id),
+            set("groupSet", Vec::new()),
+            set("instancesSet", items),
+        ]
+    }
+
+    fn instance_el(&self, i: &Instance) -> El {
+        let lifecycle = match i.lifecycle {
+            Lifecycle::OnDemand => None,
+            Lifecycle::Spot => Some("spot"),
+            Lifecycle::CapacityBlock => Some("capacity-block"),
+        };
+        let mut e = el("item")
+            .v("instanceId", &i.id)
+            .v("imageId", &i.image_id)
+            .child(state_el("instanceState", &i.state))
+            .v(
+                "privateDnsName",
+                format!("ip-10-0-0-{}.ec2.internal", i.launch_index + 10),
+            )
+            .v(
+                "reason",
+                i.state_reason.as_ref().map_or("", |(_, m)| m.as_str()),
+            )
+            .v("amiLaunchIndex", i.launch_index)
+            .v("instanceType", &i.instance_type)
+            .v("launchTime", ec2_time(i.launch_time))
+            .child(
+                el("placement")
+                    .v("availabilityZone", &i.availability_zone)
+                    .v("tenancy", "default"),
+            )
+            .child(el("monitoring").v("state", "disabled"))
+            .v("subnetId", &i.subnet_id)
+            .v("vpcId", &i.vpc_id)
+            .v(
+                "privateIpAddress",
+                format!("10.0.0.{}", i.launch_index + 10),
+            )
+            .v("architecture", "x86_64")
+            .v("rootDeviceType", "ebs")
+            .v("rootDeviceName", "/dev/xvda")
+            .v("clientToken", &i.client_token)
+            .opt("instanceLifecycle", lifecycle)
+            .opt("capacityReservationId", i.capacity_reservation_id.as_ref())
+            .opt("capacityBlockId", i.capacity_block_id.as_ref())
+            .v("hypervisor", "xen")
+            .v("virtualizationType", "hvm")
+            .v("ebsOptimized", true)
+            .v("platformDetails", "Linux/UNIX");
+        if let Some((code, msg)) = &i.state_reason {
+            e = e.child(el("stateReason").v("code", code).v("message", msg));
+        }
+        if let Some(cr) = &i.capacity_reservation_id {
+            e = e.child(
+                el("capacityReservationSpecification")
+                    .child(el("capacityReservationTarget").v("capacityReservationId", cr)),
+            );
+        }
+        e.tags(i.tags.iter())
+    }
+
+    /// Instances a caller may still see: terminated ones stay visible for an hour.
+    fn visible(&self, i: &Instance) -> bool {
+        i.terminated_at
+            .is_none_or(|t| self.now - t < TimeDelta::hours(1))
+    }
+
+    fn check_instance_ids(&self, region: &str, ids: &[String]) -> Result<(), ApiError> {
+        for id in ids {
+            let ok_format = id.starts_with("i-")
+                && (id.len() == 10 || id.len() == 19)
+                && id[2..].chars().all(|c| c.is_ascii_hexdigit());
+            if !ok_format {
+                return Err(ApiError::ec2(
+                    400,
+                    "InvalidInstanceID.Malformed",
+                    format!("Invalid id: \"{id}\""),
+                ));
+            }
+        }
+        let missing: Vec<&String> = ids
+            .iter()
+            .filter(|id| {
+                !self
+                    .ec2
+                    .instances
+                    .get(*id)
+                    .is_some_and(|i| i.region == region && self.visible(i))
+            })
+            .collect();
+        if !missing.is_empty() {
+            let list: Vec<&str> = missing.iter().map(|s| s.as_str()).collect();
+            return Err(ApiError::ec2(
+                400,
+                "InvalidInstanceID.NotFound",
+                format!("The instance IDs '{}' do not exist", list.join(", ")),
+            ));
+        }
+        Ok(())
+    }
+
+    fn describe_instances(&mut self, region: &str, q: &Query) -> Result<Vec<El>, ApiError> {
+        dry_run(q)?;
+        let ids = q.list("InstanceId");
+        if !ids.is_empty() && q.get("MaxResults").is_some() {
+            return Err(ApiError::ec2(
+                400,
+                "InvalidParameterCombination",
+                "The parameter instancesSet cannot be used with the parameter maxResults",
+            ));
+        }
+        self.check_instance_ids(region, &ids)?;
+        let filters = q.filters();
+        let matching: Vec<&Instance> = self
+            .ec2
+            .instances
+            .values()
+            .filter(|i| i.region == region && self.visible(i))
+            .filter(|i| ids.is_empty() || ids.contains(&i.id))
+            .filter(|i| instance_matches(i, &filters))
+            .collect();
+        // paginate by instance, then group each page by reservation
+        let (page, next) = paginate(
+            matching,
+            q.int("MaxResults")?,
+            q.get("NextToken"),
+            (5, 1000),
+        )?;
+        let mut groups: BTreeMap<&str, Vec<El>> = BTreeMap::new();
+        for i in &page {
+            groups
+                .entry(&i.reservation_id)
+                .or_default()
+                .push(self.instance_el(i));
+        }
+        let reservations = groups.into_iter().map(|(rid, items)| {
+            el("item")
+                .v("reservationId", rid)
+                .v("ownerId", &self.settings.account_id)
+                .list("groupSet", Vec::new())
+                .list("instancesSet", items)
+        });
+        let mut out = vec![set("reservationSet", reservations)];
+        if let Some(n) = next {
+            out.push(El::leaf("nextToken", n));
+        }
+        Ok(out)
+    }
+
+    fn describe_instance_status(&mut self, region: &str, q: &Query) -> Result<Vec<El>, ApiError> {
+        dry_run(q)?;
+        let ids = q.list("InstanceId");
+        if ids.len() > 100 {
+            return Err(ApiError::invalid("At most 100 instance IDs may be given"));
+        }
+        if !ids.is_empty() && q.get("MaxResults").is_some() {
+            return Err(ApiError::ec2(
+                400,
+                "InvalidParameterCombination",
+                "The parameter instancesSet cannot be used with the parameter maxResults",
+            ));
+        }
+        self.check_instance_ids(region, &ids)?;
+        let all = q.bool("IncludeAllInstances");
+        let filters = q.filters();
+        let matching: Vec<&Instance> = self
+            .ec2
+            .instances
+            .values()
+            .filter(|i| i.region == region && self.visible(i))
+            .filter(|i| ids.is_empty() || ids.contains(&i.id))
+            .filter(|i| all || i.state == "running")
+            .filter(|i| {
+                filters.iter().all(|f| {
+                    let (inst, sys) = status_of(i);
+                    match f.name.as_str() {
+                        "instance-state-name" => filter_matches(&f.values, &i.state),
+                        "instance-state-code" => {
+                            filter_matches(&f.values, &state_code(&i.state).to_string())
+                        }
+                        "availability-zone" => filter_matches(&f.values, &i.availability_zone),
+                        "instance-status.status" => filter_matches(&f.values, inst),
+                        "system-status.status" => filter_matches(&f.values, sys),
+                        "event.code" => i
+                            .scheduled_events
+                            .iter()
+                            .any(|e| filter_matches(&f.values, &e.code)),
+                        _ => false,
+                    }
+                })
+            })
+            .collect();
+        let (page, next) = paginate(
+            matching,
+            q.int("MaxResults")?,
+            q.get("NextToken"),
+            (5, 1000),
+        )?;
+        let items: Vec<El> = page
+            .iter()
+            .map(|i| {
+                let (inst, sys) = status_of(i);
+                let summary = |name: &str, status: &str, impaired_since: Option<DateTime<Utc>>| {
+                    let reach = match status {
+                        "ok" => "passed",
+                        "impaired" => "failed",
+                        "not-applicable" => "not-applicable",
+                        _ => "initializing",
+                    };
+                    el(name).v("status", status).list(
+                        "details",
+                        [el("item")
+                            .v("name", "reachability")
+                            .v("status", reach)
+                            .opt("impairedSince", impaired_since.map(ec2_time))],
+                    )
+                };
+                let mut e = el("item")
+                    .v("instanceId", &i.id)
+                    .v("availabilityZone", &i.availability_zone)
+                    .child(state_el("instanceState", &i.state))
+                    .child(summary("instanceStatus", inst, None))
+                    .child(summary("systemStatus", sys, None));
+                if !i.scheduled_events.is_empty() {
+                    e = e.list(
+                        "eventsSet",
+                        i.scheduled_events.iter().map(|ev| {
+                            el("item")
+                                .v("instanceEventId", &ev.id)
+                                .v("code", &ev.code)
+                                .v("description", &ev.description)
+                                .v("notBefore", ec2_time(ev.not_before))
+                                .v("notAfter", ec2_time(ev.not_after))
+                        }),
+                    );
+                }
+                e
+            })
+            .collect();
+        let mut out = vec![set("instanceStatusSet", items)];
+        if let Some(n) = next {
+            out.push(El::leaf("nextToken", n));
+        }
+        Ok(out)
+    }
+
+    fn terminate_instances(&mut self, region: &str, q: &Query) -> Result<Vec<El>, ApiError> {
+        let ids = q.list("InstanceId");
+        if ids.is_empty() {
+            return Err(ApiError::ec2(
+                400,
+                "MissingParameter",
+                "The request must contain the parameter InstanceId",
+            ));
+        }
+        if ids.len() > 1000 {
+            return Err(ApiError::invalid("At most 1000 instance IDs may be given"));
+        }
+        self.check_instance_ids(region, &ids)?;
+        dry_run(q)?;
+        let mut items = Vec::new();
+        for id in &ids {
+            let previous = self.ec2.instances[id].state.clone();
+            self.begin_termination(
+                id,
+                "Client.UserInitiatedShutdown",
+                "User initiated shutdown",
+            );
+            let current = self.ec2.instances[id].state.clone();
+            items.push(
+                el("item")
+                    .v("instanceId", id)
+                    .child(state_el("currentState", &current))
+                    .child(state_el("previousState", &previous)),
+            );
+        }
+        Ok(vec![set("instancesSet", items)])
+    }
+
+    fn create_tags(&mut self, region: &str, q: &Query) -> Result<Vec<El>, ApiError> {
+        let resources = q.list("ResourceId");
+        if resources.is_empty() {
+            return Err(ApiError::ec2(
+                400,
+                "MissingParameter",
+                "The request must contain the parameter ResourceId",
+            ));
+        }
+        let tags = q.tags("Tag")?;
+        if tags.is_empty() {
+            return Err(ApiError::ec2(
+                400,
+                "MissingParameter",
+                "The request must contain the parameter Tag",
+            ));
+        }
+        for r in &resources {
+            let exists = if r.starts_with("i-") {
+                self.ec2
+                    .instances
+                    .get(r)
+                    .is_some_and(|i| i.region == region)
+            } else if r.starts_with("cr-") {
+                self.ec2
+                    .reservations
+                    .get(r)
+                    .is_some_and(|c| c.region == region)
+            } else {
+                false
+            };
+            if !exists {
+                let code = if r.starts_with("i-") {
+                    "InvalidInstanceID.NotFound"
+                } else if r.starts_with("cr-") {
+                    "InvalidCapacityReservationId.NotFound"
+                } else {
+                    "InvalidID"
+                };
+                return Err(ApiError::ec2(
+                    400,
+                    code,
+                    format!("The ID '{r}' does not exist"),
+                ));
+            }
+        }
+        dry_run(q)?;
+        for r in &resources {
+            let target = if let Some(i) = self.ec2.instances.get_mut(r) {
+                &mut i.tags
+            } else {
+                &mut self.ec2.reservations.get_mut(r).expect("checked").tags
+            };
+            target.extend(tags.clone());
+            if target.len() > 50 {
+                return Err(ApiError::ec2(
+                    400,
+                    "TagLimitExceeded",
+                    "The maximum number of tags per resource is 50",
+                ));
+            }
+        }
+        Ok(vec![El::leaf("return", true)])
+    }
+
+    /// Starts terminating an instance (idempotent); its slot returns later.
+    pub fn begin_termination(&mut self, id: &str, code: &str, message: &str) {
+        let Some(i) = self.ec2.instances.get_mut(id) else {
+            return;
+        };
+        if i.state == "shutting-down" || i.state == "terminated" {
+            return;
+        }
+        i.state = "shutting-down".to_string();
+        i.state_reason = Some((code.to_string(), format!("{code}: {message}")));
+        self.instance_event(id);
+        let at = self.now + TimeDelta::seconds(self.settings.instance_shutdown_seconds);
+        self.schedule(at, Action::InstanceTerminated(id.to_string()));
+    }
+
+    fn instance_event(&mut self, id: &str) {
+        let i = &self.ec2.instances[id];
+        let (region, state) = (i.region.clone(), i.state.clone());
+        let arn = self.arn("ec2", &region, &format!("instance/{id}"));
+        self.emit(
+            &region,
+            "aws.ec2",
+            "EC2 Instance State-change Notification",
+            vec![arn],
+            json!({"instance-id": id, "state": state}),
+        );
+    }
+
+    pub(crate) fn ec2_apply(&mut self, action: Action) {
+        match action {
+            Action::BlockPayment(cr_id) => {
+                let Some(cr) = self.ec2.reservations.get_mut(&cr_id) else {
+                    return;
+                };
+                if cr.state != "payment-pending" {
+                    return;
+                }
+                if cr.fail_payment {
+                    cr.state = "payment-failed".to_string();
+                    let cr = cr.clone();
+                    self.market.consume(
+                        Pool::CapacityBlock,
+                        &cr.region,
+                        &cr.availability_zone,
+                        &cr.instance_type,
+                        (cr.start, cr.end),
+                        -cr.count,
+                    );
+                    tracing::info!(capacity_reservation_id = %cr_id, "capacity block payment failed");
+                    return;
+                }
+                cr.state = "scheduled".to_string();
+                let cr = cr.clone();
+                self.schedule(cr.start.max(self.now), Action::BlockActivate(cr_id));
+                self.schedule_block_end(&cr);
+            }
+            Action::BlockActivate(cr_id) => {
+                let Some(cr) = self.ec2.reservations.get_mut(&cr_id) else {
+                    return;
+                };
+                if cr.state != "scheduled" {
+                    return;
+                }
+                cr.state = "active".to_string();
+                let cr = cr.clone();
+                let name = if self.settings.reservation_event_names {
+                    "Capacity Block Reservation Delivered"
+                } else {
+                    "Capacity Block Delivered"
+                };
+                self.block_event(&cr, name);
+            }
+            Action::BlockWarn { cr, end } => {
+                let Some(c) = self.ec2.reservations.get(&cr).cloned() else {
+                    return;
+                };
+                if c.end != end || !["active", "scheduled"].contains(&c.state.as_str()) {
+                    return;
+                }
+                let name = if self.settings.reservation_event_names {
+                    "Capacity Block Reservation Expiration Warning"
+                } else {
+                    "Capacity Block Expiration Warning"
+                };
+                self.block_event(&c, name);
+            }
+            Action::BlockTerminate { cr, end } => {
+                let Some(c) = self.ec2.reservations.get(&cr).cloned() else {
+                    return;
+                };
+                if c.end != end {
+                    return;
+                }
+                let ids: Vec<String> = self
+                    .ec2
+                    .instances
+                    .values()
+                    .filter(|i| i.capacity_reservation_id.as_deref() == Some(&cr))
+                    .map(|i| i.id.clone())
+                    .collect();
+                for id in ids {
+                    self.begin_termination(
+                        &id,
+                        "Server.ScheduledStop",
+                        "Capacity Block is ending: instances are terminated before the end of the block",
+                    );
+                }
+            }
+            Action::BlockExpire { cr, end } => {
+                let Some(c) = self.ec2.reservations.get_mut(&cr) else {
+                    return;
+                };
+                if c.end != end || c.state != "active" {
+                    return;
+                }
+                c.state = "expired".to_string();
+            }
+            Action::ExtensionPayment { cr, extension } => {
+                let Some(c) = self.ec2.reservations.get_mut(&cr) else {
+                    return;
+                };
+                let Some(ext) = c
+                    .extensions
+                    .iter_mut()
+                    .find(|e| e.offering_id == extension && e.status == "payment-pending")
+                else {
+                    return;
+                };
+                if c.fail_payment {
+                    ext.status = "payment-failed".to_string();
+                    let (start, end) = (ext.start, ext.end);
+                    let c = c.clone();
+                    self.market.consume(
+                        Pool::CapacityBlock,
+                        &c.region,
+                        &c.availability_zone,
+                        &c.instance_type,
+                        (start, end),
+                        -c.count,
+                    );
+                    return;
+                }
+                ext.status = "payment-succeeded".to_string();
+                c.end = ext.end;
+                let c = c.clone();
+                self.schedule_block_end(&c);
+            }
+            Action::InstanceRunning(id) => {
+                let Some(i) = self.ec2.instances.get_mut(&id) else {
+                    return;
+                };
+                if i.state != "pending" {
+                    return;
+                }
+                i.state = "running".to_string();
+                self.instance_event(&id);
+            }
+            Action::InstanceTerminated(id) => {
+                let Some(i) = self.ec2.instances.get_mut(&id) else {
+                    return;
+                };
+                if i.state != "shutting-down" {
+                    return;
+                }
+                i.state = "terminated".to_string();
+                i.terminated_at = Some(self.now);
+                let in_block = i.lifecycle == Lifecycle::CapacityBlock;
+                self.instance_event(&id);
+                if in_block {
+                    let at = self.minutes(self.settings.slot_return_minutes);
+                    self.schedule(at, Action::SlotReturn(id));
+                } else if let Some(i) = self.ec2.instances.get_mut(&id) {
+                    i.slot_released = true;
+                }
+            }
+            Action::SlotReturn(id) => {
+                if let Some(i) = self.ec2.instances.get_mut(&id) {
+                    i.slot_released = true;
+                }
+            }
+            Action::SpotReclaim(id) => {
+                self.begin_termination(
+                    &id,
+                    "Server.SpotInstanceTermination",
+                    "Spot instance termination",
+                );
+            }
+            Action::SageMakerSync => {}
+        }
+    }
+
+    fn schedule_block_end(&mut self, cr: &CapacityReservation) {
+        let (warn, term) = if cr.ultraserver {
+            (
+                self.settings.ultraserver_warning_lead_minutes,
+                self.settings.ultraserver_termination_lead_minutes,
+            )
+        } else {
+            (
+                self.settings.block_warning_lead_minutes,
+                self.settings.block_termination_lead_minutes,
+            )
+        };
+        let now = self.now;
+        let end = cr.end;
+        self.schedule(
+            (end - TimeDelta::minutes(warn)).max(now),
+            Action::BlockWarn {
+                cr: cr.id.clone(),
+                end,
+            },
+        );
+        self.schedule(
+            (end - TimeDelta::minutes(term)).max(now),
+            Action::BlockTerminate {
+                cr: cr.id.clone(),
+                end,
+            },
+        );
+        self.schedule(
+            end.max(now),
+            Action::BlockExpire {
+                cr: cr.id.clone(),
+                end,
+            },
+        );
+    }
+
+    fn block_event(&mut self, cr: &CapacityReservation, detail_type: &str) {
+        let arn = self.arn(
+            "ec2",
+            &cr.region,
+            &format!("capacity-reservation/{}", cr.id),
+        );
+        self.emit(
+            &cr.region,
+            "aws.ec2",
+            detail_type,
+            vec![arn],
+            json!({
+                "capacity-reservation-id": cr.id,
+                "end-date": crate::util::event_time(cr.end),
+            }),
+        );
+    }
+
+    /// Control: make a block's payment fail (while it is still pending).
+    pub fn fail_payment(&mut self, cr_id: &str) -> Result<(), ApiError> {
+        let cr = self
+            .ec2
+            .reservations
+            .get_mut(cr_id)
+            .ok_or_else(|| ApiError::new(404, "NotFound", format!("no reservation {cr_id}")))?;
+        cr.fail_payment = true;
+        Ok(())
+    }
+
+    fn instance_mut(&mut self, id: &str) -> Result<&mut Instance, ApiError> {
+        self.ec2
+            .instances
+            .get_mut(id)
+            .ok_or_else(|| ApiError::new(404, "NotFound", format!("no instance {id}")))
+    }
+
+    /// Control: set or clear impaired status checks on an instance.
+    pub fn impair_instance(&mut self, id: &str, impaired: bool) -> Result<(), ApiError> {
+        self.instance_mut(id)?.impaired = impaired;
+        Ok(())
+    }
+
+    /// Control: the instance stops unexpectedly (hardware failure).
+    pub fn fail_instance(&mut self, id: &str) -> Result<(), ApiError> {
+        self.instance_mut(id)?;
+        self.begin_termination(
+            id,
+            "Server.InternalError",
+            "An internal error has occurred; the instance was terminated",
+        );
+        Ok(())
+    }
+
+    /// Control: a spot interruption: the two-minute warning now, termination after it.
+    pub fn interrupt_spot(&mut self, id: &str) -> Result<(), ApiError> {
+        let i = self.instance_mut(id)?.clone();
+        if i.lifecycle != Lifecycle::Spot {
+            return Err(ApiError::new(
+                400,
+                "NotSpot",
+                format!("{id} is not a spot instance"),
+            ));
+        }
+        let at = self.minutes(2);
+        let arn = self.arn("ec2", &i.region, &format!("instance/{id}"));
+        self.emit(
+            &i.region,
+            "aws.ec2",
+            "EC2 Spot Instance Interruption Warning",
+            vec![arn],
+            json!({"instance-id": id, "instance-action": "terminate"}),
+        );
+        self.schedule(at, Action::SpotReclaim(id.to_string()));
+        Ok(())
+    }
+
+    /// Control: an AWS Health scheduled event (e.g. retirement) for an instance.
+    pub fn health_event(&mut self, id: &str, code: &str) -> Result<(), ApiError> {
+        let i = self.instance_mut(id)?.clone();
+        let start = self.now + TimeDelta::days(14);
+        let event_id = self.next_id("instance-event-");
+        let api_code = match code {
+            c if c.contains("REBOOT") => "system-reboot",
+            c if c.contains("STOP") => "instance-stop",
+            c if c.contains("MAINTENANCE") => "system-maintenance",
+            _ => "instance-retirement",
+        };
+        self.instance_mut(id)?
+            .scheduled_events
+            .push(ScheduledEvent {
+                id: event_id.clone(),
+                code: api_code.to_string(),
+                description: format!("The instance is scheduled for {api_code}"),
+                not_before: start,
+                not_after: start + TimeDelta::days(7),
+            });
+        let fmt = |t: DateTime<Utc>| t.format("%a, %-d %b %Y %H:%M:%S GMT").to_string();
+        self.emit(
+            &i.region,
+            "aws.health",
+            "AWS Health Event",
+            vec![id.to_string()],
+            json!({
+                "eventArn": format!("arn:aws:health:{}::event/EC2/{code}/{code}_{event_id}", i.region),
+                "service": "EC2",
+                "eventTypeCode": code,
+                "eventTypeCategory": "scheduledChange",
+                "eventScopeCode": "ACCOUNT_SPECIFIC",
+                "communicationId": event_id,
+                "startTime": fmt(start),
+                "endTime": fmt(start + TimeDelta::days(7)),
+                "lastUpdatedTime": fmt(self.now),
+                "statusCode": "upcoming",
+                "eventRegion": i.region,
+                "eventDescription": [{"language": "en_US", "latestDescription": format!("EC2 has detected degradation of the underlying hardware hosting your instance {id}. The instance is scheduled for {api_code}.")}],
+                "affectedEntities": [{"entityValue": id, "tags": {}}],
+            }),
+        );
+        Ok(())
+    }
+}
+
+fn extension_el(cr: &CapacityReservation, e: &Extension) -> El {
+    el("item")
+        .v("capacityReservationId", &cr.id)
+        .v("instanceType", &cr.instance_type)
+        .v("instanceCount", cr.count)
+        .v("availabilityZone", &cr.availability_zone)
+        .v("capacityBlockExtensionOfferingId", &e.offering_id)
+        .v("capacityBlockExtensionDurationHours", e.hours)
+        .v("capacityBlockExtensionStatus", &e.status)
+        .v("capacityBlockExtensionPurchaseDate", ec2_time(e.purchased))
+        .v("capacityBlockExtensionStartDate", ec2_time(e.start))
+        .v("capacityBlockExtensionEndDate", ec2_time(e.end))
+        .v("upfrontFee", e.upfront_fee)
+        .v("currencyCode", "USD")
+}
+
+fn status_of(i: &Instance) -> (&'static str, &'static str) {
+    if i.state != "running" {
+        ("not-applicable", "not-applicable")
+    } else if i.impaired {
+        ("impaired", "impaired")
+    } else {
+        ("ok", "ok")
+    }
+}
+
+fn instance_matches(i: &Instance, filters: &[crate::query::Filter]) -> bool {
+    filters.iter().all(|f| {
+        let v = &f.values;
+        match f.name.as_str() {
+            "instance-id" => filter_matches(v, &i.id),
+            "instance-state-name" => filter_matches(v, &i.state),
+            "instance-state-code" => filter_matches(v, &state_code(&i.state).to_string()),
+            "instance-type" => filter_matches(v, &i.instance_type),
+            "availability-zone" => filter_matches(v, &i.availability_zone),
+            "subnet-id" => filter_matches(v, &i.subnet_id),
+            "vpc-id" => filter_matches(v, &i.vpc_id),
+            "image-id" => filter_matches(v, &i.image_id),
+            "reservation-id" => filter_matches(v, &i.reservation_id),
+            "client-token" => filter_matches(v, &i.client_token),
+            "instance-lifecycle" => match i.lifecycle {
+                Lifecycle::OnDemand => false,
+                Lifecycle::Spot => filter_matches(v, "spot"),
+                Lifecycle::CapacityBlock => filter_matches(v, "capacity-block"),
+            },
+            "capacity-reservation-id"
+            | "capacity-reservation-specification.capacity-reservation-target.capacity-reservation-id" => {
+                i.capacity_reservation_id
+                    .as_deref()
+                    .is_some_and(|c| filter_matches(v, c))
+            }
+            "tag-key" => i.tags.keys().any(|k| filter_matches(v, k)),
+            name => match name.strip_prefix("tag:") {
+                Some(key) => i.tags.get(key).is_some_and(|val| filter_matches(v, val)),
+                None => false,
+            },
+        }
+    })
+}
+
+/// The parameters that identify a `RunInstances` request for idempotency.
+fn fingerprint(q: &Query) -> String {
+    let mut parts: Vec<String> = q
+        .pairs()
+        .filter(|(k, _)| !matches!(k.as_str(), "ClientToken" | "Action" | "Version" | "DryRun"))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    parts.sort();
+    parts.join("&")
+}

@@ -1,0 +1,1593 @@
+//! SageMaker as capacity-pilot uses it (awsJson1_1): training plan offerings and plans, training
+//! jobs on plans or on-demand, HyperPod clusters whose instance groups run on plans, and inference
+//! endpoints reserved through a plan. Statuses follow the plan's segments on the simulated clock;
+//! errors use the codes the real service returns (often the unmodeled `ValidationException`).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use chrono::{DateTime, TimeDelta, Utc};
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+
+use crate::error::ApiError;
+use crate::market::{PlanOffering, PlanSearch, Pool};
+use crate::util::epoch;
+use crate::world::{Action, World};
+
+/// A purchased training plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub name: String,
+    pub arn: String,
+    pub region: String,
+    pub offering: PlanOffering,
+    pub created: DateTime<Utc>,
+    pub paid_at: DateTime<Utc>,
+    pub failed: bool,
+    pub reserved_capacity_arns: Vec<String>,
+}
+
+/// A training job.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainingJob {
+    pub name: String,
+    pub arn: String,
+    pub region: String,
+    pub created: DateTime<Utc>,
+    pub modified: DateTime<Utc>,
+    pub status: String,
+    pub secondary: String,
+    pub failure_reason: Option<String>,
+    pub instance_type: String,
+    pub instance_count: i64,
+    pub plan_arn: Option<String>,
+    pub remaining_seconds: i64,
+    pub resumed_at: Option<DateTime<Utc>>,
+    pub waiting_since: Option<DateTime<Utc>>,
+    pub training_start: Option<DateTime<Utc>>,
+    pub training_end: Option<DateTime<Utc>>,
+    pub stop_at: Option<DateTime<Utc>>,
+    pub transitions: Vec<(String, DateTime<Utc>, String)>,
+    pub request: Value,
+}
+
+/// A HyperPod instance group.
+#[derive(Debug, Clone, Serialize)]
+pub struct InstanceGroup {
+    pub name: String,
+    pub instance_type: String,
+    pub target: i64,
+    pub plan_arn: Option<String>,
+    pub request: Value,
+}
+
+/// A HyperPod node.
+#[derive(Debug, Clone, Serialize)]
+pub struct Node {
+    pub group: String,
+    pub instance_id: String,
+    pub instance_type: String,
+    pub launch_time: DateTime<Utc>,
+}
+
+/// A HyperPod cluster.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cluster {
+    pub name: String,
+    pub arn: String,
+    pub region: String,
+    pub created: DateTime<Utc>,
+    pub status: String,
+    pub status_until: DateTime<Utc>,
+    pub groups: Vec<InstanceGroup>,
+    pub nodes: Vec<Node>,
+}
+
+/// One production variant of an endpoint config.
+#[derive(Debug, Clone, Serialize)]
+pub struct Variant {
+    pub name: String,
+    pub instance_type: String,
+    pub count: i64,
+    pub plan_arn: Option<String>,
+    pub request: Value,
+}
+
+/// An endpoint config.
+#[derive(Debug, Clone, Serialize)]
+pub struct EndpointConfig {
+    pub name: String,
+    pub arn: String,
+    pub created: DateTime<Utc>,
+    pub variants: Vec<Variant>,
+}
+
+/// An endpoint.
+#[derive(Debug, Clone, Serialize)]
+pub struct Endpoint {
+    pub name: String,
+    pub arn: String,
+    pub region: String,
+    pub config_name: String,
+    pub created: DateTime<Utc>,
+    pub modified: DateTime<Utc>,
+    pub ready_at: DateTime<Utc>,
+    pub status: String,
+    pub failure_reason: Option<String>,
+    pub variants: Vec<Variant>,
+}
+
+type Key = (String, String);
+
+/// All SageMaker resources, keyed by (region, name).
+#[derive(Debug, Default)]
+pub struct SageMakerState {
+    pub offerings: HashMap<String, PlanOffering>,
+    pub consumed_offerings: HashSet<String>,
+    pub plans: BTreeMap<Key, Plan>,
+    pub jobs: BTreeMap<Key, TrainingJob>,
+    pub clusters: BTreeMap<Key, Cluster>,
+    pub endpoint_configs: BTreeMap<Key, EndpointConfig>,
+    pub endpoints: BTreeMap<Key, Endpoint>,
+}
+
+impl SageMakerState {
+    pub fn snapshot(&self) -> Value {
+        json!({
+            "training_plans": self.plans.values().collect::<Vec<_>>(),
+            "training_jobs": self.jobs.values().collect::<Vec<_>>(),
+            "clusters": self.clusters.values().collect::<Vec<_>>(),
+            "endpoint_configs": self.endpoint_configs.values().collect::<Vec<_>>(),
+            "endpoints": self.endpoints.values().collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// A plan's status at `now`: Pending until paid, Active inside a segment, Scheduled before and
+/// between segments, Expired after the last.
+pub fn plan_status(p: &Plan, now: DateTime<Utc>) -> &'static str {
+    if p.failed {
+        return "Failed";
+    }
+    if now < p.paid_at {
+        return "Pending";
+    }
+    let segs = &p.offering.segments;
+    if segs.iter().any(|s| s.start <= now && now < s.end) {
+        "Active"
+    } else if now < segs[segs.len() - 1].end {
+        "Scheduled"
+    } else {
+        "Expired"
+    }
+}
+
+fn segment_at(p: &Plan, now: DateTime<Utc>) -> Option<usize> {
+    p.offering
+        .segments
+        .iter()
+        .position(|s| s.start <= now && now < s.end)
+}
+
+fn missing(field: &str) -> ApiError {
+    ApiError::validation(format!(
+        "1 validation error detected: Value null at '{}' failed to satisfy constraint: Member must not be null",
+        lower_first(field)
+    ))
+}
+
+fn lower_first(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_lowercase().collect::<String>() + c.as_str(),
+        None => String::new(),
+    }
+}
+
+fn s<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
+}
+
+fn req<'a>(v: &'a Value, key: &str) -> Result<&'a str, ApiError> {
+    s(v, key).ok_or_else(|| missing(key))
+}
+
+fn int(v: &Value, key: &str) -> Option<i64> {
+    v.get(key).and_then(Value::as_i64)
+}
+
+fn time(v: &Value, key: &str) -> Result<Option<DateTime<Utc>>, ApiError> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => {
+            let secs = x
+                .as_f64()
+                .ok_or_else(|| ApiError::validation(format!("{key} must be a timestamp")))?;
+            Ok(DateTime::from_timestamp_millis(
+                (secs * 1000.0).round() as i64
+            ))
+        }
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'-')
+}
+
+fn check_name(name: &str, field: &str) -> Result<(), ApiError> {
+    if valid_name(name) {
+        Ok(())
+    } else {
+        Err(ApiError::validation(format!(
+            "1 validation error detected: Value '{name}' at '{}' failed to satisfy constraint: Member must satisfy regular expression pattern: ^[a-zA-Z0-9](-*[a-zA-Z0-9]){{0,62}}",
+            lower_first(field)
+        )))
+    }
+}
+
+/// Drops nulls (absent members are omitted on the wire, never sent as null).
+pub fn clean(v: Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k, clean(v)))
+                .collect::<Map<_, _>>(),
+        ),
+        Value::Array(a) => Value::Array(a.into_iter().map(clean).collect()),
+        other => other,
+    }
+}
+
+fn page(
+    items: Vec<Value>,
+    input: &Value,
+    default_max: usize,
+) -> Result<(Vec<Value>, Option<String>), ApiError> {
+    let start = match s(input, "NextToken") {
+        None => 0,
+        Some(t) => t
+            .strip_prefix("lc1-")
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|n| *n <= items.len())
+            .ok_or_else(|| ApiError::validation(format!("Invalid pagination token {t}")))?,
+    };
+    let max = int(input, "MaxResults").map_or(default_max, |m| m.clamp(1, 100) as usize);
+    let total = items.len();
+    let out: Vec<Value> = items.into_iter().skip(start).take(max).collect();
+    let next = (start + out.len() < total).then(|| format!("lc1-{}", start + out.len()));
+    Ok((out, next))
+}
+
+impl World {
+    /// Routes one SageMaker operation.
+    pub fn sagemaker_call(
+        &mut self,
+        region: &str,
+        op: &str,
+        input: &Value,
+    ) -> Result<Value, ApiError> {
+        self.settle();
+        let out = match op {
+            "SearchTrainingPlanOfferings" => self.search_plan_offerings(region, input),
+            "CreateTrainingPlan" => self.create_plan(region, input),
+            "DescribeTrainingPlan" => self.describe_plan(region, input),
+            "ListTrainingPlans" => self.list_plans(region, input),
+            "CreateTrainingJob" => self.create_job(region, input),
+            "DescribeTrainingJob" => self.describe_job(region, input),
+            "StopTrainingJob" => self.stop_job(region, input),
+            "CreateCluster" => self.create_cluster(region, input),
+            "UpdateCluster" => self.update_cluster(region, input),
+            "DescribeCluster" => self.describe_cluster(region, input),
+            "ListClusterNodes" => self.list_cluster_nodes(region, input),
+            "CreateEndpointConfig" => self.create_endpoint_config(region, input),
+            "CreateEndpoint" => self.create_endpoint(region, input),
+            "DescribeEndpoint" => self.describe_endpoint(region, input),
+            "DeleteEndpoint" => self.delete_endpoint(region, input),
+            "DeleteEndpointConfig" => self.delete_endpoint_config(region, input),
+            other => Err(ApiError::new(
+                400,
+                "UnknownOperationException",
+                format!("Operation {other} is not supported by local-cloud"),
+            )),
+        }?;
+        // a create may have made work due right now (e.g. a job on an active plan)
+        self.sagemaker_sync();
+        Ok(clean(out))
+    }
+
+    fn search_plan_offerings(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        if s(input, "TrainingPlanArn").is_some() {
+            // extension offerings are not emulated: an honest empty answer
+            return Ok(json!({"TrainingPlanOfferings": [], "TrainingPlanExtensionOfferings": []}));
+        }
+        let targets: Vec<&str> = input
+            .get("TargetResources")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        if targets.len() != 1 {
+            return Err(ApiError::validation(
+                "TargetResources must name exactly one target resource",
+            ));
+        }
+        let q = PlanSearch {
+            region: region.to_string(),
+            instance_type: req(input, "InstanceType")?.to_string(),
+            instance_count: int(input, "InstanceCount").ok_or_else(|| missing("InstanceCount"))?,
+            duration_hours: int(input, "DurationHours").ok_or_else(|| missing("DurationHours"))?,
+            start_after: time(input, "StartTimeAfter")?,
+            end_before: time(input, "EndTimeBefore")?,
+            target: targets[0].to_string(),
+        };
+        let offerings = self.market.search_plans(self.now, &q)?;
+        let out: Vec<Value> = offerings
+            .iter()
+            .map(|o| {
+                json!({
+                    "TrainingPlanOfferingId": o.id,
+                    "TargetResources": [o.target],
+                    "RequestedStartTimeAfter": o.requested_start_after.map(epoch),
+                    "RequestedEndTimeBefore": o.requested_end_before.map(epoch),
+                    "DurationHours": o.total_hours(),
+                    "DurationMinutes": 0,
+                    "UpfrontFee": o.upfront_fee.to_string(),
+                    "CurrencyCode": "USD",
+                    "ReservedCapacityOfferings": o.segments.iter().map(|sg| json!({
+                        "ReservedCapacityType": "Instance",
+                        "InstanceType": o.instance_type,
+                        "InstanceCount": o.instance_count,
+                        "AvailabilityZone": sg.availability_zone,
+                        "DurationHours": sg.hours(),
+                        "DurationMinutes": 0,
+                        "StartTime": epoch(sg.start),
+                        "EndTime": epoch(sg.end),
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        for o in offerings {
+            self.sm.offerings.insert(o.id.clone(), o);
+        }
+        Ok(json!({"TrainingPlanOfferings": out}))
+    }
+
+    fn create_plan(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let name = req(input, "TrainingPlanName")?.to_string();
+        check_name(&name, "TrainingPlanName")?;
+        let offering_id = req(input, "TrainingPlanOfferingId")?.to_string();
+        let key = (region.to_string(), name.clone());
+        if self.sm.plans.contains_key(&key) {
+            return Err(ApiError::in_use(format!(
+                "Training plan {name} already exists"
+            )));
+        }
+        if self.sm.plans.len() >= self.settings.max_training_plans {
+            return Err(ApiError::new(
+                400,
+                "ResourceLimitExceeded",
+                format!(
+                    "The account-level service limit of {} training plans has been reached",
+                    self.settings.max_training_plans
+                ),
+            ));
+        }
+        let gone = || {
+            ApiError::not_found(format!(
+                "Training plan offering {offering_id} is not available"
+            ))
+        };
+        let offering = self
+            .sm
+            .offerings
+            .get(&offering_id)
+            .filter(|o| o.region == region)
+            .cloned()
+            .ok_or_else(gone)?;
+        if (self.settings.single_use_offerings && self.sm.consumed_offerings.contains(&offering_id))
+            || offering.start() <= self.now + TimeDelta::minutes(5)
+        {
+            return Err(gone());
+        }
+        for sg in &offering.segments {
+            let free = self.market.free_between(
+                Pool::TrainingPlan,
+                region,
+                &sg.availability_zone,
+                &offering.instance_type,
+                sg.start,
+                sg.end,
+            );
+            if i64::from(free) < offering.instance_count {
+                return Err(gone());
+            }
+        }
+        for sg in &offering.segments {
+            self.market.consume(
+                Pool::TrainingPlan,
+                region,
+                &sg.availability_zone,
+                &offering.instance_type,
+                (sg.start, sg.end),
+                offering.instance_count,
+            );
+        }
+        self.sm.consumed_offerings.insert(offering_id);
+        let arn = self.arn("sagemaker", region, &format!("training-plan/{name}"));
+        let mut rcs = Vec::new();
+        for _ in &offering.segments {
+            let id = self.next_id("rc-");
+            rcs.push(self.arn("sagemaker", region, &format!("reserved-capacity/{id}")));
+        }
+        let paid_at = self.minutes(self.settings.payment_minutes);
+        let mut times = vec![paid_at];
+        for sg in &offering.segments {
+            times.extend([
+                sg.start,
+                sg.end,
+                sg.end - TimeDelta::minutes(self.settings.training_job_termination_lead_minutes),
+                sg.end - TimeDelta::minutes(self.settings.hyperpod_termination_lead_minutes),
+            ]);
+        }
+        for t in times {
+            let t = t.max(self.now);
+            self.schedule(t, Action::SageMakerSync);
+        }
+        tracing::info!(training_plan = %name, upfront_fee = %offering.upfront_fee, "training plan created");
+        self.sm.plans.insert(
+            key,
+            Plan {
+                name,
+                arn: arn.clone(),
+                region: region.to_string(),
+                offering,
+                created: self.now,
+                paid_at,
+                failed: false,
+                reserved_capacity_arns: rcs,
+            },
+        );
+        Ok(json!({"TrainingPlanArn": arn}))
+    }
+
+    /// Finds a plan by name or ARN.
+    fn plan(&self, region: &str, name_or_arn: &str) -> Option<&Plan> {
+        let name = name_or_arn.rsplit('/').next().unwrap_or(name_or_arn);
+        self.sm.plans.get(&(region.to_string(), name.to_string()))
+    }
+
+    /// Instances of a plan in use right now (training, nodes, endpoints).
+    fn plan_in_use(&self, arn: &str) -> i64 {
+        let jobs: i64 = self
+            .sm
+            .jobs
+            .values()
+            .filter(|j| j.plan_arn.as_deref() == Some(arn) && j.secondary == "Training")
+            .map(|j| j.instance_count)
+            .sum();
+        let nodes = self
+            .sm
+            .clusters
+            .values()
+            .flat_map(|c| {
+                c.nodes.iter().filter(|n| {
+                    c.groups
+                        .iter()
+                        .any(|g| g.name == n.group && g.plan_arn.as_deref() == Some(arn))
+                })
+            })
+            .count() as i64;
+        let endpoints: i64 = self
+            .sm
+            .endpoints
+            .values()
+            .filter(|e| e.status == "InService")
+            .flat_map(|e| e.variants.iter())
+            .filter(|v| v.plan_arn.as_deref() == Some(arn))
+            .map(|v| v.count)
+            .sum();
+        jobs + nodes + endpoints
+    }
+
+    fn plan_json(&self, p: &Plan, with_spare: bool) -> Value {
+        let status = plan_status(p, self.now);
+        let in_use = self.plan_in_use(&p.arn);
+        let o = &p.offering;
+        let available = if status == "Active" {
+            (o.instance_count - in_use).max(0)
+        } else {
+            0
+        };
+        let mut v = json!({
+            "TrainingPlanArn": p.arn,
+            "TrainingPlanName": p.name,
+            "Status": status,
+            "StatusMessage": match status {
+                "Pending" => Some("Payment is being processed"),
+                _ => None,
+            },
+            "DurationHours": o.total_hours(),
+            "DurationMinutes": 0,
+            "StartTime": epoch(o.start()),
+            "EndTime": epoch(o.end()),
+            "UpfrontFee": o.upfront_fee.to_string(),
+            "CurrencyCode": "USD",
+            "TotalInstanceCount": o.instance_count,
+            "AvailableInstanceCount": available,
+            "InUseInstanceCount": in_use,
+            "TargetResources": [o.target],
+            "ReservedCapacitySummaries": o.segments.iter().zip(&p.reserved_capacity_arns).map(|(sg, arn)| {
+                let rc_status = if p.failed { "Failed" }
+                    else if self.now < p.paid_at { "Pending" }
+                    else if self.now < sg.start { "Scheduled" }
+                    else if self.now < sg.end { "Active" }
+                    else { "Expired" };
+                json!({
+                    "ReservedCapacityArn": arn,
+                    "ReservedCapacityType": "Instance",
+                    "InstanceType": o.instance_type,
+                    "TotalInstanceCount": o.instance_count,
+                    "Status": rc_status,
+                    "AvailabilityZone": sg.availability_zone,
+                    "DurationHours": sg.hours(),
+                    "DurationMinutes": 0,
+                    "StartTime": epoch(sg.start),
+                    "EndTime": epoch(sg.end),
+                })
+            }).collect::<Vec<_>>(),
+        });
+        if with_spare {
+            v["AvailableSpareInstanceCount"] = json!(0);
+            v["UnhealthyInstanceCount"] = json!(0);
+        }
+        v
+    }
+
+    fn describe_plan(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let name = req(input, "TrainingPlanName")?;
+        let p = self
+            .plan(region, name)
+            .ok_or_else(|| ApiError::not_found(format!("Training plan {name} does not exist")))?;
+        Ok(self.plan_json(p, true))
+    }
+
+    fn list_plans(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let after = time(input, "StartTimeAfter")?;
+        let before = time(input, "StartTimeBefore")?;
+        let filters: Vec<(String, String)> = input
+            .get("Filters")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|f| Some((s(f, "Name")?.to_string(), s(f, "Value")?.to_string())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut plans: Vec<&Plan> = self
+            .sm
+            .plans
+            .values()
+            .filter(|p| p.region == region)
+            .filter(|p| after.is_none_or(|a| p.offering.start() >= a))
+            .filter(|p| before.is_none_or(|b| p.offering.start() <= b))
+            .filter(|p| {
+                filters.iter().all(|(n, v)| match n.as_str() {
+                    "Status" => plan_status(p, self.now) == v,
+                    _ => true,
+                })
+            })
+            .collect();
+        let desc = s(input, "SortOrder") == Some("Descending");
+        match s(input, "SortBy") {
+            Some("TrainingPlanName") => plans.sort_by(|a, b| a.name.cmp(&b.name)),
+            Some("StartTime") => plans.sort_by_key(|p| p.offering.start()),
+            _ => plans.sort_by_key(|p| p.created),
+        }
+        if desc {
+            plans.reverse();
+        }
+        let items: Vec<Value> = plans.iter().map(|p| self.plan_json(p, false)).collect();
+        let (items, next) = page(items, input, 100)?;
+        Ok(json!({"TrainingPlanSummaries": items, "NextToken": next}))
+    }
+
+    fn sm_on_demand_free(&self, region: &str, ty: &str) -> i64 {
+        let total = self.market.on_demand_total(region, "sagemaker", ty, false);
+        let jobs: i64 = self
+            .sm
+            .jobs
+            .values()
+            .filter(|j| {
+                j.region == region
+                    && j.plan_arn.is_none()
+                    && j.instance_type == ty
+                    && j.secondary == "Training"
+            })
+            .map(|j| j.instance_count)
+            .sum();
+        let endpoints: i64 = self
+            .sm
+            .endpoints
+            .values()
+            .filter(|e| e.region == region && e.status == "InService")
+            .flat_map(|e| e.variants.iter())
+            .filter(|v| v.plan_arn.is_none() && v.instance_type == ty)
+            .map(|v| v.count)
+            .sum();
+        let nodes = self
+            .sm
+            .clusters
+            .values()
+            .filter(|c| c.region == region)
+            .flat_map(|c| {
+                c.nodes.iter().filter(|n| {
+                    n.instance_type == ty
+                        && c.groups
+                            .iter()
+                            .any(|g| g.name == n.group && g.plan_arn.is_none())
+                })
+            })
+            .count() as i64;
+        total - jobs - endpoints - nodes
+    }
+
+    /// Checks that a plan exists, serves `target` and has the given instance type.
+    fn check_plan(
+        &self,
+        region: &str,
+        arn: &str,
+        target: &str,
+        instance_type: &str,
+    ) -> Result<Plan, ApiError> {
+        let p = self
+            .sm
+            .plans
+            .values()
+            .find(|p| p.arn == arn && p.region == region)
+            .cloned()
+            .ok_or_else(|| ApiError::validation(format!("Training plan {arn} does not exist")))?;
+        if p.offering.target != target {
+            return Err(ApiError::validation(format!(
+                "Training plan {arn} was reserved for {} and cannot be used for {target}",
+                p.offering.target
+            )));
+        }
+        if p.offering.instance_type != instance_type {
+            return Err(ApiError::validation(format!(
+                "Instance type {instance_type} does not match training plan {arn} ({})",
+                p.offering.instance_type
+            )));
+        }
+        Ok(p)
+    }
+
+    fn create_job(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let name = req(input, "TrainingJobName")?.to_string();
+        check_name(&name, "TrainingJobName")?;
+        req(input, "RoleArn")?;
+        let out = input
+            .get("OutputDataConfig")
+            .ok_or_else(|| missing("OutputDataConfig"))?;
+        req(out, "S3OutputPath").map_err(|_| missing("OutputDataConfig.S3OutputPath"))?;
+        let algo = input
+            .get("AlgorithmSpecification")
+            .ok_or_else(|| missing("AlgorithmSpecification"))?;
+        if s(algo, "TrainingImage").is_none() && s(algo, "AlgorithmName").is_none() {
+            return Err(ApiError::validation(
+                "AlgorithmSpecification must specify TrainingImage or AlgorithmName",
+            ));
+        }
+        let rc = input
+            .get("ResourceConfig")
+            .ok_or_else(|| missing("ResourceConfig"))?;
+        let instance_type = req(rc, "InstanceType")
+            .map_err(|_| missing("ResourceConfig.InstanceType"))?
+            .to_string();
+        let count =
+            int(rc, "InstanceCount").ok_or_else(|| missing("ResourceConfig.InstanceCount"))?;
+        int(rc, "VolumeSizeInGB").ok_or_else(|| missing("ResourceConfig.VolumeSizeInGB"))?;
+        if count < 1 {
+            return Err(ApiError::validation(
+                "ResourceConfig.InstanceCount must be at least 1",
+            ));
+        }
+        let max_runtime = input
+            .get("StoppingCondition")
+            .and_then(|sc| int(sc, "MaxRuntimeInSeconds"))
+            .ok_or_else(|| missing("StoppingCondition.MaxRuntimeInSeconds"))?;
+        let key = (region.to_string(), name.clone());
+        let arn = self.arn(
+            "sagemaker",
+            region,
+            &format!("training-job/{}", name.to_lowercase()),
+        );
+        if self.sm.jobs.contains_key(&key) {
+            return Err(ApiError::in_use(format!(
+                "Training job names must be unique within an AWS account and region, and a training job with this name already exists ({arn})"
+            )));
+        }
+        let plan_arn = s(rc, "TrainingPlanArn").map(str::to_string);
+        if let Some(pa) = &plan_arn {
+            let p = self.check_plan(region, pa, "training-job", &instance_type)?;
+            let st = plan_status(&p, self.now);
+            if st != "Scheduled" && st != "Active" && st != "Pending" {
+                return Err(ApiError::validation(format!(
+                    "Training plan {pa} is {st}; it must be Scheduled or Active"
+                )));
+            }
+            if count > p.offering.instance_count {
+                return Err(ApiError::validation(format!(
+                    "InstanceCount {count} exceeds training plan {pa}'s {} instances",
+                    p.offering.instance_count
+                )));
+            }
+        }
+        let job = TrainingJob {
+            name: name.clone(),
+            arn: arn.clone(),
+            region: region.to_string(),
+            created: self.now,
+            modified: self.now,
+            status: "InProgress".to_string(),
+            secondary: "Starting".to_string(),
+            failure_reason: None,
+            instance_type,
+            instance_count: count,
+            plan_arn,
+            remaining_seconds: max_runtime,
+            resumed_at: None,
+            waiting_since: None,
+            training_start: None,
+            training_end: None,
+            stop_at: None,
+            transitions: vec![(
+                "Starting".to_string(),
+                self.now,
+                "Starting the training job".to_string(),
+            )],
+            request: input.clone(),
+        };
+        self.sm.jobs.insert(key, job);
+        let at = self.now + TimeDelta::seconds(self.settings.training_job_start_seconds);
+        self.schedule(at, Action::SageMakerSync);
+        self.job_event(region, &name);
+        Ok(json!({"TrainingJobArn": arn}))
+    }
+
+    fn job_json(&self, j: &TrainingJob) -> Value {
+        let r = &j.request;
+        let mut transitions: Vec<Value> = Vec::new();
+        for (i, (st, start, msg)) in j.transitions.iter().enumerate() {
+            let end = j.transitions.get(i + 1).map(|t| epoch(t.1));
+            transitions.push(json!({"Status": st, "StartTime": epoch(*start), "EndTime": end, "StatusMessage": msg}));
+        }
+        let output_path = r
+            .get("OutputDataConfig")
+            .and_then(|o| s(o, "S3OutputPath"))
+            .unwrap_or("s3://local-cloud/output");
+        json!({
+            "TrainingJobName": j.name,
+            "TrainingJobArn": j.arn,
+            "TrainingJobStatus": j.status,
+            "SecondaryStatus": j.secondary,
+            "FailureReason": j.failure_reason,
+            "ModelArtifacts": {"S3ModelArtifacts": format!("{}/{}/output/model.tar.gz", output_path.trim_end_matches('/'), j.name)},
+            "AlgorithmSpecification": r.get("AlgorithmSpecification"),
+            "RoleArn": r.get("RoleArn"),
+            "InputDataConfig": r.get("InputDataConfig"),
+            "OutputDataConfig": r.get("OutputDataConfig"),
+            "ResourceConfig": r.get("ResourceConfig"),
+            "StoppingCondition": r.get("StoppingCondition").cloned().unwrap_or_else(|| json!({})),
+            "HyperParameters": r.get("HyperParameters"),
+            "CreationTime": epoch(j.created),
+            "TrainingStartTime": j.training_start.map(epoch),
+            "TrainingEndTime": j.training_end.map(epoch),
+            "LastModifiedTime": epoch(j.modified),
+            "SecondaryStatusTransitions": transitions,
+        })
+    }
+
+    fn job_key(region: &str, input: &Value) -> Result<Key, ApiError> {
+        Ok((
+            region.to_string(),
+            req(input, "TrainingJobName")?.to_string(),
+        ))
+    }
+
+    fn describe_job(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let key = Self::job_key(region, input)?;
+        let j = self
+            .sm
+            .jobs
+            .get(&key)
+            .ok_or_else(|| ApiError::validation("Requested resource not found."))?;
+        Ok(self.job_json(j))
+    }
+
+    fn stop_job(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let key = Self::job_key(region, input)?;
+        let stop_secs = self.settings.training_job_stop_seconds;
+        let now = self.now;
+        let j =
+            self.sm.jobs.get_mut(&key).ok_or_else(|| {
+                ApiError::not_found(format!("Training job {} does not exist", key.1))
+            })?;
+        if j.status != "InProgress" {
+            return Err(ApiError::validation(format!(
+                "The request was rejected because the training job is in status {}.",
+                j.status
+            )));
+        }
+        j.status = "Stopping".to_string();
+        set_secondary(j, "Stopping", "Stopping the training job", now);
+        j.stop_at = Some(now + TimeDelta::seconds(stop_secs));
+        let at = now + TimeDelta::seconds(stop_secs);
+        self.schedule(at, Action::SageMakerSync);
+        self.job_event(region, &key.1);
+        Ok(json!({}))
+    }
+
+    fn parse_groups(&self, region: &str, input: &Value) -> Result<Vec<InstanceGroup>, ApiError> {
+        let groups = input
+            .get("InstanceGroups")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let mut out = Vec::new();
+        for g in groups {
+            let name = req(&g, "InstanceGroupName")?.to_string();
+            let ty = req(&g, "InstanceType")?.to_string();
+            let target = int(&g, "InstanceCount").ok_or_else(|| missing("InstanceCount"))?;
+            req(&g, "ExecutionRole")?;
+            let plan_arn = s(&g, "TrainingPlanArn").map(str::to_string);
+            if let Some(pa) = &plan_arn {
+                let p = self.check_plan(region, pa, "hyperpod-cluster", &ty)?;
+                if target > p.offering.instance_count {
+                    return Err(ApiError::validation(format!(
+                        "InstanceCount {target} of group {name} exceeds training plan {pa}'s {} instances",
+                        p.offering.instance_count
+                    )));
+                }
+            }
+            out.push(InstanceGroup {
+                name,
+                instance_type: ty,
+                target,
+                plan_arn,
+                request: g.clone(),
+            });
+        }
+        Ok(out)
+    }
+
+    fn create_cluster(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let name = req(input, "ClusterName")?.to_string();
+        check_name(&name, "ClusterName")?;
+        let key = (region.to_string(), name.clone());
+        let arn = self.arn(
+            "sagemaker",
+            region,
+            &format!("cluster/{}", self.cluster_suffix(&name)),
+        );
+        if self.sm.clusters.contains_key(&key) {
+            return Err(ApiError::in_use(format!("Cluster {name} already exists")));
+        }
+        let groups = self.parse_groups(region, input)?;
+        let until = self.minutes(self.settings.cluster_transition_minutes);
+        self.sm.clusters.insert(
+            key,
+            Cluster {
+                name: name.clone(),
+                arn: arn.clone(),
+                region: region.to_string(),
+                created: self.now,
+                status: "Creating".to_string(),
+                status_until: until,
+                groups,
+                nodes: Vec::new(),
+            },
+        );
+        self.schedule(until, Action::SageMakerSync);
+        self.cluster_event(region, &name);
+        Ok(json!({"ClusterArn": arn}))
+    }
+
+    fn cluster_suffix(&self, name: &str) -> String {
+        crate::util::hex_id("", &[&self.market.seed.to_string(), "cluster", name])[..12].to_string()
+    }
+
+    fn cluster_mut(&mut self, region: &str, name_or_arn: &str) -> Result<&mut Cluster, ApiError> {
+        let found = self
+            .sm
+            .clusters
+            .iter()
+            .find(|((r, n), c)| r == region && (n == name_or_arn || c.arn == name_or_arn))
+            .map(|(k, _)| k.clone());
+        match found {
+            Some(k) => Ok(self.sm.clusters.get_mut(&k).expect("found")),
+            None => Err(ApiError::not_found(format!(
+                "Cluster {name_or_arn} does not exist"
+            ))),
+        }
+    }
+
+    fn update_cluster(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let name = req(input, "ClusterName")?.to_string();
+        let updates = self.parse_groups(region, input)?;
+        let until = self.minutes(self.settings.cluster_transition_minutes);
+        let c = self.cluster_mut(region, &name)?;
+        if c.status != "InService" {
+            return Err(ApiError::new(
+                400,
+                "ConflictException",
+                format!("Cluster {name} is {} and cannot be updated", c.status),
+            ));
+        }
+        for u in updates {
+            match c.groups.iter_mut().find(|g| g.name == u.name) {
+                Some(g) => *g = u,
+                None => c.groups.push(u),
+            }
+        }
+        c.status = "Updating".to_string();
+        c.status_until = until;
+        let (arn, cname) = (c.arn.clone(), c.name.clone());
+        self.schedule(until, Action::SageMakerSync);
+        self.cluster_event(region, &cname);
+        Ok(json!({"ClusterArn": arn}))
+    }
+
+    fn describe_cluster(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let name = req(input, "ClusterName")?.to_string();
+        let c = self.cluster_mut(region, &name)?.clone();
+        Ok(self.cluster_json(&c))
+    }
+
+    fn cluster_json(&self, c: &Cluster) -> Value {
+        json!({
+            "ClusterArn": c.arn,
+            "ClusterName": c.name,
+            "ClusterStatus": c.status,
+            "CreationTime": epoch(c.created),
+            "InstanceGroups": c.groups.iter().map(|g| {
+                let current = c.nodes.iter().filter(|n| n.group == g.name).count();
+                let plan_status = g.plan_arn.as_ref().map_or("NotApplicable".to_string(), |pa| {
+                    self.sm.plans.values().find(|p| &p.arn == pa).map_or("NotApplicable".to_string(), |p| plan_status(p, self.now).to_string())
+                });
+                json!({
+                    "InstanceGroupName": g.name,
+                    "InstanceType": g.instance_type,
+                    "CurrentCount": current,
+                    "TargetCount": g.target,
+                    "LifeCycleConfig": g.request.get("LifeCycleConfig"),
+                    "ExecutionRole": g.request.get("ExecutionRole"),
+                    "ThreadsPerCore": g.request.get("ThreadsPerCore"),
+                    "TrainingPlanArn": g.plan_arn,
+                    "TrainingPlanStatus": plan_status,
+                    "Status": if c.status == "Creating" { "Creating" } else if c.status == "Updating" { "Updating" } else { "InService" },
+                })
+            }).collect::<Vec<_>>(),
+        })
+    }
+
+    fn list_cluster_nodes(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let name = req(input, "ClusterName")?.to_string();
+        let c = self.cluster_mut(region, &name)?.clone();
+        let contains = s(input, "InstanceGroupNameContains");
+        let items: Vec<Value> = c
+            .nodes
+            .iter()
+            .filter(|n| contains.is_none_or(|f| n.group.contains(f)))
+            .map(|n| {
+                json!({
+                    "InstanceGroupName": n.group,
+                    "InstanceId": n.instance_id,
+                    "InstanceType": n.instance_type,
+                    "LaunchTime": epoch(n.launch_time),
+                    "InstanceStatus": {"Status": "Running", "Message": ""},
+                })
+            })
+            .collect();
+        let (items, next) = page(items, input, 100)?;
+        Ok(json!({"ClusterNodeSummaries": items, "NextToken": next}))
+    }
+
+    fn create_endpoint_config(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let name = req(input, "EndpointConfigName")?.to_string();
+        check_name(&name, "EndpointConfigName")?;
+        let arn = self.arn(
+            "sagemaker",
+            region,
+            &format!("endpoint-config/{}", name.to_lowercase()),
+        );
+        let key = (region.to_string(), name.clone());
+        if self.sm.endpoint_configs.contains_key(&key) {
+            return Err(ApiError::validation(format!(
+                "Cannot create already existing endpoint configuration \"{arn}\"."
+            )));
+        }
+        let pvs = input
+            .get("ProductionVariants")
+            .and_then(Value::as_array)
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| missing("ProductionVariants"))?;
+        let mut variants = Vec::new();
+        for pv in pvs {
+            let vname = req(pv, "VariantName")?.to_string();
+            let ty = req(pv, "InstanceType")?.to_string();
+            let count = int(pv, "InitialInstanceCount").unwrap_or(1);
+            let plan_arn = match pv.get("CapacityReservationConfig") {
+                None => None,
+                Some(crc) => {
+                    let arn = req(crc, "MlReservationArn")?.to_string();
+                    if s(crc, "CapacityReservationPreference")
+                        .is_some_and(|p| p != "capacity-reservations-only")
+                    {
+                        return Err(ApiError::validation(
+                            "CapacityReservationPreference must be capacity-reservations-only",
+                        ));
+                    }
+                    let p = self.check_plan(region, &arn, "endpoint", &ty)?;
+                    if count > p.offering.instance_count {
+                        return Err(ApiError::validation(format!(
+                            "InitialInstanceCount {count} exceeds training plan {arn}'s {} instances",
+                            p.offering.instance_count
+                        )));
+                    }
+                    Some(arn)
+                }
+            };
+            variants.push(Variant {
+                name: vname,
+                instance_type: ty,
+                count,
+                plan_arn,
+                request: pv.clone(),
+            });
+        }
+        if variants.iter().filter(|v| v.plan_arn.is_some()).count() > 1 {
+            return Err(ApiError::validation(
+                "An endpoint can use exactly one training plan",
+            ));
+        }
+        self.sm.endpoint_configs.insert(
+            key,
+            EndpointConfig {
+                name,
+                arn: arn.clone(),
+                created: self.now,
+                variants,
+            },
+        );
+        Ok(json!({"EndpointConfigArn": arn}))
+    }
+
+    fn create_endpoint(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let name = req(input, "EndpointName")?.to_string();
+        check_name(&name, "EndpointName")?;
+        let config_name = req(input, "EndpointConfigName")?.to_string();
+        let arn = self.arn(
+            "sagemaker",
+            region,
+            &format!("endpoint/{}", name.to_lowercase()),
+        );
+        let key = (region.to_string(), name.clone());
+        if self.sm.endpoints.contains_key(&key) {
+            return Err(ApiError::validation(format!(
+                "Cannot create already existing endpoint \"{arn}\"."
+            )));
+        }
+        let config = self
+            .sm
+            .endpoint_configs
+            .get(&(region.to_string(), config_name.clone()))
+            .cloned()
+            .ok_or_else(|| {
+                ApiError::validation(format!(
+                    "Could not find endpoint configuration \"{}\".",
+                    self.arn(
+                        "sagemaker",
+                        region,
+                        &format!("endpoint-config/{}", config_name.to_lowercase())
+                    )
+                ))
+            })?;
+        let ready_at = self.minutes(self.settings.endpoint_create_minutes);
+        self.sm.endpoints.insert(
+            key,
+            Endpoint {
+                name: name.clone(),
+                arn: arn.clone(),
+                region: region.to_string(),
+                config_name,
+                created: self.now,
+                modified: self.now,
+                ready_at,
+                status: "Creating".to_string(),
+                failure_reason: None,
+                variants: config.variants,
+            },
+        );
+        self.schedule(ready_at, Action::SageMakerSync);
+        self.endpoint_event(region, &name);
+        Ok(json!({"EndpointArn": arn}))
+    }
+
+    fn describe_endpoint(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let name = req(input, "EndpointName")?.to_string();
+        let e = self
+            .sm
+            .endpoints
+            .get(&(region.to_string(), name.clone()))
+            .ok_or_else(|| {
+                ApiError::validation(format!(
+                    "Could not find endpoint \"{}\".",
+                    self.arn(
+                        "sagemaker",
+                        region,
+                        &format!("endpoint/{}", name.to_lowercase())
+                    )
+                ))
+            })?;
+        Ok(json!({
+            "EndpointName": e.name,
+            "EndpointArn": e.arn,
+            "EndpointConfigName": e.config_name,
+            "EndpointStatus": e.status,
+            "FailureReason": e.failure_reason,
+            "CreationTime": epoch(e.created),
+            "LastModifiedTime": epoch(e.modified),
+            "ProductionVariants": e.variants.iter().map(|v| {
+                let current = if e.status == "InService" { v.count } else { 0 };
+                json!({
+                    "VariantName": v.name,
+                    "CurrentInstanceCount": current,
+                    "DesiredInstanceCount": v.count,
+                    "CurrentWeight": 1.0,
+                    "DesiredWeight": 1.0,
+                    "CapacityReservationConfig": v.plan_arn.as_ref().map(|arn| json!({
+                        "CapacityReservationPreference": "capacity-reservations-only",
+                        "MlReservationArn": arn,
+                    })),
+                })
+            }).collect::<Vec<_>>(),
+        }))
+    }
+
+    fn delete_endpoint(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let name = req(input, "EndpointName")?.to_string();
+        let key = (region.to_string(), name.clone());
+        let arn = self.arn(
+            "sagemaker",
+            region,
+            &format!("endpoint/{}", name.to_lowercase()),
+        );
+        if self.sm.endpoints.remove(&key).is_none() {
+            return Err(ApiError::validation(format!(
+                "Could not find endpoint \"{arn}\"."
+            )));
+        }
+        let region_s = region.to_string();
+        self.emit(
+            &region_s,
+            "aws.sagemaker",
+            "SageMaker Endpoint State Change",
+            vec![arn.clone()],
+            json!({"EndpointName": name, "EndpointArn": arn, "EndpointStatus": "DELETING", "Tags": {}}),
+        );
+        Ok(json!({}))
+    }
+
+    fn delete_endpoint_config(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let name = req(input, "EndpointConfigName")?.to_string();
+        let key = (region.to_string(), name.clone());
+        if self.sm.endpoint_configs.remove(&key).is_none() {
+            return Err(ApiError::validation(format!(
+                "Could not find endpoint configuration \"{}\".",
+                self.arn(
+                    "sagemaker",
+                    region,
+                    &format!("endpoint-config/{}", name.to_lowercase())
+                )
+            )));
+        }
+        Ok(json!({}))
+    }
+
+    fn job_event(&mut self, region: &str, name: &str) {
+        let key = (region.to_string(), name.to_string());
+        let Some(j) = self.sm.jobs.get(&key) else {
+            return;
+        };
+        let mut detail = self.job_json(j);
+        // events carry epoch-millisecond strings, unlike the API
+        for k in [
+            "CreationTime",
+            "TrainingStartTime",
+            "TrainingEndTime",
+            "LastModifiedTime",
+        ] {
+            if let Some(v) = detail.get(k).and_then(Value::as_f64) {
+                detail[k] = json!(format!("{}", (v * 1000.0).round() as i64));
+            }
+        }
+        detail["Tags"] = json!({});
+        let arn = j.arn.clone();
+        self.emit(
+            region,
+            "aws.sagemaker",
+            "SageMaker Training Job State Change",
+            vec![arn],
+            clean(detail),
+        );
+    }
+
+    fn endpoint_event(&mut self, region: &str, name: &str) {
+        let Some(e) = self
+            .sm
+            .endpoints
+            .get(&(region.to_string(), name.to_string()))
+        else {
+            return;
+        };
+        let status = match e.status.as_str() {
+            "InService" => "IN_SERVICE",
+            "Creating" => "CREATING",
+            "Failed" => "FAILED",
+            "Deleting" => "DELETING",
+            "Updating" => "UPDATING",
+            _ => "OUT_OF_SERVICE",
+        };
+        let detail = json!({
+            "EndpointName": e.name,
+            "EndpointArn": e.arn,
+            "EndpointConfigName": e.config_name,
+            "ProductionVariants": e.variants.iter().map(|v| json!({"VariantName": v.name, "DesiredWeight": 1.0, "DesiredInstanceCount": v.count as f64})).collect::<Vec<_>>(),
+            "EndpointStatus": status,
+            "FailureReason": e.failure_reason,
+            "CreationTime": e.created.timestamp_millis() as f64,
+            "LastModifiedTime": e.modified.timestamp_millis() as f64,
+            "Tags": {},
+        });
+        let arn = e.arn.clone();
+        self.emit(
+            region,
+            "aws.sagemaker",
+            "SageMaker Endpoint State Change",
+            vec![arn],
+            clean(detail),
+        );
+    }
+
+    fn cluster_event(&mut self, region: &str, name: &str) {
+        let Some(c) = self
+            .sm
+            .clusters
+            .get(&(region.to_string(), name.to_string()))
+            .cloned()
+        else {
+            return;
+        };
+        let mut detail = self.cluster_json(&c);
+        detail["CreationTime"] = json!(c.created.timestamp_millis());
+        self.emit(
+            region,
+            "aws.sagemaker",
+            "SageMaker HyperPod Cluster State Change",
+            vec![c.arn.clone()],
+            clean(detail),
+        );
+    }
+
+    /// Brings every SageMaker resource up to date with the clock. Idempotent; several passes
+    /// let capacity freed by one resource be taken by another at the same instant.
+    pub(crate) fn sagemaker_sync(&mut self) {
+        for _ in 0..3 {
+            let keys: Vec<Key> = self.sm.jobs.keys().cloned().collect();
+            for k in keys {
+                self.step_job(&k);
+            }
+            let keys: Vec<Key> = self.sm.clusters.keys().cloned().collect();
+            for k in keys {
+                self.step_cluster(&k);
+            }
+            let keys: Vec<Key> = self.sm.endpoints.keys().cloned().collect();
+            for k in keys {
+                self.step_endpoint(&k);
+            }
+        }
+    }
+
+    fn step_job(&mut self, key: &Key) {
+        let now = self.now;
+        let Some(j) = self.sm.jobs.get(key).cloned() else {
+            return;
+        };
+        let lead = TimeDelta::minutes(self.settings.training_job_termination_lead_minutes);
+        let mut next = j.clone();
+        match (j.status.as_str(), j.secondary.as_str()) {
+            ("Stopping", _) if j.stop_at.is_some_and(|t| now >= t) => {
+                next.status = "Stopped".to_string();
+                set_secondary(&mut next, "Stopped", "The training job was stopped", now);
+                next.training_end = Some(now);
+            }
+            ("InProgress", "Training") => {
+                let done_at = j.resumed_at.expect("training has a start")
+                    + TimeDelta::seconds(j.remaining_seconds);
+                if now >= done_at {
+                    next.status = "Completed".to_string();
+                    set_secondary(&mut next, "Completed", "Training job completed", now);
+                    next.training_end = Some(now);
+                    next.remaining_seconds = 0;
+                } else if let Some(pa) = &j.plan_arn {
+                    let plan = self.sm.plans.values().find(|p| &p.arn == pa).cloned();
+                    let seg_end = plan
+                        .as_ref()
+                        .and_then(|p| segment_at(p, now).map(|i| p.offering.segments[i].end));
+                    if seg_end.is_none_or(|e| now >= e - lead) {
+                        let trained = (now - j.resumed_at.expect("training")).num_seconds();
+                        next.remaining_seconds = (j.remaining_seconds - trained).max(0);
+                        next.resumed_at = None;
+                        let later = plan
+                            .as_ref()
+                            .is_some_and(|p| p.offering.segments.iter().any(|s| s.start > now));
+                        if later {
+                            set_secondary(
+                                &mut next,
+                                "Pending",
+                                "Reserved capacity is ending; the job resumes in the training plan's next reserved capacity",
+                                now,
+                            );
+                        } else {
+                            next.status = "Failed".to_string();
+                            next.failure_reason = Some(
+                                "CapacityError: The training plan's reserved capacity has ended. Instances were terminated 30 minutes before the end of the reserved capacity.".to_string(),
+                            );
+                            set_secondary(&mut next, "Failed", "Reserved capacity ended", now);
+                            next.training_end = Some(now);
+                        }
+                    }
+                }
+            }
+            ("InProgress", _) => {
+                let started =
+                    now >= j.created + TimeDelta::seconds(self.settings.training_job_start_seconds);
+                match &j.plan_arn {
+                    None if started => {
+                        if self.sm_on_demand_free(&j.region, &j.instance_type) >= j.instance_count {
+                            start_training(&mut next, now);
+                        } else {
+                            next.status = "Failed".to_string();
+                            next.failure_reason = Some(format!(
+                                "CapacityError: Unable to provision requested ML compute capacity. Please retry using a different ML instance type. ({})",
+                                j.instance_type
+                            ));
+                            set_secondary(&mut next, "Failed", "Insufficient capacity", now);
+                        }
+                    }
+                    None => {}
+                    Some(pa) => {
+                        let plan = self.sm.plans.values().find(|p| &p.arn == pa).cloned();
+                        let status = plan.as_ref().map_or("Expired", |p| plan_status(p, now));
+                        let usable = plan.as_ref().and_then(|p| {
+                            segment_at(p, now).filter(|&i| now < p.offering.segments[i].end - lead)
+                        });
+                        let free = plan
+                            .as_ref()
+                            .map_or(0, |p| p.offering.instance_count - self.plan_in_use(&p.arn));
+                        if started && usable.is_some() && free >= j.instance_count {
+                            start_training(&mut next, now);
+                            next.waiting_since = None;
+                        } else if matches!(status, "Expired" | "Failed") {
+                            next.status = "Failed".to_string();
+                            next.failure_reason =
+                                Some(format!("CapacityError: training plan {pa} is {status}"));
+                            set_secondary(&mut next, "Failed", "Training plan ended", now);
+                        } else if started {
+                            if j.secondary != "Pending" {
+                                set_secondary(
+                                    &mut next,
+                                    "Pending",
+                                    "Waiting for the training plan's reserved capacity",
+                                    now,
+                                );
+                            }
+                            if status == "Active" {
+                                let since = *next.waiting_since.get_or_insert(now);
+                                let limit = since
+                                    + TimeDelta::hours(self.settings.training_job_max_wait_hours);
+                                if now >= limit {
+                                    next.status = "Failed".to_string();
+                                    next.failure_reason = Some("InsufficientCapacityError: The training plan had no available capacity for 2 days".to_string());
+                                    set_secondary(
+                                        &mut next,
+                                        "Failed",
+                                        "Insufficient capacity",
+                                        now,
+                                    );
+                                } else if j.waiting_since.is_none() {
+                                    self.schedule(limit, Action::SageMakerSync);
+                                }
+                            } else {
+                                next.waiting_since = None;
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        if next.secondary == "Training"
+            && j.secondary != "Training"
+            && let Some(r) = next.resumed_at
+        {
+            self.schedule(
+                r + TimeDelta::seconds(next.remaining_seconds),
+                Action::SageMakerSync,
+            );
+        }
+        let changed = next.status != j.status || next.secondary != j.secondary;
+        if changed {
+            next.modified = now;
+            let name = next.name.clone();
+            let region = next.region.clone();
+            self.sm.jobs.insert(key.clone(), next);
+            self.job_event(&region, &name);
+        } else {
+            self.sm.jobs.insert(key.clone(), next);
+        }
+    }
+
+    fn step_cluster(&mut self, key: &Key) {
+        let now = self.now;
+        let Some(mut c) = self.sm.clusters.get(key).cloned() else {
+            return;
+        };
+        let mut changed = false;
+        if (c.status == "Creating" || c.status == "Updating") && now >= c.status_until {
+            c.status = "InService".to_string();
+            changed = true;
+        }
+        if c.status != "Creating" {
+            let lead = TimeDelta::minutes(self.settings.hyperpod_termination_lead_minutes);
+            for g in c.groups.clone() {
+                let desired = match &g.plan_arn {
+                    Some(pa) => self
+                        .sm
+                        .plans
+                        .values()
+                        .find(|p| &p.arn == pa)
+                        .and_then(|p| {
+                            segment_at(p, now)
+                                .filter(|&i| now < p.offering.segments[i].end - lead)
+                                .map(|_| g.target.min(p.offering.instance_count))
+                        })
+                        .unwrap_or(0),
+                    None => {
+                        let have = c.nodes.iter().filter(|n| n.group == g.name).count() as i64;
+                        g.target
+                            .min(have + self.sm_on_demand_free(&c.region, &g.instance_type).max(0))
+                    }
+                };
+                let have: Vec<usize> = c
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, n)| n.group == g.name)
+                    .map(|(i, _)| i)
+                    .collect();
+                let have_n = have.len() as i64;
+                if have_n > desired {
+                    for &i in have.iter().rev().take((have_n - desired) as usize) {
+                        c.nodes.remove(i);
+                    }
+                } else {
+                    for _ in have_n..desired {
+                        let id = self.next_id("i-");
+                        c.nodes.push(Node {
+                            group: g.name.clone(),
+                            instance_id: id,
+                            instance_type: g.instance_type.clone(),
+                            launch_time: now,
+                        });
+                    }
+                }
+            }
+            // nodes removed from groups that no longer exist
+            let names: Vec<String> = c.groups.iter().map(|g| g.name.clone()).collect();
+            c.nodes.retain(|n| names.contains(&n.group));
+        }
+        let name = c.name.clone();
+        let region = c.region.clone();
+        self.sm.clusters.insert(key.clone(), c);
+        if changed {
+            self.cluster_event(&region, &name);
+        }
+    }
+
+    fn step_endpoint(&mut self, key: &Key) {
+        let now = self.now;
+        let Some(mut e) = self.sm.endpoints.get(key).cloned() else {
+            return;
+        };
+        let plan = e
+            .variants
+            .iter()
+            .find_map(|v| v.plan_arn.clone())
+            .and_then(|pa| self.sm.plans.values().find(|p| p.arn == pa).cloned());
+        let before = e.status.clone();
+        if e.status == "Creating" && now >= e.ready_at {
+            match &plan {
+                Some(p) => {
+                    let st = plan_status(p, now);
+                    if st == "Active" {
+                        e.status = "InService".to_string();
+                    } else {
+                        e.status = "Failed".to_string();
+                        e.failure_reason = Some(format!(
+                            "The training plan {} is {st}; endpoints can only use an Active training plan",
+                            p.arn
+                        ));
+                    }
+                }
+                None => {
+                    let ok = e
+                        .variants
+                        .iter()
+                        .all(|v| self.sm_on_demand_free(&e.region, &v.instance_type) >= v.count);
+                    if ok {
+                        e.status = "InService".to_string();
+                    } else {
+                        e.status = "Failed".to_string();
+                        e.failure_reason = Some(
+                            "Unable to provision requested ML compute capacity due to InsufficientInstanceCapacity error".to_string(),
+                        );
+                    }
+                }
+            }
+        } else if e.status == "InService"
+            && let Some(p) = &plan
+            && plan_status(p, now) != "Active"
+        {
+            e.status = "Failed".to_string();
+            e.failure_reason = Some(format!(
+                "The capacity reservation {} has expired; the endpoint can no longer serve traffic",
+                p.arn
+            ));
+        }
+        let changed = e.status != before;
+        if changed {
+            e.modified = now;
+        }
+        let name = e.name.clone();
+        let region = e.region.clone();
+        self.sm.endpoints.insert(key.clone(), e);
+        if changed {
+            self.endpoint_event(&region, &name);
+        }
+    }
+}
+
+fn set_secondary(j: &mut TrainingJob, status: &str, message: &str, now: DateTime<Utc>) {
+    j.secondary = status.to_string();
+    j.transitions
+        .push((status.to_string(), now, message.to_string()));
+}
+
+fn start_training(j: &mut TrainingJob, now: DateTime<Utc>) {
+    j.resumed_at = Some(now);
+    if j.training_start.is_none() {
+        j.training_start = Some(now);
+    }
+    set_secondary(
+        j,
+        "Training",
+        "Training image download completed. Training in progress.",
+        now,
+    );
+}

@@ -1,0 +1,432 @@
+//! The HTTP face: one `POST /` for every AWS service (routed by `X-Amz-Target` or the EC2 form
+//! `Action`), the region read from the SigV4 credential scope, fault injection, and the rendering
+//! of results and errors in each protocol's shape. The control API lives under `/_local/`.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use chrono::{DateTime, TimeDelta, Utc};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+use crate::query::Query;
+use crate::world::{Fault, FaultKind, Settings, World};
+use crate::xml::el;
+
+/// State shared by every request of one emulator instance.
+#[derive(Debug)]
+pub struct Shared {
+    pub world: Mutex<World>,
+}
+
+impl Shared {
+    pub fn lock(&self) -> MutexGuard<'_, World> {
+        // a panic in a handler must not wedge the emulator for the rest of a test run
+        self.world.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+pub type App = Arc<Shared>;
+
+/// The full router: AWS endpoint plus control API.
+pub fn router(app: App) -> Router {
+    Router::new()
+        .route("/", post(aws))
+        .route("/_local/clock", get(clock_get))
+        .route("/_local/clock/step", post(clock_step))
+        .route("/_local/clock/next", get(clock_next))
+        .route(
+            "/_local/faults",
+            get(faults_get).post(faults_add).delete(faults_clear),
+        )
+        .route("/_local/instances/{id}/impair", post(instance_impair))
+        .route("/_local/instances/{id}/fail", post(instance_fail))
+        .route(
+            "/_local/instances/{id}/spot-interruption",
+            post(instance_spot),
+        )
+        .route("/_local/instances/{id}/health-event", post(instance_health))
+        .route(
+            "/_local/capacity-reservations/{id}/fail-payment",
+            post(reservation_fail_payment),
+        )
+        .route("/_local/events", get(events_all))
+        .route("/_local/events/{bus}", get(events_bus))
+        .route("/_local/state", get(state_get))
+        .route("/_local/settings", get(settings_get).patch(settings_patch))
+        .with_state(app)
+}
+
+/// The region in `Credential=AKID/20260901/us-east-1/ec2/aws4_request`.
+fn region_of(headers: &HeaderMap) -> String {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|auth| {
+            let cred = auth.split("Credential=").nth(1)?;
+            let scope = cred.split([',', ' ']).next()?;
+            let parts: Vec<&str> = scope.split('/').collect();
+            (parts.len() >= 5).then(|| parts[2].to_string())
+        })
+        .unwrap_or_else(|| "us-east-1".to_string())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Ec2,
+    SageMaker,
+    Events,
+}
+
+async fn aws(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
+    let request_id = uuid::Uuid::new_v4().to_string();
+    let region = region_of(&headers);
+    let target = headers
+        .get("x-amz-target")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let (protocol, op, query, input) = match &target {
+        Some(t) => {
+            let (svc, op) = t.split_once('.').unwrap_or((t.as_str(), ""));
+            let protocol = match svc {
+                "SageMaker" => Protocol::SageMaker,
+                "AWSEvents" => Protocol::Events,
+                _ => {
+                    let e = ApiError::new(
+                        400,
+                        "UnknownOperationException",
+                        format!("Unknown target {t}"),
+                    );
+                    return render_error(Protocol::SageMaker, &e, &request_id);
+                }
+            };
+            let input: Value = if body.is_empty() {
+                json!({})
+            } else {
+                match serde_json::from_slice(&body) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        let e = ApiError::new(400, "SerializationException", e.to_string());
+                        return render_error(protocol, &e, &request_id);
+                    }
+                }
+            };
+            (protocol, op.to_string(), Query::default(), input)
+        }
+        None => match Query::parse(&body) {
+            Ok(q) => {
+                let Some(op) = q.get("Action").map(str::to_string) else {
+                    let e = ApiError::ec2(
+                        400,
+                        "MissingAction",
+                        "The request must contain the parameter Action",
+                    );
+                    return render_error(Protocol::Ec2, &e, &request_id);
+                };
+                (Protocol::Ec2, op, q, Value::Null)
+            }
+            Err(e) => return render_error(Protocol::Ec2, &e, &request_id),
+        },
+    };
+    let fault = app.lock().take_fault(&op);
+    let mut lose_response = false;
+    match fault {
+        None => {}
+        Some(FaultKind::Latency { millis }) => {
+            tokio::time::sleep(std::time::Duration::from_millis(millis)).await;
+        }
+        Some(FaultKind::LostResponse) => lose_response = true,
+        Some(FaultKind::Throttle) => {
+            let e = match protocol {
+                Protocol::Ec2 => {
+                    ApiError::new(503, "RequestLimitExceeded", "Request limit exceeded.")
+                }
+                _ => ApiError::new(400, "ThrottlingException", "Rate exceeded"),
+            };
+            return render_error(protocol, &e, &request_id);
+        }
+        Some(FaultKind::InternalError) => {
+            return render_error(protocol, &internal(protocol), &request_id);
+        }
+        Some(FaultKind::Error {
+            status,
+            code,
+            message,
+        }) => {
+            let e = ApiError::new(status, &code, message);
+            return render_error(protocol, &e, &request_id);
+        }
+    }
+    let result = {
+        let mut w = app.lock();
+        match protocol {
+            Protocol::Ec2 => w.ec2_call(&region, &op, &query).map(Ok),
+            Protocol::SageMaker => w.sagemaker_call(&region, &op, &input).map(Err),
+            Protocol::Events => w.events_call(&region, &op, &input).map(Err),
+        }
+    };
+    tracing::debug!(op, region, ok = result.is_ok(), "request");
+    if lose_response {
+        return render_error(protocol, &internal(protocol), &request_id);
+    }
+    match result {
+        Ok(Ok(children)) => {
+            let mut root = el(&format!("{op}Response")).v("requestId", &request_id);
+            for c in children {
+                root = root.child(c);
+            }
+            with_ids(
+                (
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, "text/xml;charset=UTF-8")],
+                    root.document(),
+                )
+                    .into_response(),
+                &request_id,
+            )
+        }
+        Ok(Err(json)) => with_ids(
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/x-amz-json-1.1")],
+                json.to_string(),
+            )
+                .into_response(),
+            &request_id,
+        ),
+        Err(e) => render_error(protocol, &e, &request_id),
+    }
+}
+
+fn internal(protocol: Protocol) -> ApiError {
+    match protocol {
+        Protocol::Ec2 => ApiError::new(
+            500,
+            "InternalError",
+            "An internal error has occurred. Retry your request.",
+        ),
+        Protocol::SageMaker => ApiError::new(500, "InternalFailure", "An internal error occurred."),
+        Protocol::Events => ApiError::new(500, "InternalException", "An internal error occurred."),
+    }
+}
+
+fn with_ids(mut resp: Response, request_id: &str) -> Response {
+    if let Ok(v) = HeaderValue::from_str(request_id) {
+        resp.headers_mut().insert("x-amzn-requestid", v.clone());
+        resp.headers_mut().insert("x-amz-request-id", v);
+    }
+    resp
+}
+
+fn render_error(protocol: Protocol, e: &ApiError, request_id: &str) -> Response {
+    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
+    let resp = match protocol {
+        Protocol::Ec2 => {
+            let body = el("Response")
+                .child(el("Errors").child(el("Error").v("Code", &e.code).v("Message", &e.message)))
+                .v("RequestID", request_id);
+            (
+                status,
+                [(header::CONTENT_TYPE, "text/xml;charset=UTF-8")],
+                format!(
+                    "<?xml version=\"1.0\" encoding=\"UTF-8\"?>{}",
+                    body.render()
+                ),
+            )
+                .into_response()
+        }
+        _ => (
+            status,
+            [(header::CONTENT_TYPE, "application/x-amz-json-1.1")],
+            json!({"__type": e.code, "message": e.message, "Message": e.message}).to_string(),
+        )
+            .into_response(),
+    };
+    with_ids(resp, request_id)
+}
+
+// ---- control API ----------------------------------------------------------------------------
+
+fn control_error(e: &ApiError) -> Response {
+    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
+    (status, Json(json!({"error": e.code, "message": e.message}))).into_response()
+}
+
+fn rfc(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+async fn clock_get(State(app): State<App>) -> Json<Value> {
+    Json(json!({"now": rfc(app.lock().now)}))
+}
+
+/// A step: by `seconds`/`minutes`/`hours`, `to` an RFC 3339 time, or `next` transition.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Step {
+    pub seconds: Option<i64>,
+    pub minutes: Option<i64>,
+    pub hours: Option<i64>,
+    pub to: Option<DateTime<Utc>>,
+    pub next: bool,
+}
+
+async fn clock_step(State(app): State<App>, body: Bytes) -> Response {
+    let step: Step = if body.is_empty() {
+        Step::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(s) => s,
+            Err(e) => return control_error(&ApiError::new(400, "BadRequest", e.to_string())),
+        }
+    };
+    let mut w = app.lock();
+    let now = w.now;
+    let target = if step.next {
+        match w.next_transition() {
+            Some(t) => t.max(now),
+            None => now,
+        }
+    } else if let Some(t) = step.to {
+        t
+    } else {
+        now + TimeDelta::seconds(step.seconds.unwrap_or(0))
+            + TimeDelta::minutes(step.minutes.unwrap_or(0))
+            + TimeDelta::hours(step.hours.unwrap_or(0))
+    };
+    if target < now {
+        return control_error(&ApiError::new(
+            400,
+            "BadRequest",
+            "the clock never moves backwards",
+        ));
+    }
+    let ran = w.advance_to(target);
+    Json(json!({"now": rfc(w.now), "transitions": ran, "next": w.next_transition().map(rfc)}))
+        .into_response()
+}
+
+async fn clock_next(State(app): State<App>) -> Json<Value> {
+    let w = app.lock();
+    Json(json!({"now": rfc(w.now), "next": w.next_transition().map(rfc)}))
+}
+
+async fn faults_get(State(app): State<App>) -> Json<Value> {
+    Json(json!({"faults": app.lock().faults}))
+}
+
+async fn faults_add(State(app): State<App>, body: Bytes) -> Response {
+    match serde_json::from_slice::<Fault>(&body) {
+        Ok(f) => {
+            app.lock().faults.push(f);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(e) => control_error(&ApiError::new(400, "BadRequest", e.to_string())),
+    }
+}
+
+async fn faults_clear(State(app): State<App>) -> StatusCode {
+    app.lock().faults.clear();
+    StatusCode::NO_CONTENT
+}
+
+fn done(r: Result<(), ApiError>) -> Response {
+    match r {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => control_error(&e),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct Impair {
+    #[serde(default = "yes")]
+    impaired: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+async fn instance_impair(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Response {
+    let impaired = serde_json::from_slice::<Impair>(&body).map_or(true, |i| i.impaired);
+    done(app.lock().impair_instance(&id, impaired))
+}
+
+async fn instance_fail(State(app): State<App>, Path(id): Path<String>) -> Response {
+    done(app.lock().fail_instance(&id))
+}
+
+async fn instance_spot(State(app): State<App>, Path(id): Path<String>) -> Response {
+    done(app.lock().interrupt_spot(&id))
+}
+
+#[derive(Debug, Deserialize)]
+struct Health {
+    #[serde(default = "retirement")]
+    code: String,
+}
+
+fn retirement() -> String {
+    "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED".to_string()
+}
+
+async fn instance_health(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Response {
+    let code = serde_json::from_slice::<Health>(&body).map_or_else(|_| retirement(), |h| h.code);
+    done(app.lock().health_event(&id, &code))
+}
+
+async fn reservation_fail_payment(State(app): State<App>, Path(id): Path<String>) -> Response {
+    done(app.lock().fail_payment(&id))
+}
+
+async fn events_all(State(app): State<App>) -> Json<Value> {
+    Json(json!(app.lock().buses))
+}
+
+async fn events_bus(State(app): State<App>, Path(bus): Path<String>) -> Json<Value> {
+    let w = app.lock();
+    Json(json!({"events": w.buses.get(&bus).cloned().unwrap_or_default()}))
+}
+
+async fn state_get(State(app): State<App>) -> Json<Value> {
+    Json(app.lock().snapshot())
+}
+
+async fn settings_get(State(app): State<App>) -> Json<Value> {
+    Json(json!(app.lock().settings))
+}
+
+async fn settings_patch(State(app): State<App>, body: Bytes) -> Response {
+    let mut w = app.lock();
+    let mut current = json!(w.settings);
+    let patch: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return control_error(&ApiError::new(400, "BadRequest", e.to_string())),
+    };
+    let Some(obj) = patch.as_object() else {
+        return control_error(&ApiError::new(400, "BadRequest", "expected a JSON object"));
+    };
+    for (k, v) in obj {
+        if current.get(k).is_none() {
+            return control_error(&ApiError::new(
+                400,
+                "BadRequest",
+                format!("unknown setting {k}"),
+            ));
+        }
+        current[k] = v.clone();
+    }
+    match serde_json::from_value::<Settings>(current) {
+        Ok(s) => {
+            w.settings = s;
+            Json(json!(w.settings)).into_response()
+        }
+        Err(e) => control_error(&ApiError::new(400, "BadRequest", e.to_string())),
+    }
+}

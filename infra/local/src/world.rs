@@ -1,0 +1,303 @@
+//! The emulator's whole state behind one lock: the simulated clock, the market, every resource,
+//! the agenda of timed transitions, the recorded events and the injected faults. The clock moves
+//! only through [`World::advance_to`], which replays due transitions in time order so that every
+//! lifecycle change and event carries the simulated time at which AWS would have made it.
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, TimeDelta, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::ec2::Ec2State;
+use crate::market::Market;
+use crate::sagemaker::SageMakerState;
+use crate::util::{event_time, hex_id};
+
+/// Behaviour switches and timings. All AWS facts marked UNVERIFIED are here, not hard-coded.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Settings {
+    /// The account id in ARNs and event envelopes.
+    pub account_id: String,
+    /// Offerings can be bought once only (default: purchasable while capacity lasts).
+    pub single_use_offerings: bool,
+    /// Emit `Capacity Block Reservation Delivered` / `... Reservation Expiration Warning`.
+    pub reservation_event_names: bool,
+    /// Minutes before a block's end that the expiration warning is sent.
+    pub block_warning_lead_minutes: i64,
+    /// The same for UltraServer blocks.
+    pub ultraserver_warning_lead_minutes: i64,
+    /// Minutes before a block's end that its instances are terminated.
+    pub block_termination_lead_minutes: i64,
+    /// The same for UltraServer blocks.
+    pub ultraserver_termination_lead_minutes: i64,
+    /// Minutes after purchase that a block's or plan's payment completes.
+    pub payment_minutes: i64,
+    /// Seconds an instance stays `pending`.
+    pub instance_launch_seconds: i64,
+    /// Seconds an instance stays `shutting-down`.
+    pub instance_shutdown_seconds: i64,
+    /// Minutes after termination before an instance's slot in a block is free again.
+    pub slot_return_minutes: i64,
+    /// PutEvents entry size limit in bytes.
+    pub event_max_bytes: usize,
+    /// Seconds a training job spends `Starting` before it trains (or fails for capacity).
+    pub training_job_start_seconds: i64,
+    /// Seconds from StopTrainingJob to `Stopped`.
+    pub training_job_stop_seconds: i64,
+    /// How long a plan-backed job waits for capacity on an Active plan before it fails.
+    pub training_job_max_wait_hours: i64,
+    /// Minutes before a reserved capacity's end that training jobs are terminated.
+    pub training_job_termination_lead_minutes: i64,
+    /// Minutes before a reserved capacity's end that HyperPod nodes are terminated.
+    pub hyperpod_termination_lead_minutes: i64,
+    /// Minutes a cluster spends `Creating` / `Updating`.
+    pub cluster_transition_minutes: i64,
+    /// Minutes an endpoint spends `Creating`.
+    pub endpoint_create_minutes: i64,
+    /// How many training plans an account may hold (`ResourceLimitExceeded` beyond).
+    pub max_training_plans: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            account_id: "123456789012".to_string(),
+            single_use_offerings: false,
+            reservation_event_names: false,
+            block_warning_lead_minutes: 40,
+            ultraserver_warning_lead_minutes: 70,
+            block_termination_lead_minutes: 30,
+            ultraserver_termination_lead_minutes: 60,
+            payment_minutes: 5,
+            instance_launch_seconds: 30,
+            instance_shutdown_seconds: 60,
+            slot_return_minutes: 10,
+            event_max_bytes: 256 * 1024,
+            training_job_start_seconds: 120,
+            training_job_stop_seconds: 60,
+            training_job_max_wait_hours: 48,
+            training_job_termination_lead_minutes: 30,
+            hyperpod_termination_lead_minutes: 60,
+            cluster_transition_minutes: 3,
+            endpoint_create_minutes: 5,
+            max_training_plans: 50,
+        }
+    }
+}
+
+/// A timed transition on the agenda.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    BlockPayment(String),
+    BlockActivate(String),
+    BlockWarn {
+        cr: String,
+        end: DateTime<Utc>,
+    },
+    BlockTerminate {
+        cr: String,
+        end: DateTime<Utc>,
+    },
+    BlockExpire {
+        cr: String,
+        end: DateTime<Utc>,
+    },
+    ExtensionPayment {
+        cr: String,
+        extension: String,
+    },
+    InstanceRunning(String),
+    InstanceTerminated(String),
+    SlotReturn(String),
+    /// A spot instance's two-minute warning has run out.
+    SpotReclaim(String),
+    /// Re-evaluate every SageMaker resource (plans, jobs, clusters, endpoints).
+    SageMakerSync,
+}
+
+/// What kind of fault to inject.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum FaultKind {
+    /// `RequestLimitExceeded` (EC2) / `ThrottlingException` (JSON).
+    Throttle,
+    /// HTTP 500 `InternalError` / `InternalFailure`, nothing performed.
+    InternalError,
+    /// Delay the response by this many (real) milliseconds.
+    Latency { millis: u64 },
+    /// Perform the operation, then answer HTTP 500 as if the response were lost.
+    LostResponse,
+    /// Any error code and status.
+    Error {
+        status: u16,
+        code: String,
+        #[serde(default)]
+        message: String,
+    },
+}
+
+/// A fault for one operation (`"*"` for all), for `count` calls or (when absent) until cleared.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Fault {
+    pub operation: String,
+    #[serde(flatten)]
+    pub kind: FaultKind,
+    #[serde(default)]
+    pub count: Option<u32>,
+}
+
+/// Everything the emulator knows.
+#[derive(Debug)]
+pub struct World {
+    pub settings: Settings,
+    pub now: DateTime<Utc>,
+    pub market: Market,
+    pub ec2: Ec2State,
+    pub sm: SageMakerState,
+    /// Recorded events per bus name; AWS's own go to `default`.
+    pub buses: BTreeMap<String, Vec<Value>>,
+    pub faults: Vec<Fault>,
+    agenda: BTreeMap<(DateTime<Utc>, u64), Action>,
+    seq: u64,
+    ids: u64,
+}
+
+impl World {
+    pub fn new(seed: u64, now: DateTime<Utc>, settings: Settings) -> World {
+        World {
+            settings,
+            now,
+            market: Market::new(seed),
+            ec2: Ec2State::default(),
+            sm: SageMakerState::default(),
+            buses: BTreeMap::new(),
+            faults: Vec::new(),
+            agenda: BTreeMap::new(),
+            seq: 0,
+            ids: 0,
+        }
+    }
+
+    /// A fresh deterministic id: `prefix` + 17 hex digits.
+    pub fn next_id(&mut self, prefix: &str) -> String {
+        self.ids += 1;
+        hex_id(
+            prefix,
+            &[&self.market.seed.to_string(), prefix, &self.ids.to_string()],
+        )
+    }
+
+    /// Schedules an action; times in the past run at the next step.
+    pub fn schedule(&mut self, at: DateTime<Utc>, action: Action) {
+        self.seq += 1;
+        self.agenda.insert((at, self.seq), action);
+    }
+
+    /// The time of the next internal transition, if any.
+    pub fn next_transition(&self) -> Option<DateTime<Utc>> {
+        self.agenda.keys().next().map(|(t, _)| *t)
+    }
+
+    /// Moves the clock to `to`, applying every due transition at its own time, in order.
+    /// Returns how many transitions ran. The clock never moves backwards.
+    pub fn advance_to(&mut self, to: DateTime<Utc>) -> usize {
+        let mut ran = 0;
+        while let Some((&(at, seq), _)) = self.agenda.iter().next() {
+            if at > to {
+                break;
+            }
+            let action = self.agenda.remove(&(at, seq)).expect("just seen");
+            if at > self.now {
+                self.now = at;
+            }
+            self.apply(action);
+            ran += 1;
+        }
+        if to > self.now {
+            self.now = to;
+        }
+        ran
+    }
+
+    /// Applies transitions already due (scheduled at or before now).
+    pub fn settle(&mut self) {
+        let now = self.now;
+        self.advance_to(now);
+    }
+
+    fn apply(&mut self, action: Action) {
+        match action {
+            Action::SageMakerSync => self.sagemaker_sync(),
+            other => self.ec2_apply(other),
+        }
+    }
+
+    /// Records an AWS service event on the default bus with the standard envelope.
+    pub fn emit(
+        &mut self,
+        region: &str,
+        source: &str,
+        detail_type: &str,
+        resources: Vec<String>,
+        detail: Value,
+    ) {
+        let envelope = json!({
+            "version": "0",
+            "id": uuid::Uuid::new_v4().to_string(),
+            "detail-type": detail_type,
+            "source": source,
+            "account": self.settings.account_id,
+            "time": event_time(self.now),
+            "region": region,
+            "resources": resources,
+            "detail": detail,
+        });
+        tracing::debug!(detail_type, source, region, "event emitted");
+        self.buses
+            .entry("default".to_string())
+            .or_default()
+            .push(envelope);
+    }
+
+    /// Takes the first fault matching an operation, counting it down.
+    pub fn take_fault(&mut self, operation: &str) -> Option<FaultKind> {
+        let i = self
+            .faults
+            .iter()
+            .position(|f| f.operation == operation || f.operation == "*")?;
+        let kind = self.faults[i].kind.clone();
+        if let Some(n) = self.faults[i].count.as_mut() {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.faults.remove(i);
+            }
+        }
+        Some(kind)
+    }
+
+    /// A JSON picture of everything, for debugging and scenario reports.
+    pub fn snapshot(&self) -> Value {
+        json!({
+            "now": self.now.to_rfc3339(),
+            "next_transition": self.next_transition().map(|t| t.to_rfc3339()),
+            "settings": self.settings,
+            "ec2": self.ec2.snapshot(),
+            "sagemaker": self.sm.snapshot(),
+            "event_counts": self.buses.iter().map(|(k, v)| (k.clone(), v.len())).collect::<HashMap<_, _>>(),
+            "faults": self.faults,
+        })
+    }
+
+    pub fn arn(&self, service: &str, region: &str, resource: &str) -> String {
+        format!(
+            "arn:aws:{service}:{region}:{}:{resource}",
+            self.settings.account_id
+        )
+    }
+
+    pub fn minutes(&self, m: i64) -> DateTime<Utc> {
+        self.now + TimeDelta::minutes(m)
+    }
+}

@@ -1,0 +1,532 @@
+//! Capacity Blocks over EC2's query protocol: offerings, purchase, reservation lifecycle and its
+//! events, extensions, and the error codes a consumer matches on.
+
+use aws_sdk_ec2::error::ProvideErrorMetadata;
+use aws_sdk_ec2::types::{
+    CapacityBlockOffering, CapacityReservation, CapacityReservationInstancePlatform, Filter,
+    ResourceType, Tag, TagSpecification,
+};
+use chrono::{TimeDelta, Timelike};
+use local_cloud::Options;
+
+use crate::helpers::*;
+
+pub async fn offerings(env: &Env, ty: &str, count: i32, hours: i32) -> Vec<CapacityBlockOffering> {
+    env.ec2
+        .describe_capacity_block_offerings()
+        .instance_type(ty)
+        .instance_count(count)
+        .capacity_duration_hours(hours)
+        .send()
+        .await
+        .expect("offerings")
+        .capacity_block_offerings()
+        .to_vec()
+}
+
+pub async fn buy(
+    env: &Env,
+    offering: &CapacityBlockOffering,
+    request: &str,
+) -> CapacityReservation {
+    env.ec2
+        .purchase_capacity_block()
+        .capacity_block_offering_id(offering.capacity_block_offering_id().unwrap())
+        .instance_platform(CapacityReservationInstancePlatform::LinuxUnix)
+        .tag_specifications(
+            TagSpecification::builder()
+                .resource_type(ResourceType::CapacityReservation)
+                .tags(
+                    Tag::builder()
+                        .key("capacity-pilot:request-id")
+                        .value(request)
+                        .build(),
+                )
+                .build(),
+        )
+        .send()
+        .await
+        .expect("purchase")
+        .capacity_reservation()
+        .cloned()
+        .expect("reservation in the response")
+}
+
+pub async fn describe(env: &Env, cr: &str) -> CapacityReservation {
+    env.ec2
+        .describe_capacity_reservations()
+        .capacity_reservation_ids(cr)
+        .send()
+        .await
+        .expect("describe")
+        .capacity_reservations()[0]
+        .clone()
+}
+
+#[tokio::test]
+async fn offerings_report_every_field_a_planner_reads_and_obey_the_block_rules() {
+    let env = env().await;
+    let offers = offerings(&env, "p5.48xlarge", 4, 48).await;
+    assert!(!offers.is_empty() && offers.len() <= 6, "{}", offers.len());
+    for o in &offers {
+        assert!(o.capacity_block_offering_id().unwrap().starts_with("cb-"));
+        assert_eq!(o.instance_type(), Some("p5.48xlarge"));
+        assert!(o.availability_zone().unwrap().starts_with("us-east-1"));
+        assert_eq!(o.instance_count(), Some(4));
+        let start = chrono_of(o.start_date().unwrap());
+        let end = chrono_of(o.end_date().unwrap());
+        assert_eq!(
+            (end.hour(), end.minute()),
+            (11, 30),
+            "blocks end at 11:30 UTC"
+        );
+        assert!(start >= t0() + TimeDelta::minutes(30));
+        let minutes = i64::from(o.capacity_block_duration_hours().unwrap()) * 60
+            + i64::from(o.capacity_block_duration_minutes().unwrap());
+        assert_eq!(minutes, (end - start).num_minutes());
+        let fee: rust_decimal::Decimal = o.upfront_fee().unwrap().parse().unwrap();
+        assert!(fee > rust_decimal::Decimal::ZERO);
+        assert_eq!(o.currency_code(), Some("USD"));
+        assert_eq!(o.tenancy().unwrap().as_str(), "default");
+    }
+    // the requested duration comes first and is priced near the list price ($34.608/h)
+    let first = &offers[0];
+    let fee: rust_decimal::Decimal = first.upfront_fee().unwrap().parse().unwrap();
+    let hours = i64::from(first.capacity_block_duration_hours().unwrap());
+    let hourly = fee / rust_decimal::Decimal::from(4 * hours);
+    assert!(
+        hourly > "31".parse().unwrap() && hourly < "38.1".parse().unwrap(),
+        "{hourly}"
+    );
+}
+
+#[tokio::test]
+async fn offerings_respect_the_date_range_and_paginate() {
+    let env = env().await;
+    let start = at("2026-09-10T00:00:00Z");
+    let end = at("2026-09-20T00:00:00Z");
+    let all = env
+        .ec2
+        .describe_capacity_block_offerings()
+        .instance_type("p5.48xlarge")
+        .instance_count(2)
+        .capacity_duration_hours(72)
+        .start_date_range(smithy_of(start))
+        .end_date_range(smithy_of(end))
+        .send()
+        .await
+        .unwrap();
+    let all = all.capacity_block_offerings().to_vec();
+    assert!(all.len() >= 2, "seed 42 has several offerings in the range");
+    for o in &all {
+        assert!(chrono_of(o.start_date().unwrap()) >= start);
+        assert!(chrono_of(o.end_date().unwrap()) <= end);
+    }
+    let mut paged = Vec::new();
+    let mut token = None;
+    loop {
+        let page = env
+            .ec2
+            .describe_capacity_block_offerings()
+            .instance_type("p5.48xlarge")
+            .instance_count(2)
+            .capacity_duration_hours(72)
+            .start_date_range(smithy_of(start))
+            .end_date_range(smithy_of(end))
+            .max_results(1)
+            .set_next_token(token)
+            .send()
+            .await
+            .unwrap();
+        assert!(page.capacity_block_offerings().len() <= 1);
+        paged.extend(page.capacity_block_offerings().to_vec());
+        token = page.next_token().map(str::to_string);
+        if token.is_none() {
+            break;
+        }
+    }
+    assert_eq!(paged, all);
+}
+
+#[tokio::test]
+async fn invalid_searches_get_ec2_error_codes() {
+    let env = env().await;
+    let err = env
+        .ec2
+        .describe_capacity_block_offerings()
+        .instance_type("p5.48xlarge")
+        .instance_count(1)
+        .capacity_duration_hours(25)
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("InvalidParameterValue"));
+    let err = env
+        .ec2
+        .describe_capacity_block_offerings()
+        .instance_type("p5.48xlarge")
+        .instance_count(1)
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("MissingParameter"));
+    let err = env
+        .ec2
+        .describe_capacity_block_offerings()
+        .instance_type("p5.48xlarge")
+        .instance_count(65)
+        .capacity_duration_hours(24)
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("InvalidParameterValue"));
+    // 15 days is not a block duration; 21 is
+    let err = env
+        .ec2
+        .describe_capacity_block_offerings()
+        .instance_type("p5.48xlarge")
+        .instance_count(1)
+        .capacity_duration_hours(15 * 24)
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("InvalidParameterValue"));
+    assert!(!offerings(&env, "p5.48xlarge", 1, 21 * 24).await.is_empty());
+}
+
+#[tokio::test]
+async fn purchase_errors_name_the_offering_problem() {
+    let env = env().await;
+    let purchase = |id: &str| {
+        env.ec2
+            .purchase_capacity_block()
+            .capacity_block_offering_id(id)
+            .instance_platform(CapacityReservationInstancePlatform::LinuxUnix)
+            .send()
+    };
+    let err = purchase("cb-0123456789abcdef0").await.unwrap_err();
+    assert_eq!(err.code(), Some("InvalidCapacityBlockOfferingIdNotFound"));
+    let err = purchase("not-an-offering").await.unwrap_err();
+    assert_eq!(err.code(), Some("InvalidCapacityBlockOfferingIdMalformed"));
+    let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+    let err = env
+        .ec2
+        .purchase_capacity_block()
+        .capacity_block_offering_id(offer.capacity_block_offering_id().unwrap())
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some("MissingParameter"),
+        "InstancePlatform is required"
+    );
+    assert!(err.message().unwrap().contains("InstancePlatform"));
+}
+
+#[tokio::test]
+async fn a_block_goes_from_payment_pending_to_expired_with_its_events_on_time() {
+    let env = env().await;
+    let offer = offerings(&env, "p5.48xlarge", 2, 48).await.remove(0);
+    let cr = buy(&env, &offer, "req-1").await;
+    let id = cr.capacity_reservation_id().unwrap().to_string();
+    assert!(id.starts_with("cr-") && id.len() == 20);
+    assert_eq!(cr.state().unwrap().as_str(), "payment-pending");
+    assert_eq!(cr.total_instance_count(), Some(2));
+    assert_eq!(cr.available_instance_count(), Some(0));
+    assert_eq!(cr.reservation_type().unwrap().as_str(), "capacity-block");
+    assert_eq!(cr.instance_match_criteria().unwrap().as_str(), "targeted");
+    assert!(cr.capacity_block_id().is_some());
+    assert_eq!(cr.tags()[0].value(), Some("req-1"));
+    let start = chrono_of(offer.start_date().unwrap());
+    let end = chrono_of(offer.end_date().unwrap());
+    assert_eq!(chrono_of(cr.start_date().unwrap()), start);
+    assert_eq!(chrono_of(cr.end_date().unwrap()), end);
+
+    // the purchase is found again by its tag (how a purchase is reconciled after a crash)
+    let by_tag = env
+        .ec2
+        .describe_capacity_reservations()
+        .filters(
+            Filter::builder()
+                .name("tag:capacity-pilot:request-id")
+                .values("req-1")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(by_tag.capacity_reservations().len(), 1);
+
+    env.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(
+        describe(&env, &id).await.state().unwrap().as_str(),
+        "scheduled"
+    );
+    assert!(events_of(&env.cloud, "Capacity Block Delivered").is_empty());
+
+    // the runner can step straight to the start
+    assert_eq!(env.cloud.next_transition(), Some(start));
+    env.cloud.step_to_next();
+    let active = describe(&env, &id).await;
+    assert_eq!(active.state().unwrap().as_str(), "active");
+    assert_eq!(active.available_instance_count(), Some(2));
+    let delivered = events_of(&env.cloud, "Capacity Block Delivered");
+    assert_eq!(delivered.len(), 1);
+    let ev = &delivered[0];
+    assert_eq!(ev["source"], "aws.ec2");
+    assert_eq!(ev["version"], "0");
+    assert_eq!(ev["account"], "123456789012");
+    assert_eq!(ev["region"], "us-east-1");
+    assert_eq!(ev["time"], start.format("%Y-%m-%dT%H:%M:%SZ").to_string());
+    assert_eq!(ev["detail"]["capacity-reservation-id"], id.as_str());
+    assert_eq!(
+        ev["detail"]["end-date"],
+        end.format("%Y-%m-%dT%H:%M:%SZ").to_string()
+    );
+    assert_eq!(
+        ev["resources"][0],
+        format!("arn:aws:ec2:us-east-1:123456789012:capacity-reservation/{id}")
+    );
+
+    env.cloud.advance_to(end - TimeDelta::minutes(41));
+    assert!(events_of(&env.cloud, "Capacity Block Expiration Warning").is_empty());
+    env.cloud.advance_to(end - TimeDelta::minutes(40));
+    let warn = events_of(&env.cloud, "Capacity Block Expiration Warning");
+    assert_eq!(warn.len(), 1);
+    assert_eq!(
+        warn[0]["time"],
+        (end - TimeDelta::minutes(40))
+            .format("%Y-%m-%dT%H:%M:%SZ")
+            .to_string()
+    );
+    env.cloud.advance_to(end);
+    assert_eq!(
+        describe(&env, &id).await.state().unwrap().as_str(),
+        "expired"
+    );
+}
+
+#[tokio::test]
+async fn the_alternative_event_spelling_can_be_selected() {
+    let mut options = Options {
+        seed: 42,
+        start: Some(t0()),
+        ..Options::default()
+    };
+    options.settings.reservation_event_names = true;
+    let env = env_with(options).await;
+    let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+    buy(&env, &offer, "req-spelling").await;
+    env.cloud.advance_to(chrono_of(offer.end_date().unwrap()));
+    assert_eq!(
+        events_of(&env.cloud, "Capacity Block Reservation Delivered").len(),
+        1
+    );
+    assert_eq!(
+        events_of(&env.cloud, "Capacity Block Reservation Expiration Warning").len(),
+        1
+    );
+    assert!(events_of(&env.cloud, "Capacity Block Delivered").is_empty());
+}
+
+#[tokio::test]
+async fn an_offering_can_be_bought_twice_by_default_and_once_when_single_use() {
+    let env = env().await;
+    let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+    let a = buy(&env, &offer, "dup").await;
+    let b = buy(&env, &offer, "dup").await;
+    assert_ne!(a.capacity_reservation_id(), b.capacity_reservation_id());
+
+    env.cloud
+        .with_world(|w| w.settings.single_use_offerings = true);
+    let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+    buy(&env, &offer, "once").await;
+    let err = env
+        .ec2
+        .purchase_capacity_block()
+        .capacity_block_offering_id(offer.capacity_block_offering_id().unwrap())
+        .instance_platform(CapacityReservationInstancePlatform::LinuxUnix)
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("InvalidCapacityBlockOfferingIdExpired"));
+}
+
+#[tokio::test]
+async fn buying_consumes_capacity_until_the_offering_is_gone() {
+    let env = env().await;
+    // find the first offering, then buy it until the zone-day has no capacity left
+    let offer = offerings(&env, "p5.48xlarge", 8, 24).await.remove(0);
+    let mut bought = 0;
+    let err = loop {
+        match env
+            .ec2
+            .purchase_capacity_block()
+            .capacity_block_offering_id(offer.capacity_block_offering_id().unwrap())
+            .instance_platform(CapacityReservationInstancePlatform::LinuxUnix)
+            .send()
+            .await
+        {
+            Ok(_) => bought += 1,
+            Err(e) => break e,
+        }
+        assert!(bought < 20, "capacity is finite");
+    };
+    assert!(bought >= 1);
+    assert_eq!(err.code(), Some("InvalidCapacityBlockOfferingIdExpired"));
+}
+
+#[tokio::test]
+async fn an_injected_payment_failure_releases_the_block() {
+    let env = env().await;
+    let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+    let cr = buy(&env, &offer, "unpaid").await;
+    let id = cr.capacity_reservation_id().unwrap();
+    let (status, _) = http(
+        &env.cloud.url(),
+        "POST",
+        &format!("/_local/capacity-reservations/{id}/fail-payment"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    env.cloud.step(TimeDelta::minutes(10));
+    assert_eq!(
+        describe(&env, id).await.state().unwrap().as_str(),
+        "payment-failed"
+    );
+    env.cloud.advance_to(chrono_of(offer.end_date().unwrap()));
+    assert!(events_of(&env.cloud, "Capacity Block Delivered").is_empty());
+}
+
+#[tokio::test]
+async fn capacity_blocks_and_reservations_filter_by_state_and_zone() {
+    let env = env().await;
+    let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+    let cr = buy(&env, &offer, "filters").await;
+    let blocks = env.ec2.describe_capacity_blocks().send().await.unwrap();
+    let block = &blocks.capacity_blocks()[0];
+    assert_eq!(block.capacity_block_id(), cr.capacity_block_id());
+    assert_eq!(
+        block.capacity_reservation_ids(),
+        [cr.capacity_reservation_id().unwrap()]
+    );
+    assert_eq!(block.availability_zone(), offer.availability_zone());
+    assert_eq!(block.state().unwrap().as_str(), "payment-pending");
+    let none = env
+        .ec2
+        .describe_capacity_reservations()
+        .filters(Filter::builder().name("state").values("active").build())
+        .send()
+        .await
+        .unwrap();
+    assert!(none.capacity_reservations().is_empty());
+    let some = env
+        .ec2
+        .describe_capacity_reservations()
+        .filters(
+            Filter::builder()
+                .name("state")
+                .values("payment-pending")
+                .build(),
+        )
+        .filters(
+            Filter::builder()
+                .name("availability-zone")
+                .values(offer.availability_zone().unwrap())
+                .build(),
+        )
+        .filters(
+            Filter::builder()
+                .name("instance-type")
+                .values("p5.48xlarge")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(some.capacity_reservations().len(), 1);
+    let err = env
+        .ec2
+        .describe_capacity_reservations()
+        .capacity_reservation_ids("cr-00000000000000000")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("InvalidCapacityReservationId.NotFound"));
+    // reservations are regional
+    let other = sdk_config(&env.cloud.url(), "us-west-2", false).await;
+    let west = aws_sdk_ec2::Client::new(&other);
+    let out = west.describe_capacity_reservations().send().await.unwrap();
+    assert!(out.capacity_reservations().is_empty());
+}
+
+#[tokio::test]
+async fn an_extension_moves_the_end_and_the_warning_after_payment() {
+    let env = env().await;
+    let offer = offerings(&env, "p5.48xlarge", 1, 48).await.remove(0);
+    let cr = buy(&env, &offer, "extend").await;
+    let id = cr.capacity_reservation_id().unwrap().to_string();
+    let end = chrono_of(offer.end_date().unwrap());
+    env.cloud.step(TimeDelta::minutes(5));
+    let ext = env
+        .ec2
+        .describe_capacity_block_extension_offerings()
+        .capacity_reservation_id(&id)
+        .capacity_block_extension_duration_hours(24)
+        .send()
+        .await
+        .unwrap();
+    let Some(o) = ext.capacity_block_extension_offerings().first() else {
+        panic!("seed 42 has capacity for a one-day extension");
+    };
+    assert_eq!(
+        chrono_of(o.capacity_block_extension_start_date().unwrap()),
+        end
+    );
+    let new_end = chrono_of(o.capacity_block_extension_end_date().unwrap());
+    assert_eq!(new_end, end + TimeDelta::hours(24));
+    assert_eq!(o.capacity_block_extension_duration_hours(), Some(24));
+    assert!(o.upfront_fee().is_some());
+    let bought = env
+        .ec2
+        .purchase_capacity_block_extension()
+        .capacity_block_extension_offering_id(o.capacity_block_extension_offering_id().unwrap())
+        .capacity_reservation_id(&id)
+        .send()
+        .await
+        .unwrap();
+    let e = &bought.capacity_block_extensions()[0];
+    assert_eq!(
+        e.capacity_block_extension_status().unwrap().as_str(),
+        "payment-pending"
+    );
+    assert_eq!(
+        chrono_of(describe(&env, &id).await.end_date().unwrap()),
+        end
+    );
+    env.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(
+        chrono_of(describe(&env, &id).await.end_date().unwrap()),
+        new_end
+    );
+    env.cloud.advance_to(new_end);
+    let warnings = events_of(&env.cloud, "Capacity Block Expiration Warning");
+    assert_eq!(warnings.len(), 1, "only the extended end warns");
+    assert_eq!(
+        warnings[0]["time"],
+        (new_end - TimeDelta::minutes(40))
+            .format("%Y-%m-%dT%H:%M:%SZ")
+            .to_string()
+    );
+    let bad = env
+        .ec2
+        .describe_capacity_block_extension_offerings()
+        .capacity_reservation_id(&id)
+        .capacity_block_extension_duration_hours(25)
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Some("InvalidParameterValue"));
+}

@@ -1,0 +1,670 @@
+//! Instances: launches into a block, on-demand and spot; ClientToken idempotency; status checks,
+//! termination and slot return; the state-change events; the seeded VPC and launch templates.
+
+use aws_sdk_ec2::error::ProvideErrorMetadata;
+use aws_sdk_ec2::types::{
+    CapacityReservationSpecification, CapacityReservationTarget, Filter,
+    InstanceMarketOptionsRequest, LaunchTemplateSpecification, MarketType, Tag,
+};
+use chrono::TimeDelta;
+
+use crate::ec2_blocks::{buy, describe, offerings};
+use crate::helpers::*;
+
+fn template() -> LaunchTemplateSpecification {
+    LaunchTemplateSpecification::builder()
+        .launch_template_name("capacity-pilot-gpu")
+        .version("$Default")
+        .build()
+}
+
+async fn subnet_in(env: &Env, az: &str) -> String {
+    env.ec2
+        .describe_subnets()
+        .filters(
+            Filter::builder()
+                .name("availability-zone")
+                .values(az)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .subnets()[0]
+        .subnet_id()
+        .unwrap()
+        .to_string()
+}
+
+fn into_block(
+    cr: &str,
+) -> (
+    InstanceMarketOptionsRequest,
+    CapacityReservationSpecification,
+) {
+    (
+        InstanceMarketOptionsRequest::builder()
+            .market_type(MarketType::CapacityBlock)
+            .build(),
+        CapacityReservationSpecification::builder()
+            .capacity_reservation_target(
+                CapacityReservationTarget::builder()
+                    .capacity_reservation_id(cr)
+                    .build(),
+            )
+            .build(),
+    )
+}
+
+#[tokio::test]
+async fn the_seeded_vpc_has_a_subnet_in_every_zone() {
+    let env = env().await;
+    let out = env.ec2.describe_subnets().send().await.unwrap();
+    let zones: Vec<&str> = out
+        .subnets()
+        .iter()
+        .map(|s| s.availability_zone().unwrap())
+        .collect();
+    assert_eq!(
+        zones,
+        ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d"]
+    );
+    let vpc = out.subnets()[0].vpc_id().unwrap();
+    assert!(out.subnets().iter().all(|s| s.vpc_id() == Some(vpc)));
+    assert!(
+        out.subnets()
+            .iter()
+            .all(|s| s.subnet_id().unwrap().starts_with("subnet-"))
+    );
+    let err = env
+        .ec2
+        .describe_subnets()
+        .subnet_ids("subnet-00000000000000000")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("InvalidSubnetID.NotFound"));
+}
+
+#[tokio::test]
+async fn instances_launch_into_an_active_block_and_are_terminated_before_its_end() {
+    let env = env().await;
+    let offer = offerings(&env, "p5.48xlarge", 2, 24).await.remove(0);
+    let cr = buy(&env, &offer, "launch").await;
+    let cr_id = cr.capacity_reservation_id().unwrap().to_string();
+    let az = offer.availability_zone().unwrap().to_string();
+    let subnet = subnet_in(&env, &az).await;
+    let (market, target) = into_block(&cr_id);
+    let launch = |count: i32, token: &str| {
+        env.ec2
+            .run_instances()
+            .min_count(count)
+            .max_count(count)
+            .instance_type("p5.48xlarge".into())
+            .launch_template(template())
+            .subnet_id(&subnet)
+            .instance_market_options(market.clone())
+            .capacity_reservation_specification(target.clone())
+            .client_token(token)
+            .send()
+    };
+    env.cloud.step(TimeDelta::minutes(5));
+    let err = launch(1, "early").await.unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some("InvalidCapacityReservationState.PendingActivation")
+    );
+
+    let start = chrono_of(offer.start_date().unwrap());
+    let end = chrono_of(offer.end_date().unwrap());
+    env.cloud.advance_to(start);
+    let out = launch(2, "slot-a").await.unwrap();
+    assert!(out.reservation_id().unwrap().starts_with("r-"));
+    let ids: Vec<String> = out
+        .instances()
+        .iter()
+        .map(|i| i.instance_id().unwrap().to_string())
+        .collect();
+    assert_eq!(ids.len(), 2);
+    let i = &out.instances()[0];
+    assert_eq!(i.state().unwrap().name().unwrap().as_str(), "pending");
+    assert_eq!(i.instance_lifecycle().unwrap().as_str(), "capacity-block");
+    assert_eq!(i.capacity_reservation_id(), Some(cr_id.as_str()));
+    assert_eq!(
+        i.placement().unwrap().availability_zone(),
+        Some(az.as_str())
+    );
+    assert!(
+        i.image_id().unwrap().starts_with("ami-"),
+        "the template supplies the AMI"
+    );
+    assert_eq!(
+        describe(&env, &cr_id).await.available_instance_count(),
+        Some(0)
+    );
+
+    let err = launch(1, "slot-c").await.unwrap_err();
+    assert_eq!(err.code(), Some("ReservationCapacityExceeded"));
+
+    env.cloud.step(TimeDelta::seconds(30));
+    let running = env
+        .ec2
+        .describe_instances()
+        .filters(
+            Filter::builder()
+                .name("instance-state-name")
+                .values("running")
+                .build(),
+        )
+        .filters(
+            Filter::builder()
+                .name("capacity-reservation-id")
+                .values(&cr_id)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(running.reservations()[0].instances().len(), 2);
+
+    // forced termination at end - 30 min
+    env.cloud.advance_to(end - TimeDelta::minutes(31));
+    let st = env
+        .ec2
+        .describe_instances()
+        .instance_ids(&ids[0])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        st.reservations()[0].instances()[0]
+            .state()
+            .unwrap()
+            .name()
+            .unwrap()
+            .as_str(),
+        "running"
+    );
+    env.cloud.advance_to(end - TimeDelta::minutes(30));
+    let st = env
+        .ec2
+        .describe_instances()
+        .instance_ids(&ids[0])
+        .send()
+        .await
+        .unwrap();
+    let inst = &st.reservations()[0].instances()[0];
+    assert_eq!(
+        inst.state().unwrap().name().unwrap().as_str(),
+        "shutting-down"
+    );
+    assert!(inst.state_reason().unwrap().code().is_some());
+    let changes = events_of(&env.cloud, "EC2 Instance State-change Notification");
+    let states: Vec<&str> = changes
+        .iter()
+        .filter(|e| e["detail"]["instance-id"] == ids[0].as_str())
+        .map(|e| e["detail"]["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["pending", "running", "shutting-down"]);
+    let last = changes.last().unwrap();
+    assert_eq!(
+        last["time"],
+        (end - TimeDelta::minutes(30))
+            .format("%Y-%m-%dT%H:%M:%SZ")
+            .to_string()
+    );
+}
+
+#[tokio::test]
+async fn a_terminated_instance_returns_its_slot_after_ten_minutes() {
+    let env = env().await;
+    let offer = offerings(&env, "p5.48xlarge", 1, 48).await.remove(0);
+    let cr = buy(&env, &offer, "slots").await;
+    let cr_id = cr.capacity_reservation_id().unwrap().to_string();
+    let subnet = subnet_in(&env, offer.availability_zone().unwrap()).await;
+    env.cloud.advance_to(chrono_of(offer.start_date().unwrap()));
+    let (market, target) = into_block(&cr_id);
+    let launch = |token: &str| {
+        env.ec2
+            .run_instances()
+            .min_count(1)
+            .max_count(1)
+            .instance_type("p5.48xlarge".into())
+            .image_id("ami-0abcdef1234567890")
+            .subnet_id(&subnet)
+            .instance_market_options(market.clone())
+            .capacity_reservation_specification(target.clone())
+            .client_token(token)
+            .send()
+    };
+    let first = launch("gen-0").await.unwrap();
+    let id = first.instances()[0].instance_id().unwrap().to_string();
+    env.cloud.step(TimeDelta::minutes(1));
+    let term = env
+        .ec2
+        .terminate_instances()
+        .instance_ids(&id)
+        .send()
+        .await
+        .unwrap();
+    let change = &term.terminating_instances()[0];
+    assert_eq!(change.instance_id(), Some(id.as_str()));
+    assert_eq!(
+        change.previous_state().unwrap().name().unwrap().as_str(),
+        "running"
+    );
+    assert_eq!(
+        change.current_state().unwrap().name().unwrap().as_str(),
+        "shutting-down"
+    );
+    assert_eq!(change.current_state().unwrap().code(), Some(32));
+    // terminating twice succeeds
+    env.ec2
+        .terminate_instances()
+        .instance_ids(&id)
+        .send()
+        .await
+        .unwrap();
+    env.cloud.step(TimeDelta::minutes(1));
+    assert_eq!(
+        launch("gen-1").await.unwrap_err().code(),
+        Some("ReservationCapacityExceeded")
+    );
+    env.cloud.step(TimeDelta::minutes(9));
+    assert_eq!(
+        launch("gen-1").await.unwrap_err().code(),
+        Some("ReservationCapacityExceeded")
+    );
+    env.cloud.step(TimeDelta::minutes(1));
+    let replacement = launch("gen-1").await.unwrap();
+    assert_ne!(replacement.instances()[0].instance_id(), Some(id.as_str()));
+}
+
+#[tokio::test]
+async fn a_client_token_returns_the_same_instances_even_after_termination() {
+    let env = env().await;
+    let run = |ty: &str, token: &str| {
+        env.ec2
+            .run_instances()
+            .min_count(1)
+            .max_count(1)
+            .instance_type(ty.into())
+            .image_id("ami-0abcdef1234567890")
+            .client_token(token)
+            .send()
+    };
+    let a = run("m5.large", "tok-1").await.unwrap();
+    let b = run("m5.large", "tok-1").await.unwrap();
+    let id = a.instances()[0].instance_id().unwrap();
+    assert_eq!(b.instances()[0].instance_id(), Some(id));
+    assert_eq!(a.reservation_id(), b.reservation_id());
+    assert_eq!(a.instances()[0].client_token(), Some("tok-1"));
+    env.ec2
+        .terminate_instances()
+        .instance_ids(id)
+        .send()
+        .await
+        .unwrap();
+    env.cloud.step(TimeDelta::minutes(5));
+    let c = run("m5.large", "tok-1").await.unwrap();
+    assert_eq!(c.instances()[0].instance_id(), Some(id));
+    assert_eq!(
+        c.instances()[0].state().unwrap().name().unwrap().as_str(),
+        "terminated"
+    );
+    let err = run("c5.xlarge", "tok-1").await.unwrap_err();
+    assert_eq!(err.code(), Some("IdempotentParameterMismatch"));
+}
+
+#[tokio::test]
+async fn on_demand_capacity_is_finite() {
+    let env = env().await;
+    let err = env
+        .ec2
+        .run_instances()
+        .min_count(64)
+        .max_count(64)
+        .instance_type("p5.48xlarge".into())
+        .launch_template(template())
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("InsufficientInstanceCapacity"));
+    let missing = env
+        .ec2
+        .run_instances()
+        .min_count(1)
+        .max_count(1)
+        .instance_type("m5.large".into())
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Some("MissingParameter"));
+    let block_without_target = env
+        .ec2
+        .run_instances()
+        .min_count(1)
+        .max_count(1)
+        .image_id("ami-1")
+        .instance_type("p5.48xlarge".into())
+        .instance_market_options(
+            InstanceMarketOptionsRequest::builder()
+                .market_type(MarketType::CapacityBlock)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(block_without_target.code(), Some("MissingParameter"));
+}
+
+#[tokio::test]
+async fn describe_instances_filters_by_tag_and_paginates() {
+    let env = env().await;
+    let mut ids = Vec::new();
+    for n in 0..7 {
+        let out = env
+            .ec2
+            .run_instances()
+            .min_count(1)
+            .max_count(1)
+            .instance_type("m5.large".into())
+            .launch_template(
+                LaunchTemplateSpecification::builder()
+                    .launch_template_name("capacity-pilot-cpu")
+                    .build(),
+            )
+            .send()
+            .await
+            .unwrap();
+        let id = out.instances()[0].instance_id().unwrap().to_string();
+        if n % 2 == 0 {
+            env.ec2
+                .create_tags()
+                .resources(&id)
+                .tags(
+                    Tag::builder()
+                        .key("capacity-pilot:managed")
+                        .value("true")
+                        .build(),
+                )
+                .send()
+                .await
+                .unwrap();
+        }
+        ids.push(id);
+    }
+    let tagged = env
+        .ec2
+        .describe_instances()
+        .filters(
+            Filter::builder()
+                .name("tag:capacity-pilot:managed")
+                .values("true")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let n: usize = tagged
+        .reservations()
+        .iter()
+        .map(|r| r.instances().len())
+        .sum();
+    assert_eq!(n, 4);
+    assert_eq!(
+        tagged.reservations()[0].instances()[0].tags()[0].key(),
+        Some("capacity-pilot:managed")
+    );
+
+    let mut seen = Vec::new();
+    let mut token = None;
+    loop {
+        let page = env
+            .ec2
+            .describe_instances()
+            .max_results(5)
+            .set_next_token(token)
+            .send()
+            .await
+            .unwrap();
+        for r in page.reservations() {
+            seen.extend(
+                r.instances()
+                    .iter()
+                    .map(|i| i.instance_id().unwrap().to_string()),
+            );
+        }
+        token = page.next_token().map(str::to_string);
+        if token.is_none() {
+            break;
+        }
+    }
+    seen.sort();
+    let mut all = ids.clone();
+    all.sort();
+    assert_eq!(seen, all);
+
+    let err = env
+        .ec2
+        .describe_instances()
+        .instance_ids("i-0123456789abcdef0")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("InvalidInstanceID.NotFound"));
+    let err = env
+        .ec2
+        .create_tags()
+        .resources("i-0123456789abcdef0")
+        .tags(Tag::builder().key("k").value("v").build())
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("InvalidInstanceID.NotFound"));
+}
+
+#[tokio::test]
+async fn status_checks_show_impairment_and_scheduled_retirement() {
+    let env = env().await;
+    let out = env
+        .ec2
+        .run_instances()
+        .min_count(2)
+        .max_count(2)
+        .instance_type("m5.large".into())
+        .image_id("ami-1")
+        .send()
+        .await
+        .unwrap();
+    let a = out.instances()[0].instance_id().unwrap().to_string();
+    let b = out.instances()[1].instance_id().unwrap().to_string();
+    // pending instances are listed only with IncludeAllInstances
+    let running = env.ec2.describe_instance_status().send().await.unwrap();
+    assert!(running.instance_statuses().is_empty());
+    let all = env
+        .ec2
+        .describe_instance_status()
+        .include_all_instances(true)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(all.instance_statuses().len(), 2);
+    assert_eq!(
+        all.instance_statuses()[0]
+            .instance_status()
+            .unwrap()
+            .status()
+            .unwrap()
+            .as_str(),
+        "not-applicable"
+    );
+    env.cloud.step(TimeDelta::minutes(1));
+    let (code, _) = http(
+        &env.cloud.url(),
+        "POST",
+        &format!("/_local/instances/{a}/impair"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 204);
+    let (code, _) = http(
+        &env.cloud.url(),
+        "POST",
+        &format!("/_local/instances/{b}/health-event"),
+        Some(r#"{"code":"AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED"}"#),
+    )
+    .await;
+    assert_eq!(code, 204);
+    let st = env
+        .ec2
+        .describe_instance_status()
+        .instance_ids(&a)
+        .instance_ids(&b)
+        .send()
+        .await
+        .unwrap();
+    let by_id = |id: &str| {
+        st.instance_statuses()
+            .iter()
+            .find(|s| s.instance_id() == Some(id))
+            .unwrap()
+            .clone()
+    };
+    let sa = by_id(&a);
+    assert_eq!(
+        sa.instance_status().unwrap().status().unwrap().as_str(),
+        "impaired"
+    );
+    assert_eq!(
+        sa.system_status().unwrap().status().unwrap().as_str(),
+        "impaired"
+    );
+    assert_eq!(
+        sa.instance_state().unwrap().name().unwrap().as_str(),
+        "running"
+    );
+    let sb = by_id(&b);
+    assert_eq!(
+        sb.instance_status().unwrap().status().unwrap().as_str(),
+        "ok"
+    );
+    assert_eq!(
+        sb.events()[0].code().unwrap().as_str(),
+        "instance-retirement"
+    );
+    assert!(sb.events()[0].not_before().is_some());
+    let impaired_only = env
+        .ec2
+        .describe_instance_status()
+        .filters(
+            Filter::builder()
+                .name("instance-status.status")
+                .values("impaired")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(impaired_only.instance_statuses().len(), 1);
+    let health = events_of(&env.cloud, "AWS Health Event");
+    assert_eq!(health.len(), 1);
+    assert_eq!(health[0]["source"], "aws.health");
+    assert_eq!(health[0]["resources"][0], b.as_str());
+    assert_eq!(
+        health[0]["detail"]["eventTypeCode"],
+        "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED"
+    );
+    assert_eq!(health[0]["detail"]["service"], "EC2");
+}
+
+#[tokio::test]
+async fn unexpected_termination_and_spot_interruption_are_injectable() {
+    let env = env().await;
+    let od = env
+        .ec2
+        .run_instances()
+        .min_count(1)
+        .max_count(1)
+        .instance_type("m5.large".into())
+        .image_id("ami-1")
+        .send()
+        .await
+        .unwrap();
+    let spot = env
+        .ec2
+        .run_instances()
+        .min_count(1)
+        .max_count(1)
+        .instance_type("m5.large".into())
+        .image_id("ami-1")
+        .instance_market_options(
+            InstanceMarketOptionsRequest::builder()
+                .market_type(MarketType::Spot)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let od_id = od.instances()[0].instance_id().unwrap().to_string();
+    let spot_id = spot.instances()[0].instance_id().unwrap().to_string();
+    assert_eq!(
+        spot.instances()[0].instance_lifecycle().unwrap().as_str(),
+        "spot"
+    );
+    env.cloud.step(TimeDelta::minutes(1));
+    let url = env.cloud.url();
+    assert_eq!(
+        http(
+            &url,
+            "POST",
+            &format!("/_local/instances/{od_id}/fail"),
+            None
+        )
+        .await
+        .0,
+        204
+    );
+    assert_eq!(
+        http(
+            &url,
+            "POST",
+            &format!("/_local/instances/{spot_id}/spot-interruption"),
+            None
+        )
+        .await
+        .0,
+        204
+    );
+    assert_eq!(
+        http(
+            &url,
+            "POST",
+            &format!("/_local/instances/{od_id}/spot-interruption"),
+            None
+        )
+        .await
+        .0,
+        400
+    );
+    assert_eq!(
+        events_of(&env.cloud, "EC2 Spot Instance Interruption Warning").len(),
+        1
+    );
+    env.cloud.step(TimeDelta::minutes(2));
+    let out = env
+        .ec2
+        .describe_instances()
+        .filters(
+            Filter::builder()
+                .name("instance-state-name")
+                .values("shutting-down")
+                .values("terminated")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let n: usize = out.reservations().iter().map(|r| r.instances().len()).sum();
+    assert_eq!(n, 2);
+}

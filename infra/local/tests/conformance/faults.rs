@@ -1,0 +1,150 @@
+//! Injected faults reach the SDK as AWS's would: throttling and 500s are retried by the standard
+//! retry mode, and a lost purchase response shows the double purchase it causes.
+
+use aws_sdk_ec2::error::ProvideErrorMetadata;
+use aws_sdk_ec2::types::CapacityReservationInstancePlatform;
+use local_cloud::{Fault, FaultKind};
+
+use crate::ec2_blocks::offerings;
+use crate::helpers::*;
+
+fn fault(op: &str, kind: FaultKind, count: u32) -> Fault {
+    Fault {
+        operation: op.to_string(),
+        kind,
+        count: Some(count),
+    }
+}
+
+#[tokio::test]
+async fn throttling_reaches_the_caller_as_request_limit_exceeded() {
+    let env = env().await;
+    env.cloud
+        .inject(fault("DescribeSubnets", FaultKind::Throttle, 1));
+    let err = env.ec2.describe_subnets().send().await.unwrap_err();
+    assert_eq!(err.code(), Some("RequestLimitExceeded"));
+    assert_eq!(err.raw_response().unwrap().status().as_u16(), 503);
+    assert!(
+        env.ec2.describe_subnets().send().await.is_ok(),
+        "the fault was used up"
+    );
+
+    env.cloud
+        .inject(fault("DescribeTrainingPlan", FaultKind::Throttle, 1));
+    let err = env
+        .sm
+        .describe_training_plan()
+        .training_plan_name("x")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("ThrottlingException"));
+}
+
+#[tokio::test]
+async fn the_standard_retry_mode_recovers_from_one_throttle_and_one_internal_error() {
+    let env = env().await;
+    let conf = sdk_config(&env.cloud.url(), "us-east-1", true).await;
+    let ec2 = aws_sdk_ec2::Client::new(&conf);
+    env.cloud
+        .inject(fault("DescribeSubnets", FaultKind::Throttle, 1));
+    env.cloud
+        .inject(fault("DescribeInstances", FaultKind::InternalError, 1));
+    assert!(ec2.describe_subnets().send().await.is_ok());
+    assert!(ec2.describe_instances().send().await.is_ok());
+}
+
+#[tokio::test]
+async fn a_lost_purchase_response_retried_by_the_sdk_buys_twice() {
+    let env = env().await;
+    let conf = sdk_config(&env.cloud.url(), "us-east-1", true).await;
+    let ec2 = aws_sdk_ec2::Client::new(&conf);
+    let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+    env.cloud
+        .inject(fault("PurchaseCapacityBlock", FaultKind::LostResponse, 1));
+    let out = ec2
+        .purchase_capacity_block()
+        .capacity_block_offering_id(offer.capacity_block_offering_id().unwrap())
+        .instance_platform(CapacityReservationInstancePlatform::LinuxUnix)
+        .send()
+        .await
+        .unwrap();
+    assert!(out.capacity_reservation().is_some());
+    let all = env
+        .ec2
+        .describe_capacity_reservations()
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        all.capacity_reservations().len(),
+        2,
+        "the retry bought a second block"
+    );
+
+    // without SDK retries the caller sees the 500, yet the purchase happened
+    env.cloud
+        .inject(fault("PurchaseCapacityBlock", FaultKind::LostResponse, 1));
+    let err = env
+        .ec2
+        .purchase_capacity_block()
+        .capacity_block_offering_id(offer.capacity_block_offering_id().unwrap())
+        .instance_platform(CapacityReservationInstancePlatform::LinuxUnix)
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("InternalError"));
+    let all = env
+        .ec2
+        .describe_capacity_reservations()
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(all.capacity_reservations().len(), 3);
+}
+
+#[tokio::test]
+async fn latency_and_custom_errors_can_be_injected() {
+    let env = env().await;
+    env.cloud.inject(fault(
+        "DescribeSubnets",
+        FaultKind::Latency { millis: 5 },
+        1,
+    ));
+    assert!(env.ec2.describe_subnets().send().await.is_ok());
+    env.cloud.inject(fault(
+        "DescribeCapacityBlockOfferings",
+        FaultKind::Error {
+            status: 400,
+            code: "CapacityBlockDescribeLimitExceeded".into(),
+            message: "Too many searches".into(),
+        },
+        1,
+    ));
+    let err = env
+        .ec2
+        .describe_capacity_block_offerings()
+        .instance_type("p5.48xlarge")
+        .instance_count(1)
+        .capacity_duration_hours(24)
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("CapacityBlockDescribeLimitExceeded"));
+    env.cloud
+        .inject(fault("PutEvents", FaultKind::InternalError, 1));
+    let err = env
+        .eb
+        .put_events()
+        .entries(
+            aws_sdk_eventbridge::types::PutEventsRequestEntry::builder()
+                .source("s")
+                .detail_type("d")
+                .detail("{}")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.as_service_error().unwrap().is_internal_exception());
+}

@@ -1,0 +1,13 @@
+//! Conformance tests: the real AWS SDK clients against an in-process local-cloud, one emulator
+//! per test, each with its own simulated clock. One binary, because linking the SDKs dominates.
+
+mod control;
+mod ec2_blocks;
+mod ec2_instances;
+mod eventbridge;
+mod faults;
+mod helpers;
+mod properties;
+mod sagemaker_endpoints;
+mod sagemaker_hyperpod;
+mod sagemaker_plans;

@@ -1,0 +1,275 @@
+//! Inference endpoints reserved through a training plan: InService only on an active plan of the
+//! same type, failed at expiry; the ValidationException the real service returns for names.
+
+use aws_sdk_sagemaker::error::ProvideErrorMetadata;
+use aws_sdk_sagemaker::types::{
+    CapacityReservationPreference, ProductionVariant, ProductionVariantCapacityReservationConfig,
+    ProductionVariantInstanceType, SageMakerResourceName,
+};
+use chrono::TimeDelta;
+
+use crate::helpers::*;
+use crate::sagemaker_plans::{buy_plan, plan_offerings};
+
+fn variant(ty: &str, plan: Option<&str>) -> ProductionVariant {
+    let mut b = ProductionVariant::builder()
+        .variant_name("primary")
+        .model_name("model")
+        .instance_type(ProductionVariantInstanceType::from(ty))
+        .initial_instance_count(1);
+    if let Some(p) = plan {
+        b = b.capacity_reservation_config(
+            ProductionVariantCapacityReservationConfig::builder()
+                .capacity_reservation_preference(
+                    CapacityReservationPreference::CapacityReservationsOnly,
+                )
+                .ml_reservation_arn(p)
+                .build(),
+        );
+    }
+    b.build()
+}
+
+async fn status(env: &Env, name: &str) -> String {
+    env.sm
+        .describe_endpoint()
+        .endpoint_name(name)
+        .send()
+        .await
+        .unwrap()
+        .endpoint_status()
+        .unwrap()
+        .as_str()
+        .to_string()
+}
+
+#[tokio::test]
+async fn an_endpoint_on_an_active_plan_serves_until_the_plan_expires() {
+    let env = env().await;
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        1,
+        24,
+        SageMakerResourceName::Endpoint,
+    )
+    .await
+    .remove(0);
+    let arn = buy_plan(&env, "serve-plan", &offer).await;
+    let seg = &offer.reserved_capacity_offerings()[0];
+    env.cloud.advance_to(chrono_of(seg.start_time().unwrap()));
+    let cfg = env
+        .sm
+        .create_endpoint_config()
+        .endpoint_config_name("cfg")
+        .production_variants(variant("ml.p5.48xlarge", Some(&arn)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        cfg.endpoint_config_arn(),
+        Some("arn:aws:sagemaker:us-east-1:123456789012:endpoint-config/cfg")
+    );
+    let ep = env
+        .sm
+        .create_endpoint()
+        .endpoint_name("ep")
+        .endpoint_config_name("cfg")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        ep.endpoint_arn(),
+        Some("arn:aws:sagemaker:us-east-1:123456789012:endpoint/ep")
+    );
+    assert_eq!(status(&env, "ep").await, "Creating");
+    env.cloud.step(TimeDelta::minutes(5));
+    let d = env
+        .sm
+        .describe_endpoint()
+        .endpoint_name("ep")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(d.endpoint_status().unwrap().as_str(), "InService");
+    assert_eq!(d.endpoint_config_name(), Some("cfg"));
+    assert_eq!(d.production_variants()[0].current_instance_count(), Some(1));
+    let plan = env
+        .sm
+        .describe_training_plan()
+        .training_plan_name("serve-plan")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plan.in_use_instance_count(), Some(1));
+    env.cloud.advance_to(chrono_of(seg.end_time().unwrap()));
+    let d = env
+        .sm
+        .describe_endpoint()
+        .endpoint_name("ep")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(d.endpoint_status().unwrap().as_str(), "Failed");
+    assert!(d.failure_reason().unwrap().contains("expired"));
+    let statuses: Vec<String> = events_of(&env.cloud, "SageMaker Endpoint State Change")
+        .iter()
+        .map(|e| e["detail"]["EndpointStatus"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(statuses, ["CREATING", "IN_SERVICE", "FAILED"]);
+
+    env.sm
+        .delete_endpoint()
+        .endpoint_name("ep")
+        .send()
+        .await
+        .unwrap();
+    env.sm
+        .delete_endpoint_config()
+        .endpoint_config_name("cfg")
+        .send()
+        .await
+        .unwrap();
+    let gone = env
+        .sm
+        .describe_endpoint()
+        .endpoint_name("ep")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), Some("ValidationException"));
+    let again = env
+        .sm
+        .delete_endpoint()
+        .endpoint_name("ep")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), Some("ValidationException"));
+    assert!(
+        again
+            .message()
+            .unwrap()
+            .starts_with("Could not find endpoint")
+    );
+    let again = env
+        .sm
+        .delete_endpoint_config()
+        .endpoint_config_name("cfg")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), Some("ValidationException"));
+}
+
+#[tokio::test]
+async fn an_endpoint_on_a_plan_that_is_not_active_fails() {
+    let env = env().await;
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        1,
+        24,
+        SageMakerResourceName::Endpoint,
+    )
+    .await
+    .remove(0);
+    let arn = buy_plan(&env, "later-plan", &offer).await;
+    env.sm
+        .create_endpoint_config()
+        .endpoint_config_name("cfg")
+        .production_variants(variant("ml.p5.48xlarge", Some(&arn)))
+        .send()
+        .await
+        .unwrap();
+    env.sm
+        .create_endpoint()
+        .endpoint_name("too-early")
+        .endpoint_config_name("cfg")
+        .send()
+        .await
+        .unwrap();
+    env.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(status(&env, "too-early").await, "Failed");
+}
+
+#[tokio::test]
+async fn endpoint_names_and_plan_types_are_validated() {
+    let env = env().await;
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        1,
+        24,
+        SageMakerResourceName::Endpoint,
+    )
+    .await
+    .remove(0);
+    let arn = buy_plan(&env, "typed-plan", &offer).await;
+    let wrong_type = env
+        .sm
+        .create_endpoint_config()
+        .endpoint_config_name("cfg")
+        .production_variants(variant("ml.p4d.24xlarge", Some(&arn)))
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(wrong_type.code(), Some("ValidationException"));
+    env.sm
+        .create_endpoint_config()
+        .endpoint_config_name("cfg")
+        .production_variants(variant("ml.m5.large", None))
+        .send()
+        .await
+        .unwrap();
+    let dup = env
+        .sm
+        .create_endpoint_config()
+        .endpoint_config_name("cfg")
+        .production_variants(variant("ml.m5.large", None))
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(dup.code(), Some("ValidationException"));
+    assert!(
+        dup.message()
+            .unwrap()
+            .contains("already existing endpoint configuration")
+    );
+    env.sm
+        .create_endpoint()
+        .endpoint_name("ep")
+        .endpoint_config_name("cfg")
+        .send()
+        .await
+        .unwrap();
+    let dup = env
+        .sm
+        .create_endpoint()
+        .endpoint_name("ep")
+        .endpoint_config_name("cfg")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(dup.code(), Some("ValidationException"));
+    assert!(
+        dup.message()
+            .unwrap()
+            .contains("Cannot create already existing endpoint")
+    );
+    let no_cfg = env
+        .sm
+        .create_endpoint()
+        .endpoint_name("ep2")
+        .endpoint_config_name("missing")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(no_cfg.code(), Some("ValidationException"));
+    env.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(
+        status(&env, "ep").await,
+        "InService",
+        "on-demand endpoints need no plan"
+    );
+}

@@ -1,0 +1,552 @@
+//! Training plans and training jobs over awsJson1_1: offerings by the developer guide's rules,
+//! purchase, the plan's status over its segments, and jobs waiting, training and being stopped.
+
+use aws_sdk_sagemaker::error::ProvideErrorMetadata;
+use aws_sdk_sagemaker::types::{
+    AlgorithmSpecification, OutputDataConfig, ReservedCapacityInstanceType, ResourceConfig,
+    SageMakerResourceName, StoppingCondition, TrainingInputMode, TrainingInstanceType,
+    TrainingPlanFilter, TrainingPlanFilterName, TrainingPlanOffering,
+};
+use chrono::{TimeDelta, Timelike};
+
+use crate::helpers::*;
+
+pub async fn plan_offerings(
+    env: &Env,
+    ty: &str,
+    count: i32,
+    hours: i64,
+    target: SageMakerResourceName,
+) -> Vec<TrainingPlanOffering> {
+    env.sm
+        .search_training_plan_offerings()
+        .instance_type(ReservedCapacityInstanceType::from(ty))
+        .instance_count(count)
+        .duration_hours(hours)
+        .target_resources(target)
+        .send()
+        .await
+        .expect("search")
+        .training_plan_offerings()
+        .to_vec()
+}
+
+pub async fn buy_plan(env: &Env, name: &str, offering: &TrainingPlanOffering) -> String {
+    env.sm
+        .create_training_plan()
+        .training_plan_name(name)
+        .training_plan_offering_id(offering.training_plan_offering_id().unwrap())
+        .send()
+        .await
+        .expect("create plan")
+        .training_plan_arn()
+        .unwrap()
+        .to_string()
+}
+
+async fn plan_status(env: &Env, name: &str) -> String {
+    env.sm
+        .describe_training_plan()
+        .training_plan_name(name)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .unwrap()
+        .as_str()
+        .to_string()
+}
+
+pub fn job(
+    env: &Env,
+    name: &str,
+    ty: &str,
+    count: i32,
+    plan: Option<&str>,
+    runtime: i32,
+) -> aws_sdk_sagemaker::operation::create_training_job::builders::CreateTrainingJobFluentBuilder {
+    env.sm
+        .create_training_job()
+        .training_job_name(name)
+        .role_arn("arn:aws:iam::123456789012:role/sagemaker")
+        .algorithm_specification(
+            AlgorithmSpecification::builder()
+                .training_image("123456789012.dkr.ecr.us-east-1.amazonaws.com/train:latest")
+                .training_input_mode(TrainingInputMode::File)
+                .build(),
+        )
+        .output_data_config(
+            OutputDataConfig::builder()
+                .s3_output_path("s3://bucket/out")
+                .build(),
+        )
+        .resource_config(
+            ResourceConfig::builder()
+                .instance_type(TrainingInstanceType::from(ty))
+                .instance_count(count)
+                .volume_size_in_gb(100)
+                .set_training_plan_arn(plan.map(str::to_string))
+                .build(),
+        )
+        .stopping_condition(
+            StoppingCondition::builder()
+                .max_runtime_in_seconds(runtime)
+                .build(),
+        )
+}
+
+async fn job_status(env: &Env, name: &str) -> (String, String) {
+    let out = env
+        .sm
+        .describe_training_job()
+        .training_job_name(name)
+        .send()
+        .await
+        .unwrap();
+    (
+        out.training_job_status().unwrap().as_str().to_string(),
+        out.secondary_status().unwrap().as_str().to_string(),
+    )
+}
+
+#[tokio::test]
+async fn plan_offerings_carry_their_segments_and_price() {
+    let env = env().await;
+    let offers = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        8,
+        72,
+        SageMakerResourceName::TrainingJob,
+    )
+    .await;
+    assert!(!offers.is_empty() && offers.len() <= 3);
+    for o in &offers {
+        assert!(o.training_plan_offering_id().unwrap().starts_with("tpo-"));
+        assert_eq!(o.target_resources(), [SageMakerResourceName::TrainingJob]);
+        assert_eq!(o.duration_hours(), Some(72));
+        assert_eq!(o.currency_code(), Some("USD"));
+        let fee: rust_decimal::Decimal = o.upfront_fee().unwrap().parse().unwrap();
+        // 70-75% below SageMaker on-demand (55.04 * 1.15 per instance-hour)
+        let od = "63.296".parse::<rust_decimal::Decimal>().unwrap()
+            * rust_decimal::Decimal::from(8 * 72);
+        assert!(
+            fee >= od * "0.249".parse::<rust_decimal::Decimal>().unwrap(),
+            "{fee}"
+        );
+        assert!(
+            fee <= od * "0.301".parse::<rust_decimal::Decimal>().unwrap(),
+            "{fee}"
+        );
+        let segs = o.reserved_capacity_offerings();
+        assert!(!segs.is_empty() && segs.len() <= 2);
+        for s in segs {
+            assert_eq!(s.instance_type().unwrap().as_str(), "ml.p5.48xlarge");
+            assert_eq!(s.instance_count(), Some(8));
+            assert!(s.availability_zone().unwrap().starts_with("us-east-1"));
+            let end = chrono_of(s.end_time().unwrap());
+            assert_eq!((end.hour(), end.minute()), (11, 30));
+            assert_eq!(
+                s.duration_hours().unwrap(),
+                (end - chrono_of(s.start_time().unwrap())).num_hours()
+            );
+        }
+    }
+    let err = env
+        .sm
+        .search_training_plan_offerings()
+        .instance_type(ReservedCapacityInstanceType::from("ml.p5.48xlarge"))
+        .instance_count(3)
+        .duration_hours(24)
+        .target_resources(SageMakerResourceName::TrainingJob)
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some("ValidationException"),
+        "3 is not a plan instance count"
+    );
+}
+
+#[tokio::test]
+async fn a_plan_goes_pending_scheduled_active_expired_and_names_are_unique() {
+    let env = env().await;
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        4,
+        48,
+        SageMakerResourceName::TrainingJob,
+    )
+    .await
+    .remove(0);
+    let arn = buy_plan(&env, "team-a-plan", &offer).await;
+    assert_eq!(
+        arn,
+        "arn:aws:sagemaker:us-east-1:123456789012:training-plan/team-a-plan"
+    );
+    let d = env
+        .sm
+        .describe_training_plan()
+        .training_plan_name("team-a-plan")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(d.status().unwrap().as_str(), "Pending");
+    assert_eq!(d.training_plan_arn(), Some(arn.as_str()));
+    assert_eq!(d.total_instance_count(), Some(4));
+    assert_eq!(d.upfront_fee(), offer.upfront_fee());
+    assert_eq!(
+        d.reserved_capacity_summaries().len(),
+        offer.reserved_capacity_offerings().len()
+    );
+    assert!(
+        d.reserved_capacity_summaries()[0]
+            .reserved_capacity_arn()
+            .unwrap()
+            .contains(":reserved-capacity/")
+    );
+
+    let dup = env
+        .sm
+        .create_training_plan()
+        .training_plan_name("team-a-plan")
+        .training_plan_offering_id(offer.training_plan_offering_id().unwrap())
+        .send()
+        .await
+        .unwrap_err();
+    assert!(
+        dup.as_service_error().unwrap().is_resource_in_use(),
+        "{dup:?}"
+    );
+
+    let missing = env
+        .sm
+        .describe_training_plan()
+        .training_plan_name("nope")
+        .send()
+        .await
+        .unwrap_err();
+    assert!(missing.as_service_error().unwrap().is_resource_not_found());
+    let bad = env
+        .sm
+        .create_training_plan()
+        .training_plan_name("x")
+        .training_plan_offering_id("tpo-doesnotexist")
+        .send()
+        .await
+        .unwrap_err();
+    assert!(bad.as_service_error().unwrap().is_resource_not_found());
+
+    env.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(plan_status(&env, "team-a-plan").await, "Scheduled");
+    let segs = offer.reserved_capacity_offerings();
+    let first = chrono_of(segs[0].start_time().unwrap());
+    let last_end = chrono_of(segs[segs.len() - 1].end_time().unwrap());
+    env.cloud.advance_to(first);
+    assert_eq!(plan_status(&env, "team-a-plan").await, "Active");
+    let d = env
+        .sm
+        .describe_training_plan()
+        .training_plan_name(&arn)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(d.available_instance_count(), Some(4));
+    assert_eq!(d.in_use_instance_count(), Some(0));
+    env.cloud.advance_to(last_end);
+    assert_eq!(plan_status(&env, "team-a-plan").await, "Expired");
+    assert!(
+        events_of(&env.cloud, "Capacity Block Delivered").is_empty(),
+        "plans emit no events"
+    );
+}
+
+#[tokio::test]
+async fn training_plans_list_with_filters_and_pages() {
+    let env = env().await;
+    for n in 0..3 {
+        let offer = plan_offerings(
+            &env,
+            "ml.trn1.32xlarge",
+            1,
+            24,
+            SageMakerResourceName::TrainingJob,
+        )
+        .await
+        .remove(0);
+        buy_plan(&env, &format!("plan-{n}"), &offer).await;
+    }
+    let first = env
+        .sm
+        .list_training_plans()
+        .max_results(2)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.training_plan_summaries().len(), 2);
+    let token = first.next_token().unwrap().to_string();
+    let second = env
+        .sm
+        .list_training_plans()
+        .max_results(2)
+        .next_token(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(second.training_plan_summaries().len(), 1);
+    assert!(second.next_token().is_none());
+    let s = &first.training_plan_summaries()[0];
+    assert_eq!(s.training_plan_name(), Some("plan-0"));
+    assert_eq!(s.status().unwrap().as_str(), "Pending");
+    assert!(s.start_time().is_some() && s.end_time().is_some());
+    env.cloud.step(TimeDelta::minutes(5));
+    let scheduled = env
+        .sm
+        .list_training_plans()
+        .filters(
+            TrainingPlanFilter::builder()
+                .name(TrainingPlanFilterName::Status)
+                .value("Scheduled")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(scheduled.training_plan_summaries().len(), 3);
+}
+
+#[tokio::test]
+async fn a_job_on_a_plan_waits_while_scheduled_then_trains_and_completes() {
+    let env = env().await;
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        2,
+        48,
+        SageMakerResourceName::TrainingJob,
+    )
+    .await
+    .remove(0);
+    let arn = buy_plan(&env, "job-plan", &offer).await;
+    let created = job(&env, "job-1", "ml.p5.48xlarge", 2, Some(&arn), 3600)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        created.training_job_arn(),
+        Some("arn:aws:sagemaker:us-east-1:123456789012:training-job/job-1")
+    );
+    assert_eq!(
+        job_status(&env, "job-1").await,
+        ("InProgress".into(), "Starting".into())
+    );
+    env.cloud.step(TimeDelta::minutes(10));
+    assert_eq!(
+        job_status(&env, "job-1").await,
+        ("InProgress".into(), "Pending".into())
+    );
+    let start = chrono_of(offer.reserved_capacity_offerings()[0].start_time().unwrap());
+    env.cloud.advance_to(start);
+    assert_eq!(
+        job_status(&env, "job-1").await,
+        ("InProgress".into(), "Training".into())
+    );
+    let d = env
+        .sm
+        .describe_training_plan()
+        .training_plan_name("job-plan")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(d.in_use_instance_count(), Some(2));
+    assert_eq!(d.available_instance_count(), Some(0));
+    env.cloud.step(TimeDelta::hours(1));
+    let out = env
+        .sm
+        .describe_training_job()
+        .training_job_name("job-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.training_job_status().unwrap().as_str(), "Completed");
+    assert_eq!(chrono_of(out.training_start_time().unwrap()), start);
+    assert_eq!(
+        chrono_of(out.training_end_time().unwrap()),
+        start + TimeDelta::hours(1)
+    );
+    assert!(
+        out.model_artifacts()
+            .unwrap()
+            .s3_model_artifacts()
+            .is_some()
+    );
+    assert_eq!(
+        out.resource_config().unwrap().training_plan_arn(),
+        Some(arn.as_str())
+    );
+    let statuses: Vec<&str> = out
+        .secondary_status_transitions()
+        .iter()
+        .map(|t| t.status().unwrap().as_str())
+        .collect();
+    assert_eq!(statuses, ["Starting", "Pending", "Training", "Completed"]);
+    let events = events_of(&env.cloud, "SageMaker Training Job State Change");
+    let last = events.last().unwrap();
+    assert_eq!(last["source"], "aws.sagemaker");
+    assert_eq!(last["detail"]["TrainingJobStatus"], "Completed");
+    assert_eq!(last["resources"][0], created.training_job_arn().unwrap());
+}
+
+#[tokio::test]
+async fn a_job_still_training_is_terminated_30_minutes_before_the_plan_ends() {
+    let env = env().await;
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        1,
+        24,
+        SageMakerResourceName::TrainingJob,
+    )
+    .await
+    .remove(0);
+    let arn = buy_plan(&env, "short-plan", &offer).await;
+    job(
+        &env,
+        "long-job",
+        "ml.p5.48xlarge",
+        1,
+        Some(&arn),
+        5 * 86_400,
+    )
+    .send()
+    .await
+    .unwrap();
+    let seg = &offer.reserved_capacity_offerings()[0];
+    let end = chrono_of(seg.end_time().unwrap());
+    env.cloud.advance_to(chrono_of(seg.start_time().unwrap()));
+    assert_eq!(job_status(&env, "long-job").await.1, "Training");
+    env.cloud.advance_to(end - TimeDelta::minutes(31));
+    assert_eq!(job_status(&env, "long-job").await.1, "Training");
+    env.cloud.advance_to(end - TimeDelta::minutes(30));
+    let out = env
+        .sm
+        .describe_training_job()
+        .training_job_name("long-job")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.training_job_status().unwrap().as_str(), "Failed");
+    assert!(out.failure_reason().unwrap().starts_with("CapacityError"));
+}
+
+#[tokio::test]
+async fn an_on_demand_job_without_capacity_fails_asynchronously() {
+    let env = env().await;
+    // the seeded market has no on-demand UltraServer capacity
+    job(&env, "od-job", "ml.p6e-gb200.36xlarge", 1, None, 3600)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(job_status(&env, "od-job").await.0, "InProgress");
+    env.cloud.step(TimeDelta::minutes(2));
+    let out = env
+        .sm
+        .describe_training_job()
+        .training_job_name("od-job")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.training_job_status().unwrap().as_str(), "Failed");
+    assert!(out.failure_reason().unwrap().contains("CapacityError"));
+    // and one with capacity trains
+    job(&env, "small-job", "ml.m5.large", 1, None, 600)
+        .send()
+        .await
+        .unwrap();
+    env.cloud.step(TimeDelta::minutes(2));
+    assert_eq!(job_status(&env, "small-job").await.1, "Training");
+    env.cloud.step(TimeDelta::minutes(10));
+    assert_eq!(job_status(&env, "small-job").await.0, "Completed");
+}
+
+#[tokio::test]
+async fn job_errors_use_the_codes_sagemaker_really_returns() {
+    let env = env().await;
+    let err = env
+        .sm
+        .describe_training_job()
+        .training_job_name("ghost")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("ValidationException"));
+    assert_eq!(err.message(), Some("Requested resource not found."));
+    job(&env, "twice", "ml.m5.large", 1, None, 600)
+        .send()
+        .await
+        .unwrap();
+    let err = job(&env, "twice", "ml.m5.large", 1, None, 600)
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.as_service_error().unwrap().is_resource_in_use());
+    let err = env
+        .sm
+        .create_training_job()
+        .training_job_name("bare")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("ValidationException"));
+    // a plan for endpoints cannot run training jobs
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        1,
+        24,
+        SageMakerResourceName::Endpoint,
+    )
+    .await
+    .remove(0);
+    let arn = buy_plan(&env, "endpoint-plan", &offer).await;
+    let err = job(&env, "wrong-target", "ml.p5.48xlarge", 1, Some(&arn), 600)
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("ValidationException"));
+
+    // stopping
+    env.sm
+        .stop_training_job()
+        .training_job_name("twice")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        job_status(&env, "twice").await,
+        ("Stopping".into(), "Stopping".into())
+    );
+    env.cloud.step(TimeDelta::minutes(1));
+    assert_eq!(
+        job_status(&env, "twice").await,
+        ("Stopped".into(), "Stopped".into())
+    );
+    let err = env
+        .sm
+        .stop_training_job()
+        .training_job_name("twice")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("ValidationException"));
+    let err = env
+        .sm
+        .stop_training_job()
+        .training_job_name("ghost")
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.as_service_error().unwrap().is_resource_not_found());
+}
