@@ -1,0 +1,75 @@
+//! Small builders for the values the fakes store, so a handler test states only what it
+//! is about.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+
+use crate::domain::money::Usd;
+use crate::domain::offering::Product;
+use crate::domain::request::{
+    Budget, CapacityRequest, LaunchTemplateRef, RequestId, Strategy, Team, Window, WorkloadDetail,
+};
+use crate::ports::OutboundEvent;
+
+/// A fixed instant the fixtures measure from: 2026-12-01 09:00 UTC.
+pub fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 12, 1, 9, 0, 0)
+        .single()
+        .expect("a valid date")
+}
+
+/// A valid request id; panics on an invalid one (fixtures are written by tests).
+pub fn request_id(id: &str) -> RequestId {
+    RequestId::parse(id).unwrap_or_else(|e| panic!("fixture request id {id:?}: {e}"))
+}
+
+pub fn team(name: &str) -> Team {
+    Team::parse(name).unwrap_or_else(|e| panic!("fixture team {name:?}: {e}"))
+}
+
+/// A two-instance, one-day Capacity Block request for EC2 instances in us-east-1, any time
+/// in the week after [`t0`], that may spend `max_upfront_usd` up front.
+pub fn request(id: &str, team_name: &str, max_upfront_usd: &str) -> CapacityRequest {
+    CapacityRequest {
+        id: request_id(id),
+        team: team(team_name),
+        instance_types: vec!["p5.48xlarge".into()],
+        instance_count: 2,
+        duration_hours: 24,
+        window: Window {
+            earliest_start: t0() + Duration::hours(2),
+            latest_end: t0() + Duration::days(7),
+        },
+        regions: vec!["us-east-1".into()],
+        allow_split: false,
+        strategy: Strategy::Reserve,
+        interruptible: false,
+        products: vec![Product::CapacityBlock],
+        budget: Budget {
+            max_upfront: Usd::parse(max_upfront_usd)
+                .unwrap_or_else(|e| panic!("fixture budget {max_upfront_usd:?}: {e}")),
+            approval_above: None,
+        },
+        workload: WorkloadDetail::Ec2Instances {
+            launch_template: Some(LaunchTemplateRef {
+                id: Some("lt-0123456789abcdef0".into()),
+                name: None,
+                version: None,
+            }),
+            subnet_ids: vec!["subnet-a".into()],
+            instance_platform: None,
+        },
+        drain_minutes: 0,
+        tags: BTreeMap::new(),
+    }
+}
+
+/// An outbound event whose detail carries its key and request id.
+pub fn event(event_key: &str, detail_type: &str, request_id: &str) -> OutboundEvent {
+    OutboundEvent {
+        event_key: event_key.into(),
+        detail_type: detail_type.into(),
+        detail: serde_json::json!({ "event_key": event_key, "request_id": request_id }),
+    }
+}

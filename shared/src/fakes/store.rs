@@ -1,0 +1,840 @@
+//! The state store in memory, with every semantic of the `Store` port: conditional
+//! transitions, processed-event records, the outbox, the purchase lease, the budget ledger,
+//! due work and archival. Each write is applied whole or not at all, as the DynamoDB
+//! adapter's single `TransactWriteItems` is.
+//!
+//! Time: archival is measured from the `at` of the write that ended a request, and an item
+//! counts as gone once the store's "now" reaches its expiry. The store's now is the latest
+//! time it has been told (every write's `at`, every `due`'s `now`, [`InMemoryStore::advance_to`])
+//! or, when attached, a [`ManualClock`]'s, whichever is later. Nothing reads the wall clock.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Duration, Utc};
+
+use super::{Fault, Faults, ManualClock, errors, lock};
+use crate::domain::money::MicroUsd;
+use crate::domain::request::{RequestId, Team};
+use crate::domain::reservation::Reservation;
+use crate::domain::status::RequestStatus;
+use crate::ports::{
+    BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
+    LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, PortError, RecordReservation,
+    ReleaseUnbought, RequestRecord, Store, Transition, WorkloadRecord, WriteOutcome,
+};
+
+/// How long an ended request (and a processed-event record, and a sent outbox item) is
+/// kept before archival removes it; the DynamoDB adapter's TTL is the same.
+pub const DEFAULT_RETENTION: Duration = Duration::days(90);
+
+const SERVICE: &str = "store";
+
+/// The store's operations, for scripting faults and reading the call log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum StoreOp {
+    CreateRequest,
+    GetRequest,
+    Transition,
+    BeginPurchase,
+    RecordReservation,
+    ReleaseUnbought,
+    Reservations,
+    BudgetSpent,
+    PutWorkload,
+    Workloads,
+    UnsentOutbox,
+    MarkSent,
+    Due,
+}
+
+impl StoreOp {
+    pub fn is_write(self) -> bool {
+        matches!(
+            self,
+            StoreOp::CreateRequest
+                | StoreOp::Transition
+                | StoreOp::BeginPurchase
+                | StoreOp::RecordReservation
+                | StoreOp::ReleaseUnbought
+                | StoreOp::PutWorkload
+                | StoreOp::MarkSent
+        )
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Stored {
+    record: RequestRecord,
+    /// Where the open debit was charged, so a release credits the same month.
+    open_debit_ledger: Option<(Team, BudgetMonth)>,
+    /// Set by a transition into a terminal status.
+    expires_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone)]
+struct OutboxEntry {
+    item: OutboxItem,
+    sent: bool,
+    expires_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    requests: BTreeMap<RequestId, Stored>,
+    /// (request, event id) -> when the record expires.
+    events: BTreeMap<(RequestId, String), DateTime<Utc>>,
+    /// In the order first recorded; a re-recorded id is replaced in place.
+    reservations: BTreeMap<RequestId, Vec<Reservation>>,
+    workloads: BTreeMap<RequestId, BTreeMap<(String, u32), WorkloadRecord>>,
+    outbox: BTreeMap<(String, String), OutboxEntry>,
+    ledger: BTreeMap<(Team, BudgetMonth), i64>,
+    retention: Duration,
+    told: Option<DateTime<Utc>>,
+    clock: Option<ManualClock>,
+    faults: Faults<StoreOp>,
+    write_faults: VecDeque<Fault>,
+    read_faults: VecDeque<Fault>,
+    calls: Vec<StoreOp>,
+}
+
+/// An in-memory [`Store`]; clones share the data.
+#[derive(Debug, Clone)]
+pub struct InMemoryStore {
+    state: Arc<Mutex<State>>,
+}
+
+impl Default for InMemoryStore {
+    fn default() -> Self {
+        InMemoryStore::new()
+    }
+}
+
+fn illegal(from: RequestStatus, to: RequestStatus, why: &str) -> PortError {
+    errors::permanent(
+        SERVICE,
+        "IllegalTransition",
+        format!("{from} -> {to}: {why}"),
+    )
+}
+
+fn check_debit(debit: &Option<Debit>) -> Result<(), PortError> {
+    match debit {
+        Some(d) if d.amount.0 <= 0 => Err(errors::permanent(
+            SERVICE,
+            "InvalidDebit",
+            format!("a debit must be positive, got {} micro-USD", d.amount.0),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Why a debit does not fit, checked in the adapter's order: the request's cap, then the
+/// team's.
+enum OverBudget {
+    Request { spent: MicroUsd, cap: MicroUsd },
+    Team { spent: MicroUsd, cap: MicroUsd },
+}
+
+impl InMemoryStore {
+    pub fn new() -> InMemoryStore {
+        InMemoryStore {
+            state: Arc::new(Mutex::new(State {
+                retention: DEFAULT_RETENTION,
+                ..State::default()
+            })),
+        }
+    }
+
+    /// Archival after `retention` instead of [`DEFAULT_RETENTION`].
+    pub fn with_retention(self, retention: Duration) -> InMemoryStore {
+        lock(&self.state).retention = retention;
+        self
+    }
+
+    /// Reads the store's now from `clock` too (the later of it and the times told).
+    pub fn with_clock(self, clock: ManualClock) -> InMemoryStore {
+        lock(&self.state).clock = Some(clock);
+        self
+    }
+
+    /// Tells the store that time has reached `t` (archived items past their TTL vanish).
+    pub fn advance_to(&self, t: DateTime<Utc>) {
+        lock(&self.state).observe(t);
+    }
+
+    // ---- seeding -----------------------------------------------------------------------
+
+    /// Puts a record as it is, e.g. a request already `Active` at version 7. An open debit
+    /// on it is taken as charged to the record's team in the month of its `updated_at`.
+    /// The ledger is not touched: seed it with [`InMemoryStore::set_spent`].
+    pub fn insert_record(&self, record: RequestRecord) {
+        let mut s = lock(&self.state);
+        let open_debit_ledger = record
+            .open_debit
+            .map(|_| (record.team.clone(), BudgetMonth::of(record.updated_at)));
+        let expires_at = record
+            .status
+            .is_terminal()
+            .then(|| record.updated_at + s.retention);
+        s.requests.insert(
+            record.request_id.clone(),
+            Stored {
+                record,
+                open_debit_ledger,
+                expires_at,
+            },
+        );
+    }
+
+    /// What a team has already spent in a month.
+    pub fn set_spent(&self, team: &Team, month: &BudgetMonth, spent: MicroUsd) {
+        lock(&self.state)
+            .ledger
+            .insert((team.clone(), month.clone()), spent.0);
+    }
+
+    // ---- faults ------------------------------------------------------------------------
+
+    /// The next call of `op` returns `error`, writing nothing.
+    pub fn fail_next(&self, op: StoreOp, error: PortError) {
+        lock(&self.state).faults.push(op, Fault::Fail(error));
+    }
+
+    /// The next call of `op` commits, then returns `error`: a crash (or a lost response)
+    /// right after the commit.
+    pub fn commit_then_fail_next(&self, op: StoreOp, error: PortError) {
+        lock(&self.state)
+            .faults
+            .push(op, Fault::ApplyThenFail(error));
+    }
+
+    /// The next `n` writes of any kind return `error`, writing nothing.
+    pub fn fail_next_writes(&self, n: usize, error: PortError) {
+        let mut s = lock(&self.state);
+        for _ in 0..n {
+            s.write_faults.push_back(Fault::Fail(error.clone()));
+        }
+    }
+
+    /// The next `n` writes of any kind commit, then return `error`.
+    pub fn commit_then_fail_next_writes(&self, n: usize, error: PortError) {
+        let mut s = lock(&self.state);
+        for _ in 0..n {
+            s.write_faults
+                .push_back(Fault::ApplyThenFail(error.clone()));
+        }
+    }
+
+    /// The next `n` reads of any kind return `error`.
+    pub fn fail_next_reads(&self, n: usize, error: PortError) {
+        let mut s = lock(&self.state);
+        for _ in 0..n {
+            s.read_faults.push_back(Fault::Fail(error.clone()));
+        }
+    }
+
+    pub fn clear_faults(&self) {
+        let mut s = lock(&self.state);
+        s.faults.clear();
+        s.write_faults.clear();
+        s.read_faults.clear();
+    }
+
+    // ---- assertions --------------------------------------------------------------------
+
+    /// Every call, in order.
+    pub fn calls(&self) -> Vec<StoreOp> {
+        lock(&self.state).calls.clone()
+    }
+
+    /// The event ids recorded for a request (expired ones included).
+    pub fn processed_events(&self, request_id: &RequestId) -> Vec<String> {
+        lock(&self.state)
+            .events
+            .keys()
+            .filter(|(r, _)| r == request_id)
+            .map(|(_, e)| e.clone())
+            .collect()
+    }
+
+    /// Every outbox item with whether it was marked sent, oldest first.
+    pub fn outbox(&self) -> Vec<(OutboxItem, bool)> {
+        let s = lock(&self.state);
+        let mut all: Vec<_> = s
+            .outbox
+            .values()
+            .map(|e| (e.item.clone(), e.sent))
+            .collect();
+        all.sort_by(|a, b| outbox_order(&a.0).cmp(&outbox_order(&b.0)));
+        all
+    }
+
+    /// The whole ledger, in micro-USD.
+    pub fn ledger(&self) -> BTreeMap<(Team, BudgetMonth), MicroUsd> {
+        lock(&self.state)
+            .ledger
+            .iter()
+            .map(|(k, v)| (k.clone(), MicroUsd(*v)))
+            .collect()
+    }
+
+    /// When an ended request will be archived.
+    pub fn expires_at(&self, request_id: &RequestId) -> Option<DateTime<Utc>> {
+        lock(&self.state)
+            .requests
+            .get(request_id)
+            .and_then(|r| r.expires_at)
+    }
+
+    /// Logs the call and takes its scripted fault: `Err` to return at once, or an error
+    /// to return after the work.
+    fn begin(&self, op: StoreOp) -> Result<Option<PortError>, PortError> {
+        let mut s = lock(&self.state);
+        s.calls.push(op);
+        let fault = match s.faults.next(op) {
+            Some(f) => Some(f),
+            None if op.is_write() => s.write_faults.pop_front(),
+            None => s.read_faults.pop_front(),
+        };
+        match fault {
+            Some(Fault::Fail(e)) => Err(e),
+            Some(Fault::ApplyThenFail(e)) => Ok(Some(e)),
+            None => Ok(None),
+        }
+    }
+}
+
+fn finish<T>(after: Option<PortError>, value: Result<T, PortError>) -> Result<T, PortError> {
+    match after {
+        Some(e) => {
+            value?;
+            Err(e)
+        }
+        None => value,
+    }
+}
+
+fn outbox_order(i: &OutboxItem) -> (DateTime<Utc>, &str, &str) {
+    (i.created_at, &i.request_id, &i.event.event_key)
+}
+
+impl State {
+    fn observe(&mut self, t: DateTime<Utc>) {
+        self.told = Some(self.told.map_or(t, |told| told.max(t)));
+    }
+
+    fn now(&self) -> Option<DateTime<Utc>> {
+        let clock = self.clock.as_ref().map(ManualClock::get);
+        match (self.told, clock) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn expired(&self, expires_at: Option<DateTime<Utc>>) -> bool {
+        match (expires_at, self.now()) {
+            (Some(e), Some(now)) => e <= now,
+            _ => false,
+        }
+    }
+
+    /// The live (not archived) request.
+    fn live(&self, id: &RequestId) -> Option<&Stored> {
+        self.requests
+            .get(id)
+            .filter(|r| !self.expired(r.expires_at))
+    }
+
+    fn seen(&self, id: &RequestId, cause: &Cause) -> bool {
+        self.events
+            .get(&(id.clone(), cause.event_id.clone()))
+            .is_some_and(|e| !self.expired(Some(*e)))
+    }
+
+    fn spent(&self, team: &Team, month: &BudgetMonth) -> MicroUsd {
+        MicroUsd(
+            self.ledger
+                .get(&(team.clone(), month.clone()))
+                .copied()
+                .unwrap_or(0),
+        )
+    }
+
+    fn over_budget(&self, record: &RequestRecord, d: &Debit) -> Option<OverBudget> {
+        if record.spent.0 + d.amount.0 > d.request_cap.0 {
+            return Some(OverBudget::Request {
+                spent: record.spent,
+                cap: d.request_cap,
+            });
+        }
+        let team = self.spent(&d.team, &d.month);
+        if team.0 + d.amount.0 > d.team_cap.0 {
+            return Some(OverBudget::Team {
+                spent: team,
+                cap: d.team_cap,
+            });
+        }
+        None
+    }
+
+    fn charge(&mut self, d: &Debit) {
+        *self
+            .ledger
+            .entry((d.team.clone(), d.month.clone()))
+            .or_default() += d.amount.0;
+    }
+
+    /// The parts every write shares: the processed-event record and the outbox items.
+    fn commit(
+        &mut self,
+        id: &RequestId,
+        cause: &Cause,
+        at: DateTime<Utc>,
+        outbox: &[OutboundEvent],
+    ) {
+        self.events
+            .insert((id.clone(), cause.event_id.clone()), at + self.retention);
+        for ev in outbox {
+            self.outbox.insert(
+                (id.to_string(), ev.event_key.clone()),
+                OutboxEntry {
+                    item: OutboxItem {
+                        request_id: id.to_string(),
+                        event: ev.clone(),
+                        created_at: at,
+                    },
+                    sent: false,
+                    expires_at: None,
+                },
+            );
+        }
+    }
+
+    /// Status, version, reason and times, and archival when the status is terminal.
+    fn step(
+        &mut self,
+        id: &RequestId,
+        to: RequestStatus,
+        reason: &str,
+        next_action_at: Option<DateTime<Utc>>,
+        at: DateTime<Utc>,
+    ) -> u64 {
+        let retention = self.retention;
+        let stored = self
+            .requests
+            .get_mut(id)
+            .expect("the caller checked the request exists");
+        let r = &mut stored.record;
+        r.status = to;
+        r.version += 1;
+        r.reason = reason.to_string();
+        r.next_action_at = next_action_at;
+        r.updated_at = at;
+        if to.is_terminal() {
+            stored.expires_at = Some(at + retention);
+        }
+        r.version
+    }
+
+    fn holds_lease(&self, id: &RequestId, token: &str) -> bool {
+        self.live(id).is_some_and(|s| {
+            s.record.status == RequestStatus::Purchasing
+                && s.record.lease.as_ref().is_some_and(|l| l.token == token)
+        })
+    }
+
+    fn create_request(&mut self, new: NewRequest) -> CreateOutcome {
+        let id = new.request.id.clone();
+        self.observe(new.at);
+        if self.seen(&id, &new.caused_by) {
+            return CreateOutcome::DuplicateEvent;
+        }
+        if self.live(&id).is_some() {
+            return CreateOutcome::AlreadyExists;
+        }
+        // An archived request past its TTL frees its id; its items went with it.
+        self.reservations.remove(&id);
+        self.workloads.remove(&id);
+        let record = RequestRecord {
+            request_id: id.clone(),
+            team: new.request.team.clone(),
+            request: new.request,
+            status: RequestStatus::Accepted,
+            version: 1,
+            reason: new.reason,
+            next_action_at: new.next_action_at,
+            lease: None,
+            open_debit: None,
+            spent: MicroUsd(0),
+            candidates: Vec::new(),
+            created_at: new.at,
+            updated_at: new.at,
+        };
+        self.requests.insert(
+            id.clone(),
+            Stored {
+                record,
+                open_debit_ledger: None,
+                expires_at: None,
+            },
+        );
+        self.commit(&id, &new.caused_by, new.at, &new.outbox);
+        CreateOutcome::Created { version: 1 }
+    }
+
+    fn transition(&mut self, t: Transition) -> Result<WriteOutcome, PortError> {
+        use RequestStatus::Purchasing;
+        if !t.from.can_become(t.to) {
+            return Err(illegal(t.from, t.to, "the life cycle does not allow it"));
+        }
+        if t.from == Purchasing || t.to == Purchasing {
+            return Err(illegal(
+                t.from,
+                t.to,
+                "purchases move only through begin_purchase, record_reservation and release_unbought",
+            ));
+        }
+        check_debit(&t.debit)?;
+        self.observe(t.at);
+        if self.seen(&t.request_id, &t.caused_by) {
+            return Ok(WriteOutcome::DuplicateEvent);
+        }
+        let Some(stored) = self.live(&t.request_id) else {
+            return Ok(WriteOutcome::Conflict);
+        };
+        if stored.record.version != t.expected_version || stored.record.status != t.from {
+            return Ok(WriteOutcome::Conflict);
+        }
+        if let Some(d) = &t.debit {
+            match self.over_budget(&stored.record, d) {
+                Some(OverBudget::Request { spent, cap }) => {
+                    return Ok(WriteOutcome::OverRequestBudget { spent, cap });
+                }
+                Some(OverBudget::Team { spent, cap }) => {
+                    return Ok(WriteOutcome::OverTeamBudget { spent, cap });
+                }
+                None => {}
+            }
+            // On-demand spend is kept at once: the ledger and `spent`, never an open debit.
+            self.charge(d);
+        }
+        let version = self.step(&t.request_id, t.to, &t.reason, t.next_action_at, t.at);
+        let record = &mut self
+            .requests
+            .get_mut(&t.request_id)
+            .expect("checked above")
+            .record;
+        if let Some(d) = &t.debit {
+            record.spent.0 += d.amount.0;
+        }
+        if let Some(plans) = t.candidates {
+            record.candidates = plans;
+        }
+        self.commit(&t.request_id, &t.caused_by, t.at, &t.outbox);
+        Ok(WriteOutcome::Applied { version })
+    }
+
+    fn begin_purchase(&mut self, b: BeginPurchase) -> Result<BeginPurchaseOutcome, PortError> {
+        use RequestStatus::Purchasing;
+        if !b.from.can_become(Purchasing) {
+            return Err(illegal(
+                b.from,
+                Purchasing,
+                "the life cycle does not allow it",
+            ));
+        }
+        let takeover = b.from == Purchasing;
+        if takeover && b.debit.is_some() {
+            return Err(illegal(
+                b.from,
+                Purchasing,
+                "a takeover keeps the first worker's debit and adds none",
+            ));
+        }
+        check_debit(&b.debit)?;
+        self.observe(b.at);
+        if self.seen(&b.request_id, &b.caused_by) {
+            return Ok(BeginPurchaseOutcome::DuplicateEvent);
+        }
+        let Some(stored) = self.live(&b.request_id) else {
+            return Ok(BeginPurchaseOutcome::Conflict);
+        };
+        let record = &stored.record;
+        if record.version != b.expected_version || record.status != b.from {
+            return Ok(BeginPurchaseOutcome::Conflict);
+        }
+        if takeover
+            && let Some(lease) = &record.lease
+            && lease.expires_at >= b.at
+        {
+            return Ok(BeginPurchaseOutcome::LeaseHeld {
+                until: lease.expires_at,
+            });
+        }
+        if let Some(d) = &b.debit {
+            if record.open_debit.is_some() {
+                return Ok(BeginPurchaseOutcome::Conflict);
+            }
+            match self.over_budget(record, d) {
+                Some(OverBudget::Request { spent, cap }) => {
+                    return Ok(BeginPurchaseOutcome::OverRequestBudget { spent, cap });
+                }
+                Some(OverBudget::Team { spent, cap }) => {
+                    return Ok(BeginPurchaseOutcome::OverTeamBudget { spent, cap });
+                }
+                None => {}
+            }
+            self.charge(d);
+        }
+        // The lease expiry is when `due` should look again, in case this worker dies.
+        let version = self.step(
+            &b.request_id,
+            Purchasing,
+            &b.reason,
+            Some(b.lease.expires_at),
+            b.at,
+        );
+        let stored = self.requests.get_mut(&b.request_id).expect("checked above");
+        stored.record.lease = Some(b.lease);
+        if let Some(d) = &b.debit {
+            stored.record.spent.0 += d.amount.0;
+            stored.record.open_debit = Some(d.amount);
+            stored.open_debit_ledger = Some((d.team.clone(), d.month.clone()));
+        }
+        self.commit(&b.request_id, &b.caused_by, b.at, &b.outbox);
+        Ok(BeginPurchaseOutcome::Acquired { version })
+    }
+
+    fn record_reservation(&mut self, r: RecordReservation) -> Result<LeaseWriteOutcome, PortError> {
+        use RequestStatus::{Purchasing, Reserved};
+        if !matches!(r.to, Reserved | Purchasing) {
+            return Err(illegal(
+                Purchasing,
+                r.to,
+                "a recorded reservation leads to Reserved or, between segments, Purchasing",
+            ));
+        }
+        self.observe(r.at);
+        if self.seen(&r.request_id, &r.caused_by) {
+            return Ok(LeaseWriteOutcome::DuplicateEvent);
+        }
+        if !self.holds_lease(&r.request_id, &r.lease_token) {
+            return Ok(LeaseWriteOutcome::LeaseLost);
+        }
+        let version = self.step(&r.request_id, r.to, &r.reason, r.next_action_at, r.at);
+        let stored = self.requests.get_mut(&r.request_id).expect("checked above");
+        if r.to == Reserved {
+            // Bought: the debit is kept, and the lease has served its purpose.
+            stored.record.lease = None;
+            stored.record.open_debit = None;
+            stored.open_debit_ledger = None;
+        } else if let Some(open) = stored.record.open_debit {
+            let bought = r.reservation.upfront_fee.to_micros_ceil();
+            stored.record.open_debit = Some(MicroUsd((open.0 - bought.0).max(0)));
+        }
+        let list = self.reservations.entry(r.request_id.clone()).or_default();
+        match list.iter_mut().find(|x| x.id == r.reservation.id) {
+            Some(existing) => *existing = r.reservation.clone(),
+            None => list.push(r.reservation.clone()),
+        }
+        self.commit(&r.request_id, &r.caused_by, r.at, &r.outbox);
+        Ok(LeaseWriteOutcome::Applied { version })
+    }
+
+    fn release_unbought(&mut self, r: ReleaseUnbought) -> Result<LeaseWriteOutcome, PortError> {
+        use RequestStatus::{Failed, Purchasing, Searching};
+        if !matches!(r.to, Searching | Failed) {
+            return Err(illegal(
+                Purchasing,
+                r.to,
+                "releasing an unbought debit leads to Searching or Failed",
+            ));
+        }
+        if r.reason.trim().is_empty() {
+            return Err(errors::permanent(
+                SERVICE,
+                "MissingReason",
+                "a release must say what reconciliation found",
+            ));
+        }
+        self.observe(r.at);
+        if self.seen(&r.request_id, &r.caused_by) {
+            return Ok(LeaseWriteOutcome::DuplicateEvent);
+        }
+        if !self.holds_lease(&r.request_id, &r.lease_token) {
+            return Ok(LeaseWriteOutcome::LeaseLost);
+        }
+        let stored = self.requests.get_mut(&r.request_id).expect("checked above");
+        let open = stored.record.open_debit.filter(|d| d.0 > 0);
+        if open.is_some() && stored.open_debit_ledger.is_none() {
+            return Err(errors::permanent(
+                SERVICE,
+                "CorruptItem",
+                format!("{}: an open debit without its ledger", r.request_id),
+            ));
+        }
+        stored.record.open_debit = None;
+        stored.record.lease = None;
+        let charged_to = stored.open_debit_ledger.take();
+        if let (Some(amount), Some(key)) = (open, charged_to) {
+            stored.record.spent.0 -= amount.0;
+            *self.ledger.entry(key).or_default() -= amount.0;
+        }
+        let version = self.step(&r.request_id, r.to, &r.reason, r.next_action_at, r.at);
+        self.commit(&r.request_id, &r.caused_by, r.at, &r.outbox);
+        Ok(LeaseWriteOutcome::Applied { version })
+    }
+
+    /// A request's child items, hidden once the request is archived.
+    fn children_visible(&self, id: &RequestId) -> bool {
+        self.requests
+            .get(id)
+            .is_none_or(|r| !self.expired(r.expires_at))
+    }
+}
+
+impl Store for InMemoryStore {
+    async fn create_request(&self, new: NewRequest) -> Result<CreateOutcome, PortError> {
+        let after = self.begin(StoreOp::CreateRequest)?;
+        let outcome = lock(&self.state).create_request(new);
+        finish(after, Ok(outcome))
+    }
+
+    async fn get_request(
+        &self,
+        request_id: &RequestId,
+    ) -> Result<Option<RequestRecord>, PortError> {
+        let after = self.begin(StoreOp::GetRequest)?;
+        let found = lock(&self.state).live(request_id).map(|s| s.record.clone());
+        finish(after, Ok(found))
+    }
+
+    async fn transition(&self, t: Transition) -> Result<WriteOutcome, PortError> {
+        let after = self.begin(StoreOp::Transition)?;
+        let outcome = lock(&self.state).transition(t);
+        finish(after, outcome)
+    }
+
+    async fn begin_purchase(&self, b: BeginPurchase) -> Result<BeginPurchaseOutcome, PortError> {
+        let after = self.begin(StoreOp::BeginPurchase)?;
+        let outcome = lock(&self.state).begin_purchase(b);
+        finish(after, outcome)
+    }
+
+    async fn record_reservation(
+        &self,
+        r: RecordReservation,
+    ) -> Result<LeaseWriteOutcome, PortError> {
+        let after = self.begin(StoreOp::RecordReservation)?;
+        let outcome = lock(&self.state).record_reservation(r);
+        finish(after, outcome)
+    }
+
+    async fn release_unbought(&self, r: ReleaseUnbought) -> Result<LeaseWriteOutcome, PortError> {
+        let after = self.begin(StoreOp::ReleaseUnbought)?;
+        let outcome = lock(&self.state).release_unbought(r);
+        finish(after, outcome)
+    }
+
+    async fn reservations(&self, request_id: &RequestId) -> Result<Vec<Reservation>, PortError> {
+        let after = self.begin(StoreOp::Reservations)?;
+        let s = lock(&self.state);
+        let found = if s.children_visible(request_id) {
+            s.reservations.get(request_id).cloned().unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        finish(after, Ok(found))
+    }
+
+    async fn budget_spent(&self, team: &Team, month: &BudgetMonth) -> Result<MicroUsd, PortError> {
+        let after = self.begin(StoreOp::BudgetSpent)?;
+        let spent = lock(&self.state).spent(team, month);
+        finish(after, Ok(spent))
+    }
+
+    async fn put_workload(&self, w: WorkloadRecord) -> Result<(), PortError> {
+        let after = self.begin(StoreOp::PutWorkload)?;
+        lock(&self.state)
+            .workloads
+            .entry(w.request_id.clone())
+            .or_default()
+            .insert((w.reservation_id.clone(), w.slot), w);
+        finish(after, Ok(()))
+    }
+
+    async fn workloads(&self, request_id: &RequestId) -> Result<Vec<WorkloadRecord>, PortError> {
+        let after = self.begin(StoreOp::Workloads)?;
+        let s = lock(&self.state);
+        let found = if s.children_visible(request_id) {
+            s.workloads
+                .get(request_id)
+                .map(|m| m.values().cloned().collect())
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        finish(after, Ok(found))
+    }
+
+    async fn unsent_outbox(&self, limit: usize) -> Result<Vec<OutboxItem>, PortError> {
+        let after = self.begin(StoreOp::UnsentOutbox)?;
+        let s = lock(&self.state);
+        let mut unsent: Vec<OutboxItem> = s
+            .outbox
+            .values()
+            .filter(|e| !e.sent && !s.expired(e.expires_at))
+            .map(|e| e.item.clone())
+            .collect();
+        unsent.sort_by(|a, b| outbox_order(a).cmp(&outbox_order(b)));
+        unsent.truncate(limit);
+        finish(after, Ok(unsent))
+    }
+
+    async fn mark_sent(&self, request_id: &str, event_key: &str) -> Result<(), PortError> {
+        let after = self.begin(StoreOp::MarkSent)?;
+        let mut s = lock(&self.state);
+        let expires_at = s.now().map(|now| now + s.retention);
+        // A missing item was already archived: there is nothing left to mark.
+        if let Some(e) = s
+            .outbox
+            .get_mut(&(request_id.to_string(), event_key.to_string()))
+        {
+            e.sent = true;
+            e.expires_at = expires_at;
+        }
+        finish(after, Ok(()))
+    }
+
+    async fn due(
+        &self,
+        statuses: &[RequestStatus],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<DueItem>, PortError> {
+        let after = self.begin(StoreOp::Due)?;
+        let mut s = lock(&self.state);
+        s.observe(now);
+        let mut items: Vec<DueItem> = s
+            .requests
+            .values()
+            .filter(|r| !s.expired(r.expires_at))
+            .filter(|r| statuses.contains(&r.record.status))
+            .filter_map(|r| {
+                let at = r.record.next_action_at?;
+                (at <= now).then(|| DueItem {
+                    request_id: r.record.request_id.clone(),
+                    status: r.record.status,
+                    next_action_at: at,
+                })
+            })
+            .collect();
+        items.sort_by(|a, b| {
+            (a.next_action_at, &a.request_id).cmp(&(b.next_action_at, &b.request_id))
+        });
+        finish(after, Ok(items))
+    }
+}
+
+#[cfg(test)]
+mod tests;
