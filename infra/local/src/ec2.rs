@@ -1689,7 +1689,11 @@ impl World {
     }
 
     /// Control: set or clear impaired status checks on an instance.
+    /// A HyperPod node's id is not an EC2 instance: it gets the node health event instead.
     pub fn impair_instance(&mut self, id: &str, impaired: bool) -> Result<(), ApiError> {
+        if !self.ec2.instances.contains_key(id) && self.impair_node(id, impaired) {
+            return Ok(());
+        }
         self.instance_mut(id)?.impaired = impaired;
         Ok(())
     }

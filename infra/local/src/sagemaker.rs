@@ -455,6 +455,80 @@ impl World {
         Ok(json!({"TrainingPlanArn": arn}))
     }
 
+    /// Control: a plan's payment fails while it is still `Pending`; its capacity is released.
+    pub fn fail_plan_payment(&mut self, region: &str, name: &str) -> Result<(), ApiError> {
+        let now = self.now;
+        let key = (region.to_string(), name.to_string());
+        let plan =
+            self.sm.plans.get_mut(&key).ok_or_else(|| {
+                ApiError::new(404, "NotFound", format!("no training plan {name}"))
+            })?;
+        if now >= plan.paid_at || plan.failed {
+            return Err(ApiError::new(
+                400,
+                "NotPending",
+                format!("training plan {name} is no longer Pending"),
+            ));
+        }
+        plan.failed = true;
+        let p = plan.clone();
+        for sg in &p.offering.segments {
+            self.market.consume(
+                Pool::TrainingPlan,
+                region,
+                &sg.availability_zone,
+                &p.offering.instance_type,
+                (sg.start, sg.end),
+                -p.offering.instance_count,
+            );
+        }
+        self.sagemaker_sync();
+        Ok(())
+    }
+
+    /// Control: marks a HyperPod node unhealthy (or healthy again) and emits the node health
+    /// event. Returns false when no cluster has a node with this id.
+    pub(crate) fn impair_node(&mut self, instance_id: &str, impaired: bool) -> bool {
+        let Some(c) = self
+            .sm
+            .clusters
+            .values()
+            .find(|c| c.nodes.iter().any(|n| n.instance_id == instance_id))
+            .cloned()
+        else {
+            return false;
+        };
+        let (status, reason, recommendation) = if impaired {
+            (
+                "Unhealthy",
+                "HyperPod Health Monitoring Agent (HMA) has detected fault type NvidiaErrorTerminate on this node and is unhealthy.",
+                "Please Replace the Faulty Node.",
+            )
+        } else {
+            ("Healthy", "The node is healthy.", "None")
+        };
+        let region = c.region.clone();
+        self.emit(
+            &region,
+            "aws.sagemaker",
+            "SageMaker HyperPod Cluster Node Health Event",
+            vec![c.arn.clone()],
+            json!({
+                "ClusterName": c.name,
+                "ClusterArn": c.arn,
+                "InstanceId": instance_id,
+                "Tags": {},
+                "HealthSummary": {
+                    "HealthStatus": status,
+                    "HealthStatusReason": reason,
+                    "RepairAction": "None",
+                    "Recommendation": recommendation,
+                },
+            }),
+        );
+        true
+    }
+
     /// Finds a plan by name or ARN.
     fn plan(&self, region: &str, name_or_arn: &str) -> Option<&Plan> {
         let name = name_or_arn.rsplit('/').next().unwrap_or(name_or_arn);

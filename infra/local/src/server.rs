@@ -56,6 +56,10 @@ pub fn router(app: App) -> Router {
             "/_local/capacity-reservations/{id}/fail-payment",
             post(reservation_fail_payment),
         )
+        .route(
+            "/_local/training-plans/{region}/{name}/fail-payment",
+            post(plan_fail_payment),
+        )
         .route("/_local/events", get(events_all))
         .route("/_local/events/{bus}", get(events_bus))
         .route("/_local/state", get(state_get))
@@ -383,6 +387,13 @@ async fn instance_health(State(app): State<App>, Path(id): Path<String>, body: B
 
 async fn reservation_fail_payment(State(app): State<App>, Path(id): Path<String>) -> Response {
     done(app.lock().fail_payment(&id))
+}
+
+async fn plan_fail_payment(
+    State(app): State<App>,
+    Path((region, name)): Path<(String, String)>,
+) -> Response {
+    done(app.lock().fail_plan_payment(&region, &name))
 }
 
 async fn events_all(State(app): State<App>) -> Json<Value> {

@@ -143,6 +143,25 @@ async fn hyperpod_nodes_follow_the_plan_and_leave_an_hour_before_its_end() {
     assert_eq!(page.cluster_node_summaries().len(), 2);
     assert!(page.next_token().is_some());
 
+    // an unhealthy node is reported the way HyperPod's health agent reports it
+    let node = gpu_nodes[0].instance_id().unwrap().to_string();
+    let (code, _) = http(
+        &env.cloud.url(),
+        "POST",
+        &format!("/_local/instances/{node}/impair"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 204);
+    let health = events_of(&env.cloud, "SageMaker HyperPod Cluster Node Health Event");
+    assert_eq!(health.len(), 1);
+    assert_eq!(health[0]["detail"]["InstanceId"], node.as_str());
+    assert_eq!(health[0]["detail"]["ClusterName"], "pod");
+    assert_eq!(
+        health[0]["detail"]["HealthSummary"]["HealthStatus"],
+        "Unhealthy"
+    );
+
     env.cloud.advance_to(end - TimeDelta::minutes(61));
     let d = env
         .sm

@@ -550,3 +550,43 @@ async fn job_errors_use_the_codes_sagemaker_really_returns() {
         .unwrap_err();
     assert!(err.as_service_error().unwrap().is_resource_not_found());
 }
+
+#[tokio::test]
+async fn a_failed_plan_payment_fails_the_plan_and_its_waiting_jobs() {
+    let env = env().await;
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        1,
+        24,
+        SageMakerResourceName::TrainingJob,
+    )
+    .await
+    .remove(0);
+    let arn = buy_plan(&env, "unpaid-plan", &offer).await;
+    job(&env, "orphan", "ml.p5.48xlarge", 1, Some(&arn), 600)
+        .send()
+        .await
+        .unwrap();
+    let (code, _) = http(
+        &env.cloud.url(),
+        "POST",
+        "/_local/training-plans/us-east-1/unpaid-plan/fail-payment",
+        None,
+    )
+    .await;
+    assert_eq!(code, 204);
+    assert_eq!(plan_status(&env, "unpaid-plan").await, "Failed");
+    env.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(plan_status(&env, "unpaid-plan").await, "Failed");
+    let out = env
+        .sm
+        .describe_training_job()
+        .training_job_name("orphan")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.training_job_status().unwrap().as_str(), "Failed");
+    // the capacity went back to the market: the same offering can be bought again
+    buy_plan(&env, "paid-plan", &offer).await;
+}
