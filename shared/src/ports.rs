@@ -428,7 +428,8 @@ pub trait Clock: Send + Sync {
 // =======================================================================================
 
 /// The event (or scheduled tick) that caused a write. Its id is recorded in the same
-/// transaction, so a duplicate delivery is a no-op.
+/// transaction, so a duplicate delivery is a no-op. Records are kept per request: one
+/// scheduled tick may move many requests, but each request only once.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Cause {
     pub event_id: String,
@@ -582,6 +583,16 @@ pub enum WriteOutcome {
     Conflict,
     /// The causing event was already processed: nothing to do.
     DuplicateEvent,
+    /// The transition's debit would exceed the team's monthly cap; nothing was written.
+    OverTeamBudget {
+        spent: MicroUsd,
+        cap: MicroUsd,
+    },
+    /// The transition's debit would exceed the request's `max_upfront_usd`.
+    OverRequestBudget {
+        spent: MicroUsd,
+        cap: MicroUsd,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -673,22 +684,31 @@ pub trait Store: Send + Sync {
     ) -> impl Future<Output = Result<Option<RequestRecord>, PortError>> + Send;
 
     /// A conditional status change. Transitions into terminal states set the archival TTL.
-    /// A transition from `Purchasing` is refused: use the lease operations.
+    /// A transition from or to `Purchasing` is refused: use the lease operations. A debit
+    /// (on-demand spend) is kept at once: it adds to the ledger and to `spent`, never opens.
     fn transition(
         &self,
         t: Transition,
     ) -> impl Future<Output = Result<WriteOutcome, PortError>> + Send;
 
+    /// Takes the lease and applies the debit, which stays open on the request. Sets
+    /// `next_action_at` to the lease expiry, so `due` finds a purchase whose worker died.
+    /// A takeover (`from == Purchasing`) needs an expired lease and no new debit.
     fn begin_purchase(
         &self,
         b: BeginPurchase,
     ) -> impl Future<Output = Result<BeginPurchaseOutcome, PortError>> + Send;
 
+    /// To `Reserved`: the open debit is kept (closed) and the lease released. To `Purchasing`
+    /// (a split plan's first segment): the open debit shrinks by the reservation's fee, so
+    /// a later `release_unbought` releases only what was not bought.
     fn record_reservation(
         &self,
         r: RecordReservation,
     ) -> impl Future<Output = Result<LeaseWriteOutcome, PortError>> + Send;
 
+    /// Decrements the ledger and `spent` by the open debit stored on the request (never an
+    /// amount from the caller), clears it and releases the lease.
     fn release_unbought(
         &self,
         r: ReleaseUnbought,

@@ -1,0 +1,1064 @@
+//! The DynamoDB `Store` adapter: every state change is one conditional `TransactWriteItems`
+//! that also records its causing event and writes its outbox (ARCHITECTURE section 5).
+//!
+//! Losing a race is an outcome, not an error: a failed condition is decoded from the
+//! transaction's cancellation reasons (and, where the outcome needs numbers, one consistent
+//! read) into `Conflict`, `DuplicateEvent`, `LeaseHeld`, `LeaseLost` or an over-budget.
+
+mod error;
+mod expr;
+mod item;
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Update};
+use chrono::{DateTime, Utc};
+
+pub use item::ARCHIVE_AFTER;
+
+use self::error::{Call, Committed, permanent, sdk_error, transaction_result, transient};
+use self::expr::Expr;
+use self::item::{
+    AFTER_OFFERS, DUE_INDEX, Item, LEDGER_SK, META_SK, Meta, OUTBOX_PARTITION, RES_PREFIX, Read,
+    archive_at, attr, budget_pk, epoch_micros, event_sk, is_expired, json, key, kind, n, offer_sk,
+    outbox_sk, read_meta, request_pk, reservation_sk, s, time, workload_sk,
+};
+use crate::domain::money::MicroUsd;
+use crate::domain::planner::Plan;
+use crate::domain::request::{RequestId, Team};
+use crate::domain::reservation::Reservation;
+use crate::domain::status::RequestStatus;
+use crate::ports::{
+    BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
+    LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, PortError, RecordReservation,
+    ReleaseUnbought, RequestRecord, Store, Transition, WorkloadRecord, WriteOutcome,
+};
+
+/// DynamoDB's limit on the items of one transaction.
+const MAX_TRANSACTION_ITEMS: usize = 100;
+/// How often a lease write re-reads after its own request moved under it before giving up.
+const LEASE_WRITE_ATTEMPTS: usize = 3;
+
+/// The `Store` on one DynamoDB table laid out as `infra/template.yaml`'s `StateTable`.
+#[derive(Debug, Clone)]
+pub struct DynamoStore {
+    client: Client,
+    table: String,
+    page_size: Option<i32>,
+}
+
+impl DynamoStore {
+    pub fn new(client: Client, table_name: impl Into<String>) -> DynamoStore {
+        DynamoStore {
+            client,
+            table: table_name.into(),
+            page_size: None,
+        }
+    }
+
+    /// Caps the items of each query page (DynamoDB's own cap is 1 MB). Results are the
+    /// same at any page size; tests use a small one to prove pagination.
+    pub fn with_page_size(mut self, items: u32) -> DynamoStore {
+        self.page_size = Some(i32::try_from(items.max(1)).unwrap_or(i32::MAX));
+        self
+    }
+
+    pub fn table_name(&self) -> &str {
+        &self.table
+    }
+}
+
+// =======================================================================================
+// Transaction parts.
+// =======================================================================================
+
+fn put(table: &str, item: Item, condition: Option<Expr>) -> Result<TransactWriteItem, PortError> {
+    let mut b = Put::builder().table_name(table).set_item(Some(item));
+    if let Some(c) = condition {
+        b = b
+            .set_condition_expression(c.condition_expression())
+            .set_expression_attribute_names(c.names())
+            .set_expression_attribute_values(c.values());
+    }
+    let p = b
+        .build()
+        .map_err(|e| permanent("ConstructionFailure", e.to_string()))?;
+    Ok(TransactWriteItem::builder().put(p).build())
+}
+
+fn update(table: &str, key: Item, e: &Expr) -> Result<TransactWriteItem, PortError> {
+    let u = Update::builder()
+        .table_name(table)
+        .set_key(Some(key))
+        .set_update_expression(e.update_expression())
+        .set_condition_expression(e.condition_expression())
+        .set_expression_attribute_names(e.names())
+        .set_expression_attribute_values(e.values())
+        .build()
+        .map_err(|e| permanent("ConstructionFailure", e.to_string()))?;
+    Ok(TransactWriteItem::builder().update(u).build())
+}
+
+fn delete(table: &str, key: Item) -> Result<TransactWriteItem, PortError> {
+    let d = Delete::builder()
+        .table_name(table)
+        .set_key(Some(key))
+        .build()
+        .map_err(|e| permanent("ConstructionFailure", e.to_string()))?;
+    Ok(TransactWriteItem::builder().delete(d).build())
+}
+
+/// The processed-event record, always item 0 of a transaction: its failure means
+/// `DuplicateEvent`, whatever else failed.
+fn event_record(
+    table: &str,
+    pk: &str,
+    cause: &Cause,
+    at: DateTime<Utc>,
+) -> Result<TransactWriteItem, PortError> {
+    let mut item = key(pk.to_string(), event_sk(&cause.event_id));
+    item.insert(attr::KIND.into(), s(kind::EVENT));
+    item.insert(attr::EVENT_ID.into(), s(cause.event_id.clone()));
+    item.insert(attr::CREATED_AT.into(), time(at));
+    item.insert(attr::EXPIRES_AT.into(), archive_at(at));
+    let mut c = Expr::new();
+    let pk_name = c.name(attr::PK);
+    c.condition(format!("attribute_not_exists({pk_name})"));
+    put(table, item, Some(c))
+}
+const EVENT_ITEM: usize = 0;
+
+fn outbox_items(
+    table: &str,
+    request_id: &str,
+    events: &[OutboundEvent],
+    at: DateTime<Utc>,
+) -> Result<Vec<TransactWriteItem>, PortError> {
+    events
+        .iter()
+        .map(|ev| {
+            let mut item = key(request_pk(request_id), outbox_sk(&ev.event_key));
+            item.insert(attr::KIND.into(), s(kind::OUTBOX));
+            item.insert(attr::REQUEST_ID.into(), s(request_id));
+            item.insert(attr::EVENT_KEY.into(), s(ev.event_key.clone()));
+            item.insert(attr::EVENT.into(), json("outbound event", ev)?);
+            item.insert(attr::CREATED_AT.into(), time(at));
+            item.insert(attr::GSI_STATUS.into(), s(OUTBOX_PARTITION));
+            item.insert(attr::GSI_DUE.into(), n(at.timestamp()));
+            put(table, item, None)
+        })
+        .collect()
+}
+
+/// Sets `next_action_at` and the due index together, or removes both.
+fn set_next_action(e: &mut Expr, status: RequestStatus, next: Option<DateTime<Utc>>) {
+    match next {
+        Some(t) => {
+            e.set(attr::NEXT_ACTION_AT, time(t))
+                .set(attr::GSI_STATUS, s(status.as_str()))
+                .set(attr::GSI_DUE, n(t.timestamp()));
+        }
+        None => {
+            e.remove(attr::NEXT_ACTION_AT)
+                .remove(attr::GSI_STATUS)
+                .remove(attr::GSI_DUE);
+        }
+    }
+}
+
+/// The common part of every META update: status, version, reason, times, archival.
+fn meta_update(
+    status: RequestStatus,
+    version: u64,
+    reason: &str,
+    next: Option<DateTime<Utc>>,
+    at: DateTime<Utc>,
+) -> Expr {
+    let mut e = Expr::new();
+    e.set(attr::STATUS, s(status.as_str()))
+        .set(attr::VERSION, n(version))
+        .set(attr::REASON, s(reason))
+        .set(attr::UPDATED_AT, time(at));
+    set_next_action(&mut e, status, next);
+    if status.is_terminal() {
+        e.set(attr::EXPIRES_AT, archive_at(at));
+    }
+    e
+}
+
+fn condition_version_and_status(e: &mut Expr, version: u64, status: RequestStatus) {
+    let (pk, v, st) = (
+        e.name(attr::PK),
+        e.name(attr::VERSION),
+        e.name(attr::STATUS),
+    );
+    let (vv, sv) = (e.value(n(version)), e.value(s(status.as_str())));
+    e.condition(format!("attribute_exists({pk})"))
+        .condition(format!("{v} = {vv}"))
+        .condition(format!("{st} = {sv}"));
+}
+
+/// The ledger update of a debit: `spent + amount <= cap`, written as `spent <= cap - amount`
+/// because condition expressions have no arithmetic.
+fn ledger_debit(table: &str, d: &Debit, at: DateTime<Utc>) -> Result<TransactWriteItem, PortError> {
+    let mut e = Expr::new();
+    e.set(attr::KIND, s(kind::LEDGER))
+        .set(attr::TEAM, s(d.team.as_str()))
+        .set(attr::MONTH, s(d.month.0.clone()))
+        .set(attr::UPDATED_AT, time(at))
+        .add(attr::SPENT_MICROS, n(d.amount.0));
+    let spent = e.name(attr::SPENT_MICROS);
+    let limit = e.value(n(d.team_cap.0 - d.amount.0));
+    e.condition(format!(
+        "attribute_not_exists({spent}) OR {spent} <= {limit}"
+    ));
+    update(
+        table,
+        key(budget_pk(d.team.as_str(), &d.month), LEDGER_SK),
+        &e,
+    )
+}
+
+/// Adds the request's side of a debit to a META update: `spent + amount <= request cap`.
+fn request_debit(e: &mut Expr, d: &Debit) {
+    e.add(attr::SPENT_MICROS, n(d.amount.0));
+    let spent = e.name(attr::SPENT_MICROS);
+    let limit = e.value(n(d.request_cap.0 - d.amount.0));
+    e.condition(format!("{spent} <= {limit}"));
+}
+
+fn check_transaction_size(items: &[TransactWriteItem]) -> Result<(), PortError> {
+    if items.len() > MAX_TRANSACTION_ITEMS {
+        return Err(permanent(
+            "TooManyItems",
+            format!(
+                "one state change may write at most {MAX_TRANSACTION_ITEMS} items, this one \
+                 writes {} (candidate plans plus outbox events)",
+                items.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn illegal(from: RequestStatus, to: RequestStatus, why: &str) -> PortError {
+    permanent("IllegalTransition", format!("{from} -> {to}: {why}"))
+}
+
+// =======================================================================================
+// Reads and the transaction call.
+// =======================================================================================
+
+impl DynamoStore {
+    async fn transact(&self, items: Vec<TransactWriteItem>) -> Result<Committed, PortError> {
+        check_transaction_size(&items)?;
+        let result = self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .send()
+            .await
+            .map(|_| ());
+        transaction_result(result)
+    }
+
+    async fn get(&self, key: Item) -> Result<Option<Item>, PortError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(key))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| sdk_error("GetItem", e, Call::Read))?;
+        Ok(out.item)
+    }
+
+    /// Every item of a key-condition query, across pages.
+    async fn query(
+        &self,
+        index: Option<&str>,
+        e: Expr,
+        key_condition: String,
+    ) -> Result<Vec<Item>, PortError> {
+        self.query_while(index, e, key_condition, |_| true).await
+    }
+
+    /// The items of a key-condition query, page by page, while `more` says the items so
+    /// far are not enough.
+    async fn query_while(
+        &self,
+        index: Option<&str>,
+        e: Expr,
+        key_condition: String,
+        more: impl Fn(&[Item]) -> bool,
+    ) -> Result<Vec<Item>, PortError> {
+        let mut pages = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .set_index_name(index.map(str::to_string))
+            .key_condition_expression(key_condition)
+            .set_expression_attribute_names(e.names())
+            .set_expression_attribute_values(e.values())
+            .consistent_read(index.is_none())
+            .set_limit(self.page_size)
+            .into_paginator()
+            .send();
+        let mut items = Vec::new();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| sdk_error("Query", e, Call::Read))?;
+            items.extend(page.items.unwrap_or_default());
+            if !more(&items) {
+                break;
+            }
+        }
+        Ok(items)
+    }
+
+    /// The items of one request partition whose sort key starts with `prefix`.
+    async fn query_prefix(&self, request_id: &str, prefix: &str) -> Result<Vec<Item>, PortError> {
+        let mut e = Expr::new();
+        let (pk, sk) = (e.name(attr::PK), e.name(attr::SK));
+        let (pv, sv) = (e.value(s(request_pk(request_id))), e.value(s(prefix)));
+        let cond = format!("{pk} = {pv} AND begins_with({sk}, {sv})");
+        self.query(None, e, cond).await
+    }
+
+    async fn read_meta(&self, request_id: &str) -> Result<Option<Meta>, PortError> {
+        match self.get(key(request_pk(request_id), META_SK)).await? {
+            Some(item) if !is_expired(&item, Utc::now()) => Ok(Some(read_meta(&item)?)),
+            _ => Ok(None),
+        }
+    }
+
+    async fn event_seen(&self, request_id: &str, cause: &Cause) -> Result<bool, PortError> {
+        Ok(self
+            .get(key(request_pk(request_id), event_sk(&cause.event_id)))
+            .await?
+            .is_some())
+    }
+
+    async fn ledger_spent(&self, team: &str, month: &BudgetMonth) -> Result<MicroUsd, PortError> {
+        let item = self.get(key(budget_pk(team, month), LEDGER_SK)).await?;
+        let spent = match item {
+            Some(i) => Read::new(&i).opt_int(attr::SPENT_MICROS)?.unwrap_or(0),
+            None => 0,
+        };
+        Ok(MicroUsd(spent))
+    }
+
+    /// After a request ends: the TTL on the items its last transaction did not touch
+    /// (reservations, workloads, sent outbox items, old plans). Housekeeping only: the
+    /// state change is committed, so a failure here is logged, not returned.
+    async fn archive_children(&self, request_id: &str, at: DateTime<Utc>) {
+        if let Err(err) = self.try_archive_children(request_id, at).await {
+            tracing::warn!(request_id, error = %err, "archiving the items of an ended request failed; they stay until the next attempt");
+        }
+    }
+
+    async fn try_archive_children(
+        &self,
+        request_id: &str,
+        at: DateTime<Utc>,
+    ) -> Result<(), PortError> {
+        let mut e = Expr::new();
+        let pk = e.name(attr::PK);
+        let pv = e.value(s(request_pk(request_id)));
+        let items = self.query(None, e, format!("{pk} = {pv}")).await?;
+        for item in items {
+            let r = Read::new(&item);
+            let unsent_outbox =
+                item.contains_key(attr::GSI_STATUS) && r.str(attr::KIND)? == kind::OUTBOX;
+            if item.contains_key(attr::EXPIRES_AT) || unsent_outbox {
+                continue;
+            }
+            let mut u = Expr::new();
+            u.set(attr::EXPIRES_AT, archive_at(at));
+            let pkn = u.name(attr::PK);
+            u.condition(format!("attribute_exists({pkn})"));
+            self.client
+                .update_item()
+                .table_name(&self.table)
+                .set_key(Some(key(r.str(attr::PK)?.to_string(), r.str(attr::SK)?)))
+                .set_update_expression(u.update_expression())
+                .set_condition_expression(u.condition_expression())
+                .set_expression_attribute_names(u.names())
+                .set_expression_attribute_values(u.values())
+                .send()
+                .await
+                .map_err(|e| sdk_error("UpdateItem", e, Call::Write))?;
+        }
+        Ok(())
+    }
+
+    /// When a lease write's conditions fail: a replay of an applied write, or a lost lease.
+    async fn lease_write_refused(
+        &self,
+        request_id: &str,
+        cause: &Cause,
+    ) -> Result<LeaseWriteOutcome, PortError> {
+        if self.event_seen(request_id, cause).await? {
+            Ok(LeaseWriteOutcome::DuplicateEvent)
+        } else {
+            Ok(LeaseWriteOutcome::LeaseLost)
+        }
+    }
+}
+
+// =======================================================================================
+// The port.
+// =======================================================================================
+
+impl Store for DynamoStore {
+    async fn create_request(&self, new: NewRequest) -> Result<CreateOutcome, PortError> {
+        let id = new.request.id.as_str().to_string();
+        let pk = request_pk(&id);
+        let status = RequestStatus::Accepted;
+        let mut meta = key(pk.clone(), META_SK);
+        meta.insert(attr::KIND.into(), s(kind::REQUEST));
+        meta.insert(attr::REQUEST_ID.into(), s(id.clone()));
+        meta.insert(attr::TEAM.into(), s(new.request.team.as_str()));
+        meta.insert(attr::STATUS.into(), s(status.as_str()));
+        meta.insert(attr::VERSION.into(), n(1));
+        meta.insert(attr::REASON.into(), s(new.reason.clone()));
+        meta.insert(attr::REQUEST.into(), json("request", &new.request)?);
+        meta.insert(attr::CANDIDATE_COUNT.into(), n(0));
+        meta.insert(attr::SPENT_MICROS.into(), n(0));
+        meta.insert(attr::CREATED_AT.into(), time(new.at));
+        meta.insert(attr::UPDATED_AT.into(), time(new.at));
+        if let Some(t) = new.next_action_at {
+            meta.insert(attr::NEXT_ACTION_AT.into(), time(t));
+            meta.insert(attr::GSI_STATUS.into(), s(status.as_str()));
+            meta.insert(attr::GSI_DUE.into(), n(t.timestamp()));
+        }
+        // An archived request past its TTL may still be on disk: its id is free again.
+        let mut c = Expr::new();
+        let (pkn, exp) = (c.name(attr::PK), c.name(attr::EXPIRES_AT));
+        let now = c.value(n(Utc::now().timestamp()));
+        c.condition(format!("attribute_not_exists({pkn}) OR {exp} <= {now}"));
+
+        let mut items = vec![
+            event_record(&self.table, &pk, &new.caused_by, new.at)?,
+            put(&self.table, meta, Some(c))?,
+        ];
+        items.extend(outbox_items(&self.table, &id, &new.outbox, new.at)?);
+        Ok(match self.transact(items).await? {
+            Committed::Yes => {
+                tracing::info!(request_id = %id, "request recorded");
+                CreateOutcome::Created { version: 1 }
+            }
+            c if c.failed(EVENT_ITEM) => CreateOutcome::DuplicateEvent,
+            _ => CreateOutcome::AlreadyExists,
+        })
+    }
+
+    async fn get_request(
+        &self,
+        request_id: &RequestId,
+    ) -> Result<Option<RequestRecord>, PortError> {
+        let mut e = Expr::new();
+        let (pk, sk) = (e.name(attr::PK), e.name(attr::SK));
+        let pv = e.value(s(request_pk(request_id.as_str())));
+        let (from, to) = (e.value(s(META_SK)), e.value(s(AFTER_OFFERS)));
+        let cond = format!("{pk} = {pv} AND {sk} BETWEEN {from} AND {to}");
+        let items = self.query(None, e, cond).await?;
+
+        let Some(meta_item) = items
+            .iter()
+            .find(|i| matches!(i.get(attr::SK), Some(AttributeValue::S(v)) if v == META_SK))
+        else {
+            return Ok(None);
+        };
+        if is_expired(meta_item, Utc::now()) {
+            return Ok(None);
+        }
+        let Meta {
+            mut record,
+            candidate_count,
+            ..
+        } = read_meta(meta_item)?;
+        // Items sort by `OFFER#<nnnn>`; any beyond the count are left over from a longer list.
+        let mut candidates = Vec::with_capacity(candidate_count);
+        for n in 0..candidate_count {
+            let sk = offer_sk(n);
+            let item = items
+                .iter()
+                .find(|i| matches!(i.get(attr::SK), Some(AttributeValue::S(v)) if *v == sk))
+                .ok_or_else(|| {
+                    self::error::corrupt(format!("{request_id}: candidate {sk} is missing"))
+                })?;
+            candidates.push(Read::new(item).json::<Plan>(attr::DATA)?);
+        }
+        record.candidates = candidates;
+        Ok(Some(record))
+    }
+
+    async fn transition(&self, t: Transition) -> Result<WriteOutcome, PortError> {
+        use RequestStatus::Purchasing;
+        if !t.from.can_become(t.to) {
+            return Err(illegal(t.from, t.to, "the life cycle does not allow it"));
+        }
+        if t.from == Purchasing || t.to == Purchasing {
+            return Err(illegal(
+                t.from,
+                t.to,
+                "purchases move only through begin_purchase, record_reservation and release_unbought",
+            ));
+        }
+        let id = t.request_id.as_str();
+        let pk = request_pk(id);
+        let meta = match self.read_meta(id).await? {
+            Some(m) if m.record.version == t.expected_version && m.record.status == t.from => m,
+            _ => {
+                return Ok(if self.event_seen(id, &t.caused_by).await? {
+                    WriteOutcome::DuplicateEvent
+                } else {
+                    WriteOutcome::Conflict
+                });
+            }
+        };
+        if let Some(d) = &t.debit
+            && d.amount.0 <= 0
+        {
+            return Err(permanent(
+                "InvalidDebit",
+                format!("debit must be positive, got {}", d.amount),
+            ));
+        }
+
+        let version = t.expected_version + 1;
+        let mut e = meta_update(t.to, version, &t.reason, t.next_action_at, t.at);
+        condition_version_and_status(&mut e, t.expected_version, t.from);
+        if let Some(d) = &t.debit {
+            request_debit(&mut e, d);
+        }
+        let mut plan_items = Vec::new();
+        if let Some(plans) = &t.candidates {
+            e.set(attr::CANDIDATE_COUNT, n(plans.len() as i64));
+            for (i, plan) in plans.iter().enumerate() {
+                let mut item = key(pk.clone(), offer_sk(i));
+                item.insert(attr::KIND.into(), s(kind::OFFER));
+                item.insert(attr::REQUEST_ID.into(), s(id));
+                item.insert(attr::DATA.into(), json("plan", plan)?);
+                item.insert(
+                    attr::UPFRONT_FEE_USD.into(),
+                    s(plan.upfront_fee.to_string()),
+                );
+                if t.to.is_terminal() {
+                    item.insert(attr::EXPIRES_AT.into(), archive_at(t.at));
+                }
+                plan_items.push(put(&self.table, item, None)?);
+            }
+            for i in plans.len()..meta.candidate_count {
+                plan_items.push(delete(&self.table, key(pk.clone(), offer_sk(i)))?);
+            }
+        }
+
+        let mut items = vec![
+            event_record(&self.table, &pk, &t.caused_by, t.at)?,
+            update(&self.table, key(pk.clone(), META_SK), &e)?,
+        ];
+        const META_ITEM: usize = 1;
+        const LEDGER_ITEM: usize = 2;
+        if let Some(d) = &t.debit {
+            items.push(ledger_debit(&self.table, d, t.at)?);
+        }
+        items.extend(plan_items);
+        items.extend(outbox_items(&self.table, id, &t.outbox, t.at)?);
+
+        let committed = self.transact(items).await?;
+        if committed == Committed::Yes {
+            tracing::info!(request_id = id, from = %t.from, to = %t.to, reason = %t.reason, debit_micros = t.debit.as_ref().map(|d| d.amount.0), "transition applied");
+            if t.to.is_terminal() {
+                self.archive_children(id, t.at).await;
+            }
+            return Ok(WriteOutcome::Applied { version });
+        }
+        if committed.failed(EVENT_ITEM) {
+            return Ok(WriteOutcome::DuplicateEvent);
+        }
+        if let Some(d) = &t.debit {
+            if committed.failed(META_ITEM) {
+                if let Some(m) = self.read_meta(id).await?
+                    && m.record.version == t.expected_version
+                    && m.record.status == t.from
+                    && m.record.spent.0 + d.amount.0 > d.request_cap.0
+                {
+                    tracing::info!(
+                        request_id = id,
+                        spent = m.record.spent.0,
+                        cap = d.request_cap.0,
+                        amount = d.amount.0,
+                        "debit refused: over the request's budget"
+                    );
+                    return Ok(WriteOutcome::OverRequestBudget {
+                        spent: m.record.spent,
+                        cap: d.request_cap,
+                    });
+                }
+                return Ok(WriteOutcome::Conflict);
+            }
+            if committed.failed(LEDGER_ITEM) {
+                let spent = self.ledger_spent(d.team.as_str(), &d.month).await?;
+                tracing::info!(request_id = id, team = %d.team, spent = spent.0, cap = d.team_cap.0, amount = d.amount.0, "debit refused: over the team's monthly budget");
+                return Ok(WriteOutcome::OverTeamBudget {
+                    spent,
+                    cap: d.team_cap,
+                });
+            }
+        }
+        Ok(WriteOutcome::Conflict)
+    }
+
+    async fn begin_purchase(&self, b: BeginPurchase) -> Result<BeginPurchaseOutcome, PortError> {
+        use RequestStatus::Purchasing;
+        if !b.from.can_become(Purchasing) {
+            return Err(illegal(
+                b.from,
+                Purchasing,
+                "the life cycle does not allow it",
+            ));
+        }
+        let takeover = b.from == Purchasing;
+        if takeover && b.debit.is_some() {
+            return Err(illegal(
+                b.from,
+                Purchasing,
+                "a takeover keeps the first worker's debit and adds none",
+            ));
+        }
+        if let Some(d) = &b.debit
+            && d.amount.0 <= 0
+        {
+            return Err(permanent(
+                "InvalidDebit",
+                format!("debit must be positive, got {}", d.amount),
+            ));
+        }
+        let id = b.request_id.as_str();
+        let pk = request_pk(id);
+
+        let version = b.expected_version + 1;
+        let mut e = meta_update(
+            Purchasing,
+            version,
+            &b.reason,
+            Some(b.lease.expires_at),
+            b.at,
+        );
+        e.set(attr::LEASE_TOKEN, s(b.lease.token.clone()))
+            .set(attr::LEASE_EXPIRES_AT, time(b.lease.expires_at))
+            .set(attr::LEASE_EXPIRES_US, n(epoch_micros(b.lease.expires_at)));
+        condition_version_and_status(&mut e, b.expected_version, b.from);
+        if takeover {
+            let exp = e.name(attr::LEASE_EXPIRES_US);
+            let at = e.value(n(epoch_micros(b.at)));
+            e.condition(format!("{exp} < {at}"));
+        }
+        if let Some(d) = &b.debit {
+            request_debit(&mut e, d);
+            e.set(attr::OPEN_DEBIT_MICROS, n(d.amount.0))
+                .set(attr::OPEN_DEBIT_TEAM, s(d.team.as_str()))
+                .set(attr::OPEN_DEBIT_MONTH, s(d.month.0.clone()));
+            let open = e.name(attr::OPEN_DEBIT_MICROS);
+            e.condition(format!("attribute_not_exists({open})"));
+        }
+        let mut items = vec![
+            event_record(&self.table, &pk, &b.caused_by, b.at)?,
+            update(&self.table, key(pk.clone(), META_SK), &e)?,
+        ];
+        const META_ITEM: usize = 1;
+        const LEDGER_ITEM: usize = 2;
+        if let Some(d) = &b.debit {
+            items.push(ledger_debit(&self.table, d, b.at)?);
+        }
+        items.extend(outbox_items(&self.table, id, &b.outbox, b.at)?);
+
+        let committed = self.transact(items).await?;
+        if committed == Committed::Yes {
+            tracing::info!(request_id = id, takeover, lease_until = %b.lease.expires_at, debit_micros = b.debit.as_ref().map(|d| d.amount.0), "purchase lease acquired");
+            return Ok(BeginPurchaseOutcome::Acquired { version });
+        }
+        if committed.failed(EVENT_ITEM) {
+            return Ok(BeginPurchaseOutcome::DuplicateEvent);
+        }
+        if committed.failed(META_ITEM) {
+            let Some(m) = self.read_meta(id).await? else {
+                return Ok(BeginPurchaseOutcome::Conflict);
+            };
+            let r = &m.record;
+            if r.version != b.expected_version || r.status != b.from {
+                return Ok(BeginPurchaseOutcome::Conflict);
+            }
+            if takeover
+                && let Some(lease) = &r.lease
+                && lease.expires_at >= b.at
+            {
+                tracing::info!(request_id = id, until = %lease.expires_at, "takeover refused: the lease is held");
+                return Ok(BeginPurchaseOutcome::LeaseHeld {
+                    until: lease.expires_at,
+                });
+            }
+            if let Some(d) = &b.debit
+                && r.open_debit.is_none()
+                && r.spent.0 + d.amount.0 > d.request_cap.0
+            {
+                tracing::info!(
+                    request_id = id,
+                    spent = r.spent.0,
+                    cap = d.request_cap.0,
+                    amount = d.amount.0,
+                    "purchase refused: over the request's budget"
+                );
+                return Ok(BeginPurchaseOutcome::OverRequestBudget {
+                    spent: r.spent,
+                    cap: d.request_cap,
+                });
+            }
+            return Ok(BeginPurchaseOutcome::Conflict);
+        }
+        if let Some(d) = &b.debit
+            && committed.failed(LEDGER_ITEM)
+        {
+            let spent = self.ledger_spent(d.team.as_str(), &d.month).await?;
+            tracing::info!(request_id = id, team = %d.team, spent = spent.0, cap = d.team_cap.0, amount = d.amount.0, "purchase refused: over the team's monthly budget");
+            return Ok(BeginPurchaseOutcome::OverTeamBudget {
+                spent,
+                cap: d.team_cap,
+            });
+        }
+        Ok(BeginPurchaseOutcome::Conflict)
+    }
+
+    async fn record_reservation(
+        &self,
+        r: RecordReservation,
+    ) -> Result<LeaseWriteOutcome, PortError> {
+        use RequestStatus::{Purchasing, Reserved};
+        if !matches!(r.to, Reserved | Purchasing) {
+            return Err(illegal(
+                Purchasing,
+                r.to,
+                "a recorded reservation leads to Reserved or, between segments, Purchasing",
+            ));
+        }
+        let id = r.request_id.as_str();
+        let pk = request_pk(id);
+        for _ in 0..LEASE_WRITE_ATTEMPTS {
+            let meta = match self.read_meta(id).await? {
+                Some(m)
+                    if m.record.status == Purchasing
+                        && m.record
+                            .lease
+                            .as_ref()
+                            .is_some_and(|l| l.token == r.lease_token) =>
+                {
+                    m
+                }
+                _ => return self.lease_write_refused(id, &r.caused_by).await,
+            };
+            let current = meta.record.version;
+            let version = current + 1;
+            let mut e = meta_update(r.to, version, &r.reason, r.next_action_at, r.at);
+            condition_version_and_status(&mut e, current, Purchasing);
+            let tok = e.name(attr::LEASE_TOKEN);
+            let tv = e.value(s(r.lease_token.clone()));
+            e.condition(format!("{tok} = {tv}"));
+            if r.to == Reserved {
+                // Bought: the debit is kept, and the lease has served its purpose.
+                for a in [
+                    attr::LEASE_TOKEN,
+                    attr::LEASE_EXPIRES_AT,
+                    attr::LEASE_EXPIRES_US,
+                    attr::OPEN_DEBIT_MICROS,
+                    attr::OPEN_DEBIT_TEAM,
+                    attr::OPEN_DEBIT_MONTH,
+                ] {
+                    e.remove(a);
+                }
+            } else if let Some(open) = meta.record.open_debit {
+                let bought = r.reservation.upfront_fee.to_micros_ceil();
+                e.set(attr::OPEN_DEBIT_MICROS, n((open.0 - bought.0).max(0)));
+            }
+
+            let mut res = key(pk.clone(), reservation_sk(&r.reservation.id));
+            res.insert(attr::KIND.into(), s(kind::RESERVATION));
+            res.insert(attr::REQUEST_ID.into(), s(id));
+            res.insert(attr::RESERVATION_ID.into(), s(r.reservation.id.clone()));
+            res.insert(attr::DATA.into(), json("reservation", &r.reservation)?);
+            res.insert(
+                attr::UPFRONT_FEE_USD.into(),
+                s(r.reservation.upfront_fee.to_string()),
+            );
+            res.insert(attr::STATE.into(), s(r.reservation.state.to_string()));
+            res.insert(attr::UPDATED_AT.into(), time(r.at));
+
+            let mut items = vec![
+                event_record(&self.table, &pk, &r.caused_by, r.at)?,
+                update(&self.table, key(pk.clone(), META_SK), &e)?,
+                put(&self.table, res, None)?,
+            ];
+            items.extend(outbox_items(&self.table, id, &r.outbox, r.at)?);
+            match self.transact(items).await? {
+                Committed::Yes => {
+                    tracing::info!(request_id = id, reservation_id = %r.reservation.id, fee = %r.reservation.upfront_fee, to = %r.to, "reservation recorded");
+                    return Ok(LeaseWriteOutcome::Applied { version });
+                }
+                c if c.failed(EVENT_ITEM) => return Ok(LeaseWriteOutcome::DuplicateEvent),
+                // The request moved between our read and our write: read again.
+                _ => continue,
+            }
+        }
+        Err(transient(
+            "Contended",
+            format!("{id}: the request kept changing under record_reservation"),
+        ))
+    }
+
+    async fn release_unbought(&self, r: ReleaseUnbought) -> Result<LeaseWriteOutcome, PortError> {
+        use RequestStatus::{Failed, Purchasing, Searching};
+        if !matches!(r.to, Searching | Failed) {
+            return Err(illegal(
+                Purchasing,
+                r.to,
+                "releasing an unbought debit leads to Searching or Failed",
+            ));
+        }
+        let id = r.request_id.as_str();
+        let pk = request_pk(id);
+        for _ in 0..LEASE_WRITE_ATTEMPTS {
+            let meta = match self.read_meta(id).await? {
+                Some(m)
+                    if m.record.status == Purchasing
+                        && m.record
+                            .lease
+                            .as_ref()
+                            .is_some_and(|l| l.token == r.lease_token) =>
+                {
+                    m
+                }
+                _ => return self.lease_write_refused(id, &r.caused_by).await,
+            };
+            let current = meta.record.version;
+            let version = current + 1;
+            let mut e = meta_update(r.to, version, &r.reason, r.next_action_at, r.at);
+            condition_version_and_status(&mut e, current, Purchasing);
+            let tok = e.name(attr::LEASE_TOKEN);
+            let tv = e.value(s(r.lease_token.clone()));
+            e.condition(format!("{tok} = {tv}"));
+            for a in [
+                attr::LEASE_TOKEN,
+                attr::LEASE_EXPIRES_AT,
+                attr::LEASE_EXPIRES_US,
+                attr::OPEN_DEBIT_MICROS,
+                attr::OPEN_DEBIT_TEAM,
+                attr::OPEN_DEBIT_MONTH,
+            ] {
+                e.remove(a);
+            }
+            let open = meta.record.open_debit.filter(|d| d.0 > 0);
+            let mut items = vec![event_record(&self.table, &pk, &r.caused_by, r.at)?];
+            const LEDGER_ITEM: usize = 2;
+            if let Some(amount) = open {
+                let Some((team, month)) = &meta.open_debit_ledger else {
+                    return Err(self::error::corrupt(format!(
+                        "{id}: an open debit without its ledger"
+                    )));
+                };
+                e.add(attr::SPENT_MICROS, n(-amount.0));
+                items.push(update(&self.table, key(pk.clone(), META_SK), &e)?);
+                let mut l = Expr::new();
+                l.add(attr::SPENT_MICROS, n(-amount.0))
+                    .set(attr::UPDATED_AT, time(r.at));
+                let spent = l.name(attr::SPENT_MICROS);
+                let amt = l.value(n(amount.0));
+                l.condition(format!("{spent} >= {amt}"));
+                items.push(update(
+                    &self.table,
+                    key(budget_pk(team, month), LEDGER_SK),
+                    &l,
+                )?);
+            } else {
+                items.push(update(&self.table, key(pk.clone(), META_SK), &e)?);
+            }
+            items.extend(outbox_items(&self.table, id, &r.outbox, r.at)?);
+            match self.transact(items).await? {
+                Committed::Yes => {
+                    tracing::info!(request_id = id, released_micros = open.map(|d| d.0), to = %r.to, reason = %r.reason, "unbought debit released");
+                    if r.to.is_terminal() {
+                        self.archive_children(id, r.at).await;
+                    }
+                    return Ok(LeaseWriteOutcome::Applied { version });
+                }
+                c if c.failed(EVENT_ITEM) => return Ok(LeaseWriteOutcome::DuplicateEvent),
+                c if open.is_some() && c.failed(LEDGER_ITEM) => {
+                    return Err(self::error::corrupt(format!(
+                        "{id}: the ledger holds less than the open debit it should release"
+                    )));
+                }
+                _ => continue,
+            }
+        }
+        Err(transient(
+            "Contended",
+            format!("{id}: the request kept changing under release_unbought"),
+        ))
+    }
+
+    async fn reservations(&self, request_id: &RequestId) -> Result<Vec<Reservation>, PortError> {
+        let now = Utc::now();
+        self.query_prefix(request_id.as_str(), RES_PREFIX)
+            .await?
+            .iter()
+            .filter(|i| !is_expired(i, now))
+            .filter(|i| matches!(i.get(attr::KIND), Some(AttributeValue::S(k)) if k == kind::RESERVATION))
+            .map(|i| Read::new(i).json(attr::DATA))
+            .collect()
+    }
+
+    async fn budget_spent(&self, team: &Team, month: &BudgetMonth) -> Result<MicroUsd, PortError> {
+        self.ledger_spent(team.as_str(), month).await
+    }
+
+    async fn put_workload(&self, w: WorkloadRecord) -> Result<(), PortError> {
+        let id = w.request_id.as_str();
+        let mut item = key(request_pk(id), workload_sk(&w.reservation_id, w.slot));
+        item.insert(attr::KIND.into(), s(kind::WORKLOAD));
+        item.insert(attr::REQUEST_ID.into(), s(id));
+        item.insert(attr::RESERVATION_ID.into(), s(w.reservation_id.clone()));
+        item.insert(attr::SLOT.into(), n(w.slot));
+        item.insert(attr::GENERATION.into(), n(w.generation));
+        item.insert(attr::RESOURCE_ID.into(), s(w.resource_id.clone()));
+        item.insert(attr::STATE.into(), s(w.state.clone()));
+        item.insert(attr::UPDATED_AT.into(), time(w.updated_at));
+        item.insert(attr::DATA.into(), json("workload", &w)?);
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .map_err(|e| sdk_error("PutItem", e, Call::Write))?;
+        Ok(())
+    }
+
+    async fn workloads(&self, request_id: &RequestId) -> Result<Vec<WorkloadRecord>, PortError> {
+        let now = Utc::now();
+        self.query_prefix(request_id.as_str(), RES_PREFIX)
+            .await?
+            .iter()
+            .filter(|i| !is_expired(i, now))
+            .filter(
+                |i| matches!(i.get(attr::KIND), Some(AttributeValue::S(k)) if k == kind::WORKLOAD),
+            )
+            .map(|i| Read::new(i).json(attr::DATA))
+            .collect()
+    }
+
+    async fn unsent_outbox(&self, limit: usize) -> Result<Vec<OutboxItem>, PortError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut e = Expr::new();
+        let (gs, gv) = (e.name(attr::GSI_STATUS), e.value(s(OUTBOX_PARTITION)));
+        let cond = format!("{gs} = {gv}");
+        // The index orders by whole seconds: read on past the `limit`-th item only while
+        // the page could still hold items of that same second.
+        let enough = |items: &[Item]| {
+            let due = |i: &Item| Read::new(i).opt_int(attr::GSI_DUE).ok().flatten();
+            items.len() >= limit && due(&items[limit - 1]) < items.last().and_then(due)
+        };
+        let items = self
+            .query_while(Some(DUE_INDEX), e, cond, |items| !enough(items))
+            .await?;
+        let now = Utc::now();
+        let mut out = Vec::new();
+        for i in items.iter().filter(|i| !is_expired(i, now)) {
+            let r = Read::new(i);
+            out.push(OutboxItem {
+                request_id: r.str(attr::REQUEST_ID)?.to_string(),
+                event: r.json(attr::EVENT)?,
+                created_at: r.time(attr::CREATED_AT)?,
+            });
+        }
+        out.sort_by(|a, b| {
+            (a.created_at, &a.request_id, &a.event.event_key).cmp(&(
+                b.created_at,
+                &b.request_id,
+                &b.event.event_key,
+            ))
+        });
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    async fn mark_sent(&self, request_id: &str, event_key: &str) -> Result<(), PortError> {
+        let now = Utc::now();
+        let mut e = Expr::new();
+        e.set(attr::SENT_AT, time(now))
+            .set(attr::EXPIRES_AT, archive_at(now))
+            .remove(attr::GSI_STATUS)
+            .remove(attr::GSI_DUE);
+        let pk = e.name(attr::PK);
+        e.condition(format!("attribute_exists({pk})"));
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(request_pk(request_id), outbox_sk(event_key))))
+            .set_update_expression(e.update_expression())
+            .set_condition_expression(e.condition_expression())
+            .set_expression_attribute_names(e.names())
+            .set_expression_attribute_values(e.values())
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            // Already archived: there is nothing left to mark.
+            Err(err)
+                if err
+                    .as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Ok(())
+            }
+            Err(err) => Err(sdk_error("UpdateItem", err, Call::Write)),
+        }
+    }
+
+    async fn due(
+        &self,
+        statuses: &[RequestStatus],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<DueItem>, PortError> {
+        let wall = Utc::now();
+        let mut out = Vec::new();
+        for status in statuses {
+            let mut e = Expr::new();
+            let (gs, gd) = (e.name(attr::GSI_STATUS), e.name(attr::GSI_DUE));
+            let (sv, dv) = (e.value(s(status.as_str())), e.value(n(now.timestamp())));
+            let cond = format!("{gs} = {sv} AND {gd} <= {dv}");
+            for i in self.query(Some(DUE_INDEX), e, cond).await? {
+                if is_expired(&i, wall) {
+                    continue;
+                }
+                let r = Read::new(&i);
+                let next_action_at = r.time(attr::NEXT_ACTION_AT)?;
+                // The index holds whole seconds; the attribute is exact.
+                if next_action_at > now {
+                    continue;
+                }
+                out.push(DueItem {
+                    request_id: r.request_id()?,
+                    status: r.status(attr::STATUS)?,
+                    next_action_at,
+                });
+            }
+        }
+        out.sort_by(|a, b| {
+            (a.next_action_at, &a.request_id).cmp(&(b.next_action_at, &b.request_id))
+        });
+        Ok(out)
+    }
+}

@@ -1,0 +1,835 @@
+//! The DynamoDB `Store` against a real server (moto), one fresh table per test.
+
+use std::collections::HashSet;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use capacity_pilot::aws::dynamodb::DynamoStore;
+use capacity_pilot::domain::money::MicroUsd;
+use capacity_pilot::domain::status::RequestStatus::{
+    self, Accepted, Cancelled, OfferingsFound, Purchasing, Reserved, Searching,
+};
+use capacity_pilot::ports::{
+    BeginPurchaseOutcome, BudgetMonth, CreateOutcome, LeaseWriteOutcome, Store, WriteOutcome,
+};
+use chrono::Duration;
+use integration_tests::TestTable;
+use integration_tests::fixtures::*;
+
+/// GIVEN a recorded request, moved to `OfferingsFound` with two candidate plans.
+/// Returns its version.
+async fn request_with_offerings(store: &DynamoStore, id: &str, team_name: &str) -> u64 {
+    let created = store
+        .create_request(new_request(id, team_name, None))
+        .await
+        .unwrap();
+    assert_eq!(created, CreateOutcome::Created { version: 1 });
+    let searching = transition(id, 1, Accepted, Searching, &format!("search-{id}"));
+    assert_eq!(
+        store.transition(searching).await.unwrap(),
+        WriteOutcome::Applied { version: 2 }
+    );
+    let mut found = transition(id, 2, Searching, OfferingsFound, &format!("found-{id}"));
+    found.candidates = Some(vec![plan("7974.40"), plan("8100.00")]);
+    assert_eq!(
+        store.transition(found).await.unwrap(),
+        WriteOutcome::Applied { version: 3 }
+    );
+    3
+}
+
+async fn status_of(store: &DynamoStore, id: &str) -> RequestStatus {
+    store
+        .get_request(&request_id(id))
+        .await
+        .unwrap()
+        .unwrap()
+        .status
+}
+
+#[tokio::test]
+async fn thirty_two_workers_racing_to_purchase_one_request_leave_exactly_one_holding_the_lease() {
+    // GIVEN a request with offerings, and a team budget that fits any one purchase
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let version = request_with_offerings(&store, "race-1", "ml-research").await;
+    let amount = usd("7974.40").to_micros_ceil();
+
+    // WHEN 32 workers try to take the purchase lease at once, each with its own debit
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..32 {
+        let store = store.clone();
+        tasks.spawn(async move {
+            let token = format!("worker-{w}");
+            let debit = debit("ml-research", amount, MicroUsd(amount.0 * 100));
+            let b = begin_purchase("race-1", version, OfferingsFound, &token, t0(), Some(debit));
+            (token, store.begin_purchase(b).await.unwrap())
+        });
+    }
+    let outcomes = tasks.join_all().await;
+
+    // THEN exactly one acquired it, every other one saw a conflict, and only one debit landed
+    let winners: Vec<_> = outcomes
+        .iter()
+        .filter(|(_, o)| matches!(o, BeginPurchaseOutcome::Acquired { version: 4 }))
+        .collect();
+    assert_eq!(winners.len(), 1, "{outcomes:?}");
+    assert!(
+        outcomes.iter().all(|(_, o)| matches!(
+            o,
+            BeginPurchaseOutcome::Acquired { .. } | BeginPurchaseOutcome::Conflict
+        )),
+        "{outcomes:?}"
+    );
+    let record = store
+        .get_request(&request_id("race-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.status, Purchasing);
+    assert_eq!(record.version, 4);
+    assert_eq!(record.lease.unwrap().token, winners[0].0);
+    assert_eq!(record.open_debit, Some(amount));
+    assert_eq!(record.spent, amount);
+    assert_eq!(
+        store
+            .budget_spent(&team("ml-research"), &BudgetMonth::of(t0()))
+            .await
+            .unwrap(),
+        amount
+    );
+}
+
+#[tokio::test]
+async fn thirty_two_concurrent_debits_against_a_cap_that_fits_five_let_exactly_five_through() {
+    // GIVEN 32 requests of one team, each ready to buy, and a monthly cap that fits 5 buys
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let amount = usd("1234.567891").to_micros_ceil();
+    let cap = MicroUsd(amount.0 * 5 + amount.0 / 2);
+    for i in 0..32 {
+        request_with_offerings(&store, &format!("budget-{i}"), "vision").await;
+    }
+
+    // WHEN all 32 debit at once
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..32 {
+        let store = store.clone();
+        tasks.spawn(async move {
+            let id = format!("budget-{i}");
+            let b = begin_purchase(
+                &id,
+                3,
+                OfferingsFound,
+                "w",
+                t0(),
+                Some(debit("vision", amount, cap)),
+            );
+            (id, store.begin_purchase(b).await.unwrap())
+        });
+    }
+    let outcomes = tasks.join_all().await;
+
+    // THEN exactly 5 succeed, the rest are refused as over the team's budget, and the
+    // ledger holds exactly five debits
+    let acquired: Vec<_> = outcomes
+        .iter()
+        .filter(|(_, o)| matches!(o, BeginPurchaseOutcome::Acquired { .. }))
+        .map(|(id, _)| id.clone())
+        .collect();
+    assert_eq!(acquired.len(), 5, "{outcomes:?}");
+    for (id, o) in &outcomes {
+        match o {
+            BeginPurchaseOutcome::Acquired { .. } => {
+                assert_eq!(status_of(&store, id).await, Purchasing)
+            }
+            BeginPurchaseOutcome::OverTeamBudget { spent, cap: c } => {
+                assert_eq!(*c, cap);
+                assert!(spent.0 + amount.0 > cap.0, "{id}: refused at {spent:?}");
+                let r = store.get_request(&request_id(id)).await.unwrap().unwrap();
+                assert_eq!(
+                    (r.status, r.spent, r.open_debit),
+                    (OfferingsFound, MicroUsd(0), None)
+                );
+            }
+            other => panic!("{id}: unexpected {other:?}"),
+        }
+    }
+    assert_eq!(
+        store
+            .budget_spent(&team("vision"), &BudgetMonth::of(t0()))
+            .await
+            .unwrap(),
+        MicroUsd(amount.0 * 5)
+    );
+}
+
+#[tokio::test]
+async fn a_purchase_over_the_requests_own_cap_is_refused_and_debits_nothing() {
+    // GIVEN a request whose cap is below the fee
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    request_with_offerings(&store, "small-cap", "nlp").await;
+    let amount = usd("7974.40").to_micros_ceil();
+    let mut d = debit("nlp", amount, MicroUsd(amount.0 * 10));
+    d.request_cap = usd("5000.00").to_micros_ceil();
+
+    // WHEN it tries to buy
+    let b = begin_purchase("small-cap", 3, OfferingsFound, "w", t0(), Some(d.clone()));
+    let outcome = store.begin_purchase(b).await.unwrap();
+
+    // THEN it is refused with the numbers, and neither the ledger nor the request moved
+    assert_eq!(
+        outcome,
+        BeginPurchaseOutcome::OverRequestBudget {
+            spent: MicroUsd(0),
+            cap: d.request_cap
+        }
+    );
+    assert_eq!(status_of(&store, "small-cap").await, OfferingsFound);
+    assert_eq!(
+        store
+            .budget_spent(&team("nlp"), &BudgetMonth::of(t0()))
+            .await
+            .unwrap(),
+        MicroUsd(0)
+    );
+}
+
+#[tokio::test]
+async fn a_duplicate_event_is_processed_once() {
+    // GIVEN a request created by an event, and a transition caused by another
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    store
+        .create_request(new_request("dup-1", "ml", None))
+        .await
+        .unwrap();
+    let mut t = transition("dup-1", 1, Accepted, Searching, "evt-search");
+    t.outbox = vec![event("dup-1-searching")];
+    assert_eq!(
+        store.transition(t.clone()).await.unwrap(),
+        WriteOutcome::Applied { version: 2 }
+    );
+
+    // WHEN both events are delivered again
+    let again_create = store
+        .create_request(new_request("dup-1", "ml", None))
+        .await
+        .unwrap();
+    let again = store.transition(t.clone()).await.unwrap();
+    // (also when the redelivery carries the version a re-read would give it)
+    let mut replay_at_new_version = transition("dup-1", 2, Searching, OfferingsFound, "evt-search");
+    replay_at_new_version.outbox = vec![event("dup-1-found")];
+    let again_later = store.transition(replay_at_new_version).await.unwrap();
+
+    // THEN each is a no-op: the version stayed, and no second outbox item was written
+    assert_eq!(again_create, CreateOutcome::DuplicateEvent);
+    assert_eq!(again, WriteOutcome::DuplicateEvent);
+    assert_eq!(again_later, WriteOutcome::DuplicateEvent);
+    let r = store
+        .get_request(&request_id("dup-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((r.status, r.version), (Searching, 2));
+    let keys: Vec<String> = store
+        .unsent_outbox(100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.event.event_key)
+        .collect();
+    assert_eq!(keys, vec!["dup-1-accepted", "dup-1-searching"]);
+}
+
+#[tokio::test]
+async fn a_second_request_with_the_same_id_is_refused_as_already_existing() {
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    store
+        .create_request(new_request("same-id", "ml", None))
+        .await
+        .unwrap();
+
+    let mut second = new_request("same-id", "ml", None);
+    second.caused_by.event_id = "another-submit".into();
+
+    assert_eq!(
+        store.create_request(second).await.unwrap(),
+        CreateOutcome::AlreadyExists
+    );
+}
+
+#[tokio::test]
+async fn an_outbox_item_left_unsent_by_a_crash_is_found_and_sent_by_the_next_run() {
+    // GIVEN a committed transition with two events to publish
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    store
+        .create_request(new_request("crash-1", "ml", None))
+        .await
+        .unwrap();
+    store
+        .mark_sent("crash-1", "crash-1-accepted")
+        .await
+        .unwrap();
+    let mut t = transition("crash-1", 1, Accepted, Searching, "evt-1");
+    t.outbox = vec![event("crash-1-a"), event("crash-1-b")];
+    store.transition(t).await.unwrap();
+
+    // WHEN the first run publishes one, then crashes before marking the other sent
+    let first_run = store.unsent_outbox(10).await.unwrap();
+    assert_eq!(first_run.len(), 2);
+    store.mark_sent("crash-1", "crash-1-a").await.unwrap();
+
+    // THEN the next run finds exactly the unsent one, and after marking it nothing is left
+    let next_run = store.unsent_outbox(10).await.unwrap();
+    assert_eq!(next_run.len(), 1);
+    assert_eq!(next_run[0].request_id, "crash-1");
+    assert_eq!(next_run[0].event, event("crash-1-b"));
+    assert_eq!(next_run[0].created_at, t0());
+    store.mark_sent("crash-1", "crash-1-b").await.unwrap();
+    assert!(store.unsent_outbox(10).await.unwrap().is_empty());
+    // and marking twice is harmless
+    store.mark_sent("crash-1", "crash-1-b").await.unwrap();
+}
+
+#[tokio::test]
+async fn unsent_outbox_items_come_oldest_first_and_at_most_the_limit() {
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store().with_page_size(2);
+    for i in 0..5 {
+        let mut n = new_request(&format!("ob-{i}"), "ml", None);
+        n.at = t0() + Duration::minutes(10 - i);
+        store.create_request(n).await.unwrap();
+    }
+
+    let three = store.unsent_outbox(3).await.unwrap();
+
+    let ids: Vec<&str> = three.iter().map(|o| o.request_id.as_str()).collect();
+    assert_eq!(ids, vec!["ob-4", "ob-3", "ob-2"]);
+}
+
+#[tokio::test]
+async fn an_expired_lease_lets_a_second_worker_take_over_and_the_first_workers_late_write_is_refused()
+ {
+    // GIVEN worker A holds the purchase lease (20 minutes) and has debited the budget
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    request_with_offerings(&store, "lease-1", "ml").await;
+    let amount = usd("7974.40").to_micros_ceil();
+    let a = begin_purchase(
+        "lease-1",
+        3,
+        OfferingsFound,
+        "A",
+        t0(),
+        Some(debit("ml", amount, MicroUsd(amount.0 * 3))),
+    );
+    assert_eq!(
+        store.begin_purchase(a).await.unwrap(),
+        BeginPurchaseOutcome::Acquired { version: 4 }
+    );
+
+    // WHEN worker B tries to take over before the lease expires
+    let early = begin_purchase(
+        "lease-1",
+        4,
+        Purchasing,
+        "B",
+        t0() + Duration::minutes(10),
+        None,
+    );
+    // THEN it is told who holds it until when
+    assert_eq!(
+        store.begin_purchase(early).await.unwrap(),
+        BeginPurchaseOutcome::LeaseHeld {
+            until: t0() + Duration::minutes(20)
+        }
+    );
+
+    // WHEN B tries again after the lease expired
+    let late = begin_purchase(
+        "lease-1",
+        4,
+        Purchasing,
+        "B",
+        t0() + Duration::minutes(21),
+        None,
+    );
+    // THEN B holds the lease, and the first debit is still the only one
+    assert_eq!(
+        store.begin_purchase(late).await.unwrap(),
+        BeginPurchaseOutcome::Acquired { version: 5 }
+    );
+    assert_eq!(
+        store
+            .budget_spent(&team("ml"), &BudgetMonth::of(t0()))
+            .await
+            .unwrap(),
+        amount
+    );
+
+    // WHEN A's late writes arrive
+    let a_record = record_reservation(
+        "lease-1",
+        "A",
+        reservation("cr-aaa", "7974.40"),
+        t0() + Duration::minutes(22),
+    );
+    let a_release = release_unbought("lease-1", "A", t0() + Duration::minutes(22));
+    // THEN both are refused and change nothing
+    assert_eq!(
+        store.record_reservation(a_record).await.unwrap(),
+        LeaseWriteOutcome::LeaseLost
+    );
+    assert_eq!(
+        store.release_unbought(a_release).await.unwrap(),
+        LeaseWriteOutcome::LeaseLost
+    );
+    assert!(
+        store
+            .reservations(&request_id("lease-1"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        store
+            .budget_spent(&team("ml"), &BudgetMonth::of(t0()))
+            .await
+            .unwrap(),
+        amount
+    );
+
+    // AND B records the reservation it adopted: the debit is kept and closed
+    let b_record = record_reservation(
+        "lease-1",
+        "B",
+        reservation("cr-aaa", "7974.40"),
+        t0() + Duration::minutes(23),
+    );
+    assert_eq!(
+        store.record_reservation(b_record).await.unwrap(),
+        LeaseWriteOutcome::Applied { version: 6 }
+    );
+    let r = store
+        .get_request(&request_id("lease-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (r.status, r.open_debit, r.lease, r.spent),
+        (Reserved, None, None, amount)
+    );
+    assert_eq!(
+        store.reservations(&request_id("lease-1")).await.unwrap(),
+        vec![reservation("cr-aaa", "7974.40")]
+    );
+}
+
+#[tokio::test]
+async fn releasing_an_unbought_purchase_returns_exactly_the_open_debit_to_the_ledger() {
+    // GIVEN two requests of a team, both debited, one bought
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let (kept, released) = (
+        usd("100.000001").to_micros_ceil(),
+        usd("2500.5").to_micros_ceil(),
+    );
+    let cap = MicroUsd(10_000_000_000);
+    request_with_offerings(&store, "kept", "ops").await;
+    request_with_offerings(&store, "released", "ops").await;
+    store
+        .begin_purchase(begin_purchase(
+            "kept",
+            3,
+            OfferingsFound,
+            "k",
+            t0(),
+            Some(debit("ops", kept, cap)),
+        ))
+        .await
+        .unwrap();
+    store
+        .begin_purchase(begin_purchase(
+            "released",
+            3,
+            OfferingsFound,
+            "r",
+            t0(),
+            Some(debit("ops", released, cap)),
+        ))
+        .await
+        .unwrap();
+    store
+        .record_reservation(record_reservation(
+            "kept",
+            "k",
+            reservation("cr-kept", "100.000001"),
+            t0(),
+        ))
+        .await
+        .unwrap();
+
+    // WHEN reconciliation finds nothing was bought for the other
+    let outcome = store
+        .release_unbought(release_unbought("released", "r", t0()))
+        .await
+        .unwrap();
+
+    // THEN its debit, and only its debit, is released; a replay releases nothing more
+    assert_eq!(outcome, LeaseWriteOutcome::Applied { version: 5 });
+    assert_eq!(
+        store
+            .budget_spent(&team("ops"), &BudgetMonth::of(t0()))
+            .await
+            .unwrap(),
+        kept
+    );
+    let r = store
+        .get_request(&request_id("released"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (r.status, r.open_debit, r.spent, r.lease),
+        (Searching, None, MicroUsd(0), None)
+    );
+    assert_eq!(
+        store
+            .release_unbought(release_unbought("released", "r", t0()))
+            .await
+            .unwrap(),
+        LeaseWriteOutcome::DuplicateEvent
+    );
+    assert_eq!(
+        store
+            .budget_spent(&team("ops"), &BudgetMonth::of(t0()))
+            .await
+            .unwrap(),
+        kept
+    );
+}
+
+#[tokio::test]
+async fn due_work_queries_return_every_due_item_across_pages_and_nothing_not_due() {
+    // GIVEN 23 requests due now or earlier (two statuses), 6 due later (one within the same
+    // second as now), 3 with no next action, 2 due in a status not asked for; pages of 4
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store().with_page_size(4);
+    let now = t0() + Duration::hours(1);
+    let mut expected = HashSet::new();
+    for i in 0..15 {
+        let id = format!("due-a-{i}");
+        store
+            .create_request(new_request(&id, "ml", Some(now - Duration::minutes(i))))
+            .await
+            .unwrap();
+        expected.insert(id);
+    }
+    for i in 0..8 {
+        let id = format!("due-s-{i}");
+        store
+            .create_request(new_request(&id, "ml", None))
+            .await
+            .unwrap();
+        let mut t = transition(&id, 1, Accepted, Searching, &format!("s-{id}"));
+        t.next_action_at = Some(now - Duration::seconds(i * 7));
+        store.transition(t).await.unwrap();
+        expected.insert(id);
+    }
+    for i in 0..5 {
+        let later = now + Duration::minutes(i + 1);
+        store
+            .create_request(new_request(&format!("later-{i}"), "ml", Some(later)))
+            .await
+            .unwrap();
+    }
+    store
+        .create_request(new_request(
+            "same-second",
+            "ml",
+            Some(now + Duration::milliseconds(500)),
+        ))
+        .await
+        .unwrap();
+    for i in 0..3 {
+        store
+            .create_request(new_request(&format!("idle-{i}"), "ml", None))
+            .await
+            .unwrap();
+    }
+    for i in 0..2 {
+        let id = format!("other-{i}");
+        store
+            .create_request(new_request(&id, "ml", None))
+            .await
+            .unwrap();
+        let mut t = transition(&id, 1, Accepted, Cancelled, &format!("c-{id}"));
+        t.at = now;
+        t.next_action_at = Some(now - Duration::hours(1));
+        store.transition(t).await.unwrap();
+    }
+
+    // WHEN the due work is asked for
+    let due = store.due(&[Accepted, Searching], now).await.unwrap();
+
+    // THEN exactly the due ones come back, each once, with their status and time
+    let got: HashSet<String> = due.iter().map(|d| d.request_id.to_string()).collect();
+    assert_eq!(due.len(), expected.len(), "no duplicates");
+    assert_eq!(got, expected);
+    assert!(due.iter().all(|d| d.next_action_at <= now));
+    let s3 = due
+        .iter()
+        .find(|d| d.request_id.as_str() == "due-s-3")
+        .unwrap();
+    assert_eq!(
+        (s3.status, s3.next_action_at),
+        (Searching, now - Duration::seconds(21))
+    );
+}
+
+#[tokio::test]
+async fn money_round_trips_without_loss() {
+    // GIVEN amounts a float would round: sub-cent fees, and a ledger debit past 2^53 micro-USD
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let mut new = new_request("money-1", "ml", None);
+    new.request = capacity_request("money-1", "ml", "9007199254.740993");
+    store.create_request(new.clone()).await.unwrap();
+    let mut t = transition("money-1", 1, Accepted, Searching, "m-1");
+    store.transition(t.clone()).await.unwrap();
+    t = transition("money-1", 2, Searching, OfferingsFound, "m-2");
+    t.candidates = Some(vec![
+        plan("0.000001"),
+        plan("7974.400001"),
+        plan("123456789.99"),
+    ]);
+    store.transition(t).await.unwrap();
+    let amount = usd("9007199254.740993").to_micros_ceil();
+    assert_eq!(amount, MicroUsd(9_007_199_254_740_993));
+    let mut d = debit("ml", amount, MicroUsd(amount.0 + 2));
+    d.request_cap = amount;
+
+    // WHEN they are stored and read back
+    store
+        .begin_purchase(begin_purchase(
+            "money-1",
+            3,
+            OfferingsFound,
+            "w",
+            t0(),
+            Some(d),
+        ))
+        .await
+        .unwrap();
+    store
+        .record_reservation(record_reservation(
+            "money-1",
+            "w",
+            reservation("cr-m", "7974.400001"),
+            t0(),
+        ))
+        .await
+        .unwrap();
+
+    // THEN every amount is exactly what was written
+    let r = store
+        .get_request(&request_id("money-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.request, new.request);
+    assert_eq!(
+        r.request.budget.max_upfront.to_string(),
+        "9007199254.740993"
+    );
+    assert_eq!(
+        r.candidates,
+        vec![plan("0.000001"), plan("7974.400001"), plan("123456789.99")]
+    );
+    assert_eq!(r.spent, amount);
+    assert_eq!(
+        store.reservations(&request_id("money-1")).await.unwrap()[0].upfront_fee,
+        usd("7974.400001")
+    );
+    assert_eq!(
+        store
+            .budget_spent(&team("ml"), &BudgetMonth::of(t0()))
+            .await
+            .unwrap(),
+        amount
+    );
+    // AND on the wire: the ledger is an integer N, the money in documents a decimal string
+    let ledger = table
+        .client
+        .get_item()
+        .table_name(&table.name)
+        .key(
+            "pk",
+            AttributeValue::S(format!("BUDGET#ml#{}", BudgetMonth::of(t0()).0)),
+        )
+        .key("sk", AttributeValue::S("LEDGER".into()))
+        .send()
+        .await
+        .unwrap()
+        .item
+        .unwrap();
+    assert_eq!(
+        ledger["spent_micros"],
+        AttributeValue::N("9007199254740993".into())
+    );
+    let meta = raw_item(&table, "REQ#money-1", "META").await;
+    let request_json = meta["request"].as_s().unwrap();
+    assert!(
+        request_json.contains(r#""max_upfront":"9007199254.740993""#),
+        "{request_json}"
+    );
+}
+
+async fn raw_item(
+    table: &TestTable,
+    pk: &str,
+    sk: &str,
+) -> std::collections::HashMap<String, AttributeValue> {
+    table
+        .client
+        .get_item()
+        .table_name(&table.name)
+        .key("pk", AttributeValue::S(pk.into()))
+        .key("sk", AttributeValue::S(sk.into()))
+        .send()
+        .await
+        .unwrap()
+        .item
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_ended_request_gets_a_ttl_and_reads_ignore_it_once_the_ttl_has_passed() {
+    // GIVEN one request that ended long ago, and one that ended just now (the TTL is
+    // DynamoDB's: it counts from the end against the real clock)
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let long_ago = chrono::Utc::now() - Duration::days(100);
+    for (id, at) in [("old", long_ago), ("recent", chrono::Utc::now())] {
+        let mut n = new_request(id, "ml", Some(at));
+        n.at = at;
+        store.create_request(n).await.unwrap();
+        let mut t = transition(id, 1, Accepted, Cancelled, &format!("cancel-{id}"));
+        t.at = at;
+        store.transition(t).await.unwrap();
+    }
+
+    // WHEN they are read
+    let old = store.get_request(&request_id("old")).await.unwrap();
+    let recent = store.get_request(&request_id("recent")).await.unwrap();
+
+    // THEN the expired one is gone to readers, the other is there; both carry the TTL
+    // attribute the table's TTL specification names
+    assert_eq!(old, None);
+    assert_eq!(recent.unwrap().status, Cancelled);
+    let ttl = table
+        .client
+        .describe_time_to_live()
+        .table_name(&table.name)
+        .send()
+        .await
+        .unwrap();
+    let ttl_attr = ttl
+        .time_to_live_description()
+        .unwrap()
+        .attribute_name()
+        .unwrap()
+        .to_string();
+    for id in ["old", "recent"] {
+        let meta = raw_item(&table, &format!("REQ#{id}"), "META").await;
+        assert!(meta.contains_key(&ttl_attr), "{id} has no {ttl_attr}");
+    }
+}
+
+#[tokio::test]
+async fn illegal_or_misrouted_transitions_are_refused_before_anything_is_written() {
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    request_with_offerings(&store, "illegal-1", "ml").await;
+
+    let skip_ahead = transition("illegal-1", 3, OfferingsFound, Reserved, "e1");
+    // a legal step, but one that must take the lease and debit the budget
+    let into_purchasing = transition("illegal-1", 3, OfferingsFound, Purchasing, "e2");
+
+    assert!(store.transition(skip_ahead).await.unwrap_err().code() == Some("IllegalTransition"));
+    assert!(
+        store.transition(into_purchasing).await.unwrap_err().code() == Some("IllegalTransition")
+    );
+    let r = store
+        .get_request(&request_id("illegal-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((r.status, r.version), (OfferingsFound, 3));
+}
+
+#[tokio::test]
+async fn a_stale_version_is_a_conflict_not_an_error() {
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    store
+        .create_request(new_request("stale-1", "ml", None))
+        .await
+        .unwrap();
+    store
+        .transition(transition("stale-1", 1, Accepted, Searching, "e1"))
+        .await
+        .unwrap();
+
+    let stale = transition("stale-1", 1, Accepted, Cancelled, "e2");
+
+    assert_eq!(
+        store.transition(stale).await.unwrap(),
+        WriteOutcome::Conflict
+    );
+}
+
+#[tokio::test]
+async fn workloads_are_recorded_under_their_reservation_and_replaced_by_slot() {
+    use capacity_pilot::ports::WorkloadRecord;
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    request_with_offerings(&store, "wl-1", "ml").await;
+    store
+        .begin_purchase(begin_purchase("wl-1", 3, OfferingsFound, "w", t0(), None))
+        .await
+        .unwrap();
+    store
+        .record_reservation(record_reservation(
+            "wl-1",
+            "w",
+            reservation("cr-wl", "10.00"),
+            t0(),
+        ))
+        .await
+        .unwrap();
+    let w = |slot, generation, id: &str| WorkloadRecord {
+        request_id: request_id("wl-1"),
+        reservation_id: "cr-wl".into(),
+        slot,
+        generation,
+        resource_id: id.into(),
+        state: "running".into(),
+        updated_at: t0(),
+    };
+
+    for rec in [w(0, 0, "i-0"), w(1, 0, "i-1"), w(1, 1, "i-1b")] {
+        store.put_workload(rec).await.unwrap();
+    }
+
+    let mut got = store.workloads(&request_id("wl-1")).await.unwrap();
+    got.sort_by_key(|w| w.slot);
+    assert_eq!(got, vec![w(0, 0, "i-0"), w(1, 1, "i-1b")]);
+    assert_eq!(
+        store.reservations(&request_id("wl-1")).await.unwrap().len(),
+        1
+    );
+}
