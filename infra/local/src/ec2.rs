@@ -1099,10 +1099,7 @@ impl World {
                 "privateDnsName",
                 format!("ip-10-0-0-{}.ec2.internal", i.launch_index + 10),
             )
-            .v(
-                "reason",
-                i.state_reason.as_ref().map_or("", |(_, m)| m.as_str()),
-            )
+            .opt("reason", i.state_reason.as_ref().map(|(_, m)| m.as_str()))
             .v("amiLaunchIndex", i.launch_index)
             .v("instanceType", &i.instance_type)
             .v("launchTime", ec2_time(i.launch_time))

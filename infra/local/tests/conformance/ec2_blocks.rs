@@ -530,3 +530,20 @@ async fn an_extension_moves_the_end_and_the_warning_after_payment() {
         .unwrap_err();
     assert_eq!(bad.code(), Some("InvalidParameterValue"));
 }
+
+#[tokio::test]
+async fn ultraserver_blocks_warn_70_minutes_before_the_end() {
+    let env = env().await;
+    let offer = offerings(&env, "p6e-gb200.36xlarge", 1, 24).await.remove(0);
+    let cr = buy(&env, &offer, "ultra").await;
+    let end = chrono_of(offer.end_date().unwrap());
+    env.cloud.advance_to(end - TimeDelta::minutes(71));
+    assert!(events_of(&env.cloud, "Capacity Block Expiration Warning").is_empty());
+    env.cloud.advance_to(end - TimeDelta::minutes(70));
+    let warn = events_of(&env.cloud, "Capacity Block Expiration Warning");
+    assert_eq!(warn.len(), 1);
+    assert_eq!(
+        warn[0]["detail"]["capacity-reservation-id"],
+        cr.capacity_reservation_id().unwrap()
+    );
+}

@@ -668,3 +668,60 @@ async fn unexpected_termination_and_spot_interruption_are_injectable() {
     let n: usize = out.reservations().iter().map(|r| r.instances().len()).sum();
     assert_eq!(n, 2);
 }
+
+#[tokio::test]
+async fn dry_runs_and_parameter_combinations_get_ec2_codes() {
+    let env = env().await;
+    let err = env
+        .ec2
+        .run_instances()
+        .min_count(1)
+        .max_count(1)
+        .instance_type("m5.large".into())
+        .image_id("ami-1")
+        .dry_run(true)
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("DryRunOperation"));
+    let none = env.ec2.describe_instances().send().await.unwrap();
+    assert!(none.reservations().is_empty(), "a dry run launches nothing");
+    let out = env
+        .ec2
+        .run_instances()
+        .min_count(1)
+        .max_count(1)
+        .instance_type("m5.large".into())
+        .image_id("ami-1")
+        .send()
+        .await
+        .unwrap();
+    let id = out.instances()[0].instance_id().unwrap();
+    assert_eq!(out.instances()[0].state_transition_reason(), None);
+    let err = env
+        .ec2
+        .describe_instances()
+        .instance_ids(id)
+        .max_results(5)
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("InvalidParameterCombination"));
+    let err = env
+        .ec2
+        .describe_instances()
+        .instance_ids("i-xyz")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("InvalidInstanceID.Malformed"));
+    let err = env
+        .ec2
+        .describe_instances()
+        .max_results(5)
+        .next_token("garbage")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("InvalidPaginationToken"));
+}
