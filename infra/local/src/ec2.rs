@@ -1506,6 +1506,7 @@ impl World {
                     "Capacity Block Expiration Warning"
                 };
                 self.block_event(&c, name);
+                self.interruption_warnings(&c);
             }
             Action::BlockTerminate { cr, end } => {
                 let Some(c) = self.ec2.reservations.get(&cr).cloned() else {
@@ -1647,6 +1648,51 @@ impl World {
                 end,
             },
         );
+    }
+
+    /// Per-instance notice that a block's instances are about to be terminated (the event
+    /// Karpenter consumes). Sent with the block's expiration warning; the timing is UNVERIFIED.
+    fn interruption_warnings(&mut self, cr: &CapacityReservation) {
+        let lead = if cr.ultraserver {
+            self.settings.ultraserver_termination_lead_minutes
+        } else {
+            self.settings.block_termination_lead_minutes
+        };
+        let termination = crate::util::event_time(cr.end - TimeDelta::minutes(lead));
+        let live: Vec<Instance> = self
+            .ec2
+            .instances
+            .values()
+            .filter(|i| {
+                i.capacity_reservation_id.as_deref() == Some(&cr.id)
+                    && (i.state == "pending" || i.state == "running")
+            })
+            .cloned()
+            .collect();
+        for i in live {
+            let arn = self.arn("ec2", &i.region, &format!("instance/{}", i.id));
+            let az_index = self
+                .market
+                .region(&i.region)
+                .azs
+                .iter()
+                .position(|a| *a == i.availability_zone)
+                .unwrap_or(0);
+            let region_code: String = i.region.split('-').map(|p| &p[..p.len().min(3)]).collect();
+            self.emit(
+                &i.region,
+                "aws.ec2",
+                "EC2 Capacity Reservation Instance Interruption Warning",
+                vec![arn],
+                json!({
+                    "instance-id": i.id,
+                    "instance-action": "terminate",
+                    "instance-termination-time": termination,
+                    "availability-zone-id": format!("{region_code}-az{}", az_index + 1),
+                    "instance-lifecycle": "capacity-block",
+                }),
+            );
+        }
     }
 
     fn block_event(&mut self, cr: &CapacityReservation, detail_type: &str) {

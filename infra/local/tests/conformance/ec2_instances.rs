@@ -167,6 +167,22 @@ async fn instances_launch_into_an_active_block_and_are_terminated_before_its_end
         .unwrap();
     assert_eq!(running.reservations()[0].instances().len(), 2);
 
+    // each instance is warned with the block, 10 minutes before termination starts
+    env.cloud.advance_to(end - TimeDelta::minutes(40));
+    let notices = events_of(
+        &env.cloud,
+        "EC2 Capacity Reservation Instance Interruption Warning",
+    );
+    assert_eq!(notices.len(), 2);
+    assert_eq!(notices[0]["detail"]["instance-action"], "terminate");
+    assert_eq!(notices[0]["detail"]["instance-lifecycle"], "capacity-block");
+    assert_eq!(
+        notices[0]["detail"]["instance-termination-time"],
+        (end - TimeDelta::minutes(30))
+            .format("%Y-%m-%dT%H:%M:%SZ")
+            .to_string()
+    );
+
     // forced termination at end - 30 min
     env.cloud.advance_to(end - TimeDelta::minutes(31));
     let st = env
