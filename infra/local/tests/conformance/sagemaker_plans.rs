@@ -590,3 +590,96 @@ async fn a_failed_plan_payment_fails_the_plan_and_its_waiting_jobs() {
     // the capacity went back to the market: the same offering can be bought again
     buy_plan(&env, "paid-plan", &offer).await;
 }
+
+#[tokio::test]
+async fn without_contiguous_capacity_a_plan_splits_and_its_job_resumes_in_the_second_segment() {
+    let env = env().await;
+    // sell out every other market day in every zone, so no two-day block exists
+    env.cloud.with_world(|w| {
+        let first = local_cloud::util::market_day(w.now);
+        for d in (first..first + 60).step_by(2) {
+            for az in w.market.region("us-east-1").azs {
+                w.market.consume(
+                    local_cloud::market::Pool::TrainingPlan,
+                    "us-east-1",
+                    &az,
+                    "ml.trn1.32xlarge",
+                    (
+                        local_cloud::util::day_start(d),
+                        local_cloud::util::day_start(d + 1),
+                    ),
+                    64,
+                );
+            }
+        }
+    });
+    let offers = plan_offerings(
+        &env,
+        "ml.trn1.32xlarge",
+        1,
+        48,
+        SageMakerResourceName::TrainingJob,
+    )
+    .await;
+    assert!(!offers.is_empty());
+    assert!(
+        offers
+            .iter()
+            .all(|o| o.reserved_capacity_offerings().len() == 2)
+    );
+    let offer = offers[0].clone();
+    let segs = offer.reserved_capacity_offerings();
+    assert_eq!(segs[0].duration_hours(), Some(24));
+    assert_eq!(segs[1].duration_hours(), Some(24));
+    let (s1, e1) = (
+        chrono_of(segs[0].start_time().unwrap()),
+        chrono_of(segs[0].end_time().unwrap()),
+    );
+    let s2 = chrono_of(segs[1].start_time().unwrap());
+    assert!(s2 > e1, "the segments are not contiguous");
+
+    let arn = buy_plan(&env, "split-plan", &offer).await;
+    job(
+        &env,
+        "resumable",
+        "ml.trn1.32xlarge",
+        1,
+        Some(&arn),
+        30 * 3600,
+    )
+    .send()
+    .await
+    .unwrap();
+    env.cloud.advance_to(s1);
+    assert_eq!(job_status(&env, "resumable").await.1, "Training");
+    env.cloud.advance_to(e1 - TimeDelta::minutes(30));
+    assert_eq!(
+        job_status(&env, "resumable").await,
+        ("InProgress".into(), "Pending".into())
+    );
+    env.cloud.advance_to(e1);
+    assert_eq!(
+        plan_status(&env, "split-plan").await,
+        "Scheduled",
+        "between segments"
+    );
+    env.cloud.advance_to(s2);
+    assert_eq!(plan_status(&env, "split-plan").await, "Active");
+    assert_eq!(job_status(&env, "resumable").await.1, "Training");
+    // 23.5 h trained in the first segment; the remaining 6.5 h in the second
+    env.cloud.advance_to(s2 + TimeDelta::minutes(6 * 60 + 29));
+    assert_eq!(job_status(&env, "resumable").await.0, "InProgress");
+    env.cloud.advance_to(s2 + TimeDelta::minutes(6 * 60 + 30));
+    let out = env
+        .sm
+        .describe_training_job()
+        .training_job_name("resumable")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.training_job_status().unwrap().as_str(), "Completed");
+    assert_eq!(
+        chrono_of(out.training_end_time().unwrap()),
+        s2 + TimeDelta::minutes(390)
+    );
+}
