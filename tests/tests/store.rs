@@ -6,7 +6,8 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use capacity_pilot::aws::dynamodb::DynamoStore;
 use capacity_pilot::domain::money::MicroUsd;
 use capacity_pilot::domain::status::RequestStatus::{
-    self, Accepted, Cancelled, OfferingsFound, Purchasing, Reserved, Searching,
+    self, Accepted, Cancelled, OfferingsFound, Purchasing, Reserved, RunningOnDemand, Searching,
+    TryingOnDemand,
 };
 use capacity_pilot::ports::{
     BeginPurchaseOutcome, BudgetMonth, CreateOutcome, LeaseWriteOutcome, Store, WriteOutcome,
@@ -831,5 +832,164 @@ async fn workloads_are_recorded_under_their_reservation_and_replaced_by_slot() {
     assert_eq!(
         store.reservations(&request_id("wl-1")).await.unwrap().len(),
         1
+    );
+}
+
+#[tokio::test]
+async fn an_on_demand_debit_is_kept_with_its_transition_and_refused_over_either_cap() {
+    // GIVEN three on-demand-first requests of a team whose month fits one launch, and whose
+    // first request may spend only a little
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let amount = usd("98.3232").to_micros_ceil();
+    let cap = MicroUsd(amount.0 + amount.0 / 2);
+    for id in ["od-1", "od-2", "od-3"] {
+        store
+            .create_request(new_request(id, "web", None))
+            .await
+            .unwrap();
+        let t = transition(id, 1, Accepted, TryingOnDemand, &format!("try-{id}"));
+        store.transition(t).await.unwrap();
+    }
+    let launch = |id: &str, d| {
+        let mut t = transition(id, 2, TryingOnDemand, RunningOnDemand, &format!("run-{id}"));
+        t.debit = Some(d);
+        t
+    };
+    let mut small = debit("web", amount, cap);
+    small.request_cap = MicroUsd(amount.0 - 1);
+
+    // WHEN the first launches over its own cap, the second within both, the third over the team's
+    let over_request = store.transition(launch("od-1", small)).await.unwrap();
+    let within = store
+        .transition(launch("od-2", debit("web", amount, cap)))
+        .await
+        .unwrap();
+    let over_team = store
+        .transition(launch("od-3", debit("web", amount, cap)))
+        .await
+        .unwrap();
+
+    // THEN only the second is applied, and its debit is kept, not left open
+    assert_eq!(
+        over_request,
+        WriteOutcome::OverRequestBudget {
+            spent: MicroUsd(0),
+            cap: MicroUsd(amount.0 - 1)
+        }
+    );
+    assert_eq!(within, WriteOutcome::Applied { version: 3 });
+    assert_eq!(
+        over_team,
+        WriteOutcome::OverTeamBudget { spent: amount, cap }
+    );
+    let r = store
+        .get_request(&request_id("od-2"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (r.status, r.spent, r.open_debit),
+        (RunningOnDemand, amount, None)
+    );
+    assert_eq!(status_of(&store, "od-3").await, TryingOnDemand);
+    assert_eq!(
+        store
+            .budget_spent(&team("web"), &BudgetMonth::of(t0()))
+            .await
+            .unwrap(),
+        amount
+    );
+}
+
+#[tokio::test]
+async fn a_first_debit_larger_than_the_whole_monthly_cap_is_refused() {
+    // GIVEN a team with no spend yet this month
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    request_with_offerings(&store, "huge", "tiny-team").await;
+    let d = debit(
+        "tiny-team",
+        usd("7974.40").to_micros_ceil(),
+        usd("5000").to_micros_ceil(),
+    );
+
+    // WHEN a purchase costs more than the whole cap
+    let b = begin_purchase("huge", 3, OfferingsFound, "w", t0(), Some(d.clone()));
+    let outcome = store.begin_purchase(b).await.unwrap();
+
+    // THEN it is refused and the ledger stays empty
+    assert_eq!(
+        outcome,
+        BeginPurchaseOutcome::OverTeamBudget {
+            spent: MicroUsd(0),
+            cap: d.team_cap
+        }
+    );
+    assert_eq!(
+        store
+            .budget_spent(&team("tiny-team"), &BudgetMonth::of(t0()))
+            .await
+            .unwrap(),
+        MicroUsd(0)
+    );
+}
+
+#[tokio::test]
+async fn a_split_plans_first_segment_shrinks_the_open_debit_to_what_is_left_to_buy() {
+    // GIVEN a purchase of a split plan debited as one
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    request_with_offerings(&store, "split", "ml").await;
+    let whole = usd("9000.00").to_micros_ceil();
+    let d = debit("ml", whole, MicroUsd(whole.0 * 2));
+    store
+        .begin_purchase(begin_purchase(
+            "split",
+            3,
+            OfferingsFound,
+            "w",
+            t0(),
+            Some(d),
+        ))
+        .await
+        .unwrap();
+
+    // WHEN the first segment is bought and the second then cannot be
+    let mut first = record_reservation("split", "w", reservation("cr-first", "4000.00"), t0());
+    first.to = Purchasing;
+    assert_eq!(
+        store.record_reservation(first).await.unwrap(),
+        LeaseWriteOutcome::Applied { version: 5 }
+    );
+    let open = store
+        .get_request(&request_id("split"))
+        .await
+        .unwrap()
+        .unwrap()
+        .open_debit;
+    let released = store
+        .release_unbought(release_unbought("split", "w", t0()))
+        .await
+        .unwrap();
+
+    // THEN only the unbought remainder went back to the ledger
+    assert_eq!(open, Some(usd("5000.00").to_micros_ceil()));
+    assert_eq!(released, LeaseWriteOutcome::Applied { version: 6 });
+    assert_eq!(
+        store
+            .budget_spent(&team("ml"), &BudgetMonth::of(t0()))
+            .await
+            .unwrap(),
+        usd("4000.00").to_micros_ceil()
+    );
+    let r = store
+        .get_request(&request_id("split"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (r.spent, r.open_debit),
+        (usd("4000.00").to_micros_ceil(), None)
     );
 }

@@ -226,6 +226,31 @@ fn request_debit(e: &mut Expr, d: &Debit) {
     e.condition(format!("{spent} <= {limit}"));
 }
 
+fn is_kind(item: &Item, k: &str) -> bool {
+    matches!(item.get(attr::KIND), Some(AttributeValue::S(v)) if v == k)
+}
+
+fn log_over_team_budget(request_id: &str, d: &Debit, spent: MicroUsd) {
+    tracing::info!(
+        request_id,
+        team = %d.team,
+        spent_micros = spent.0,
+        cap_micros = d.team_cap.0,
+        amount_micros = d.amount.0,
+        "debit refused: over the team's monthly budget"
+    );
+}
+
+fn log_over_request_budget(request_id: &str, d: &Debit, spent: MicroUsd) {
+    tracing::info!(
+        request_id,
+        spent_micros = spent.0,
+        cap_micros = d.request_cap.0,
+        amount_micros = d.amount.0,
+        "debit refused: over the request's max_upfront_usd"
+    );
+}
+
 fn check_transaction_size(items: &[TransactWriteItem]) -> Result<(), PortError> {
     if items.len() > MAX_TRANSACTION_ITEMS {
         return Err(permanent(
@@ -353,7 +378,12 @@ impl DynamoStore {
     /// state change is committed, so a failure here is logged, not returned.
     async fn archive_children(&self, request_id: &str, at: DateTime<Utc>) {
         if let Err(err) = self.try_archive_children(request_id, at).await {
-            tracing::warn!(request_id, error = %err, "archiving the items of an ended request failed; they stay until the next attempt");
+            tracing::warn!(
+                request_id,
+                error = %err,
+                "archiving the items of an ended request failed; they stay until DynamoDB's \
+                 TTL has nothing to remove them by"
+            );
         }
     }
 
@@ -503,7 +533,8 @@ impl Store for DynamoStore {
             return Err(illegal(
                 t.from,
                 t.to,
-                "purchases move only through begin_purchase, record_reservation and release_unbought",
+                "purchases move only through begin_purchase, record_reservation and \
+                 release_unbought",
             ));
         }
         let id = t.request_id.as_str();
@@ -525,6 +556,17 @@ impl Store for DynamoStore {
                 "InvalidDebit",
                 format!("debit must be positive, got {}", d.amount),
             ));
+        }
+        // The ledger's condition passes on a ledger not yet created, whatever the amount.
+        if let Some(d) = &t.debit
+            && d.amount > d.team_cap
+        {
+            let spent = self.ledger_spent(d.team.as_str(), &d.month).await?;
+            log_over_team_budget(id, d, spent);
+            return Ok(WriteOutcome::OverTeamBudget {
+                spent,
+                cap: d.team_cap,
+            });
         }
 
         let version = t.expected_version + 1;
@@ -569,7 +611,14 @@ impl Store for DynamoStore {
 
         let committed = self.transact(items).await?;
         if committed == Committed::Yes {
-            tracing::info!(request_id = id, from = %t.from, to = %t.to, reason = %t.reason, debit_micros = t.debit.as_ref().map(|d| d.amount.0), "transition applied");
+            tracing::info!(
+                request_id = id,
+                from = %t.from,
+                to = %t.to,
+                reason = %t.reason,
+                debit_micros = t.debit.as_ref().map(|d| d.amount.0),
+                "transition applied"
+            );
             if t.to.is_terminal() {
                 self.archive_children(id, t.at).await;
             }
@@ -585,13 +634,7 @@ impl Store for DynamoStore {
                     && m.record.status == t.from
                     && m.record.spent.0 + d.amount.0 > d.request_cap.0
                 {
-                    tracing::info!(
-                        request_id = id,
-                        spent = m.record.spent.0,
-                        cap = d.request_cap.0,
-                        amount = d.amount.0,
-                        "debit refused: over the request's budget"
-                    );
+                    log_over_request_budget(id, d, m.record.spent);
                     return Ok(WriteOutcome::OverRequestBudget {
                         spent: m.record.spent,
                         cap: d.request_cap,
@@ -601,7 +644,7 @@ impl Store for DynamoStore {
             }
             if committed.failed(LEDGER_ITEM) {
                 let spent = self.ledger_spent(d.team.as_str(), &d.month).await?;
-                tracing::info!(request_id = id, team = %d.team, spent = spent.0, cap = d.team_cap.0, amount = d.amount.0, "debit refused: over the team's monthly budget");
+                log_over_team_budget(id, d, spent);
                 return Ok(WriteOutcome::OverTeamBudget {
                     spent,
                     cap: d.team_cap,
@@ -638,6 +681,20 @@ impl Store for DynamoStore {
         }
         let id = b.request_id.as_str();
         let pk = request_pk(id);
+        // The ledger's condition passes on a ledger not yet created, whatever the amount.
+        if let Some(d) = &b.debit
+            && d.amount > d.team_cap
+        {
+            if self.event_seen(id, &b.caused_by).await? {
+                return Ok(BeginPurchaseOutcome::DuplicateEvent);
+            }
+            let spent = self.ledger_spent(d.team.as_str(), &d.month).await?;
+            log_over_team_budget(id, d, spent);
+            return Ok(BeginPurchaseOutcome::OverTeamBudget {
+                spent,
+                cap: d.team_cap,
+            });
+        }
 
         let version = b.expected_version + 1;
         let mut e = meta_update(
@@ -677,7 +734,13 @@ impl Store for DynamoStore {
 
         let committed = self.transact(items).await?;
         if committed == Committed::Yes {
-            tracing::info!(request_id = id, takeover, lease_until = %b.lease.expires_at, debit_micros = b.debit.as_ref().map(|d| d.amount.0), "purchase lease acquired");
+            tracing::info!(
+                request_id = id,
+                takeover,
+                lease_until = %b.lease.expires_at,
+                debit_micros = b.debit.as_ref().map(|d| d.amount.0),
+                "purchase lease acquired"
+            );
             return Ok(BeginPurchaseOutcome::Acquired { version });
         }
         if committed.failed(EVENT_ITEM) {
@@ -695,7 +758,11 @@ impl Store for DynamoStore {
                 && let Some(lease) = &r.lease
                 && lease.expires_at >= b.at
             {
-                tracing::info!(request_id = id, until = %lease.expires_at, "takeover refused: the lease is held");
+                tracing::info!(
+                    request_id = id,
+                    until = %lease.expires_at,
+                    "takeover refused: the lease is held"
+                );
                 return Ok(BeginPurchaseOutcome::LeaseHeld {
                     until: lease.expires_at,
                 });
@@ -704,13 +771,7 @@ impl Store for DynamoStore {
                 && r.open_debit.is_none()
                 && r.spent.0 + d.amount.0 > d.request_cap.0
             {
-                tracing::info!(
-                    request_id = id,
-                    spent = r.spent.0,
-                    cap = d.request_cap.0,
-                    amount = d.amount.0,
-                    "purchase refused: over the request's budget"
-                );
+                log_over_request_budget(id, d, r.spent);
                 return Ok(BeginPurchaseOutcome::OverRequestBudget {
                     spent: r.spent,
                     cap: d.request_cap,
@@ -722,7 +783,7 @@ impl Store for DynamoStore {
             && committed.failed(LEDGER_ITEM)
         {
             let spent = self.ledger_spent(d.team.as_str(), &d.month).await?;
-            tracing::info!(request_id = id, team = %d.team, spent = spent.0, cap = d.team_cap.0, amount = d.amount.0, "purchase refused: over the team's monthly budget");
+            log_over_team_budget(id, d, spent);
             return Ok(BeginPurchaseOutcome::OverTeamBudget {
                 spent,
                 cap: d.team_cap,
@@ -802,7 +863,13 @@ impl Store for DynamoStore {
             items.extend(outbox_items(&self.table, id, &r.outbox, r.at)?);
             match self.transact(items).await? {
                 Committed::Yes => {
-                    tracing::info!(request_id = id, reservation_id = %r.reservation.id, fee = %r.reservation.upfront_fee, to = %r.to, "reservation recorded");
+                    tracing::info!(
+                        request_id = id,
+                        reservation_id = %r.reservation.id,
+                        fee = %r.reservation.upfront_fee,
+                        to = %r.to,
+                        "reservation recorded"
+                    );
                     return Ok(LeaseWriteOutcome::Applied { version });
                 }
                 c if c.failed(EVENT_ITEM) => return Ok(LeaseWriteOutcome::DuplicateEvent),
@@ -885,7 +952,13 @@ impl Store for DynamoStore {
             items.extend(outbox_items(&self.table, id, &r.outbox, r.at)?);
             match self.transact(items).await? {
                 Committed::Yes => {
-                    tracing::info!(request_id = id, released_micros = open.map(|d| d.0), to = %r.to, reason = %r.reason, "unbought debit released");
+                    tracing::info!(
+                        request_id = id,
+                        released_micros = open.map(|d| d.0),
+                        to = %r.to,
+                        reason = %r.reason,
+                        "unbought debit released"
+                    );
                     if r.to.is_terminal() {
                         self.archive_children(id, r.at).await;
                     }
@@ -912,7 +985,7 @@ impl Store for DynamoStore {
             .await?
             .iter()
             .filter(|i| !is_expired(i, now))
-            .filter(|i| matches!(i.get(attr::KIND), Some(AttributeValue::S(k)) if k == kind::RESERVATION))
+            .filter(|i| is_kind(i, kind::RESERVATION))
             .map(|i| Read::new(i).json(attr::DATA))
             .collect()
     }
@@ -949,9 +1022,7 @@ impl Store for DynamoStore {
             .await?
             .iter()
             .filter(|i| !is_expired(i, now))
-            .filter(
-                |i| matches!(i.get(attr::KIND), Some(AttributeValue::S(k)) if k == kind::WORKLOAD),
-            )
+            .filter(|i| is_kind(i, kind::WORKLOAD))
             .map(|i| Read::new(i).json(attr::DATA))
             .collect()
     }
