@@ -60,7 +60,7 @@ impl World {
         for entry in entries {
             match self.check_entry(entry) {
                 Ok(detail) => {
-                    let id = uuid::Uuid::new_v4().to_string();
+                    let id = self.next_event_id();
                     let bus = entry
                         .get("EventBusName")
                         .and_then(Value::as_str)

@@ -162,6 +162,7 @@ pub struct World {
     agenda: BTreeMap<(DateTime<Utc>, u64), Action>,
     seq: u64,
     ids: u64,
+    event_ids: u64,
 }
 
 impl World {
@@ -177,6 +178,7 @@ impl World {
             agenda: BTreeMap::new(),
             seq: 0,
             ids: 0,
+            event_ids: 0,
         }
     }
 
@@ -187,6 +189,18 @@ impl World {
             prefix,
             &[&self.market.seed.to_string(), prefix, &self.ids.to_string()],
         )
+    }
+
+    /// A deterministic UUID-shaped event id, so the same seed and actions replay identically.
+    pub fn next_event_id(&mut self) -> String {
+        self.event_ids += 1;
+        let seed = self.market.seed.to_string();
+        let n = self.event_ids.to_string();
+        let a = crate::util::stable_hash(&[&seed, "event", &n]);
+        let b = crate::util::stable_hash(&[&seed, "event-low", &n]);
+        uuid::Builder::from_random_bytes(((u128::from(a) << 64) | u128::from(b)).to_be_bytes())
+            .into_uuid()
+            .to_string()
     }
 
     /// Schedules an action; times in the past run at the next step.
@@ -243,9 +257,10 @@ impl World {
         resources: Vec<String>,
         detail: Value,
     ) {
+        let id = self.next_event_id();
         let envelope = json!({
             "version": "0",
-            "id": uuid::Uuid::new_v4().to_string(),
+            "id": id,
             "detail-type": detail_type,
             "source": source,
             "account": self.settings.account_id,

@@ -129,3 +129,17 @@ async fn each_emulator_has_its_own_clock_and_the_same_seed_gives_the_same_market
     let oc = offerings(&c, "p5.48xlarge", 2, 48).await;
     assert_eq!(oa, oc);
 }
+
+#[tokio::test]
+async fn the_same_seed_and_actions_replay_the_same_events() {
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let env = env().await;
+        let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+        buy(&env, &offer, "replay").await;
+        env.cloud.advance_to(chrono_of(offer.end_date().unwrap()));
+        runs.push(env.cloud.events("default"));
+    }
+    assert!(!runs[0].is_empty());
+    assert_eq!(runs[0], runs[1]);
+}
