@@ -40,17 +40,20 @@ pub(super) fn transient(code: &str, message: impl Into<String>) -> PortError {
 /// Classifies a service error code.
 fn from_code(code: &str, message: String, call: Call) -> PortError {
     match code {
+        // (A cancelled transaction spells its reasons without "Exception".)
         "ThrottlingException"
+        | "ThrottlingError"
         | "ProvisionedThroughputExceededException"
+        | "ProvisionedThroughputExceeded"
         | "RequestLimitExceeded" => PortError::Throttled {
             service: SERVICE,
             code: code.to_string(),
             message,
         },
         // Another transaction held the item: nothing was written.
-        "TransactionConflictException" | "TransactionInProgressException" => {
-            transient(code, message)
-        }
+        "TransactionConflictException"
+        | "TransactionConflict"
+        | "TransactionInProgressException" => transient(code, message),
         "InternalServerError" | "ServiceUnavailable" | "InternalFailure" => match call {
             Call::Read => transient(code, message),
             // A 500 on a write may have committed; every write records its event, so a
@@ -138,4 +141,78 @@ where
         }
     }
     Err(sdk_error("TransactWriteItems", err, Call::Write))
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_dynamodb::config::http::HttpResponse;
+    use aws_sdk_dynamodb::error::ErrorMetadata;
+    use aws_sdk_dynamodb::types::CancellationReason;
+    use aws_sdk_dynamodb::types::error::{ThrottlingException, TransactionCanceledException};
+    use aws_smithy_types::body::SdkBody;
+
+    use super::*;
+
+    fn response() -> HttpResponse {
+        HttpResponse::new(400.try_into().unwrap(), SdkBody::empty())
+    }
+
+    fn cancelled(codes: &[&str]) -> SdkError<TransactWriteItemsError, HttpResponse> {
+        let mut b = TransactionCanceledException::builder().message("cancelled");
+        for c in codes {
+            b = b.cancellation_reasons(CancellationReason::builder().code(*c).build());
+        }
+        SdkError::service_error(
+            TransactWriteItemsError::TransactionCanceledException(b.build()),
+            response(),
+        )
+    }
+
+    #[test]
+    fn failed_conditions_are_an_outcome_naming_the_items() {
+        let r = transaction_result(Err(cancelled(&[
+            "ConditionalCheckFailed",
+            "None",
+            "ConditionalCheckFailed",
+        ])));
+        assert_eq!(r, Ok(Committed::ConditionsFailed(vec![0, 2])));
+    }
+
+    #[test]
+    fn a_conflicting_transaction_is_a_retryable_error_not_a_lost_race() {
+        let r = transaction_result(Err(cancelled(&["None", "TransactionConflict"])));
+        let err = r.unwrap_err();
+        assert!(err.is_retryable(), "{err}");
+        assert_eq!(err.code(), Some("TransactionConflict"));
+    }
+
+    #[test]
+    fn throttling_is_classified_as_throttled() {
+        let e = ThrottlingException::builder()
+            .message("slow down")
+            .meta(
+                ErrorMetadata::builder()
+                    .code("ThrottlingException")
+                    .message("slow down")
+                    .build(),
+            )
+            .build();
+        let err =
+            SdkError::service_error(TransactWriteItemsError::ThrottlingException(e), response());
+        let r = transaction_result(Err(err));
+        assert!(matches!(r, Err(PortError::Throttled { .. })), "{r:?}");
+    }
+
+    #[test]
+    fn a_timeout_leaves_a_write_unknown_and_a_read_retryable() {
+        let write: SdkError<TransactWriteItemsError, HttpResponse> =
+            SdkError::timeout_error("no response");
+        assert!(matches!(
+            sdk_error("TransactWriteItems", write, Call::Write),
+            PortError::OutcomeUnknown { .. }
+        ));
+        let read: SdkError<TransactWriteItemsError, HttpResponse> =
+            SdkError::timeout_error("no response");
+        assert!(sdk_error("GetItem", read, Call::Read).is_retryable());
+    }
 }
