@@ -993,3 +993,71 @@ async fn a_split_plans_first_segment_shrinks_the_open_debit_to_what_is_left_to_b
         (usd("4000.00").to_micros_ceil(), None)
     );
 }
+
+#[tokio::test]
+async fn an_ended_requests_reservations_and_workloads_are_archived_with_it() {
+    // GIVEN a bought request with a workload, which ended long ago
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    request_with_offerings(&store, "ended", "ml").await;
+    store
+        .begin_purchase(begin_purchase("ended", 3, OfferingsFound, "w", t0(), None))
+        .await
+        .unwrap();
+    store
+        .record_reservation(record_reservation(
+            "ended",
+            "w",
+            reservation("cr-e", "10.00"),
+            t0(),
+        ))
+        .await
+        .unwrap();
+    store
+        .put_workload(capacity_pilot::ports::WorkloadRecord {
+            request_id: request_id("ended"),
+            reservation_id: "cr-e".into(),
+            slot: 0,
+            generation: 0,
+            resource_id: "i-0".into(),
+            state: "terminated".into(),
+            updated_at: t0(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .reservations(&request_id("ended"))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // WHEN it ends (its end is past the retention, as DynamoDB's clock sees it)
+    let mut end = transition("ended", 5, Reserved, RequestStatus::Ended, "end");
+    end.at = chrono::Utc::now() - Duration::days(100);
+    assert_eq!(
+        store.transition(end).await.unwrap(),
+        WriteOutcome::Applied { version: 6 }
+    );
+
+    // THEN its children carry the TTL too, and reads ignore them all
+    let res = raw_item(&table, "REQ#ended", "RES#cr-e").await;
+    assert!(res.contains_key("expires_at"));
+    assert_eq!(store.get_request(&request_id("ended")).await.unwrap(), None);
+    assert!(
+        store
+            .reservations(&request_id("ended"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        store
+            .workloads(&request_id("ended"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
