@@ -32,9 +32,11 @@ schemas:
 ## venv: the pinned Python tools the tests need (moto's DynamoDB server)
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: Makefile
+# moto's own dependencies are pinned too (a constraints file), so a new boto3 cannot break it.
+$(VENV)/.installed: Makefile tests/support/moto-constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check \
+		-c tests/support/moto-constraints.txt \
 		"moto[server]==$(MOTO_VERSION)" "werkzeug==$(WERKZEUG_VERSION)"
 	touch $@
 
