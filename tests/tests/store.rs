@@ -1061,3 +1061,81 @@ async fn an_ended_requests_reservations_and_workloads_are_archived_with_it() {
             .is_empty()
     );
 }
+
+#[tokio::test]
+async fn an_event_whose_write_did_not_commit_can_be_processed_again() {
+    // GIVEN an event whose transition lost a race (as a crash before the commit would leave it)
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    store
+        .create_request(new_request("retry-1", "ml", None))
+        .await
+        .unwrap();
+    let stale = transition("retry-1", 7, Accepted, Searching, "evt-retry");
+    assert_eq!(
+        store.transition(stale).await.unwrap(),
+        WriteOutcome::Conflict
+    );
+
+    // WHEN the same event is processed again, against the current version
+    let fresh = transition("retry-1", 1, Accepted, Searching, "evt-retry");
+
+    // THEN it applies: nothing recorded it as processed
+    assert_eq!(
+        store.transition(fresh).await.unwrap(),
+        WriteOutcome::Applied { version: 2 }
+    );
+}
+
+#[tokio::test]
+async fn a_purchase_whose_worker_died_becomes_due_when_its_lease_expires() {
+    // GIVEN a worker took the purchase lease (20 minutes) and then died
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    request_with_offerings(&store, "orphan", "ml").await;
+    store
+        .begin_purchase(begin_purchase(
+            "orphan",
+            3,
+            OfferingsFound,
+            "dead",
+            t0(),
+            None,
+        ))
+        .await
+        .unwrap();
+
+    // WHEN the schedule asks for due purchases before and after the lease expiry
+    let before = store
+        .due(&[Purchasing], t0() + Duration::minutes(19))
+        .await
+        .unwrap();
+    let after = store
+        .due(&[Purchasing], t0() + Duration::minutes(20))
+        .await
+        .unwrap();
+
+    // THEN it is due exactly from the expiry on
+    assert!(before.is_empty(), "{before:?}");
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].request_id, request_id("orphan"));
+    assert_eq!(after[0].next_action_at, t0() + Duration::minutes(20));
+}
+
+#[test]
+fn the_state_table_is_on_demand_with_ttl_point_in_time_recovery_and_encryption() {
+    let p = integration_tests::table::state_table_properties().unwrap();
+
+    assert_eq!(p["BillingMode"], "PAY_PER_REQUEST");
+    assert_eq!(p["TimeToLiveSpecification"]["AttributeName"], "expires_at");
+    assert_eq!(p["TimeToLiveSpecification"]["Enabled"], true);
+    assert_eq!(
+        p["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"],
+        true
+    );
+    assert_eq!(p["SSESpecification"]["SSEEnabled"], true);
+    let due = &p["GlobalSecondaryIndexes"][0];
+    assert_eq!(due["IndexName"], "due");
+    assert_eq!(due["KeySchema"][0]["AttributeName"], "gsi_status");
+    assert_eq!(due["KeySchema"][1]["AttributeName"], "gsi_due");
+}
