@@ -1,0 +1,484 @@
+//! The adapters' error and retry branches against mocked SDK clients (`aws-smithy-mocks`):
+//! the wire answers are real EC2 XML and SageMaker JSON error bodies, parsed by the SDK, so
+//! classification is tested on what the SDK really hands us.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use aws_sdk_ec2::operation::describe_capacity_reservations::DescribeCapacityReservationsOutput;
+use aws_sdk_sagemaker::operation::describe_cluster::DescribeClusterOutput;
+use aws_sdk_sagemaker::operation::list_tags::ListTagsOutput;
+use aws_sdk_sagemaker::types::ClusterInstanceGroupDetails;
+use aws_smithy_mocks::{Rule, RuleMode, mock};
+use chrono::{TimeZone, Utc};
+
+use super::ec2::Ec2Adapter;
+use super::sagemaker::SageMakerAdapter;
+use crate::domain::catalog::PriceTable;
+use crate::domain::money::Usd;
+use crate::domain::naming::MANAGED_TAG;
+use crate::domain::offering::{Offering, Product, Segment, TargetResource};
+use crate::domain::request::{LaunchTemplateRef, RequestId};
+use crate::ports::{LaunchMarket, LaunchSpec, PortError, PurchaseSpec};
+
+const REGION: &str = "us-east-1";
+
+fn retry(standard: bool) -> aws_sdk_ec2::config::retry::RetryConfig {
+    if standard {
+        aws_sdk_ec2::config::retry::RetryConfig::standard()
+            .with_max_attempts(3)
+            .with_initial_backoff(Duration::from_millis(1))
+            .with_max_backoff(Duration::from_millis(2))
+    } else {
+        aws_sdk_ec2::config::retry::RetryConfig::disabled()
+    }
+}
+
+/// An EC2 client answering from `rules`, with the SDK's standard retries (3 attempts)
+/// unless `retries` is false.
+fn ec2(rules: &[&Rule], retries: bool) -> Ec2Adapter {
+    let mut interceptor =
+        aws_smithy_mocks::MockResponseInterceptor::new().rule_mode(RuleMode::MatchAny);
+    for r in rules {
+        interceptor = interceptor.with_rule(r);
+    }
+    let conf = aws_sdk_ec2::Config::builder()
+        .behavior_version(aws_sdk_ec2::config::BehaviorVersion::latest())
+        .region(aws_sdk_ec2::config::Region::new(REGION))
+        .credentials_provider(aws_sdk_ec2::config::Credentials::new(
+            "AKID", "SECRET", None, None, "test",
+        ))
+        .retry_config(retry(retries))
+        .http_client(aws_smithy_mocks::create_mock_http_client())
+        .interceptor(interceptor)
+        .build();
+    let sdk = aws_config::SdkConfig::builder().build();
+    Ec2Adapter::new(&sdk, PriceTable::default())
+        .with_client(REGION, aws_sdk_ec2::Client::from_conf(conf))
+}
+
+fn sagemaker(rules: &[&Rule], retries: bool) -> SageMakerAdapter {
+    let mut interceptor =
+        aws_smithy_mocks::MockResponseInterceptor::new().rule_mode(RuleMode::MatchAny);
+    for r in rules {
+        interceptor = interceptor.with_rule(r);
+    }
+    let conf = aws_sdk_sagemaker::Config::builder()
+        .behavior_version(aws_sdk_sagemaker::config::BehaviorVersion::latest())
+        .region(aws_sdk_sagemaker::config::Region::new(REGION))
+        .credentials_provider(aws_sdk_sagemaker::config::Credentials::new(
+            "AKID", "SECRET", None, None, "test",
+        ))
+        .retry_config(retry(retries))
+        .http_client(aws_smithy_mocks::create_mock_http_client())
+        .interceptor(interceptor)
+        .build();
+    let sdk = aws_config::SdkConfig::builder().build();
+    SageMakerAdapter::new(&sdk, PriceTable::default())
+        .with_client(REGION, aws_sdk_sagemaker::Client::from_conf(conf))
+}
+
+/// An EC2 Query-protocol error body.
+fn ec2_error(code: &str, message: &str) -> Option<String> {
+    Some(format!(
+        "<Response><Errors><Error><Code>{code}</Code><Message>{message}</Message></Error></Errors><RequestID>r-1</RequestID></Response>"
+    ))
+}
+
+/// An awsJson error body.
+fn json_error(code: &str, message: &str) -> Option<String> {
+    Some(format!(r#"{{"__type":"{code}","message":"{message}"}}"#))
+}
+
+fn block_offering() -> Offering {
+    let start = Utc.with_ymd_and_hms(2026, 12, 7, 11, 30, 0).unwrap();
+    Offering::new(
+        "cb-0123456789abcdef0",
+        Product::CapacityBlock,
+        REGION,
+        "p5.48xlarge",
+        1,
+        vec![Segment {
+            start,
+            end: start + chrono::Duration::hours(24),
+            availability_zone: Some("us-east-1a".into()),
+        }],
+        Usd::parse("1000.00").unwrap(),
+        &PriceTable::default(),
+    )
+}
+
+fn plan_offering() -> Offering {
+    let mut o = block_offering();
+    o.id = "tpo-1".into();
+    o.product = Product::TrainingPlan {
+        target: TargetResource::TrainingJob,
+    };
+    o.instance_type = "ml.p5.48xlarge".into();
+    o
+}
+
+fn spec() -> PurchaseSpec {
+    let request_id = RequestId::parse("req-1").unwrap();
+    PurchaseSpec {
+        plan_name: crate::domain::naming::plan_name(&request_id, 0),
+        request_id,
+        instance_platform: "Linux/UNIX".into(),
+        tags: BTreeMap::new(),
+    }
+}
+
+#[tokio::test]
+async fn a_capacity_block_purchase_whose_answer_is_lost_is_outcome_unknown_and_sent_once() {
+    let rule = mock!(aws_sdk_ec2::Client::purchase_capacity_block)
+        .sequence()
+        .http_status(
+            500,
+            ec2_error("InternalError", "An internal error has occurred"),
+        )
+        .times(3)
+        .build();
+    let adapter = ec2(&[&rule], true);
+    let err = adapter
+        .purchase_block(&block_offering(), &spec())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PortError::OutcomeUnknown { .. }), "{err:?}");
+    assert!(err.to_string().contains("InternalError"), "{err}");
+    assert_eq!(rule.num_calls(), 1, "the SDK must not retry a purchase");
+}
+
+#[tokio::test]
+async fn a_throttled_purchase_is_throttled_and_not_retried_either() {
+    let rule = mock!(aws_sdk_ec2::Client::purchase_capacity_block)
+        .sequence()
+        .http_status(
+            503,
+            ec2_error("RequestLimitExceeded", "Request limit exceeded."),
+        )
+        .times(3)
+        .build();
+    let adapter = ec2(&[&rule], true);
+    let err = adapter
+        .purchase_block(&block_offering(), &spec())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("RequestLimitExceeded"));
+    assert!(matches!(err, PortError::Throttled { .. }));
+    assert_eq!(rule.num_calls(), 1);
+}
+
+#[tokio::test]
+async fn the_three_offering_codes_without_a_dot_mean_the_offering_is_gone() {
+    for code in [
+        "InvalidCapacityBlockOfferingIdNotFound",
+        "InvalidCapacityBlockOfferingIdExpired",
+        "InvalidCapacityBlockOfferingIdMalformed",
+    ] {
+        let rule = mock!(aws_sdk_ec2::Client::purchase_capacity_block)
+            .sequence()
+            .http_status(400, ec2_error(code, "The offering is gone."))
+            .build();
+        let err = ec2(&[&rule], true)
+            .purchase_block(&block_offering(), &spec())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, PortError::OfferingGone { .. }),
+            "{code}: {err:?}"
+        );
+        assert_eq!(err.code(), Some(code));
+        assert!(err.to_string().contains("The offering is gone."));
+    }
+}
+
+#[tokio::test]
+async fn a_read_that_fails_with_a_500_is_retried_by_the_sdk_and_succeeds() {
+    let rule = mock!(aws_sdk_ec2::Client::describe_capacity_reservations)
+        .sequence()
+        .http_status(500, ec2_error("InternalError", "oops"))
+        .times(2)
+        .output(|| DescribeCapacityReservationsOutput::builder().build())
+        .build();
+    let adapter = ec2(&[&rule], true);
+    let found = adapter
+        .describe_reservation(REGION, "cr-0123456789abcdef0")
+        .await
+        .unwrap();
+    assert_eq!(found, None);
+    assert_eq!(rule.num_calls(), 3);
+}
+
+#[tokio::test]
+async fn a_read_failing_every_attempt_is_transient() {
+    let rule = mock!(aws_sdk_ec2::Client::describe_capacity_reservations)
+        .sequence()
+        .http_status(503, ec2_error("Unavailable", "busy"))
+        .times(3)
+        .build();
+    let err = ec2(&[&rule], true)
+        .describe_reservation(REGION, "cr-0123456789abcdef0")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PortError::Transient { .. }), "{err:?}");
+    assert!(err.is_retryable());
+}
+
+#[tokio::test]
+async fn an_unknown_reservation_id_is_none() {
+    let rule = mock!(aws_sdk_ec2::Client::describe_capacity_reservations)
+        .sequence()
+        .http_status(
+            400,
+            ec2_error(
+                "InvalidCapacityReservationId.NotFound",
+                "no such reservation",
+            ),
+        )
+        .build();
+    let found = ec2(&[&rule], false)
+        .describe_reservation(REGION, "cr-0123456789abcdef0")
+        .await
+        .unwrap();
+    assert_eq!(found, None);
+}
+
+fn launch(market: LaunchMarket) -> LaunchSpec {
+    LaunchSpec {
+        region: REGION.into(),
+        market,
+        instance_type: "p5.48xlarge".into(),
+        count: 2,
+        subnet_id: "subnet-1".into(),
+        launch_template: LaunchTemplateRef {
+            id: None,
+            name: Some("gpu".into()),
+            version: None,
+        },
+        client_token: "cp-token".into(),
+        tags: BTreeMap::from([("team".to_string(), "a".to_string())]),
+    }
+}
+
+#[tokio::test]
+async fn missing_capacity_on_launch_is_no_capacity() {
+    for (status, code) in [
+        (500, "InsufficientInstanceCapacity"),
+        (400, "ReservationCapacityExceeded"),
+    ] {
+        let rule = mock!(aws_sdk_ec2::Client::run_instances)
+            .sequence()
+            .http_status(status, ec2_error(code, "not enough capacity"))
+            .build();
+        let err = ec2(&[&rule], false)
+            .launch_instances(&launch(LaunchMarket::OnDemand))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, PortError::NoCapacity { .. }),
+            "{code}: {err:?}"
+        );
+        assert_eq!(err.code(), Some(code));
+    }
+}
+
+#[tokio::test]
+async fn a_launch_into_a_block_names_the_market_the_reservation_the_token_and_our_tags() {
+    let rule = mock!(aws_sdk_ec2::Client::run_instances)
+        .match_requests(|r| {
+            r.instance_market_options()
+                .and_then(|m| m.market_type())
+                .map(|m| m.as_str())
+                == Some("capacity-block")
+                && r.capacity_reservation_specification()
+                    .and_then(|s| s.capacity_reservation_target())
+                    .and_then(|t| t.capacity_reservation_id())
+                    == Some("cr-1")
+                && r.client_token() == Some("cp-token")
+                && r.min_count() == Some(2)
+                && r.max_count() == Some(2)
+                && r.launch_template().and_then(|t| t.launch_template_name()) == Some("gpu")
+                && r.tag_specifications().iter().any(|s| {
+                    s.resource_type().map(|t| t.as_str()) == Some("instance")
+                        && s.tags().iter().any(|t| t.key() == Some(MANAGED_TAG))
+                        && s.tags().iter().any(|t| t.key() == Some("team"))
+                })
+        })
+        .then_output(|| {
+            aws_sdk_ec2::operation::run_instances::RunInstancesOutput::builder().build()
+        });
+    let out = ec2(&[&rule], false)
+        .launch_instances(&launch(LaunchMarket::CapacityBlock {
+            reservation_id: "cr-1".into(),
+        }))
+        .await
+        .unwrap();
+    assert!(out.is_empty());
+    assert_eq!(rule.num_calls(), 1);
+}
+
+#[tokio::test]
+async fn a_training_plan_purchase_is_sent_once_and_a_taken_name_means_reconcile() {
+    let rule = mock!(aws_sdk_sagemaker::Client::create_training_plan)
+        .sequence()
+        .http_status(
+            400,
+            json_error("ResourceInUse", "Training plan cp-req-1 already exists"),
+        )
+        .build();
+    let err = sagemaker(&[&rule], true)
+        .purchase_plan(&plan_offering(), &spec())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PortError::OutcomeUnknown { .. }), "{err:?}");
+    assert_eq!(rule.num_calls(), 1);
+
+    let rule = mock!(aws_sdk_sagemaker::Client::create_training_plan)
+        .sequence()
+        .http_status(500, json_error("InternalFailure", "oops"))
+        .times(3)
+        .build();
+    let err = sagemaker(&[&rule], true)
+        .purchase_plan(&plan_offering(), &spec())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PortError::OutcomeUnknown { .. }), "{err:?}");
+    assert_eq!(rule.num_calls(), 1, "the SDK must not retry a purchase");
+}
+
+#[tokio::test]
+async fn an_unknown_training_plan_offering_is_gone() {
+    let rule = mock!(aws_sdk_sagemaker::Client::create_training_plan)
+        .sequence()
+        .http_status(
+            400,
+            json_error(
+                "ResourceNotFound",
+                "Training plan offering tpo-1 is not available",
+            ),
+        )
+        .build();
+    let err = sagemaker(&[&rule], false)
+        .purchase_plan(&plan_offering(), &spec())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PortError::OfferingGone { .. }), "{err:?}");
+    assert_eq!(err.code(), Some("ResourceNotFound"));
+}
+
+#[tokio::test]
+async fn sagemakers_not_found_validation_exception_is_none_and_other_validation_errors_fail() {
+    let rule = mock!(aws_sdk_sagemaker::Client::describe_training_job)
+        .sequence()
+        .http_status(
+            400,
+            json_error("ValidationException", "Requested resource not found."),
+        )
+        .http_status(
+            400,
+            json_error("ValidationException", "1 validation error detected"),
+        )
+        .build();
+    let adapter = sagemaker(&[&rule], false);
+    assert_eq!(
+        adapter.describe_training_job(REGION, "job").await.unwrap(),
+        None
+    );
+    let err = adapter
+        .describe_training_job(REGION, "job")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PortError::Permanent { .. }), "{err:?}");
+    assert_eq!(err.code(), Some("ValidationException"));
+}
+
+#[tokio::test]
+async fn deleting_a_missing_endpoint_and_config_succeeds() {
+    let ep = mock!(aws_sdk_sagemaker::Client::delete_endpoint)
+        .sequence()
+        .http_status(
+            400,
+            json_error(
+                "ValidationException",
+                "Could not find endpoint \\\"arn:aws:sagemaker:us-east-1:1:endpoint/e\\\".",
+            ),
+        )
+        .build();
+    let cfg = mock!(aws_sdk_sagemaker::Client::delete_endpoint_config)
+        .sequence()
+        .http_status(
+            400,
+            json_error(
+                "ValidationException",
+                "Could not find endpoint configuration \\\"c\\\".",
+            ),
+        )
+        .build();
+    sagemaker(&[&ep, &cfg], false)
+        .delete_endpoint(REGION, "e", "c")
+        .await
+        .unwrap();
+    assert_eq!((ep.num_calls(), cfg.num_calls()), (1, 1));
+}
+
+#[tokio::test]
+async fn stopping_a_job_that_already_finished_succeeds() {
+    let rule = mock!(aws_sdk_sagemaker::Client::stop_training_job)
+        .sequence()
+        .http_status(
+            400,
+            json_error(
+                "ValidationException",
+                "The request was rejected because the training job is in status Completed.",
+            ),
+        )
+        .build();
+    sagemaker(&[&rule], false)
+        .stop_training_job(REGION, "job")
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn an_instance_group_reports_counts_and_whether_its_cluster_is_ours() {
+    let describe = mock!(aws_sdk_sagemaker::Client::describe_cluster).then_output(|| {
+        DescribeClusterOutput::builder()
+            .cluster_arn("arn:aws:sagemaker:us-east-1:1:cluster/abc")
+            .cluster_name("c")
+            .instance_groups(
+                ClusterInstanceGroupDetails::builder()
+                    .instance_group_name("g")
+                    .current_count(2)
+                    .target_count(4)
+                    .status("Updating".into())
+                    .build(),
+            )
+            .build()
+    });
+    let tags = mock!(aws_sdk_sagemaker::Client::list_tags).then_output(|| {
+        ListTagsOutput::builder()
+            .tags(
+                aws_sdk_sagemaker::types::Tag::builder()
+                    .key(MANAGED_TAG)
+                    .value("true")
+                    .build(),
+            )
+            .build()
+    });
+    let adapter = sagemaker(&[&describe, &tags], false);
+    let g = adapter
+        .describe_instance_group(REGION, "c", "g")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(g.cluster_managed);
+    assert_eq!(g.instance_group_name.as_deref(), Some("g"));
+    assert_eq!((g.current_count, g.target_count), (2, 4));
+    assert_eq!(g.status, "Updating");
+    let other = adapter
+        .describe_instance_group(REGION, "c", "missing")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(other.instance_group_name, None);
+}

@@ -1,0 +1,726 @@
+//! EC2 behind the ports: Capacity Block offerings, purchases and reservations for
+//! `CapacityMarket`, and instances for `Workloads`. All EC2 <-> domain conversion is here.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use aws_config::SdkConfig;
+use aws_sdk_ec2::Client;
+use aws_sdk_ec2::config::retry::RetryConfig;
+use aws_sdk_ec2::types::{CapacityBlockOffering, InstanceType as Ec2InstanceType};
+use aws_sdk_ec2::types::{
+    CapacityReservation, CapacityReservationInstancePlatform, CapacityReservationSpecification,
+    CapacityReservationTarget, Filter, Instance, InstanceInterruptionBehavior,
+    InstanceMarketOptionsRequest, InstanceStatus, LaunchTemplateSpecification, MarketType,
+    ResourceType, SpotInstanceType, SpotMarketOptions, Tag, TagSpecification,
+};
+use chrono::{DateTime, Utc};
+
+use super::error::{Call, Failure, classify, malformed, to_chrono, to_smithy};
+use super::regional::Regional;
+use crate::domain::catalog::PriceTable;
+use crate::domain::money::Usd;
+use crate::domain::naming::{MANAGED_TAG, REQUEST_TAG};
+use crate::domain::offering::{Offering, Product, Segment};
+use crate::domain::request::RequestId;
+use crate::domain::reservation::{Reservation, ReservationState};
+use crate::ports::{
+    InstanceFilter, InstanceHealth, InstanceInfo, InstanceState, LaunchMarket, LaunchSpec,
+    OfferingQuery, PortError, PurchaseSpec,
+};
+
+pub const SERVICE: &str = "ec2";
+
+/// Tag recording the offering a block was bought from: a Capacity Reservation does not say,
+/// and an adopted reservation (found by tag after a lost response) needs it.
+pub const OFFERING_TAG: &str = "capacity-pilot:offering-id";
+/// Tag recording the upfront fee paid: a Capacity Reservation does not carry its price.
+pub const FEE_TAG: &str = "capacity-pilot:upfront-fee-usd";
+
+/// DescribeInstanceStatus accepts at most 100 ids; TerminateInstances 1000.
+const STATUS_BATCH: usize = 100;
+const TERMINATE_BATCH: usize = 1000;
+
+/// The EC2 adapter, one client per region.
+#[derive(Clone, Debug)]
+pub struct Ec2Adapter {
+    clients: Regional<Client>,
+    prices: Arc<PriceTable>,
+}
+
+fn build_client(config: &SdkConfig, region: &str) -> Client {
+    let conf = aws_sdk_ec2::config::Builder::from(config)
+        .region(aws_sdk_ec2::config::Region::new(region.to_string()))
+        .build();
+    Client::from_conf(conf)
+}
+
+fn err<E>(
+    op: &'static str,
+    call: Call,
+) -> impl FnOnce(aws_sdk_ec2::error::SdkError<E, aws_sdk_ec2::config::http::HttpResponse>) -> PortError
+where
+    E: aws_sdk_ec2::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    move |e| classify(SERVICE, op, call, e)
+}
+
+fn tags_of(tags: &[Tag]) -> BTreeMap<String, String> {
+    tags.iter()
+        .filter_map(|t| {
+            Some((
+                t.key()?.to_string(),
+                t.value().unwrap_or_default().to_string(),
+            ))
+        })
+        .collect()
+}
+
+fn tag_spec(resource: ResourceType, tags: &BTreeMap<String, String>) -> TagSpecification {
+    let mut b = TagSpecification::builder().resource_type(resource);
+    for (k, v) in tags {
+        b = b.tags(Tag::builder().key(k).value(v).build());
+    }
+    b.build()
+}
+
+fn time(
+    op: &'static str,
+    what: &str,
+    t: Option<&aws_smithy_types::DateTime>,
+) -> Result<DateTime<Utc>, PortError> {
+    t.and_then(to_chrono)
+        .ok_or_else(|| malformed(SERVICE, op, format!("{what} is missing or out of range")))
+}
+
+fn count(op: &'static str, what: &str, n: Option<i32>) -> Result<u32, PortError> {
+    n.and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| malformed(SERVICE, op, format!("{what} is missing or negative")))
+}
+
+fn i32_of(op: &'static str, what: &str, n: u32) -> Result<i32, PortError> {
+    i32::try_from(n).map_err(|_| PortError::Permanent {
+        service: SERVICE,
+        code: "InvalidParameterValue".to_string(),
+        message: format!("{op}: {what} {n} is too large"),
+    })
+}
+
+/// EC2's Capacity Reservation states, mapped to the domain's.
+pub fn reservation_state(s: &str) -> ReservationState {
+    match s {
+        "payment-pending" => ReservationState::PaymentPending,
+        "payment-failed" => ReservationState::PaymentFailed,
+        "scheduled" => ReservationState::Scheduled,
+        "active" => ReservationState::Active,
+        "expired" => ReservationState::Expired,
+        "cancelled" => ReservationState::Cancelled,
+        "failed" => ReservationState::Failed,
+        "unavailable" => ReservationState::Unavailable,
+        other => {
+            tracing::warn!(state = other, "unknown capacity reservation state");
+            ReservationState::Unknown
+        }
+    }
+}
+
+fn instance_state(s: &str) -> Option<InstanceState> {
+    Some(match s {
+        "pending" => InstanceState::Pending,
+        "running" => InstanceState::Running,
+        "shutting-down" => InstanceState::ShuttingDown,
+        "terminated" => InstanceState::Terminated,
+        "stopping" => InstanceState::Stopping,
+        "stopped" => InstanceState::Stopped,
+        _ => return None,
+    })
+}
+
+/// Health from the instance, system and attached-EBS status checks: any impaired check is
+/// impaired; all passing is ok; anything else (initializing, no data, not running) unknown.
+pub fn health_of(status: &InstanceStatus) -> InstanceHealth {
+    let checks = [
+        status
+            .instance_status()
+            .and_then(|s| s.status())
+            .map(|s| s.as_str()),
+        status
+            .system_status()
+            .and_then(|s| s.status())
+            .map(|s| s.as_str()),
+    ];
+    let ebs = status
+        .attached_ebs_status()
+        .and_then(|s| s.status())
+        .map(|s| s.as_str());
+    if checks.contains(&Some("impaired")) || ebs == Some("impaired") {
+        InstanceHealth::Impaired
+    } else if checks.iter().all(|c| *c == Some("ok")) {
+        InstanceHealth::Ok
+    } else {
+        InstanceHealth::Unknown
+    }
+}
+
+impl Ec2Adapter {
+    /// Clients for every region are built from `config` on first use.
+    pub fn new(config: &SdkConfig, prices: PriceTable) -> Ec2Adapter {
+        Ec2Adapter {
+            clients: Regional::new(config, build_client),
+            prices: Arc::new(prices),
+        }
+    }
+
+    /// Uses `client` for `region` (tests with mocked clients).
+    pub fn with_client(self, region: &str, client: Client) -> Ec2Adapter {
+        self.clients.insert(region, client);
+        self
+    }
+
+    pub fn client(&self, region: &str) -> Client {
+        self.clients.get(region)
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Capacity Blocks
+    // ----------------------------------------------------------------------------------
+
+    /// DescribeCapacityBlockOfferings over every page, priced against on-demand.
+    pub async fn search_blocks(&self, q: &OfferingQuery) -> Result<Vec<Offering>, PortError> {
+        const OP: &str = "DescribeCapacityBlockOfferings";
+        let mut pages = self
+            .client(&q.region)
+            .describe_capacity_block_offerings()
+            .instance_type(&q.instance_type)
+            .instance_count(i32_of(OP, "InstanceCount", q.instance_count)?)
+            .capacity_duration_hours(i32_of(OP, "CapacityDurationHours", q.duration_hours)?)
+            .start_date_range(to_smithy(q.start_from))
+            .end_date_range(to_smithy(q.end_by))
+            .into_paginator()
+            .items()
+            .send();
+        let mut out = Vec::new();
+        while let Some(item) = pages.next().await {
+            let o = item.map_err(err(OP, Call::Retryable))?;
+            if let Some(offering) = self.offering(&q.region, &o)? {
+                out.push(offering);
+            }
+        }
+        tracing::debug!(region = %q.region, instance_type = %q.instance_type, found = out.len(), "capacity block offerings");
+        Ok(out)
+    }
+
+    fn offering(
+        &self,
+        region: &str,
+        o: &CapacityBlockOffering,
+    ) -> Result<Option<Offering>, PortError> {
+        const OP: &str = "DescribeCapacityBlockOfferings";
+        let id = o
+            .capacity_block_offering_id()
+            .ok_or_else(|| malformed(SERVICE, OP, "an offering has no id"))?;
+        let currency = o.currency_code().unwrap_or("USD");
+        if currency != "USD" {
+            // Budgets are in USD; an offering we can't price is not one we can buy.
+            tracing::warn!(
+                offering_id = id,
+                currency,
+                "skipping an offering not priced in USD"
+            );
+            return Ok(None);
+        }
+        let fee = o
+            .upfront_fee()
+            .ok_or_else(|| malformed(SERVICE, OP, format!("offering {id} has no UpfrontFee")))
+            .and_then(|f| {
+                Usd::parse(f).map_err(|e| {
+                    malformed(SERVICE, OP, format!("offering {id} UpfrontFee {f:?}: {e}"))
+                })
+            })?;
+        let segment = Segment {
+            start: time(OP, "StartDate", o.start_date())?,
+            end: time(OP, "EndDate", o.end_date())?,
+            availability_zone: o.availability_zone().map(str::to_string),
+        };
+        Ok(Some(Offering::new(
+            id,
+            Product::CapacityBlock,
+            region,
+            o.instance_type().unwrap_or_default(),
+            count(OP, "InstanceCount", o.instance_count())?,
+            vec![segment],
+            fee,
+            &self.prices,
+        )))
+    }
+
+    /// PurchaseCapacityBlock with SDK retries disabled: the API has no idempotency token, so
+    /// a retry after a lost response would buy a second block. Any doubt is
+    /// `OutcomeUnknown`, settled by [`Ec2Adapter::reservations_for_request`].
+    pub async fn purchase_block(
+        &self,
+        offering: &Offering,
+        spec: &PurchaseSpec,
+    ) -> Result<Reservation, PortError> {
+        const OP: &str = "PurchaseCapacityBlock";
+        let mut tags = spec.tags.clone();
+        tags.entry(MANAGED_TAG.to_string())
+            .or_insert_with(|| "true".to_string());
+        tags.insert(REQUEST_TAG.to_string(), spec.request_id.to_string());
+        tags.insert(OFFERING_TAG.to_string(), offering.id.clone());
+        tags.insert(FEE_TAG.to_string(), offering.upfront_fee.to_string());
+        tracing::info!(
+            request_id = %spec.request_id,
+            offering_id = %offering.id,
+            region = %offering.region,
+            upfront_fee = %offering.upfront_fee,
+            "purchasing capacity block"
+        );
+        let out = self
+            .client(&offering.region)
+            .purchase_capacity_block()
+            .capacity_block_offering_id(&offering.id)
+            .instance_platform(CapacityReservationInstancePlatform::from(
+                spec.instance_platform.as_str(),
+            ))
+            .tag_specifications(tag_spec(ResourceType::CapacityReservation, &tags))
+            .customize()
+            .config_override(
+                aws_sdk_ec2::config::Builder::default().retry_config(RetryConfig::disabled()),
+            )
+            .send()
+            .await
+            .map_err(err(OP, Call::Purchase))?;
+        let cr = out.capacity_reservation().ok_or_else(|| {
+            // It may well have bought: reconcile by tag.
+            PortError::OutcomeUnknown {
+                service: SERVICE,
+                message: format!("{OP}: the response has no capacityReservation"),
+            }
+        })?;
+        let ultraserver = out
+            .capacity_blocks()
+            .iter()
+            .any(|b| b.ultraserver_type().is_some());
+        let mut r =
+            self.reservation(&offering.region, cr)
+                .map_err(|e| PortError::OutcomeUnknown {
+                    service: SERVICE,
+                    message: format!("{OP}: bought, but the response is unreadable: {e}"),
+                })?;
+        r.upfront_fee = offering.upfront_fee;
+        r.offering_id = Some(offering.id.clone());
+        r.request_tag = Some(spec.request_id.to_string());
+        r.ultraserver |= ultraserver;
+        Ok(r)
+    }
+
+    fn reservation(
+        &self,
+        region: &str,
+        cr: &CapacityReservation,
+    ) -> Result<Reservation, PortError> {
+        const OP: &str = "DescribeCapacityReservations";
+        let id = cr
+            .capacity_reservation_id()
+            .ok_or_else(|| malformed(SERVICE, OP, "a reservation has no id"))?;
+        let tags = tags_of(cr.tags());
+        let upfront_fee = match tags.get(FEE_TAG) {
+            Some(f) => Usd::parse(f)
+                .map_err(|e| malformed(SERVICE, OP, format!("{id} tag {FEE_TAG}={f:?}: {e}")))?,
+            // Not bought by us (or tags stripped): the price is not on the reservation.
+            None => Usd::ZERO,
+        };
+        Ok(Reservation {
+            id: id.to_string(),
+            product: Product::CapacityBlock,
+            region: region.to_string(),
+            instance_type: cr.instance_type().unwrap_or_default().to_string(),
+            instance_count: count(OP, "TotalInstanceCount", cr.total_instance_count())?,
+            segments: vec![Segment {
+                start: time(OP, "StartDate", cr.start_date())?,
+                end: time(OP, "EndDate", cr.end_date())?,
+                availability_zone: cr.availability_zone().map(str::to_string),
+            }],
+            upfront_fee,
+            state: cr
+                .state()
+                .map(|s| reservation_state(s.as_str()))
+                .unwrap_or(ReservationState::Unknown),
+            offering_id: tags.get(OFFERING_TAG).cloned(),
+            request_tag: tags.get(REQUEST_TAG).cloned(),
+            ultraserver: cr.instance_type().is_some_and(|t| t.starts_with("u-")),
+        })
+    }
+
+    /// One Capacity Reservation by id; `None` when EC2 does not know it.
+    pub async fn describe_reservation(
+        &self,
+        region: &str,
+        reservation_id: &str,
+    ) -> Result<Option<Reservation>, PortError> {
+        const OP: &str = "DescribeCapacityReservations";
+        let res = self
+            .client(region)
+            .describe_capacity_reservations()
+            .capacity_reservation_ids(reservation_id)
+            .send()
+            .await;
+        let out = match res {
+            Ok(out) => out,
+            Err(e) => {
+                let f = Failure::from_sdk(OP, e);
+                if f.code == "InvalidCapacityReservationId.NotFound" {
+                    return Ok(None);
+                }
+                return Err(f.into_port(SERVICE, Call::Retryable));
+            }
+        };
+        out.capacity_reservations()
+            .iter()
+            .find(|cr| cr.capacity_reservation_id() == Some(reservation_id))
+            .map(|cr| self.reservation(region, cr))
+            .transpose()
+    }
+
+    /// Every Capacity Block reservation tagged with the request id, over every page.
+    pub async fn reservations_for_request(
+        &self,
+        region: &str,
+        request_id: &RequestId,
+    ) -> Result<Vec<Reservation>, PortError> {
+        const OP: &str = "DescribeCapacityReservations";
+        let mut pages = self
+            .client(region)
+            .describe_capacity_reservations()
+            .filters(
+                Filter::builder()
+                    .name(format!("tag:{REQUEST_TAG}"))
+                    .values(request_id.as_str())
+                    .build(),
+            )
+            .into_paginator()
+            .items()
+            .send();
+        let mut out = Vec::new();
+        while let Some(item) = pages.next().await {
+            let cr = item.map_err(err(OP, Call::Retryable))?;
+            let is_block = cr
+                .reservation_type()
+                .is_none_or(|t| t.as_str() == "capacity-block");
+            if is_block {
+                out.push(self.reservation(region, &cr)?);
+            }
+        }
+        Ok(out)
+    }
+
+    // ----------------------------------------------------------------------------------
+    // Instances
+    // ----------------------------------------------------------------------------------
+
+    /// RunInstances from the launch template, idempotent through the client token.
+    pub async fn launch_instances(
+        &self,
+        spec: &LaunchSpec,
+    ) -> Result<Vec<InstanceInfo>, PortError> {
+        const OP: &str = "RunInstances";
+        let n = i32_of(OP, "count", spec.count)?;
+        let lt = &spec.launch_template;
+        let mut template = LaunchTemplateSpecification::builder()
+            .version(lt.version.clone().unwrap_or_else(|| "$Default".to_string()));
+        if let Some(id) = &lt.id {
+            template = template.launch_template_id(id);
+        } else if let Some(name) = &lt.name {
+            template = template.launch_template_name(name);
+        }
+        let mut tags = spec.tags.clone();
+        tags.entry(MANAGED_TAG.to_string())
+            .or_insert_with(|| "true".to_string());
+        let mut req = self
+            .client(&spec.region)
+            .run_instances()
+            .launch_template(template.build())
+            .instance_type(Ec2InstanceType::from(spec.instance_type.as_str()))
+            .min_count(n)
+            .max_count(n)
+            .subnet_id(&spec.subnet_id)
+            .client_token(&spec.client_token)
+            .tag_specifications(tag_spec(ResourceType::Instance, &tags));
+        match &spec.market {
+            LaunchMarket::CapacityBlock { reservation_id } => {
+                req = req
+                    .instance_market_options(
+                        InstanceMarketOptionsRequest::builder()
+                            .market_type(MarketType::CapacityBlock)
+                            .build(),
+                    )
+                    .capacity_reservation_specification(
+                        CapacityReservationSpecification::builder()
+                            .capacity_reservation_target(
+                                CapacityReservationTarget::builder()
+                                    .capacity_reservation_id(reservation_id)
+                                    .build(),
+                            )
+                            .build(),
+                    );
+            }
+            LaunchMarket::Spot => {
+                req = req.instance_market_options(
+                    InstanceMarketOptionsRequest::builder()
+                        .market_type(MarketType::Spot)
+                        .spot_options(
+                            SpotMarketOptions::builder()
+                                .spot_instance_type(SpotInstanceType::OneTime)
+                                .instance_interruption_behavior(
+                                    InstanceInterruptionBehavior::Terminate,
+                                )
+                                .build(),
+                        )
+                        .build(),
+                );
+            }
+            LaunchMarket::OnDemand => {}
+        }
+        tracing::info!(
+            region = %spec.region,
+            market = ?spec.market,
+            instance_type = %spec.instance_type,
+            count = spec.count,
+            client_token = %spec.client_token,
+            "launching instances"
+        );
+        let out = req.send().await.map_err(err(OP, Call::Retryable))?;
+        out.instances()
+            .iter()
+            .map(|i| instance_info(&spec.region, i, InstanceHealth::Unknown))
+            .collect()
+    }
+
+    /// DescribeInstances over every page, merged with DescribeInstanceStatus
+    /// (`IncludeAllInstances`) for health. Ids are passed as a filter, so an id EC2 has
+    /// forgotten is simply absent instead of failing the call.
+    pub async fn describe_instances(
+        &self,
+        region: &str,
+        filter: &InstanceFilter,
+    ) -> Result<Vec<InstanceInfo>, PortError> {
+        const OP: &str = "DescribeInstances";
+        let client = self.client(region);
+        let mut filters = Vec::new();
+        if !filter.instance_ids.is_empty() {
+            filters.push(
+                Filter::builder()
+                    .name("instance-id")
+                    .set_values(Some(filter.instance_ids.clone()))
+                    .build(),
+            );
+        }
+        if let Some(r) = &filter.reservation_id {
+            filters.push(
+                Filter::builder()
+                    .name("capacity-reservation-id")
+                    .values(r)
+                    .build(),
+            );
+        }
+        if let Some(r) = &filter.request_id {
+            filters.push(
+                Filter::builder()
+                    .name(format!("tag:{REQUEST_TAG}"))
+                    .values(r.as_str())
+                    .build(),
+            );
+        }
+        if filter.managed_only {
+            filters.push(
+                Filter::builder()
+                    .name("tag-key")
+                    .values(MANAGED_TAG)
+                    .build(),
+            );
+        }
+        let mut pages = client
+            .describe_instances()
+            .set_filters(Some(filters))
+            .into_paginator()
+            .send();
+        let mut out = Vec::new();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(err(OP, Call::Retryable))?;
+            for r in page.reservations() {
+                for i in r.instances() {
+                    out.push(instance_info(region, i, InstanceHealth::Unknown)?);
+                }
+            }
+        }
+        let ids: Vec<String> = out.iter().map(|i| i.instance_id.clone()).collect();
+        let health = self.health(&client, &ids).await?;
+        for i in &mut out {
+            if let Some(h) = health.get(&i.instance_id) {
+                i.health = *h;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn health(
+        &self,
+        client: &Client,
+        ids: &[String],
+    ) -> Result<BTreeMap<String, InstanceHealth>, PortError> {
+        let mut out = BTreeMap::new();
+        for chunk in ids.chunks(STATUS_BATCH) {
+            match self.statuses(client, chunk).await {
+                Ok(found) => out.extend(found),
+                // `instance-id` is no DescribeInstanceStatus filter, so ids go as ids, and one
+                // forgotten between the two calls fails them all: ask one by one instead.
+                Err(f) if f.code == "InvalidInstanceID.NotFound" => {
+                    for id in chunk {
+                        match self.statuses(client, std::slice::from_ref(id)).await {
+                            Ok(found) => out.extend(found),
+                            Err(f) if f.code == "InvalidInstanceID.NotFound" => {}
+                            Err(f) => return Err(f.into_port(SERVICE, Call::Retryable)),
+                        }
+                    }
+                }
+                Err(f) => return Err(f.into_port(SERVICE, Call::Retryable)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// DescribeInstanceStatus (`IncludeAllInstances`, so stopped and pending ones too).
+    async fn statuses(
+        &self,
+        client: &Client,
+        ids: &[String],
+    ) -> Result<Vec<(String, InstanceHealth)>, Failure> {
+        const OP: &str = "DescribeInstanceStatus";
+        let mut pages = client
+            .describe_instance_status()
+            .include_all_instances(true)
+            .set_instance_ids(Some(ids.to_vec()))
+            .into_paginator()
+            .items()
+            .send();
+        let mut out = Vec::new();
+        while let Some(s) = pages.next().await {
+            let s = s.map_err(|e| Failure::from_sdk(OP, e))?;
+            if let Some(id) = s.instance_id() {
+                out.push((id.to_string(), health_of(&s)));
+            }
+        }
+        Ok(out)
+    }
+
+    /// TerminateInstances; terminating a terminated or forgotten instance succeeds.
+    pub async fn terminate_instances(
+        &self,
+        region: &str,
+        instance_ids: &[String],
+    ) -> Result<(), PortError> {
+        const OP: &str = "TerminateInstances";
+        let client = self.client(region);
+        for chunk in instance_ids.chunks(TERMINATE_BATCH) {
+            tracing::info!(region, instance_ids = ?chunk, "terminating instances");
+            let res = client
+                .terminate_instances()
+                .set_instance_ids(Some(chunk.to_vec()))
+                .send()
+                .await;
+            let Err(e) = res else { continue };
+            let f = Failure::from_sdk(OP, e);
+            if f.code != "InvalidInstanceID.NotFound" || chunk.len() == 1 {
+                if f.code == "InvalidInstanceID.NotFound" {
+                    continue;
+                }
+                return Err(f.into_port(SERVICE, Call::Retryable));
+            }
+            // One unknown id fails the whole call: terminate one by one, skipping the gone.
+            for id in chunk {
+                if let Err(e) = client.terminate_instances().instance_ids(id).send().await {
+                    let f = Failure::from_sdk(OP, e);
+                    if f.code != "InvalidInstanceID.NotFound" {
+                        return Err(f.into_port(SERVICE, Call::Retryable));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The first of `subnet_ids` (in the caller's order) in `availability_zone`.
+    pub async fn subnet_in_zone(
+        &self,
+        region: &str,
+        subnet_ids: &[String],
+        availability_zone: &str,
+    ) -> Result<Option<String>, PortError> {
+        const OP: &str = "DescribeSubnets";
+        if subnet_ids.is_empty() {
+            return Ok(None);
+        }
+        let mut pages = self
+            .client(region)
+            .describe_subnets()
+            .filters(
+                Filter::builder()
+                    .name("subnet-id")
+                    .set_values(Some(subnet_ids.to_vec()))
+                    .build(),
+            )
+            .into_paginator()
+            .items()
+            .send();
+        let mut in_zone = Vec::new();
+        while let Some(s) = pages.next().await {
+            let s = s.map_err(err(OP, Call::Retryable))?;
+            if s.availability_zone() == Some(availability_zone) {
+                in_zone.extend(s.subnet_id().map(str::to_string));
+            }
+        }
+        Ok(subnet_ids.iter().find(|id| in_zone.contains(id)).cloned())
+    }
+}
+
+fn instance_info(
+    region: &str,
+    i: &Instance,
+    health: InstanceHealth,
+) -> Result<InstanceInfo, PortError> {
+    const OP: &str = "DescribeInstances";
+    let id = i
+        .instance_id()
+        .ok_or_else(|| malformed(SERVICE, OP, "an instance has no id"))?;
+    let state_name = i
+        .state()
+        .and_then(|s| s.name())
+        .map(|n| n.as_str())
+        .unwrap_or_default();
+    let state = instance_state(state_name).ok_or_else(|| {
+        malformed(
+            SERVICE,
+            OP,
+            format!("instance {id} has state {state_name:?}"),
+        )
+    })?;
+    Ok(InstanceInfo {
+        instance_id: id.to_string(),
+        region: region.to_string(),
+        availability_zone: i
+            .placement()
+            .and_then(|p| p.availability_zone())
+            .unwrap_or_default()
+            .to_string(),
+        instance_type: i
+            .instance_type()
+            .map(|t| t.as_str().to_string())
+            .unwrap_or_default(),
+        state,
+        health,
+        reservation_id: i.capacity_reservation_id().map(str::to_string),
+        launched_at: i.launch_time().and_then(to_chrono),
+        tags: tags_of(i.tags()),
+    })
+}

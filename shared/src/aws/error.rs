@@ -1,0 +1,342 @@
+//! SDK failures of the EC2, SageMaker and EventBridge adapters classified into `PortError`,
+//! once, here. EC2 models no errors and SageMaker answers "not found" with the unmodeled
+//! `ValidationException`, so everything is decided on the error code, never the Rust variant.
+
+use std::fmt::Debug;
+
+use aws_sdk_ec2::config::http::HttpResponse;
+use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use chrono::{DateTime, Utc};
+
+use crate::ports::PortError;
+
+/// What a failed call could have done, which decides what an unanswered call means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    /// A read, or a write that is safe to repeat (idempotent, client token, unique name):
+    /// a lost answer is just transient.
+    Retryable,
+    /// A purchase without an idempotency token: a lost answer may have bought something.
+    Purchase,
+}
+
+/// Throttling codes of the services we call (the SDK's own retry list, plus EC2's).
+const THROTTLING: &[&str] = &[
+    "Throttling",
+    "ThrottlingException",
+    "ThrottledException",
+    "RequestThrottledException",
+    "TooManyRequestsException",
+    "RequestLimitExceeded",
+    "RequestThrottled",
+    "BandwidthLimitExceeded",
+    "SlowDown",
+    "EC2ThrottledException",
+    "PriorRequestNotComplete",
+    "CapacityBlockDescribeLimitExceeded",
+];
+
+/// The offering can no longer be bought. Note: no dot in EC2's three offering codes.
+const OFFERING_GONE: &[&str] = &[
+    "InvalidCapacityBlockOfferingIdNotFound",
+    "InvalidCapacityBlockOfferingIdExpired",
+    "InvalidCapacityBlockOfferingIdMalformed",
+];
+
+const NO_CAPACITY: &[&str] = &[
+    "InsufficientInstanceCapacity",
+    "ReservationCapacityExceeded",
+    "InsufficientCapacity",
+    "InsufficientCapacityError",
+];
+
+/// Server-side failures; the outcome is unknown for a purchase.
+const SERVER: &[&str] = &[
+    "InternalError",
+    "InternalFailure",
+    "InternalServerError",
+    "InternalException",
+    "ServiceUnavailable",
+    "ServiceUnavailableException",
+    "Unavailable",
+    "RequestTimeout",
+    "RequestTimeoutException",
+];
+
+/// One failed SDK call, reduced to what classification needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The operation, e.g. `PurchaseCapacityBlock`.
+    pub op: &'static str,
+    /// The service's error code, or the kind of client-side failure.
+    pub code: String,
+    pub message: String,
+    /// The HTTP status, when the service answered.
+    pub status: Option<u16>,
+    /// The service answered with an error (as opposed to no or an unreadable answer).
+    pub answered: bool,
+}
+
+impl Failure {
+    pub fn from_sdk<E>(op: &'static str, err: SdkError<E, HttpResponse>) -> Failure
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        match &err {
+            SdkError::ServiceError(se) => Failure {
+                op,
+                code: se.err().code().unwrap_or("Unknown").to_string(),
+                message: se.err().message().unwrap_or_default().to_string(),
+                status: Some(se.raw().status().as_u16()),
+                answered: true,
+            },
+            other => {
+                let code = match other {
+                    SdkError::ConstructionFailure(_) => "ConstructionFailure",
+                    SdkError::TimeoutError(_) => "TimeoutError",
+                    SdkError::DispatchFailure(_) => "DispatchFailure",
+                    _ => "ResponseError",
+                };
+                Failure {
+                    op,
+                    code: code.to_string(),
+                    // No code or message from a service here: the cause chain is all there is.
+                    message: DisplayErrorContext(other).to_string(),
+                    status: None,
+                    answered: false,
+                }
+            }
+        }
+    }
+
+    /// SageMaker's "no such resource": the modeled `ResourceNotFound`, or the unmodeled
+    /// `ValidationException` that `DescribeTrainingJob`, `DescribeEndpoint` and
+    /// `DeleteEndpoint(Config)` really return.
+    pub fn is_not_found(&self) -> bool {
+        match self.code.as_str() {
+            "ResourceNotFound" | "ResourceNotFoundException" => true,
+            "ValidationException" => {
+                let m = self.message.to_ascii_lowercase();
+                m.contains("not found")
+                    || m.contains("could not find")
+                    || m.contains("does not exist")
+                    || m.contains("cannot find")
+            }
+            _ => false,
+        }
+    }
+
+    /// SageMaker's "that name is taken" (`ResourceInUse`, or `ValidationException` for
+    /// endpoints and endpoint configs).
+    pub fn is_already_exists(&self) -> bool {
+        match self.code.as_str() {
+            "ResourceInUse" | "ResourceInUseException" => true,
+            "ValidationException" => {
+                let m = self.message.to_ascii_lowercase();
+                m.contains("already exist")
+            }
+            _ => false,
+        }
+    }
+
+    /// The classification of this failure.
+    pub fn into_port(self, service: &'static str, call: Call) -> PortError {
+        let Failure {
+            op,
+            code,
+            message,
+            status,
+            answered,
+        } = self;
+        let message = format!("{op}: {message}");
+        let c = code.as_str();
+        if THROTTLING.contains(&c) {
+            return PortError::Throttled {
+                service,
+                code,
+                message,
+            };
+        }
+        if OFFERING_GONE.contains(&c) {
+            return PortError::OfferingGone { code, message };
+        }
+        if call == Call::Purchase {
+            // CreateTrainingPlan: the offering id is unknown or sold out ...
+            if matches!(c, "ResourceNotFound" | "ResourceNotFoundException") {
+                return PortError::OfferingGone { code, message };
+            }
+            // ... or the deterministic plan name is taken: an earlier attempt bought it.
+            // Only reconciliation can say which plan that is.
+            if matches!(c, "ResourceInUse" | "ResourceInUseException") {
+                return PortError::OutcomeUnknown {
+                    service,
+                    message: format!("{code}: {message}"),
+                };
+            }
+        }
+        if NO_CAPACITY.contains(&c) {
+            return PortError::NoCapacity { code, message };
+        }
+        if c == "ConstructionFailure" {
+            // Nothing was sent.
+            return PortError::Permanent {
+                service,
+                code,
+                message,
+            };
+        }
+        let server_side = !answered || SERVER.contains(&c) || status.is_some_and(|s| s >= 500);
+        if server_side {
+            return match call {
+                Call::Retryable => PortError::Transient {
+                    service,
+                    code,
+                    message,
+                },
+                Call::Purchase => PortError::OutcomeUnknown {
+                    service,
+                    message: format!("{code}: {message}"),
+                },
+            };
+        }
+        PortError::Permanent {
+            service,
+            code,
+            message,
+        }
+    }
+}
+
+/// Classifies any SDK failure of `op`.
+pub fn classify<E>(
+    service: &'static str,
+    op: &'static str,
+    call: Call,
+    err: SdkError<E, HttpResponse>,
+) -> PortError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    Failure::from_sdk(op, err).into_port(service, call)
+}
+
+/// A response that parsed but lacks what we need, or carries a value we can't read.
+pub fn malformed(service: &'static str, op: &'static str, what: impl Into<String>) -> PortError {
+    PortError::Permanent {
+        service,
+        code: "MalformedResponse".to_string(),
+        message: format!("{op}: {}", what.into()),
+    }
+}
+
+pub(crate) fn to_chrono(t: &aws_smithy_types::DateTime) -> Option<DateTime<Utc>> {
+    DateTime::from_timestamp(t.secs(), t.subsec_nanos())
+}
+
+pub(crate) fn to_smithy(t: DateTime<Utc>) -> aws_smithy_types::DateTime {
+    aws_smithy_types::DateTime::from_secs_and_nanos(t.timestamp(), t.timestamp_subsec_nanos())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(code: &str, status: u16) -> Failure {
+        Failure {
+            op: "Op",
+            code: code.into(),
+            message: "m".into(),
+            status: Some(status),
+            answered: true,
+        }
+    }
+
+    #[test]
+    fn the_classification_table_holds() {
+        use Call::*;
+        let cases: &[(&str, u16, Call, &str)] = &[
+            ("RequestLimitExceeded", 503, Purchase, "Throttled"),
+            ("ThrottlingException", 400, Retryable, "Throttled"),
+            (
+                "InvalidCapacityBlockOfferingIdExpired",
+                400,
+                Purchase,
+                "OfferingGone",
+            ),
+            (
+                "InvalidCapacityBlockOfferingIdNotFound",
+                400,
+                Purchase,
+                "OfferingGone",
+            ),
+            (
+                "InvalidCapacityBlockOfferingIdMalformed",
+                400,
+                Purchase,
+                "OfferingGone",
+            ),
+            ("InsufficientInstanceCapacity", 500, Retryable, "NoCapacity"),
+            ("ReservationCapacityExceeded", 400, Retryable, "NoCapacity"),
+            ("InternalError", 500, Retryable, "Transient"),
+            ("InternalError", 500, Purchase, "OutcomeUnknown"),
+            ("Whatever", 503, Purchase, "OutcomeUnknown"),
+            ("InvalidParameterValue", 400, Purchase, "Permanent"),
+            ("ResourceNotFound", 400, Purchase, "OfferingGone"),
+            ("ResourceInUse", 400, Purchase, "OutcomeUnknown"),
+            ("ResourceInUse", 400, Retryable, "Permanent"),
+            ("ResourceLimitExceeded", 400, Purchase, "Permanent"),
+            (
+                "InvalidCapacityReservationId.NotFound",
+                400,
+                Retryable,
+                "Permanent",
+            ),
+        ];
+        for (code, status, call, want) in cases {
+            let got = f(code, *status).into_port("ec2", *call);
+            let name = format!("{got:?}");
+            assert!(
+                name.starts_with(want),
+                "{code}/{status}/{call:?} -> {got:?}"
+            );
+            if *want != "OutcomeUnknown" {
+                assert_eq!(got.code(), Some(*code));
+                assert!(got.to_string().contains("Op: m"), "{got}");
+            }
+        }
+    }
+
+    #[test]
+    fn sagemaker_not_found_is_read_from_the_validation_message() {
+        let mut v = f("ValidationException", 400);
+        v.message = "Requested resource not found.".into();
+        assert!(v.is_not_found());
+        v.message = "Could not find endpoint \"arn:...\".".into();
+        assert!(v.is_not_found());
+        v.message = "1 validation error detected".into();
+        assert!(!v.is_not_found());
+        assert!(f("ResourceNotFound", 400).is_not_found());
+        let mut e = f("ValidationException", 400);
+        e.message = "Cannot create already existing endpoint \"x\".".into();
+        assert!(e.is_already_exists());
+    }
+
+    #[test]
+    fn an_unanswered_purchase_is_outcome_unknown_and_an_unanswered_read_transient() {
+        let lost = Failure {
+            op: "PurchaseCapacityBlock",
+            code: "TimeoutError".into(),
+            message: "timed out".into(),
+            status: None,
+            answered: false,
+        };
+        assert!(matches!(
+            lost.clone().into_port("ec2", Call::Purchase),
+            PortError::OutcomeUnknown { .. }
+        ));
+        assert!(matches!(
+            lost.into_port("ec2", Call::Retryable),
+            PortError::Transient { .. }
+        ));
+    }
+}
