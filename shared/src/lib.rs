@@ -3,6 +3,7 @@
 pub mod aws;
 pub mod config;
 pub mod domain;
+pub mod outbox;
 pub mod ports;
 
 #[cfg(feature = "test-util")]

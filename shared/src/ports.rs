@@ -172,7 +172,7 @@ pub struct LaunchSpec {
     pub count: u32,
     pub subnet_id: String,
     pub launch_template: LaunchTemplateRef,
-    /// At most 64 characters; see `domain::launch::client_token`.
+    /// At most 64 characters; see `domain::naming::client_token`.
     pub client_token: String,
     pub tags: BTreeMap<String, String>,
 }

@@ -288,3 +288,17 @@ pub fn schemas() -> Vec<(&'static str, schemars::Schema)> {
         ("capacity-request-failed", schema_for!(RequestFailed)),
     ]
 }
+
+/// Wraps a detail for the outbox.
+pub fn outbound<D: EventDetail>(detail: &D) -> crate::ports::OutboundEvent {
+    crate::ports::OutboundEvent {
+        event_key: detail.event_key().to_string(),
+        detail_type: D::DETAIL_TYPE.to_string(),
+        detail: serde_json::to_value(detail).expect("event details serialize"),
+    }
+}
+
+/// A stable, unique key for an event caused by the write that produces `version`.
+pub fn event_key(request_id: &str, what: &str, version: u64) -> String {
+    format!("{request_id}:{what}:v{version}")
+}

@@ -4,6 +4,7 @@
 pub mod catalog;
 pub mod events;
 pub mod money;
+pub mod naming;
 pub mod offering;
 pub mod planner;
 pub mod request;

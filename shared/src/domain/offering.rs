@@ -108,6 +108,7 @@ pub struct Offering {
 
 impl Offering {
     /// Builds an offering and prices its instance-hours from the on-demand table.
+    #[allow(clippy::too_many_arguments)] // one per field of the offering as AWS describes it
     pub fn new(
         id: impl Into<String>,
         product: Product,

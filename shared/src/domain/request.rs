@@ -682,13 +682,13 @@ pub fn parse_request(
 }
 
 fn duration_problem(h: u32, uses_block: bool, uses_plan: bool) -> Option<String> {
-    if h == 0 || h % 24 != 0 {
+    if h == 0 || !h.is_multiple_of(24) {
         return Some(format!(
             "must be whole days (a multiple of 24 hours), got {h}"
         ));
     }
     let days = h / 24;
-    if uses_block && !(days <= 14 || (days % 7 == 0 && days <= 182)) {
+    if uses_block && !(days <= 14 || (days.is_multiple_of(7) && days <= 182)) {
         return Some(format!(
             "a Capacity Block lasts 1-14 days, then 21, 28, ... 182 days; got {days} days"
         ));

@@ -89,7 +89,8 @@ impl RequestStatus {
         match self {
             Accepted => &[Searching, TryingOnDemand, Cancelled, Failed],
             Searching => &[OfferingsFound, NotFound, Cancelled, Failed],
-            NotFound => &[Searching, OfferingsFound, Cancelled, Failed],
+            // NotFound -> NotFound: a retry that found nothing again, with a new next look.
+            NotFound => &[NotFound, Searching, OfferingsFound, Cancelled, Failed],
             // Back to Searching when the chosen offering has gone.
             OfferingsFound => &[AwaitingApproval, Purchasing, Searching, Cancelled, Failed],
             AwaitingApproval => &[Purchasing, Searching, Rejected, Cancelled, Failed],

@@ -244,8 +244,8 @@ fn oracle_product_ok(req: &CapacityRequest, o: &Offering) -> bool {
 fn oracle_fits(req: &CapacityRequest, o: &Offering) -> bool {
     let w = req.window;
     oracle_product_ok(req, o)
-        && req.regions.iter().any(|r| *r == o.region)
-        && req.instance_types.iter().any(|t| *t == o.instance_type)
+        && req.regions.contains(&o.region)
+        && req.instance_types.contains(&o.instance_type)
         && o.instance_count == req.instance_count
         && !o.segments.is_empty()
         && o.segments.iter().all(|s| s.start < s.end)

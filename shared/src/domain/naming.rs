@@ -1,0 +1,69 @@
+//! Deterministic names and tokens derived from a request, so that a repeated attempt
+//! collides with (or returns) the first one instead of creating a second resource.
+
+use sha2::{Digest, Sha256};
+
+use super::request::RequestId;
+
+/// Tag on everything we create; destructive IAM actions are conditioned on it.
+pub const MANAGED_TAG: &str = "capacity-pilot:managed";
+/// Tag naming the request a resource belongs to; reconciliation searches by it.
+pub const REQUEST_TAG: &str = "capacity-pilot:request-id";
+
+/// The training plan name for a request: a second `CreateTrainingPlan` with it fails with
+/// `ResourceInUse` instead of buying again. `attempt` > 0 only after reconciliation has
+/// shown that every earlier plan of the request is gone (failed payment, say).
+pub fn plan_name(request_id: &RequestId, attempt: u32) -> String {
+    // Request ids are at most 48 characters of [A-Za-z0-9-], so this fits SageMaker's
+    // `[a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}`.
+    if attempt == 0 {
+        format!("cp-{request_id}")
+    } else {
+        format!("cp-{request_id}-{attempt}")
+    }
+}
+
+/// `RunInstances` `ClientToken`: a hash of (reservation id, slot, generation), 64 characters
+/// at most. EC2 answers a used token with the old (possibly terminated) instance, so each
+/// replacement increments `generation`.
+pub fn client_token(reservation_id: &str, slot: u32, generation: u32) -> String {
+    let mut h = Sha256::new();
+    h.update(reservation_id.as_bytes());
+    h.update([0]);
+    h.update(slot.to_be_bytes());
+    h.update(generation.to_be_bytes());
+    let digest = hex::encode(h.finalize());
+    format!("cp-{}", &digest[..61])
+}
+
+/// The training job, endpoint config and similar names for a request's segment.
+pub fn workload_name(request_id: &RequestId, segment: u32) -> String {
+    format!("cp-{request_id}-s{segment}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_tokens_are_stable_short_and_change_with_each_generation() {
+        let a = client_token("cr-0123456789abcdef0", 3, 0);
+        assert_eq!(a, client_token("cr-0123456789abcdef0", 3, 0));
+        assert_eq!(a.len(), 64);
+        assert_ne!(a, client_token("cr-0123456789abcdef0", 3, 1));
+        assert_ne!(a, client_token("cr-0123456789abcdef0", 4, 0));
+        assert_ne!(a, client_token("cr-0123456789abcdef1", 3, 0));
+    }
+
+    #[test]
+    fn plan_names_fit_sagemaker_rules_for_the_longest_request_id() {
+        let id = RequestId::parse(&"a".repeat(48)).unwrap();
+        for attempt in [0, 1, 99] {
+            let n = plan_name(&id, attempt);
+            assert!(n.len() <= 64, "{n}");
+            assert!(n.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+            assert!(!n.ends_with('-'));
+        }
+        assert_eq!(plan_name(&RequestId::parse("r-1").unwrap(), 0), "cp-r-1");
+    }
+}
