@@ -8,6 +8,7 @@ pub mod error;
 pub mod eventbridge;
 pub mod regional;
 pub mod sagemaker;
+pub mod wiring;
 
 #[cfg(test)]
 mod adapter_tests;

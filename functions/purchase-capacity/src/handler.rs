@@ -1,0 +1,916 @@
+//! purchase-capacity: the approval gate, the budget, and the exactly-once purchase protocol
+//! (ARCHITECTURE section 5): lease and debit in one transaction, adopt a reservation already
+//! tagged for the request, buy with SDK retries off, record, and reconcile on any doubt.
+//!
+//! Events only wake this function up: what to buy and for how much is read from the table.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use capacity_pilot::config::Config;
+use capacity_pilot::domain::events::{
+    self, AwaitingApproval, CancelRequest, EventDetail, PlanSummary, PurchaseDecision, Reserved,
+    event_key, inbound, outbound,
+};
+use capacity_pilot::domain::money::Usd;
+use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG, plan_name};
+use capacity_pilot::domain::offering::Offering;
+use capacity_pilot::domain::planner::Plan;
+use capacity_pilot::domain::request::{FieldError, RequestId};
+use capacity_pilot::domain::reservation::Reservation;
+use capacity_pilot::domain::status::RequestStatus;
+use capacity_pilot::domain::time_rules::PURCHASE_LEAD;
+use capacity_pilot::outbox;
+use capacity_pilot::ports::{
+    BeginPurchase, BeginPurchaseOutcome, BudgetMonth, CapacityMarket, Cause, Clock, Debit,
+    EventSink, Lease, LeaseWriteOutcome, OutboundEvent, PortError, PurchaseSpec, RecordReservation,
+    ReleaseUnbought, RequestRecord, Store, Transition, WriteOutcome,
+};
+use chrono::{DateTime, Duration, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use tracing::{info, warn};
+
+/// Longer than the function timeout (5 min) plus a margin: a second worker may take over
+/// only when the first is surely gone.
+pub const LEASE: Duration = Duration::minutes(15);
+/// How often a throttled purchase is tried again within one invocation.
+const PURCHASE_ATTEMPTS: u32 = 3;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerError {
+    #[error(transparent)]
+    Port(#[from] PortError),
+    #[error("{failed} of {total} requests could not be processed; first error: {first}")]
+    Partial {
+        failed: usize,
+        total: usize,
+        first: PortError,
+    },
+}
+
+/// What the invocation decided, per request: logged, and asserted by tests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Decision {
+    pub request_id: String,
+    pub action: &'static str,
+    pub reason: String,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Outcome {
+    pub decisions: Vec<Decision>,
+    pub published: usize,
+}
+
+pub struct Purchaser<S, M, E, C> {
+    pub store: S,
+    pub market: M,
+    pub events: E,
+    pub clock: C,
+    pub config: Arc<Config>,
+}
+
+impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> {
+    pub async fn handle(&self, ev: EventBridgeEvent<Value>) -> Result<Outcome, HandlerError> {
+        let now = self.clock.now().await?;
+        let cause = Cause::new(ev.id.clone().unwrap_or_else(|| format!("{now}")));
+        let mut out = Outcome::default();
+        let detail_type = ev.detail_type.clone();
+        let source = ev.source.clone();
+        let mut errors = Vec::new();
+
+        match detail_type.as_str() {
+            "Scheduled Event" if source == "aws.events" => {
+                let due = self
+                    .store
+                    .due(
+                        &[
+                            RequestStatus::OfferingsFound,
+                            RequestStatus::AwaitingApproval,
+                            RequestStatus::Purchasing,
+                        ],
+                        now,
+                    )
+                    .await?;
+                for item in due {
+                    if let Err(e) = self
+                        .process(&item.request_id, &cause, None, now, &mut out)
+                        .await
+                    {
+                        warn!(request_id = %item.request_id, error = %e, "purchase step failed");
+                        errors.push(e);
+                    }
+                }
+            }
+            d if d == <events::OfferingsFound as EventDetail>::DETAIL_TYPE
+                && source == events::SOURCE =>
+            {
+                if let Some(id) = request_id_of(&ev.detail) {
+                    self.process(&id, &cause, None, now, &mut out).await?;
+                }
+            }
+            inbound::PURCHASE_APPROVED | inbound::PURCHASE_REJECTED => {
+                if !self.config.approver_sources.contains(&source) {
+                    self.reject_inbound(&ev, &source, "source", "is not an approver source")
+                        .await?;
+                } else {
+                    match serde_json::from_value::<PurchaseDecision>(ev.detail.clone()) {
+                        Err(e) => {
+                            self.reject_inbound(&ev, &source, "detail", &e.to_string())
+                                .await?
+                        }
+                        Ok(d) => {
+                            let approved = detail_type == inbound::PURCHASE_APPROVED;
+                            self.decide(&d, approved, &cause, now, &mut out).await?;
+                        }
+                    }
+                }
+            }
+            inbound::REQUEST_CANCELLED => {
+                if !self.config.allowed_request_sources.contains(&source) {
+                    self.reject_inbound(&ev, &source, "source", "may not cancel requests")
+                        .await?;
+                } else {
+                    match serde_json::from_value::<CancelRequest>(ev.detail.clone()) {
+                        Err(e) => {
+                            self.reject_inbound(&ev, &source, "detail", &e.to_string())
+                                .await?
+                        }
+                        Ok(c) => self.cancel(&c, &cause, now, &mut out).await?,
+                    }
+                }
+            }
+            other => {
+                warn!(
+                    detail_type = other,
+                    source, "ignoring an event this function does not handle"
+                );
+            }
+        }
+        out.published = outbox::flush(&self.store, &self.events).await?;
+        for d in &out.decisions {
+            info!(request_id = %d.request_id, action = d.action, reason = %d.reason, "decision");
+        }
+        match errors.len() {
+            0 => Ok(out),
+            n => Err(HandlerError::Partial {
+                failed: n,
+                total: n + out.decisions.len(),
+                first: match errors.into_iter().next() {
+                    Some(HandlerError::Port(p)) | Some(HandlerError::Partial { first: p, .. }) => p,
+                    None => unreachable!("n > 0"),
+                },
+            }),
+        }
+    }
+
+    async fn reject_inbound(
+        &self,
+        ev: &EventBridgeEvent<Value>,
+        source: &str,
+        field: &str,
+        message: &str,
+    ) -> Result<(), PortError> {
+        let problems = vec![FieldError {
+            field: field.to_string(),
+            message: format!("{} from {source:?} {message}", ev.detail_type),
+        }];
+        let request_id = request_id_of(&ev.detail).map(|r| r.to_string());
+        let event_id = ev.id.clone().unwrap_or_default();
+        outbox::reject(&self.events, &event_id, source, request_id, problems).await
+    }
+
+    async fn cancel(
+        &self,
+        c: &CancelRequest,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let Ok(id) = RequestId::parse(&c.request_id) else {
+            return Ok(());
+        };
+        let Some(rec) = self.store.get_request(&id).await? else {
+            out.decisions.push(decision(
+                &id,
+                "ignored",
+                "cancellation for an unknown request",
+            ));
+            return Ok(());
+        };
+        if !rec.status.is_cancellable() {
+            out.decisions.push(decision(
+                &id,
+                "kept",
+                format!(
+                    "cancellation refused: the request is {} and purchases cannot be undone",
+                    rec.status
+                ),
+            ));
+            return Ok(());
+        }
+        let reason = format!(
+            "cancelled by the requester{}",
+            c.reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        );
+        let failed = events::RequestFailed {
+            event_key: event_key(id.as_str(), "cancelled", rec.version + 1),
+            request_id: id.to_string(),
+            status_before: rec.status,
+            reason: reason.clone(),
+            reservation_ids: vec![],
+            spent_usd: rec.spent.to_usd(),
+        };
+        let t = transition(&rec, RequestStatus::Cancelled, &reason, None, now, cause)
+            .with_outbox(vec![outbound(&failed)]);
+        let w = self.store.transition(t).await?;
+        out.decisions
+            .push(decision(&id, outcome_name(&w, "cancelled"), reason));
+        Ok(())
+    }
+
+    async fn decide(
+        &self,
+        d: &PurchaseDecision,
+        approved: bool,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let Ok(id) = RequestId::parse(&d.request_id) else {
+            return Ok(());
+        };
+        let Some(rec) = self.store.get_request(&id).await? else {
+            return Ok(());
+        };
+        if rec.status != RequestStatus::AwaitingApproval {
+            out.decisions.push(decision(
+                &id,
+                "ignored",
+                format!(
+                    "approval decision arrived while the request is {}",
+                    rec.status
+                ),
+            ));
+            return Ok(());
+        }
+        if approved {
+            self.process_record(rec, cause, Some(&d.approver), now, out)
+                .await
+        } else {
+            let reason = format!(
+                "purchase rejected by approver {}{}",
+                d.approver,
+                d.comment
+                    .as_deref()
+                    .map(|c| format!(": {c}"))
+                    .unwrap_or_default()
+            );
+            let failed = events::RequestFailed {
+                event_key: event_key(id.as_str(), "rejected", rec.version + 1),
+                request_id: id.to_string(),
+                status_before: rec.status,
+                reason: reason.clone(),
+                reservation_ids: vec![],
+                spent_usd: rec.spent.to_usd(),
+            };
+            let t = transition(&rec, RequestStatus::Rejected, &reason, None, now, cause)
+                .with_outbox(vec![outbound(&failed)]);
+            let w = self.store.transition(t).await?;
+            out.decisions
+                .push(decision(&id, outcome_name(&w, "rejected"), reason));
+            Ok(())
+        }
+    }
+
+    async fn process(
+        &self,
+        id: &RequestId,
+        cause: &Cause,
+        approver: Option<&str>,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), HandlerError> {
+        match self.store.get_request(id).await? {
+            Some(rec) => Ok(self.process_record(rec, cause, approver, now, out).await?),
+            None => Ok(()),
+        }
+    }
+
+    async fn process_record(
+        &self,
+        rec: RequestRecord,
+        cause: &Cause,
+        approver: Option<&str>,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let id = rec.request_id.clone();
+        match rec.status {
+            RequestStatus::OfferingsFound | RequestStatus::AwaitingApproval => {}
+            RequestStatus::Purchasing => {
+                return match &rec.lease {
+                    Some(l) if l.expires_at > now => {
+                        out.decisions.push(decision(
+                            &id,
+                            "waiting",
+                            format!(
+                                "another worker holds the purchase lease until {}",
+                                l.expires_at
+                            ),
+                        ));
+                        Ok(())
+                    }
+                    _ => self.take_over(rec, cause, now, out).await,
+                };
+            }
+            other => {
+                out.decisions.push(decision(
+                    &id,
+                    "ignored",
+                    format!("nothing to buy while the request is {other}"),
+                ));
+                return Ok(());
+            }
+        }
+        let Some(plan) = rec.candidates.first().cloned() else {
+            let reason = "no candidate plan is recorded; searching again";
+            let w = self
+                .store
+                .transition(transition(
+                    &rec,
+                    RequestStatus::Searching,
+                    reason,
+                    Some(now),
+                    now,
+                    cause,
+                ))
+                .await?;
+            out.decisions
+                .push(decision(&id, outcome_name(&w, "re-search"), reason));
+            return Ok(());
+        };
+        // An offering too close to its start can no longer be bought.
+        if plan.start < now + PURCHASE_LEAD {
+            let reason = format!(
+                "the chosen offering starts at {}, too soon to buy now; searching again",
+                plan.start
+            );
+            let w = self
+                .store
+                .transition(transition(
+                    &rec,
+                    RequestStatus::Searching,
+                    &reason,
+                    Some(now),
+                    now,
+                    cause,
+                ))
+                .await?;
+            out.decisions
+                .push(decision(&id, outcome_name(&w, "re-search"), reason));
+            return Ok(());
+        }
+        // The approval gate.
+        let threshold = rec.request.budget.approval_above;
+        if let Some(limit) = threshold
+            && plan.upfront_fee > limit
+            && approver.is_none()
+        {
+            if rec.status == RequestStatus::AwaitingApproval {
+                // Still waiting; the schedule looks again at the purchase deadline.
+                if now >= plan.start - PURCHASE_LEAD {
+                    let reason = "no approval arrived before the offering's purchase deadline; searching again";
+                    let w = self
+                        .store
+                        .transition(transition(
+                            &rec,
+                            RequestStatus::Searching,
+                            reason,
+                            Some(now),
+                            now,
+                            cause,
+                        ))
+                        .await?;
+                    out.decisions
+                        .push(decision(&id, outcome_name(&w, "re-search"), reason));
+                }
+                return Ok(());
+            }
+            let reason = format!(
+                "upfront fee ${} is above the approval threshold ${}; waiting for an approver",
+                plan.upfront_fee, limit
+            );
+            let ev = AwaitingApproval {
+                event_key: event_key(id.as_str(), "awaiting-approval", rec.version + 1),
+                request_id: id.to_string(),
+                team: rec.team.to_string(),
+                upfront_fee_usd: plan.upfront_fee,
+                approval_above_usd: limit,
+                plan: PlanSummary::from(&plan),
+            };
+            let t = transition(
+                &rec,
+                RequestStatus::AwaitingApproval,
+                &reason,
+                Some(plan.start - PURCHASE_LEAD),
+                now,
+                cause,
+            )
+            .with_outbox(vec![outbound(&ev)]);
+            let w = self.store.transition(t).await?;
+            out.decisions
+                .push(decision(&id, outcome_name(&w, "awaiting-approval"), reason));
+            return Ok(());
+        }
+
+        // The budget: the team's monthly cap and the request's own cap, debited with the lease.
+        let Some(team_cap) = self.config.team_budgets.cap_for(&rec.team) else {
+            return self
+                .fail(
+                    &rec,
+                    format!("team {} has no budget configured", rec.team),
+                    now,
+                    cause,
+                    out,
+                )
+                .await;
+        };
+        let amount = plan.upfront_fee.to_micros_ceil();
+        let lease = Lease {
+            token: uuid::Uuid::new_v4().to_string(),
+            expires_at: now + LEASE,
+        };
+        let approved_note = approver
+            .map(|a| format!(", approved by {a}"))
+            .unwrap_or_default();
+        let begin = BeginPurchase {
+            request_id: id.clone(),
+            expected_version: rec.version,
+            from: rec.status,
+            lease: lease.clone(),
+            debit: Some(Debit {
+                team: rec.team.clone(),
+                month: BudgetMonth::of(now),
+                amount,
+                team_cap: team_cap.to_micros_ceil(),
+                request_cap: rec.request.budget.max_upfront.to_micros_ceil(),
+            }),
+            reason: format!(
+                "buying {}: ${} debited from team {}{approved_note}",
+                plan.offering_ids().join(" + "),
+                plan.upfront_fee,
+                rec.team
+            ),
+            at: now,
+            caused_by: cause.clone(),
+            outbox: vec![],
+        };
+        match self.store.begin_purchase(begin).await? {
+            BeginPurchaseOutcome::Acquired { .. } => {
+                self.execute(&rec, &plan, &lease, cause, now, out).await
+            }
+            BeginPurchaseOutcome::OverTeamBudget { spent, cap } => {
+                let reason = format!(
+                    "team {} budget for {} would be exceeded: spent ${} of ${}, this plan costs ${}",
+                    rec.team,
+                    BudgetMonth::of(now).0,
+                    spent.to_usd(),
+                    cap.to_usd(),
+                    plan.upfront_fee
+                );
+                self.fail(&rec, reason, now, cause, out).await
+            }
+            BeginPurchaseOutcome::OverRequestBudget { spent, cap } => {
+                let reason = format!(
+                    "the request's max_upfront_usd ${} would be exceeded: spent ${}, this plan costs ${}",
+                    cap.to_usd(),
+                    spent.to_usd(),
+                    plan.upfront_fee
+                );
+                self.fail(&rec, reason, now, cause, out).await
+            }
+            BeginPurchaseOutcome::LeaseHeld { until } => {
+                out.decisions.push(decision(
+                    &id,
+                    "waiting",
+                    format!("lease held until {until}"),
+                ));
+                Ok(())
+            }
+            BeginPurchaseOutcome::Conflict | BeginPurchaseOutcome::DuplicateEvent => {
+                out.decisions.push(decision(
+                    &id,
+                    "skipped",
+                    "another worker moved the request on",
+                ));
+                Ok(())
+            }
+        }
+    }
+
+    /// A worker died holding the lease: take over (no new debit) and reconcile.
+    async fn take_over(
+        &self,
+        rec: RequestRecord,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let id = rec.request_id.clone();
+        let Some(plan) = rec.candidates.first().cloned() else {
+            return Ok(());
+        };
+        let lease = Lease {
+            token: uuid::Uuid::new_v4().to_string(),
+            expires_at: now + LEASE,
+        };
+        let begin = BeginPurchase {
+            request_id: id.clone(),
+            expected_version: rec.version,
+            from: RequestStatus::Purchasing,
+            lease: lease.clone(),
+            debit: None,
+            reason: "taking over an expired purchase lease; reconciling first".into(),
+            at: now,
+            caused_by: cause.clone(),
+            outbox: vec![],
+        };
+        match self.store.begin_purchase(begin).await? {
+            BeginPurchaseOutcome::Acquired { .. } => {
+                out.decisions.push(decision(
+                    &id,
+                    "took-over",
+                    "the previous purchase lease expired",
+                ));
+                self.execute(&rec, &plan, &lease, cause, now, out).await
+            }
+            _ => {
+                out.decisions
+                    .push(decision(&id, "skipped", "another worker took the lease"));
+                Ok(())
+            }
+        }
+    }
+
+    /// Steps 2-4 of the protocol, for each offering of the plan in order.
+    async fn execute(
+        &self,
+        rec: &RequestRecord,
+        plan: &Plan,
+        lease: &Lease,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let id = &rec.request_id;
+        let name = plan_name(id, 0);
+        let recorded: BTreeSet<String> = self
+            .store
+            .reservations(id)
+            .await?
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        let mut bought: Vec<(Reservation, bool)> = Vec::new();
+        for (i, offering) in plan.offerings.iter().enumerate() {
+            let last = i + 1 == plan.offerings.len();
+            // Step 2: adopt a reservation already tagged for this request.
+            let existing = self
+                .find_unrecorded(rec, offering, &name, &recorded)
+                .await?;
+            let (reservation, adopted) = match existing {
+                Some(r) => (r, true),
+                None => match self.buy(rec, offering, &name).await {
+                    Ok(r) => (r, false),
+                    Err(PortError::OutcomeUnknown { message, .. }) => {
+                        // Step 4 on doubt: look again right away; AWS may show it already.
+                        match self
+                            .find_unrecorded(rec, offering, &name, &recorded)
+                            .await?
+                        {
+                            Some(r) => (r, true),
+                            None => {
+                                out.decisions.push(decision(
+                                    id,
+                                    "in-doubt",
+                                    format!(
+                                        "purchase of {} may or may not have happened ({message}); \
+                                         the lease holds the debit until reconciliation after {}",
+                                        offering.id, lease.expires_at
+                                    ),
+                                ));
+                                return Ok(());
+                            }
+                        }
+                    }
+                    Err(e @ PortError::OfferingGone { .. }) if bought.is_empty() => {
+                        return self
+                            .release(rec, lease, RequestStatus::Searching, format!(
+                                "reconciled: no reservation exists; offering {} has gone ({e}); searching again",
+                                offering.id
+                            ), now, cause, out)
+                            .await;
+                    }
+                    Err(e @ PortError::Permanent { .. }) if bought.is_empty() => {
+                        return self
+                            .release(rec, lease, RequestStatus::Failed, format!(
+                                "reconciled: no reservation exists; AWS refused the purchase of {}: {e}",
+                                offering.id
+                            ), now, cause, out)
+                            .await;
+                    }
+                    Err(e) => {
+                        // Throttled or transient after our own retries, or a split whose second
+                        // half failed: keep the lease and the debit; the next attempt after the
+                        // lease expires reconciles and goes on.
+                        out.decisions.push(decision(
+                            id,
+                            "retry-later",
+                            format!(
+                                "purchase of {} failed: {e}; lease kept until {}",
+                                offering.id, lease.expires_at
+                            ),
+                        ));
+                        return Err(e);
+                    }
+                },
+            };
+            let to = if last {
+                RequestStatus::Reserved
+            } else {
+                RequestStatus::Purchasing
+            };
+            let verb = if adopted { "adopted" } else { "bought" };
+            let reason = format!(
+                "{verb} {} ({} x {} in {}, {} to {}) for ${}",
+                reservation.id,
+                reservation.instance_count,
+                reservation.instance_type,
+                reservation.region,
+                reservation.start(),
+                reservation.end(),
+                reservation.upfront_fee
+            );
+            bought.push((reservation.clone(), adopted));
+            let outbox = if last {
+                vec![outbound(&reserved_event(rec, plan, &bought))]
+            } else {
+                vec![]
+            };
+            let w = self
+                .store
+                .record_reservation(RecordReservation {
+                    request_id: id.clone(),
+                    lease_token: lease.token.clone(),
+                    reservation,
+                    to,
+                    reason: reason.clone(),
+                    next_action_at: if last { Some(plan.start) } else { Some(now) },
+                    at: now,
+                    caused_by: Cause::new(format!("{}#{}", cause.event_id, i)),
+                    outbox,
+                })
+                .await?;
+            match w {
+                LeaseWriteOutcome::Applied { .. } => {
+                    out.decisions
+                        .push(decision(id, if last { "reserved" } else { verb }, reason));
+                }
+                LeaseWriteOutcome::LeaseLost => {
+                    // Someone took over: they will find this reservation by its tag.
+                    out.decisions.push(decision(
+                        id,
+                        "lease-lost",
+                        format!("{reason}; the lease was taken over, so the new holder records it"),
+                    ));
+                    return Ok(());
+                }
+                LeaseWriteOutcome::DuplicateEvent => return Ok(()),
+            }
+        }
+        Ok(())
+    }
+
+    async fn find_unrecorded(
+        &self,
+        rec: &RequestRecord,
+        offering: &Offering,
+        name: &str,
+        recorded: &BTreeSet<String>,
+    ) -> Result<Option<Reservation>, PortError> {
+        let found = self
+            .market
+            .find_by_request(offering.product, &offering.region, &rec.request_id, name)
+            .await?;
+        Ok(found.into_iter().find(|r| {
+            r.state.is_live()
+                && !recorded.contains(&r.id)
+                && r.instance_type == offering.instance_type
+                && r.instance_count == offering.instance_count
+                && (r.start() - offering.start()).num_minutes().abs() < 60
+        }))
+    }
+
+    async fn buy(
+        &self,
+        rec: &RequestRecord,
+        offering: &Offering,
+        name: &str,
+    ) -> Result<Reservation, PortError> {
+        let mut tags = rec.request.tags.clone();
+        tags.insert(MANAGED_TAG.into(), "true".into());
+        tags.insert(REQUEST_TAG.into(), rec.request_id.to_string());
+        let spec = PurchaseSpec {
+            request_id: rec.request_id.clone(),
+            plan_name: name.to_string(),
+            instance_platform: rec.request.instance_platform().to_string(),
+            tags,
+        };
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.market.purchase(offering, &spec).await {
+                // A throttle means AWS did not process the call: retrying it cannot buy twice.
+                Err(PortError::Throttled { .. }) if attempt < PURCHASE_ATTEMPTS => {
+                    tokio::time::sleep(std::time::Duration::from_millis(200 * (1 << attempt)))
+                        .await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn release(
+        &self,
+        rec: &RequestRecord,
+        lease: &Lease,
+        to: RequestStatus,
+        reason: String,
+        now: DateTime<Utc>,
+        cause: &Cause,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let mut outbox = vec![];
+        if to == RequestStatus::Failed {
+            outbox.push(outbound(&events::RequestFailed {
+                event_key: event_key(rec.request_id.as_str(), "failed", rec.version + 2),
+                request_id: rec.request_id.to_string(),
+                status_before: RequestStatus::Purchasing,
+                reason: reason.clone(),
+                reservation_ids: vec![],
+                spent_usd: rec.spent.to_usd(),
+            }));
+        }
+        let w = self
+            .store
+            .release_unbought(ReleaseUnbought {
+                request_id: rec.request_id.clone(),
+                lease_token: lease.token.clone(),
+                to,
+                reason: reason.clone(),
+                next_action_at: (to == RequestStatus::Searching).then_some(now),
+                at: now,
+                caused_by: Cause::new(format!("{}#release", cause.event_id)),
+                outbox,
+            })
+            .await?;
+        let action = match (w, to) {
+            (LeaseWriteOutcome::Applied { .. }, RequestStatus::Failed) => "failed",
+            (LeaseWriteOutcome::Applied { .. }, _) => "re-search",
+            (LeaseWriteOutcome::LeaseLost, _) => "lease-lost",
+            (LeaseWriteOutcome::DuplicateEvent, _) => "duplicate",
+        };
+        out.decisions
+            .push(decision(&rec.request_id, action, reason));
+        Ok(())
+    }
+
+    async fn fail(
+        &self,
+        rec: &RequestRecord,
+        reason: String,
+        now: DateTime<Utc>,
+        cause: &Cause,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let ev = events::RequestFailed {
+            event_key: event_key(rec.request_id.as_str(), "failed", rec.version + 1),
+            request_id: rec.request_id.to_string(),
+            status_before: rec.status,
+            reason: reason.clone(),
+            reservation_ids: vec![],
+            spent_usd: rec.spent.to_usd(),
+        };
+        let t = transition(rec, RequestStatus::Failed, &reason, None, now, cause)
+            .with_outbox(vec![outbound(&ev)]);
+        let w = self.store.transition(t).await?;
+        out.decisions.push(decision(
+            &rec.request_id,
+            outcome_name(&w, "failed"),
+            reason,
+        ));
+        Ok(())
+    }
+}
+
+fn reserved_event(rec: &RequestRecord, plan: &Plan, bought: &[(Reservation, bool)]) -> Reserved {
+    let fee: Usd = bought.iter().map(|(r, _)| r.upfront_fee).sum();
+    let on_demand = plan.on_demand_cost;
+    Reserved {
+        event_key: event_key(
+            rec.request_id.as_str(),
+            "reserved",
+            rec.version + 1 + bought.len() as u64,
+        ),
+        request_id: rec.request_id.to_string(),
+        reservation_ids: bought.iter().map(|(r, _)| r.id.clone()).collect(),
+        product: plan.product,
+        region: plan.region.clone(),
+        instance_type: plan.instance_type.clone(),
+        instance_count: plan.instance_count,
+        start: bought
+            .iter()
+            .map(|(r, _)| r.start())
+            .min()
+            .unwrap_or(plan.start),
+        end: bought
+            .iter()
+            .map(|(r, _)| r.end())
+            .max()
+            .unwrap_or(plan.end),
+        upfront_fee_usd: fee,
+        on_demand_cost_usd: on_demand,
+        saving_usd: on_demand.map(|od| od - fee),
+        adopted: bought.iter().any(|(_, a)| *a),
+    }
+}
+
+fn request_id_of(detail: &Value) -> Option<RequestId> {
+    detail
+        .get("request_id")
+        .and_then(Value::as_str)
+        .and_then(|s| RequestId::parse(s).ok())
+}
+
+fn decision(id: &RequestId, action: &'static str, reason: impl Into<String>) -> Decision {
+    Decision {
+        request_id: id.to_string(),
+        action,
+        reason: reason.into(),
+    }
+}
+
+fn outcome_name(w: &WriteOutcome, applied: &'static str) -> &'static str {
+    match w {
+        WriteOutcome::Applied { .. } => applied,
+        WriteOutcome::Conflict => "skipped",
+        WriteOutcome::DuplicateEvent => "duplicate",
+        WriteOutcome::OverTeamBudget { .. } | WriteOutcome::OverRequestBudget { .. } => {
+            "over-budget"
+        }
+    }
+}
+
+fn transition(
+    rec: &RequestRecord,
+    to: RequestStatus,
+    reason: &str,
+    next_action_at: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+    cause: &Cause,
+) -> Transition {
+    Transition {
+        request_id: rec.request_id.clone(),
+        expected_version: rec.version,
+        from: rec.status,
+        to,
+        reason: reason.to_string(),
+        next_action_at,
+        at: now,
+        caused_by: cause.clone(),
+        outbox: vec![],
+        candidates: None,
+        debit: None,
+    }
+}
+
+trait WithOutbox {
+    fn with_outbox(self, outbox: Vec<OutboundEvent>) -> Self;
+}
+
+impl WithOutbox for Transition {
+    fn with_outbox(mut self, outbox: Vec<OutboundEvent>) -> Self {
+        self.outbox = outbox;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,414 @@
+//! The purchase protocol against the in-memory fakes, with faults injected at each step.
+
+use std::sync::Arc;
+
+use aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use capacity_pilot::config::Config;
+use capacity_pilot::domain::catalog::PriceTable;
+use capacity_pilot::domain::money::{MicroUsd, Usd};
+use capacity_pilot::domain::offering::{Offering, Product, Segment};
+use capacity_pilot::domain::planner::plan;
+use capacity_pilot::domain::request::CapacityRequest;
+use capacity_pilot::domain::status::RequestStatus;
+use capacity_pilot::fakes::fixtures::{request, t0, team};
+use capacity_pilot::fakes::{
+    FakeMarket, InMemoryStore, ManualClock, MarketOp, RecordingEvents, StoreOp,
+};
+use capacity_pilot::ports::{BudgetMonth, PortError, RequestRecord, Store};
+use chrono::Duration;
+use serde_json::{Value, json};
+
+use super::{LEASE, Purchaser};
+
+type P = Purchaser<InMemoryStore, FakeMarket, RecordingEvents, ManualClock>;
+
+struct World {
+    store: InMemoryStore,
+    market: FakeMarket,
+    events: RecordingEvents,
+    clock: ManualClock,
+}
+
+impl World {
+    fn new() -> World {
+        World {
+            store: InMemoryStore::new(),
+            market: FakeMarket::new(),
+            events: RecordingEvents::new(),
+            clock: ManualClock::new(t0()),
+        }
+    }
+
+    fn purchaser(&self, team_caps: &str) -> P {
+        let env: Vec<(&str, String)> = vec![
+            ("TABLE_NAME", "t".into()),
+            ("EVENT_BUS_NAME", "capacity-pilot".into()),
+            ("ALLOWED_REGIONS", "us-east-1".into()),
+            ("ALLOWED_REQUEST_SOURCES", "com.example.ml-platform".into()),
+            ("APPROVER_SOURCES", "com.example.approvals".into()),
+            ("TEAM_BUDGETS_USD", team_caps.into()),
+            (
+                "SAGEMAKER_EXECUTION_ROLE_ARN",
+                "arn:aws:iam::123456789012:role/sm".into(),
+            ),
+        ];
+        let config = Config::from_lookup(&move |k| {
+            env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+        })
+        .unwrap();
+        Purchaser {
+            store: self.store.clone(),
+            market: self.market.clone(),
+            events: self.events.clone(),
+            clock: self.clock.clone(),
+            config: Arc::new(config),
+        }
+    }
+
+    /// GIVEN a request in `OfferingsFound` whose best plan is `offering`, listed on the market.
+    fn with_candidate(&self, req: CapacityRequest, offering: Offering) -> RequestRecord {
+        self.market.list(offering.clone());
+        let planning = plan(&req, &[offering], &PriceTable::default(), t0());
+        assert!(!planning.plans.is_empty(), "{planning:?}");
+        let rec = RequestRecord {
+            request_id: req.id.clone(),
+            team: req.team.clone(),
+            request: req,
+            status: RequestStatus::OfferingsFound,
+            version: 3,
+            reason: "offerings found".into(),
+            next_action_at: Some(t0()),
+            lease: None,
+            open_debit: None,
+            spent: MicroUsd(0),
+            candidates: planning.plans,
+            created_at: t0(),
+            updated_at: t0(),
+        };
+        self.store.insert_record(rec.clone());
+        rec
+    }
+
+    async fn status(&self, id: &str) -> RequestStatus {
+        self.store
+            .get_request(&capacity_pilot::fakes::fixtures::request_id(id))
+            .await
+            .unwrap()
+            .unwrap()
+            .status
+    }
+
+    fn spent(&self, team_name: &str) -> MicroUsd {
+        self.store
+            .ledger()
+            .get(&(team(team_name), BudgetMonth::of(t0())))
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
+fn block(id: &str, fee: &str) -> Offering {
+    let start = t0() + Duration::hours(26) + Duration::minutes(30);
+    Offering::new(
+        id,
+        Product::CapacityBlock,
+        "us-east-1",
+        "p5.48xlarge",
+        2,
+        vec![Segment {
+            start,
+            end: start + Duration::hours(24),
+            availability_zone: Some("us-east-1a".into()),
+        }],
+        Usd::parse(fee).unwrap(),
+        &PriceTable::default(),
+    )
+}
+
+fn event(detail_type: &str, source: &str, id: &str, detail: Value) -> EventBridgeEvent<Value> {
+    serde_json::from_value(json!({
+        "version": "0", "id": id, "detail-type": detail_type, "source": source,
+        "account": "123456789012", "time": "2026-12-01T09:00:00Z", "region": "us-east-1",
+        "resources": [], "detail": detail
+    }))
+    .unwrap()
+}
+
+fn found(id: &str, event_id: &str) -> EventBridgeEvent<Value> {
+    event(
+        "Capacity Offerings Found",
+        "capacity-pilot",
+        event_id,
+        json!({"request_id": id}),
+    )
+}
+
+fn tick(event_id: &str) -> EventBridgeEvent<Value> {
+    event("Scheduled Event", "aws.events", event_id, json!({}))
+}
+
+const CAPS: &str = r#"{"team-a": "100000", "*": "1000"}"#;
+
+#[tokio::test]
+async fn offerings_found_buys_the_best_plan_once_and_publishes_reserved() {
+    let w = World::new();
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    let p = w.purchaser(CAPS);
+
+    let out = p.handle(found("r1", "e1")).await.unwrap();
+
+    assert_eq!(w.market.purchases_of("cb-1"), 1);
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    assert_eq!(w.spent("team-a"), MicroUsd(1_661_180_000));
+    assert_eq!(w.events.detail_types(), ["Capacity Reserved"]);
+    let reserved = &w.events.published()[0].detail;
+    assert_eq!(reserved["upfront_fee_usd"], "1661.18");
+    assert_eq!(reserved["adopted"], false);
+    assert!(out.decisions.iter().any(|d| d.action == "reserved"));
+}
+
+#[tokio::test]
+async fn a_duplicate_or_repeated_wake_up_buys_nothing_more() {
+    let w = World::new();
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    let p = w.purchaser(CAPS);
+    p.handle(found("r1", "e1")).await.unwrap();
+
+    // The same event again, another wake-up, and a schedule tick.
+    p.handle(found("r1", "e1")).await.unwrap();
+    p.handle(found("r1", "e2")).await.unwrap();
+    p.handle(tick("t1")).await.unwrap();
+
+    assert_eq!(w.market.purchase_count(), 1);
+    assert_eq!(w.spent("team-a"), MicroUsd(1_661_180_000));
+    assert_eq!(w.events.detail_types(), ["Capacity Reserved"]);
+}
+
+#[tokio::test]
+async fn concurrent_invocations_buy_exactly_once() {
+    let w = World::new();
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    let (a, b, c) = (w.purchaser(CAPS), w.purchaser(CAPS), w.purchaser(CAPS));
+
+    let (ra, rb, rc) = tokio::join!(
+        a.handle(found("r1", "e1")),
+        b.handle(found("r1", "e2")),
+        c.handle(tick("t1"))
+    );
+    for r in [ra, rb, rc] {
+        r.unwrap();
+    }
+
+    assert_eq!(w.market.purchase_count(), 1);
+    assert_eq!(w.spent("team-a"), MicroUsd(1_661_180_000));
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+}
+
+#[tokio::test]
+async fn a_lost_purchase_response_is_reconciled_by_tag_and_never_bought_twice() {
+    let w = World::new();
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    w.market.lose_next_purchase_response();
+    let p = w.purchaser(CAPS);
+
+    p.handle(found("r1", "e1")).await.unwrap();
+
+    assert_eq!(w.market.purchase_count(), 1);
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    assert_eq!(w.events.published()[0].detail["adopted"], true);
+    assert_eq!(w.spent("team-a"), MicroUsd(1_661_180_000));
+}
+
+#[tokio::test]
+async fn a_crash_after_buying_is_recovered_by_the_next_worker_once_the_lease_expires() {
+    let w = World::new();
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    // GIVEN the worker dies after buying, before recording (the record write fails)
+    w.store.fail_next(
+        StoreOp::RecordReservation,
+        PortError::Transient {
+            service: "dynamodb",
+            code: "InternalServerError".into(),
+            message: "crash".into(),
+        },
+    );
+    let p = w.purchaser(CAPS);
+    assert!(p.handle(found("r1", "e1")).await.is_err());
+    assert_eq!(w.status("r1").await, RequestStatus::Purchasing);
+
+    // WHEN a schedule tick comes before the lease expires, it waits
+    w.clock.advance(Duration::minutes(5));
+    p.handle(tick("t1")).await.unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::Purchasing);
+
+    // AND after it expires, a new worker takes over
+    w.clock.advance(LEASE);
+    w.store.advance_to(w.clock.get());
+    p.handle(tick("t2")).await.unwrap();
+
+    // THEN it adopts the reservation instead of buying again, and the debit is kept once
+    assert_eq!(w.market.purchase_count(), 1);
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    assert_eq!(w.spent("team-a"), MicroUsd(1_661_180_000));
+    assert_eq!(w.events.published_of("Capacity Reserved").len(), 1);
+}
+
+#[tokio::test]
+async fn an_offering_that_has_gone_releases_the_debit_and_searches_again() {
+    let w = World::new();
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    w.market.withdraw("cb-1");
+    let p = w.purchaser(CAPS);
+
+    p.handle(found("r1", "e1")).await.unwrap();
+
+    assert_eq!(w.market.purchase_count(), 0);
+    assert_eq!(w.status("r1").await, RequestStatus::Searching);
+    assert_eq!(w.spent("team-a"), MicroUsd(0));
+}
+
+#[tokio::test]
+async fn a_plan_over_the_teams_monthly_cap_fails_with_the_reason_and_debits_nothing() {
+    let w = World::new();
+    w.with_candidate(request("r1", "team-b", "5000"), block("cb-1", "1661.18"));
+    let p = w.purchaser(CAPS); // team-b falls under "*": $1000
+
+    p.handle(found("r1", "e1")).await.unwrap();
+
+    assert_eq!(w.market.calls_of(MarketOp::Purchase), 0);
+    assert_eq!(w.status("r1").await, RequestStatus::Failed);
+    let failed = &w.events.published_of("Capacity Request Failed")[0].detail;
+    assert!(
+        failed["reason"].as_str().unwrap().contains("budget"),
+        "{failed}"
+    );
+    assert_eq!(w.spent("team-b"), MicroUsd(0));
+}
+
+#[tokio::test]
+async fn a_fee_above_the_approval_threshold_waits_for_an_approver() {
+    let w = World::new();
+    let mut req = request("r1", "team-a", "5000");
+    req.budget.approval_above = Some(Usd::parse("1000").unwrap());
+    w.with_candidate(req, block("cb-1", "1661.18"));
+    let p = w.purchaser(CAPS);
+
+    p.handle(found("r1", "e1")).await.unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::AwaitingApproval);
+    assert_eq!(w.market.purchase_count(), 0);
+    assert_eq!(
+        w.events.detail_types(),
+        ["Capacity Purchase Awaiting Approval"]
+    );
+
+    // An approval from a source that may not approve is rejected, and buys nothing.
+    let sneaky = event(
+        "Capacity Purchase Approved",
+        "com.example.ml-platform",
+        "a0",
+        json!({"request_id": "r1", "approver": "me"}),
+    );
+    p.handle(sneaky).await.unwrap();
+    assert_eq!(w.market.purchase_count(), 0);
+    assert!(
+        w.events
+            .detail_types()
+            .contains(&"Capacity Request Rejected".to_string())
+    );
+
+    let approval = event(
+        "Capacity Purchase Approved",
+        "com.example.approvals",
+        "a1",
+        json!({"request_id": "r1", "approver": "alice"}),
+    );
+    p.handle(approval).await.unwrap();
+    assert_eq!(w.market.purchase_count(), 1);
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+}
+
+#[tokio::test]
+async fn an_approvers_rejection_ends_the_request_without_buying() {
+    let w = World::new();
+    let mut req = request("r1", "team-a", "5000");
+    req.budget.approval_above = Some(Usd::parse("1000").unwrap());
+    w.with_candidate(req, block("cb-1", "1661.18"));
+    let p = w.purchaser(CAPS);
+    p.handle(found("r1", "e1")).await.unwrap();
+
+    let no = event(
+        "Capacity Purchase Rejected",
+        "com.example.approvals",
+        "a1",
+        json!({"request_id": "r1", "approver": "bob", "comment": "too pricey"}),
+    );
+    p.handle(no).await.unwrap();
+
+    assert_eq!(w.status("r1").await, RequestStatus::Rejected);
+    assert_eq!(w.market.purchase_count(), 0);
+    let failed = &w.events.published_of("Capacity Request Failed")[0].detail;
+    assert!(failed["reason"].as_str().unwrap().contains("bob"));
+}
+
+#[tokio::test]
+async fn cancellation_is_honoured_before_the_purchase_and_refused_after() {
+    let w = World::new();
+    let mut req = request("r1", "team-a", "5000");
+    req.budget.approval_above = Some(Usd::parse("1000").unwrap());
+    w.with_candidate(req, block("cb-1", "1661.18"));
+    w.with_candidate(request("r2", "team-a", "5000"), block("cb-2", "1661.18"));
+    let p = w.purchaser(CAPS);
+    p.handle(found("r1", "e1")).await.unwrap(); // waits for approval
+    p.handle(found("r2", "e2")).await.unwrap(); // bought
+
+    let cancel = |id: &str, eid: &str| {
+        event(
+            "Capacity Request Cancelled",
+            "com.example.ml-platform",
+            eid,
+            json!({"request_id": id}),
+        )
+    };
+    p.handle(cancel("r1", "c1")).await.unwrap();
+    p.handle(cancel("r2", "c2")).await.unwrap();
+
+    assert_eq!(w.status("r1").await, RequestStatus::Cancelled);
+    assert_eq!(w.status("r2").await, RequestStatus::Reserved);
+}
+
+#[tokio::test]
+async fn a_throttled_purchase_is_retried_without_buying_twice() {
+    let w = World::new();
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    w.market.throttle_next(MarketOp::Purchase);
+    let p = w.purchaser(CAPS);
+
+    p.handle(found("r1", "e1")).await.unwrap();
+
+    assert_eq!(w.market.calls_of(MarketOp::Purchase), 2);
+    assert_eq!(w.market.purchase_count(), 1);
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+}
+
+#[tokio::test]
+async fn an_unsent_event_left_by_a_failed_publish_goes_out_on_the_next_run() {
+    let w = World::new();
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    w.events.fail_next(PortError::Transient {
+        service: "events",
+        code: "InternalException".into(),
+        message: "down".into(),
+    });
+    let p = w.purchaser(CAPS);
+    assert!(p.handle(found("r1", "e1")).await.is_err());
+    assert!(w.events.published().is_empty());
+    assert_eq!(
+        w.status("r1").await,
+        RequestStatus::Reserved,
+        "the purchase committed"
+    );
+
+    p.handle(tick("t1")).await.unwrap();
+    assert_eq!(w.events.detail_types(), ["Capacity Reserved"]);
+    assert_eq!(w.market.purchase_count(), 1);
+}

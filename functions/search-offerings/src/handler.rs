@@ -1,0 +1,533 @@
+//! search-offerings: validates and records new requests, then, for every request that is
+//! due, searches each allowed region, instance type and product, plans, and records the
+//! ranked candidates. Identical queries across requests share one AWS call.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use capacity_pilot::config::Config;
+use capacity_pilot::domain::events::{
+    self, NotFound, OfferingsFound, PlanSummary, RequestAccepted, event_key, inbound, outbound,
+};
+use capacity_pilot::domain::offering::{Offering, Product};
+use capacity_pilot::domain::planner::plan;
+use capacity_pilot::domain::request::{
+    CapacityRequest, FieldError, RequestId, Strategy, ValidationContext, parse_request,
+};
+use capacity_pilot::domain::status::RequestStatus;
+use capacity_pilot::domain::time_rules::{PURCHASE_LEAD, search_deadline};
+use capacity_pilot::outbox;
+use capacity_pilot::ports::{
+    CapacityMarket, Cause, Clock, CreateOutcome, EventSink, NewRequest, OfferingQuery, PortError,
+    RequestRecord, Store, Transition, WriteOutcome,
+};
+use chrono::{DateTime, Duration, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use tracing::{info, warn};
+
+/// Detail larger than this is refused before parsing (EventBridge allows more; a request
+/// never needs it).
+pub const MAX_DETAIL_BYTES: usize = 64 * 1024;
+/// How long to wait before searching again when nothing feasible was found.
+pub const RETRY_AFTER: Duration = Duration::minutes(15);
+/// How many ranked plans are recorded as candidates.
+pub const CANDIDATES_KEPT: usize = 5;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerError {
+    #[error(transparent)]
+    Port(#[from] PortError),
+    #[error("{failed} request(s) could not be searched; first error: {first}")]
+    Partial { failed: usize, first: PortError },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Decision {
+    pub request_id: String,
+    pub action: &'static str,
+    pub reason: String,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Outcome {
+    pub decisions: Vec<Decision>,
+    /// Distinct AWS searches made.
+    pub searches: usize,
+    pub published: usize,
+}
+
+pub struct Searcher<S, M, E, C> {
+    pub store: S,
+    pub market: M,
+    pub events: E,
+    pub clock: C,
+    pub config: Arc<Config>,
+}
+
+impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Searcher<S, M, E, C> {
+    pub async fn handle(&self, ev: EventBridgeEvent<Value>) -> Result<Outcome, HandlerError> {
+        let now = self.clock.now().await?;
+        let event_id = ev.id.clone().unwrap_or_else(|| format!("{now}"));
+        let cause = Cause::new(event_id.clone());
+        let mut out = Outcome::default();
+        let mut errors = Vec::new();
+
+        match (ev.detail_type.as_str(), ev.source.as_str()) {
+            ("Scheduled Event", "aws.events") => {
+                let due = self
+                    .store
+                    .due(
+                        &[
+                            RequestStatus::Accepted,
+                            RequestStatus::Searching,
+                            RequestStatus::NotFound,
+                        ],
+                        now,
+                    )
+                    .await?;
+                let mut records = Vec::new();
+                for item in due {
+                    if let Some(r) = self.store.get_request(&item.request_id).await? {
+                        records.push(r);
+                    }
+                }
+                self.search(records, &cause, now, &mut out, &mut errors)
+                    .await;
+            }
+            (inbound::REQUEST_SUBMITTED, source) => {
+                if let Some(rec) = self.submit(&ev, source, &cause, now, &mut out).await? {
+                    self.search(vec![rec], &cause, now, &mut out, &mut errors)
+                        .await;
+                }
+            }
+            (other, source) => {
+                warn!(
+                    detail_type = other,
+                    source, "ignoring an event this function does not handle"
+                );
+            }
+        }
+        out.published = outbox::flush(&self.store, &self.events).await?;
+        for d in &out.decisions {
+            info!(request_id = %d.request_id, action = d.action, reason = %d.reason, "decision");
+        }
+        match errors.into_iter().next() {
+            None => Ok(out),
+            Some(first) => Err(HandlerError::Partial {
+                failed: out
+                    .decisions
+                    .iter()
+                    .filter(|d| d.action == "search-failed")
+                    .count(),
+                first,
+            }),
+        }
+    }
+
+    /// Validates and records a new request. Returns it when it should be searched now.
+    async fn submit(
+        &self,
+        ev: &EventBridgeEvent<Value>,
+        source: &str,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<Option<RequestRecord>, PortError> {
+        let event_id = cause.event_id.as_str();
+        let claimed_id = ev
+            .detail
+            .get("request_id")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let reject = |problems: Vec<FieldError>| {
+            outbox::reject(&self.events, event_id, source, claimed_id.clone(), problems)
+        };
+        if !self
+            .config
+            .allowed_request_sources
+            .iter()
+            .any(|s| s == source)
+        {
+            reject(vec![problem(
+                "source",
+                format!(
+                    "{source:?} may not submit requests; allowed: {}",
+                    self.config.allowed_request_sources.join(", ")
+                ),
+            )])
+            .await?;
+            return Ok(None);
+        }
+        let size = serde_json::to_vec(&ev.detail).map(|v| v.len()).unwrap_or(0);
+        if size > MAX_DETAIL_BYTES {
+            reject(vec![problem(
+                "detail",
+                format!("is {size} bytes; at most {MAX_DETAIL_BYTES}"),
+            )])
+            .await?;
+            return Ok(None);
+        }
+        let ctx = ValidationContext {
+            now,
+            instance_types: &self.config.instance_types,
+            allowed_regions: &self.config.allowed_regions,
+        };
+        let request = match parse_request(&ev.detail, &ctx) {
+            Ok(r) => r,
+            Err(problems) => {
+                let summary = problems
+                    .iter()
+                    .map(|p| p.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                out.decisions.push(Decision {
+                    request_id: claimed_id.clone().unwrap_or_default(),
+                    action: "rejected",
+                    reason: summary,
+                });
+                reject(problems).await?;
+                return Ok(None);
+            }
+        };
+        let id = request.id.clone();
+        let deadline = search_deadline(request.window.latest_end, request.duration_hours);
+        let accepted = RequestAccepted {
+            event_key: event_key(id.as_str(), "accepted", 1),
+            request_id: id.to_string(),
+            team: request.team.to_string(),
+            strategy: request.strategy,
+            workload_kind: request.workload_kind(),
+            search_deadline: deadline,
+        };
+        let created = self
+            .store
+            .create_request(NewRequest {
+                request: request.clone(),
+                reason: format!("accepted from {source}; searching until {deadline}"),
+                next_action_at: Some(now),
+                at: now,
+                caused_by: cause.clone(),
+                outbox: vec![outbound(&accepted)],
+            })
+            .await?;
+        match created {
+            CreateOutcome::Created { .. } => {
+                out.decisions
+                    .push(decision(&id, "accepted", "validated and recorded"));
+                Ok(self.store.get_request(&id).await?)
+            }
+            CreateOutcome::DuplicateEvent => Ok(None),
+            CreateOutcome::AlreadyExists => {
+                let existing = self.store.get_request(&id).await?;
+                if existing.as_ref().is_some_and(|e| e.request != request) {
+                    reject(vec![problem(
+                        "request_id",
+                        format!(
+                            "{id} is already used by a different request; ids are idempotency keys"
+                        ),
+                    )])
+                    .await?;
+                    out.decisions.push(decision(
+                        &id,
+                        "rejected",
+                        "request id reused with different content",
+                    ));
+                } else {
+                    out.decisions.push(decision(
+                        &id,
+                        "duplicate",
+                        "this request was already recorded",
+                    ));
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    async fn search(
+        &self,
+        records: Vec<RequestRecord>,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+        errors: &mut Vec<PortError>,
+    ) {
+        // Move new requests on: reserve-first ones to Searching, the others to on-demand.
+        let mut searching = Vec::new();
+        for rec in records {
+            match self.begin(rec, cause, now, out).await {
+                Ok(Some(r)) => searching.push(r),
+                Ok(None) => {}
+                Err(e) => errors.push(e),
+            }
+        }
+        // One AWS call per distinct query.
+        let mut queries: BTreeMap<OfferingQuery, Vec<usize>> = BTreeMap::new();
+        for (i, rec) in searching.iter().enumerate() {
+            for q in queries_for(&rec.request, now) {
+                queries.entry(q).or_default().push(i);
+            }
+        }
+        let mut found: Vec<Vec<Offering>> = vec![Vec::new(); searching.len()];
+        let mut failed: Vec<Option<PortError>> = vec![None; searching.len()];
+        for (q, users) in &queries {
+            out.searches += 1;
+            match self.market.search(q).await {
+                Ok(offerings) => {
+                    for &i in users {
+                        found[i].extend(offerings.iter().cloned());
+                    }
+                }
+                Err(e) => {
+                    warn!(region = %q.region, instance_type = %q.instance_type, error = %e, "search failed");
+                    for &i in users {
+                        failed[i].get_or_insert(e.clone());
+                    }
+                }
+            }
+        }
+        for (i, rec) in searching.into_iter().enumerate() {
+            if let Some(e) = failed[i].take() {
+                // Nothing is decided on partial results; the next tick tries again.
+                out.decisions.push(decision(
+                    &rec.request_id,
+                    "search-failed",
+                    format!("a search failed ({e}); trying again on the next schedule"),
+                ));
+                errors.push(e);
+                continue;
+            }
+            let mut offerings = std::mem::take(&mut found[i]);
+            let mut seen = BTreeSet::new();
+            offerings.retain(|o| seen.insert((o.region.clone(), o.id.clone())));
+            if let Err(e) = self.record(&rec, &offerings, cause, now, out).await {
+                errors.push(e);
+            }
+        }
+    }
+
+    /// Accepted requests start searching (or go on demand); others are returned as they are.
+    async fn begin(
+        &self,
+        rec: RequestRecord,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<Option<RequestRecord>, PortError> {
+        if !matches!(
+            rec.status,
+            RequestStatus::Accepted | RequestStatus::Searching | RequestStatus::NotFound
+        ) {
+            return Ok(None);
+        }
+        if rec.status != RequestStatus::Accepted {
+            return Ok(Some(rec));
+        }
+        let (to, reason) = match rec.request.strategy {
+            Strategy::OnDemandFirst => (
+                RequestStatus::TryingOnDemand,
+                "on-demand-first: trying on-demand capacity before reserving",
+            ),
+            Strategy::Reserve => (RequestStatus::Searching, "searching for offerings"),
+        };
+        // Each write of one invocation records its own derived cause: the store treats a
+        // repeated cause as a duplicate delivery.
+        let step = Cause::new(format!("{}#begin", cause.event_id));
+        let w = self
+            .store
+            .transition(transition(&rec, to, reason, Some(now), now, &step))
+            .await?;
+        match (w, to) {
+            (WriteOutcome::Applied { version }, RequestStatus::Searching) => {
+                Ok(Some(RequestRecord {
+                    status: to,
+                    version,
+                    ..rec
+                }))
+            }
+            (WriteOutcome::Applied { .. }, _) => {
+                out.decisions
+                    .push(decision(&rec.request_id, "on-demand-first", reason));
+                Ok(None)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    async fn record(
+        &self,
+        rec: &RequestRecord,
+        offerings: &[Offering],
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let id = &rec.request_id;
+        let req = &rec.request;
+        let planning = plan(req, offerings, &self.config.prices, now);
+        let deadline = search_deadline(req.window.latest_end, req.duration_hours);
+        let version = rec.version + 1;
+        let step = Cause::new(format!("{}#search", cause.event_id));
+        let mut t = transition(
+            rec,
+            RequestStatus::OfferingsFound,
+            "",
+            Some(now),
+            now,
+            &step,
+        );
+        let action;
+        if let Some(best) = planning.best() {
+            action = "offerings-found";
+            t.reason = best.reason.clone();
+            let kept: Vec<_> = planning
+                .plans
+                .iter()
+                .take(CANDIDATES_KEPT)
+                .cloned()
+                .collect();
+            t.outbox = vec![outbound(&OfferingsFound {
+                event_key: event_key(id.as_str(), "offerings-found", version),
+                request_id: id.to_string(),
+                plans: kept.iter().map(PlanSummary::from).collect(),
+                rejections: planning.rejections.clone(),
+            })];
+            t.candidates = Some(kept);
+        } else if now >= deadline {
+            action = "failed";
+            t.to = RequestStatus::Failed;
+            t.next_action_at = None;
+            t.reason = format!(
+                "no feasible offering was found before the search deadline {deadline} \
+                 ({} offerings seen{})",
+                offerings.len(),
+                summarize(&planning.rejections)
+            );
+            t.outbox = vec![outbound(&events::RequestFailed {
+                event_key: event_key(id.as_str(), "failed", version),
+                request_id: id.to_string(),
+                status_before: rec.status,
+                reason: t.reason.clone(),
+                reservation_ids: vec![],
+                spent_usd: rec.spent.to_usd(),
+            })];
+        } else {
+            action = "not-found";
+            let next = (now + RETRY_AFTER).min(deadline);
+            t.to = RequestStatus::NotFound;
+            t.next_action_at = Some(next);
+            t.reason = format!(
+                "no feasible offering yet ({} offerings seen{}); searching again at {next}",
+                offerings.len(),
+                summarize(&planning.rejections)
+            );
+            // Announce once; later retries only move the next look.
+            if rec.status != RequestStatus::NotFound {
+                t.outbox = vec![outbound(&NotFound {
+                    event_key: event_key(id.as_str(), "not-found", version),
+                    request_id: id.to_string(),
+                    reason: t.reason.clone(),
+                    next_search_at: next,
+                    search_deadline: deadline,
+                    rejections: planning.rejections.clone(),
+                })];
+            }
+        }
+        let reason = t.reason.clone();
+        let w = self.store.transition(t).await?;
+        out.decisions.push(decision(
+            id,
+            match w {
+                WriteOutcome::Applied { .. } => action,
+                _ => "skipped",
+            },
+            reason,
+        ));
+        Ok(())
+    }
+}
+
+/// The searches a request needs: each reservation product, region and type, for the
+/// duration, within the window; with `allow_split`, also Capacity Blocks of half the
+/// duration, which the planner may pair.
+pub fn queries_for(req: &CapacityRequest, now: DateTime<Utc>) -> Vec<OfferingQuery> {
+    let start_from = req.window.earliest_start.max(now + PURCHASE_LEAD);
+    let mut out = Vec::new();
+    for product in req.reservation_products() {
+        let mut durations = vec![req.duration_hours];
+        if req.allow_split && product == Product::CapacityBlock {
+            let half_days = (req.duration_hours / 24).div_ceil(2);
+            if half_days >= 1 && (half_days <= 14 || half_days.is_multiple_of(7)) {
+                durations.push(half_days * 24);
+            }
+        }
+        for region in &req.regions {
+            for instance_type in &req.instance_types {
+                for &duration_hours in &durations {
+                    out.push(OfferingQuery {
+                        product,
+                        region: region.clone(),
+                        instance_type: instance_type.clone(),
+                        instance_count: req.instance_count,
+                        duration_hours,
+                        start_from,
+                        end_by: req.window.latest_end,
+                    });
+                }
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn summarize(rejections: &[capacity_pilot::domain::planner::Rejection]) -> String {
+    match rejections.first() {
+        None => String::new(),
+        Some(r) => format!("; e.g. {}: {}", r.offering_id, r.reason),
+    }
+}
+
+fn problem(field: &str, message: String) -> FieldError {
+    FieldError {
+        field: field.to_string(),
+        message,
+    }
+}
+
+fn decision(id: &RequestId, action: &'static str, reason: impl Into<String>) -> Decision {
+    Decision {
+        request_id: id.to_string(),
+        action,
+        reason: reason.into(),
+    }
+}
+
+fn transition(
+    rec: &RequestRecord,
+    to: RequestStatus,
+    reason: &str,
+    next_action_at: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+    cause: &Cause,
+) -> Transition {
+    Transition {
+        request_id: rec.request_id.clone(),
+        expected_version: rec.version,
+        from: rec.status,
+        to,
+        reason: reason.to_string(),
+        next_action_at,
+        at: now,
+        caused_by: cause.clone(),
+        outbox: vec![],
+        candidates: None,
+        debit: None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,387 @@
+//! search-offerings against the in-memory fakes.
+
+use std::sync::Arc;
+
+use aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use capacity_pilot::config::Config;
+use capacity_pilot::domain::catalog::PriceTable;
+use capacity_pilot::domain::money::Usd;
+use capacity_pilot::domain::offering::{Offering, Product, Segment};
+use capacity_pilot::domain::status::RequestStatus;
+use capacity_pilot::fakes::fixtures::{request_id, t0};
+use capacity_pilot::fakes::{FakeMarket, InMemoryStore, ManualClock, MarketOp, RecordingEvents};
+use capacity_pilot::ports::{PortError, Store};
+use chrono::{DateTime, Duration, Utc};
+use serde_json::{Value, json};
+
+use super::{RETRY_AFTER, Searcher};
+
+type S = Searcher<InMemoryStore, FakeMarket, RecordingEvents, ManualClock>;
+
+struct World {
+    store: InMemoryStore,
+    market: FakeMarket,
+    events: RecordingEvents,
+    clock: ManualClock,
+}
+
+impl World {
+    fn new() -> World {
+        World {
+            store: InMemoryStore::new(),
+            market: FakeMarket::new(),
+            events: RecordingEvents::new(),
+            clock: ManualClock::new(t0()),
+        }
+    }
+
+    fn searcher(&self) -> S {
+        let env: Vec<(&str, &str)> = vec![
+            ("TABLE_NAME", "t"),
+            ("EVENT_BUS_NAME", "capacity-pilot"),
+            ("ALLOWED_REGIONS", "us-east-1,us-east-2"),
+            ("ALLOWED_REQUEST_SOURCES", "com.example.ml-platform"),
+            ("APPROVER_SOURCES", "com.example.approvals"),
+            ("TEAM_BUDGETS_USD", r#"{"*": "100000"}"#),
+            (
+                "SAGEMAKER_EXECUTION_ROLE_ARN",
+                "arn:aws:iam::123456789012:role/sm",
+            ),
+        ];
+        let config = Config::from_lookup(&move |k| {
+            env.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+        .unwrap();
+        Searcher {
+            store: self.store.clone(),
+            market: self.market.clone(),
+            events: self.events.clone(),
+            clock: self.clock.clone(),
+            config: Arc::new(config),
+        }
+    }
+
+    async fn status(&self, id: &str) -> RequestStatus {
+        self.store
+            .get_request(&request_id(id))
+            .await
+            .unwrap()
+            .unwrap()
+            .status
+    }
+}
+
+/// A valid two-day, 4 x p5.48xlarge request in the week after t0.
+fn detail(id: &str) -> Value {
+    json!({
+        "schema_version": 1, "request_id": id, "team": "team-a",
+        "instance_types": ["p5.48xlarge"], "instance_count": 4, "duration_hours": 48,
+        "earliest_start": "2026-12-02T00:00:00Z", "latest_end": "2026-12-09T11:30:00Z",
+        "regions": ["us-east-1"],
+        "budget": {"max_upfront_usd": "10000"},
+        "workload": {"kind": "ec2-instances",
+            "launch_template": {"id": "lt-0abcdef1234567890"},
+            "subnet_ids": ["subnet-0a1b2c3d4e5f60001"]}
+    })
+}
+
+fn submitted(source: &str, id: &str, detail: Value) -> EventBridgeEvent<Value> {
+    event("Capacity Request Submitted", source, id, detail)
+}
+
+fn event(detail_type: &str, source: &str, id: &str, detail: Value) -> EventBridgeEvent<Value> {
+    serde_json::from_value(json!({
+        "version": "0", "id": id, "detail-type": detail_type, "source": source,
+        "account": "123456789012", "time": "2026-12-01T09:00:00Z", "region": "us-east-1",
+        "resources": [], "detail": detail
+    }))
+    .unwrap()
+}
+
+fn tick(id: &str) -> EventBridgeEvent<Value> {
+    event("Scheduled Event", "aws.events", id, json!({}))
+}
+
+fn block(id: &str, start: DateTime<Utc>, hours: i64, fee: &str) -> Offering {
+    Offering::new(
+        id,
+        Product::CapacityBlock,
+        "us-east-1",
+        "p5.48xlarge",
+        4,
+        vec![Segment {
+            start,
+            end: start + Duration::hours(hours),
+            availability_zone: Some("us-east-1a".into()),
+        }],
+        Usd::parse(fee).unwrap(),
+        &PriceTable::default(),
+    )
+}
+
+fn day(d: u32) -> DateTime<Utc> {
+    "2026-12-01T11:30:00Z".parse::<DateTime<Utc>>().unwrap() + Duration::days(i64::from(d) - 1)
+}
+
+const SOURCE: &str = "com.example.ml-platform";
+
+#[tokio::test]
+async fn a_valid_request_is_recorded_accepted_and_searched_at_once() {
+    let w = World::new();
+    w.market.list_all([
+        block("cb-cheap", day(3), 48, "6644.74"),
+        block("cb-dear", day(2), 48, "7000"),
+    ]);
+
+    let out = w
+        .searcher()
+        .handle(submitted(SOURCE, "e1", detail("r1")))
+        .await
+        .unwrap();
+
+    assert_eq!(w.status("r1").await, RequestStatus::OfferingsFound);
+    assert_eq!(
+        w.events.detail_types(),
+        ["Capacity Request Accepted", "Capacity Offerings Found"]
+    );
+    let found = &w.events.published_of("Capacity Offerings Found")[0].detail;
+    assert_eq!(found["plans"][0]["offering_ids"][0], "cb-cheap");
+    assert_eq!(found["plans"][0]["upfront_fee_usd"], "6644.74");
+    assert_eq!(found["rejections"][0]["offering_id"], "cb-dear");
+    let rec = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.candidates[0].offering_ids(), ["cb-cheap"]);
+    assert!(rec.reason.contains("chosen"), "{}", rec.reason);
+    assert!(out.searches >= 1);
+}
+
+#[tokio::test]
+async fn an_invalid_request_is_rejected_naming_every_field_and_nothing_is_recorded() {
+    let w = World::new();
+    let mut d = detail("r1");
+    d["instance_count"] = json!(100);
+    d["budget"]["max_upfront_usd"] = json!(10000);
+    d["workload"]["subnet_ids"] = json!([]);
+
+    w.searcher()
+        .handle(submitted(SOURCE, "e1", d))
+        .await
+        .unwrap();
+
+    assert!(
+        w.store
+            .get_request(&request_id("r1"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let rejected = &w.events.published_of("Capacity Request Rejected")[0].detail;
+    let fields: Vec<&str> = rejected["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "instance_count",
+            "budget.max_upfront_usd",
+            "workload.subnet_ids"
+        ]
+    );
+    assert_eq!(rejected["request_id"], "r1");
+    assert_eq!(rejected["event_id"], "e1");
+}
+
+#[tokio::test]
+async fn a_request_from_an_unlisted_source_is_rejected() {
+    let w = World::new();
+    w.searcher()
+        .handle(submitted("com.example.intruder", "e1", detail("r1")))
+        .await
+        .unwrap();
+    assert!(
+        w.store
+            .get_request(&request_id("r1"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let rejected = &w.events.published_of("Capacity Request Rejected")[0].detail;
+    assert_eq!(rejected["problems"][0]["field"], "source");
+}
+
+#[tokio::test]
+async fn an_oversize_request_is_rejected_before_parsing() {
+    let w = World::new();
+    let mut d = detail("r1");
+    d["tags"] = json!({ "blob": "x".repeat(70 * 1024) });
+    w.searcher()
+        .handle(submitted(SOURCE, "e1", d))
+        .await
+        .unwrap();
+    let rejected = &w.events.published_of("Capacity Request Rejected")[0].detail;
+    assert_eq!(rejected["problems"][0]["field"], "detail");
+}
+
+#[tokio::test]
+async fn a_resubmitted_request_is_a_no_op_and_a_reused_id_is_rejected() {
+    let w = World::new();
+    let s = w.searcher();
+    s.handle(submitted(SOURCE, "e1", detail("r1")))
+        .await
+        .unwrap();
+    s.handle(submitted(SOURCE, "e2", detail("r1")))
+        .await
+        .unwrap();
+    assert_eq!(
+        w.events.published_of("Capacity Request Accepted").len(),
+        1,
+        "accepted once"
+    );
+    assert!(
+        w.events
+            .published_of("Capacity Request Rejected")
+            .is_empty()
+    );
+
+    let mut other = detail("r1");
+    other["instance_count"] = json!(8);
+    s.handle(submitted(SOURCE, "e3", other)).await.unwrap();
+    let rejected = &w.events.published_of("Capacity Request Rejected")[0].detail;
+    assert_eq!(rejected["problems"][0]["field"], "request_id");
+}
+
+#[tokio::test]
+async fn identical_queries_across_requests_share_one_search() {
+    let w = World::new();
+    let s = w.searcher();
+    // Two requests asking the same question, recorded while the market is down.
+    w.market.fail_next(
+        MarketOp::Search,
+        PortError::Throttled {
+            service: "ec2",
+            code: "RequestLimitExceeded".into(),
+            message: "slow down".into(),
+        },
+    );
+    assert!(
+        s.handle(submitted(SOURCE, "e1", detail("r1")))
+            .await
+            .is_err()
+    );
+    w.market.fail_next(
+        MarketOp::Search,
+        PortError::Throttled {
+            service: "ec2",
+            code: "RequestLimitExceeded".into(),
+            message: "slow down".into(),
+        },
+    );
+    assert!(
+        s.handle(submitted(SOURCE, "e2", detail("r2")))
+            .await
+            .is_err()
+    );
+    assert_eq!(
+        w.status("r1").await,
+        RequestStatus::Searching,
+        "nothing decided on failure"
+    );
+
+    w.market.list(block("cb-1", day(3), 48, "6644.74"));
+    let before = w.market.calls_of(MarketOp::Search);
+    let out = s.handle(tick("t1")).await.unwrap();
+
+    assert_eq!(out.searches, 1);
+    assert_eq!(w.market.calls_of(MarketOp::Search) - before, 1);
+    assert_eq!(w.status("r1").await, RequestStatus::OfferingsFound);
+    assert_eq!(w.status("r2").await, RequestStatus::OfferingsFound);
+}
+
+#[tokio::test]
+async fn nothing_feasible_is_announced_once_retried_and_failed_at_the_deadline() {
+    let w = World::new();
+    let s = w.searcher();
+    // Only an offering that is too short.
+    w.market.list(block("cb-short", day(3), 24, "3000"));
+    s.handle(submitted(SOURCE, "e1", detail("r1")))
+        .await
+        .unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::NotFound);
+    assert_eq!(w.events.published_of("Capacity Not Found").len(), 1);
+    let rec = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.next_action_at, Some(t0() + RETRY_AFTER));
+    assert!(
+        rec.reason.contains("covers 24 of the 48 hours"),
+        "{}",
+        rec.reason
+    );
+
+    // A retry finds nothing again: no second announcement.
+    w.clock.advance(RETRY_AFTER);
+    s.handle(tick("t1")).await.unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::NotFound);
+    assert_eq!(w.events.published_of("Capacity Not Found").len(), 1);
+
+    // Past the search deadline (latest_end - 48 h - 30 min), it fails with the reason.
+    w.clock.set("2026-12-07T11:00:00Z".parse().unwrap());
+    s.handle(tick("t2")).await.unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::Failed);
+    let failed = &w.events.published_of("Capacity Request Failed")[0].detail;
+    assert!(
+        failed["reason"]
+            .as_str()
+            .unwrap()
+            .contains("search deadline")
+    );
+}
+
+#[tokio::test]
+async fn on_demand_first_requests_go_to_trying_on_demand_without_a_search() {
+    let w = World::new();
+    let mut d = detail("r1");
+    d["strategy"] = json!("on-demand-first");
+    let out = w
+        .searcher()
+        .handle(submitted(SOURCE, "e1", d))
+        .await
+        .unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::TryingOnDemand);
+    assert_eq!(out.searches, 0);
+}
+
+#[tokio::test]
+async fn a_split_request_also_searches_half_length_blocks_and_pairs_them() {
+    let w = World::new();
+    let mut d = detail("r1");
+    d["allow_split"] = json!(true);
+    w.market.list_all([
+        block("first", day(3), 24, "2000"),
+        block("second", day(5), 24, "2000"),
+    ]);
+    w.searcher()
+        .handle(submitted(SOURCE, "e1", d))
+        .await
+        .unwrap();
+    let rec = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.status, RequestStatus::OfferingsFound);
+    assert_eq!(rec.candidates[0].offering_ids(), ["first", "second"]);
+}
