@@ -43,7 +43,10 @@ $(VENV)/.installed: Makefile tests/support/moto-constraints.txt
 ## run: the whole lifecycle offline (not built yet)
 run:
 	@echo "make run: not built yet." >&2
-	@echo "It needs the five Lambda functions (issue 5), the SAM template (issue 6) and the" >&2
-	@echo "local runner with its Lambda host and local EventBridge (issue 7)." >&2
-	@echo "What exists today: the domain library and planner (make test)." >&2
+	@echo "Missing: launch-workloads, replace-unhealthy and cleanup-expired as finished functions" >&2
+	@echo "(issue 5), the SAM template's rules and functions (issue 6), and the local runner with" >&2
+	@echo "its Lambda host and local EventBridge (issue 7)." >&2
+	@echo "What exists: the domain and planner, the DynamoDB store, the AWS adapters, the" >&2
+	@echo "search-offerings and purchase-capacity handlers (make test), and the offline AWS" >&2
+	@echo "stand-in: cargo run -p local-cloud -- serve --port 4599 --seed 1" >&2
 	@exit 1
