@@ -10,7 +10,7 @@ CARGO ?= cargo
 MOTO_VERSION := 5.2.5
 WERKZEUG_VERSION := 3.1.9
 
-.PHONY: test lint fmt run venv schemas build deploy bench
+.PHONY: test lint fmt run venv schemas
 
 ## test: every test, lint included (what CI runs)
 test: lint venv
