@@ -526,6 +526,38 @@ pub struct Transition {
     pub debit: Option<Debit>,
 }
 
+impl Transition {
+    /// A status change of `rec` caused by `cause`, with no outbox, candidates or debit.
+    pub fn of(
+        rec: &RequestRecord,
+        to: RequestStatus,
+        reason: &str,
+        next_action_at: Option<DateTime<Utc>>,
+        at: DateTime<Utc>,
+        cause: &Cause,
+    ) -> Transition {
+        Transition {
+            request_id: rec.request_id.clone(),
+            expected_version: rec.version,
+            from: rec.status,
+            to,
+            reason: reason.to_string(),
+            next_action_at,
+            at,
+            caused_by: cause.clone(),
+            outbox: vec![],
+            candidates: None,
+            debit: None,
+        }
+    }
+
+    /// The same transition, publishing `outbox` with it.
+    pub fn with_outbox(mut self, outbox: Vec<OutboundEvent>) -> Transition {
+        self.outbox = outbox;
+        self
+    }
+}
+
 /// Takes the purchase lease and debits the budget in one transaction.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BeginPurchase {

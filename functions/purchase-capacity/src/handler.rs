@@ -24,7 +24,7 @@ use capacity_pilot::domain::time_rules::PURCHASE_LEAD;
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, CapacityMarket, Cause, Clock, Debit,
-    EventSink, Lease, LeaseWriteOutcome, OutboundEvent, PortError, PurchaseSpec, RecordReservation,
+    EventSink, Lease, LeaseWriteOutcome, PortError, PurchaseSpec, RecordReservation,
     ReleaseUnbought, RequestRecord, Store, Transition, WriteOutcome,
 };
 use chrono::{DateTime, Duration, Utc};
@@ -226,7 +226,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             reservation_ids: vec![],
             spent_usd: rec.spent.to_usd(),
         };
-        let t = transition(&rec, RequestStatus::Cancelled, &reason, None, now, cause)
+        let t = Transition::of(&rec, RequestStatus::Cancelled, &reason, None, now, cause)
             .with_outbox(vec![outbound(&failed)]);
         let w = self.store.transition(t).await?;
         out.decisions
@@ -279,7 +279,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 reservation_ids: vec![],
                 spent_usd: rec.spent.to_usd(),
             };
-            let t = transition(&rec, RequestStatus::Rejected, &reason, None, now, cause)
+            let t = Transition::of(&rec, RequestStatus::Rejected, &reason, None, now, cause)
                 .with_outbox(vec![outbound(&failed)]);
             let w = self.store.transition(t).await?;
             out.decisions
@@ -342,7 +342,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             let reason = "no candidate plan is recorded; searching again";
             let w = self
                 .store
-                .transition(transition(
+                .transition(Transition::of(
                     &rec,
                     RequestStatus::Searching,
                     reason,
@@ -363,7 +363,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             );
             let w = self
                 .store
-                .transition(transition(
+                .transition(Transition::of(
                     &rec,
                     RequestStatus::Searching,
                     &reason,
@@ -388,7 +388,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     let reason = "no approval arrived before the offering's purchase deadline; searching again";
                     let w = self
                         .store
-                        .transition(transition(
+                        .transition(Transition::of(
                             &rec,
                             RequestStatus::Searching,
                             reason,
@@ -414,7 +414,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 approval_above_usd: limit,
                 plan: PlanSummary::from(&plan),
             };
-            let t = transition(
+            let t = Transition::of(
                 &rec,
                 RequestStatus::AwaitingApproval,
                 &reason,
@@ -808,7 +808,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             reservation_ids: vec![],
             spent_usd: rec.spent.to_usd(),
         };
-        let t = transition(rec, RequestStatus::Failed, &reason, None, now, cause)
+        let t = Transition::of(rec, RequestStatus::Failed, &reason, None, now, cause)
             .with_outbox(vec![outbound(&ev)]);
         let w = self.store.transition(t).await?;
         out.decisions.push(decision(
@@ -875,40 +875,6 @@ fn outcome_name(w: &WriteOutcome, applied: &'static str) -> &'static str {
         WriteOutcome::OverTeamBudget { .. } | WriteOutcome::OverRequestBudget { .. } => {
             "over-budget"
         }
-    }
-}
-
-fn transition(
-    rec: &RequestRecord,
-    to: RequestStatus,
-    reason: &str,
-    next_action_at: Option<DateTime<Utc>>,
-    now: DateTime<Utc>,
-    cause: &Cause,
-) -> Transition {
-    Transition {
-        request_id: rec.request_id.clone(),
-        expected_version: rec.version,
-        from: rec.status,
-        to,
-        reason: reason.to_string(),
-        next_action_at,
-        at: now,
-        caused_by: cause.clone(),
-        outbox: vec![],
-        candidates: None,
-        debit: None,
-    }
-}
-
-trait WithOutbox {
-    fn with_outbox(self, outbox: Vec<OutboundEvent>) -> Self;
-}
-
-impl WithOutbox for Transition {
-    fn with_outbox(mut self, outbox: Vec<OutboundEvent>) -> Self {
-        self.outbox = outbox;
-        self
     }
 }
 

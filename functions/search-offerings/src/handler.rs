@@ -337,7 +337,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Searcher<S, M, E, C> {
         let step = Cause::new(format!("{}#begin", cause.event_id));
         let w = self
             .store
-            .transition(transition(&rec, to, reason, Some(now), now, &step))
+            .transition(Transition::of(&rec, to, reason, Some(now), now, &step))
             .await?;
         match (w, to) {
             (WriteOutcome::Applied { version }, RequestStatus::Searching) => {
@@ -370,7 +370,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Searcher<S, M, E, C> {
         let deadline = search_deadline(req.window.latest_end, req.duration_hours);
         let version = rec.version + 1;
         let step = Cause::new(format!("{}#search", cause.event_id));
-        let mut t = transition(
+        let mut t = Transition::of(
             rec,
             RequestStatus::OfferingsFound,
             "",
@@ -503,29 +503,6 @@ fn decision(id: &RequestId, action: &'static str, reason: impl Into<String>) -> 
         request_id: id.to_string(),
         action,
         reason: reason.into(),
-    }
-}
-
-fn transition(
-    rec: &RequestRecord,
-    to: RequestStatus,
-    reason: &str,
-    next_action_at: Option<DateTime<Utc>>,
-    now: DateTime<Utc>,
-    cause: &Cause,
-) -> Transition {
-    Transition {
-        request_id: rec.request_id.clone(),
-        expected_version: rec.version,
-        from: rec.status,
-        to,
-        reason: reason.to_string(),
-        next_action_at,
-        at: now,
-        caused_by: cause.clone(),
-        outbox: vec![],
-        candidates: None,
-        debit: None,
     }
 }
 
