@@ -2,6 +2,7 @@
 
 pub mod aws;
 pub mod config;
+pub mod decision;
 pub mod domain;
 pub mod outbox;
 pub mod ports;

@@ -193,6 +193,18 @@ impl InstanceState {
     pub fn is_live(self) -> bool {
         matches!(self, InstanceState::Pending | InstanceState::Running)
     }
+
+    /// EC2's name for the state.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InstanceState::Pending => "pending",
+            InstanceState::Running => "running",
+            InstanceState::ShuttingDown => "shutting-down",
+            InstanceState::Terminated => "terminated",
+            InstanceState::Stopping => "stopping",
+            InstanceState::Stopped => "stopped",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -436,6 +448,12 @@ pub struct Cause {
 }
 
 impl Cause {
+    /// One write of an invocation caused by this event: the store treats a repeated cause
+    /// as a duplicate delivery, so each write of one invocation names its own step.
+    pub fn step(&self, what: &str) -> Cause {
+        Cause::new(format!("{}#{what}", self.event_id))
+    }
+
     pub fn new(event_id: impl Into<String>) -> Cause {
         Cause {
             event_id: event_id.into(),

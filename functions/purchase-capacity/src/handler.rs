@@ -9,6 +9,8 @@ use std::sync::Arc;
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use capacity_pilot::config::Config;
+use capacity_pilot::decision;
+pub use capacity_pilot::decision::Decision;
 use capacity_pilot::domain::events::{
     self, AwaitingApproval, CancelRequest, EventDetail, PlanSummary, PurchaseDecision, Reserved,
     event_key, inbound, outbound,
@@ -25,12 +27,12 @@ use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, CapacityMarket, Cause, Clock, Debit,
     EventSink, Lease, LeaseWriteOutcome, PortError, PurchaseSpec, RecordReservation,
-    ReleaseUnbought, RequestRecord, Store, Transition, WriteOutcome,
+    ReleaseUnbought, RequestRecord, Store, Transition,
 };
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 use serde_json::Value;
-use tracing::{info, warn};
+use tracing::warn;
 
 /// Longer than the function timeout (5 min) plus a margin: a second worker may take over
 /// only when the first is surely gone.
@@ -48,14 +50,6 @@ pub enum HandlerError {
         total: usize,
         first: PortError,
     },
-}
-
-/// What the invocation decided, per request: logged, and asserted by tests.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Decision {
-    pub request_id: String,
-    pub action: &'static str,
-    pub reason: String,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -150,9 +144,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             }
         }
         out.published = outbox::flush(&self.store, &self.events).await?;
-        for d in &out.decisions {
-            info!(request_id = %d.request_id, action = d.action, reason = %d.reason, "decision");
-        }
+        decision::log(&out.decisions);
         match errors.len() {
             0 => Ok(out),
             n => Err(HandlerError::Partial {
@@ -193,7 +185,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             return Ok(());
         };
         let Some(rec) = self.store.get_request(&id).await? else {
-            out.decisions.push(decision(
+            out.decisions.push(Decision::new(
                 &id,
                 "ignored",
                 "cancellation for an unknown request",
@@ -201,7 +193,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             return Ok(());
         };
         if !rec.status.is_cancellable() {
-            out.decisions.push(decision(
+            out.decisions.push(Decision::new(
                 &id,
                 "kept",
                 format!(
@@ -229,8 +221,11 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         let t = Transition::of(&rec, RequestStatus::Cancelled, &reason, None, now, cause)
             .with_outbox(vec![outbound(&failed)]);
         let w = self.store.transition(t).await?;
-        out.decisions
-            .push(decision(&id, outcome_name(&w, "cancelled"), reason));
+        out.decisions.push(Decision::new(
+            &id,
+            decision::written(&w, "cancelled"),
+            reason,
+        ));
         Ok(())
     }
 
@@ -249,7 +244,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             return Ok(());
         };
         if rec.status != RequestStatus::AwaitingApproval {
-            out.decisions.push(decision(
+            out.decisions.push(Decision::new(
                 &id,
                 "ignored",
                 format!(
@@ -282,8 +277,11 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             let t = Transition::of(&rec, RequestStatus::Rejected, &reason, None, now, cause)
                 .with_outbox(vec![outbound(&failed)]);
             let w = self.store.transition(t).await?;
-            out.decisions
-                .push(decision(&id, outcome_name(&w, "rejected"), reason));
+            out.decisions.push(Decision::new(
+                &id,
+                decision::written(&w, "rejected"),
+                reason,
+            ));
             Ok(())
         }
     }
@@ -316,7 +314,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             RequestStatus::Purchasing => {
                 return match &rec.lease {
                     Some(l) if l.expires_at > now => {
-                        out.decisions.push(decision(
+                        out.decisions.push(Decision::new(
                             &id,
                             "waiting",
                             format!(
@@ -330,7 +328,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 };
             }
             other => {
-                out.decisions.push(decision(
+                out.decisions.push(Decision::new(
                     &id,
                     "ignored",
                     format!("nothing to buy while the request is {other}"),
@@ -351,8 +349,11 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     cause,
                 ))
                 .await?;
-            out.decisions
-                .push(decision(&id, outcome_name(&w, "re-search"), reason));
+            out.decisions.push(Decision::new(
+                &id,
+                decision::written(&w, "re-search"),
+                reason,
+            ));
             return Ok(());
         };
         // An offering too close to its start can no longer be bought.
@@ -372,8 +373,11 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     cause,
                 ))
                 .await?;
-            out.decisions
-                .push(decision(&id, outcome_name(&w, "re-search"), reason));
+            out.decisions.push(Decision::new(
+                &id,
+                decision::written(&w, "re-search"),
+                reason,
+            ));
             return Ok(());
         }
         // The approval gate.
@@ -397,8 +401,11 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                             cause,
                         ))
                         .await?;
-                    out.decisions
-                        .push(decision(&id, outcome_name(&w, "re-search"), reason));
+                    out.decisions.push(Decision::new(
+                        &id,
+                        decision::written(&w, "re-search"),
+                        reason,
+                    ));
                 }
                 return Ok(());
             }
@@ -424,8 +431,11 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             )
             .with_outbox(vec![outbound(&ev)]);
             let w = self.store.transition(t).await?;
-            out.decisions
-                .push(decision(&id, outcome_name(&w, "awaiting-approval"), reason));
+            out.decisions.push(Decision::new(
+                &id,
+                decision::written(&w, "awaiting-approval"),
+                reason,
+            ));
             return Ok(());
         }
 
@@ -496,7 +506,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 self.fail(&rec, reason, now, cause, out).await
             }
             BeginPurchaseOutcome::LeaseHeld { until } => {
-                out.decisions.push(decision(
+                out.decisions.push(Decision::new(
                     &id,
                     "waiting",
                     format!("lease held until {until}"),
@@ -504,7 +514,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 Ok(())
             }
             BeginPurchaseOutcome::Conflict | BeginPurchaseOutcome::DuplicateEvent => {
-                out.decisions.push(decision(
+                out.decisions.push(Decision::new(
                     &id,
                     "skipped",
                     "another worker moved the request on",
@@ -543,7 +553,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         };
         match self.store.begin_purchase(begin).await? {
             BeginPurchaseOutcome::Acquired { .. } => {
-                out.decisions.push(decision(
+                out.decisions.push(Decision::new(
                     &id,
                     "took-over",
                     "the previous purchase lease expired",
@@ -551,8 +561,11 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 self.execute(&rec, &plan, &lease, cause, now, out).await
             }
             _ => {
-                out.decisions
-                    .push(decision(&id, "skipped", "another worker took the lease"));
+                out.decisions.push(Decision::new(
+                    &id,
+                    "skipped",
+                    "another worker took the lease",
+                ));
                 Ok(())
             }
         }
@@ -596,7 +609,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                         {
                             Some(r) => (r, true),
                             None => {
-                                out.decisions.push(decision(
+                                out.decisions.push(Decision::new(
                                     id,
                                     "in-doubt",
                                     format!(
@@ -629,7 +642,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                         // Throttled or transient after our own retries, or a split whose second
                         // half failed: keep the lease and the debit; the next attempt after the
                         // lease expires reconciles and goes on.
-                        out.decisions.push(decision(
+                        out.decisions.push(Decision::new(
                             id,
                             "retry-later",
                             format!(
@@ -679,12 +692,15 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 .await?;
             match w {
                 LeaseWriteOutcome::Applied { .. } => {
-                    out.decisions
-                        .push(decision(id, if last { "reserved" } else { verb }, reason));
+                    out.decisions.push(Decision::new(
+                        id,
+                        if last { "reserved" } else { verb },
+                        reason,
+                    ));
                 }
                 LeaseWriteOutcome::LeaseLost => {
                     // Someone took over: they will find this reservation by its tag.
-                    out.decisions.push(decision(
+                    out.decisions.push(Decision::new(
                         id,
                         "lease-lost",
                         format!("{reason}; the lease was taken over, so the new holder records it"),
@@ -788,7 +804,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             (LeaseWriteOutcome::DuplicateEvent, _) => "duplicate",
         };
         out.decisions
-            .push(decision(&rec.request_id, action, reason));
+            .push(Decision::new(&rec.request_id, action, reason));
         Ok(())
     }
 
@@ -811,9 +827,9 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         let t = Transition::of(rec, RequestStatus::Failed, &reason, None, now, cause)
             .with_outbox(vec![outbound(&ev)]);
         let w = self.store.transition(t).await?;
-        out.decisions.push(decision(
+        out.decisions.push(Decision::new(
             &rec.request_id,
-            outcome_name(&w, "failed"),
+            decision::written(&w, "failed"),
             reason,
         ));
         Ok(())
@@ -857,25 +873,6 @@ fn request_id_of(detail: &Value) -> Option<RequestId> {
         .get("request_id")
         .and_then(Value::as_str)
         .and_then(|s| RequestId::parse(s).ok())
-}
-
-fn decision(id: &RequestId, action: &'static str, reason: impl Into<String>) -> Decision {
-    Decision {
-        request_id: id.to_string(),
-        action,
-        reason: reason.into(),
-    }
-}
-
-fn outcome_name(w: &WriteOutcome, applied: &'static str) -> &'static str {
-    match w {
-        WriteOutcome::Applied { .. } => applied,
-        WriteOutcome::Conflict => "skipped",
-        WriteOutcome::DuplicateEvent => "duplicate",
-        WriteOutcome::OverTeamBudget { .. } | WriteOutcome::OverRequestBudget { .. } => {
-            "over-budget"
-        }
-    }
 }
 
 #[cfg(test)]

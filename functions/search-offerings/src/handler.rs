@@ -7,13 +7,15 @@ use std::sync::Arc;
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use capacity_pilot::config::Config;
+use capacity_pilot::decision;
+pub use capacity_pilot::decision::Decision;
 use capacity_pilot::domain::events::{
     self, NotFound, OfferingsFound, PlanSummary, RequestAccepted, event_key, inbound, outbound,
 };
 use capacity_pilot::domain::offering::{Offering, Product};
 use capacity_pilot::domain::planner::plan;
 use capacity_pilot::domain::request::{
-    CapacityRequest, FieldError, RequestId, Strategy, ValidationContext, parse_request,
+    CapacityRequest, FieldError, Strategy, ValidationContext, parse_request,
 };
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::time_rules::{PURCHASE_LEAD, search_deadline};
@@ -25,7 +27,7 @@ use capacity_pilot::ports::{
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 use serde_json::Value;
-use tracing::{info, warn};
+use tracing::warn;
 
 /// Detail larger than this is refused before parsing (EventBridge allows more; a request
 /// never needs it).
@@ -41,13 +43,6 @@ pub enum HandlerError {
     Port(#[from] PortError),
     #[error("{failed} request(s) could not be searched; first error: {first}")]
     Partial { failed: usize, first: PortError },
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Decision {
-    pub request_id: String,
-    pub action: &'static str,
-    pub reason: String,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -110,9 +105,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Searcher<S, M, E, C> {
             }
         }
         out.published = outbox::flush(&self.store, &self.events).await?;
-        for d in &out.decisions {
-            info!(request_id = %d.request_id, action = d.action, reason = %d.reason, "decision");
-        }
+        decision::log(&out.decisions);
         match errors.into_iter().next() {
             None => Ok(out),
             Some(first) => Err(HandlerError::Partial {
@@ -215,7 +208,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Searcher<S, M, E, C> {
         match created {
             CreateOutcome::Created { .. } => {
                 out.decisions
-                    .push(decision(&id, "accepted", "validated and recorded"));
+                    .push(Decision::new(&id, "accepted", "validated and recorded"));
                 Ok(self.store.get_request(&id).await?)
             }
             CreateOutcome::DuplicateEvent => Ok(None),
@@ -229,13 +222,13 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Searcher<S, M, E, C> {
                         ),
                     )])
                     .await?;
-                    out.decisions.push(decision(
+                    out.decisions.push(Decision::new(
                         &id,
                         "rejected",
                         "request id reused with different content",
                     ));
                 } else {
-                    out.decisions.push(decision(
+                    out.decisions.push(Decision::new(
                         &id,
                         "duplicate",
                         "this request was already recorded",
@@ -291,7 +284,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Searcher<S, M, E, C> {
         for (i, rec) in searching.into_iter().enumerate() {
             if let Some(e) = failed[i].take() {
                 // Nothing is decided on partial results; the next tick tries again.
-                out.decisions.push(decision(
+                out.decisions.push(Decision::new(
                     &rec.request_id,
                     "search-failed",
                     format!("a search failed ({e}); trying again on the next schedule"),
@@ -349,7 +342,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Searcher<S, M, E, C> {
             }
             (WriteOutcome::Applied { .. }, _) => {
                 out.decisions
-                    .push(decision(&rec.request_id, "on-demand-first", reason));
+                    .push(Decision::new(&rec.request_id, "on-demand-first", reason));
                 Ok(None)
             }
             _ => Ok(None),
@@ -437,7 +430,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Searcher<S, M, E, C> {
         }
         let reason = t.reason.clone();
         let w = self.store.transition(t).await?;
-        out.decisions.push(decision(
+        out.decisions.push(Decision::new(
             id,
             match w {
                 WriteOutcome::Applied { .. } => action,
@@ -495,14 +488,6 @@ fn problem(field: &str, message: String) -> FieldError {
     FieldError {
         field: field.to_string(),
         message,
-    }
-}
-
-fn decision(id: &RequestId, action: &'static str, reason: impl Into<String>) -> Decision {
-    Decision {
-        request_id: id.to_string(),
-        action,
-        reason: reason.into(),
     }
 }
 

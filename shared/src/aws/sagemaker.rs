@@ -147,13 +147,7 @@ pub fn plan_name_of(name_or_arn: &str) -> &str {
 
 /// Whether `name` is the plan name of `request_id` for some attempt (`naming::plan_name`).
 fn is_plan_of(name: &str, plan_name: &str, request_id: &RequestId) -> bool {
-    if name == plan_name || name == crate::domain::naming::plan_name(request_id, 0) {
-        return true;
-    }
-    let base = crate::domain::naming::plan_name(request_id, 0);
-    name.strip_prefix(&base)
-        .and_then(|rest| rest.strip_prefix('-'))
-        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    name == plan_name || crate::domain::naming::plan_attempt(name, request_id).is_some()
 }
 
 /// The fields a plan reports in DescribeTrainingPlan and in ListTrainingPlans' summaries.
@@ -948,6 +942,18 @@ mod tests {
             &id
         ));
         assert!(!is_plan_of("cp-team-a-421", &n0, &id));
+        // request team-a's retries are never another request's first plan, and back
+        let other = RequestId::parse("team-a").unwrap();
+        assert!(!is_plan_of(
+            &n0,
+            &crate::domain::naming::plan_name(&other, 0),
+            &other
+        ));
+        assert!(!is_plan_of(
+            &crate::domain::naming::plan_name(&other, 42),
+            &n0,
+            &id
+        ));
         assert!(!is_plan_of("cp-team-a-42-x", &n0, &id));
         assert!(!is_plan_of("someone-else", &n0, &id));
     }

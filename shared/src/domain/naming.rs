@@ -13,13 +13,30 @@ pub const REQUEST_TAG: &str = "capacity-pilot:request-id";
 /// The training plan name for a request: a second `CreateTrainingPlan` with it fails with
 /// `ResourceInUse` instead of buying again. `attempt` > 0 only after reconciliation has
 /// shown that every earlier plan of the request is gone (failed payment, say).
+///
+/// Attempt 0 is `cp-<id>`, attempt n is `cp<n>-<id>`: the attempt sits before the id, so no
+/// request's name can be another request's retry (`cp-a-1` is only ever request `a-1`).
 pub fn plan_name(request_id: &RequestId, attempt: u32) -> String {
     // Request ids are at most 48 characters of [A-Za-z0-9-], so this fits SageMaker's
     // `[a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}`.
     if attempt == 0 {
         format!("cp-{request_id}")
     } else {
-        format!("cp-{request_id}-{attempt}")
+        format!("cp{attempt}-{request_id}")
+    }
+}
+
+/// The attempt whose [`plan_name`] `name` is for `request_id`, if it is one of them.
+pub fn plan_attempt(name: &str, request_id: &RequestId) -> Option<u32> {
+    let rest = name.strip_prefix("cp")?;
+    let (attempt, id) = rest.split_once('-')?;
+    if id != request_id.as_str() {
+        return None;
+    }
+    match attempt {
+        "" => Some(0),
+        n if n.bytes().all(|b| b.is_ascii_digit()) && !n.starts_with('0') => n.parse().ok(),
+        _ => None,
     }
 }
 
@@ -65,5 +82,24 @@ mod tests {
             assert!(!n.ends_with('-'));
         }
         assert_eq!(plan_name(&RequestId::parse("r-1").unwrap(), 0), "cp-r-1");
+    }
+
+    #[test]
+    fn a_plan_name_belongs_to_exactly_one_request_and_attempt() {
+        let ids =
+            ["r", "r-1", "r-1-2", "1", "1-r", "cp", "cp-r"].map(|i| RequestId::parse(i).unwrap());
+        for id in &ids {
+            for attempt in [0, 1, 2, 10, 4_000_000_000] {
+                let name = plan_name(id, attempt);
+                for other in &ids {
+                    let expect = (other == id).then_some(attempt);
+                    assert_eq!(plan_attempt(&name, other), expect, "{name} vs {other}");
+                }
+            }
+        }
+        let r = RequestId::parse("r").unwrap();
+        for not_ours in ["cp-r-1", "cp01-r", "cpx-r", "cp1r", "cp--r", "xcp-r"] {
+            assert_eq!(plan_attempt(not_ours, &r), None, "{not_ours}");
+        }
     }
 }

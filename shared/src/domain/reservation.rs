@@ -8,7 +8,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::money::Usd;
-use super::offering::{Product, Segment};
+use super::offering::{Product, Segment, TargetResource};
+use super::time_rules::WindowKind;
 
 /// The life cycle AWS reports, mapped from the EC2 (`payment-pending`, ...) and SageMaker
 /// (`Pending`, ...) spellings by the adapters.
@@ -77,5 +78,18 @@ impl Reservation {
     }
     pub fn end(&self) -> DateTime<Utc> {
         self.segments.last().map(|s| s.end).unwrap_or_default()
+    }
+
+    /// The forced-termination rule that applies to its windows.
+    pub fn window_kind(&self) -> WindowKind {
+        match self.product {
+            Product::TrainingPlan { target } => match target {
+                TargetResource::TrainingJob => WindowKind::TrainingJobPlan,
+                TargetResource::HyperpodCluster => WindowKind::HyperPodPlan,
+                TargetResource::Endpoint => WindowKind::EndpointPlan,
+            },
+            _ if self.ultraserver => WindowKind::UltraServerBlock,
+            _ => WindowKind::CapacityBlock,
+        }
     }
 }
