@@ -1,0 +1,634 @@
+//! The drain and end of reserved windows against the in-memory fakes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use capacity_pilot::config::Config;
+use capacity_pilot::domain::money::{MicroUsd, Usd};
+use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG, workload_name};
+use capacity_pilot::domain::offering::{Product, Segment, TargetResource};
+use capacity_pilot::domain::request::{CapacityRequest, TrainingJobTemplate, WorkloadDetail};
+use capacity_pilot::domain::reservation::{Reservation, ReservationState};
+use capacity_pilot::domain::status::RequestStatus;
+use capacity_pilot::fakes::fixtures::{request, request_id, t0};
+use capacity_pilot::fakes::{
+    FakeMarket, FakeWorkloads, InMemoryStore, ManualClock, RecordingEvents, StoreOp, WorkloadsOp,
+};
+use capacity_pilot::ports::{
+    Cause, EndpointSpec, InstanceHealth, InstanceInfo, InstanceState, JobState, Lease,
+    RecordReservation, RequestRecord, Store, TrainingJobSpec, Workloads,
+};
+use chrono::{DateTime, Duration, Utc};
+use serde_json::{Value, json};
+
+use super::Cleaner;
+
+type C = Cleaner<InMemoryStore, FakeMarket, FakeWorkloads, RecordingEvents, ManualClock>;
+
+const REGION: &str = "us-east-1";
+const EXPIRING: &str = "Capacity Reservation Expiring";
+const DRAINED: &str = "Capacity Workload Drained";
+const ENDED: &str = "Capacity Reservation Ended";
+
+/// 2026-12-02 11:30 UTC: when the test block ends.
+fn end() -> DateTime<Utc> {
+    t0() + Duration::hours(26) + Duration::minutes(30)
+}
+
+struct World {
+    store: InMemoryStore,
+    market: FakeMarket,
+    workloads: FakeWorkloads,
+    events: RecordingEvents,
+    clock: ManualClock,
+}
+
+impl World {
+    fn new() -> World {
+        World {
+            store: InMemoryStore::new(),
+            market: FakeMarket::new(),
+            workloads: FakeWorkloads::new(),
+            events: RecordingEvents::new(),
+            clock: ManualClock::new(t0()),
+        }
+    }
+
+    fn cleaner(&self) -> C {
+        let env: Vec<(&str, String)> = vec![
+            ("TABLE_NAME", "t".into()),
+            ("EVENT_BUS_NAME", "capacity-pilot".into()),
+            ("ALLOWED_REGIONS", REGION.into()),
+            ("ALLOWED_REQUEST_SOURCES", "com.example.ml-platform".into()),
+            ("APPROVER_SOURCES", "com.example.approvals".into()),
+            ("TEAM_BUDGETS_USD", r#"{"*": "100000"}"#.into()),
+            (
+                "SAGEMAKER_EXECUTION_ROLE_ARN",
+                "arn:aws:iam::123456789012:role/sm".into(),
+            ),
+            ("DEFAULT_DRAIN_MINUTES", "15".into()),
+        ];
+        let config = Config::from_lookup(&move |k| {
+            env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+        })
+        .unwrap();
+        Cleaner {
+            store: self.store.clone(),
+            market: self.market.clone(),
+            workloads: self.workloads.clone(),
+            events: self.events.clone(),
+            clock: self.clock.clone(),
+            config: Arc::new(config),
+        }
+    }
+
+    /// GIVEN a request in `status` holding `reservations`, last written at `updated_at`.
+    async fn seed(
+        &self,
+        req: CapacityRequest,
+        reservations: &[Reservation],
+        status: RequestStatus,
+        updated_at: DateTime<Utc>,
+    ) -> RequestRecord {
+        let mut rec = RequestRecord {
+            request_id: req.id.clone(),
+            team: req.team.clone(),
+            request: req,
+            status: RequestStatus::Purchasing,
+            version: 1,
+            reason: "seed".into(),
+            next_action_at: None,
+            lease: Some(Lease {
+                token: "seed".into(),
+                expires_at: t0() + Duration::days(30),
+            }),
+            open_debit: None,
+            spent: MicroUsd(0),
+            candidates: vec![],
+            created_at: t0(),
+            updated_at: t0(),
+        };
+        for r in reservations {
+            self.store.insert_record(rec.clone());
+            self.market.add_reservation(r.clone(), None);
+            self.store
+                .record_reservation(RecordReservation {
+                    request_id: rec.request_id.clone(),
+                    lease_token: "seed".into(),
+                    reservation: r.clone(),
+                    to: RequestStatus::Purchasing,
+                    reason: "seed".into(),
+                    next_action_at: None,
+                    at: t0(),
+                    caused_by: Cause::new(format!("seed-{}", r.id)),
+                    outbox: vec![],
+                })
+                .await
+                .unwrap();
+        }
+        rec.status = status;
+        rec.version = 7;
+        rec.lease = None;
+        rec.spent = MicroUsd(1_000_000_000);
+        rec.next_action_at = Some(updated_at);
+        rec.updated_at = updated_at;
+        self.store.insert_record(rec.clone());
+        rec
+    }
+
+    async fn tick_at(&self, t: DateTime<Utc>, id: &str) -> super::Outcome {
+        self.clock.set(t);
+        self.cleaner().handle(scheduled(id)).await.unwrap()
+    }
+
+    async fn status(&self, id: &str) -> RequestStatus {
+        self.record(id).await.status
+    }
+
+    async fn record(&self, id: &str) -> RequestRecord {
+        self.store
+            .get_request(&request_id(id))
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
+    fn instance(&self, id: &str, req: &str, reservation: Option<&str>, managed: bool) {
+        let mut tags = BTreeMap::new();
+        if managed {
+            tags.insert(MANAGED_TAG.to_string(), "true".to_string());
+        }
+        tags.insert(REQUEST_TAG.to_string(), req.to_string());
+        self.workloads.add_instance(InstanceInfo {
+            instance_id: id.into(),
+            region: REGION.into(),
+            availability_zone: "us-east-1a".into(),
+            instance_type: "p5.48xlarge".into(),
+            state: InstanceState::Running,
+            health: InstanceHealth::Ok,
+            reservation_id: reservation.map(str::to_string),
+            launched_at: None,
+            tags,
+        });
+    }
+
+    fn state_of(&self, instance_id: &str) -> InstanceState {
+        self.workloads.instance(instance_id).unwrap().state
+    }
+}
+
+fn scheduled(id: &str) -> EventBridgeEvent<Value> {
+    serde_json::from_value(json!({
+        "version": "0", "id": id, "detail-type": "Scheduled Event", "source": "aws.events",
+        "account": "123456789012", "time": "2026-12-01T09:00:00Z", "region": REGION,
+        "resources": [], "detail": {}
+    }))
+    .unwrap()
+}
+
+fn warning(id: &str, detail_type: &str, reservation_id: &str) -> EventBridgeEvent<Value> {
+    serde_json::from_value(json!({
+        "version": "0", "id": id, "detail-type": detail_type, "source": "aws.ec2",
+        "account": "123456789012", "time": "2026-12-02T10:50:00Z", "region": REGION,
+        "resources": [format!("arn:aws:ec2:us-east-1:123456789012:capacity-reservation/{reservation_id}")],
+        "detail": { "capacity-reservation-id": reservation_id, "end-date": "2026-12-02T11:30:00Z" }
+    }))
+    .unwrap()
+}
+
+fn reservation(id: &str, req: &str, product: Product, start: DateTime<Utc>) -> Reservation {
+    Reservation {
+        id: id.into(),
+        product,
+        region: REGION.into(),
+        instance_type: "p5.48xlarge".into(),
+        instance_count: 2,
+        segments: vec![Segment {
+            start,
+            end: start + Duration::hours(24),
+            availability_zone: Some("us-east-1a".into()),
+        }],
+        upfront_fee: Usd::parse("1000").unwrap(),
+        state: ReservationState::Active,
+        offering_id: None,
+        request_tag: Some(req.into()),
+        ultraserver: false,
+    }
+}
+
+fn block(id: &str, req: &str) -> Reservation {
+    reservation(id, req, Product::CapacityBlock, end() - Duration::hours(24))
+}
+
+fn plan(id: &str, req: &str, target: TargetResource) -> Reservation {
+    reservation(
+        id,
+        req,
+        Product::TrainingPlan { target },
+        end() - Duration::hours(24),
+    )
+}
+
+fn open() -> DateTime<Utc> {
+    end() - Duration::hours(24)
+}
+
+#[tokio::test]
+async fn drain_happens_before_forced_termination_for_capacity_blocks_hyperpod_and_ultraservers() {
+    // Request drain 20 min (more than the default 15): drain at end - lead - 20 min.
+    for (case, lead) in [("cb", 30), ("ultra", 60), ("hyperpod", 60)] {
+        // GIVEN an Active request of each kind, its workload running
+        let w = World::new();
+        let mut req = request("r-1", "team-a", "50000");
+        req.drain_minutes = 20;
+        let mut r = block("cr-1", "r-1");
+        match case {
+            "ultra" => {
+                r.ultraserver = true;
+                w.instance("i-1", "r-1", Some("cr-1"), true);
+            }
+            "hyperpod" => {
+                r = plan("arn:plan/1", "r-1", TargetResource::HyperpodCluster);
+                req.workload = WorkloadDetail::HyperpodCluster {
+                    cluster_name: "hp".into(),
+                    instance_group_name: "workers".into(),
+                    life_cycle_config: None,
+                };
+                w.workloads.add_cluster(REGION, "hp", true);
+                assert!(
+                    w.workloads
+                        .set_instance_group(REGION, "hp", "workers", 2, 2, "InService")
+                );
+            }
+            _ => w.instance("i-1", "r-1", Some("cr-1"), true),
+        }
+        w.seed(req, &[r], RequestStatus::Active, open()).await;
+        let drain_at = end() - Duration::minutes(lead) - Duration::minutes(20);
+
+        // WHEN the schedule ticks a minute before the drain start
+        w.tick_at(drain_at - Duration::minutes(1), "tick-1").await;
+        // THEN nothing happens yet
+        assert_eq!(w.status("r-1").await, RequestStatus::Active, "{case}");
+        assert!(w.events.published().is_empty(), "{case}");
+
+        // WHEN it ticks at the drain start
+        w.tick_at(drain_at, "tick-2").await;
+        // THEN the request drains, warned and stopped before AWS's forced termination
+        assert_eq!(w.status("r-1").await, RequestStatus::Draining, "{case}");
+        let expiring = &w.events.published_of(EXPIRING)[0].detail;
+        let forced = end() - Duration::minutes(lead);
+        assert_eq!(expiring["forced_termination_at"], json!(forced), "{case}");
+        assert_eq!(expiring["drain_starts_at"], json!(drain_at), "{case}");
+        let drained = &w.events.published_of(DRAINED)[0].detail;
+        assert_eq!(drained["drained_at"], json!(drain_at), "{case}");
+        if case == "hyperpod" {
+            let spec = w
+                .workloads
+                .instance_group_spec(REGION, "hp", "workers")
+                .unwrap();
+            assert_eq!(spec.instance_count, 0);
+        } else {
+            assert_eq!(w.state_of("i-1"), InstanceState::Terminated, "{case}");
+            assert_eq!(drained["resource_ids"], json!(["instance:i-1"]), "{case}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_early_expiration_warning_brings_the_drain_forward() {
+    for spelling in super::EXPIRATION_WARNINGS {
+        // GIVEN an Active block whose scheduled drain is still an hour away
+        let w = World::new();
+        w.instance("i-1", "r-1", Some("cr-1"), true);
+        w.seed(
+            request("r-1", "team-a", "50000"),
+            &[block("cr-1", "r-1")],
+            RequestStatus::Active,
+            open(),
+        )
+        .await;
+        w.clock.set(end() - Duration::minutes(105));
+        // WHEN EC2's expiration warning arrives (either spelling)
+        let out = w
+            .cleaner()
+            .handle(warning("warn-1", spelling, "cr-1"))
+            .await
+            .unwrap();
+        // THEN it drains now
+        assert_eq!(w.status("r-1").await, RequestStatus::Draining, "{spelling}");
+        assert_eq!(w.state_of("i-1"), InstanceState::Terminated);
+        assert!(
+            out.decisions[0]
+                .reason
+                .contains("brought the drain forward"),
+            "{out:?}"
+        );
+        assert_eq!(
+            w.events.published_of(EXPIRING)[0].detail["drain_starts_at"],
+            json!(end() - Duration::minutes(105))
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_warning_never_delays_a_drain_the_schedule_already_did() {
+    // GIVEN a block drained by the schedule
+    let w = World::new();
+    w.instance("i-1", "r-1", Some("cr-1"), true);
+    w.seed(
+        request("r-1", "team-a", "50000"),
+        &[block("cr-1", "r-1")],
+        RequestStatus::Active,
+        open(),
+    )
+    .await;
+    w.tick_at(end() - Duration::minutes(45), "tick-1").await;
+    // WHEN the warning arrives later
+    w.clock.set(end() - Duration::minutes(40));
+    w.cleaner()
+        .handle(warning(
+            "warn-1",
+            "Capacity Block Expiration Warning",
+            "cr-1",
+        ))
+        .await
+        .unwrap();
+    // THEN nothing more is published
+    assert_eq!(w.events.published_of(EXPIRING).len(), 1);
+    assert_eq!(w.status("r-1").await, RequestStatus::Draining);
+}
+
+#[tokio::test]
+async fn duplicate_warnings_act_once() {
+    // GIVEN an Active block
+    let w = World::new();
+    w.instance("i-1", "r-1", Some("cr-1"), true);
+    w.seed(
+        request("r-1", "team-a", "50000"),
+        &[block("cr-1", "r-1")],
+        RequestStatus::Active,
+        open(),
+    )
+    .await;
+    w.clock.set(end() - Duration::minutes(40));
+    // WHEN the same warning is delivered twice, and a second copy arrives at once
+    let ev = warning("warn-1", "Capacity Block Expiration Warning", "cr-1");
+    let (a, b) = (w.cleaner(), w.cleaner());
+    let (ra, rb) = tokio::join!(a.handle(ev.clone()), b.handle(ev.clone()));
+    ra.unwrap();
+    rb.unwrap();
+    w.cleaner().handle(ev).await.unwrap();
+    // THEN one drain is written and published
+    assert_eq!(w.events.published_of(EXPIRING).len(), 1);
+    assert_eq!(w.events.published_of(DRAINED).len(), 1);
+    assert_eq!(w.record("r-1").await.version, 8);
+}
+
+#[tokio::test]
+async fn concurrent_ticks_drain_once() {
+    // GIVEN an Active block at its drain start
+    let w = World::new();
+    w.instance("i-1", "r-1", Some("cr-1"), true);
+    w.seed(
+        request("r-1", "team-a", "50000"),
+        &[block("cr-1", "r-1")],
+        RequestStatus::Active,
+        open(),
+    )
+    .await;
+    w.clock.set(end() - Duration::minutes(45));
+    // WHEN two different ticks run at once
+    let (a, b) = (w.cleaner(), w.cleaner());
+    let (ra, rb) = tokio::join!(a.handle(scheduled("tick-a")), b.handle(scheduled("tick-b")));
+    let actions: Vec<&str> = ra
+        .unwrap()
+        .decisions
+        .iter()
+        .chain(rb.unwrap().decisions.iter())
+        .map(|d| d.action)
+        .collect();
+    // THEN exactly one drains; the other loses the conditional write, which is normal
+    assert_eq!(actions.iter().filter(|a| **a == "drained").count(), 1);
+    assert_eq!(w.events.published_of(EXPIRING).len(), 1);
+}
+
+#[tokio::test]
+async fn endpoints_and_their_configs_are_deleted() {
+    // GIVEN an inference endpoint running on an endpoint plan
+    let w = World::new();
+    let mut req = request("r-1", "team-a", "50000");
+    req.workload = WorkloadDetail::InferenceEndpoint {
+        model_name: "m".into(),
+        endpoint_name: "ep".into(),
+        variant_name: "v".into(),
+    };
+    let config_name = workload_name(&request_id("r-1"), 0);
+    w.workloads
+        .create_endpoint(&EndpointSpec {
+            region: REGION.into(),
+            endpoint_name: "ep".into(),
+            endpoint_config_name: config_name.clone(),
+            model_name: "m".into(),
+            variant_name: "v".into(),
+            instance_type: "ml.p5.48xlarge".into(),
+            instance_count: 1,
+            ml_reservation_arn: Some("arn:plan/1".into()),
+            tags: BTreeMap::new(),
+        })
+        .await
+        .unwrap();
+    w.seed(
+        req,
+        &[plan("arn:plan/1", "r-1", TargetResource::Endpoint)],
+        RequestStatus::Active,
+        open(),
+    )
+    .await;
+    // WHEN the drain start is reached
+    w.tick_at(end() - Duration::minutes(45), "tick-1").await;
+    // THEN the endpoint and its config are gone
+    assert!(
+        w.workloads
+            .describe_endpoint(REGION, "ep")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(!w.workloads.endpoint_config_exists(REGION, &config_name));
+    assert_eq!(
+        w.events.published_of(DRAINED)[0].detail["resource_ids"],
+        json!(["endpoint:ep", format!("endpoint-config:{config_name}")])
+    );
+}
+
+#[tokio::test]
+async fn a_running_training_job_is_stopped_before_forced_termination() {
+    // GIVEN a training job running on its plan
+    let w = World::new();
+    let mut req = request("r-1", "team-a", "50000");
+    req.workload = WorkloadDetail::TrainingJob(TrainingJobTemplate {
+        training_image: "img".into(),
+        output_s3_uri: "s3://out".into(),
+        volume_size_gb: 100,
+        hyper_parameters: BTreeMap::new(),
+    });
+    let job = workload_name(&request_id("r-1"), 0);
+    w.workloads
+        .start_training_job(&TrainingJobSpec {
+            region: REGION.into(),
+            job_name: job.clone(),
+            role_arn: "arn:aws:iam::123456789012:role/sm".into(),
+            training_image: "img".into(),
+            output_s3_uri: "s3://out".into(),
+            instance_type: "ml.p5.48xlarge".into(),
+            instance_count: 2,
+            volume_size_gb: 100,
+            training_plan_arn: Some("arn:plan/1".into()),
+            max_runtime_seconds: 86_400,
+            hyper_parameters: BTreeMap::new(),
+            tags: BTreeMap::new(),
+        })
+        .await
+        .unwrap();
+    w.seed(
+        req,
+        &[plan("arn:plan/1", "r-1", TargetResource::TrainingJob)],
+        RequestStatus::Active,
+        open(),
+    )
+    .await;
+    // WHEN the drain start is reached (30 min lead, 15 min default drain)
+    w.tick_at(end() - Duration::minutes(45), "tick-1").await;
+    // THEN the job is stopping
+    let info = w
+        .workloads
+        .describe_training_job(REGION, &job)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(info.state, JobState::Stopping);
+    assert_eq!(w.status("r-1").await, RequestStatus::Draining);
+}
+
+#[tokio::test]
+async fn after_the_end_orphans_are_swept_and_the_request_ends() {
+    // GIVEN a drained block, a managed instance someone launched late, and an unmanaged one
+    let w = World::new();
+    w.seed(
+        request("r-1", "team-a", "50000"),
+        &[block("cr-1", "r-1")],
+        RequestStatus::Active,
+        open(),
+    )
+    .await;
+    w.tick_at(end() - Duration::minutes(45), "tick-1").await;
+    w.instance("i-orphan", "r-1", None, true);
+    w.instance("i-theirs", "r-1", None, false);
+    // WHEN the schedule ticks before and after the end
+    w.tick_at(end() - Duration::minutes(5), "tick-2").await;
+    assert_eq!(w.status("r-1").await, RequestStatus::Draining);
+    w.tick_at(end() + Duration::minutes(1), "tick-3").await;
+    // THEN the request has ended, the orphan is gone and the unmanaged instance untouched
+    assert_eq!(w.status("r-1").await, RequestStatus::Ended);
+    assert_eq!(w.state_of("i-orphan"), InstanceState::Terminated);
+    assert_eq!(w.state_of("i-theirs"), InstanceState::Running);
+    let ended = &w.events.published_of(ENDED)[0].detail;
+    assert_eq!(ended["cleaned_up"], json!(["instance:i-orphan"]));
+    assert_eq!(ended["reservation_ids"], json!(["cr-1"]));
+    assert_eq!(ended["spent_usd"], json!("1000"));
+    // AND another tick changes nothing
+    w.tick_at(end() + Duration::minutes(6), "tick-4").await;
+    assert_eq!(w.events.published_of(ENDED).len(), 1);
+}
+
+#[tokio::test]
+async fn a_split_plan_returns_to_reserved_until_its_last_segment_ends() {
+    // GIVEN two blocks, the second starting a day after the first ends
+    let w = World::new();
+    let second = reservation(
+        "cr-2",
+        "r-1",
+        Product::CapacityBlock,
+        end() + Duration::hours(24),
+    );
+    let second_end = second.end();
+    w.seed(
+        request("r-1", "team-a", "50000"),
+        &[block("cr-1", "r-1"), second],
+        RequestStatus::Active,
+        open(),
+    )
+    .await;
+    // WHEN the first window drains and ends
+    w.tick_at(end() - Duration::minutes(45), "tick-1").await;
+    w.tick_at(end(), "tick-2").await;
+    // THEN the request waits for the second segment
+    let rec = w.record("r-1").await;
+    assert_eq!(rec.status, RequestStatus::Reserved);
+    assert_eq!(rec.next_action_at, Some(end() + Duration::hours(24)));
+    assert_eq!(
+        w.events.published_of(ENDED)[0].detail["reservation_ids"],
+        json!(["cr-1"])
+    );
+    // AND ticks inside the second window do nothing until its drain
+    w.tick_at(end() + Duration::hours(30), "tick-3").await;
+    assert_eq!(w.status("r-1").await, RequestStatus::Reserved);
+    w.tick_at(second_end - Duration::minutes(45), "tick-4")
+        .await;
+    assert_eq!(w.status("r-1").await, RequestStatus::Draining);
+    let expiring = w.events.published_of(EXPIRING);
+    assert_eq!(expiring[1].detail["segment"], json!(1));
+    w.tick_at(second_end, "tick-5").await;
+    assert_eq!(w.status("r-1").await, RequestStatus::Ended);
+}
+
+#[tokio::test]
+async fn a_drain_missed_entirely_still_drains_and_ends_in_one_run() {
+    // GIVEN an Active block whose end passed while nothing ran
+    let w = World::new();
+    w.instance("i-1", "r-1", Some("cr-1"), true);
+    w.seed(
+        request("r-1", "team-a", "50000"),
+        &[block("cr-1", "r-1")],
+        RequestStatus::Active,
+        open(),
+    )
+    .await;
+    // WHEN the schedule finally runs
+    w.tick_at(end() + Duration::minutes(10), "tick-1").await;
+    // THEN every event is published once and the request has ended
+    assert_eq!(
+        w.events.detail_types().len(),
+        3,
+        "{:?}",
+        w.events.detail_types()
+    );
+    assert_eq!(w.status("r-1").await, RequestStatus::Ended);
+}
+
+#[tokio::test]
+async fn a_warning_for_an_untagged_reservation_touches_nothing() {
+    // GIVEN a reservation on the market that no request owns
+    let w = World::new();
+    let mut r = block("cr-9", "r-9");
+    r.request_tag = None;
+    w.market.add_reservation(r, None);
+    w.instance("i-9", "r-9", Some("cr-9"), false);
+    // WHEN its warning arrives
+    w.cleaner()
+        .handle(warning(
+            "warn-9",
+            "Capacity Block Expiration Warning",
+            "cr-9",
+        ))
+        .await
+        .unwrap();
+    // THEN nothing is terminated or written
+    assert!(
+        w.workloads
+            .calls_of(WorkloadsOp::TerminateInstances)
+            .is_empty()
+    );
+    assert!(!w.store.calls().contains(&StoreOp::Transition));
+}

@@ -1,0 +1,886 @@
+//! launch-workloads: for every request whose reserved window has opened, launches what the
+//! window needs exactly once (instances into the block, a training job or an endpoint on the
+//! plan, a HyperPod instance group), and for `on-demand-first` requests tries on-demand (then
+//! spot, when interruptible) before falling back to a reservation.
+//!
+//! Events only wake this function up: what to launch, where and for how long is read from
+//! the table. Every launch is idempotent by construction (client tokens derived from the
+//! reservation, slot and generation; names derived from the request and segment), so a
+//! duplicate event, a schedule tick racing a Delivered event, or a retry after a crash finds
+//! the same instances instead of starting new ones.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use capacity_pilot::config::Config;
+use capacity_pilot::decision;
+pub use capacity_pilot::decision::Decision;
+use capacity_pilot::domain::events::{self, WorkloadLaunched, event_key, outbound};
+use capacity_pilot::domain::money::Usd;
+use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG, client_token, workload_name};
+use capacity_pilot::domain::offering::{Product, Segment};
+use capacity_pilot::domain::request::{RequestId, WorkloadDetail};
+use capacity_pilot::domain::reservation::{Reservation, ReservationState};
+use capacity_pilot::domain::status::RequestStatus;
+use capacity_pilot::domain::time_rules::{PURCHASE_LEAD, drain_start, forced_termination_lead};
+use capacity_pilot::outbox;
+use capacity_pilot::ports::{
+    BudgetMonth, Cause, Clock, Debit, EndpointSpec, EventSink, InstanceGroupSpec, LaunchMarket,
+    LaunchSpec, PortError, RequestRecord, Store, TrainingJobSpec, Transition, WorkloadRecord,
+    Workloads, WriteOutcome,
+};
+use chrono::{DateTime, Duration, Utc};
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tracing::{info, warn};
+
+/// EC2's two documented spellings of the delivery event.
+pub const CAPACITY_BLOCK_DELIVERED: &str = "Capacity Block Delivered";
+pub const CAPACITY_BLOCK_RESERVATION_DELIVERED: &str = "Capacity Block Reservation Delivered";
+/// The workload records' reservation id for on-demand and spot launches.
+pub const ON_DEMAND: &str = "on-demand";
+pub const SPOT: &str = "spot";
+/// SageMaker's ceiling on `MaxRuntimeInSeconds` (28 days).
+const MAX_JOB_RUNTIME_SECONDS: i64 = 28 * 24 * 3600;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerError {
+    #[error(transparent)]
+    Port(#[from] PortError),
+    #[error("{failed} request(s) could not be launched; first error: {first}")]
+    Partial { failed: usize, first: PortError },
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Outcome {
+    pub decisions: Vec<Decision>,
+    pub published: usize,
+}
+
+/// The part of AWS's Delivered event we log; the decision itself reads the table.
+#[derive(Debug, Default, Deserialize)]
+struct DeliveredDetail {
+    #[serde(rename = "capacity-reservation-id", default)]
+    capacity_reservation_id: Option<String>,
+}
+
+pub struct Launcher<S, W, E, C> {
+    pub store: S,
+    pub workloads: W,
+    pub events: E,
+    pub clock: C,
+    pub config: Arc<Config>,
+}
+
+/// One window: a segment of a reservation, numbered across the whole plan in start order.
+struct Window<'a> {
+    reservation: &'a Reservation,
+    segment: &'a Segment,
+    index: u32,
+    drain_at: DateTime<Utc>,
+    forced_at: DateTime<Utc>,
+}
+
+/// Where and how one launch runs: in a reservation's window, or on demand or spot.
+struct Target {
+    /// The reservation id, or `on-demand` / `spot`: the key of the workload records.
+    reservation_id: String,
+    /// What client tokens are derived from (the reservation id for a block).
+    token_base: String,
+    market: LaunchMarket,
+    /// The training plan ARN, for SageMaker workloads on a plan.
+    plan_arn: Option<String>,
+    region: String,
+    instance_type: String,
+    instance_count: u32,
+    availability_zone: Option<String>,
+    segment: u32,
+    /// When the workload must be gone; a training job's max runtime stops it by then.
+    must_end_by: DateTime<Utc>,
+}
+
+/// What one launch attempt came to, short of an error worth retrying as it is.
+enum Launch {
+    Done(Vec<String>),
+    /// No capacity (yet): a block wait for the next tick; on-demand falls back.
+    NoCapacity(String),
+    /// Retrying cannot help: the request fails with this reason.
+    Refuse(String),
+}
+
+/// A failed launch call, classified for [`Launch`]; anything else is retried next tick.
+fn settle(e: PortError, what: &str) -> Result<Launch, PortError> {
+    match e {
+        PortError::NoCapacity { code, message } => Ok(Launch::NoCapacity(format!(
+            "no capacity for {what} ({code}: {message})"
+        ))),
+        e @ PortError::Permanent { .. } => Ok(Launch::Refuse(format!("{what} was refused: {e}"))),
+        e => Err(e),
+    }
+}
+
+impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
+    pub async fn handle(&self, ev: EventBridgeEvent<Value>) -> Result<Outcome, HandlerError> {
+        let now = self.clock.now().await?;
+        let cause = Cause::new(ev.id.clone().unwrap_or_else(|| format!("{now}")));
+        let mut out = Outcome::default();
+        let mut errors = Vec::new();
+
+        let wake = match (ev.detail_type.as_str(), ev.source.as_str()) {
+            ("Scheduled Event", "aws.events") => true,
+            (CAPACITY_BLOCK_DELIVERED | CAPACITY_BLOCK_RESERVATION_DELIVERED, "aws.ec2") => {
+                let d: DeliveredDetail =
+                    serde_json::from_value(ev.detail.clone()).unwrap_or_default();
+                info!(
+                    capacity_reservation_id = d.capacity_reservation_id.as_deref().unwrap_or(""),
+                    "capacity block delivered; launching what the table says is due"
+                );
+                true
+            }
+            (detail_type, source) => {
+                warn!(
+                    detail_type,
+                    source, "ignoring an event this function does not handle"
+                );
+                false
+            }
+        };
+        if wake {
+            let due = self
+                .store
+                .due(
+                    &[RequestStatus::Reserved, RequestStatus::TryingOnDemand],
+                    now,
+                )
+                .await?;
+            for item in due {
+                if let Err(e) = self.process(&item.request_id, &cause, now, &mut out).await {
+                    warn!(request_id = %item.request_id, error = %e, "launch step failed; the next tick retries");
+                    errors.push(e);
+                }
+            }
+        }
+        out.published = outbox::flush(&self.store, &self.events).await?;
+        decision::log(&out.decisions);
+        let failed = errors.len();
+        match errors.into_iter().next() {
+            None => Ok(out),
+            Some(first) => Err(HandlerError::Partial { failed, first }),
+        }
+    }
+
+    async fn process(
+        &self,
+        id: &RequestId,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let Some(rec) = self.store.get_request(id).await? else {
+            return Ok(());
+        };
+        match rec.status {
+            RequestStatus::Reserved => self.launch_reserved(&rec, cause, now, out).await,
+            RequestStatus::TryingOnDemand => self.try_on_demand(&rec, cause, now, out).await,
+            other => {
+                out.decisions.push(Decision::new(
+                    id,
+                    "ignored",
+                    format!("nothing to launch while the request is {other}"),
+                ));
+                Ok(())
+            }
+        }
+    }
+
+    // ---- reserved windows ---------------------------------------------------------------
+
+    async fn launch_reserved(
+        &self,
+        rec: &RequestRecord,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let id = &rec.request_id;
+        let reservations = self.store.reservations(id).await?;
+        let windows = windows(rec, &reservations, self.config.default_drain_minutes);
+        let Some(w) = windows
+            .iter()
+            .find(|w| w.segment.start <= now && now < w.drain_at)
+        else {
+            let next = windows
+                .iter()
+                .map(|w| w.segment.start)
+                .filter(|s| *s > now)
+                .min();
+            let reason = match next {
+                Some(s) => format!("no window is open yet; the next opens at {s}"),
+                None => "no window is open and none is ahead".to_string(),
+            };
+            out.decisions.push(Decision::new(id, "waiting", reason));
+            return Ok(());
+        };
+        let r = w.reservation;
+        let target = Target {
+            reservation_id: r.id.clone(),
+            token_base: r.id.clone(),
+            market: LaunchMarket::CapacityBlock {
+                reservation_id: r.id.clone(),
+            },
+            plan_arn: matches!(r.product, Product::TrainingPlan { .. }).then(|| r.id.clone()),
+            region: r.region.clone(),
+            instance_type: r.instance_type.clone(),
+            instance_count: r.instance_count,
+            availability_zone: w.segment.availability_zone.clone(),
+            segment: w.index,
+            must_end_by: w.forced_at,
+        };
+        match self.launch(rec, &target, now).await? {
+            Launch::Done(resource_ids) => {
+                let ev = WorkloadLaunched {
+                    event_key: event_key(
+                        id.as_str(),
+                        &format!("launched-s{}", w.index),
+                        rec.version + 1,
+                    ),
+                    request_id: id.to_string(),
+                    reservation_id: r.id.clone(),
+                    segment: w.index,
+                    workload_kind: rec.request.workload_kind(),
+                    resource_ids: resource_ids.clone(),
+                    planned_start: w.segment.start,
+                    launched_at: now,
+                    estimated_cost_usd: None,
+                };
+                let reason = format!(
+                    "launched {} in {} (segment {}, window opened {}, {} min ago); drain starts at {}",
+                    resource_ids.join(", "),
+                    r.id,
+                    w.index,
+                    w.segment.start,
+                    (now - w.segment.start).num_minutes(),
+                    w.drain_at
+                );
+                let t = Transition {
+                    outbox: vec![outbound(&ev)],
+                    ..Transition::of(
+                        rec,
+                        RequestStatus::Active,
+                        &reason,
+                        Some(w.drain_at),
+                        now,
+                        &cause.step("launch"),
+                    )
+                };
+                let written = self.store.transition(t).await?;
+                out.decisions.push(Decision::new(
+                    id,
+                    decision::written(&written, "launched"),
+                    reason,
+                ));
+                Ok(())
+            }
+            Launch::NoCapacity(why) => {
+                out.decisions.push(Decision::new(
+                    id,
+                    "waiting",
+                    format!("{why}; trying again on the next tick"),
+                ));
+                Ok(())
+            }
+            Launch::Refuse(why) => self.fail(rec, why, cause, now, out).await,
+        }
+    }
+
+    /// Launches what the request's workload needs in `target`, skipping what is recorded.
+    async fn launch(
+        &self,
+        rec: &RequestRecord,
+        t: &Target,
+        now: DateTime<Utc>,
+    ) -> Result<Launch, PortError> {
+        let id = &rec.request_id;
+        let recorded: BTreeMap<u32, WorkloadRecord> = self
+            .store
+            .workloads(id)
+            .await?
+            .into_iter()
+            .filter(|w| w.reservation_id == t.reservation_id)
+            .map(|w| (w.slot, w))
+            .collect();
+        let tags = tags(rec);
+        let record = |slot: u32, resource_id: String, state: &str| WorkloadRecord {
+            request_id: id.clone(),
+            reservation_id: t.reservation_id.clone(),
+            slot,
+            generation: 0,
+            resource_id,
+            state: state.to_string(),
+            updated_at: now,
+        };
+        match &rec.request.workload {
+            WorkloadDetail::Ec2Instances {
+                launch_template,
+                subnet_ids,
+                ..
+            } => {
+                let Some(template) = launch_template else {
+                    return Ok(Launch::Refuse(
+                        "the request names no launch template".into(),
+                    ));
+                };
+                let subnet = match &t.availability_zone {
+                    Some(zone) => {
+                        match self
+                            .workloads
+                            .subnet_in_zone(&t.region, subnet_ids, zone)
+                            .await?
+                        {
+                            Some(s) => s,
+                            None => {
+                                return Ok(Launch::Refuse(format!(
+                                    "none of the request's subnets ({}) is in {zone}, the zone of {}",
+                                    subnet_ids.join(", "),
+                                    t.reservation_id
+                                )));
+                            }
+                        }
+                    }
+                    None => match subnet_ids.first() {
+                        Some(s) => s.clone(),
+                        None => return Ok(Launch::Refuse("the request names no subnet".into())),
+                    },
+                };
+                let mut ids = Vec::new();
+                // One RunInstances per slot, so each slot has its own client token and a
+                // retry after a partial failure finds exactly the instances already started.
+                for slot in 0..t.instance_count {
+                    if let Some(w) = recorded.get(&slot) {
+                        ids.push(w.resource_id.clone());
+                        continue;
+                    }
+                    let spec = LaunchSpec {
+                        region: t.region.clone(),
+                        market: t.market.clone(),
+                        instance_type: t.instance_type.clone(),
+                        count: 1,
+                        subnet_id: subnet.clone(),
+                        launch_template: template.clone(),
+                        client_token: client_token(&t.token_base, slot, 0),
+                        tags: tags.clone(),
+                    };
+                    let launched = match self.workloads.launch_instances(&spec).await {
+                        Ok(l) => l,
+                        Err(e) => {
+                            return settle(
+                                e,
+                                &format!("slot {slot} of {} ({})", t.reservation_id, subnet),
+                            );
+                        }
+                    };
+                    let Some(instance) = launched.into_iter().next() else {
+                        return Err(PortError::Transient {
+                            service: "ec2",
+                            code: "EmptyReservation".into(),
+                            message: format!("RunInstances for slot {slot} returned no instance"),
+                        });
+                    };
+                    info!(
+                        request_id = %id,
+                        reservation_id = %t.reservation_id,
+                        instance_id = %instance.instance_id,
+                        slot,
+                        subnet_id = %subnet,
+                        "launched an instance for an opened window"
+                    );
+                    self.store
+                        .put_workload(record(
+                            slot,
+                            instance.instance_id.clone(),
+                            instance.state.as_str(),
+                        ))
+                        .await?;
+                    ids.push(instance.instance_id);
+                }
+                Ok(Launch::Done(ids))
+            }
+            WorkloadDetail::TrainingJob(template) => {
+                let name = workload_name(id, t.segment);
+                if !recorded.contains_key(&t.segment) {
+                    let runtime = (t.must_end_by - now)
+                        .num_seconds()
+                        .clamp(1, MAX_JOB_RUNTIME_SECONDS);
+                    let spec = TrainingJobSpec {
+                        region: t.region.clone(),
+                        job_name: name.clone(),
+                        role_arn: self.config.sagemaker_execution_role_arn.clone(),
+                        training_image: template.training_image.clone(),
+                        output_s3_uri: template.output_s3_uri.clone(),
+                        instance_type: t.instance_type.clone(),
+                        instance_count: t.instance_count,
+                        volume_size_gb: template.volume_size_gb,
+                        training_plan_arn: t.plan_arn.clone(),
+                        max_runtime_seconds: u32::try_from(runtime).unwrap_or(u32::MAX),
+                        hyper_parameters: template.hyper_parameters.clone(),
+                        tags,
+                    };
+                    if let Err(e) = self.workloads.start_training_job(&spec).await {
+                        return settle(e, &format!("training job {name}"));
+                    }
+                    info!(request_id = %id, reservation_id = %t.reservation_id, job_name = %name, "started a training job");
+                    self.store
+                        .put_workload(record(t.segment, name.clone(), "InProgress"))
+                        .await?;
+                }
+                Ok(Launch::Done(vec![name]))
+            }
+            WorkloadDetail::InferenceEndpoint {
+                model_name,
+                endpoint_name,
+                variant_name,
+            } => {
+                if !recorded.contains_key(&t.segment) {
+                    let spec = EndpointSpec {
+                        region: t.region.clone(),
+                        endpoint_name: endpoint_name.clone(),
+                        endpoint_config_name: workload_name(id, t.segment),
+                        model_name: model_name.clone(),
+                        variant_name: variant_name.clone(),
+                        instance_type: t.instance_type.clone(),
+                        instance_count: t.instance_count,
+                        ml_reservation_arn: t.plan_arn.clone(),
+                        tags,
+                    };
+                    if let Err(e) = self.workloads.create_endpoint(&spec).await {
+                        return settle(e, &format!("endpoint {endpoint_name}"));
+                    }
+                    info!(request_id = %id, reservation_id = %t.reservation_id, endpoint_name = %endpoint_name, "created an endpoint");
+                    self.store
+                        .put_workload(record(t.segment, endpoint_name.clone(), "Creating"))
+                        .await?;
+                }
+                Ok(Launch::Done(vec![endpoint_name.clone()]))
+            }
+            WorkloadDetail::HyperpodCluster {
+                cluster_name,
+                instance_group_name,
+                life_cycle_config,
+            } => {
+                let resource = format!("{cluster_name}/{instance_group_name}");
+                if !recorded.contains_key(&t.segment) {
+                    let group = self
+                        .workloads
+                        .describe_instance_group(&t.region, cluster_name, instance_group_name)
+                        .await?;
+                    match group {
+                        None => {
+                            return Ok(Launch::Refuse(format!(
+                                "HyperPod cluster {cluster_name} does not exist in {}",
+                                t.region
+                            )));
+                        }
+                        Some(g) if !g.cluster_managed => {
+                            return Ok(Launch::Refuse(format!(
+                                "HyperPod cluster {cluster_name} does not carry the {MANAGED_TAG} tag; \
+                                 capacity-pilot changes no cluster it does not manage"
+                            )));
+                        }
+                        Some(_) => {}
+                    }
+                    let spec = InstanceGroupSpec {
+                        region: t.region.clone(),
+                        cluster_name: cluster_name.clone(),
+                        instance_group_name: instance_group_name.clone(),
+                        instance_type: t.instance_type.clone(),
+                        instance_count: t.instance_count,
+                        training_plan_arn: t.plan_arn.clone(),
+                        execution_role_arn: self.config.sagemaker_execution_role_arn.clone(),
+                        life_cycle_source_s3_uri: life_cycle_config
+                            .as_ref()
+                            .map(|l| l.source_s3_uri.clone()),
+                        life_cycle_on_create: life_cycle_config
+                            .as_ref()
+                            .map(|l| l.on_create.clone()),
+                    };
+                    if let Err(e) = self.workloads.put_instance_group(&spec).await {
+                        return settle(e, &format!("instance group {resource}"));
+                    }
+                    info!(request_id = %id, reservation_id = %t.reservation_id, instance_group = %resource, "set the instance group on the plan");
+                    self.store
+                        .put_workload(record(t.segment, resource.clone(), "Updating"))
+                        .await?;
+                }
+                Ok(Launch::Done(vec![resource]))
+            }
+        }
+    }
+
+    // ---- on-demand-first ----------------------------------------------------------------
+
+    async fn try_on_demand(
+        &self,
+        rec: &RequestRecord,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let id = &rec.request_id;
+        let req = &rec.request;
+        if now < req.window.earliest_start {
+            out.decisions.push(Decision::new(
+                id,
+                "waiting",
+                format!(
+                    "on-demand-first: the desired start {} has not come",
+                    req.window.earliest_start
+                ),
+            ));
+            return Ok(());
+        }
+        let (Some(instance_type), Some(region)) = (req.instance_types.first(), req.regions.first())
+        else {
+            return self
+                .fail(
+                    rec,
+                    "the request names no instance type or region".into(),
+                    cause,
+                    now,
+                    out,
+                )
+                .await;
+        };
+        let hours = Decimal::from(req.duration_hours) * Decimal::from(req.instance_count);
+        let is_ec2 = matches!(req.workload, WorkloadDetail::Ec2Instances { .. });
+        let mut attempts = vec![(ON_DEMAND, self.config.prices.on_demand(instance_type))];
+        if req.interruptible && is_ec2 {
+            attempts.push((SPOT, self.config.prices.spot(instance_type)));
+        }
+        let mut why_not = Vec::new();
+        for (label, price) in attempts {
+            let Some(price) = price else {
+                why_not.push(format!(
+                    "no {label} price is configured for {instance_type}, so its spend cannot be estimated"
+                ));
+                continue;
+            };
+            let cost = Usd::new(price.amount() * hours);
+            let debit = match self.budget_room(rec, cost, now).await? {
+                Ok(d) => d,
+                Err(why) => {
+                    why_not.push(format!("{label}: {why}"));
+                    continue;
+                }
+            };
+            let target = Target {
+                reservation_id: label.to_string(),
+                token_base: format!("{id}:{label}"),
+                market: if label == SPOT {
+                    LaunchMarket::Spot
+                } else {
+                    LaunchMarket::OnDemand
+                },
+                plan_arn: None,
+                region: region.clone(),
+                instance_type: instance_type.clone(),
+                instance_count: req.instance_count,
+                availability_zone: None,
+                segment: 0,
+                must_end_by: now + req.duration(),
+            };
+            // Launch first, debit with the transition after: a launch that finds no capacity
+            // then leaves nothing to release. A crash in between is repaired by the next tick,
+            // whose launch returns the same instances (same client tokens) and debits once.
+            match self.launch(rec, &target, now).await? {
+                Launch::Done(resource_ids) => {
+                    return self
+                        .run(rec, &target, resource_ids, debit, cost, cause, now, out)
+                        .await;
+                }
+                Launch::NoCapacity(why) => {
+                    self.undo(rec, &target, now).await?;
+                    why_not.push(format!("{label}: {why}"));
+                }
+                Launch::Refuse(why) => return self.fail(rec, why, cause, now, out).await,
+            }
+        }
+        self.fall_back(rec, why_not.join("; "), cause, now, out)
+            .await
+    }
+
+    /// The debit for `cost`, or why it does not fit the request's or the team's cap.
+    async fn budget_room(
+        &self,
+        rec: &RequestRecord,
+        cost: Usd,
+        now: DateTime<Utc>,
+    ) -> Result<Result<Debit, String>, PortError> {
+        let Some(team_cap) = self.config.team_budgets.cap_for(&rec.team) else {
+            return Ok(Err(format!("team {} has no budget configured", rec.team)));
+        };
+        let amount = cost.to_micros_ceil();
+        let request_cap = rec.request.budget.max_upfront.to_micros_ceil();
+        if rec.spent.0 + amount.0 > request_cap.0 {
+            return Ok(Err(format!(
+                "the estimate ${cost} would exceed the request's max_upfront_usd ${} (spent ${})",
+                request_cap.to_usd(),
+                rec.spent.to_usd()
+            )));
+        }
+        let month = BudgetMonth::of(now);
+        let spent = self.store.budget_spent(&rec.team, &month).await?;
+        if spent.0 + amount.0 > team_cap.to_micros_ceil().0 {
+            return Ok(Err(format!(
+                "the estimate ${cost} would exceed team {}'s cap for {}: spent ${} of ${team_cap}",
+                rec.team,
+                month.0,
+                spent.to_usd()
+            )));
+        }
+        Ok(Ok(Debit {
+            team: rec.team.clone(),
+            month,
+            amount,
+            team_cap: team_cap.to_micros_ceil(),
+            request_cap,
+        }))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn run(
+        &self,
+        rec: &RequestRecord,
+        t: &Target,
+        resource_ids: Vec<String>,
+        debit: Debit,
+        cost: Usd,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let id = &rec.request_id;
+        let to = if t.reservation_id == SPOT {
+            RequestStatus::RunningSpot
+        } else {
+            RequestStatus::RunningOnDemand
+        };
+        let drain = Duration::minutes(i64::from(
+            rec.request
+                .drain_minutes
+                .max(self.config.default_drain_minutes),
+        ));
+        let ev = WorkloadLaunched {
+            event_key: event_key(id.as_str(), "launched-s0", rec.version + 1),
+            request_id: id.to_string(),
+            reservation_id: t.reservation_id.clone(),
+            segment: 0,
+            workload_kind: rec.request.workload_kind(),
+            resource_ids: resource_ids.clone(),
+            planned_start: rec.request.window.earliest_start,
+            launched_at: now,
+            estimated_cost_usd: Some(cost),
+        };
+        let reason = format!(
+            "on-demand-first: launched {} {} x {} in {}; estimated ${cost} debited from team {}",
+            t.reservation_id, t.instance_count, t.instance_type, t.region, rec.team
+        );
+        let tr = Transition {
+            outbox: vec![outbound(&ev)],
+            debit: Some(debit),
+            ..Transition::of(
+                rec,
+                to,
+                &reason,
+                Some(t.must_end_by - drain),
+                now,
+                &cause.step("launch"),
+            )
+        };
+        let written = self.store.transition(tr).await?;
+        match written {
+            WriteOutcome::OverTeamBudget { spent, cap }
+            | WriteOutcome::OverRequestBudget { spent, cap } => {
+                // Someone spent in between: what we launched must not run unpaid.
+                self.undo(rec, t, now).await?;
+                let why = format!(
+                    "{}: the debit no longer fits (spent ${} of ${})",
+                    t.reservation_id,
+                    spent.to_usd(),
+                    cap.to_usd()
+                );
+                self.fall_back(rec, why, cause, now, out).await
+            }
+            w => {
+                out.decisions
+                    .push(Decision::new(id, decision::written(&w, "launched"), reason));
+                Ok(())
+            }
+        }
+    }
+
+    /// Terminates on-demand or spot instances this request started in `t` (a partial launch
+    /// that then found no capacity, or one the budget refused), so nothing runs undebited.
+    async fn undo(
+        &self,
+        rec: &RequestRecord,
+        t: &Target,
+        now: DateTime<Utc>,
+    ) -> Result<(), PortError> {
+        if !matches!(rec.request.workload, WorkloadDetail::Ec2Instances { .. }) {
+            return Ok(());
+        }
+        let started: Vec<WorkloadRecord> = self
+            .store
+            .workloads(&rec.request_id)
+            .await?
+            .into_iter()
+            .filter(|w| w.reservation_id == t.reservation_id && w.state != "terminated")
+            .collect();
+        if started.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<String> = started.iter().map(|w| w.resource_id.clone()).collect();
+        info!(request_id = %rec.request_id, instance_ids = ?ids, "terminating a partial {} launch", t.reservation_id);
+        self.workloads.terminate_instances(&t.region, &ids).await?;
+        for w in started {
+            self.store
+                .put_workload(WorkloadRecord {
+                    state: "terminated".into(),
+                    updated_at: now,
+                    ..w
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn fall_back(
+        &self,
+        rec: &RequestRecord,
+        why: String,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let desired = rec.request.window.earliest_start;
+        let earliest = now + PURCHASE_LEAD;
+        let delay = (earliest - desired).max(Duration::zero());
+        let reason = format!(
+            "on-demand-first: {why}; falling back to the earliest feasible reservation, which \
+             starts no sooner than {earliest}: a start delay of at least {} min after the desired {desired}",
+            delay.num_minutes()
+        );
+        let t = Transition::of(
+            rec,
+            RequestStatus::Searching,
+            &reason,
+            Some(now),
+            now,
+            &cause.step("fall-back"),
+        );
+        let written = self.store.transition(t).await?;
+        out.decisions.push(Decision::new(
+            &rec.request_id,
+            decision::written(&written, "fell-back"),
+            reason,
+        ));
+        Ok(())
+    }
+
+    async fn fail(
+        &self,
+        rec: &RequestRecord,
+        reason: String,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let reservation_ids = self
+            .store
+            .reservations(&rec.request_id)
+            .await?
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        let ev = events::RequestFailed {
+            event_key: event_key(rec.request_id.as_str(), "failed", rec.version + 1),
+            request_id: rec.request_id.to_string(),
+            status_before: rec.status,
+            reason: reason.clone(),
+            reservation_ids,
+            spent_usd: rec.spent.to_usd(),
+        };
+        let t = Transition {
+            outbox: vec![outbound(&ev)],
+            ..Transition::of(
+                rec,
+                RequestStatus::Failed,
+                &reason,
+                None,
+                now,
+                &cause.step("fail"),
+            )
+        };
+        let written = self.store.transition(t).await?;
+        out.decisions.push(Decision::new(
+            &rec.request_id,
+            decision::written(&written, "failed"),
+            reason,
+        ));
+        Ok(())
+    }
+}
+
+/// Every usable window of the request's reservations, numbered in start order across the
+/// plan, so each segment of a split plan is its own window.
+fn windows<'a>(
+    rec: &RequestRecord,
+    reservations: &'a [Reservation],
+    default_drain_minutes: u32,
+) -> Vec<Window<'a>> {
+    let mut all: Vec<(&Reservation, &Segment)> = reservations
+        .iter()
+        .filter(|r| {
+            !matches!(
+                r.state,
+                ReservationState::PaymentFailed
+                    | ReservationState::Failed
+                    | ReservationState::Cancelled
+                    | ReservationState::Unavailable
+            )
+        })
+        .flat_map(|r| r.segments.iter().map(move |s| (r, s)))
+        .collect();
+    all.sort_by_key(|(_, s)| s.start);
+    all.into_iter()
+        .enumerate()
+        .map(|(i, (r, s))| {
+            let kind = r.window_kind();
+            Window {
+                reservation: r,
+                segment: s,
+                index: u32::try_from(i).unwrap_or(u32::MAX),
+                drain_at: drain_start(
+                    s.end,
+                    kind,
+                    rec.request.drain_minutes,
+                    default_drain_minutes,
+                ),
+                forced_at: s.end - forced_termination_lead(kind),
+            }
+        })
+        .collect()
+}
+
+/// The request's tags plus ours.
+fn tags(rec: &RequestRecord) -> BTreeMap<String, String> {
+    let mut tags = rec.request.tags.clone();
+    tags.insert(MANAGED_TAG.into(), "true".into());
+    tags.insert(REQUEST_TAG.into(), rec.request_id.to_string());
+    tags
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,493 @@
+//! Launching against the in-memory fakes: idempotency across duplicate, racing and retried
+//! wake-ups, each workload kind, and on-demand-first with its fall-back.
+
+use std::sync::Arc;
+
+use aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use capacity_pilot::config::Config;
+use capacity_pilot::domain::money::{MicroUsd, Usd};
+use capacity_pilot::domain::offering::{Product, Segment, TargetResource};
+use capacity_pilot::domain::request::{
+    CapacityRequest, Strategy, TrainingJobTemplate, WorkloadDetail,
+};
+use capacity_pilot::domain::reservation::{Reservation, ReservationState};
+use capacity_pilot::domain::status::RequestStatus;
+use capacity_pilot::fakes::fixtures::{request, request_id, t0, team};
+use capacity_pilot::fakes::{
+    FakeWorkloads, InMemoryStore, LaunchKind, ManualClock, RecordingEvents, WorkloadsCall,
+    WorkloadsOp, errors,
+};
+use capacity_pilot::ports::{
+    BeginPurchase, BudgetMonth, Cause, LaunchMarket, Lease, RecordReservation, RequestRecord, Store,
+};
+use chrono::{DateTime, Duration, Utc};
+use serde_json::{Value, json};
+
+use super::Launcher;
+
+type L = Launcher<InMemoryStore, FakeWorkloads, RecordingEvents, ManualClock>;
+
+struct World {
+    store: InMemoryStore,
+    workloads: FakeWorkloads,
+    events: RecordingEvents,
+    clock: ManualClock,
+}
+
+fn opens() -> DateTime<Utc> {
+    t0() + Duration::hours(1)
+}
+
+impl World {
+    fn new() -> World {
+        let clock = ManualClock::new(t0());
+        let workloads = FakeWorkloads::new().with_clock(clock.clone());
+        workloads.add_subnet("us-east-1", "subnet-a", "us-east-1a");
+        workloads.add_subnet("us-east-1", "subnet-b", "us-east-1b");
+        World {
+            store: InMemoryStore::new(),
+            workloads,
+            events: RecordingEvents::new(),
+            clock,
+        }
+    }
+
+    fn launcher(&self) -> L {
+        let env: Vec<(&str, String)> = vec![
+            ("TABLE_NAME", "t".into()),
+            ("EVENT_BUS_NAME", "capacity-pilot".into()),
+            ("ALLOWED_REGIONS", "us-east-1".into()),
+            ("ALLOWED_REQUEST_SOURCES", "com.example.ml-platform".into()),
+            ("APPROVER_SOURCES", "com.example.approvals".into()),
+            ("TEAM_BUDGETS_USD", r#"{"team-a": "100000"}"#.into()),
+            (
+                "SAGEMAKER_EXECUTION_ROLE_ARN",
+                "arn:aws:iam::123456789012:role/sm".into(),
+            ),
+        ];
+        let config = Config::from_lookup(&move |k| {
+            env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+        })
+        .unwrap();
+        Launcher {
+            store: self.store.clone(),
+            workloads: self.workloads.clone(),
+            events: self.events.clone(),
+            clock: self.clock.clone(),
+            config: Arc::new(config),
+        }
+    }
+
+    fn record(&self, req: CapacityRequest, status: RequestStatus, next: DateTime<Utc>) {
+        self.store.insert_record(RequestRecord {
+            request_id: req.id.clone(),
+            team: req.team.clone(),
+            request: req,
+            status,
+            version: 1,
+            reason: "seeded".into(),
+            next_action_at: Some(next),
+            lease: None,
+            open_debit: None,
+            spent: MicroUsd(0),
+            candidates: vec![],
+            created_at: t0(),
+            updated_at: t0(),
+        });
+    }
+
+    /// GIVEN a request `Reserved` with `reservation` recorded, due at `next`.
+    async fn reserved(&self, req: CapacityRequest, reservation: Reservation, next: DateTime<Utc>) {
+        let id = req.id.clone();
+        self.record(req, RequestStatus::OfferingsFound, t0());
+        self.store
+            .begin_purchase(BeginPurchase {
+                request_id: id.clone(),
+                expected_version: 1,
+                from: RequestStatus::OfferingsFound,
+                lease: Lease {
+                    token: "seed".into(),
+                    expires_at: t0() + Duration::minutes(15),
+                },
+                debit: None,
+                reason: "seeded".into(),
+                at: t0(),
+                caused_by: Cause::new("seed-begin"),
+                outbox: vec![],
+            })
+            .await
+            .unwrap();
+        self.store
+            .record_reservation(RecordReservation {
+                request_id: id,
+                lease_token: "seed".into(),
+                reservation,
+                to: RequestStatus::Reserved,
+                reason: "seeded".into(),
+                next_action_at: Some(next),
+                at: t0(),
+                caused_by: Cause::new("seed-record"),
+                outbox: vec![],
+            })
+            .await
+            .unwrap();
+    }
+
+    async fn status(&self, id: &str) -> RequestStatus {
+        self.store
+            .get_request(&request_id(id))
+            .await
+            .unwrap()
+            .unwrap()
+            .status
+    }
+
+    fn launches(&self) -> Vec<WorkloadsCall> {
+        self.workloads.calls_of(WorkloadsOp::LaunchInstances)
+    }
+
+    fn spent(&self) -> MicroUsd {
+        self.store
+            .ledger()
+            .get(&(team("team-a"), BudgetMonth::of(self.clock.get())))
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
+fn block(id: &str, count: u32, zone: &str) -> Reservation {
+    Reservation {
+        id: id.into(),
+        product: Product::CapacityBlock,
+        region: "us-east-1".into(),
+        instance_type: "p5.48xlarge".into(),
+        instance_count: count,
+        segments: vec![Segment {
+            start: opens(),
+            end: opens() + Duration::hours(24),
+            availability_zone: Some(zone.into()),
+        }],
+        upfront_fee: Usd::parse("100").unwrap(),
+        state: ReservationState::Scheduled,
+        offering_id: None,
+        request_tag: None,
+        ultraserver: false,
+    }
+}
+
+fn plan(target: TargetResource) -> Reservation {
+    Reservation {
+        id: "arn:aws:sagemaker:us-east-1:123456789012:training-plan/cp-r1".into(),
+        product: Product::TrainingPlan { target },
+        instance_type: "ml.p5.48xlarge".into(),
+        segments: vec![Segment {
+            start: opens(),
+            end: opens() + Duration::hours(24),
+            availability_zone: None,
+        }],
+        ..block("x", 2, "us-east-1a")
+    }
+}
+
+fn ec2_request(id: &str) -> CapacityRequest {
+    let mut req = request(id, "team-a", "5000");
+    req.workload = WorkloadDetail::Ec2Instances {
+        launch_template: Some(capacity_pilot::domain::request::LaunchTemplateRef {
+            id: Some("lt-0123456789abcdef0".into()),
+            name: None,
+            version: None,
+        }),
+        subnet_ids: vec!["subnet-a".into(), "subnet-b".into()],
+        instance_platform: None,
+    };
+    req
+}
+
+fn event(detail_type: &str, source: &str, id: &str, detail: Value) -> EventBridgeEvent<Value> {
+    serde_json::from_value(json!({
+        "version": "0", "id": id, "detail-type": detail_type, "source": source,
+        "account": "123456789012", "time": "2026-12-01T10:00:00Z", "region": "us-east-1",
+        "resources": [], "detail": detail
+    }))
+    .unwrap()
+}
+
+fn delivered(id: &str) -> EventBridgeEvent<Value> {
+    event(
+        "Capacity Block Delivered",
+        "aws.ec2",
+        id,
+        json!({"capacity-reservation-id": "cr-1"}),
+    )
+}
+
+fn tick(id: &str) -> EventBridgeEvent<Value> {
+    event("Scheduled Event", "aws.events", id, json!({}))
+}
+
+#[tokio::test]
+async fn a_window_launches_exactly_once_across_duplicate_delivered_events_and_a_schedule_tick() {
+    // GIVEN a reserved two-instance block whose window has opened
+    let w = World::new();
+    w.reserved(ec2_request("r1"), block("cr-1", 2, "us-east-1b"), opens())
+        .await;
+    w.clock.set(opens() + Duration::minutes(1));
+    let l = w.launcher();
+
+    // WHEN the Delivered event arrives twice, in the other spelling, and a tick follows
+    l.handle(delivered("e1")).await.unwrap();
+    l.handle(delivered("e1")).await.unwrap();
+    l.handle(event(
+        "Capacity Block Reservation Delivered",
+        "aws.ec2",
+        "e2",
+        json!({"capacity-reservation-id": "cr-1"}),
+    ))
+    .await
+    .unwrap();
+    l.handle(tick("t1")).await.unwrap();
+
+    // THEN two instances run, the request is Active until the drain, and one event went out
+    assert_eq!(w.workloads.live_in_reservation("cr-1").len(), 2);
+    assert_eq!(w.launches().len(), 2);
+    assert_eq!(w.status("r1").await, RequestStatus::Active);
+    let launched = w.events.published_of("Capacity Workload Launched");
+    assert_eq!(launched.len(), 1);
+    assert_eq!(
+        launched[0].detail["resource_ids"].as_array().unwrap().len(),
+        2
+    );
+    assert_eq!(launched[0].detail["planned_start"], json!(opens()));
+    let rec = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    // 24h block end - 30 min forced lead - 15 min default drain
+    assert_eq!(
+        rec.next_action_at,
+        Some(opens() + Duration::hours(24) - Duration::minutes(45))
+    );
+}
+
+#[tokio::test]
+async fn concurrent_invocations_launch_the_same_instances_once() {
+    let w = World::new();
+    w.reserved(ec2_request("r1"), block("cr-1", 2, "us-east-1b"), opens())
+        .await;
+    w.clock.set(opens());
+    let (a, b, c) = (w.launcher(), w.launcher(), w.launcher());
+
+    let (ra, rb, rc) = tokio::join!(
+        a.handle(delivered("e1")),
+        b.handle(tick("t1")),
+        c.handle(delivered("e2"))
+    );
+    for r in [ra, rb, rc] {
+        r.unwrap();
+    }
+
+    // Every slot's token names the same instance: no duplicates, whoever won the race.
+    assert_eq!(w.workloads.instances().len(), 2);
+    assert_eq!(w.status("r1").await, RequestStatus::Active);
+    assert_eq!(w.events.published_of("Capacity Workload Launched").len(), 1);
+}
+
+#[tokio::test]
+async fn instances_launch_into_the_subnet_in_the_blocks_zone_with_tokens_and_tags() {
+    let w = World::new();
+    w.reserved(ec2_request("r1"), block("cr-1", 2, "us-east-1b"), opens())
+        .await;
+    w.clock.set(opens());
+
+    w.launcher().handle(tick("t1")).await.unwrap();
+
+    let specs: Vec<_> = w
+        .launches()
+        .into_iter()
+        .map(|c| match c {
+            WorkloadsCall::LaunchInstances(s) => s,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(specs.len(), 2);
+    for (slot, s) in specs.iter().enumerate() {
+        assert_eq!(s.subnet_id, "subnet-b");
+        assert_eq!(s.count, 1);
+        assert_eq!(
+            s.market,
+            LaunchMarket::CapacityBlock {
+                reservation_id: "cr-1".into()
+            }
+        );
+        assert_eq!(
+            s.client_token,
+            capacity_pilot::domain::naming::client_token("cr-1", slot as u32, 0)
+        );
+        assert_eq!(s.tags["capacity-pilot:managed"], "true");
+        assert_eq!(s.tags["capacity-pilot:request-id"], "r1");
+    }
+}
+
+#[tokio::test]
+async fn nothing_launches_before_the_window_opens() {
+    // GIVEN a request that is due (an early wake-up) but whose block opens in an hour
+    let w = World::new();
+    w.reserved(ec2_request("r1"), block("cr-1", 2, "us-east-1b"), t0())
+        .await;
+    w.clock.set(opens() - Duration::minutes(1));
+
+    // WHEN an early Delivered event and a tick arrive
+    w.launcher().handle(delivered("e1")).await.unwrap();
+    w.launcher().handle(tick("t1")).await.unwrap();
+
+    // THEN nothing was launched and the request still waits
+    assert!(w.launches().is_empty());
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    assert!(w.events.published().is_empty());
+}
+
+#[tokio::test]
+async fn a_training_job_and_an_endpoint_launch_with_the_plan_arn() {
+    let w = World::new();
+    let mut job = request("r1", "team-a", "5000");
+    job.workload = WorkloadDetail::TrainingJob(TrainingJobTemplate {
+        training_image: "img".into(),
+        output_s3_uri: "s3://b/o".into(),
+        volume_size_gb: 100,
+        hyper_parameters: Default::default(),
+    });
+    let mut endpoint = request("r2", "team-a", "5000");
+    endpoint.workload = WorkloadDetail::InferenceEndpoint {
+        model_name: "m".into(),
+        endpoint_name: "ep".into(),
+        variant_name: "v".into(),
+    };
+    w.reserved(job, plan(TargetResource::TrainingJob), opens())
+        .await;
+    w.reserved(endpoint, plan(TargetResource::Endpoint), opens())
+        .await;
+    w.clock.set(opens());
+
+    w.launcher().handle(tick("t1")).await.unwrap();
+
+    let arn = plan(TargetResource::TrainingJob).id;
+    let spec = w
+        .workloads
+        .training_job_spec("us-east-1", "cp-r1-s0")
+        .unwrap();
+    assert_eq!(spec.training_plan_arn.as_deref(), Some(arn.as_str()));
+    assert_eq!(spec.role_arn, "arn:aws:iam::123456789012:role/sm");
+    let ep = w.workloads.endpoint_spec("us-east-1", "ep").unwrap();
+    assert_eq!(ep.ml_reservation_arn.as_deref(), Some(arn.as_str()));
+    assert_eq!(w.status("r1").await, RequestStatus::Active);
+    assert_eq!(w.status("r2").await, RequestStatus::Active);
+}
+
+#[tokio::test]
+async fn a_hyperpod_cluster_without_the_managed_tag_is_refused() {
+    let w = World::new();
+    w.workloads.add_cluster("us-east-1", "theirs", false);
+    let mut req = request("r1", "team-a", "5000");
+    req.workload = WorkloadDetail::HyperpodCluster {
+        cluster_name: "theirs".into(),
+        instance_group_name: "g".into(),
+        life_cycle_config: None,
+    };
+    w.reserved(req, plan(TargetResource::HyperpodCluster), opens())
+        .await;
+    w.clock.set(opens());
+
+    w.launcher().handle(tick("t1")).await.unwrap();
+
+    assert!(
+        w.workloads
+            .calls_of(WorkloadsOp::PutInstanceGroup)
+            .is_empty()
+    );
+    assert_eq!(w.status("r1").await, RequestStatus::Failed);
+    let failed = &w.events.published_of("Capacity Request Failed")[0].detail;
+    assert!(
+        failed["reason"].as_str().unwrap().contains("managed"),
+        "{failed}"
+    );
+}
+
+fn on_demand_first(id: &str) -> CapacityRequest {
+    let mut req = ec2_request(id);
+    req.strategy = Strategy::OnDemandFirst;
+    req.products = vec![Product::OnDemand, Product::CapacityBlock];
+    req.window.earliest_start = t0();
+    req
+}
+
+#[tokio::test]
+async fn on_demand_first_launches_on_demand_and_debits_the_estimate() {
+    let w = World::new();
+    w.record(on_demand_first("r1"), RequestStatus::TryingOnDemand, t0());
+
+    w.launcher().handle(tick("t1")).await.unwrap();
+    w.launcher().handle(tick("t2")).await.unwrap();
+
+    // 24 h x 2 x $55.04
+    assert_eq!(w.spent(), MicroUsd(2_641_920_000));
+    assert_eq!(w.status("r1").await, RequestStatus::RunningOnDemand);
+    assert_eq!(w.workloads.instances().len(), 2);
+    let launched = &w.events.published_of("Capacity Workload Launched")[0].detail;
+    assert_eq!(launched["estimated_cost_usd"], "2641.92");
+    assert_eq!(launched["reservation_id"], "on-demand");
+}
+
+#[tokio::test]
+async fn no_on_demand_capacity_falls_back_to_searching_without_a_kept_debit() {
+    let w = World::new();
+    w.record(on_demand_first("r1"), RequestStatus::TryingOnDemand, t0());
+    w.workloads.deny_capacity(LaunchKind::OnDemand);
+
+    w.launcher().handle(tick("t1")).await.unwrap();
+
+    assert_eq!(w.spent(), MicroUsd(0));
+    let rec = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.status, RequestStatus::Searching);
+    assert_eq!(rec.spent, MicroUsd(0));
+    assert!(rec.reason.contains("delay"), "{}", rec.reason);
+    assert!(w.workloads.live_in_reservation("on-demand").is_empty());
+}
+
+#[tokio::test]
+async fn a_launch_failing_mid_way_is_retried_by_the_next_tick_without_duplicates() {
+    let w = World::new();
+    w.reserved(ec2_request("r1"), block("cr-1", 3, "us-east-1b"), opens())
+        .await;
+    w.clock.set(opens());
+    let l = w.launcher();
+    // GIVEN only one slot of the block is usable yet, and slot 0's launch response is lost
+    w.workloads
+        .add_reservation_capacity("cr-1", 1, Some("us-east-1b"));
+    w.workloads
+        .apply_then_fail_next(WorkloadsOp::LaunchInstances, errors::outcome_unknown("ec2"));
+    // WHEN the first invocation's launch of slot 0 loses its response
+    assert!(l.handle(tick("t1")).await.is_err());
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    // AND the next tick launches slot 0 again (the same instance) and stops at slot 1
+    w.clock.advance(Duration::minutes(1));
+    l.handle(tick("t2")).await.unwrap();
+    assert_eq!(w.workloads.instances().len(), 1);
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    // AND once every slot is there, the tick after launches the rest
+    w.workloads
+        .add_reservation_capacity("cr-1", 3, Some("us-east-1b"));
+    w.clock.advance(Duration::minutes(1));
+    l.handle(tick("t3")).await.unwrap();
+
+    // THEN exactly three instances exist, and the request is Active once
+    assert_eq!(w.workloads.instances().len(), 3);
+    assert_eq!(w.status("r1").await, RequestStatus::Active);
+    assert_eq!(w.events.published_of("Capacity Workload Launched").len(), 1);
+}

@@ -1,0 +1,532 @@
+//! replace-unhealthy: keeps an Active request's Capacity Block instances healthy. An
+//! impaired, unexpectedly stopped or terminated managed instance is terminated and a
+//! replacement launched into the same reservation slot with the next `generation`, so its
+//! `ClientToken` is new (EC2 answers a used token with the old instance).
+//!
+//! A Capacity Block's slot returns only about 10 minutes after its instance terminates, so a
+//! launch refused for capacity is retried on the next tick: the slot's record says
+//! `replacing` until the replacement runs. Two caps bound the damage a bad signal can do:
+//! replacements per reservation, and no repairs at all while more than
+//! `MAX_UNHEALTHY_SHARE` of a request's instances look unhealthy (that smells of a wider
+//! problem, which replacing would only make worse). Instances without the managed tag are
+//! never touched.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use capacity_pilot::config::Config;
+use capacity_pilot::decision;
+pub use capacity_pilot::decision::Decision;
+use capacity_pilot::domain::events::{InstanceReplaced, event_key, outbound};
+use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG, client_token};
+use capacity_pilot::domain::offering::Product;
+use capacity_pilot::domain::request::{RequestId, WorkloadDetail};
+use capacity_pilot::domain::reservation::Reservation;
+use capacity_pilot::domain::status::RequestStatus;
+use capacity_pilot::outbox;
+use capacity_pilot::ports::{
+    Clock, EventSink, InstanceFilter, InstanceHealth, InstanceInfo, LaunchMarket, LaunchSpec,
+    PortError, RequestRecord, Store, WorkloadRecord, Workloads,
+};
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use serde::Serialize;
+use serde_json::Value;
+use tracing::{info, warn};
+
+pub const STATE_CHANGE: &str = "EC2 Instance State-change Notification";
+pub const HEALTH_EVENT: &str = "AWS Health Event";
+/// A slot whose old instance is terminated and whose replacement still waits for the slot.
+pub const REPLACING: &str = "replacing";
+/// A slot whose (replacement) instance was launched.
+pub const RUNNING: &str = "running";
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerError {
+    #[error(transparent)]
+    Port(#[from] PortError),
+    #[error("{failed} of {total} requests could not be processed; first error: {first}")]
+    Partial {
+        failed: usize,
+        total: usize,
+        first: PortError,
+    },
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Outcome {
+    pub decisions: Vec<Decision>,
+    pub published: usize,
+}
+
+pub struct Replacer<S, W, E, C> {
+    pub store: S,
+    pub workloads: W,
+    pub events: E,
+    pub clock: C,
+    pub config: Arc<Config>,
+}
+
+/// Why a slot needs a new instance.
+enum Verdict {
+    Healthy,
+    Unhealthy(String),
+    /// Already terminated by us; the launch is still to succeed.
+    Pending,
+}
+
+impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
+    pub async fn handle(&self, ev: EventBridgeEvent<Value>) -> Result<Outcome, HandlerError> {
+        let now = self.clock.now().await?;
+        let mut out = Outcome::default();
+        // Request -> instance ids an AWS Health event names.
+        let mut targets: BTreeMap<RequestId, BTreeSet<String>> = BTreeMap::new();
+        let region = ev.region.clone().unwrap_or_default();
+        match (ev.detail_type.as_str(), ev.source.as_str()) {
+            ("Scheduled Event", "aws.events") => {
+                // Status checks come only from polling (aws-reference.md section 6.3).
+                for region in &self.config.allowed_regions {
+                    let filter = InstanceFilter {
+                        managed_only: true,
+                        ..Default::default()
+                    };
+                    for i in self.workloads.describe_instances(region, &filter).await? {
+                        if let Some(id) = managed_request(&i) {
+                            targets.entry(id).or_default();
+                        }
+                    }
+                }
+            }
+            (STATE_CHANGE, "aws.ec2") => {
+                let instance_id = ev
+                    .detail
+                    .get("instance-id")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let state = ev.detail.get("state").and_then(Value::as_str);
+                info!(instance_id, state, "instance state change");
+                if !instance_id.is_empty() {
+                    for id in self.owners(&region, &[instance_id.to_string()]).await? {
+                        targets.entry(id).or_default();
+                    }
+                }
+            }
+            (HEALTH_EVENT, "aws.health") => {
+                let d = &ev.detail;
+                let service = d.get("service").and_then(Value::as_str);
+                let category = d.get("eventTypeCategory").and_then(Value::as_str);
+                let status = d.get("statusCode").and_then(Value::as_str);
+                let relevant = service == Some("EC2")
+                    && matches!(category, Some("issue" | "scheduledChange"))
+                    && status != Some("closed");
+                if relevant {
+                    let ids = health_instance_ids(&ev);
+                    let region = d
+                        .get("eventRegion")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                        .unwrap_or(region);
+                    for i in self.describe_managed(&region, &ids).await? {
+                        if let Some(id) = managed_request(&i) {
+                            targets.entry(id).or_default().insert(i.instance_id);
+                        }
+                    }
+                } else {
+                    info!(
+                        ?service,
+                        ?category,
+                        ?status,
+                        "health event not about a live EC2 issue"
+                    );
+                }
+            }
+            (other, source) => {
+                warn!(
+                    detail_type = other,
+                    source, "ignoring an event this function does not handle"
+                );
+            }
+        }
+        let mut errors = Vec::new();
+        for (id, flagged) in &targets {
+            if let Err(e) = self.process(id, flagged, now, &mut out).await {
+                warn!(request_id = %id, error = %e, "replacement step failed");
+                errors.push(e);
+            }
+        }
+        out.published += outbox::flush(&self.store, &self.events).await?;
+        decision::log(&out.decisions);
+        match errors.len() {
+            0 => Ok(out),
+            n => Err(HandlerError::Partial {
+                failed: n,
+                total: n + out.decisions.len(),
+                first: errors.into_iter().next().expect("n > 0"),
+            }),
+        }
+    }
+
+    async fn describe_managed(
+        &self,
+        region: &str,
+        ids: &[String],
+    ) -> Result<Vec<InstanceInfo>, PortError> {
+        if ids.is_empty() {
+            return Ok(vec![]);
+        }
+        self.workloads
+            .describe_instances(
+                region,
+                &InstanceFilter {
+                    instance_ids: ids.to_vec(),
+                    managed_only: true,
+                    ..Default::default()
+                },
+            )
+            .await
+    }
+
+    async fn owners(&self, region: &str, ids: &[String]) -> Result<Vec<RequestId>, PortError> {
+        Ok(self
+            .describe_managed(region, ids)
+            .await?
+            .iter()
+            .filter_map(managed_request)
+            .collect())
+    }
+
+    async fn process(
+        &self,
+        id: &RequestId,
+        flagged: &BTreeSet<String>,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let Some(rec) = self.store.get_request(id).await? else {
+            return Ok(());
+        };
+        if rec.status != RequestStatus::Active {
+            out.decisions.push(Decision::new(
+                id,
+                "ignored",
+                format!(
+                    "instances are replaced only while the request is Active, not {}",
+                    rec.status
+                ),
+            ));
+            return Ok(());
+        }
+        if !matches!(rec.request.workload, WorkloadDetail::Ec2Instances { .. }) {
+            return Ok(());
+        }
+        let reservations: BTreeMap<String, Reservation> = self
+            .store
+            .reservations(id)
+            .await?
+            .into_iter()
+            .filter(|r| r.product == Product::CapacityBlock)
+            .map(|r| (r.id.clone(), r))
+            .collect();
+        let slots: Vec<WorkloadRecord> = self
+            .store
+            .workloads(id)
+            .await?
+            .into_iter()
+            .filter(|w| reservations.contains_key(&w.reservation_id))
+            .filter(|w| w.resource_id.starts_with("i-"))
+            .collect();
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let regions: BTreeSet<&str> = reservations.values().map(|r| r.region.as_str()).collect();
+        let mut seen: BTreeMap<String, InstanceInfo> = BTreeMap::new();
+        for region in regions {
+            let filter = InstanceFilter {
+                request_id: Some(id.clone()),
+                managed_only: true,
+                ..Default::default()
+            };
+            for i in self.workloads.describe_instances(region, &filter).await? {
+                seen.insert(i.instance_id.clone(), i);
+            }
+        }
+
+        let mut work: Vec<(WorkloadRecord, Verdict)> = Vec::new();
+        for slot in slots {
+            let verdict = if slot.state == REPLACING {
+                Verdict::Pending
+            } else {
+                match seen.get(&slot.resource_id) {
+                    None => Verdict::Unhealthy("EC2 no longer reports it".into()),
+                    Some(i) if !is_managed(i) => Verdict::Healthy,
+                    Some(i) if flagged.contains(&i.instance_id) => {
+                        Verdict::Unhealthy("an AWS Health event names it".into())
+                    }
+                    Some(i) if !i.state.is_live() => {
+                        Verdict::Unhealthy(format!("it is unexpectedly {}", i.state.as_str()))
+                    }
+                    Some(i) if i.health == InstanceHealth::Impaired => {
+                        Verdict::Unhealthy("its status checks are impaired".into())
+                    }
+                    Some(_) => Verdict::Healthy,
+                }
+            };
+            work.push((slot, verdict));
+        }
+        let total = work.len();
+        let bad = work
+            .iter()
+            .filter(|(_, v)| !matches!(v, Verdict::Healthy))
+            .count();
+        if bad == 0 {
+            return Ok(());
+        }
+        let share = self.config.max_unhealthy_share;
+        if Decimal::from(bad) > share * Decimal::from(total) {
+            let reason = format!(
+                "{bad} of {total} instances look unhealthy, more than the allowed share {share}; \
+                 making no repairs (a wider problem is likely)"
+            );
+            warn!(request_id = %id, bad, total, %share, "unhealthy share exceeded; not replacing");
+            out.decisions.push(Decision::new(id, "held", reason));
+            return Ok(());
+        }
+        // Replacements so far per reservation: every generation past the first is one.
+        let mut used: BTreeMap<String, u32> = BTreeMap::new();
+        for (slot, _) in &work {
+            *used.entry(slot.reservation_id.clone()).or_default() += slot.generation;
+        }
+        for (slot, verdict) in work {
+            let reservation = &reservations[&slot.reservation_id];
+            match verdict {
+                Verdict::Healthy => {}
+                Verdict::Pending => {
+                    let zone = seen
+                        .get(&slot.resource_id)
+                        .map(|i| i.availability_zone.clone());
+                    self.launch(
+                        &rec,
+                        reservation,
+                        &slot,
+                        zone,
+                        "retrying the replacement launch",
+                        now,
+                        out,
+                    )
+                    .await?;
+                }
+                Verdict::Unhealthy(why) => {
+                    let count = used.entry(slot.reservation_id.clone()).or_default();
+                    let cap = self.config.max_replacements_per_reservation;
+                    if *count >= cap {
+                        let reason = format!(
+                            "{} in slot {} of {}: {why}; not replaced, the reservation already had {count} of at most {cap} replacements",
+                            slot.resource_id, slot.slot, slot.reservation_id
+                        );
+                        warn!(request_id = %id, instance_id = %slot.resource_id, "replacement cap reached");
+                        out.decisions.push(Decision::new(id, "capped", reason));
+                        continue;
+                    }
+                    *count += 1;
+                    let old = seen.get(&slot.resource_id).cloned();
+                    // Record the next generation first: a crash after the terminate then
+                    // retries the launch, with the same new token, instead of replacing twice.
+                    let next = WorkloadRecord {
+                        generation: slot.generation + 1,
+                        state: REPLACING.into(),
+                        updated_at: now,
+                        ..slot.clone()
+                    };
+                    self.store.put_workload(next.clone()).await?;
+                    if let Some(i) = &old
+                        && is_managed(i)
+                    {
+                        info!(request_id = %id, instance_id = %i.instance_id, reason = %why, "terminating an unhealthy instance");
+                        self.workloads
+                            .terminate_instances(&i.region, std::slice::from_ref(&i.instance_id))
+                            .await?;
+                    }
+                    self.launch(
+                        &rec,
+                        reservation,
+                        &next,
+                        old.map(|i| i.availability_zone),
+                        &why,
+                        now,
+                        out,
+                    )
+                    .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Launches the slot's replacement with the record's generation; a refusal for capacity
+    /// waits for the next tick.
+    #[allow(clippy::too_many_arguments)]
+    async fn launch(
+        &self,
+        rec: &RequestRecord,
+        reservation: &Reservation,
+        slot: &WorkloadRecord,
+        zone: Option<String>,
+        why: &str,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let id = &rec.request_id;
+        let WorkloadDetail::Ec2Instances {
+            launch_template: Some(template),
+            subnet_ids,
+            ..
+        } = &rec.request.workload
+        else {
+            out.decisions.push(Decision::new(
+                id,
+                "stuck",
+                "the request has no launch template to replace from",
+            ));
+            return Ok(());
+        };
+        let zone = reservation
+            .segments
+            .iter()
+            .find_map(|s| s.availability_zone.clone())
+            .or(zone)
+            .unwrap_or_default();
+        let Some(subnet_id) = self
+            .workloads
+            .subnet_in_zone(&reservation.region, subnet_ids, &zone)
+            .await?
+        else {
+            out.decisions.push(Decision::new(
+                id,
+                "stuck",
+                format!("none of the request's subnets is in {zone}, the reservation's zone"),
+            ));
+            return Ok(());
+        };
+        let mut tags = rec.request.tags.clone();
+        tags.insert(MANAGED_TAG.into(), "true".into());
+        tags.insert(REQUEST_TAG.into(), id.to_string());
+        let spec = LaunchSpec {
+            region: reservation.region.clone(),
+            market: LaunchMarket::CapacityBlock {
+                reservation_id: reservation.id.clone(),
+            },
+            instance_type: reservation.instance_type.clone(),
+            count: 1,
+            subnet_id,
+            launch_template: template.clone(),
+            client_token: client_token(&reservation.id, slot.slot, slot.generation),
+            tags,
+        };
+        let launched = match self.workloads.launch_instances(&spec).await {
+            Ok(l) => l,
+            Err(PortError::NoCapacity { code, message }) => {
+                out.decisions.push(Decision::new(
+                    id,
+                    "waiting-for-slot",
+                    format!(
+                        "slot {} of {} is not back yet ({code}: {message}); a Capacity Block returns \
+                         a slot about 10 minutes after termination, so the next tick retries",
+                        slot.slot, reservation.id
+                    ),
+                ));
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        let new_id = launched.first().map(|i| i.instance_id.clone());
+        let reason = format!(
+            "{} in slot {} of {}: {why}",
+            slot.resource_id, slot.slot, reservation.id
+        );
+        let event = InstanceReplaced {
+            event_key: event_key(
+                id.as_str(),
+                &format!("replaced-{}-{}", reservation.id, slot.slot),
+                u64::from(slot.generation),
+            ),
+            request_id: id.to_string(),
+            reservation_id: reservation.id.clone(),
+            replaced_instance_id: slot.resource_id.clone(),
+            new_instance_id: new_id.clone(),
+            generation: slot.generation,
+            reason: reason.clone(),
+        };
+        // No status changes, so there is no outbox write to carry this event: publish it
+        // before recording the slot as running, so a failure leaves the slot `replacing` and
+        // the next tick relaunches (same token, same instance) and publishes again.
+        let report = self.events.publish(&[outbound(&event)]).await?;
+        if let Some((_, code, message)) = report.failed.into_iter().next() {
+            return Err(PortError::Transient {
+                service: "events",
+                code,
+                message,
+            });
+        }
+        out.published += report.sent.len();
+        if let Some(new_id) = &new_id {
+            self.store
+                .put_workload(WorkloadRecord {
+                    resource_id: new_id.clone(),
+                    state: RUNNING.into(),
+                    updated_at: now,
+                    ..slot.clone()
+                })
+                .await?;
+        }
+        out.decisions.push(Decision::new(
+            id,
+            "replaced",
+            format!(
+                "{reason}; replaced by {} (generation {})",
+                new_id.as_deref().unwrap_or("?"),
+                slot.generation
+            ),
+        ));
+        Ok(())
+    }
+}
+
+fn is_managed(i: &InstanceInfo) -> bool {
+    i.tags.contains_key(MANAGED_TAG)
+}
+
+/// The request a managed instance belongs to; `None` for anything we must not touch.
+fn managed_request(i: &InstanceInfo) -> Option<RequestId> {
+    if !is_managed(i) {
+        return None;
+    }
+    i.tags
+        .get(REQUEST_TAG)
+        .and_then(|t| RequestId::parse(t).ok())
+}
+
+/// Instance ids a Health event names: `resources` holds them (not ARNs) and
+/// `affectedEntities` repeats them.
+fn health_instance_ids(ev: &EventBridgeEvent<Value>) -> Vec<String> {
+    let mut ids: BTreeSet<String> = ev
+        .resources
+        .iter()
+        .flatten()
+        .map(|r| r.rsplit('/').next().unwrap_or(r).to_string())
+        .filter(|r| r.starts_with("i-"))
+        .collect();
+    if let Some(entities) = ev.detail.get("affectedEntities").and_then(Value::as_array) {
+        for e in entities {
+            if let Some(v) = e.get("entityValue").and_then(Value::as_str)
+                && v.starts_with("i-")
+            {
+                ids.insert(v.to_string());
+            }
+        }
+    }
+    ids.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests;

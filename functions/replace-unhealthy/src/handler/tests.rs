@@ -1,0 +1,468 @@
+//! Replacing unhealthy instances against the in-memory fakes: once, into the same slot,
+//! within both caps, and never an unmanaged instance.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use capacity_pilot::config::Config;
+use capacity_pilot::domain::money::{MicroUsd, Usd};
+use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG, client_token};
+use capacity_pilot::domain::offering::{Product, Segment};
+use capacity_pilot::domain::reservation::{Reservation, ReservationState};
+use capacity_pilot::domain::status::RequestStatus;
+use capacity_pilot::fakes::fixtures::{request, request_id, t0};
+use capacity_pilot::fakes::{
+    FakeWorkloads, InMemoryStore, ManualClock, RecordingEvents, WorkloadsCall, WorkloadsOp,
+};
+use capacity_pilot::ports::{
+    Cause, InstanceHealth, InstanceInfo, InstanceState, LaunchMarket, LaunchSpec, Lease,
+    RecordReservation, RequestRecord, Store, WorkloadRecord, Workloads,
+};
+use chrono::Duration;
+use serde_json::{Value, json};
+
+use super::{REPLACING, Replacer};
+
+type R = Replacer<InMemoryStore, FakeWorkloads, RecordingEvents, ManualClock>;
+
+const REGION: &str = "us-east-1";
+const REPLACED: &str = "Capacity Instance Replaced";
+
+struct World {
+    store: InMemoryStore,
+    workloads: FakeWorkloads,
+    events: RecordingEvents,
+    clock: ManualClock,
+}
+
+impl World {
+    /// GIVEN an Active request r-1 with `count` instances running in block cr-1 (launched
+    /// as launch-workloads does: one token per slot, generation 0).
+    async fn new(count: u32) -> World {
+        let w = World {
+            store: InMemoryStore::new(),
+            workloads: FakeWorkloads::new(),
+            events: RecordingEvents::new(),
+            clock: ManualClock::new(t0() + Duration::hours(3)),
+        };
+        w.workloads.add_subnet(REGION, "subnet-a", "us-east-1a");
+        w.workloads
+            .add_reservation_capacity("cr-1", count, Some("us-east-1a"));
+        w.workloads
+            .set_launch_state(InstanceState::Running, InstanceHealth::Ok);
+        let mut req = request("r-1", "team-a", "50000");
+        req.instance_count = count;
+        let reservation = Reservation {
+            id: "cr-1".into(),
+            product: Product::CapacityBlock,
+            region: REGION.into(),
+            instance_type: "p5.48xlarge".into(),
+            instance_count: count,
+            segments: vec![Segment {
+                start: t0() + Duration::hours(2),
+                end: t0() + Duration::hours(26),
+                availability_zone: Some("us-east-1a".into()),
+            }],
+            upfront_fee: Usd::parse("1000").unwrap(),
+            state: ReservationState::Active,
+            offering_id: None,
+            request_tag: Some("r-1".into()),
+            ultraserver: false,
+        };
+        let mut rec = RequestRecord {
+            request_id: req.id.clone(),
+            team: req.team.clone(),
+            request: req.clone(),
+            status: RequestStatus::Purchasing,
+            version: 1,
+            reason: "seed".into(),
+            next_action_at: None,
+            lease: Some(Lease {
+                token: "seed".into(),
+                expires_at: t0() + Duration::days(30),
+            }),
+            open_debit: None,
+            spent: MicroUsd(0),
+            candidates: vec![],
+            created_at: t0(),
+            updated_at: t0(),
+        };
+        w.store.insert_record(rec.clone());
+        w.store
+            .record_reservation(RecordReservation {
+                request_id: rec.request_id.clone(),
+                lease_token: "seed".into(),
+                reservation,
+                to: RequestStatus::Reserved,
+                reason: "seed".into(),
+                next_action_at: None,
+                at: t0(),
+                caused_by: Cause::new("seed"),
+                outbox: vec![],
+            })
+            .await
+            .unwrap();
+        rec.status = RequestStatus::Active;
+        rec.version = 5;
+        rec.lease = None;
+        rec.updated_at = t0() + Duration::hours(2);
+        w.store.insert_record(rec);
+        let mut tags = BTreeMap::new();
+        tags.insert(MANAGED_TAG.to_string(), "true".to_string());
+        tags.insert(REQUEST_TAG.to_string(), "r-1".to_string());
+        for slot in 0..count {
+            let launched = w
+                .workloads
+                .launch_instances(&LaunchSpec {
+                    region: REGION.into(),
+                    market: LaunchMarket::CapacityBlock {
+                        reservation_id: "cr-1".into(),
+                    },
+                    instance_type: "p5.48xlarge".into(),
+                    count: 1,
+                    subnet_id: "subnet-a".into(),
+                    launch_template: match &req.workload {
+                        capacity_pilot::domain::request::WorkloadDetail::Ec2Instances {
+                            launch_template,
+                            ..
+                        } => launch_template.clone().unwrap(),
+                        _ => unreachable!(),
+                    },
+                    client_token: client_token("cr-1", slot, 0),
+                    tags: tags.clone(),
+                })
+                .await
+                .unwrap();
+            w.store
+                .put_workload(WorkloadRecord {
+                    request_id: request_id("r-1"),
+                    reservation_id: "cr-1".into(),
+                    slot,
+                    generation: 0,
+                    resource_id: launched[0].instance_id.clone(),
+                    state: "running".into(),
+                    updated_at: t0() + Duration::hours(2),
+                })
+                .await
+                .unwrap();
+        }
+        w
+    }
+
+    fn replacer(&self, extra: &[(&'static str, &'static str)]) -> R {
+        let mut env: Vec<(&str, String)> = vec![
+            ("TABLE_NAME", "t".into()),
+            ("EVENT_BUS_NAME", "capacity-pilot".into()),
+            ("ALLOWED_REGIONS", REGION.into()),
+            ("ALLOWED_REQUEST_SOURCES", "com.example.ml-platform".into()),
+            ("APPROVER_SOURCES", "com.example.approvals".into()),
+            ("TEAM_BUDGETS_USD", r#"{"*": "100000"}"#.into()),
+            (
+                "SAGEMAKER_EXECUTION_ROLE_ARN",
+                "arn:aws:iam::123456789012:role/sm".into(),
+            ),
+            ("MAX_UNHEALTHY_SHARE", "0.5".into()),
+        ];
+        env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+        let config = Config::from_lookup(&move |k| {
+            env.iter()
+                .rev()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.clone())
+        })
+        .unwrap();
+        Replacer {
+            store: self.store.clone(),
+            workloads: self.workloads.clone(),
+            events: self.events.clone(),
+            clock: self.clock.clone(),
+            config: Arc::new(config),
+        }
+    }
+
+    async fn tick(&self, id: &str) -> super::Outcome {
+        self.replacer(&[]).handle(scheduled(id)).await.unwrap()
+    }
+
+    async fn slots(&self) -> Vec<WorkloadRecord> {
+        self.store.workloads(&request_id("r-1")).await.unwrap()
+    }
+
+    fn live(&self) -> Vec<String> {
+        self.workloads
+            .live_in_reservation("cr-1")
+            .into_iter()
+            .map(|i| i.instance_id)
+            .collect()
+    }
+
+    fn launches(&self) -> Vec<LaunchSpec> {
+        self.workloads
+            .calls_of(WorkloadsOp::LaunchInstances)
+            .into_iter()
+            .filter_map(|c| match c {
+                WorkloadsCall::LaunchInstances(s) => Some(s),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+fn scheduled(id: &str) -> EventBridgeEvent<Value> {
+    serde_json::from_value(json!({
+        "version": "0", "id": id, "detail-type": "Scheduled Event", "source": "aws.events",
+        "account": "123456789012", "time": "2026-12-01T12:00:00Z", "region": REGION,
+        "resources": [], "detail": {}
+    }))
+    .unwrap()
+}
+
+fn state_change(instance_id: &str, state: &str) -> EventBridgeEvent<Value> {
+    serde_json::from_value(json!({
+        "version": "0", "id": format!("sc-{instance_id}-{state}"),
+        "detail-type": "EC2 Instance State-change Notification", "source": "aws.ec2",
+        "account": "123456789012", "time": "2026-12-01T12:00:00Z", "region": REGION,
+        "resources": [format!("arn:aws:ec2:us-east-1:123456789012:instance/{instance_id}")],
+        "detail": { "instance-id": instance_id, "state": state }
+    }))
+    .unwrap()
+}
+
+fn health(instance_id: &str) -> EventBridgeEvent<Value> {
+    serde_json::from_value(json!({
+        "version": "0", "id": "health-1", "detail-type": "AWS Health Event", "source": "aws.health",
+        "account": "123456789012", "time": "2026-12-01T12:00:00Z", "region": REGION,
+        "resources": [instance_id],
+        "detail": {
+            "eventArn": "arn:aws:health:us-east-1::event/EC2/AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED/x",
+            "service": "EC2", "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
+            "eventTypeCategory": "scheduledChange", "statusCode": "upcoming", "eventRegion": REGION,
+            "affectedEntities": [{ "entityValue": instance_id, "tags": {} }]
+        }
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn an_impaired_instance_is_replaced_once_with_a_new_client_token() {
+    // GIVEN four running instances, one of them impaired
+    let w = World::new(4).await;
+    let sick = w.slots().await[1].resource_id.clone();
+    w.workloads
+        .set_instance_health(&sick, InstanceHealth::Impaired);
+    // WHEN the schedule polls status
+    let out = w.tick("tick-1").await;
+    // THEN the impaired one is terminated and a replacement runs in the same slot
+    assert_eq!(
+        w.workloads.instance(&sick).unwrap().state,
+        InstanceState::Terminated
+    );
+    let slot = w.slots().await.into_iter().find(|s| s.slot == 1).unwrap();
+    assert_eq!(slot.generation, 1);
+    assert_ne!(slot.resource_id, sick);
+    assert_eq!(w.live().len(), 4);
+    let launch = w.launches().pop().unwrap();
+    assert_eq!(launch.client_token, client_token("cr-1", 1, 1));
+    assert_ne!(launch.client_token, client_token("cr-1", 1, 0));
+    assert_eq!(
+        launch.market,
+        LaunchMarket::CapacityBlock {
+            reservation_id: "cr-1".into()
+        }
+    );
+    let ev = &w.events.published_of(REPLACED)[0].detail;
+    assert_eq!(ev["replaced_instance_id"], json!(sick));
+    assert_eq!(ev["new_instance_id"], json!(slot.resource_id));
+    assert_eq!(ev["generation"], json!(1));
+    assert!(out.decisions.iter().any(|d| d.action == "replaced"));
+    // AND later ticks replace nothing more
+    w.tick("tick-2").await;
+    w.tick("tick-3").await;
+    assert_eq!(w.events.published_of(REPLACED).len(), 1);
+    assert_eq!(w.launches().len(), 4 + 1);
+}
+
+#[tokio::test]
+async fn a_replacement_waiting_for_the_slot_is_retried_on_the_next_tick() {
+    // GIVEN four instances, one stopped unexpectedly, and a block whose slot is not back yet
+    let w = World::new(4).await;
+    let stopped = w.slots().await[2].resource_id.clone();
+    w.workloads
+        .set_instance_state(&stopped, InstanceState::Stopped);
+    w.workloads.no_capacity_next(WorkloadsOp::LaunchInstances);
+    // WHEN the state change arrives
+    let out = w
+        .replacer(&[])
+        .handle(state_change(&stopped, "stopped"))
+        .await
+        .unwrap();
+    // THEN the old instance is terminated, the slot waits, and nothing fails
+    assert!(
+        out.decisions.iter().any(|d| d.action == "waiting-for-slot"),
+        "{out:?}"
+    );
+    assert_eq!(
+        w.workloads.instance(&stopped).unwrap().state,
+        InstanceState::Terminated
+    );
+    let slot = w.slots().await.into_iter().find(|s| s.slot == 2).unwrap();
+    assert_eq!((slot.generation, slot.state.as_str()), (1, REPLACING));
+    assert!(w.events.published_of(REPLACED).is_empty());
+    // WHEN the next tick runs, the slot having returned
+    w.clock.set(w.clock.get() + Duration::minutes(10));
+    w.tick("tick-2").await;
+    // THEN the replacement launches with the same new token, and is the only one
+    let slot = w.slots().await.into_iter().find(|s| s.slot == 2).unwrap();
+    assert_eq!(slot.generation, 1);
+    assert_ne!(slot.resource_id, stopped);
+    assert_eq!(w.live().len(), 4);
+    let tokens: Vec<String> = w.launches().into_iter().map(|l| l.client_token).collect();
+    assert_eq!(
+        tokens
+            .iter()
+            .filter(|t| **t == client_token("cr-1", 2, 1))
+            .count(),
+        2
+    );
+    assert_eq!(w.events.published_of(REPLACED).len(), 1);
+}
+
+#[tokio::test]
+async fn the_per_reservation_cap_holds() {
+    // GIVEN a cap of one replacement per reservation, and one replacement done
+    let w = World::new(4).await;
+    let extra = [("MAX_REPLACEMENTS_PER_RESERVATION", "1")];
+    let first = w.slots().await[0].resource_id.clone();
+    w.workloads
+        .set_instance_health(&first, InstanceHealth::Impaired);
+    w.replacer(&extra)
+        .handle(scheduled("tick-1"))
+        .await
+        .unwrap();
+    assert_eq!(w.events.published_of(REPLACED).len(), 1);
+    // WHEN another instance becomes impaired
+    let second = w.slots().await[3].resource_id.clone();
+    w.workloads
+        .set_instance_health(&second, InstanceHealth::Impaired);
+    let out = w
+        .replacer(&extra)
+        .handle(scheduled("tick-2"))
+        .await
+        .unwrap();
+    // THEN it is left alone, and the decision says why
+    assert_eq!(
+        w.workloads.instance(&second).unwrap().state,
+        InstanceState::Running
+    );
+    assert_eq!(w.events.published_of(REPLACED).len(), 1);
+    assert!(
+        out.decisions.iter().any(|d| d.action == "capped"),
+        "{out:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_unhealthy_share_cap_holds() {
+    // GIVEN four instances of which three are impaired, above the 0.5 share
+    let w = World::new(4).await;
+    for s in &w.slots().await[..3] {
+        w.workloads
+            .set_instance_health(&s.resource_id, InstanceHealth::Impaired);
+    }
+    // WHEN the schedule polls
+    let out = w.tick("tick-1").await;
+    // THEN nothing destructive happens, and the decision says why
+    assert!(
+        w.workloads
+            .calls_of(WorkloadsOp::TerminateInstances)
+            .is_empty()
+    );
+    assert_eq!(w.live().len(), 4);
+    assert!(w.events.published().is_empty());
+    let held = out.decisions.iter().find(|d| d.action == "held").unwrap();
+    assert!(held.reason.contains("3 of 4"), "{held:?}");
+}
+
+#[tokio::test]
+async fn unmanaged_instances_are_never_touched() {
+    // GIVEN an impaired, stopped instance tagged for the request but without the managed tag
+    let w = World::new(2).await;
+    let mut tags = BTreeMap::new();
+    tags.insert(REQUEST_TAG.to_string(), "r-1".to_string());
+    w.workloads.add_instance(InstanceInfo {
+        instance_id: "i-theirs".into(),
+        region: REGION.into(),
+        availability_zone: "us-east-1a".into(),
+        instance_type: "p5.48xlarge".into(),
+        state: InstanceState::Stopped,
+        health: InstanceHealth::Impaired,
+        reservation_id: Some("cr-1".into()),
+        launched_at: None,
+        tags,
+    });
+    // WHEN its state change and a Health event naming it arrive, and the schedule polls
+    w.replacer(&[])
+        .handle(state_change("i-theirs", "stopped"))
+        .await
+        .unwrap();
+    w.replacer(&[]).handle(health("i-theirs")).await.unwrap();
+    w.tick("tick-1").await;
+    // THEN nothing was terminated or launched
+    assert!(
+        w.workloads
+            .calls_of(WorkloadsOp::TerminateInstances)
+            .is_empty()
+    );
+    assert_eq!(w.launches().len(), 2);
+    assert_eq!(
+        w.workloads.instance("i-theirs").unwrap().state,
+        InstanceState::Stopped
+    );
+}
+
+#[tokio::test]
+async fn a_health_event_naming_a_managed_instance_replaces_it() {
+    // GIVEN a retirement scheduled for one of four instances
+    let w = World::new(4).await;
+    let retiring = w.slots().await[0].resource_id.clone();
+    // WHEN AWS Health says so
+    w.replacer(&[]).handle(health(&retiring)).await.unwrap();
+    // THEN it is replaced
+    assert_eq!(
+        w.workloads.instance(&retiring).unwrap().state,
+        InstanceState::Terminated
+    );
+    assert_eq!(w.live().len(), 4);
+    assert!(
+        w.events.published_of(REPLACED)[0].detail["reason"]
+            .as_str()
+            .unwrap()
+            .contains("AWS Health")
+    );
+}
+
+#[tokio::test]
+async fn a_request_that_is_not_active_is_left_alone() {
+    // GIVEN a draining request with an impaired instance
+    let w = World::new(2).await;
+    let mut rec = w
+        .store
+        .get_request(&request_id("r-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    rec.status = RequestStatus::Draining;
+    w.store.insert_record(rec);
+    let sick = w.slots().await[0].resource_id.clone();
+    w.workloads
+        .set_instance_health(&sick, InstanceHealth::Impaired);
+    // WHEN the schedule polls
+    w.tick("tick-1").await;
+    // THEN cleanup owns it: nothing is replaced
+    assert!(
+        w.workloads
+            .calls_of(WorkloadsOp::TerminateInstances)
+            .is_empty()
+    );
+}
