@@ -5,6 +5,7 @@
 //! .endpoint_url(url)`); nothing here sets environment variables.
 
 pub mod fixtures;
+pub mod flow;
 pub mod moto;
 pub mod table;
 

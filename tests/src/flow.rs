@@ -1,0 +1,430 @@
+//! Whole flows: the five handlers, each built with the production wiring
+//! (`Adapters::from_sdk`) pointed at this test's own `local-cloud` (EC2, SageMaker,
+//! EventBridge and the simulated clock) and its own table on moto's DynamoDB. No fakes.
+//!
+//! [`Flow::deliver`] plays EventBridge: it hands every event that reached a bus since the
+//! last call to the function whose rule matches it (ARCHITECTURE section 4). Outcomes are
+//! judged from the emulator's state and the events on its buses, as well as the table.
+
+use std::sync::{Arc, Mutex};
+
+use aws_config::BehaviorVersion;
+use aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use aws_sdk_dynamodb::config::{Credentials, Region};
+use capacity_pilot::aws::capacity::{AwsMarket, AwsWorkloads};
+use capacity_pilot::aws::clock::ConfiguredClock;
+use capacity_pilot::aws::dynamodb::DynamoStore;
+use capacity_pilot::aws::eventbridge::EventBridgeSink;
+use capacity_pilot::aws::wiring::Adapters;
+use capacity_pilot::config::Config;
+use capacity_pilot::domain::money::MicroUsd;
+use capacity_pilot::domain::request::{RequestId, Team};
+use capacity_pilot::domain::status::RequestStatus;
+use capacity_pilot::ports::{BudgetMonth, RequestRecord, Store};
+use chrono::{DateTime, Utc};
+use cleanup_expired::handler::Cleaner;
+use launch_workloads::handler::Launcher;
+use local_cloud::{LocalCloud, Options};
+use purchase_capacity::handler::Purchaser;
+use replace_unhealthy::handler::Replacer;
+use search_offerings::handler::Searcher;
+use serde_json::{Value, json};
+
+use crate::table::TestTable;
+
+/// Our custom bus; AWS's events and schedules are on `default`.
+pub const BUS: &str = "capacity-pilot";
+/// The request source the flows' config allows.
+pub const SOURCE: &str = "com.example.ml-platform";
+pub const APPROVER: &str = "com.example.approvals";
+pub const REGION: &str = "us-east-1";
+
+/// Which function an event reaches, by the rules of ARCHITECTURE section 4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Function {
+    Search,
+    Purchase,
+    Launch,
+    Replace,
+    Cleanup,
+}
+
+impl Function {
+    pub const ALL: [Function; 5] = [
+        Function::Search,
+        Function::Purchase,
+        Function::Launch,
+        Function::Replace,
+        Function::Cleanup,
+    ];
+
+    /// The function whose rule matches an event on `bus`, if any.
+    pub fn for_event(bus: &str, ev: &Value) -> Option<Function> {
+        let detail_type = ev["detail-type"].as_str().unwrap_or_default();
+        let source = ev["source"].as_str().unwrap_or_default();
+        match (bus, source, detail_type) {
+            (BUS, s, "Capacity Request Submitted") if s != "capacity-pilot" => {
+                Some(Function::Search)
+            }
+            (
+                BUS,
+                s,
+                "Capacity Offerings Found"
+                | "Capacity Purchase Approved"
+                | "Capacity Purchase Rejected"
+                | "Capacity Request Cancelled",
+            ) if (s == "capacity-pilot") == (detail_type == "Capacity Offerings Found") => {
+                Some(Function::Purchase)
+            }
+            ("default", "aws.ec2", "Capacity Block Delivered")
+            | ("default", "aws.ec2", "Capacity Block Reservation Delivered") => {
+                Some(Function::Launch)
+            }
+            ("default", "aws.ec2", "EC2 Instance State-change Notification")
+            | ("default", "aws.health", _) => Some(Function::Replace),
+            ("default", "aws.ec2", "Capacity Block Expiration Warning")
+            | ("default", "aws.ec2", "Capacity Block Reservation Expiration Warning") => {
+                Some(Function::Cleanup)
+            }
+            _ => None,
+        }
+    }
+}
+
+type Sdk = (
+    DynamoStore,
+    AwsMarket,
+    AwsWorkloads,
+    EventBridgeSink,
+    ConfiguredClock,
+);
+
+pub struct Flow {
+    pub cloud: LocalCloud,
+    pub table: TestTable,
+    pub config: Arc<Config>,
+    pub searcher: Searcher<DynamoStore, AwsMarket, EventBridgeSink, ConfiguredClock>,
+    pub purchaser: Purchaser<DynamoStore, AwsMarket, EventBridgeSink, ConfiguredClock>,
+    pub launcher: Launcher<DynamoStore, AwsWorkloads, EventBridgeSink, ConfiguredClock>,
+    pub replacer: Replacer<DynamoStore, AwsWorkloads, EventBridgeSink, ConfiguredClock>,
+    pub cleaner: Cleaner<DynamoStore, AwsMarket, AwsWorkloads, EventBridgeSink, ConfiguredClock>,
+    /// How many events of each bus [`Flow::deliver`] has handed on.
+    delivered: Mutex<(usize, usize)>,
+    ticks: Mutex<u64>,
+}
+
+/// The configuration every flow starts from; `overrides` replace or add variables.
+pub fn env(table: &str, cloud_url: &str, overrides: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = [
+        ("TABLE_NAME", table.to_string()),
+        ("EVENT_BUS_NAME", BUS.to_string()),
+        ("ALLOWED_REGIONS", REGION.to_string()),
+        ("ALLOWED_REQUEST_SOURCES", SOURCE.to_string()),
+        ("APPROVER_SOURCES", APPROVER.to_string()),
+        ("TEAM_BUDGETS_USD", r#"{"*": "250000"}"#.to_string()),
+        (
+            "SAGEMAKER_EXECUTION_ROLE_ARN",
+            "arn:aws:iam::123456789012:role/sm".to_string(),
+        ),
+        (
+            "CAPACITY_PILOT_CLOCK_URL",
+            format!("{cloud_url}/_local/clock"),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    for (k, v) in overrides {
+        env.retain(|(n, _)| n != k);
+        env.push((k.to_string(), v.to_string()));
+    }
+    env
+}
+
+impl Flow {
+    /// A flow on seed 11 starting at [`t0`], with the default configuration.
+    pub async fn start() -> Flow {
+        Flow::start_with(11, &[]).await
+    }
+
+    /// The production constructors, each pointed at this test's own emulator and table.
+    pub async fn start_with(seed: u64, overrides: &[(&str, &str)]) -> Flow {
+        let cloud = LocalCloud::start(Options {
+            seed,
+            start: Some(t0()),
+            ..Options::default()
+        })
+        .await
+        .expect("emulator starts");
+        let table = TestTable::fresh().await.expect("moto and a table");
+        let env = env(&table.name, &cloud.url(), overrides);
+        let config = Arc::new(
+            Config::from_lookup(&|k| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+                .expect("config"),
+        );
+        let sdk = aws_config::defaults(BehaviorVersion::latest())
+            .endpoint_url(cloud.url())
+            .region(Region::new(REGION))
+            .credentials_provider(Credentials::new("AKIDTEST", "secret", None, None, "flow"))
+            .load()
+            .await;
+        // Each function gets its own adapters, as each Lambda has its own; the store is
+        // this test's table on moto (production points DynamoDB elsewhere by endpoint too).
+        let adapters = || -> Sdk {
+            let a = Adapters::from_sdk(sdk.clone(), &config).expect("adapters");
+            (table.store(), a.market, a.workloads, a.events, a.clock)
+        };
+        let (store, market, _, events, clock) = adapters();
+        let searcher = Searcher {
+            store,
+            market,
+            events,
+            clock,
+            config: config.clone(),
+        };
+        let (store, market, _, events, clock) = adapters();
+        let purchaser = Purchaser {
+            store,
+            market,
+            events,
+            clock,
+            config: config.clone(),
+        };
+        let (store, _, workloads, events, clock) = adapters();
+        let launcher = Launcher {
+            store,
+            workloads,
+            events,
+            clock,
+            config: config.clone(),
+        };
+        let (store, _, workloads, events, clock) = adapters();
+        let replacer = Replacer {
+            store,
+            workloads,
+            events,
+            clock,
+            config: config.clone(),
+        };
+        let (store, market, workloads, events, clock) = adapters();
+        let cleaner = Cleaner {
+            store,
+            market,
+            workloads,
+            events,
+            clock,
+            config: config.clone(),
+        };
+        Flow {
+            cloud,
+            table,
+            config,
+            searcher,
+            purchaser,
+            launcher,
+            replacer,
+            cleaner,
+            delivered: Mutex::new((0, 0)),
+            ticks: Mutex::new(0),
+        }
+    }
+
+    /// Runs one function on `ev`; the error, if any, is returned as text (Lambda would retry).
+    pub async fn invoke(&self, f: Function, ev: EventBridgeEvent<Value>) -> Result<(), String> {
+        match f {
+            Function::Search => self
+                .searcher
+                .handle(ev)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            Function::Purchase => self
+                .purchaser
+                .handle(ev)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            Function::Launch => self
+                .launcher
+                .handle(ev)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            Function::Replace => self
+                .replacer
+                .handle(ev)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            Function::Cleanup => self
+                .cleaner
+                .handle(ev)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
+        }
+    }
+
+    /// A `Scheduled Event` to `f`, with a fresh id, as its schedule rule would send.
+    pub async fn tick(&self, f: Function) -> Result<(), String> {
+        let n = {
+            let mut t = self.ticks.lock().unwrap();
+            *t += 1;
+            *t
+        };
+        let ev = envelope(
+            "Scheduled Event",
+            "aws.events",
+            &format!("tick-{n}"),
+            json!({}),
+        );
+        self.invoke(f, ev).await
+    }
+
+    /// Every function's schedule fires once, in pipeline order; panics on a failed run.
+    pub async fn tick_all(&self) {
+        for f in Function::ALL {
+            self.tick(f)
+                .await
+                .unwrap_or_else(|e| panic!("{f:?} tick: {e}"));
+        }
+    }
+
+    /// Hands every event that reached either bus since the last call to the function whose
+    /// rule matches it, until no new event arrives. Returns how many were delivered.
+    pub async fn deliver(&self) -> usize {
+        let mut total = 0;
+        loop {
+            let (seen_custom, seen_default) = *self.delivered.lock().unwrap();
+            let custom = self.cloud.events(BUS);
+            let default = self.cloud.events("default");
+            *self.delivered.lock().unwrap() = (custom.len(), default.len());
+            let new: Vec<(&str, Value)> = custom
+                .into_iter()
+                .skip(seen_custom)
+                .map(|e| (BUS, e))
+                .chain(
+                    default
+                        .into_iter()
+                        .skip(seen_default)
+                        .map(|e| ("default", e)),
+                )
+                .collect();
+            if new.is_empty() {
+                return total;
+            }
+            for (bus, ev) in new {
+                if let Some(f) = Function::for_event(bus, &ev) {
+                    total += 1;
+                    let parsed: EventBridgeEvent<Value> =
+                        serde_json::from_value(ev.clone()).expect("a bus event parses");
+                    self.invoke(f, parsed)
+                        .await
+                        .unwrap_or_else(|e| panic!("{f:?} on {ev}: {e}"));
+                }
+            }
+        }
+    }
+
+    /// Events of `detail_type` on our bus.
+    pub fn bus(&self, detail_type: &str) -> Vec<Value> {
+        self.cloud
+            .events(BUS)
+            .into_iter()
+            .filter(|e| e["detail-type"] == detail_type)
+            .collect()
+    }
+
+    /// Events of `detail_type` on our bus about request `id`.
+    pub fn bus_for(&self, detail_type: &str, id: &str) -> Vec<Value> {
+        self.bus(detail_type)
+            .into_iter()
+            .filter(|e| e["detail"]["request_id"] == id)
+            .collect()
+    }
+
+    /// Capacity Blocks the emulator holds for a request, by its tag: the emulator's own
+    /// state, independent of our table.
+    pub fn blocks_for(&self, request_id: &str) -> usize {
+        self.cloud.with_world(|w| {
+            w.ec2
+                .reservations
+                .values()
+                .filter(|cr| {
+                    cr.tags.get("capacity-pilot:request-id").map(String::as_str) == Some(request_id)
+                })
+                .count()
+        })
+    }
+
+    pub async fn record(&self, id: &str) -> RequestRecord {
+        self.table
+            .store()
+            .get_request(&RequestId::parse(id).unwrap())
+            .await
+            .unwrap()
+            .expect("recorded")
+    }
+
+    pub async fn status(&self, id: &str) -> RequestStatus {
+        self.record(id).await.status
+    }
+
+    /// What the team's ledger holds for the month of `at`.
+    pub async fn team_spent(&self, team: &str, at: DateTime<Utc>) -> MicroUsd {
+        self.table
+            .store()
+            .budget_spent(&Team::parse(team).unwrap(), &BudgetMonth::of(at))
+            .await
+            .unwrap()
+    }
+
+    /// Submits a request on our bus from the allowed source and delivers it.
+    pub async fn submit(&self, request: Value) {
+        self.invoke(
+            Function::Search,
+            envelope(
+                "Capacity Request Submitted",
+                SOURCE,
+                &format!("submit-{}", request["request_id"].as_str().unwrap_or("?")),
+                request,
+            ),
+        )
+        .await
+        .expect("search runs");
+    }
+}
+
+/// When every flow's simulated clock starts.
+pub fn t0() -> DateTime<Utc> {
+    "2026-12-01T09:00:00Z".parse().unwrap()
+}
+
+/// An EventBridge envelope as a rule delivers it.
+pub fn envelope(
+    detail_type: &str,
+    source: &str,
+    id: &str,
+    detail: Value,
+) -> EventBridgeEvent<Value> {
+    serde_json::from_value(json!({
+        "version": "0", "id": id, "detail-type": detail_type, "source": source,
+        "account": "123456789012", "time": "2026-12-01T09:00:00Z", "region": REGION,
+        "resources": [], "detail": detail
+    }))
+    .unwrap()
+}
+
+/// A valid EC2 Capacity Block request: 4 x p5.48xlarge for 48 h in December.
+pub fn ec2_request(id: &str) -> Value {
+    json!({
+        "schema_version": 1, "request_id": id, "team": "team-a",
+        "instance_types": ["p5.48xlarge"], "instance_count": 4, "duration_hours": 48,
+        "earliest_start": "2026-12-02T00:00:00Z", "latest_end": "2026-12-20T11:30:00Z",
+        "regions": [REGION],
+        "budget": {"max_upfront_usd": "20000"},
+        "workload": {"kind": "ec2-instances",
+            "launch_template": {"id": "lt-0abcdef1234567890"},
+            "subnet_ids": ["subnet-0a1b2c3d4e5f60001"]}
+    })
+}
