@@ -1,0 +1,354 @@
+//! Whole lifecycles of SageMaker workloads on training plans: the five real handlers, the
+//! real adapters, the offline emulator (its SageMaker, its EventBridge and its clock) and
+//! moto's DynamoDB. Training plans emit no EventBridge events, so launch and cleanup run
+//! from schedule ticks after the simulated clock has been advanced. Outcomes are judged
+//! from what the emulator holds (plans, jobs, endpoints, clusters) and what reached the bus.
+
+use capacity_pilot::domain::money::Usd;
+use capacity_pilot::domain::status::RequestStatus;
+use chrono::{DateTime, TimeDelta, Utc};
+use integration_tests::flow::{Flow, Function, REGION, t0};
+use local_cloud::market::Segment;
+use local_cloud::sagemaker::{Plan, TrainingJob};
+use serde_json::{Value, json};
+
+/// A training-job request on a training plan: 2 x ml.p5.48xlarge for `hours`.
+fn training_request(id: &str, hours: u32, earliest: &str, latest: &str) -> Value {
+    json!({
+        "schema_version": 1, "request_id": id, "team": "team-b",
+        "instance_types": ["ml.p5.48xlarge"], "instance_count": 2, "duration_hours": hours,
+        "earliest_start": earliest, "latest_end": latest,
+        "regions": [REGION],
+        "budget": {"max_upfront_usd": "20000"},
+        "workload": {"kind": "training-job",
+            "training_image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/eval:2026.11",
+            "output_s3_uri": "s3://team-b-models/eval/",
+            "volume_size_gb": 500,
+            "hyper_parameters": {"epochs": "3"}},
+        "drain_minutes": 20,
+        "tags": {"project": "model-eval"}
+    })
+}
+
+/// Every training plan the emulator holds: each test has its own emulator, so these are
+/// all the plans bought in the test.
+fn plans(f: &Flow) -> Vec<Plan> {
+    f.cloud
+        .with_world(|w| w.sm.plans.values().cloned().collect())
+}
+
+/// The one plan bought for `id`, asserting that it is the only plan the emulator sold.
+fn the_plan(f: &Flow, id: &str) -> Plan {
+    let all = plans(f);
+    assert_eq!(
+        all.len(),
+        1,
+        "exactly one plan bought: {:?}",
+        all.iter().map(|p| &p.name).collect::<Vec<_>>()
+    );
+    assert_eq!(all[0].name, format!("cp-{id}"), "named for the request");
+    all[0].clone()
+}
+
+fn job(f: &Flow, name: &str) -> Option<TrainingJob> {
+    f.cloud.with_world(|w| {
+        w.sm.jobs
+            .get(&(REGION.to_string(), name.to_string()))
+            .cloned()
+    })
+}
+
+fn jobs(f: &Flow) -> Vec<TrainingJob> {
+    f.cloud
+        .with_world(|w| w.sm.jobs.values().cloned().collect())
+}
+
+/// The detail-types published on our bus about `id`, in order.
+fn published(f: &Flow, id: &str) -> Vec<String> {
+    f.cloud
+        .events(integration_tests::flow::BUS)
+        .into_iter()
+        .filter(|e| e["detail"]["request_id"] == id)
+        .map(|e| e["detail-type"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// Asserts what was published about `id`, in order. Each group is what one state change
+/// writes to its outbox; the outbox publishes a change's events in no promised order.
+fn assert_published(f: &Flow, id: &str, groups: &[&[&str]]) {
+    let mut got = published(f, id);
+    let mut at = 0;
+    for g in groups {
+        let end = (at + g.len()).min(got.len());
+        got[at..end].sort();
+        at = end;
+    }
+    let mut want: Vec<String> = Vec::new();
+    for g in groups {
+        let mut g: Vec<String> = g.iter().map(|s| s.to_string()).collect();
+        g.sort();
+        want.extend(g);
+    }
+    assert_eq!(got, want);
+}
+
+/// The plan's upfront fee as the emulator charged it.
+fn fee(p: &Plan) -> Usd {
+    Usd::parse(&p.offering.upfront_fee.to_string()).unwrap()
+}
+
+/// `end - 30 min (training-job lead) - max(drain_minutes 20, default 15)`.
+fn drain_at(s: &Segment) -> DateTime<Utc> {
+    s.end - TimeDelta::minutes(30) - TimeDelta::minutes(20)
+}
+
+/// Submits `request`, plays the bus until quiet and returns the request's status.
+async fn submit_and_buy(f: &Flow, request: Value) -> RequestStatus {
+    let id = request["request_id"].as_str().unwrap().to_string();
+    f.submit(request).await;
+    f.deliver().await;
+    f.status(&id).await
+}
+
+async fn tick(f: &Flow, function: Function) {
+    f.tick(function)
+        .await
+        .unwrap_or_else(|e| panic!("{function:?} tick: {e}"));
+}
+
+#[tokio::test]
+async fn a_training_job_runs_on_its_plan_and_is_stopped_before_forced_termination() {
+    // GIVEN a training-job request for 48 h in December
+    let f = Flow::start().await;
+    let id = "tp-job-1";
+    let request = training_request(id, 48, "2026-12-02T00:00:00Z", "2026-12-20T11:30:00Z");
+
+    // WHEN it is submitted and the bus is played (search, then purchase)
+    let status = submit_and_buy(&f, request).await;
+
+    // THEN exactly one plan was bought, named for the request, and the request is Reserved
+    assert_eq!(status, RequestStatus::Reserved);
+    let plan = the_plan(&f, id);
+    assert_eq!(plan.offering.target, "training-job");
+    assert_eq!(plan.offering.segments.len(), 1, "{:?}", plan.offering);
+    let seg = plan.offering.segments[0].clone();
+    assert_eq!(
+        f.team_spent("team-b", t0()).await,
+        fee(&plan).to_micros_ceil()
+    );
+    let reserved = f.bus_for("Capacity Reserved", id);
+    assert_eq!(reserved.len(), 1);
+    assert_eq!(
+        Usd::parse(reserved[0]["detail"]["upfront_fee_usd"].as_str().unwrap()).unwrap(),
+        fee(&plan)
+    );
+
+    // WHEN launch ticks before the window opens
+    f.cloud.advance_to(seg.start - TimeDelta::minutes(1));
+    tick(&f, Function::Launch).await;
+    // THEN nothing is launched yet
+    assert!(jobs(&f).is_empty(), "no job before the plan starts");
+    assert_eq!(f.status(id).await, RequestStatus::Reserved);
+
+    // WHEN the plan's window opens and launch ticks (twice, as overlapping ticks might)
+    f.cloud.advance_to(seg.start);
+    tick(&f, Function::Launch).await;
+    tick(&f, Function::Launch).await;
+
+    // THEN one training job runs on the plan, and the bus says so once
+    let name = format!("cp-{id}-s0");
+    let j = job(&f, &name).expect("the training job exists");
+    assert_eq!(jobs(&f).len(), 1);
+    assert_eq!(j.plan_arn.as_deref(), Some(plan.arn.as_str()));
+    assert_eq!(
+        j.request["ResourceConfig"]["TrainingPlanArn"],
+        json!(plan.arn),
+        "CreateTrainingJob named the plan"
+    );
+    assert_eq!(j.instance_type, "ml.p5.48xlarge");
+    assert_eq!(j.instance_count, 2);
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+    let launched = f.bus_for("Capacity Workload Launched", id);
+    assert_eq!(launched.len(), 1, "{launched:?}");
+    assert_eq!(launched[0]["detail"]["reservation_id"], json!(plan.arn));
+    assert_eq!(launched[0]["detail"]["resource_ids"], json!([name]));
+    f.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(job(&f, &name).unwrap().secondary, "Training");
+
+    // WHEN cleanup ticks just before the drain start
+    f.cloud.advance_to(drain_at(&seg) - TimeDelta::minutes(1));
+    tick(&f, Function::Cleanup).await;
+    // THEN the job keeps training
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+    assert_eq!(job(&f, &name).unwrap().status, "InProgress");
+
+    // WHEN the drain start is reached while the job is still running
+    f.cloud.advance_to(drain_at(&seg));
+    tick(&f, Function::Cleanup).await;
+
+    // THEN cleanup stops the job and announces the expiry and the drain
+    assert_eq!(f.status(id).await, RequestStatus::Draining);
+    assert_eq!(job(&f, &name).unwrap().status, "Stopping");
+    let expiring = f.bus_for("Capacity Reservation Expiring", id);
+    assert_eq!(expiring.len(), 1, "{expiring:?}");
+    let drained = f.bus_for("Capacity Workload Drained", id);
+    assert_eq!(drained.len(), 1, "{drained:?}");
+    assert_eq!(
+        drained[0]["detail"]["resource_ids"],
+        json!([format!("training-job:{name}")])
+    );
+
+    // AND the job has stopped before AWS's forced termination (end - 30 min) would fail it
+    f.cloud.advance_to(seg.end - TimeDelta::minutes(30));
+    let j = job(&f, &name).unwrap();
+    assert_eq!(j.status, "Stopped", "{:?}", j.failure_reason);
+    assert!(j.training_end.unwrap() < seg.end - TimeDelta::minutes(30));
+
+    // WHEN the plan has ended and cleanup ticks
+    f.cloud.advance_to(seg.end);
+    tick(&f, Function::Cleanup).await;
+    tick(&f, Function::Cleanup).await;
+
+    // THEN the request is Ended and the bus says so once
+    assert_eq!(f.status(id).await, RequestStatus::Ended);
+    assert_eq!(f.bus_for("Capacity Reservation Ended", id).len(), 1);
+    assert_published(
+        &f,
+        id,
+        &[
+            &["Capacity Request Accepted"],
+            &["Capacity Offerings Found"],
+            &["Capacity Reserved"],
+            &["Capacity Workload Launched"],
+            &["Capacity Reservation Expiring", "Capacity Workload Drained"],
+            &["Capacity Reservation Ended"],
+        ],
+    );
+    // AND one plan, one job, and the team paid exactly the plan's fee
+    assert_eq!(plans(&f).len(), 1);
+    assert_eq!(jobs(&f).len(), 1);
+    assert_eq!(
+        f.team_spent("team-b", t0()).await,
+        fee(&plan).to_micros_ceil()
+    );
+}
+
+#[tokio::test]
+async fn each_segment_of_a_split_plan_gets_its_own_job_launched_and_drained_in_its_own_window() {
+    // GIVEN a 72 h training request that may split, in a window where seed 11's market has
+    // ml.p5.48xlarge x 2 free for three days running in no single zone, so SageMaker offers
+    // only two-segment plans (us-east-1c for Dec 17-18, then us-east-1b for Dec 18-20)
+    let f = Flow::start().await;
+    let id = "tp-split-1";
+    let mut request = training_request(id, 72, "2026-12-17T11:30:00Z", "2026-12-20T11:30:00Z");
+    request["allow_split"] = json!(true);
+
+    // WHEN it is submitted and bought
+    let status = submit_and_buy(&f, request).await;
+
+    // THEN one plan with two reserved capacities was bought, and the team paid its fee
+    assert_eq!(status, RequestStatus::Reserved);
+    let plan = the_plan(&f, id);
+    let segs = plan.offering.segments.clone();
+    assert_eq!(segs.len(), 2, "{:?}", plan.offering);
+    assert_ne!(segs[0].availability_zone, segs[1].availability_zone);
+    assert_eq!(
+        f.team_spent("team-b", t0()).await,
+        fee(&plan).to_micros_ceil()
+    );
+    let (s0, s1) = (format!("cp-{id}-s0"), format!("cp-{id}-s1"));
+
+    // WHEN the first segment opens and launch ticks
+    f.cloud.advance_to(segs[0].start);
+    tick(&f, Function::Launch).await;
+    // THEN its job runs on the plan
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+    assert_eq!(
+        job(&f, &s0)
+            .expect("first segment's job")
+            .plan_arn
+            .as_deref(),
+        Some(plan.arn.as_str())
+    );
+    f.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(job(&f, &s0).unwrap().secondary, "Training");
+
+    // WHEN the first segment's drain start comes
+    f.cloud.advance_to(drain_at(&segs[0]));
+    tick(&f, Function::Cleanup).await;
+    // THEN its job is stopped ahead of that segment's forced termination, and nothing else
+    // is launched or stopped
+    assert_eq!(f.status(id).await, RequestStatus::Draining);
+    assert_eq!(job(&f, &s0).unwrap().status, "Stopping");
+    assert!(job(&f, &s1).is_none());
+    f.cloud.advance_to(segs[0].end - TimeDelta::minutes(30));
+    assert_eq!(job(&f, &s0).unwrap().status, "Stopped");
+
+    // WHEN the first segment ends: cleanup, then launch tick at the second's start
+    f.cloud.advance_to(segs[0].end.max(segs[1].start));
+    tick(&f, Function::Cleanup).await;
+    // THEN the request waits for the second segment
+    assert_eq!(f.status(id).await, RequestStatus::Reserved);
+    tick(&f, Function::Launch).await;
+
+    // THEN the second segment has its own job, under its own name, on the same plan
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+    let second = job(&f, &s1).expect("second segment's job");
+    assert_eq!(second.plan_arn.as_deref(), Some(plan.arn.as_str()));
+    assert_eq!(jobs(&f).len(), 2);
+    f.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(job(&f, &s1).unwrap().secondary, "Training");
+    let launched = f.bus_for("Capacity Workload Launched", id);
+    assert_eq!(launched.len(), 2, "{launched:?}");
+    assert_eq!(launched[0]["detail"]["segment"], 0);
+    assert_eq!(launched[0]["detail"]["resource_ids"], json!([s0]));
+    assert_eq!(launched[1]["detail"]["segment"], 1);
+    assert_eq!(launched[1]["detail"]["resource_ids"], json!([s1]));
+
+    // WHEN the second segment's drain start comes, and later its end
+    f.cloud
+        .advance_to(drain_at(&segs[1]) - TimeDelta::minutes(1));
+    tick(&f, Function::Cleanup).await;
+    assert_eq!(job(&f, &s1).unwrap().status, "InProgress");
+    f.cloud.advance_to(drain_at(&segs[1]));
+    tick(&f, Function::Cleanup).await;
+    assert_eq!(f.status(id).await, RequestStatus::Draining);
+    assert_eq!(job(&f, &s1).unwrap().status, "Stopping");
+    f.cloud.advance_to(segs[1].end - TimeDelta::minutes(30));
+    assert_eq!(job(&f, &s1).unwrap().status, "Stopped");
+    f.cloud.advance_to(segs[1].end);
+    tick(&f, Function::Cleanup).await;
+
+    // THEN the request has ended; each segment was drained before its own end
+    assert_eq!(f.status(id).await, RequestStatus::Ended);
+    let drained = f.bus_for("Capacity Workload Drained", id);
+    assert_eq!(drained.len(), 2);
+    for (d, (seg, name)) in drained.iter().zip([(&segs[0], &s0), (&segs[1], &s1)]) {
+        assert_eq!(
+            d["detail"]["resource_ids"],
+            json!([format!("training-job:{name}")])
+        );
+        let at: DateTime<Utc> = d["detail"]["drained_at"].as_str().unwrap().parse().unwrap();
+        assert_eq!(at, drain_at(seg));
+    }
+    assert_published(
+        &f,
+        id,
+        &[
+            &["Capacity Request Accepted"],
+            &["Capacity Offerings Found"],
+            &["Capacity Reserved"],
+            &["Capacity Workload Launched"],
+            &["Capacity Reservation Expiring", "Capacity Workload Drained"],
+            &["Capacity Reservation Ended"],
+            &["Capacity Workload Launched"],
+            &["Capacity Reservation Expiring", "Capacity Workload Drained"],
+            &["Capacity Reservation Ended"],
+        ],
+    );
+    assert_eq!(plans(&f).len(), 1);
+    assert_eq!(
+        f.team_spent("team-b", t0()).await,
+        fee(&plan).to_micros_ceil()
+    );
+}
