@@ -129,6 +129,8 @@ pub struct SageMakerState {
     pub clusters: BTreeMap<Key, Cluster>,
     pub endpoint_configs: BTreeMap<Key, EndpointConfig>,
     pub endpoints: BTreeMap<Key, Endpoint>,
+    /// Tags by resource ARN, in the order they were added (`Tags` on a create, `AddTags`).
+    pub tags: BTreeMap<String, Vec<(String, String)>>,
 }
 
 impl SageMakerState {
@@ -139,6 +141,7 @@ impl SageMakerState {
             "clusters": self.clusters.values().collect::<Vec<_>>(),
             "endpoint_configs": self.endpoint_configs.values().collect::<Vec<_>>(),
             "endpoints": self.endpoints.values().collect::<Vec<_>>(),
+            "tags": self.tags,
         })
     }
 }
@@ -290,6 +293,9 @@ impl World {
             "DescribeEndpoint" => self.describe_endpoint(region, input),
             "DeleteEndpoint" => self.delete_endpoint(region, input),
             "DeleteEndpointConfig" => self.delete_endpoint_config(region, input),
+            "AddTags" => self.add_tags(region, input),
+            "ListTags" => self.list_tags(region, input),
+            "DeleteTags" => self.delete_tags(region, input),
             other => Err(ApiError::new(
                 400,
                 "UnknownOperationException",
@@ -360,6 +366,7 @@ impl World {
     fn create_plan(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
         let name = req(input, "TrainingPlanName")?.to_string();
         check_name(&name, "TrainingPlanName")?;
+        let tags = parse_tags(input)?;
         let offering_id = req(input, "TrainingPlanOfferingId")?.to_string();
         let key = (region.to_string(), name.clone());
         if self.sm.plans.contains_key(&key) {
@@ -452,6 +459,7 @@ impl World {
                 reserved_capacity_arns: rcs,
             },
         );
+        self.put_tags(&arn, tags);
         Ok(json!({"TrainingPlanArn": arn}))
     }
 
@@ -743,6 +751,7 @@ impl World {
     fn create_job(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
         let name = req(input, "TrainingJobName")?.to_string();
         check_name(&name, "TrainingJobName")?;
+        let tags = parse_tags(input)?;
         req(input, "RoleArn")?;
         let out = input
             .get("OutputDataConfig")
@@ -827,6 +836,7 @@ impl World {
             request: input.clone(),
         };
         self.sm.jobs.insert(key, job);
+        self.put_tags(&arn, tags);
         let at = self.now + TimeDelta::seconds(self.settings.training_job_start_seconds);
         self.schedule(at, Action::SageMakerSync);
         self.job_event(region, &name);
@@ -942,6 +952,7 @@ impl World {
     fn create_cluster(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
         let name = req(input, "ClusterName")?.to_string();
         check_name(&name, "ClusterName")?;
+        let tags = parse_tags(input)?;
         let key = (region.to_string(), name.clone());
         let arn = self.arn(
             "sagemaker",
@@ -966,6 +977,7 @@ impl World {
                 nodes: Vec::new(),
             },
         );
+        self.put_tags(&arn, tags);
         self.schedule(until, Action::SageMakerSync);
         self.cluster_event(region, &name);
         Ok(json!({"ClusterArn": arn}))
@@ -1074,6 +1086,7 @@ impl World {
     fn create_endpoint_config(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
         let name = req(input, "EndpointConfigName")?.to_string();
         check_name(&name, "EndpointConfigName")?;
+        let tags = parse_tags(input)?;
         let arn = self.arn(
             "sagemaker",
             region,
@@ -1138,12 +1151,14 @@ impl World {
                 variants,
             },
         );
+        self.put_tags(&arn, tags);
         Ok(json!({"EndpointConfigArn": arn}))
     }
 
     fn create_endpoint(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
         let name = req(input, "EndpointName")?.to_string();
         check_name(&name, "EndpointName")?;
+        let tags = parse_tags(input)?;
         let config_name = req(input, "EndpointConfigName")?.to_string();
         let arn = self.arn(
             "sagemaker",
@@ -1187,6 +1202,7 @@ impl World {
                 variants: config.variants,
             },
         );
+        self.put_tags(&arn, tags);
         self.schedule(ready_at, Action::SageMakerSync);
         self.endpoint_event(region, &name);
         Ok(json!({"EndpointArn": arn}))
@@ -1246,6 +1262,7 @@ impl World {
                 "Could not find endpoint \"{arn}\"."
             )));
         }
+        self.sm.tags.remove(&arn);
         let region_s = region.to_string();
         self.emit(
             &region_s,
@@ -1260,7 +1277,9 @@ impl World {
     fn delete_endpoint_config(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
         let name = req(input, "EndpointConfigName")?.to_string();
         let key = (region.to_string(), name.clone());
-        if self.sm.endpoint_configs.remove(&key).is_none() {
+        if let Some(c) = self.sm.endpoint_configs.remove(&key) {
+            self.sm.tags.remove(&c.arn);
+        } else {
             return Err(ApiError::validation(format!(
                 "Could not find endpoint configuration \"{}\".",
                 self.arn(
@@ -1269,6 +1288,97 @@ impl World {
                     &format!("endpoint-config/{}", name.to_lowercase())
                 )
             )));
+        }
+        Ok(json!({}))
+    }
+
+    /// Whether a resource with this ARN exists in `region` (what tags can be attached to).
+    fn tagged_resource_exists(&self, region: &str, arn: &str) -> bool {
+        let sm = &self.sm;
+        sm.plans
+            .values()
+            .any(|p| p.region == region && p.arn == arn)
+            || sm.jobs.values().any(|j| j.region == region && j.arn == arn)
+            || sm
+                .clusters
+                .values()
+                .any(|c| c.region == region && c.arn == arn)
+            || sm
+                .endpoints
+                .values()
+                .any(|e| e.region == region && e.arn == arn)
+            || sm
+                .endpoint_configs
+                .iter()
+                .any(|((r, _), c)| r == region && c.arn == arn)
+    }
+
+    fn tagged_arn<'a>(&self, region: &str, input: &'a Value) -> Result<&'a str, ApiError> {
+        let arn = req(input, "ResourceArn")?;
+        if !self.tagged_resource_exists(region, arn) {
+            // UNVERIFIED: the exact code and text for an unknown ARN.
+            return Err(ApiError::validation(format!("Resource {arn} not found.")));
+        }
+        Ok(arn)
+    }
+
+    /// Attaches `tags` to `arn`; a key already present takes the new value.
+    fn put_tags(&mut self, arn: &str, tags: Vec<(String, String)>) {
+        let have = self.sm.tags.entry(arn.to_string()).or_default();
+        for (k, v) in tags {
+            match have.iter_mut().find(|(hk, _)| *hk == k) {
+                Some(t) => t.1 = v,
+                None => have.push((k, v)),
+            }
+        }
+    }
+
+    fn add_tags(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let arn = self.tagged_arn(region, input)?.to_string();
+        if input.get("Tags").is_none() {
+            return Err(missing("Tags"));
+        }
+        let tags = parse_tags(input)?;
+        let have = self.sm.tags.get(&arn).map_or(0, Vec::len);
+        let new = tags
+            .iter()
+            .filter(|(k, _)| {
+                !self
+                    .sm
+                    .tags
+                    .get(&arn)
+                    .is_some_and(|t| t.iter().any(|(hk, _)| hk == k))
+            })
+            .count();
+        if have + new > MAX_TAGS {
+            return Err(ApiError::new(
+                400,
+                "ResourceLimitExceeded",
+                format!("A resource can have at most {MAX_TAGS} tags"),
+            ));
+        }
+        self.put_tags(&arn, tags.clone());
+        Ok(json!({"Tags": tags_json(&tags)}))
+    }
+
+    fn list_tags(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let arn = self.tagged_arn(region, input)?;
+        let tags = self.sm.tags.get(arn).cloned().unwrap_or_default();
+        let (items, next) = page(tags_json(&tags), input, 50)?;
+        Ok(json!({"Tags": items, "NextToken": next}))
+    }
+
+    fn delete_tags(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let arn = self.tagged_arn(region, input)?.to_string();
+        let keys: Vec<&str> = input
+            .get("TagKeys")
+            .and_then(Value::as_array)
+            .ok_or_else(|| missing("TagKeys"))?
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        if let Some(t) = self.sm.tags.get_mut(&arn) {
+            t.retain(|(k, _)| !keys.contains(&k.as_str()));
         }
         Ok(json!({}))
     }
@@ -1645,6 +1755,59 @@ impl World {
             self.endpoint_event(&region, &name);
         }
     }
+}
+
+/// SageMaker allows at most this many tags on a resource.
+const MAX_TAGS: usize = 50;
+
+/// The `Tags` member of a create or `AddTags`, validated as SageMaker does: keys of 1-128
+/// characters not starting with the reserved `aws:`, values of at most 256, at most 50 tags.
+fn parse_tags(input: &Value) -> Result<Vec<(String, String)>, ApiError> {
+    let Some(tags) = input.get("Tags") else {
+        return Ok(Vec::new());
+    };
+    let tags = tags
+        .as_array()
+        .ok_or_else(|| ApiError::validation("Tags must be a list"))?;
+    if tags.len() > MAX_TAGS {
+        return Err(ApiError::validation(format!(
+            "1 validation error detected: Value at 'tags' failed to satisfy constraint: Member must have length less than or equal to {MAX_TAGS}"
+        )));
+    }
+    let mut out = Vec::new();
+    for t in tags {
+        let key = t.get("Key").and_then(Value::as_str).unwrap_or_default();
+        let value = t.get("Value").and_then(Value::as_str).unwrap_or_default();
+        if key.is_empty() || key.chars().count() > 128 {
+            return Err(ApiError::validation(format!(
+                "1 validation error detected: Value '{key}' at 'tags.member.key' failed to satisfy constraint: Member must have length between 1 and 128"
+            )));
+        }
+        if value.chars().count() > 256 {
+            return Err(ApiError::validation(
+                "1 validation error detected: Value at 'tags.member.value' failed to satisfy constraint: Member must have length less than or equal to 256",
+            ));
+        }
+        if key.to_ascii_lowercase().starts_with("aws:") {
+            return Err(ApiError::validation(format!(
+                "Tag keys starting with 'aws:' are reserved for system use: {key}"
+            )));
+        }
+        match out
+            .iter_mut()
+            .find(|(k, _): &&mut (String, String)| k == key)
+        {
+            Some(existing) => existing.1 = value.to_string(),
+            None => out.push((key.to_string(), value.to_string())),
+        }
+    }
+    Ok(out)
+}
+
+fn tags_json(tags: &[(String, String)]) -> Vec<Value> {
+    tags.iter()
+        .map(|(k, v)| json!({"Key": k, "Value": v}))
+        .collect()
 }
 
 fn set_secondary(j: &mut TrainingJob, status: &str, message: &str, now: DateTime<Utc>) {

@@ -11,3 +11,4 @@ mod properties;
 mod sagemaker_endpoints;
 mod sagemaker_hyperpod;
 mod sagemaker_plans;
+mod sagemaker_tags;
