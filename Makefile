@@ -9,18 +9,41 @@ CARGO ?= cargo
 # Pinned test tooling, installed into $(VENV) by `make venv`.
 MOTO_VERSION := 5.2.5
 WERKZEUG_VERSION := 3.1.9
+CFN_LINT_VERSION := 1.58.0
+CHECKOV_VERSION := 3.3.30
+CARGO_LAMBDA_VERSION := 1.9.2
+# checkov's pins conflict with moto's, so the IaC tools get their own environment in $(VENV).
+IAC := $(VENV)/iac
+TEMPLATE := infra/template.yaml
 
-.PHONY: test lint fmt run venv schemas
+.PHONY: test lint lint-rust lint-iac fmt run venv venv-iac schemas build deploy
 
 ## test: every test, lint included (what CI runs)
 test: lint venv
 	$(CARGO) test --workspace --all-targets
 	$(CARGO) test --workspace --doc
 
-## lint: formatting and clippy with warnings as errors
-lint:
+## lint: Rust formatting and clippy with warnings as errors, cfn-lint and checkov on the template
+lint: lint-rust lint-iac
+
+lint-rust:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# A check is suppressed only in the template, beside the resource, with its reason.
+lint-iac: venv-iac
+	$(IAC)/bin/cfn-lint $(TEMPLATE)
+	$(IAC)/bin/checkov --quiet --compact --skip-download --framework cloudformation -f $(TEMPLATE)
+
+## build: the five Lambda binaries for arm64 (cargo-lambda), where infra/template.yaml expects them
+build: $(IAC)/.cargo-lambda
+	PATH="$(abspath $(IAC))/bin:$$PATH" $(CARGO) lambda build --release --arm64 --lambda-dir target/lambda
+
+## deploy: sam deploy of the built functions; `make deploy GUIDED=1` the first time asks for
+## the parameters and saves them in samconfig.toml
+deploy: build
+	@command -v sam >/dev/null || { echo "make deploy needs the AWS SAM CLI: https://docs.aws.amazon.com/serverless-application-model/latest/developerguide/install-sam-cli.html" >&2; exit 1; }
+	sam deploy $(if $(GUIDED),--guided)
 
 fmt:
 	$(CARGO) fmt --all
@@ -38,6 +61,21 @@ $(VENV)/.installed: Makefile tests/support/moto-constraints.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check \
 		-c tests/support/moto-constraints.txt \
 		"moto[server]==$(MOTO_VERSION)" "werkzeug==$(WERKZEUG_VERSION)"
+	touch $@
+
+venv-iac: $(IAC)/.installed
+
+$(IAC)/.installed: Makefile tests/support/iac-constraints.txt
+	$(PYTHON) -m venv $(IAC)
+	$(IAC)/bin/pip install --quiet --disable-pip-version-check \
+		-c tests/support/iac-constraints.txt \
+		"cfn-lint==$(CFN_LINT_VERSION)" "checkov==$(CHECKOV_VERSION)"
+	touch $@
+
+# cargo-lambda (and the zig it cross-links with) only for builds, not for the tests.
+$(IAC)/.cargo-lambda: $(IAC)/.installed
+	$(IAC)/bin/pip install --quiet --disable-pip-version-check \
+		"cargo-lambda==$(CARGO_LAMBDA_VERSION)"
 	touch $@
 
 ## run: the whole lifecycle offline (not built yet)
