@@ -352,3 +352,364 @@ async fn each_segment_of_a_split_plan_gets_its_own_job_launched_and_drained_in_i
         fee(&plan).to_micros_ceil()
     );
 }
+
+/// An inference-endpoint request on a plan: 1 x ml.p5.48xlarge for 24 h.
+fn endpoint_request(id: &str) -> Value {
+    json!({
+        "schema_version": 1, "request_id": id, "team": "team-c",
+        "instance_types": ["ml.p5.48xlarge"], "instance_count": 1, "duration_hours": 24,
+        "earliest_start": "2026-12-02T00:00:00Z", "latest_end": "2026-12-20T11:30:00Z",
+        "regions": [REGION],
+        "budget": {"max_upfront_usd": "5000"},
+        "workload": {"kind": "inference-endpoint", "model_name": "workshop-llm",
+            "endpoint_name": "workshop-llm", "variant_name": "primary"},
+        "drain_minutes": 20
+    })
+}
+
+#[tokio::test]
+async fn an_endpoint_is_created_on_its_active_plan_and_deleted_with_its_config_at_drain() {
+    // GIVEN an inference-endpoint request, bought as one plan for endpoints
+    let f = Flow::start().await;
+    let id = "tp-endpoint-1";
+    assert_eq!(
+        submit_and_buy(&f, endpoint_request(id)).await,
+        RequestStatus::Reserved
+    );
+    let plan = the_plan(&f, id);
+    assert_eq!(plan.offering.target, "endpoint");
+    let seg = plan.offering.segments[0].clone();
+    assert_eq!(
+        f.team_spent("team-c", t0()).await,
+        fee(&plan).to_micros_ceil()
+    );
+    let config_name = format!("cp-{id}-s0");
+    let key = |n: &str| (REGION.to_string(), n.to_string());
+    let config = |f: &Flow| {
+        f.cloud
+            .with_world(|w| w.sm.endpoint_configs.get(&key(&config_name)).cloned())
+    };
+    let endpoint = |f: &Flow| {
+        f.cloud
+            .with_world(|w| w.sm.endpoints.get(&key("workshop-llm")).cloned())
+    };
+
+    // WHEN launch ticks while the plan is still Scheduled
+    f.cloud.advance_to(seg.start - TimeDelta::minutes(1));
+    tick(&f, Function::Launch).await;
+    // THEN nothing is created: an endpoint needs an Active plan
+    assert!(config(&f).is_none() && endpoint(&f).is_none());
+
+    // WHEN the plan is Active and launch ticks
+    f.cloud.advance_to(seg.start);
+    tick(&f, Function::Launch).await;
+
+    // THEN the endpoint config reserves through the plan, and the endpoint uses that config
+    let c = config(&f).expect("the endpoint config exists");
+    assert_eq!(c.variants.len(), 1);
+    let v = &c.variants[0];
+    assert_eq!(v.plan_arn.as_deref(), Some(plan.arn.as_str()));
+    assert_eq!(
+        v.request["CapacityReservationConfig"],
+        json!({"CapacityReservationPreference": "capacity-reservations-only",
+               "MlReservationArn": plan.arn})
+    );
+    assert_eq!(v.instance_type, "ml.p5.48xlarge");
+    assert_eq!(v.count, 1);
+    let e = endpoint(&f).expect("the endpoint exists");
+    assert_eq!(e.config_name, config_name);
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+    let launched = f.bus_for("Capacity Workload Launched", id);
+    assert_eq!(launched.len(), 1);
+    assert_eq!(
+        launched[0]["detail"]["resource_ids"],
+        json!(["workshop-llm"])
+    );
+    // AND it comes into service on the plan
+    f.cloud.step(TimeDelta::minutes(10));
+    assert_eq!(endpoint(&f).unwrap().status, "InService");
+
+    // WHEN cleanup ticks just before the drain start, then at it
+    f.cloud.advance_to(drain_at(&seg) - TimeDelta::minutes(1));
+    tick(&f, Function::Cleanup).await;
+    assert_eq!(endpoint(&f).unwrap().status, "InService");
+    f.cloud.advance_to(drain_at(&seg));
+    tick(&f, Function::Cleanup).await;
+
+    // THEN the endpoint and its config are both gone from SageMaker
+    assert!(endpoint(&f).is_none(), "the endpoint is deleted");
+    assert!(config(&f).is_none(), "the endpoint config is deleted");
+    assert_eq!(f.status(id).await, RequestStatus::Draining);
+    let drained = f.bus_for("Capacity Workload Drained", id);
+    assert_eq!(drained.len(), 1);
+    assert_eq!(
+        drained[0]["detail"]["resource_ids"],
+        json!([
+            "endpoint:workshop-llm",
+            format!("endpoint-config:{config_name}")
+        ])
+    );
+
+    // WHEN the plan ends
+    f.cloud.advance_to(seg.end);
+    tick(&f, Function::Cleanup).await;
+
+    // THEN the request has ended, with one plan bought and paid for once
+    assert_eq!(f.status(id).await, RequestStatus::Ended);
+    assert_published(
+        &f,
+        id,
+        &[
+            &["Capacity Request Accepted"],
+            &["Capacity Offerings Found"],
+            &["Capacity Reserved"],
+            &["Capacity Workload Launched"],
+            &["Capacity Reservation Expiring", "Capacity Workload Drained"],
+            &["Capacity Reservation Ended"],
+        ],
+    );
+    assert_eq!(plans(&f).len(), 1);
+    assert_eq!(
+        f.team_spent("team-c", t0()).await,
+        fee(&plan).to_micros_ceil()
+    );
+}
+
+/// A HyperPod request on a plan: 2 x ml.p5.48xlarge for 48 h in `cluster`'s group `finetune`.
+fn hyperpod_request(id: &str, cluster: &str) -> Value {
+    json!({
+        "schema_version": 1, "request_id": id, "team": "team-f",
+        "instance_types": ["ml.p5.48xlarge"], "instance_count": 2, "duration_hours": 48,
+        "earliest_start": "2026-12-02T00:00:00Z", "latest_end": "2026-12-20T11:30:00Z",
+        "regions": [REGION],
+        "budget": {"max_upfront_usd": "20000"},
+        "workload": {"kind": "hyperpod-cluster", "cluster_name": cluster,
+            "instance_group_name": "finetune",
+            "life_cycle_config": {"source_s3_uri": "s3://team-f-hyperpod/lifecycle/",
+                "on_create": "on_create.sh"}},
+        "drain_minutes": 20
+    })
+}
+
+/// Creates a HyperPod cluster (with no instance groups yet) through the emulator's own
+/// CreateCluster, with `tags`, and waits until it is InService.
+fn create_cluster(f: &Flow, name: &str, tags: Value) {
+    f.cloud
+        .with_world(|w| {
+            w.sagemaker_call(
+                REGION,
+                "CreateCluster",
+                &json!({"ClusterName": name, "Tags": tags}),
+            )
+        })
+        .expect("CreateCluster");
+    f.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(cluster(f, name).status, "InService");
+}
+
+fn cluster(f: &Flow, name: &str) -> local_cloud::sagemaker::Cluster {
+    f.cloud.with_world(|w| {
+        w.sm.clusters
+            .get(&(REGION.to_string(), name.to_string()))
+            .cloned()
+            .expect("the cluster exists")
+    })
+}
+
+/// HyperPod cluster state changes the emulator emitted for `name` (each UpdateCluster adds two).
+fn cluster_changes(f: &Flow, name: &str) -> Vec<String> {
+    f.cloud
+        .events("default")
+        .into_iter()
+        .filter(|e| e["detail-type"] == "SageMaker HyperPod Cluster State Change")
+        .filter(|e| e["detail"]["ClusterName"] == name)
+        .map(|e| {
+            e["detail"]["ClusterStatus"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
+}
+
+/// `end - 1 h (HyperPod lead) - max(drain_minutes 20, default 15)`.
+fn hyperpod_drain_at(s: &Segment) -> DateTime<Utc> {
+    s.end - TimeDelta::minutes(60) - TimeDelta::minutes(20)
+}
+
+#[tokio::test]
+async fn a_managed_hyperpod_cluster_gets_its_instance_group_on_the_plan_and_scaled_to_zero_at_drain()
+ {
+    // GIVEN a HyperPod cluster that carries the managed tag, and a request for it
+    let f = Flow::start().await;
+    create_cluster(
+        &f,
+        "team-f-research",
+        json!([{"Key": "capacity-pilot:managed", "Value": "true"}]),
+    );
+    let id = "tp-hyperpod-1";
+
+    // WHEN the request is submitted and bought
+    assert_eq!(
+        submit_and_buy(&f, hyperpod_request(id, "team-f-research")).await,
+        RequestStatus::Reserved
+    );
+
+    // THEN one HyperPod plan was bought and paid for
+    let plan = the_plan(&f, id);
+    assert_eq!(plan.offering.target, "hyperpod-cluster");
+    let seg = plan.offering.segments[0].clone();
+    assert_eq!(
+        f.team_spent("team-f", t0()).await,
+        fee(&plan).to_micros_ceil()
+    );
+
+    // WHEN the plan starts and launch ticks
+    f.cloud.advance_to(seg.start);
+    tick(&f, Function::Launch).await;
+
+    // THEN UpdateCluster put the instance group on the plan, and its nodes come up
+    let c = cluster(&f, "team-f-research");
+    assert_eq!(c.groups.len(), 1);
+    let g = &c.groups[0];
+    assert_eq!(g.name, "finetune");
+    assert_eq!(g.plan_arn.as_deref(), Some(plan.arn.as_str()));
+    assert_eq!(g.instance_type, "ml.p5.48xlarge");
+    assert_eq!(g.target, 2);
+    assert_eq!(
+        g.request["LifeCycleConfig"],
+        json!({"SourceS3Uri": "s3://team-f-hyperpod/lifecycle/", "OnCreate": "on_create.sh"})
+    );
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+    let launched = f.bus_for("Capacity Workload Launched", id);
+    assert_eq!(launched.len(), 1);
+    assert_eq!(
+        launched[0]["detail"]["resource_ids"],
+        json!(["team-f-research/finetune"])
+    );
+    f.cloud.step(TimeDelta::minutes(5));
+    let c = cluster(&f, "team-f-research");
+    assert_eq!(c.status, "InService");
+    assert_eq!(c.nodes.len(), 2);
+
+    // WHEN cleanup ticks just before the drain start (end - 1 h - 20 min), then at it
+    f.cloud
+        .advance_to(hyperpod_drain_at(&seg) - TimeDelta::minutes(1));
+    tick(&f, Function::Cleanup).await;
+    assert_eq!(cluster(&f, "team-f-research").groups[0].target, 2);
+    f.cloud.advance_to(hyperpod_drain_at(&seg));
+    tick(&f, Function::Cleanup).await;
+
+    // THEN the group is scaled to zero ahead of HyperPod's forced termination
+    assert_eq!(f.status(id).await, RequestStatus::Draining);
+    assert_eq!(cluster(&f, "team-f-research").groups[0].target, 0);
+    f.cloud.step(TimeDelta::minutes(5));
+    assert!(cluster(&f, "team-f-research").nodes.is_empty());
+    let drained = f.bus_for("Capacity Workload Drained", id);
+    assert_eq!(drained.len(), 1);
+    assert_eq!(
+        drained[0]["detail"]["resource_ids"],
+        json!(["instance-group:team-f-research/finetune"])
+    );
+
+    // WHEN the plan ends
+    f.cloud.advance_to(seg.end);
+    tick(&f, Function::Cleanup).await;
+
+    // THEN the request has ended; the cluster was updated exactly twice (up, then to zero)
+    assert_eq!(f.status(id).await, RequestStatus::Ended);
+    assert_eq!(
+        cluster_changes(&f, "team-f-research"),
+        [
+            "Creating",
+            "InService",
+            "Updating",
+            "InService",
+            "Updating",
+            "InService"
+        ]
+    );
+    assert_published(
+        &f,
+        id,
+        &[
+            &["Capacity Request Accepted"],
+            &["Capacity Offerings Found"],
+            &["Capacity Reserved"],
+            &["Capacity Workload Launched"],
+            &["Capacity Reservation Expiring", "Capacity Workload Drained"],
+            &["Capacity Reservation Ended"],
+        ],
+    );
+    assert_eq!(plans(&f).len(), 1);
+    assert_eq!(
+        f.team_spent("team-f", t0()).await,
+        fee(&plan).to_micros_ceil()
+    );
+}
+
+#[tokio::test]
+async fn a_hyperpod_cluster_without_the_managed_tag_is_never_updated_and_the_request_fails() {
+    // GIVEN a HyperPod cluster that does NOT carry the managed tag
+    let f = Flow::start().await;
+    create_cluster(&f, "someone-elses", json!([{"Key": "team", "Value": "x"}]));
+    let id = "tp-hyperpod-2";
+
+    // WHEN a request for it is submitted and bought
+    assert_eq!(
+        submit_and_buy(&f, hyperpod_request(id, "someone-elses")).await,
+        RequestStatus::Reserved
+    );
+    // (the tag is checked when the window opens: search and purchase see no cluster)
+    let plan = the_plan(&f, id);
+    let seg = plan.offering.segments[0].clone();
+    // AND launch ticks once the window is open, twice
+    f.cloud.advance_to(seg.start);
+    tick(&f, Function::Launch).await;
+    tick(&f, Function::Launch).await;
+
+    // THEN the request failed once, with a reason naming the tag, the plan and its cost
+    assert_eq!(f.status(id).await, RequestStatus::Failed);
+    let failed = f.bus_for("Capacity Request Failed", id);
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    let reason = failed[0]["detail"]["reason"].as_str().unwrap();
+    assert!(reason.contains("capacity-pilot:managed"), "{reason}");
+    assert!(reason.contains("someone-elses"), "{reason}");
+    assert_eq!(failed[0]["detail"]["reservation_ids"], json!([plan.arn]));
+    assert_eq!(
+        Usd::parse(failed[0]["detail"]["spent_usd"].as_str().unwrap()).unwrap(),
+        fee(&plan)
+    );
+    // AND UpdateCluster was never called: no group, no node, no update
+    let c = cluster(&f, "someone-elses");
+    assert!(c.groups.is_empty() && c.nodes.is_empty());
+    assert_eq!(
+        cluster_changes(&f, "someone-elses"),
+        ["Creating", "InService"]
+    );
+    // AND one plan was bought, and the ledger holds exactly its fee
+    assert_eq!(plans(&f).len(), 1);
+    assert_eq!(
+        f.team_spent("team-f", t0()).await,
+        fee(&plan).to_micros_ceil()
+    );
+    // AND cleanup leaves a failed request alone
+    f.cloud.advance_to(seg.end);
+    tick(&f, Function::Cleanup).await;
+    assert_eq!(f.status(id).await, RequestStatus::Failed);
+    assert_eq!(
+        cluster_changes(&f, "someone-elses"),
+        ["Creating", "InService"]
+    );
+    assert_published(
+        &f,
+        id,
+        &[
+            &["Capacity Request Accepted"],
+            &["Capacity Offerings Found"],
+            &["Capacity Reserved"],
+            &["Capacity Request Failed"],
+        ],
+    );
+    assert!(f.bus_for("Capacity Workload Launched", id).is_empty());
+}
