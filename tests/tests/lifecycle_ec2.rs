@@ -8,6 +8,8 @@
 //! Outcomes are judged from what the emulator holds (blocks, instances) and what reached its
 //! buses, as well as from the table. Time moves only by the emulator's clock.
 
+use std::collections::BTreeSet;
+
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use capacity_pilot::domain::money::{MicroUsd, Usd};
 use capacity_pilot::domain::status::RequestStatus;
@@ -92,6 +94,27 @@ fn assert_published(f: &Flow, id: &str, steps: &[&[&str]]) {
         at,
         got.len(),
         "published about {id}: {got:?}; expected the steps {steps:?}"
+    );
+}
+
+/// [`assert_published`] after dropping repeats of an event key, as consumers do.
+fn assert_published_distinct(f: &Flow, id: &str, steps: &[&[&str]]) {
+    let mut seen = BTreeSet::new();
+    let got: Vec<String> = f
+        .cloud
+        .events(integration_tests::flow::BUS)
+        .into_iter()
+        .filter(|e| e["detail"]["request_id"] == id)
+        .filter(|e| seen.insert(e["detail"]["event_key"].to_string()))
+        .map(|e| e["detail-type"].as_str().unwrap_or_default().to_string())
+        .collect();
+    let want: Vec<String> = steps
+        .iter()
+        .flat_map(|s| s.iter().map(|t| t.to_string()))
+        .collect();
+    assert_eq!(
+        got, want,
+        "published about {id}, repeats of an event key dropped"
     );
 }
 
@@ -284,6 +307,437 @@ async fn an_ec2_request_lives_from_submission_to_the_end_of_its_block() {
             &["Capacity Workload Launched"],
             &["Capacity Reservation Expiring", "Capacity Workload Drained"],
             &["Capacity Reservation Ended"],
+        ],
+    );
+}
+
+/// Reserves a block for `id` and moves the clock to its start, without delivering the
+/// Delivered event. Returns the Reserved event.
+async fn reserve_and_open(f: &Flow, id: &str) -> Value {
+    let reserved = reserve(f, id).await;
+    f.cloud.advance_to(time_of(&reserved["detail"]["start"]));
+    reserved
+}
+
+fn reservation_of(reserved: &Value) -> String {
+    reserved["detail"]["reservation_ids"][0]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The Offerings Found event for `id` as the rule delivers it, under event id `event_id`.
+fn offerings_found(f: &Flow, id: &str, event_id: &str) -> EventBridgeEvent<Value> {
+    let found = f.bus_for("Capacity Offerings Found", id);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    let mut ev = found[0].clone();
+    ev["id"] = json!(event_id);
+    serde_json::from_value(ev).unwrap()
+}
+
+#[tokio::test]
+async fn a_500_on_the_purchase_buys_once_after_the_lease_expires() {
+    // GIVEN a request with offerings, and EC2 failing the next purchase with a 500 (nothing
+    // bought, but the caller cannot know that)
+    let f = Flow::start().await;
+    let id = "life-500";
+    f.submit(emulated_request(&f, id)).await;
+    f.cloud.inject(Fault {
+        operation: "PurchaseCapacityBlock".into(),
+        kind: FaultKind::InternalError,
+        count: Some(1),
+    });
+
+    // WHEN Offerings Found reaches purchase-capacity
+    f.deliver().await;
+
+    // THEN nothing is bought yet; the request holds the lease and the debit in doubt
+    assert_eq!(f.blocks_for(id), 0);
+    assert_eq!(f.status(id).await, RequestStatus::Purchasing);
+    let rec = f.record(id).await;
+    let lease = rec.lease.clone().expect("the purchase lease is held");
+    let plan_fee = rec.candidates[0].upfront_fee.to_micros_ceil();
+    assert_eq!(rec.open_debit, Some(plan_fee));
+    assert_eq!(f.team_spent("team-a", t0()).await, plan_fee);
+
+    // WHEN the schedule runs while the lease still holds
+    f.tick(Function::Purchase).await.unwrap();
+    // THEN it waits: a second worker must not buy while the first may still be buying
+    assert_eq!(f.blocks_for(id), 0);
+    assert_eq!(f.status(id).await, RequestStatus::Purchasing);
+
+    // WHEN the schedule runs after the lease expired
+    f.cloud.advance_to(lease.expires_at + TimeDelta::minutes(1));
+    f.tick(Function::Purchase).await.unwrap();
+
+    // THEN reconciliation found no block, so exactly one is bought, debited once
+    assert_eq!(f.status(id).await, RequestStatus::Reserved);
+    assert_eq!(f.blocks_for(id), 1);
+    let reserved = reserved(&f, id);
+    assert_eq!(reserved["detail"]["adopted"], false);
+    assert_fee_is_the_offerings(&f, id, &reserved);
+    assert_eq!(f.team_spent("team-a", t0()).await, fee_of(&reserved));
+    assert_eq!(f.record(id).await.open_debit, None);
+    // AND further runs change nothing
+    f.tick_all().await;
+    f.deliver().await;
+    assert_eq!(f.blocks_for(id), 1);
+    assert_eq!(f.team_spent("team-a", t0()).await, fee_of(&reserved));
+    assert_published(
+        &f,
+        id,
+        &[
+            &["Capacity Request Accepted"],
+            &["Capacity Offerings Found"],
+            &["Capacity Reserved"],
+        ],
+    );
+}
+
+#[tokio::test]
+async fn two_purchase_invocations_at_once_buy_one_block() {
+    for (id, events) in [("race-same", ["e-1", "e-1"]), ("race-diff", ["e-1", "e-2"])] {
+        // GIVEN a request with offerings
+        let f = Flow::start().await;
+        f.submit(emulated_request(&f, id)).await;
+
+        // WHEN two invocations handle Offerings Found at the same time (one event delivered
+        // twice, or two events)
+        let (a, b) = tokio::join!(
+            f.purchaser.handle(offerings_found(&f, id, events[0])),
+            f.purchaser.handle(offerings_found(&f, id, events[1])),
+        );
+        a.unwrap_or_else(|e| panic!("{id}: first purchase invocation: {e}"));
+        b.unwrap_or_else(|e| panic!("{id}: second purchase invocation: {e}"));
+
+        // THEN one block is bought and debited once, and the bus says Reserved once
+        assert_eq!(f.blocks_for(id), 1, "{id}");
+        assert_eq!(f.status(id).await, RequestStatus::Reserved, "{id}");
+        let reserved = reserved(&f, id);
+        assert_fee_is_the_offerings(&f, id, &reserved);
+        assert_eq!(
+            f.team_spent("team-a", t0()).await,
+            fee_of(&reserved),
+            "{id}"
+        );
+        assert_published(
+            &f,
+            id,
+            &[
+                &["Capacity Request Accepted"],
+                &["Capacity Offerings Found"],
+                &["Capacity Reserved"],
+            ],
+        );
+    }
+}
+
+#[tokio::test]
+async fn duplicate_and_early_delivered_events_launch_the_workload_once() {
+    // GIVEN a reserved block whose window has not opened
+    let f = Flow::start().await;
+    let id = "life-dup";
+    let reserved = reserve(&f, id).await;
+    let cr = reservation_of(&reserved);
+    let start = time_of(&reserved["detail"]["start"]);
+
+    // WHEN a Delivered event for it arrives before the window opens (out of order)
+    let early = envelope(
+        "Capacity Block Delivered",
+        "aws.ec2",
+        "early-delivered",
+        json!({"capacity-reservation-id": cr, "end-date": reserved["detail"]["end"]}),
+    );
+    f.launcher.handle(early).await.unwrap();
+    // THEN nothing is launched: EC2 would refuse, and the table says the window is ahead
+    assert!(instances_for(&f, id).is_empty());
+    assert_eq!(f.status(id).await, RequestStatus::Reserved);
+
+    // WHEN the window opens and EC2's Delivered event reaches two invocations at once
+    f.cloud.advance_to(start);
+    let delivered = aws_events(&f, "Capacity Block Delivered", &cr);
+    assert_eq!(delivered.len(), 1);
+    let ev: EventBridgeEvent<Value> = serde_json::from_value(delivered[0].clone()).unwrap();
+    let (a, b) = tokio::join!(f.launcher.handle(ev.clone()), f.launcher.handle(ev.clone()));
+    a.unwrap();
+    b.unwrap();
+    // ... and once more later, with the rest of the bus
+    f.deliver().await;
+    f.launcher.handle(ev).await.unwrap();
+    f.tick(Function::Launch).await.unwrap();
+
+    // THEN the workload runs once: 4 instances, not 8, announced once
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+    assert_eq!(instances_for(&f, id).len(), 4);
+    assert_eq!(live_for(&f, id).len(), 4);
+    // Two invocations flushing the outbox at the same moment may both publish its one item:
+    // the outbox is at-least-once, and the stable event_key is what consumers dedupe on.
+    let launched = f.bus_for("Capacity Workload Launched", id);
+    let keys: BTreeSet<&str> = launched
+        .iter()
+        .map(|e| e["detail"]["event_key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys.len(), 1, "one launch, one event key: {launched:#?}");
+    assert!(
+        launched.len() <= 2,
+        "at most once per racing invocation: {launched:#?}"
+    );
+    assert_eq!(f.blocks_for(id), 1);
+    assert_eq!(f.team_spent("team-a", t0()).await, fee_of(&reserved));
+    assert_published_distinct(
+        &f,
+        id,
+        &[
+            &["Capacity Request Accepted"],
+            &["Capacity Offerings Found"],
+            &["Capacity Reserved"],
+            &["Capacity Workload Launched"],
+        ],
+    );
+}
+
+#[tokio::test]
+async fn a_missed_delivered_event_is_made_up_for_by_the_schedule() {
+    // GIVEN a reserved block whose window has opened, and EC2's Delivered event never
+    // reaches launch-workloads
+    let f = Flow::start().await;
+    let id = "life-missed";
+    let reserved = reserve_and_open(&f, id).await;
+    let cr = reservation_of(&reserved);
+    assert_eq!(aws_events(&f, "Capacity Block Delivered", &cr).len(), 1);
+    assert!(instances_for(&f, id).is_empty());
+
+    // WHEN launch-workloads' one-minute schedule fires
+    f.cloud.step(TimeDelta::minutes(1));
+    f.tick(Function::Launch).await.unwrap();
+
+    // THEN it launches the workload into the block
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+    let live = live_for(&f, id);
+    assert_eq!(live.len(), 4);
+    assert!(live.iter().all(
+        |i| i.capacity_reservation_id.as_deref() == Some(cr.as_str())
+            && i.lifecycle == Lifecycle::CapacityBlock
+    ));
+    let launched = f.bus_for("Capacity Workload Launched", id);
+    assert_eq!(launched.len(), 1);
+    assert_eq!(
+        time_of(&launched[0]["detail"]["planned_start"]),
+        time_of(&reserved["detail"]["start"])
+    );
+    // AND the late Delivered event, if it does arrive, changes nothing
+    f.deliver().await;
+    assert_eq!(instances_for(&f, id).len(), 4);
+    assert_eq!(f.blocks_for(id), 1);
+    assert_eq!(f.team_spent("team-a", t0()).await, fee_of(&reserved));
+    assert_published(
+        &f,
+        id,
+        &[
+            &["Capacity Request Accepted"],
+            &["Capacity Offerings Found"],
+            &["Capacity Reserved"],
+            &["Capacity Workload Launched"],
+        ],
+    );
+}
+
+#[tokio::test]
+async fn an_impaired_instance_is_replaced_in_the_same_block_once_its_slot_returns() {
+    // GIVEN a running workload of 4 instances in a block
+    let f = Flow::start().await;
+    let id = "life-heal";
+    let reserved = reserve_and_open(&f, id).await;
+    let cr = reservation_of(&reserved);
+    f.deliver().await;
+    f.cloud.step(TimeDelta::minutes(1));
+    f.deliver().await;
+    let live = live_for(&f, id);
+    assert_eq!(live.len(), 4);
+    assert!(live.iter().all(|i| i.state == "running"));
+
+    // WHEN one fails its status checks and replace-unhealthy's schedule runs
+    let sick = live[1].id.clone();
+    f.cloud
+        .with_world(|w| w.impair_instance(&sick, true))
+        .unwrap();
+    f.tick(Function::Replace).await.unwrap();
+
+    // THEN it is terminated, and the replacement waits for the slot (EC2 refuses with
+    // ReservationCapacityExceeded until then): no failure, nothing published yet
+    let state = |i: &str| f.cloud.with_world(|w| w.ec2.instances[i].state.clone());
+    assert_eq!(state(&sick), "shutting-down");
+    assert_eq!(live_for(&f, id).len(), 3);
+    assert!(f.bus_for("Capacity Instance Replaced", id).is_empty());
+    let terminated_by = f.cloud.now() + TimeDelta::minutes(1);
+    let slot_back =
+        terminated_by + TimeDelta::minutes(f.cloud.with_world(|w| w.settings.slot_return_minutes));
+
+    // WHEN the schedule (and the state-change events) come again before the slot is back
+    f.cloud.advance_to(slot_back - TimeDelta::minutes(1));
+    f.deliver().await;
+    f.tick(Function::Replace).await.unwrap();
+    // THEN it still waits
+    assert_eq!(state(&sick), "terminated");
+    assert_eq!(live_for(&f, id).len(), 3);
+    assert!(f.bus_for("Capacity Instance Replaced", id).is_empty());
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+
+    // WHEN the schedule runs after the slot has returned
+    f.cloud.advance_to(slot_back + TimeDelta::minutes(1));
+    f.tick(Function::Replace).await.unwrap();
+    f.deliver().await;
+    f.tick(Function::Replace).await.unwrap();
+
+    // THEN one replacement runs in the same block, and the bus says so once
+    let live = live_for(&f, id);
+    assert_eq!(live.len(), 4, "{live:#?}");
+    assert!(live.iter().all(|i| i.id != sick));
+    assert!(live.iter().all(|i| {
+        i.capacity_reservation_id.as_deref() == Some(cr.as_str())
+            && i.lifecycle == Lifecycle::CapacityBlock
+            && i.tags.get(MANAGED_TAG).map(String::as_str) == Some("true")
+    }));
+    assert_eq!(instances_for(&f, id).len(), 5, "one replacement, no more");
+    let replaced = f.bus_for("Capacity Instance Replaced", id);
+    assert_eq!(replaced.len(), 1, "{replaced:#?}");
+    assert_eq!(replaced[0]["detail"]["replaced_instance_id"], sick.as_str());
+    assert_eq!(replaced[0]["detail"]["reservation_id"], cr.as_str());
+    let new_id = replaced[0]["detail"]["new_instance_id"].as_str().unwrap();
+    assert!(live.iter().any(|i| i.id == new_id));
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+    assert_eq!(f.blocks_for(id), 1);
+    assert_eq!(f.team_spent("team-a", t0()).await, fee_of(&reserved));
+    assert_published(
+        &f,
+        id,
+        &[
+            &["Capacity Request Accepted"],
+            &["Capacity Offerings Found"],
+            &["Capacity Reserved"],
+            &["Capacity Workload Launched"],
+            &["Capacity Instance Replaced"],
+        ],
+    );
+}
+
+#[tokio::test]
+async fn an_event_lost_between_commit_and_publish_is_published_once_by_the_next_run() {
+    // GIVEN a reserved block whose window has opened, and PutEvents failing (as if the
+    // function died right after its commit)
+    let f = Flow::start().await;
+    let id = "life-outbox";
+    let reserved = reserve_and_open(&f, id).await;
+    f.cloud.inject(Fault {
+        operation: "PutEvents".into(),
+        kind: FaultKind::InternalError,
+        count: None,
+    });
+
+    // WHEN launch-workloads runs
+    f.tick(Function::Launch).await.unwrap();
+
+    // THEN the launch is committed but not announced
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+    assert_eq!(live_for(&f, id).len(), 4);
+    assert!(f.bus_for("Capacity Workload Launched", id).is_empty());
+
+    // WHEN PutEvents works again and the next scheduled run comes
+    f.cloud.clear_faults();
+    f.cloud.step(TimeDelta::minutes(1));
+    f.tick(Function::Launch).await.unwrap();
+
+    // THEN the outbox publishes the event exactly once, and later runs do not repeat it
+    assert_eq!(f.bus_for("Capacity Workload Launched", id).len(), 1);
+    f.tick_all().await;
+    f.deliver().await;
+    assert_eq!(f.bus_for("Capacity Workload Launched", id).len(), 1);
+    assert_eq!(live_for(&f, id).len(), 4);
+    assert_eq!(f.blocks_for(id), 1);
+    assert_eq!(f.team_spent("team-a", t0()).await, fee_of(&reserved));
+    assert_published(
+        &f,
+        id,
+        &[
+            &["Capacity Request Accepted"],
+            &["Capacity Offerings Found"],
+            &["Capacity Reserved"],
+            &["Capacity Workload Launched"],
+        ],
+    );
+}
+
+#[tokio::test]
+async fn on_demand_first_without_on_demand_capacity_falls_back_to_one_reservation() {
+    // GIVEN an on-demand-first request, and no on-demand p5.48xlarge capacity anywhere
+    let f = Flow::start().await;
+    let id = "life-odf";
+    f.cloud.with_world(|w| {
+        w.market
+            .types
+            .iter_mut()
+            .find(|t| t.name == "p5.48xlarge")
+            .unwrap()
+            .on_demand_pool = 0
+    });
+    let mut request = emulated_request(&f, id);
+    request["strategy"] = json!("on-demand-first");
+    let desired: DateTime<Utc> = time_of(&request["earliest_start"]);
+    f.submit(request).await;
+    assert_eq!(f.status(id).await, RequestStatus::TryingOnDemand);
+
+    // WHEN launch-workloads runs at the desired start
+    f.tick(Function::Launch).await.unwrap();
+    assert_eq!(
+        f.status(id).await,
+        RequestStatus::TryingOnDemand,
+        "nothing starts before the desired start"
+    );
+    f.cloud.advance_to(desired);
+    f.tick(Function::Launch).await.unwrap();
+
+    // THEN on-demand finds no capacity; nothing runs, nothing is debited, and the request
+    // falls back to searching for a reservation, recording the start delay it causes
+    assert!(instances_for(&f, id).is_empty());
+    assert_eq!(f.team_spent("team-a", t0()).await, MicroUsd(0));
+    let rec = f.record(id).await;
+    assert_eq!(rec.status, RequestStatus::Searching);
+    assert!(
+        rec.reason.contains("InsufficientInstanceCapacity") && rec.reason.contains("start delay"),
+        "{}",
+        rec.reason
+    );
+
+    // WHEN the schedules run
+    f.tick(Function::Search).await.unwrap();
+    f.deliver().await;
+
+    // THEN exactly one block is bought for it, starting after the desired start
+    assert_eq!(f.status(id).await, RequestStatus::Reserved);
+    assert_eq!(f.blocks_for(id), 1);
+    let reserved = reserved(&f, id);
+    assert_fee_is_the_offerings(&f, id, &reserved);
+    assert_eq!(f.team_spent("team-a", t0()).await, fee_of(&reserved));
+    let start = time_of(&reserved["detail"]["start"]);
+    assert!(start > desired);
+    let delay = (start - desired).num_minutes();
+    let rec = f.record(id).await;
+    assert!(
+        rec.reason
+            .contains(&format!("{delay} min after the desired start")),
+        "the reservation's delay is recorded: {}",
+        rec.reason
+    );
+    f.tick_all().await;
+    f.deliver().await;
+    assert_eq!(f.blocks_for(id), 1);
+    assert_published(
+        &f,
+        id,
+        &[
+            &["Capacity Request Accepted"],
+            &["Capacity Offerings Found"],
+            &["Capacity Reserved"],
         ],
     );
 }

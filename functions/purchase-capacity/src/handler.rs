@@ -19,7 +19,7 @@ use capacity_pilot::domain::money::Usd;
 use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG, plan_name};
 use capacity_pilot::domain::offering::Offering;
 use capacity_pilot::domain::planner::Plan;
-use capacity_pilot::domain::request::{FieldError, RequestId};
+use capacity_pilot::domain::request::{FieldError, RequestId, Strategy};
 use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::time_rules::PURCHASE_LEAD;
@@ -660,7 +660,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 RequestStatus::Purchasing
             };
             let verb = if adopted { "adopted" } else { "bought" };
-            let reason = format!(
+            let mut reason = format!(
                 "{verb} {} ({} x {} in {}, {} to {}) for ${}",
                 reservation.id,
                 reservation.instance_count,
@@ -670,6 +670,20 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 reservation.end(),
                 reservation.upfront_fee
             );
+            if last && rec.request.strategy == Strategy::OnDemandFirst {
+                // The fall-back from on-demand could only bound the delay; this is the delay.
+                let desired = rec.request.window.earliest_start;
+                let first = bought
+                    .iter()
+                    .map(|(r, _)| r.start())
+                    .chain([reservation.start()])
+                    .min()
+                    .unwrap_or(desired);
+                reason.push_str(&format!(
+                    "; on-demand-first fell back to this reservation, which starts {} min after the desired start {desired}",
+                    (first - desired).num_minutes().max(0)
+                ));
+            }
             bought.push((reservation.clone(), adopted));
             let outbox = if last {
                 vec![outbound(&reserved_event(rec, plan, &bought))]
