@@ -713,3 +713,102 @@ async fn a_hyperpod_cluster_without_the_managed_tag_is_never_updated_and_the_req
     );
     assert!(f.bus_for("Capacity Workload Launched", id).is_empty());
 }
+
+#[tokio::test]
+async fn an_on_demand_training_job_that_fails_for_capacity_falls_back_to_a_plan() {
+    // GIVEN an on-demand-first training request for 8 x ml.p5.48xlarge, more than SageMaker
+    // has on demand in us-east-1 (the emulator's pool holds at most 4)
+    let f = Flow::start().await;
+    let id = "tp-odf-1";
+    let mut request = training_request(id, 48, "2026-12-01T10:00:00Z", "2026-12-20T11:30:00Z");
+    request["strategy"] = json!("on-demand-first");
+    request["instance_count"] = json!(8);
+    request["budget"] = json!({"max_upfront_usd": "40000"});
+    f.submit(request).await;
+    f.deliver().await;
+    assert_eq!(f.status(id).await, RequestStatus::TryingOnDemand);
+    let od = format!("cp-{id}-s0-od");
+
+    // WHEN the desired start comes and launch ticks
+    f.cloud.advance_to("2026-12-01T10:00:00Z".parse().unwrap());
+    tick(&f, Function::Launch).await;
+
+    // THEN CreateTrainingJob was accepted on demand, but nothing is committed (or debited)
+    // until SageMaker has placed the job
+    let j = job(&f, &od).expect("the on-demand job was created");
+    assert_eq!(j.plan_arn, None);
+    assert_eq!(f.status(id).await, RequestStatus::TryingOnDemand);
+    assert_eq!(f.team_spent("team-b", t0()).await.0, 0);
+
+    // WHEN SageMaker fails the job for capacity, asynchronously, and launch ticks again
+    f.cloud.step(TimeDelta::minutes(3));
+    let j = job(&f, &od).unwrap();
+    assert_eq!(j.status, "Failed");
+    assert!(
+        j.failure_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("CapacityError")),
+        "{:?}",
+        j.failure_reason
+    );
+    tick(&f, Function::Launch).await;
+
+    // THEN the request falls back to searching for a reservation, with nothing debited
+    assert_eq!(f.status(id).await, RequestStatus::Searching);
+    assert_eq!(f.team_spent("team-b", t0()).await.0, 0);
+    assert!(f.bus_for("Capacity Workload Launched", id).is_empty());
+
+    // WHEN the search schedule runs and the bus is played
+    tick(&f, Function::Search).await;
+    f.deliver().await;
+
+    // THEN one plan was bought, and only its fee is on the ledger
+    assert_eq!(f.status(id).await, RequestStatus::Reserved);
+    let plan = the_plan(&f, id);
+    let seg = plan.offering.segments[0].clone();
+    assert_eq!(
+        f.team_spent("team-b", t0()).await,
+        fee(&plan).to_micros_ceil()
+    );
+
+    // WHEN the plan starts and launch ticks
+    f.cloud.advance_to(seg.start);
+    tick(&f, Function::Launch).await;
+
+    // THEN a new job, under the plan's own name, runs on the plan
+    let on_plan = format!("cp-{id}-s0");
+    let j = job(&f, &on_plan).expect("the job on the plan");
+    assert_eq!(j.plan_arn.as_deref(), Some(plan.arn.as_str()));
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+    f.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(job(&f, &on_plan).unwrap().secondary, "Training");
+    assert_eq!(jobs(&f).len(), 2);
+
+    // WHEN the plan drains and ends
+    f.cloud.advance_to(drain_at(&seg));
+    tick(&f, Function::Cleanup).await;
+    assert_eq!(job(&f, &on_plan).unwrap().status, "Stopping");
+    f.cloud.advance_to(seg.end);
+    tick(&f, Function::Cleanup).await;
+
+    // THEN the request has ended, having paid exactly the plan's fee
+    assert_eq!(f.status(id).await, RequestStatus::Ended);
+    assert_eq!(job(&f, &on_plan).unwrap().status, "Stopped");
+    assert_published(
+        &f,
+        id,
+        &[
+            &["Capacity Request Accepted"],
+            &["Capacity Offerings Found"],
+            &["Capacity Reserved"],
+            &["Capacity Workload Launched"],
+            &["Capacity Reservation Expiring", "Capacity Workload Drained"],
+            &["Capacity Reservation Ended"],
+        ],
+    );
+    assert_eq!(plans(&f).len(), 1);
+    assert_eq!(
+        f.team_spent("team-b", t0()).await,
+        fee(&plan).to_micros_ceil()
+    );
+}

@@ -26,9 +26,9 @@ use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::time_rules::{PURCHASE_LEAD, drain_start, forced_termination_lead};
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
-    BudgetMonth, Cause, Clock, Debit, EndpointSpec, EventSink, InstanceGroupSpec, LaunchMarket,
-    LaunchSpec, PortError, RequestRecord, Store, TrainingJobSpec, Transition, WorkloadRecord,
-    Workloads, WriteOutcome,
+    BudgetMonth, Cause, Clock, Debit, EndpointSpec, EventSink, InstanceGroupSpec, JobState,
+    LaunchMarket, LaunchSpec, PortError, RequestRecord, Store, TrainingJobSpec, Transition,
+    WorkloadRecord, Workloads, WriteOutcome,
 };
 use chrono::{DateTime, Duration, Utc};
 use rust_decimal::Decimal;
@@ -108,6 +108,9 @@ enum Launch {
     NoCapacity(String),
     /// Retrying cannot help: the request fails with this reason.
     Refuse(String),
+    /// Accepted, but not yet placed: SageMaker finds on-demand capacity for a training job
+    /// (or fails it) asynchronously, so nothing is committed until the next tick looks.
+    Starting(String),
 }
 
 /// A failed launch call, classified for [`Launch`]; anything else is retried next tick.
@@ -283,7 +286,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 ));
                 Ok(())
             }
-            Launch::NoCapacity(why) => {
+            Launch::NoCapacity(why) | Launch::Starting(why) => {
                 out.decisions.push(Decision::new(
                     id,
                     "waiting",
@@ -408,7 +411,12 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 Ok(Launch::Done(ids))
             }
             WorkloadDetail::TrainingJob(template) => {
-                let name = workload_name(id, t.segment);
+                // An on-demand job has a name of its own: after a fall-back, the plan's job
+                // for the same segment must not collide with (and "find") the failed one.
+                let name = match &t.plan_arn {
+                    Some(_) => workload_name(id, t.segment),
+                    None => format!("{}-od", workload_name(id, t.segment)),
+                };
                 if !recorded.contains_key(&t.segment) {
                     let runtime = (t.must_end_by - now)
                         .num_seconds()
@@ -434,6 +442,9 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                     self.store
                         .put_workload(record(t.segment, name.clone(), "InProgress"))
                         .await?;
+                }
+                if t.plan_arn.is_none() {
+                    return self.placed(&t.region, &name).await;
                 }
                 Ok(Launch::Done(vec![name]))
             }
@@ -604,10 +615,56 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                     why_not.push(format!("{label}: {why}"));
                 }
                 Launch::Refuse(why) => return self.fail(rec, why, cause, now, out).await,
+                Launch::Starting(why) => {
+                    // Stays TryingOnDemand (still due): the next tick sees it placed or failed.
+                    out.decisions.push(Decision::new(
+                        id,
+                        "waiting",
+                        format!("on-demand-first: {why}; looking again on the next tick"),
+                    ));
+                    return Ok(());
+                }
             }
         }
         self.fall_back(rec, why_not.join("; "), cause, now, out)
             .await
+    }
+
+    /// Whether SageMaker has placed the on-demand training job `name`. CreateTrainingJob
+    /// succeeds whatever the capacity; a job without capacity fails minutes later with a
+    /// `CapacityError` / `InsufficientCapacityError` FailureReason.
+    async fn placed(&self, region: &str, name: &str) -> Result<Launch, PortError> {
+        let Some(job) = self.workloads.describe_training_job(region, name).await? else {
+            return Ok(Launch::Starting(format!(
+                "training job {name} is not visible yet"
+            )));
+        };
+        let reason = job.failure_reason.unwrap_or_default();
+        Ok(match job.state {
+            JobState::Failed if reason.contains("CapacityError") => Launch::NoCapacity(format!(
+                "SageMaker failed training job {name} for capacity ({reason})"
+            )),
+            JobState::Failed => Launch::Refuse(format!("training job {name} failed: {reason}")),
+            JobState::Stopping | JobState::Stopped => Launch::Refuse(format!(
+                "training job {name} was stopped before it was placed"
+            )),
+            JobState::InProgress
+                if matches!(
+                    job.detail.as_str(),
+                    "" | "Starting" | "Pending" | "LaunchingMLInstances"
+                ) =>
+            {
+                Launch::Starting(format!(
+                    "training job {name} is {} and has no instances yet",
+                    if job.detail.is_empty() {
+                        "starting"
+                    } else {
+                        &job.detail
+                    }
+                ))
+            }
+            JobState::InProgress | JobState::Completed => Launch::Done(vec![name.to_string()]),
+        })
     }
 
     /// The debit for `cost`, or why it does not fit the request's or the team's cap.
