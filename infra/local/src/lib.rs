@@ -25,6 +25,7 @@ pub mod error;
 pub mod eventbridge;
 pub mod market;
 pub mod query;
+pub mod rules;
 pub mod sagemaker;
 pub mod server;
 pub mod util;

@@ -3,5 +3,6 @@
 
 mod examples;
 mod planner_oracle;
+mod samples;
 mod schemas;
 mod validation;
