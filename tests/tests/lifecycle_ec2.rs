@@ -741,3 +741,95 @@ async fn on_demand_first_without_on_demand_capacity_falls_back_to_one_reservatio
         ],
     );
 }
+
+#[tokio::test]
+async fn a_launch_cut_short_after_ec2_started_an_instance_finishes_without_doubling_it() {
+    // GIVEN a reserved block whose window has opened, and EC2 starting the first instance
+    // but losing the answer, then failing the SDK's retries of it
+    let f = Flow::start().await;
+    let id = "life-partial";
+    let reserved = reserve_and_open(&f, id).await;
+    f.cloud.inject(Fault {
+        operation: "RunInstances".into(),
+        kind: FaultKind::LostResponse,
+        count: Some(1),
+    });
+    f.cloud.inject(Fault {
+        operation: "RunInstances".into(),
+        kind: FaultKind::InternalError,
+        count: Some(2),
+    });
+
+    // WHEN launch-workloads runs
+    let first = f.tick(Function::Launch).await;
+
+    // THEN the run fails (Lambda retries it), with one instance started and not recorded
+    assert!(first.is_err(), "{first:?}");
+    assert_eq!(instances_for(&f, id).len(), 1);
+    assert_eq!(f.status(id).await, RequestStatus::Reserved);
+
+    // WHEN the next scheduled run comes
+    f.cloud.step(TimeDelta::minutes(1));
+    f.tick(Function::Launch).await.unwrap();
+
+    // THEN the client token finds the instance already started: 4 instances, not 5
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+    assert_eq!(instances_for(&f, id).len(), 4);
+    assert_eq!(live_for(&f, id).len(), 4);
+    let launched = f.bus_for("Capacity Workload Launched", id);
+    assert_eq!(launched.len(), 1);
+    assert_eq!(
+        launched[0]["detail"]["resource_ids"]
+            .as_array()
+            .unwrap()
+            .len(),
+        4
+    );
+    assert_eq!(f.blocks_for(id), 1);
+    assert_eq!(f.team_spent("team-a", t0()).await, fee_of(&reserved));
+    assert_published(
+        &f,
+        id,
+        &[
+            &["Capacity Request Accepted"],
+            &["Capacity Offerings Found"],
+            &["Capacity Reserved"],
+            &["Capacity Workload Launched"],
+        ],
+    );
+}
+
+#[tokio::test]
+async fn the_reservation_spelling_of_the_delivered_event_launches_too() {
+    // GIVEN EC2 naming its events `Capacity Block Reservation Delivered` (the other
+    // documented spelling) and a reserved block
+    let f = Flow::start().await;
+    f.cloud
+        .with_world(|w| w.settings.reservation_event_names = true);
+    let id = "life-spelling";
+    let reserved = reserve_and_open(&f, id).await;
+    let cr = reservation_of(&reserved);
+
+    // WHEN the window opens and its event is delivered
+    assert_eq!(
+        aws_events(&f, "Capacity Block Reservation Delivered", &cr).len(),
+        1
+    );
+    f.deliver().await;
+
+    // THEN the workload is launched once
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+    assert_eq!(live_for(&f, id).len(), 4);
+    assert_eq!(f.blocks_for(id), 1);
+    assert_eq!(f.team_spent("team-a", t0()).await, fee_of(&reserved));
+    assert_published(
+        &f,
+        id,
+        &[
+            &["Capacity Request Accepted"],
+            &["Capacity Offerings Found"],
+            &["Capacity Reserved"],
+            &["Capacity Workload Launched"],
+        ],
+    );
+}
