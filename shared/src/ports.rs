@@ -694,6 +694,9 @@ pub struct OutboxItem {
     pub request_id: String,
     pub event: OutboundEvent,
     pub created_at: DateTime<Utc>,
+    /// Its place in the outbox of the write that made it: events of one state change are
+    /// published in the order the handler listed them (Expiring before Drained, say).
+    pub seq: u32,
 }
 
 /// An entry of the due-work index.

@@ -296,6 +296,32 @@ async fn an_outbox_item_left_unsent_by_a_crash_is_found_and_sent_by_the_next_run
 }
 
 #[tokio::test]
+async fn the_events_of_one_write_are_published_in_the_order_the_handler_listed_them() {
+    // GIVEN one transition whose events' keys sort the other way round
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    store
+        .create_request(new_request("order-1", "ml", None))
+        .await
+        .unwrap();
+    store
+        .mark_sent("order-1", "order-1-accepted")
+        .await
+        .unwrap();
+    let mut t = transition("order-1", 1, Accepted, Searching, "evt-1");
+    t.outbox = vec![event("order-1-z-expiring"), event("order-1-a-drained")];
+    store.transition(t).await.unwrap();
+
+    // WHEN a run reads the outbox
+    let unsent = store.unsent_outbox(10).await.unwrap();
+
+    // THEN they come as listed, not by key
+    let keys: Vec<&str> = unsent.iter().map(|o| o.event.event_key.as_str()).collect();
+    assert_eq!(keys, ["order-1-z-expiring", "order-1-a-drained"]);
+    assert_eq!(unsent.iter().map(|o| o.seq).collect::<Vec<_>>(), [0, 1]);
+}
+
+#[tokio::test]
 async fn unsent_outbox_items_come_oldest_first_and_at_most_the_limit() {
     let table = TestTable::fresh().await.unwrap();
     let store = table.store().with_page_size(2);

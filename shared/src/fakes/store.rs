@@ -315,8 +315,8 @@ fn finish<T>(after: Option<PortError>, value: Result<T, PortError>) -> Result<T,
     }
 }
 
-fn outbox_order(i: &OutboxItem) -> (DateTime<Utc>, &str, &str) {
-    (i.created_at, &i.request_id, &i.event.event_key)
+fn outbox_order(i: &OutboxItem) -> (DateTime<Utc>, &str, u32, &str) {
+    (i.created_at, &i.request_id, i.seq, &i.event.event_key)
 }
 
 impl State {
@@ -395,7 +395,7 @@ impl State {
     ) {
         self.events
             .insert((id.clone(), cause.event_id.clone()), at + self.retention);
-        for ev in outbox {
+        for (seq, ev) in (0u32..).zip(outbox) {
             self.outbox.insert(
                 (id.to_string(), ev.event_key.clone()),
                 OutboxEntry {
@@ -403,6 +403,7 @@ impl State {
                         request_id: id.to_string(),
                         event: ev.clone(),
                         created_at: at,
+                        seq,
                     },
                     sent: false,
                     expires_at: None,

@@ -64,6 +64,8 @@ pub(super) mod attr {
     pub const OPEN_DEBIT_MONTH: &str = "open_debit_month";
     pub const SPENT_MICROS: &str = "spent_micros";
     pub const CREATED_AT: &str = "created_at";
+    /// An outbox item's place among the events of the write that made it.
+    pub const OUTBOX_SEQ: &str = "outbox_seq";
     pub const UPDATED_AT: &str = "updated_at";
     /// TTL, epoch seconds.
     pub const EXPIRES_AT: &str = "expires_at";

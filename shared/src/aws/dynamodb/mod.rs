@@ -133,15 +133,16 @@ fn outbox_items(
     events: &[OutboundEvent],
     at: DateTime<Utc>,
 ) -> Result<Vec<TransactWriteItem>, PortError> {
-    events
-        .iter()
-        .map(|ev| {
+    (0u32..)
+        .zip(events)
+        .map(|(seq, ev)| {
             let mut item = key(request_pk(request_id), outbox_sk(&ev.event_key));
             item.insert(attr::KIND.into(), s(kind::OUTBOX));
             item.insert(attr::REQUEST_ID.into(), s(request_id));
             item.insert(attr::EVENT_KEY.into(), s(ev.event_key.clone()));
             item.insert(attr::EVENT.into(), json("outbound event", ev)?);
             item.insert(attr::CREATED_AT.into(), time(at));
+            item.insert(attr::OUTBOX_SEQ.into(), n(seq));
             item.insert(attr::GSI_STATUS.into(), s(OUTBOX_PARTITION));
             item.insert(attr::GSI_DUE.into(), n(at.timestamp()));
             put(table, item, None)
@@ -1051,12 +1052,17 @@ impl Store for DynamoStore {
                 request_id: r.str(attr::REQUEST_ID)?.to_string(),
                 event: r.json(attr::EVENT)?,
                 created_at: r.time(attr::CREATED_AT)?,
+                seq: r
+                    .opt_int(attr::OUTBOX_SEQ)?
+                    .and_then(|n| u32::try_from(n).ok())
+                    .unwrap_or(0),
             });
         }
         out.sort_by(|a, b| {
-            (a.created_at, &a.request_id, &a.event.event_key).cmp(&(
+            (a.created_at, &a.request_id, a.seq, &a.event.event_key).cmp(&(
                 b.created_at,
                 &b.request_id,
+                b.seq,
                 &b.event.event_key,
             ))
         });

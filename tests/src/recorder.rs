@@ -1,0 +1,128 @@
+//! Records every AWS operation a client makes, at the SDK's HTTP client: the operation is
+//! read from the request as the service's protocol names it (`X-Amz-Target` for the JSON
+//! protocols, `Action=` for EC2's query protocol). Each function in a flow gets its own
+//! recorder, so the IAM test can compare what each function called with what the template
+//! grants it. Nothing in production code knows about it: it is passed as the SDK's HTTP
+//! client, as any other HTTP client would be.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use aws_smithy_runtime_api::client::http::{
+    HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpClient,
+    SharedHttpConnector,
+};
+use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+
+/// `(service, operation)`, e.g. `("ec2", "RunInstances")`, `("dynamodb", "TransactWriteItems")`.
+pub type Operation = (String, String);
+
+/// The operations seen, shared by every client built with [`Calls::http_client`].
+#[derive(Clone, Debug, Default)]
+pub struct Calls(Arc<Mutex<BTreeSet<Operation>>>);
+
+impl Calls {
+    pub fn seen(&self) -> BTreeSet<Operation> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// A plain-HTTP SDK client (the stand-ins speak HTTP) that records into these calls.
+    pub fn http_client(&self) -> SharedHttpClient {
+        SharedHttpClient::new(Recording {
+            inner: aws_smithy_http_client::Builder::new().build_http(),
+            calls: self.clone(),
+        })
+    }
+}
+
+#[derive(Debug)]
+struct Recording {
+    inner: SharedHttpClient,
+    calls: Calls,
+}
+
+impl HttpClient for Recording {
+    fn http_connector(
+        &self,
+        settings: &HttpConnectorSettings,
+        components: &RuntimeComponents,
+    ) -> SharedHttpConnector {
+        SharedHttpConnector::new(RecordingConnector {
+            inner: self.inner.http_connector(settings, components),
+            calls: self.calls.clone(),
+        })
+    }
+}
+
+#[derive(Debug)]
+struct RecordingConnector {
+    inner: SharedHttpConnector,
+    calls: Calls,
+}
+
+impl HttpConnector for RecordingConnector {
+    fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
+        if let Some(op) = operation_of(&request) {
+            self.calls.0.lock().unwrap().insert(op);
+        }
+        self.inner.call(request)
+    }
+}
+
+/// The operation a request invokes, by its protocol.
+fn operation_of(request: &HttpRequest) -> Option<Operation> {
+    if let Some(target) = request.headers().get("x-amz-target") {
+        let (prefix, op) = target.split_once('.')?;
+        let service = match prefix {
+            p if p.starts_with("DynamoDB") => "dynamodb",
+            "SageMaker" => "sagemaker",
+            "AWSEvents" => "events",
+            other => other,
+        };
+        return Some((service.to_string(), op.to_string()));
+    }
+    let body = request.body().bytes()?;
+    let action = serde_urlencoded::from_bytes::<Vec<(String, String)>>(body)
+        .ok()?
+        .into_iter()
+        .find(|(k, _)| k == "Action")?
+        .1;
+    Some(("ec2".to_string(), action))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_smithy_types::body::SdkBody;
+
+    fn request(target: Option<&str>, body: &str) -> HttpRequest {
+        let mut r = HttpRequest::new(SdkBody::from(body.to_string()));
+        if let Some(t) = target {
+            r.headers_mut().insert("x-amz-target", t.to_string());
+        }
+        r
+    }
+
+    #[test]
+    fn operations_are_read_as_each_protocol_names_them() {
+        let op = |s: &str, o: &str| Some((s.to_string(), o.to_string()));
+        assert_eq!(
+            operation_of(&request(Some("DynamoDB_20120810.TransactWriteItems"), "{}")),
+            op("dynamodb", "TransactWriteItems")
+        );
+        assert_eq!(
+            operation_of(&request(Some("SageMaker.CreateTrainingPlan"), "{}")),
+            op("sagemaker", "CreateTrainingPlan")
+        );
+        assert_eq!(
+            operation_of(&request(Some("AWSEvents.PutEvents"), "{}")),
+            op("events", "PutEvents")
+        );
+        assert_eq!(
+            operation_of(&request(None, "Action=RunInstances&Version=2016-11-15")),
+            op("ec2", "RunInstances")
+        );
+        assert_eq!(operation_of(&request(None, "")), None);
+    }
+}
