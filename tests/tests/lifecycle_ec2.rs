@@ -833,3 +833,104 @@ async fn the_reservation_spelling_of_the_delivered_event_launches_too() {
         ],
     );
 }
+
+/// A reserved block, its window open and its 4 instances running. Returns the Reserved event.
+async fn running(f: &Flow, id: &str) -> Value {
+    let reserved = reserve_and_open(f, id).await;
+    f.deliver().await;
+    f.cloud.step(TimeDelta::minutes(1));
+    f.deliver().await;
+    let live = live_for(f, id);
+    assert_eq!(live.len(), 4);
+    assert!(live.iter().all(|i| i.state == "running"));
+    reserved
+}
+
+#[tokio::test]
+async fn an_instance_that_stops_unexpectedly_is_replaced_from_its_state_change_events() {
+    // GIVEN a running workload of 4 instances in a block
+    let f = Flow::start().await;
+    let id = "life-fail";
+    let reserved = running(&f, id).await;
+    let cr = reservation_of(&reserved);
+
+    // WHEN one is terminated by a hardware failure and EC2's state-change events are delivered
+    let failed = live_for(&f, id)[2].id.clone();
+    f.cloud.with_world(|w| w.fail_instance(&failed)).unwrap();
+    f.deliver().await;
+    f.cloud.step(TimeDelta::minutes(2));
+    f.deliver().await;
+
+    // THEN the replacement waits for the block's slot: no failure, nothing published yet
+    assert_eq!(live_for(&f, id).len(), 3);
+    assert!(f.bus_for("Capacity Instance Replaced", id).is_empty());
+
+    // WHEN the schedule runs after the slot has returned
+    let slot_minutes = f.cloud.with_world(|w| w.settings.slot_return_minutes);
+    f.cloud.step(TimeDelta::minutes(slot_minutes));
+    f.tick(Function::Replace).await.unwrap();
+    f.deliver().await;
+
+    // THEN one replacement runs in the same block
+    let live = live_for(&f, id);
+    assert_eq!(live.len(), 4, "{live:#?}");
+    assert!(
+        live.iter()
+            .all(|i| i.capacity_reservation_id.as_deref() == Some(cr.as_str()))
+    );
+    assert_eq!(instances_for(&f, id).len(), 5);
+    let replaced = f.bus_for("Capacity Instance Replaced", id);
+    assert_eq!(replaced.len(), 1, "{replaced:#?}");
+    assert_eq!(
+        replaced[0]["detail"]["replaced_instance_id"],
+        failed.as_str()
+    );
+    assert_eq!(f.blocks_for(id), 1);
+    assert_eq!(f.team_spent("team-a", t0()).await, fee_of(&reserved));
+    assert_published(
+        &f,
+        id,
+        &[
+            &["Capacity Request Accepted"],
+            &["Capacity Offerings Found"],
+            &["Capacity Reserved"],
+            &["Capacity Workload Launched"],
+            &["Capacity Instance Replaced"],
+        ],
+    );
+}
+
+#[tokio::test]
+async fn most_instances_failing_at_once_are_left_alone() {
+    // GIVEN a running workload of 4 instances in a block
+    let f = Flow::start().await;
+    let id = "life-wide";
+    let reserved = running(&f, id).await;
+
+    // WHEN 3 of the 4 fail their status checks at once (more than MAX_UNHEALTHY_SHARE, 0.5)
+    let live = live_for(&f, id);
+    for i in &live[..3] {
+        f.cloud
+            .with_world(|w| w.impair_instance(&i.id, true))
+            .unwrap();
+    }
+    f.tick(Function::Replace).await.unwrap();
+
+    // THEN nothing is terminated or replaced: a wider problem is likely
+    assert_eq!(live_for(&f, id).len(), 4);
+    assert_eq!(instances_for(&f, id).len(), 4);
+    assert!(f.bus_for("Capacity Instance Replaced", id).is_empty());
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+    assert_eq!(f.blocks_for(id), 1);
+    assert_eq!(f.team_spent("team-a", t0()).await, fee_of(&reserved));
+    assert_published(
+        &f,
+        id,
+        &[
+            &["Capacity Request Accepted"],
+            &["Capacity Offerings Found"],
+            &["Capacity Reserved"],
+            &["Capacity Workload Launched"],
+        ],
+    );
+}
