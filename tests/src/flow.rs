@@ -6,6 +6,7 @@
 //! last call to the function whose rule matches it (ARCHITECTURE section 4). Outcomes are
 //! judged from the emulator's state and the events on its buses, as well as the table.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use aws_config::BehaviorVersion;
@@ -30,6 +31,7 @@ use replace_unhealthy::handler::Replacer;
 use search_offerings::handler::Searcher;
 use serde_json::{Value, json};
 
+use crate::recorder::{Calls, Operation};
 use crate::table::TestTable;
 
 /// Our custom bus; AWS's events and schedules are on `default`.
@@ -40,7 +42,7 @@ pub const APPROVER: &str = "com.example.approvals";
 pub const REGION: &str = "us-east-1";
 
 /// Which function an event reaches, by the rules of ARCHITECTURE section 4.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Function {
     Search,
     Purchase,
@@ -89,6 +91,18 @@ impl Function {
             _ => None,
         }
     }
+}
+
+/// Every flow's recorders, by function, for [`observed`].
+static RECORDED: Mutex<Vec<(Function, Calls)>> = Mutex::new(Vec::new());
+
+/// The AWS operations each function has made in every flow of this process so far.
+pub fn observed() -> BTreeMap<Function, BTreeSet<Operation>> {
+    let mut out: BTreeMap<Function, BTreeSet<Operation>> = BTreeMap::new();
+    for (f, calls) in RECORDED.lock().unwrap().iter() {
+        out.entry(*f).or_default().extend(calls.seen());
+    }
+    out
 }
 
 type Sdk = (
@@ -170,11 +184,16 @@ impl Flow {
             .await;
         // Each function gets its own adapters, as each Lambda has its own; the store is
         // this test's table on moto (production points DynamoDB elsewhere by endpoint too).
-        let adapters = || -> Sdk {
-            let a = Adapters::from_sdk(sdk.clone(), &config).expect("adapters");
-            (table.store(), a.market, a.workloads, a.events, a.clock)
+        // Each records the AWS operations it makes, for the IAM test.
+        let adapters = |f: Function| -> Sdk {
+            let calls = Calls::default();
+            RECORDED.lock().unwrap().push((f, calls.clone()));
+            let sdk = sdk.to_builder().http_client(calls.http_client()).build();
+            let a = Adapters::from_sdk(sdk, &config).expect("adapters");
+            let store = table.store_with(calls.http_client());
+            (store, a.market, a.workloads, a.events, a.clock)
         };
-        let (store, market, _, events, clock) = adapters();
+        let (store, market, _, events, clock) = adapters(Function::Search);
         let searcher = Searcher {
             store,
             market,
@@ -182,7 +201,7 @@ impl Flow {
             clock,
             config: config.clone(),
         };
-        let (store, market, _, events, clock) = adapters();
+        let (store, market, _, events, clock) = adapters(Function::Purchase);
         let purchaser = Purchaser {
             store,
             market,
@@ -190,7 +209,7 @@ impl Flow {
             clock,
             config: config.clone(),
         };
-        let (store, _, workloads, events, clock) = adapters();
+        let (store, _, workloads, events, clock) = adapters(Function::Launch);
         let launcher = Launcher {
             store,
             workloads,
@@ -198,7 +217,7 @@ impl Flow {
             clock,
             config: config.clone(),
         };
-        let (store, _, workloads, events, clock) = adapters();
+        let (store, _, workloads, events, clock) = adapters(Function::Replace);
         let replacer = Replacer {
             store,
             workloads,
@@ -206,7 +225,7 @@ impl Flow {
             clock,
             config: config.clone(),
         };
-        let (store, market, workloads, events, clock) = adapters();
+        let (store, market, workloads, events, clock) = adapters(Function::Cleanup);
         let cleaner = Cleaner {
             store,
             market,

@@ -12,6 +12,7 @@ use aws_sdk_dynamodb::types::{
     PointInTimeRecoverySpecification, Projection, ProjectionType, ScalarAttributeType,
     SseSpecification, TimeToLiveSpecification,
 };
+use aws_smithy_runtime_api::client::http::SharedHttpClient;
 use capacity_pilot::aws::dynamodb::DynamoStore;
 use serde_json::Value;
 
@@ -41,6 +42,12 @@ impl TestTable {
     /// The store under test, on this table, through its production constructor.
     pub fn store(&self) -> DynamoStore {
         DynamoStore::new(self.client.clone(), self.name.clone())
+    }
+
+    /// The same store, its client sending through `http` (a recorder, say).
+    pub fn store_with(&self, http: SharedHttpClient) -> DynamoStore {
+        let config = self.client.config().to_builder().http_client(http).build();
+        DynamoStore::new(Client::from_conf(config), self.name.clone())
     }
 }
 
