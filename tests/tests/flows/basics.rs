@@ -22,7 +22,7 @@ async fn deliver_offerings_found(f: &Flow, id: &str) {
 }
 
 #[tokio::test]
-async fn a_request_is_searched_bought_once_and_announced_on_the_bus() {
+pub(crate) async fn a_request_is_searched_bought_once_and_announced_on_the_bus() {
     // GIVEN the emulator's market and a fresh table
     let f = Flow::start().await;
 
@@ -62,7 +62,7 @@ async fn a_request_is_searched_bought_once_and_announced_on_the_bus() {
 }
 
 #[tokio::test]
-async fn a_purchase_whose_response_is_lost_is_adopted_not_bought_twice() {
+pub(crate) async fn a_purchase_whose_response_is_lost_is_adopted_not_bought_twice() {
     let f = Flow::start().await;
     f.searcher
         .handle(envelope(
@@ -92,7 +92,7 @@ async fn a_purchase_whose_response_is_lost_is_adopted_not_bought_twice() {
 }
 
 #[tokio::test]
-async fn an_invalid_request_is_rejected_on_the_bus_naming_every_field() {
+pub(crate) async fn an_invalid_request_is_rejected_on_the_bus_naming_every_field() {
     let f = Flow::start().await;
     let mut bad = request("flow-3");
     bad["instance_count"] = json!(65);

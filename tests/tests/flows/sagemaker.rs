@@ -117,7 +117,7 @@ async fn tick(f: &Flow, function: Function) {
 }
 
 #[tokio::test]
-async fn a_training_job_runs_on_its_plan_and_is_stopped_before_forced_termination() {
+pub(crate) async fn a_training_job_runs_on_its_plan_and_is_stopped_before_forced_termination() {
     // GIVEN a training-job request for 48 h in December
     let f = Flow::start().await;
     let id = "tp-job-1";
@@ -234,7 +234,8 @@ async fn a_training_job_runs_on_its_plan_and_is_stopped_before_forced_terminatio
 }
 
 #[tokio::test]
-async fn each_segment_of_a_split_plan_gets_its_own_job_launched_and_drained_in_its_own_window() {
+pub(crate) async fn each_segment_of_a_split_plan_gets_its_own_job_launched_and_drained_in_its_own_window()
+ {
     // GIVEN a 72 h training request that may split, in a window where seed 11's market has
     // ml.p5.48xlarge x 2 free for three days running in no single zone, so SageMaker offers
     // only two-segment plans (us-east-1c for Dec 17-18, then us-east-1b for Dec 18-20)
@@ -368,7 +369,8 @@ fn endpoint_request(id: &str) -> Value {
 }
 
 #[tokio::test]
-async fn an_endpoint_is_created_on_its_active_plan_and_deleted_with_its_config_at_drain() {
+pub(crate) async fn an_endpoint_is_created_on_its_active_plan_and_deleted_with_its_config_at_drain()
+{
     // GIVEN an inference-endpoint request, bought as one plan for endpoints
     let f = Flow::start().await;
     let id = "tp-endpoint-1";
@@ -538,7 +540,7 @@ fn hyperpod_drain_at(s: &Segment) -> DateTime<Utc> {
 }
 
 #[tokio::test]
-async fn a_managed_hyperpod_cluster_gets_its_instance_group_on_the_plan_and_scaled_to_zero_at_drain()
+pub(crate) async fn a_managed_hyperpod_cluster_gets_its_instance_group_on_the_plan_and_scaled_to_zero_at_drain()
  {
     // GIVEN a HyperPod cluster that carries the managed tag, and a request for it
     let f = Flow::start().await;
@@ -649,7 +651,8 @@ async fn a_managed_hyperpod_cluster_gets_its_instance_group_on_the_plan_and_scal
 }
 
 #[tokio::test]
-async fn a_hyperpod_cluster_without_the_managed_tag_is_never_updated_and_the_request_fails() {
+pub(crate) async fn a_hyperpod_cluster_without_the_managed_tag_is_never_updated_and_the_request_fails()
+ {
     // GIVEN a HyperPod cluster that does NOT carry the managed tag
     let f = Flow::start().await;
     create_cluster(&f, "someone-elses", json!([{"Key": "team", "Value": "x"}]));
@@ -715,7 +718,7 @@ async fn a_hyperpod_cluster_without_the_managed_tag_is_never_updated_and_the_req
 }
 
 #[tokio::test]
-async fn an_on_demand_training_job_that_fails_for_capacity_falls_back_to_a_plan() {
+pub(crate) async fn an_on_demand_training_job_that_fails_for_capacity_falls_back_to_a_plan() {
     // GIVEN an on-demand-first training request for 8 x ml.p5.48xlarge, more than SageMaker
     // has on demand in us-east-1 (the emulator's pool holds at most 4)
     let f = Flow::start().await;

@@ -165,7 +165,7 @@ fn assert_fee_is_the_offerings(f: &Flow, id: &str, reserved: &Value) {
 }
 
 #[tokio::test]
-async fn an_ec2_request_lives_from_submission_to_the_end_of_its_block() {
+pub(crate) async fn an_ec2_request_lives_from_submission_to_the_end_of_its_block() {
     // GIVEN the emulator's market and a fresh table
     let f = Flow::start().await;
     let id = "life-1";
@@ -338,7 +338,7 @@ fn offerings_found(f: &Flow, id: &str, event_id: &str) -> EventBridgeEvent<Value
 }
 
 #[tokio::test]
-async fn a_500_on_the_purchase_buys_once_after_the_lease_expires() {
+pub(crate) async fn a_500_on_the_purchase_buys_once_after_the_lease_expires() {
     // GIVEN a request with offerings, and EC2 failing the next purchase with a 500 (nothing
     // bought, but the caller cannot know that)
     let f = Flow::start().await;
@@ -397,7 +397,7 @@ async fn a_500_on_the_purchase_buys_once_after_the_lease_expires() {
 }
 
 #[tokio::test]
-async fn two_purchase_invocations_at_once_buy_one_block() {
+pub(crate) async fn two_purchase_invocations_at_once_buy_one_block() {
     for (id, events) in [("race-same", ["e-1", "e-1"]), ("race-diff", ["e-1", "e-2"])] {
         // GIVEN a request with offerings
         let f = Flow::start().await;
@@ -435,7 +435,7 @@ async fn two_purchase_invocations_at_once_buy_one_block() {
 }
 
 #[tokio::test]
-async fn duplicate_and_early_delivered_events_launch_the_workload_once() {
+pub(crate) async fn duplicate_and_early_delivered_events_launch_the_workload_once() {
     // GIVEN a reserved block whose window has not opened
     let f = Flow::start().await;
     let id = "life-dup";
@@ -499,7 +499,7 @@ async fn duplicate_and_early_delivered_events_launch_the_workload_once() {
 }
 
 #[tokio::test]
-async fn a_missed_delivered_event_is_made_up_for_by_the_schedule() {
+pub(crate) async fn a_missed_delivered_event_is_made_up_for_by_the_schedule() {
     // GIVEN a reserved block whose window has opened, and EC2's Delivered event never
     // reaches launch-workloads
     let f = Flow::start().await;
@@ -545,7 +545,7 @@ async fn a_missed_delivered_event_is_made_up_for_by_the_schedule() {
 }
 
 #[tokio::test]
-async fn an_impaired_instance_is_replaced_in_the_same_block_once_its_slot_returns() {
+pub(crate) async fn an_impaired_instance_is_replaced_in_the_same_block_once_its_slot_returns() {
     // GIVEN a running workload of 4 instances in a block
     let f = Flow::start().await;
     let id = "life-heal";
@@ -624,7 +624,7 @@ async fn an_impaired_instance_is_replaced_in_the_same_block_once_its_slot_return
 }
 
 #[tokio::test]
-async fn an_event_lost_between_commit_and_publish_is_published_once_by_the_next_run() {
+pub(crate) async fn an_event_lost_between_commit_and_publish_is_published_once_by_the_next_run() {
     // GIVEN a reserved block whose window has opened, and PutEvents failing (as if the
     // function died right after its commit)
     let f = Flow::start().await;
@@ -644,10 +644,11 @@ async fn an_event_lost_between_commit_and_publish_is_published_once_by_the_next_
     assert_eq!(live_for(&f, id).len(), 4);
     assert!(f.bus_for("Capacity Workload Launched", id).is_empty());
 
-    // WHEN PutEvents works again and the next scheduled run comes
+    // WHEN PutEvents works again and the next scheduled run comes (any function's run
+    // publishes what any request left unsent: here replace-unhealthy's)
     f.cloud.clear_faults();
     f.cloud.step(TimeDelta::minutes(1));
-    f.tick(Function::Launch).await.unwrap();
+    f.tick(Function::Replace).await.unwrap();
 
     // THEN the outbox publishes the event exactly once, and later runs do not repeat it
     assert_eq!(f.bus_for("Capacity Workload Launched", id).len(), 1);
@@ -670,7 +671,7 @@ async fn an_event_lost_between_commit_and_publish_is_published_once_by_the_next_
 }
 
 #[tokio::test]
-async fn on_demand_first_without_on_demand_capacity_falls_back_to_one_reservation() {
+pub(crate) async fn on_demand_first_without_on_demand_capacity_falls_back_to_one_reservation() {
     // GIVEN an on-demand-first request, and no on-demand p5.48xlarge capacity anywhere
     let f = Flow::start().await;
     let id = "life-odf";
@@ -745,7 +746,48 @@ async fn on_demand_first_without_on_demand_capacity_falls_back_to_one_reservatio
 }
 
 #[tokio::test]
-async fn a_launch_cut_short_after_ec2_started_an_instance_finishes_without_doubling_it() {
+pub(crate) async fn on_demand_capacity_for_only_part_of_the_request_is_released_not_left_running() {
+    // GIVEN an on-demand-first request for 4 instances, and on-demand room for only 2
+    let f = Flow::start().await;
+    let id = "life-odf-part";
+    f.cloud.with_world(|w| {
+        w.market
+            .types
+            .iter_mut()
+            .find(|t| t.name == "p5.48xlarge")
+            .unwrap()
+            .on_demand_pool = 2
+    });
+    let mut request = emulated_request(&f, id);
+    request["strategy"] = json!("on-demand-first");
+    request["workload"]["subnet_ids"] = json!([request["workload"]["subnet_ids"][0].clone()]);
+    let desired: DateTime<Utc> = time_of(&request["earliest_start"]);
+    f.submit(request).await;
+
+    // WHEN launch-workloads runs at the desired start
+    f.cloud.advance_to(desired);
+    f.tick(Function::Launch).await.unwrap();
+
+    // THEN the two instances EC2 did start are terminated, nothing is debited, and the
+    // request falls back to searching
+    let started = instances_for(&f, id);
+    assert_eq!(started.len(), 2, "two fitted before EC2 ran out");
+    assert!(live_for(&f, id).is_empty(), "nothing runs undebited");
+    assert_eq!(f.team_spent("team-a", t0()).await, MicroUsd(0));
+    let rec = f.record(id).await;
+    assert_eq!(rec.status, RequestStatus::Searching);
+    assert!(
+        rec.reason.contains("InsufficientInstanceCapacity"),
+        "{}",
+        rec.reason
+    );
+    assert_eq!(f.blocks_for(id), 0);
+    assert_published(&f, id, &[&["Capacity Request Accepted"]]);
+}
+
+#[tokio::test]
+pub(crate) async fn a_launch_cut_short_after_ec2_started_an_instance_finishes_without_doubling_it()
+{
     // GIVEN a reserved block whose window has opened, and EC2 starting the first instance
     // but losing the answer, then failing the SDK's retries of it
     let f = Flow::start().await;
@@ -802,7 +844,7 @@ async fn a_launch_cut_short_after_ec2_started_an_instance_finishes_without_doubl
 }
 
 #[tokio::test]
-async fn the_reservation_spelling_of_the_delivered_event_launches_too() {
+pub(crate) async fn the_reservation_spelling_of_the_delivered_event_launches_too() {
     // GIVEN EC2 naming its events `Capacity Block Reservation Delivered` (the other
     // documented spelling) and a reserved block
     let f = Flow::start().await;
@@ -849,7 +891,7 @@ async fn running(f: &Flow, id: &str) -> Value {
 }
 
 #[tokio::test]
-async fn an_instance_that_stops_unexpectedly_is_replaced_from_its_state_change_events() {
+pub(crate) async fn an_instance_that_stops_unexpectedly_is_replaced_from_its_state_change_events() {
     // GIVEN a running workload of 4 instances in a block
     let f = Flow::start().await;
     let id = "life-fail";
@@ -903,7 +945,7 @@ async fn an_instance_that_stops_unexpectedly_is_replaced_from_its_state_change_e
 }
 
 #[tokio::test]
-async fn most_instances_failing_at_once_are_left_alone() {
+pub(crate) async fn most_instances_failing_at_once_are_left_alone() {
     // GIVEN a running workload of 4 instances in a block
     let f = Flow::start().await;
     let id = "life-wide";

@@ -1,0 +1,40 @@
+//! Whole flows: the five handlers on the production wiring against the offline emulator
+//! (`local-cloud`) and moto's DynamoDB, one test binary so that the IAM test can play every
+//! scenario and see every AWS operation each function makes.
+
+mod basics;
+mod ec2;
+mod iam;
+mod sagemaker;
+
+/// Every scenario above, one after another (each is a `#[tokio::test]`, so each builds its
+/// own runtime): the IAM test's record of what the functions call.
+pub(crate) fn play_all() {
+    let scenarios: &[fn()] = &[
+        basics::a_request_is_searched_bought_once_and_announced_on_the_bus,
+        basics::a_purchase_whose_response_is_lost_is_adopted_not_bought_twice,
+        basics::an_invalid_request_is_rejected_on_the_bus_naming_every_field,
+        ec2::an_ec2_request_lives_from_submission_to_the_end_of_its_block,
+        ec2::a_500_on_the_purchase_buys_once_after_the_lease_expires,
+        ec2::two_purchase_invocations_at_once_buy_one_block,
+        ec2::duplicate_and_early_delivered_events_launch_the_workload_once,
+        ec2::a_missed_delivered_event_is_made_up_for_by_the_schedule,
+        ec2::an_impaired_instance_is_replaced_in_the_same_block_once_its_slot_returns,
+        ec2::an_event_lost_between_commit_and_publish_is_published_once_by_the_next_run,
+        ec2::on_demand_first_without_on_demand_capacity_falls_back_to_one_reservation,
+        ec2::on_demand_capacity_for_only_part_of_the_request_is_released_not_left_running,
+        ec2::a_launch_cut_short_after_ec2_started_an_instance_finishes_without_doubling_it,
+        ec2::the_reservation_spelling_of_the_delivered_event_launches_too,
+        ec2::an_instance_that_stops_unexpectedly_is_replaced_from_its_state_change_events,
+        ec2::most_instances_failing_at_once_are_left_alone,
+        sagemaker::a_training_job_runs_on_its_plan_and_is_stopped_before_forced_termination,
+        sagemaker::each_segment_of_a_split_plan_gets_its_own_job_launched_and_drained_in_its_own_window,
+        sagemaker::an_endpoint_is_created_on_its_active_plan_and_deleted_with_its_config_at_drain,
+        sagemaker::a_managed_hyperpod_cluster_gets_its_instance_group_on_the_plan_and_scaled_to_zero_at_drain,
+        sagemaker::a_hyperpod_cluster_without_the_managed_tag_is_never_updated_and_the_request_fails,
+        sagemaker::an_on_demand_training_job_that_fails_for_capacity_falls_back_to_a_plan,
+    ];
+    for scenario in scenarios {
+        scenario();
+    }
+}
