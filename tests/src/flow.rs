@@ -117,7 +117,7 @@ pub struct Flow {
     pub cloud: LocalCloud,
     pub table: TestTable,
     pub config: Arc<Config>,
-    pub searcher: Searcher<DynamoStore, AwsMarket, EventBridgeSink, ConfiguredClock>,
+    pub searcher: Searcher<DynamoStore, AwsMarket, AwsWorkloads, EventBridgeSink, ConfiguredClock>,
     pub purchaser: Purchaser<DynamoStore, AwsMarket, EventBridgeSink, ConfiguredClock>,
     pub launcher: Launcher<DynamoStore, AwsWorkloads, EventBridgeSink, ConfiguredClock>,
     pub replacer: Replacer<DynamoStore, AwsWorkloads, EventBridgeSink, ConfiguredClock>,
@@ -193,10 +193,11 @@ impl Flow {
             let store = table.store_with(calls.http_client());
             (store, a.market, a.workloads, a.events, a.clock)
         };
-        let (store, market, _, events, clock) = adapters(Function::Search);
+        let (store, market, workloads, events, clock) = adapters(Function::Search);
         let searcher = Searcher {
             store,
             market,
+            workloads,
             events,
             clock,
             config: config.clone(),
@@ -396,6 +397,25 @@ impl Flow {
             .budget_spent(&Team::parse(team).unwrap(), &BudgetMonth::of(at))
             .await
             .unwrap()
+    }
+
+    /// [`ec2_request`] with a launch template and subnets that exist in this emulator: its
+    /// seeded GPU template and one subnet per zone, so whichever zone a block is in has one.
+    pub fn ec2_request(&self, id: &str) -> Value {
+        let (template, subnets) = self.cloud.with_world(|w| {
+            let template = w
+                .launch_templates(REGION)
+                .into_iter()
+                .find(|t| t.name == "capacity-pilot-gpu")
+                .expect("the seeded GPU template")
+                .id;
+            let subnets: Vec<String> = w.subnets(REGION).into_iter().map(|s| s.id).collect();
+            (template, subnets)
+        });
+        let mut r = ec2_request(id);
+        r["workload"]["launch_template"] = json!({ "id": template });
+        r["workload"]["subnet_ids"] = json!(subnets);
+        r
     }
 
     /// Submits a request on our bus from the allowed source and delivers it.

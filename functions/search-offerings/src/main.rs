@@ -21,6 +21,7 @@ async fn main() -> Result<(), Error> {
     let handler = Searcher {
         store: a.store,
         market: a.market,
+        workloads: a.workloads,
         events: a.events,
         clock: a.clock,
         config,

@@ -6,7 +6,7 @@
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use capacity_pilot::domain::money::Usd;
 use capacity_pilot::domain::status::RequestStatus;
-use integration_tests::flow::{Flow, SOURCE, ec2_request as request, envelope, t0};
+use integration_tests::flow::{Flow, SOURCE, envelope, t0};
 use local_cloud::{Fault, FaultKind};
 use serde_json::{Value, json};
 
@@ -32,7 +32,7 @@ pub(crate) async fn a_request_is_searched_bought_once_and_announced_on_the_bus()
             "Capacity Request Submitted",
             SOURCE,
             "e1",
-            request("flow-1"),
+            f.ec2_request("flow-1"),
         ))
         .await
         .expect("search runs");
@@ -69,7 +69,7 @@ pub(crate) async fn a_purchase_whose_response_is_lost_is_adopted_not_bought_twic
             "Capacity Request Submitted",
             SOURCE,
             "e1",
-            request("flow-2"),
+            f.ec2_request("flow-2"),
         ))
         .await
         .unwrap();
@@ -94,7 +94,7 @@ pub(crate) async fn a_purchase_whose_response_is_lost_is_adopted_not_bought_twic
 #[tokio::test]
 pub(crate) async fn an_invalid_request_is_rejected_on_the_bus_naming_every_field() {
     let f = Flow::start().await;
-    let mut bad = request("flow-3");
+    let mut bad = f.ec2_request("flow-3");
     bad["instance_count"] = json!(65);
     bad["regions"] = json!(["mars-central-1"]);
     f.searcher

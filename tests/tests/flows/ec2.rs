@@ -14,32 +14,13 @@ use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use capacity_pilot::domain::money::{MicroUsd, Usd};
 use capacity_pilot::domain::status::RequestStatus;
 use chrono::{DateTime, TimeDelta, Utc};
-use integration_tests::flow::{Flow, Function, REGION, ec2_request, envelope, t0};
+use integration_tests::flow::{Flow, Function, REGION, envelope, t0};
 use local_cloud::ec2::{Instance, Lifecycle};
 use local_cloud::{Fault, FaultKind};
 use serde_json::{Value, json};
 
 const MANAGED_TAG: &str = "capacity-pilot:managed";
 const REQUEST_TAG: &str = "capacity-pilot:request-id";
-
-/// An EC2 request whose launch template and subnets exist in this emulator: its seeded GPU
-/// template and one subnet per zone, so whichever zone the block is in has a subnet.
-fn emulated_request(f: &Flow, id: &str) -> Value {
-    let (template, subnets) = f.cloud.with_world(|w| {
-        let template = w
-            .launch_templates(REGION)
-            .into_iter()
-            .find(|t| t.name == "capacity-pilot-gpu")
-            .expect("the seeded GPU template")
-            .id;
-        let subnets: Vec<String> = w.subnets(REGION).into_iter().map(|s| s.id).collect();
-        (template, subnets)
-    });
-    let mut r = ec2_request(id);
-    r["workload"]["launch_template"] = json!({ "id": template });
-    r["workload"]["subnet_ids"] = json!(subnets);
-    r
-}
 
 /// Every instance the emulator holds tagged for `id`, terminated ones included.
 fn instances_for(f: &Flow, id: &str) -> Vec<Instance> {
@@ -147,7 +128,7 @@ fn aws_events(f: &Flow, detail_type: &str, cr: &str) -> Vec<Value> {
 /// Submits the request and delivers what follows until it is Reserved (search, Offerings
 /// Found to purchase-capacity). Returns the Reserved event.
 async fn reserve(f: &Flow, id: &str) -> Value {
-    f.submit(emulated_request(f, id)).await;
+    f.submit(f.ec2_request(id)).await;
     assert_eq!(f.status(id).await, RequestStatus::OfferingsFound);
     f.deliver().await;
     assert_eq!(f.status(id).await, RequestStatus::Reserved);
@@ -343,7 +324,7 @@ pub(crate) async fn a_500_on_the_purchase_buys_once_after_the_lease_expires() {
     // bought, but the caller cannot know that)
     let f = Flow::start().await;
     let id = "life-500";
-    f.submit(emulated_request(&f, id)).await;
+    f.submit(f.ec2_request(id)).await;
     f.cloud.inject(Fault {
         operation: "PurchaseCapacityBlock".into(),
         kind: FaultKind::InternalError,
@@ -401,7 +382,7 @@ pub(crate) async fn two_purchase_invocations_at_once_buy_one_block() {
     for (id, events) in [("race-same", ["e-1", "e-1"]), ("race-diff", ["e-1", "e-2"])] {
         // GIVEN a request with offerings
         let f = Flow::start().await;
-        f.submit(emulated_request(&f, id)).await;
+        f.submit(f.ec2_request(id)).await;
 
         // WHEN two invocations handle Offerings Found at the same time (one event delivered
         // twice, or two events)
@@ -683,7 +664,7 @@ pub(crate) async fn on_demand_first_without_on_demand_capacity_falls_back_to_one
             .unwrap()
             .on_demand_pool = 0
     });
-    let mut request = emulated_request(&f, id);
+    let mut request = f.ec2_request(id);
     request["strategy"] = json!("on-demand-first");
     let desired: DateTime<Utc> = time_of(&request["earliest_start"]);
     f.submit(request).await;
@@ -758,7 +739,7 @@ pub(crate) async fn on_demand_capacity_for_only_part_of_the_request_is_released_
             .unwrap()
             .on_demand_pool = 2
     });
-    let mut request = emulated_request(&f, id);
+    let mut request = f.ec2_request(id);
     request["strategy"] = json!("on-demand-first");
     request["workload"]["subnet_ids"] = json!([request["workload"]["subnet_ids"][0].clone()]);
     let desired: DateTime<Utc> = time_of(&request["earliest_start"]);

@@ -31,7 +31,7 @@ pub(crate) fn play_all() {
         sagemaker::each_segment_of_a_split_plan_gets_its_own_job_launched_and_drained_in_its_own_window,
         sagemaker::an_endpoint_is_created_on_its_active_plan_and_deleted_with_its_config_at_drain,
         sagemaker::a_managed_hyperpod_cluster_gets_its_instance_group_on_the_plan_and_scaled_to_zero_at_drain,
-        sagemaker::a_hyperpod_cluster_without_the_managed_tag_is_never_updated_and_the_request_fails,
+        sagemaker::a_hyperpod_request_for_a_cluster_without_the_managed_tag_is_rejected_and_nothing_bought,
         sagemaker::an_on_demand_training_job_that_fails_for_capacity_falls_back_to_a_plan,
     ];
     for scenario in scenarios {

@@ -4,8 +4,9 @@
 //! from schedule ticks after the simulated clock has been advanced. Outcomes are judged
 //! from what the emulator holds (plans, jobs, endpoints, clusters) and what reached the bus.
 
-use capacity_pilot::domain::money::Usd;
+use capacity_pilot::domain::money::{MicroUsd, Usd};
 use capacity_pilot::domain::status::RequestStatus;
+use capacity_pilot::ports::Store;
 use chrono::{DateTime, TimeDelta, Utc};
 use integration_tests::flow::{Flow, Function, REGION, t0};
 use local_cloud::market::Segment;
@@ -651,38 +652,39 @@ pub(crate) async fn a_managed_hyperpod_cluster_gets_its_instance_group_on_the_pl
 }
 
 #[tokio::test]
-pub(crate) async fn a_hyperpod_cluster_without_the_managed_tag_is_never_updated_and_the_request_fails()
+pub(crate) async fn a_hyperpod_request_for_a_cluster_without_the_managed_tag_is_rejected_and_nothing_bought()
  {
     // GIVEN a HyperPod cluster that does NOT carry the managed tag
     let f = Flow::start().await;
     create_cluster(&f, "someone-elses", json!([{"Key": "team", "Value": "x"}]));
     let id = "tp-hyperpod-2";
 
-    // WHEN a request for it is submitted and bought
-    assert_eq!(
-        submit_and_buy(&f, hyperpod_request(id, "someone-elses")).await,
-        RequestStatus::Reserved
-    );
-    // (the tag is checked when the window opens: search and purchase see no cluster)
-    let plan = the_plan(&f, id);
-    let seg = plan.offering.segments[0].clone();
-    // AND launch ticks once the window is open, twice
-    f.cloud.advance_to(seg.start);
-    tick(&f, Function::Launch).await;
-    tick(&f, Function::Launch).await;
+    // WHEN a request for it is submitted, and every schedule runs after its window
+    f.submit(hyperpod_request(id, "someone-elses")).await;
+    f.deliver().await;
+    f.cloud.step(TimeDelta::days(30));
+    f.tick_all().await;
+    f.deliver().await;
 
-    // THEN the request failed once, with a reason naming the tag, the plan and its cost
-    assert_eq!(f.status(id).await, RequestStatus::Failed);
-    let failed = f.bus_for("Capacity Request Failed", id);
-    assert_eq!(failed.len(), 1, "{failed:?}");
-    let reason = failed[0]["detail"]["reason"].as_str().unwrap();
-    assert!(reason.contains("capacity-pilot:managed"), "{reason}");
-    assert!(reason.contains("someone-elses"), "{reason}");
-    assert_eq!(failed[0]["detail"]["reservation_ids"], json!([plan.arn]));
-    assert_eq!(
-        Usd::parse(failed[0]["detail"]["spent_usd"].as_str().unwrap()).unwrap(),
-        fee(&plan)
+    // THEN it is rejected at once, naming the field and the tag: nothing is recorded,
+    // searched, bought or debited
+    let rejected = f.bus("Capacity Request Rejected");
+    assert_eq!(rejected.len(), 1, "{rejected:?}");
+    let problem = &rejected[0]["detail"]["problems"][0];
+    assert_eq!(problem["field"], "workload.cluster_name");
+    let message = problem["message"].as_str().unwrap();
+    assert!(message.contains("capacity-pilot:managed"), "{message}");
+    assert!(message.contains("someone-elses"), "{message}");
+    assert!(
+        f.table
+            .store()
+            .get_request(&capacity_pilot::domain::request::RequestId::parse(id).unwrap())
+            .await
+            .unwrap()
+            .is_none()
     );
+    assert!(plans(&f).is_empty());
+    assert_eq!(f.team_spent("team-f", t0()).await, MicroUsd(0));
     // AND UpdateCluster was never called: no group, no node, no update
     let c = cluster(&f, "someone-elses");
     assert!(c.groups.is_empty() && c.nodes.is_empty());
@@ -690,31 +692,6 @@ pub(crate) async fn a_hyperpod_cluster_without_the_managed_tag_is_never_updated_
         cluster_changes(&f, "someone-elses"),
         ["Creating", "InService"]
     );
-    // AND one plan was bought, and the ledger holds exactly its fee
-    assert_eq!(plans(&f).len(), 1);
-    assert_eq!(
-        f.team_spent("team-f", t0()).await,
-        fee(&plan).to_micros_ceil()
-    );
-    // AND cleanup leaves a failed request alone
-    f.cloud.advance_to(seg.end);
-    tick(&f, Function::Cleanup).await;
-    assert_eq!(f.status(id).await, RequestStatus::Failed);
-    assert_eq!(
-        cluster_changes(&f, "someone-elses"),
-        ["Creating", "InService"]
-    );
-    assert_published(
-        &f,
-        id,
-        &[
-            &["Capacity Request Accepted"],
-            &["Capacity Offerings Found"],
-            &["Capacity Reserved"],
-            &["Capacity Request Failed"],
-        ],
-    );
-    assert!(f.bus_for("Capacity Workload Launched", id).is_empty());
 }
 
 #[tokio::test]

@@ -9,27 +9,34 @@ use capacity_pilot::domain::money::Usd;
 use capacity_pilot::domain::offering::{Offering, Product, Segment};
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::fakes::fixtures::{request_id, t0};
-use capacity_pilot::fakes::{FakeMarket, InMemoryStore, ManualClock, MarketOp, RecordingEvents};
+use capacity_pilot::fakes::{
+    FakeMarket, FakeWorkloads, InMemoryStore, ManualClock, MarketOp, RecordingEvents,
+};
 use capacity_pilot::ports::{PortError, Store};
 use chrono::{DateTime, Duration, Utc};
 use serde_json::{Value, json};
 
 use super::{RETRY_AFTER, Searcher};
 
-type S = Searcher<InMemoryStore, FakeMarket, RecordingEvents, ManualClock>;
+type S = Searcher<InMemoryStore, FakeMarket, FakeWorkloads, RecordingEvents, ManualClock>;
 
 struct World {
     store: InMemoryStore,
     market: FakeMarket,
+    workloads: FakeWorkloads,
     events: RecordingEvents,
     clock: ManualClock,
 }
 
 impl World {
     fn new() -> World {
+        // The request's one subnet is in us-east-1a, where the test blocks are.
+        let workloads = FakeWorkloads::new();
+        workloads.add_subnet("us-east-1", "subnet-0a1b2c3d4e5f60001", "us-east-1a");
         World {
             store: InMemoryStore::new(),
             market: FakeMarket::new(),
+            workloads,
             events: RecordingEvents::new(),
             clock: ManualClock::new(t0()),
         }
@@ -57,6 +64,7 @@ impl World {
         Searcher {
             store: self.store.clone(),
             market: self.market.clone(),
+            workloads: self.workloads.clone(),
             events: self.events.clone(),
             clock: self.clock.clone(),
             config: Arc::new(config),
@@ -384,4 +392,98 @@ async fn a_split_request_also_searches_half_length_blocks_and_pairs_them() {
         .unwrap();
     assert_eq!(rec.status, RequestStatus::OfferingsFound);
     assert_eq!(rec.candidates[0].offering_ids(), ["first", "second"]);
+}
+
+#[tokio::test]
+async fn a_block_in_a_zone_without_any_of_the_requests_subnets_is_never_planned() {
+    // GIVEN the cheaper block in us-east-1b, where the request has no subnet
+    let w = World::new();
+    let mut elsewhere = block("cb-cheap-1b", day(3), 48, "5000");
+    elsewhere.segments[0].availability_zone = Some("us-east-1b".into());
+    w.market
+        .list_all([elsewhere, block("cb-1a", day(2), 48, "7000")]);
+
+    // WHEN the request is searched
+    w.searcher()
+        .handle(submitted(SOURCE, "e1", detail("r1")))
+        .await
+        .unwrap();
+
+    // THEN the usable block is chosen, and the cheaper one is rejected naming the zone
+    let found = &w.events.published_of("Capacity Offerings Found")[0].detail;
+    assert_eq!(found["plans"][0]["offering_ids"], json!(["cb-1a"]));
+    assert_eq!(found["plans"].as_array().unwrap().len(), 1);
+    let rejected = found["rejections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["offering_id"] == "cb-cheap-1b")
+        .expect("the unusable block is explained");
+    let reason = rejected["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("us-east-1b") && reason.contains("subnet"),
+        "{reason}"
+    );
+}
+
+fn hyperpod(id: &str) -> Value {
+    let mut d = detail(id);
+    d["instance_types"] = json!(["ml.p5.48xlarge"]);
+    d["workload"] = json!({"kind": "hyperpod-cluster", "cluster_name": "hp",
+        "instance_group_name": "workers"});
+    d
+}
+
+#[tokio::test]
+async fn a_hyperpod_request_for_a_cluster_we_do_not_manage_is_rejected_before_anything_is_bought() {
+    for (managed, exists) in [(false, true), (false, false)] {
+        // GIVEN a cluster without the managed tag, or none at all
+        let w = World::new();
+        if exists {
+            w.workloads.add_cluster("us-east-1", "hp", managed);
+        }
+
+        // WHEN a HyperPod request for it arrives
+        w.searcher()
+            .handle(submitted(SOURCE, "e1", hyperpod("hp-1")))
+            .await
+            .unwrap();
+
+        // THEN it is rejected naming the cluster field, and nothing is recorded or searched
+        assert_eq!(w.events.detail_types(), ["Capacity Request Rejected"]);
+        let problems = &w.events.published_of("Capacity Request Rejected")[0].detail["problems"];
+        assert_eq!(problems[0]["field"], "workload.cluster_name", "{problems}");
+        let message = problems[0]["message"].as_str().unwrap();
+        if exists {
+            assert!(message.contains("capacity-pilot:managed"), "{message}");
+        }
+        assert!(
+            w.store
+                .get_request(&request_id("hp-1"))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(w.market.calls_of(MarketOp::Search), 0);
+    }
+}
+
+#[tokio::test]
+async fn a_hyperpod_request_for_a_managed_cluster_is_accepted() {
+    let w = World::new();
+    w.workloads.add_cluster("us-east-1", "hp", true);
+
+    w.searcher()
+        .handle(submitted(SOURCE, "e1", hyperpod("hp-2")))
+        .await
+        .unwrap();
+
+    assert_eq!(w.events.detail_types()[0], "Capacity Request Accepted");
+    assert!(
+        w.store
+            .get_request(&request_id("hp-2"))
+            .await
+            .unwrap()
+            .is_some()
+    );
 }
