@@ -2,12 +2,13 @@
 //! (`Adapters::from_sdk`) pointed at this test's own `local-cloud` (EC2, SageMaker,
 //! EventBridge and the simulated clock) and its own table on moto's DynamoDB. No fakes.
 //!
-//! [`Flow::deliver`] plays EventBridge: it hands every event that reached a bus since the
-//! last call to the function whose rule matches it (ARCHITECTURE section 4). Outcomes are
-//! judged from the emulator's state and the events on its buses, as well as the table.
+//! [`Flow::deliver`] plays EventBridge with the rules of `infra/template.yaml`, matched with
+//! quamina: it hands every event that reached a bus since the last call to each function
+//! whose rule matches it. Outcomes are judged from the emulator's state and the events on
+//! its buses, as well as the table.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use aws_config::BehaviorVersion;
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
@@ -25,12 +26,14 @@ use capacity_pilot::ports::{BudgetMonth, RequestRecord, Store};
 use chrono::{DateTime, Utc};
 use cleanup_expired::handler::Cleaner;
 use launch_workloads::handler::Launcher;
+use local_cloud::rules::{Bus, Rules};
 use local_cloud::{LocalCloud, Options};
 use purchase_capacity::handler::Purchaser;
 use replace_unhealthy::handler::Replacer;
 use search_offerings::handler::Searcher;
 use serde_json::{Value, json};
 
+use crate::moto::workspace_root;
 use crate::recorder::{Calls, Operation};
 use crate::table::TestTable;
 
@@ -60,38 +63,43 @@ impl Function {
         Function::Cleanup,
     ];
 
-    /// The function whose rule matches an event on `bus`, if any.
-    pub fn for_event(bus: &str, ev: &Value) -> Option<Function> {
-        let detail_type = ev["detail-type"].as_str().unwrap_or_default();
-        let source = ev["source"].as_str().unwrap_or_default();
-        match (bus, source, detail_type) {
-            (BUS, s, "Capacity Request Submitted") if s != "capacity-pilot" => {
-                Some(Function::Search)
-            }
-            (
-                BUS,
-                s,
-                "Capacity Offerings Found"
-                | "Capacity Purchase Approved"
-                | "Capacity Purchase Rejected"
-                | "Capacity Request Cancelled",
-            ) if (s == "capacity-pilot") == (detail_type == "Capacity Offerings Found") => {
-                Some(Function::Purchase)
-            }
-            ("default", "aws.ec2", "Capacity Block Delivered")
-            | ("default", "aws.ec2", "Capacity Block Reservation Delivered") => {
-                Some(Function::Launch)
-            }
-            ("default", "aws.ec2", "EC2 Instance State-change Notification")
-            | ("default", "aws.health", _) => Some(Function::Replace),
-            ("default", "aws.ec2", "Capacity Block Expiration Warning")
-            | ("default", "aws.ec2", "Capacity Block Reservation Expiration Warning") => {
-                Some(Function::Cleanup)
-            }
-            _ => None,
+    /// The function's crate (and binary) name, as the template's `CodeUri` names it.
+    pub fn crate_name(self) -> &'static str {
+        match self {
+            Function::Search => "search-offerings",
+            Function::Purchase => "purchase-capacity",
+            Function::Launch => "launch-workloads",
+            Function::Replace => "replace-unhealthy",
+            Function::Cleanup => "cleanup-expired",
         }
     }
+
+    /// The functions the template's rules deliver an event on `bus` to (`BUS` or
+    /// `"default"`), matched with quamina as EventBridge matches them.
+    pub fn for_event(bus: &str, ev: &Value) -> Vec<Function> {
+        let bus = if bus == BUS {
+            Bus::Custom
+        } else {
+            Bus::Default
+        };
+        RULES
+            .functions_for(bus, ev)
+            .iter()
+            .map(|name| {
+                Function::ALL
+                    .into_iter()
+                    .find(|f| f.crate_name() == name)
+                    .unwrap_or_else(|| panic!("the template wires {name}, which no Function names"))
+            })
+            .collect()
+    }
 }
+
+/// The rules of `infra/template.yaml`: the flows route events as the deployment would.
+static RULES: LazyLock<Rules> = LazyLock::new(|| {
+    Rules::from_template(&workspace_root().join("infra/template.yaml"))
+        .expect("the template's rules")
+});
 
 /// Every flow's recorders, by function, for [`observed`].
 static RECORDED: Mutex<Vec<(Function, Calls)>> = Mutex::new(Vec::new());
@@ -334,7 +342,7 @@ impl Flow {
                 return total;
             }
             for (bus, ev) in new {
-                if let Some(f) = Function::for_event(bus, &ev) {
+                for f in Function::for_event(bus, &ev) {
                     total += 1;
                     let parsed: EventBridgeEvent<Value> =
                         serde_json::from_value(ev.clone()).expect("a bus event parses");

@@ -77,16 +77,6 @@ fn granted() -> BTreeMap<String, BTreeSet<String>> {
     out
 }
 
-fn crate_name(f: Function) -> &'static str {
-    match f {
-        Function::Search => "search-offerings",
-        Function::Purchase => "purchase-capacity",
-        Function::Launch => "launch-workloads",
-        Function::Replace => "replace-unhealthy",
-        Function::Cleanup => "cleanup-expired",
-    }
-}
-
 #[test]
 fn no_action_is_a_wildcard() {
     for (f, actions) in granted() {
@@ -106,7 +96,7 @@ fn each_functions_iam_actions_equal_the_operations_it_calls() {
     let seen = observed();
     let mut wrong = Vec::new();
     for f in Function::ALL {
-        let name = crate_name(f);
+        let name = f.crate_name();
         let mut needed = BTreeSet::new();
         for op in seen.get(&f).into_iter().flatten() {
             match table.get(op) {
