@@ -391,7 +391,14 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                 cleaned.extend(orphans.into_iter().map(|i| format!("instance:{i}")));
             }
         }
-        let reservation_ids = w.map(|w| w.reservation_ids.clone()).unwrap_or_default();
+        // A reservation whose later segment is still to come (a multi-segment training
+        // plan) has not ended: only the segment has, and its Drained event said so.
+        let reservation_ids: Vec<String> = w
+            .map(|w| w.reservation_ids.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| next.is_none_or(|n| !n.reservation_ids.contains(r)))
+            .collect();
         let (to, next_action_at) = match next {
             Some(n) => (RequestStatus::Reserved, Some(n.start)),
             None => (RequestStatus::Ended, None),
@@ -406,10 +413,10 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         };
         let reason = format!(
             "{} ended{}; cleaned up: {}",
-            if reservation_ids.is_empty() {
-                "the run".to_string()
-            } else {
-                reservation_ids.join(", ")
+            match (w, reservation_ids.is_empty()) {
+                (Some(w), true) if next.is_some() => format!("segment {}", w.segment),
+                (_, true) => "the run".to_string(),
+                (_, false) => reservation_ids.join(", "),
             },
             match next {
                 Some(n) => format!("; the next segment starts at {}", n.start),
@@ -429,7 +436,11 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             now,
             &Cause::new(format!("{base}#end")),
         )
-        .with_outbox(vec![outbound(&ended)]);
+        .with_outbox(if next.is_none() || !reservation_ids.is_empty() {
+            vec![outbound(&ended)]
+        } else {
+            vec![]
+        });
         let written = self.store.transition(t).await?;
         let action = if to == RequestStatus::Ended {
             "ended"
