@@ -81,10 +81,10 @@ $(IAC)/.cargo-lambda: $(IAC)/.installed
 ## run: the whole lifecycle offline (not built yet)
 run:
 	@echo "make run: not built yet." >&2
-	@echo "Missing: launch-workloads, replace-unhealthy and cleanup-expired as finished functions" >&2
-	@echo "(issue 5), the SAM template's rules and functions (issue 6), and the local runner with" >&2
-	@echo "its Lambda host and local EventBridge (issue 7)." >&2
-	@echo "What exists: the domain and planner, the DynamoDB store, the AWS adapters, the" >&2
-	@echo "search-offerings and purchase-capacity handlers (make test), and the offline AWS" >&2
-	@echo "stand-in: cargo run -p local-cloud -- serve --port 4599 --seed 1" >&2
+	@echo "Missing: the local runner (issue 7): the Lambda host that runs the five function" >&2
+	@echo "binaries, the local EventBridge driving them from the template's rules and schedules" >&2
+	@echo "on a simulated clock, the scenario files and the report." >&2
+	@echo "What exists: the five functions, the SAM template, and the offline AWS stand-in" >&2
+	@echo "(cargo run -p local-cloud -- serve --port 4599 --seed 1). Every lifecycle already" >&2
+	@echo "plays in the flow tests: cargo test --workspace --test flows" >&2
 	@exit 1
