@@ -5,7 +5,36 @@ use serde::Serialize;
 use tracing::info;
 
 use crate::domain::request::RequestId;
-use crate::ports::WriteOutcome;
+use crate::ports::{PortError, WriteOutcome};
+
+/// Why an invocation failed. Lambda retries a failed asynchronous invocation and every
+/// function's schedule comes again; either way the table says what is left to do.
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerError {
+    #[error(transparent)]
+    Port(#[from] PortError),
+    /// Some requests could not be processed; the others were.
+    #[error("{failed} request(s) could not be processed; first error: {first}")]
+    Partial { failed: usize, first: PortError },
+}
+
+impl HandlerError {
+    /// The port error behind it (the first, when several requests failed).
+    pub fn into_port(self) -> PortError {
+        match self {
+            HandlerError::Port(e) | HandlerError::Partial { first: e, .. } => e,
+        }
+    }
+}
+
+/// `out` when no request failed; otherwise how many failed, and the first error.
+pub fn finish<T>(out: T, errors: Vec<PortError>) -> Result<T, HandlerError> {
+    let failed = errors.len();
+    match errors.into_iter().next() {
+        None => Ok(out),
+        Some(first) => Err(HandlerError::Partial { failed, first }),
+    }
+}
 
 /// One decision about one request, with the reason that explains it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use capacity_pilot::config::Config;
 use capacity_pilot::decision;
-pub use capacity_pilot::decision::Decision;
+pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{
     ReservationEnded, ReservationExpiring, WorkloadDrained, event_key, outbound,
 };
@@ -48,18 +48,6 @@ pub const DUE: [RequestStatus; 5] = [
     RequestStatus::RunningSpot,
     RequestStatus::Draining,
 ];
-
-#[derive(Debug, thiserror::Error)]
-pub enum HandlerError {
-    #[error(transparent)]
-    Port(#[from] PortError),
-    #[error("{failed} of {total} requests could not be processed; first error: {first}")]
-    Partial {
-        failed: usize,
-        total: usize,
-        first: PortError,
-    },
-}
 
 #[derive(Debug, Default, Serialize)]
 pub struct Outcome {
@@ -159,14 +147,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         }
         out.published = outbox::flush(&self.store, &self.events).await?;
         decision::log(&out.decisions);
-        match errors.len() {
-            0 => Ok(out),
-            n => Err(HandlerError::Partial {
-                failed: n,
-                total: n + out.decisions.len(),
-                first: errors.into_iter().next().expect("n > 0"),
-            }),
-        }
+        decision::finish(out, errors)
     }
 
     /// AWS says termination starts in 10 minutes: find the request by the reservation's tag

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use capacity_pilot::config::Config;
 use capacity_pilot::decision;
-pub use capacity_pilot::decision::Decision;
+pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{self, WorkloadLaunched, event_key, outbound};
 use capacity_pilot::domain::money::Usd;
 use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG, client_token, workload_name};
@@ -44,14 +44,6 @@ pub const ON_DEMAND: &str = "on-demand";
 pub const SPOT: &str = "spot";
 /// SageMaker's ceiling on `MaxRuntimeInSeconds` (28 days).
 const MAX_JOB_RUNTIME_SECONDS: i64 = 28 * 24 * 3600;
-
-#[derive(Debug, thiserror::Error)]
-pub enum HandlerError {
-    #[error(transparent)]
-    Port(#[from] PortError),
-    #[error("{failed} request(s) could not be launched; first error: {first}")]
-    Partial { failed: usize, first: PortError },
-}
 
 #[derive(Debug, Default, Serialize)]
 pub struct Outcome {
@@ -167,11 +159,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         }
         out.published = outbox::flush(&self.store, &self.events).await?;
         decision::log(&out.decisions);
-        let failed = errors.len();
-        match errors.into_iter().next() {
-            None => Ok(out),
-            Some(first) => Err(HandlerError::Partial { failed, first }),
-        }
+        decision::finish(out, errors)
     }
 
     async fn process(

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use capacity_pilot::config::Config;
 use capacity_pilot::decision;
-pub use capacity_pilot::decision::Decision;
+pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{
     self, AwaitingApproval, CancelRequest, EventDetail, PlanSummary, PurchaseDecision, Reserved,
     event_key, inbound, outbound,
@@ -39,18 +39,6 @@ use tracing::warn;
 pub const LEASE: Duration = Duration::minutes(15);
 /// How often a throttled purchase is tried again within one invocation.
 const PURCHASE_ATTEMPTS: u32 = 3;
-
-#[derive(Debug, thiserror::Error)]
-pub enum HandlerError {
-    #[error(transparent)]
-    Port(#[from] PortError),
-    #[error("{failed} of {total} requests could not be processed; first error: {first}")]
-    Partial {
-        failed: usize,
-        total: usize,
-        first: PortError,
-    },
-}
 
 #[derive(Debug, Default, Serialize)]
 pub struct Outcome {
@@ -145,17 +133,8 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         }
         out.published = outbox::flush(&self.store, &self.events).await?;
         decision::log(&out.decisions);
-        match errors.len() {
-            0 => Ok(out),
-            n => Err(HandlerError::Partial {
-                failed: n,
-                total: n + out.decisions.len(),
-                first: match errors.into_iter().next() {
-                    Some(HandlerError::Port(p)) | Some(HandlerError::Partial { first: p, .. }) => p,
-                    None => unreachable!("n > 0"),
-                },
-            }),
-        }
+        let errors = errors.into_iter().map(HandlerError::into_port).collect();
+        decision::finish(out, errors)
     }
 
     async fn reject_inbound(

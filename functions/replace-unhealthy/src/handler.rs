@@ -17,7 +17,7 @@ use std::sync::Arc;
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use capacity_pilot::config::Config;
 use capacity_pilot::decision;
-pub use capacity_pilot::decision::Decision;
+pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{InstanceReplaced, event_key, outbound};
 use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG, client_token};
 use capacity_pilot::domain::offering::Product;
@@ -41,18 +41,6 @@ pub const HEALTH_EVENT: &str = "AWS Health Event";
 pub const REPLACING: &str = "replacing";
 /// A slot whose (replacement) instance was launched.
 pub const RUNNING: &str = "running";
-
-#[derive(Debug, thiserror::Error)]
-pub enum HandlerError {
-    #[error(transparent)]
-    Port(#[from] PortError),
-    #[error("{failed} of {total} requests could not be processed; first error: {first}")]
-    Partial {
-        failed: usize,
-        total: usize,
-        first: PortError,
-    },
-}
 
 #[derive(Debug, Default, Serialize)]
 pub struct Outcome {
@@ -157,14 +145,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         }
         out.published += outbox::flush(&self.store, &self.events).await?;
         decision::log(&out.decisions);
-        match errors.len() {
-            0 => Ok(out),
-            n => Err(HandlerError::Partial {
-                failed: n,
-                total: n + out.decisions.len(),
-                first: errors.into_iter().next().expect("n > 0"),
-            }),
-        }
+        decision::finish(out, errors)
     }
 
     async fn describe_managed(

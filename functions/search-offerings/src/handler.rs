@@ -8,7 +8,7 @@ use std::sync::Arc;
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use capacity_pilot::config::Config;
 use capacity_pilot::decision;
-pub use capacity_pilot::decision::Decision;
+pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{
     self, NotFound, OfferingsFound, PlanSummary, RequestAccepted, event_key, inbound, outbound,
 };
@@ -37,14 +37,6 @@ pub const MAX_DETAIL_BYTES: usize = 64 * 1024;
 pub const RETRY_AFTER: Duration = Duration::minutes(15);
 /// How many ranked plans are recorded as candidates.
 pub const CANDIDATES_KEPT: usize = 5;
-
-#[derive(Debug, thiserror::Error)]
-pub enum HandlerError {
-    #[error(transparent)]
-    Port(#[from] PortError),
-    #[error("{failed} request(s) could not be searched; first error: {first}")]
-    Partial { failed: usize, first: PortError },
-}
 
 #[derive(Debug, Default, Serialize)]
 pub struct Outcome {
@@ -110,17 +102,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
         }
         out.published = outbox::flush(&self.store, &self.events).await?;
         decision::log(&out.decisions);
-        match errors.into_iter().next() {
-            None => Ok(out),
-            Some(first) => Err(HandlerError::Partial {
-                failed: out
-                    .decisions
-                    .iter()
-                    .filter(|d| d.action == "search-failed")
-                    .count(),
-                first,
-            }),
-        }
+        decision::finish(out, errors)
     }
 
     /// Validates and records a new request. Returns it when it should be searched now.
