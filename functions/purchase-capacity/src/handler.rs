@@ -15,7 +15,7 @@ use capacity_pilot::domain::events::{
     self, AwaitingApproval, CancelRequest, EventDetail, PlanSummary, PurchaseDecision, Reserved,
     event_key, inbound, outbound,
 };
-use capacity_pilot::domain::money::Usd;
+use capacity_pilot::domain::money::{MicroUsd, Usd};
 use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG, plan_name};
 use capacity_pilot::domain::offering::Offering;
 use capacity_pilot::domain::planner::Plan;
@@ -578,17 +578,18 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 .await?;
             let (reservation, adopted) = match existing {
                 Some(r) => (r, true),
-                None => match self.buy(rec, offering, &name).await {
-                    Ok(r) => (r, false),
-                    Err(PortError::OutcomeUnknown { message, .. }) => {
-                        // Step 4 on doubt: look again right away; AWS may show it already.
-                        match self
-                            .find_unrecorded(rec, offering, &name, &recorded)
-                            .await?
-                        {
-                            Some(r) => (r, true),
-                            None => {
-                                out.decisions.push(Decision::new(
+                None => {
+                    match self.buy(rec, offering, &name).await {
+                        Ok(r) => (r, false),
+                        Err(PortError::OutcomeUnknown { message, .. }) => {
+                            // Step 4 on doubt: look again right away; AWS may show it already.
+                            match self
+                                .find_unrecorded(rec, offering, &name, &recorded)
+                                .await?
+                            {
+                                Some(r) => (r, true),
+                                None => {
+                                    out.decisions.push(Decision::new(
                                     id,
                                     "in-doubt",
                                     format!(
@@ -597,41 +598,58 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                                         offering.id, lease.expires_at
                                     ),
                                 ));
-                                return Ok(());
+                                    return Ok(());
+                                }
                             }
                         }
-                    }
-                    Err(e @ PortError::OfferingGone { .. }) if bought.is_empty() => {
-                        return self
+                        Err(e @ PortError::OfferingGone { .. }) if bought.is_empty() => {
+                            return self
                             .release(rec, lease, RequestStatus::Searching, format!(
                                 "reconciled: no reservation exists; offering {} has gone ({e}); searching again",
                                 offering.id
                             ), now, cause, out)
                             .await;
-                    }
-                    Err(e @ PortError::Permanent { .. }) if bought.is_empty() => {
-                        return self
+                        }
+                        Err(e @ PortError::Permanent { .. }) if bought.is_empty() => {
+                            return self
                             .release(rec, lease, RequestStatus::Failed, format!(
                                 "reconciled: no reservation exists; AWS refused the purchase of {}: {e}",
                                 offering.id
                             ), now, cause, out)
                             .await;
+                        }
+                        Err(e @ PortError::OfferingGone { .. }) => {
+                            // A split whose later block has gone after an earlier one was bought:
+                            // what was bought stays bought (purchases cannot be cancelled) and is
+                            // recorded; the unbought part of the debit goes back.
+                            let kept: Vec<String> =
+                                bought.iter().map(|(r, _)| r.id.clone()).collect();
+                            return self
+                            .release(rec, lease, RequestStatus::Failed, format!(
+                                "bought {} of the split plan, but the offering {} for its next \
+                                 segment has gone ({e}); the bought block is kept (purchases \
+                                 cannot be cancelled) and the unbought part of the debit is \
+                                 returned; no replacement segment is searched for",
+                                kept.join(", "), offering.id
+                            ), now, cause, out)
+                            .await;
+                        }
+                        Err(e) => {
+                            // Throttled or transient after our own retries: keep the lease and the
+                            // debit; the next attempt after the lease expires reconciles and goes
+                            // on.
+                            out.decisions.push(Decision::new(
+                                id,
+                                "retry-later",
+                                format!(
+                                    "purchase of {} failed: {e}; lease kept until {}",
+                                    offering.id, lease.expires_at
+                                ),
+                            ));
+                            return Err(e);
+                        }
                     }
-                    Err(e) => {
-                        // Throttled or transient after our own retries, or a split whose second
-                        // half failed: keep the lease and the debit; the next attempt after the
-                        // lease expires reconciles and goes on.
-                        out.decisions.push(Decision::new(
-                            id,
-                            "retry-later",
-                            format!(
-                                "purchase of {} failed: {e}; lease kept until {}",
-                                offering.id, lease.expires_at
-                            ),
-                        ));
-                        return Err(e);
-                    }
-                },
+                }
             };
             let to = if last {
                 RequestStatus::Reserved
@@ -768,13 +786,20 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
     ) -> Result<(), PortError> {
         let mut outbox = vec![];
         if to == RequestStatus::Failed {
+            // What stays spent once the open debit goes back, and what was bought and kept
+            // (a split's earlier block), as the table has them now.
+            let now_rec = self.store.get_request(&rec.request_id).await?;
+            let spent = now_rec.as_ref().map_or(rec.spent, |r| {
+                MicroUsd(r.spent.0 - r.open_debit.map_or(0, |d| d.0))
+            });
+            let kept = self.store.reservations(&rec.request_id).await?;
             outbox.push(outbound(&events::RequestFailed {
                 event_key: event_key(rec.request_id.as_str(), "failed", rec.version + 2),
                 request_id: rec.request_id.to_string(),
                 status_before: RequestStatus::Purchasing,
                 reason: reason.clone(),
-                reservation_ids: vec![],
-                spent_usd: rec.spent.to_usd(),
+                reservation_ids: kept.into_iter().map(|r| r.id).collect(),
+                spent_usd: spent.to_usd(),
             }));
         }
         let w = self

@@ -67,8 +67,15 @@ impl World {
 
     /// GIVEN a request in `OfferingsFound` whose best plan is `offering`, listed on the market.
     fn with_candidate(&self, req: CapacityRequest, offering: Offering) -> RequestRecord {
-        self.market.list(offering.clone());
-        let planning = plan(&req, &[offering], &PriceTable::default(), t0());
+        self.with_candidates(req, vec![offering])
+    }
+
+    /// GIVEN a request in `OfferingsFound` planned from `offerings`, listed on the market.
+    fn with_candidates(&self, req: CapacityRequest, offerings: Vec<Offering>) -> RequestRecord {
+        for o in &offerings {
+            self.market.list(o.clone());
+        }
+        let planning = plan(&req, &offerings, &PriceTable::default(), t0());
         assert!(!planning.plans.is_empty(), "{planning:?}");
         let rec = RequestRecord {
             request_id: req.id.clone(),
@@ -411,4 +418,54 @@ async fn an_unsent_event_left_by_a_failed_publish_goes_out_on_the_next_run() {
     p.handle(tick("t1")).await.unwrap();
     assert_eq!(w.events.detail_types(), ["Capacity Reserved"]);
     assert_eq!(w.market.purchase_count(), 1);
+}
+
+#[tokio::test]
+async fn a_split_whose_second_block_has_gone_keeps_the_first_and_returns_the_rest() {
+    // GIVEN a 48 h request planned as two adjacent 24 h blocks, the second withdrawn by AWS
+    // before it is bought
+    let w = World::new();
+    let mut req = request("r-split", "team-a", "50000");
+    req.duration_hours = 48;
+    req.allow_split = true;
+    let first = block("cb-first", "3000");
+    let mut second = block("cb-second", "3500");
+    for s in &mut second.segments {
+        s.start += Duration::hours(24);
+        s.end += Duration::hours(24);
+    }
+    let rec = w.with_candidates(req, vec![first, second]);
+    assert_eq!(rec.candidates[0].offering_ids(), ["cb-first", "cb-second"]);
+    w.market.withdraw("cb-second");
+
+    // WHEN the purchase runs
+    w.purchaser(r#"{"*": "100000"}"#)
+        .handle(found("r-split", "e1"))
+        .await
+        .unwrap();
+
+    // THEN the first block is bought once and kept, the request fails saying why, and only
+    // the first block's fee stays spent
+    assert_eq!(w.status("r-split").await, RequestStatus::Failed);
+    assert_eq!(w.market.calls_of(MarketOp::Purchase), 2);
+    let kept = w
+        .store
+        .reservations(&capacity_pilot::fakes::fixtures::request_id("r-split"))
+        .await
+        .unwrap();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0].offering_id.as_deref(), Some("cb-first"));
+    assert_eq!(
+        w.spent("team-a"),
+        Usd::parse("3000").unwrap().to_micros_ceil()
+    );
+    let failed = &w.events.published_of("Capacity Request Failed")[0].detail;
+    assert_eq!(failed["reservation_ids"], json!([kept[0].id]));
+    assert_eq!(failed["spent_usd"], "3000");
+    let reason = failed["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("cb-second") && reason.contains("has gone"),
+        "{reason}"
+    );
+    assert!(w.events.published_of("Capacity Reserved").is_empty());
 }
