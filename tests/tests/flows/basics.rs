@@ -73,7 +73,9 @@ pub(crate) async fn a_purchase_whose_response_is_lost_is_adopted_not_bought_twic
         ))
         .await
         .unwrap();
-    // GIVEN AWS performs the next purchase but the response never arrives
+    // GIVEN offerings stay on sale after a purchase (so a second purchase would show as a
+    // second block), and AWS performs the next purchase but the response never arrives
+    assert!(!f.cloud.with_world(|w| w.settings.single_use_offerings));
     f.cloud.inject(Fault {
         operation: "PurchaseCapacityBlock".into(),
         kind: FaultKind::LostResponse,
