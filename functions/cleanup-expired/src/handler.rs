@@ -8,7 +8,7 @@
 //! each write is conditional on the version and records its cause, so duplicate events,
 //! overlapping ticks and concurrent invocations act once.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
@@ -101,6 +101,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
 
         let detail_type = ev.detail_type.as_str();
         let source = ev.source.as_str();
+        let scheduled = detail_type == "Scheduled Event" && source == "aws.events";
         let wake = match detail_type {
             "Scheduled Event" if source == "aws.events" => true,
             d if EXPIRATION_WARNINGS.contains(&d) && source == "aws.ec2" => {
@@ -145,9 +146,72 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                 }
             }
         }
+        if scheduled {
+            for region in &self.config.allowed_regions {
+                if let Err(e) = self.sweep(region, &mut out).await {
+                    warn!(region, error = %e, "sweeping orphaned instances failed");
+                    errors.push(e);
+                }
+            }
+        }
         out.published = outbox::flush(&self.store, &self.events).await?;
         decision::log(&out.decisions);
         decision::finish(out, errors)
+    }
+
+    /// Terminates managed instances that nothing we run covers any more: their request is
+    /// over (ended, failed, cancelled) or gone from the table. Requests still in flight keep
+    /// theirs, even between a launch and its commit. Never touches an untagged instance.
+    async fn sweep(&self, region: &str, out: &mut Outcome) -> Result<(), PortError> {
+        let found = self
+            .workloads
+            .describe_instances(
+                region,
+                &InstanceFilter {
+                    managed_only: true,
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let mut status: BTreeMap<String, Option<RequestStatus>> = BTreeMap::new();
+        let mut orphans: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for i in found {
+            if !i.state.is_live() || !i.tags.contains_key(MANAGED_TAG) {
+                continue;
+            }
+            let owner = i.tags.get(REQUEST_TAG).cloned().unwrap_or_default();
+            let st = match status.get(&owner) {
+                Some(s) => *s,
+                None => {
+                    let s = match RequestId::parse(&owner) {
+                        Ok(id) => self.store.get_request(&id).await?.map(|r| r.status),
+                        Err(_) => None,
+                    };
+                    status.insert(owner.clone(), s);
+                    s
+                }
+            };
+            if st.is_none_or(RequestStatus::is_terminal) {
+                orphans.entry(owner).or_default().push(i.instance_id);
+            }
+        }
+        for (owner, ids) in orphans {
+            let why = match status.get(&owner).copied().flatten() {
+                Some(s) => format!("its request {owner} is {s}"),
+                None => format!("no request {owner:?} is recorded"),
+            };
+            warn!(region, request_id = %owner, instances = ?ids, "terminating managed instances no reservation covers: {why}");
+            self.workloads.terminate_instances(region, &ids).await?;
+            out.decisions.push(Decision {
+                request_id: owner,
+                action: "swept",
+                reason: format!(
+                    "terminated {} in {region}: managed, still running, and {why}",
+                    ids.join(", ")
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// AWS says termination starts in 10 minutes: find the request by the reservation's tag

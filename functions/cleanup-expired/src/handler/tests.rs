@@ -632,3 +632,58 @@ async fn a_warning_for_an_untagged_reservation_touches_nothing() {
     );
     assert!(!w.store.calls().contains(&StoreOp::Transition));
 }
+
+#[tokio::test]
+async fn the_schedule_sweeps_managed_instances_whose_request_is_over_or_unknown_and_nothing_else() {
+    // GIVEN managed instances of an ended request, of an unknown request, of an active one
+    // and of a reserved one (launched, not yet committed), and an unmanaged one
+    let w = World::new();
+    w.seed(
+        request("r-ended", "team-a", "50000"),
+        &[block("cr-1", "r-ended")],
+        RequestStatus::Ended,
+        open(),
+    )
+    .await;
+    w.seed(
+        request("r-active", "team-a", "50000"),
+        &[block("cr-2", "r-active")],
+        RequestStatus::Active,
+        open(),
+    )
+    .await;
+    w.seed(
+        request("r-reserved", "team-a", "50000"),
+        &[block("cr-3", "r-reserved")],
+        RequestStatus::Reserved,
+        open(),
+    )
+    .await;
+    w.instance("i-ended", "r-ended", Some("cr-1"), true);
+    w.instance("i-unknown", "r-nobody", None, true);
+    w.instance("i-active", "r-active", Some("cr-2"), true);
+    w.instance("i-reserved", "r-reserved", Some("cr-3"), true);
+    w.instance("i-theirs", "r-ended", None, false);
+
+    // WHEN the schedule ticks (long before any drain)
+    let out = w.tick_at(open(), "tick-1").await;
+
+    // THEN only the instances of the ended and the unknown request are terminated
+    assert_eq!(w.state_of("i-ended"), InstanceState::Terminated);
+    assert_eq!(w.state_of("i-unknown"), InstanceState::Terminated);
+    assert_eq!(w.state_of("i-active"), InstanceState::Running);
+    assert_eq!(w.state_of("i-reserved"), InstanceState::Running);
+    assert_eq!(w.state_of("i-theirs"), InstanceState::Running);
+    let swept: Vec<&str> = out
+        .decisions
+        .iter()
+        .filter(|d| d.action == "swept")
+        .map(|d| d.request_id.as_str())
+        .collect();
+    assert_eq!(swept, ["r-ended", "r-nobody"]);
+    assert!(
+        out.decisions
+            .iter()
+            .any(|d| d.action == "swept" && d.reason.contains("is Ended"))
+    );
+}
