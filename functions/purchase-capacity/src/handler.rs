@@ -562,16 +562,24 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
     ) -> Result<(), PortError> {
         let id = &rec.request_id;
         let name = plan_name(id, 0);
-        let recorded: BTreeSet<String> = self
+        // Reservations bought for this request before this plan: a split's kept block when
+        // this plan is its replacement segment.
+        let prior: Vec<Reservation> = self
             .store
             .reservations(id)
             .await?
             .into_iter()
-            .map(|r| r.id)
+            .filter(|r| r.state.is_live())
             .collect();
+        let recorded: BTreeSet<String> = prior.iter().map(|r| r.id.clone()).collect();
         let mut bought: Vec<(Reservation, bool)> = Vec::new();
         for (i, offering) in plan.offerings.iter().enumerate() {
             let last = i + 1 == plan.offerings.len();
+            // Already bought and recorded by an earlier worker (a split's first block, when
+            // this worker took over an expired lease): never buy it again.
+            if !last && prior.iter().any(|r| is_from(r, offering)) {
+                continue;
+            }
             // Step 2: adopt a reservation already tagged for this request.
             let existing = self
                 .find_unrecorded(rec, offering, &name, &recorded)
@@ -621,15 +629,16 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                         Err(e @ PortError::OfferingGone { .. }) => {
                             // A split whose later block has gone after an earlier one was bought:
                             // what was bought stays bought (purchases cannot be cancelled) and is
-                            // recorded; the unbought part of the debit goes back.
+                            // recorded; the unbought part of the debit goes back, and the
+                            // search looks for a replacement segment until its deadline.
                             let kept: Vec<String> =
                                 bought.iter().map(|(r, _)| r.id.clone()).collect();
                             return self
-                            .release(rec, lease, RequestStatus::Failed, format!(
+                            .release(rec, lease, RequestStatus::Searching, format!(
                                 "bought {} of the split plan, but the offering {} for its next \
                                  segment has gone ({e}); the bought block is kept (purchases \
-                                 cannot be cancelled) and the unbought part of the debit is \
-                                 returned; no replacement segment is searched for",
+                                 cannot be cancelled), the unbought part of the debit is \
+                                 returned, and a replacement segment is searched for",
                                 kept.join(", "), offering.id
                             ), now, cause, out)
                             .await;
@@ -683,7 +692,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             }
             bought.push((reservation.clone(), adopted));
             let outbox = if last {
-                vec![outbound(&reserved_event(rec, plan, &bought))]
+                vec![outbound(&reserved_event(rec, plan, &prior, &bought))]
             } else {
                 vec![]
             };
@@ -735,13 +744,9 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             .market
             .find_by_request(offering.product, &offering.region, &rec.request_id, name)
             .await?;
-        Ok(found.into_iter().find(|r| {
-            r.state.is_live()
-                && !recorded.contains(&r.id)
-                && r.instance_type == offering.instance_type
-                && r.instance_count == offering.instance_count
-                && (r.start() - offering.start()).num_minutes().abs() < 60
-        }))
+        Ok(found
+            .into_iter()
+            .find(|r| r.state.is_live() && !recorded.contains(&r.id) && is_from(r, offering)))
     }
 
     async fn buy(
@@ -854,9 +859,31 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
     }
 }
 
-fn reserved_event(rec: &RequestRecord, plan: &Plan, bought: &[(Reservation, bool)]) -> Reserved {
-    let fee: Usd = bought.iter().map(|(r, _)| r.upfront_fee).sum();
-    let on_demand = plan.on_demand_cost;
+/// Whether reservation `r` is what buying `offering` gives: same type and count, starting
+/// within the hour (AWS may shift a block's start slightly).
+fn is_from(r: &Reservation, offering: &Offering) -> bool {
+    r.instance_type == offering.instance_type
+        && r.instance_count == offering.instance_count
+        && (r.start() - offering.start()).num_minutes().abs() < 60
+}
+
+/// What the request now holds: this plan's reservations and any bought before it (a split's
+/// kept block, when this plan replaced its lost segment).
+fn reserved_event(
+    rec: &RequestRecord,
+    plan: &Plan,
+    prior: &[Reservation],
+    bought: &[(Reservation, bool)],
+) -> Reserved {
+    let prior: Vec<(Reservation, bool)> = prior.iter().map(|r| (r.clone(), false)).collect();
+    let all: Vec<&(Reservation, bool)> = prior.iter().chain(bought).collect();
+    let fee: Usd = all.iter().map(|(r, _)| r.upfront_fee).sum();
+    // The plan's on-demand comparison covers its own hours only.
+    let on_demand = if prior.is_empty() {
+        plan.on_demand_cost
+    } else {
+        None
+    };
     Reserved {
         event_key: event_key(
             rec.request_id.as_str(),
@@ -864,21 +891,17 @@ fn reserved_event(rec: &RequestRecord, plan: &Plan, bought: &[(Reservation, bool
             rec.version + 1 + bought.len() as u64,
         ),
         request_id: rec.request_id.to_string(),
-        reservation_ids: bought.iter().map(|(r, _)| r.id.clone()).collect(),
+        reservation_ids: all.iter().map(|(r, _)| r.id.clone()).collect(),
         product: plan.product,
         region: plan.region.clone(),
         instance_type: plan.instance_type.clone(),
         instance_count: plan.instance_count,
-        start: bought
+        start: all
             .iter()
             .map(|(r, _)| r.start())
             .min()
             .unwrap_or(plan.start),
-        end: bought
-            .iter()
-            .map(|(r, _)| r.end())
-            .max()
-            .unwrap_or(plan.end),
+        end: all.iter().map(|(r, _)| r.end()).max().unwrap_or(plan.end),
         upfront_fee_usd: fee,
         on_demand_cost_usd: on_demand,
         saving_usd: on_demand.map(|od| od - fee),

@@ -18,6 +18,7 @@ use capacity_pilot::domain::planner::{Rejection, plan};
 use capacity_pilot::domain::request::{
     CapacityRequest, FieldError, Strategy, ValidationContext, WorkloadDetail, parse_request,
 };
+use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::time_rules::{PURCHASE_LEAD, search_deadline};
 use capacity_pilot::outbox;
@@ -251,10 +252,24 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
                 Err(e) => errors.push(e),
             }
         }
+        // What each still needs: the whole request, or (a split plan whose later block went
+        // after the first was bought) a replacement segment for the rest.
+        let mut needs = Vec::new();
+        let mut kept_ok = Vec::new();
+        for rec in searching {
+            match self.store.reservations(&rec.request_id).await {
+                Ok(kept) => {
+                    needs.push(remaining(&rec, &kept));
+                    kept_ok.push((rec, kept));
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        let searching = kept_ok;
         // One AWS call per distinct query.
         let mut queries: BTreeMap<OfferingQuery, Vec<usize>> = BTreeMap::new();
-        for (i, rec) in searching.iter().enumerate() {
-            for q in queries_for(&rec.request, now) {
+        for (i, need) in needs.iter().enumerate() {
+            for q in queries_for(need, now) {
                 queries.entry(q).or_default().push(i);
             }
         }
@@ -276,7 +291,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
                 }
             }
         }
-        for (i, rec) in searching.into_iter().enumerate() {
+        for (i, ((rec, kept), need)) in searching.into_iter().zip(needs).enumerate() {
             if let Some(e) = failed[i].take() {
                 // Nothing is decided on partial results; the next tick tries again.
                 out.decisions.push(Decision::new(
@@ -290,7 +305,18 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
             let mut offerings = std::mem::take(&mut found[i]);
             let mut seen = BTreeSet::new();
             offerings.retain(|o| seen.insert((o.region.clone(), o.id.clone())));
-            if let Err(e) = self.record(&rec, &offerings, cause, now, out).await {
+            // A replacement segment must not overlap what is already bought.
+            offerings.retain(|o| {
+                !o.segments.iter().any(|s| {
+                    kept.iter()
+                        .flat_map(|r| &r.segments)
+                        .any(|k| s.start < k.end && k.start < s.end)
+                })
+            });
+            if let Err(e) = self
+                .record(&rec, &need, &kept, &offerings, cause, now, out)
+                .await
+            {
                 errors.push(e);
             }
         }
@@ -344,16 +370,18 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn record(
         &self,
         rec: &RequestRecord,
+        req: &CapacityRequest,
+        kept: &[Reservation],
         offerings: &[Offering],
         cause: &Cause,
         now: DateTime<Utc>,
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let id = &rec.request_id;
-        let req = &rec.request;
         let (usable, unusable) = self.usable(req, offerings).await?;
         let mut planning = plan(req, &usable, &self.config.prices, now);
         planning.rejections.extend(unusable);
@@ -390,17 +418,33 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
             t.to = RequestStatus::Failed;
             t.next_action_at = None;
             t.reason = format!(
-                "no feasible offering was found before the search deadline {deadline} \
-                 ({} offerings seen{})",
+                "no feasible {} was found before the search deadline {deadline} \
+                 ({} offerings seen{}){}",
+                if kept.is_empty() {
+                    "offering"
+                } else {
+                    "replacement segment"
+                },
                 offerings.len(),
-                summarize(&planning.rejections)
+                summarize(&planning.rejections),
+                if kept.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; the partial reservation {} is kept (purchases cannot be cancelled)",
+                        kept.iter()
+                            .map(|r| r.id.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                }
             );
             t.outbox = vec![outbound(&events::RequestFailed {
                 event_key: event_key(id.as_str(), "failed", version),
                 request_id: id.to_string(),
                 status_before: rec.status,
                 reason: t.reason.clone(),
-                reservation_ids: vec![],
+                reservation_ids: kept.iter().map(|r| r.id.clone()).collect(),
                 spent_usd: rec.spent.to_usd(),
             })];
         } else {
@@ -570,6 +614,29 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
         }
         Ok((usable, unusable))
     }
+}
+
+/// What a request still needs bought. Usually all of it; but when a split plan's later block
+/// went after the earlier one was bought, a replacement segment for the remaining hours: same
+/// region, type, count and product as what was kept, one block, within the money left.
+pub fn remaining(rec: &RequestRecord, kept: &[Reservation]) -> CapacityRequest {
+    let mut need = rec.request.clone();
+    let kept: Vec<&Reservation> = kept.iter().filter(|r| r.state.is_live()).collect();
+    let Some(first) = kept.first() else {
+        return need;
+    };
+    let bought_hours: i64 = kept
+        .iter()
+        .flat_map(|r| &r.segments)
+        .map(|s| (s.end - s.start).num_hours())
+        .sum();
+    need.duration_hours = u32::try_from(i64::from(need.duration_hours) - bought_hours).unwrap_or(0);
+    need.allow_split = false;
+    need.regions = vec![first.region.clone()];
+    need.instance_types = vec![first.instance_type.clone()];
+    need.products = vec![first.product];
+    need.budget.max_upfront = need.budget.max_upfront - rec.spent.to_usd();
+    need
 }
 
 /// The searches a request needs: each reservation product, region and type, for the

@@ -187,6 +187,15 @@ impl InMemoryStore {
         );
     }
 
+    /// A reservation recorded for `request_id` as if bought (a split's kept block, say).
+    pub fn insert_reservation(&self, request_id: &RequestId, reservation: Reservation) {
+        lock(&self.state)
+            .reservations
+            .entry(request_id.clone())
+            .or_default()
+            .push(reservation);
+    }
+
     /// What a team has already spent in a month.
     pub fn set_spent(&self, team: &Team, month: &BudgetMonth, spent: MicroUsd) {
         lock(&self.state)

@@ -420,12 +420,9 @@ async fn an_unsent_event_left_by_a_failed_publish_goes_out_on_the_next_run() {
     assert_eq!(w.market.purchase_count(), 1);
 }
 
-#[tokio::test]
-async fn a_split_whose_second_block_has_gone_keeps_the_first_and_returns_the_rest() {
-    // GIVEN a 48 h request planned as two adjacent 24 h blocks, the second withdrawn by AWS
-    // before it is bought
-    let w = World::new();
-    let mut req = request("r-split", "team-a", "50000");
+/// GIVEN a 48 h request planned as two adjacent 24 h blocks, both on sale.
+fn split(w: &World, id: &str) -> RequestRecord {
+    let mut req = request(id, "team-a", "50000");
     req.duration_hours = 48;
     req.allow_split = true;
     let first = block("cb-first", "3000");
@@ -436,6 +433,14 @@ async fn a_split_whose_second_block_has_gone_keeps_the_first_and_returns_the_res
     }
     let rec = w.with_candidates(req, vec![first, second]);
     assert_eq!(rec.candidates[0].offering_ids(), ["cb-first", "cb-second"]);
+    rec
+}
+
+#[tokio::test]
+async fn a_split_whose_second_block_has_gone_keeps_the_first_and_searches_a_replacement() {
+    // GIVEN a split plan whose second block AWS withdraws before it is bought
+    let w = World::new();
+    split(&w, "r-split");
     w.market.withdraw("cb-second");
 
     // WHEN the purchase runs
@@ -444,9 +449,9 @@ async fn a_split_whose_second_block_has_gone_keeps_the_first_and_returns_the_res
         .await
         .unwrap();
 
-    // THEN the first block is bought once and kept, the request fails saying why, and only
-    // the first block's fee stays spent
-    assert_eq!(w.status("r-split").await, RequestStatus::Failed);
+    // THEN the first block is bought once and kept, the unbought debit goes back, and the
+    // request searches again (for a replacement segment, search-offerings' part)
+    assert_eq!(w.status("r-split").await, RequestStatus::Searching);
     assert_eq!(w.market.calls_of(MarketOp::Purchase), 2);
     let kept = w
         .store
@@ -459,13 +464,52 @@ async fn a_split_whose_second_block_has_gone_keeps_the_first_and_returns_the_res
         w.spent("team-a"),
         Usd::parse("3000").unwrap().to_micros_ceil()
     );
-    let failed = &w.events.published_of("Capacity Request Failed")[0].detail;
-    assert_eq!(failed["reservation_ids"], json!([kept[0].id]));
-    assert_eq!(failed["spent_usd"], "3000");
-    let reason = failed["reason"].as_str().unwrap();
+    let rec = w
+        .store
+        .get_request(&capacity_pilot::fakes::fixtures::request_id("r-split"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.open_debit, None);
     assert!(
-        reason.contains("cb-second") && reason.contains("has gone"),
-        "{reason}"
+        rec.reason.contains("cb-second") && rec.reason.contains("replacement"),
+        "{}",
+        rec.reason
     );
     assert!(w.events.published_of("Capacity Reserved").is_empty());
+    assert!(w.events.published_of("Capacity Request Failed").is_empty());
+}
+
+#[tokio::test]
+async fn a_worker_taking_over_a_split_never_buys_its_recorded_first_block_again() {
+    // GIVEN a split plan whose worker dies right after recording the first block
+    let w = World::new();
+    split(&w, "r-take");
+    w.store.commit_then_fail_next(
+        StoreOp::RecordReservation,
+        PortError::Transient {
+            service: "dynamodb",
+            code: "InternalServerError".into(),
+            message: "crash".into(),
+        },
+    );
+    let p = w.purchaser(r#"{"*": "100000"}"#);
+    assert!(p.handle(found("r-take", "e1")).await.is_err());
+    assert_eq!(w.market.calls_of(MarketOp::Purchase), 1);
+
+    // WHEN the lease expires and a new worker takes over
+    w.clock.advance(LEASE + Duration::minutes(1));
+    w.store.advance_to(w.clock.get());
+    p.handle(tick("t1")).await.unwrap();
+
+    // THEN it buys only the second block: two purchases in all, both fees debited once
+    assert_eq!(w.market.calls_of(MarketOp::Purchase), 2);
+    assert_eq!(w.status("r-take").await, RequestStatus::Reserved);
+    assert_eq!(
+        w.spent("team-a"),
+        Usd::parse("6500").unwrap().to_micros_ceil()
+    );
+    let reserved = &w.events.published_of("Capacity Reserved")[0].detail;
+    assert_eq!(reserved["reservation_ids"].as_array().unwrap().len(), 2);
+    assert_eq!(reserved["upfront_fee_usd"], "6500");
 }

@@ -487,3 +487,111 @@ async fn a_hyperpod_request_for_a_managed_cluster_is_accepted() {
             .is_some()
     );
 }
+
+/// GIVEN a 48 h split request whose first 24 h block (day 3) is bought and recorded, its
+/// second block gone: the request is back in `Searching` with $3000 spent.
+fn kept_first_half(w: &World, id: &str) {
+    use capacity_pilot::domain::reservation::{Reservation, ReservationState};
+    use capacity_pilot::fakes::fixtures::request;
+    use capacity_pilot::ports::RequestRecord;
+    let mut req = request(id, "team-a", "10000");
+    req.instance_count = 4;
+    req.duration_hours = 48;
+    req.allow_split = true;
+    req.window.earliest_start = day(2);
+    req.window.latest_end = day(8);
+    let first = block("cb-first", day(3), 24, "3000");
+    // the fixture request's subnet, in the zone of the test blocks
+    w.workloads
+        .add_subnet("us-east-1", "subnet-a", "us-east-1a");
+    w.store.insert_record(RequestRecord {
+        request_id: req.id.clone(),
+        team: req.team.clone(),
+        request: req.clone(),
+        status: RequestStatus::Searching,
+        version: 6,
+        reason: "the second block has gone; searching for a replacement".into(),
+        next_action_at: Some(t0()),
+        lease: None,
+        open_debit: None,
+        spent: Usd::parse("3000").unwrap().to_micros_ceil(),
+        candidates: vec![],
+        created_at: t0(),
+        updated_at: t0(),
+    });
+    w.store.insert_reservation(
+        &req.id,
+        Reservation {
+            id: "cr-first".into(),
+            product: Product::CapacityBlock,
+            region: "us-east-1".into(),
+            instance_type: "p5.48xlarge".into(),
+            instance_count: 4,
+            segments: first.segments.clone(),
+            upfront_fee: Usd::parse("3000").unwrap(),
+            state: ReservationState::PaymentPending,
+            offering_id: Some("cb-first".into()),
+            request_tag: Some(id.into()),
+            ultraserver: false,
+        },
+    );
+}
+
+#[tokio::test]
+async fn a_split_that_lost_its_second_block_searches_one_replacement_block_for_the_rest() {
+    // GIVEN the kept first half, and on sale: a 24 h block overlapping it, a 24 h block
+    // after it, and a 48 h block (the whole request again)
+    let w = World::new();
+    kept_first_half(&w, "r-rep");
+    w.market.list_all([
+        block("cb-overlap", day(3) + Duration::hours(12), 24, "1000"),
+        block("cb-after", day(5), 24, "3200"),
+        block("cb-whole", day(5), 48, "5000"),
+    ]);
+
+    // WHEN the schedule runs the search
+    w.searcher().handle(tick("t1")).await.unwrap();
+
+    // THEN the best plan is the 24 h block after what is bought, within the money left
+    // ($7000 of $10000); the overlapping block is never planned
+    let rec = w
+        .store
+        .get_request(&request_id("r-rep"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.status, RequestStatus::OfferingsFound, "{}", rec.reason);
+    let found = &w.events.published_of("Capacity Offerings Found")[0].detail;
+    assert_eq!(found["plans"][0]["offering_ids"], json!(["cb-after"]));
+    assert!(
+        found["plans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["offering_ids"] != json!(["cb-overlap"])),
+        "{found}"
+    );
+}
+
+#[tokio::test]
+async fn a_replacement_not_found_by_its_deadline_fails_with_the_kept_block_recorded() {
+    // GIVEN the kept first half, nothing on sale, and the clock past the deadline for the
+    // remaining 24 h (latest end day 8, minus 24 h, minus the purchase lead)
+    let w = World::new();
+    kept_first_half(&w, "r-late");
+    w.clock.set(day(7));
+
+    // WHEN the schedule runs the search
+    w.searcher().handle(tick("t1")).await.unwrap();
+
+    // THEN the request fails naming the kept reservation and what stays spent
+    assert_eq!(w.status("r-late").await, RequestStatus::Failed);
+    let failed = &w.events.published_of("Capacity Request Failed")[0].detail;
+    assert_eq!(failed["reservation_ids"], json!(["cr-first"]));
+    assert_eq!(failed["spent_usd"], "3000");
+    let reason = failed["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("replacement segment") && reason.contains("cr-first"),
+        "{reason}"
+    );
+}
