@@ -26,6 +26,7 @@ pub mod eventbridge;
 pub mod market;
 pub mod query;
 pub mod rules;
+pub mod runner;
 pub mod sagemaker;
 pub mod server;
 pub mod util;

@@ -1,5 +1,9 @@
-//! `local-cloud serve`: the emulator as a standalone process, for the AWS CLI, the local runner
-//! and the real function binaries (pointed at it through `AWS_ENDPOINT_URL_*`).
+//! `local-cloud serve`: the emulator as a standalone process, for the AWS CLI and the real
+//! function binaries (pointed at it through `AWS_ENDPOINT_URL_*`).
+//! `local-cloud run <scenario>`: the local runner, which plays a scenario with the real
+//! function binaries and judges it (exit status 1 when a check fails).
+
+use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -27,17 +31,74 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Play a scenario with the real function binaries (build them first:
+    /// `cargo build --workspace --bins`) and judge its expected outcomes.
+    Run {
+        /// The scenario file.
+        #[arg(default_value = "infra/local/scenarios/default.yaml")]
+        scenario: PathBuf,
+        /// The workspace root (holds infra/template.yaml, .venv and tests/support).
+        #[arg(long, default_value = ".")]
+        root: PathBuf,
+        /// Where the function binaries are (default: cargo's target dir, debug).
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+        /// Where logs go (default: <target dir>/capacity-pilot).
+        #[arg(long)]
+        out_dir: Option<PathBuf>,
+        /// Fire every schedule at every tick, not only ticks with due work (slow).
+        #[arg(long)]
+        every_tick: bool,
+        /// Print only the summary and the checks, not the timeline.
+        #[arg(long)]
+        quiet: bool,
+    },
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // The runner prints its own timeline; the emulator's logs would drown it.
+    let default_level = match cli.command {
+        Command::Run { .. } => "warn",
+        Command::Serve { .. } => "info",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)),
         )
         .init();
-    let cli = Cli::parse();
     match cli.command {
+        Command::Run {
+            scenario,
+            root,
+            bin_dir,
+            out_dir,
+            every_tick,
+            quiet,
+        } => {
+            let root = root
+                .canonicalize()
+                .with_context(|| format!("{}", root.display()))?;
+            let scenario = if scenario.is_absolute() {
+                scenario
+            } else {
+                root.join(scenario)
+            };
+            let result = local_cloud::runner::run(local_cloud::runner::RunOptions {
+                root,
+                scenario,
+                bin_dir,
+                out_dir,
+                every_tick,
+                print: !quiet,
+            })
+            .await?;
+            print!("{}", local_cloud::runner::report::render(&result));
+            if !result.passed() {
+                std::process::exit(1);
+            }
+        }
         Command::Serve { port, seed } => {
             let cloud = LocalCloud::start(Options {
                 seed,

@@ -1,0 +1,144 @@
+//! The local EventBridge: the emulator records every event (AWS's own on `default`, the
+//! functions' `PutEvents` on the custom bus); this hands each new one to the functions whose
+//! rules in the template match it, and builds the `Scheduled Event`s of the template's
+//! `Schedule` rules on the simulated clock. The wiring is `crate::rules` (no second copy).
+
+use chrono::{DateTime, TimeDelta, Utc};
+use serde_json::{Value, json};
+
+use crate::LocalCloud;
+use crate::rules::{Bus, Rules};
+use crate::util::event_time;
+
+/// A new event on a bus and the functions its rules reach.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub bus: Bus,
+    pub event: Value,
+    pub targets: Vec<String>,
+}
+
+pub struct LocalBus {
+    pub rules: Rules,
+    /// The custom bus's name (what `EVENT_BUS_NAME` says).
+    pub custom: String,
+    pub region: String,
+    pub account_id: String,
+    seen_default: usize,
+    seen_custom: usize,
+    ticks: u64,
+}
+
+impl LocalBus {
+    pub fn new(rules: Rules, custom: &str, region: &str, account_id: &str) -> LocalBus {
+        LocalBus {
+            rules,
+            custom: custom.to_string(),
+            region: region.to_string(),
+            account_id: account_id.to_string(),
+            seen_default: 0,
+            seen_custom: 0,
+            ticks: 0,
+        }
+    }
+
+    /// Every event recorded on either bus since the last call, AWS's first, each with the
+    /// functions it reaches (possibly none).
+    pub fn take_new(&mut self, cloud: &LocalCloud) -> Vec<Delivery> {
+        let default = cloud.events("default");
+        let custom = cloud.events(&self.custom);
+        let mut out = Vec::new();
+        for (bus, events, seen) in [
+            (Bus::Default, default, &mut self.seen_default),
+            (Bus::Custom, custom, &mut self.seen_custom),
+        ] {
+            for event in events.into_iter().skip(*seen) {
+                *seen += 1;
+                let targets = self.rules.functions_for(bus, &event);
+                out.push(Delivery {
+                    bus,
+                    event,
+                    targets,
+                });
+            }
+        }
+        out
+    }
+
+    /// Each schedule: (function, rate).
+    pub fn schedules(&self) -> Vec<(String, TimeDelta)> {
+        self.rules
+            .schedules()
+            .into_iter()
+            .map(|(f, every)| (f.to_string(), every))
+            .collect()
+    }
+
+    /// The standard `Scheduled Event` envelope a schedule rule delivers at `at`.
+    pub fn scheduled_event(&mut self, function: &str, at: DateTime<Utc>) -> Value {
+        self.ticks += 1;
+        json!({
+            "version": "0",
+            "id": uuid::Uuid::new_v4().to_string(),
+            "detail-type": "Scheduled Event",
+            "source": "aws.events",
+            "account": self.account_id,
+            "time": event_time(at),
+            "region": self.region,
+            "resources": [format!("arn:aws:events:{}:{}:rule/{function}-schedule", self.region, self.account_id)],
+            "detail": {}
+        })
+    }
+}
+
+/// The first tick of a `every` schedule strictly after `after` (ticks sit on multiples of
+/// `every` since the epoch, as `rate()` rules tick at a fixed phase).
+pub fn next_tick(after: DateTime<Utc>, every: TimeDelta) -> DateTime<Utc> {
+    let step = every.num_seconds().max(1);
+    let t = after.timestamp();
+    let next = (t.div_euclid(step) + 1) * step;
+    DateTime::from_timestamp(next, 0).unwrap_or(after)
+}
+
+/// The first tick at or after `at`.
+pub fn tick_at_or_after(at: DateTime<Utc>, every: TimeDelta) -> DateTime<Utc> {
+    next_tick(at - TimeDelta::nanoseconds(1), every)
+}
+
+/// Whether `at` is a tick of an `every` schedule.
+pub fn is_tick(at: DateTime<Utc>, every: TimeDelta) -> bool {
+    at.timestamp_subsec_nanos() == 0 && at.timestamp().rem_euclid(every.num_seconds().max(1)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> DateTime<Utc> {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn ticks_sit_on_the_schedule_grid() {
+        let five = TimeDelta::minutes(5);
+        assert_eq!(
+            next_tick(t("2026-12-01T09:00:00Z"), five),
+            t("2026-12-01T09:05:00Z")
+        );
+        assert_eq!(
+            next_tick(t("2026-12-01T09:03:10Z"), five),
+            t("2026-12-01T09:05:00Z")
+        );
+        assert_eq!(
+            tick_at_or_after(t("2026-12-01T09:05:00Z"), five),
+            t("2026-12-01T09:05:00Z")
+        );
+        assert_eq!(
+            tick_at_or_after(t("2026-12-01T09:05:01Z"), five),
+            t("2026-12-01T09:10:00Z")
+        );
+        assert!(is_tick(t("2026-12-01T09:05:00Z"), five));
+        assert!(!is_tick(t("2026-12-01T09:06:00Z"), five));
+        assert!(is_tick(t("2026-12-01T09:06:00Z"), TimeDelta::minutes(1)));
+    }
+}

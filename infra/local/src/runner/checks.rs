@@ -1,0 +1,544 @@
+//! The scenario's expected outcomes, judged only from what reached the buses (AWS's events
+//! and ours), what the functions answered, and the emulator's own state: never from the
+//! functions' table.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, TimeDelta, Utc};
+use rust_decimal::Decimal;
+use serde_json::Value;
+
+use super::InvocationRecord;
+use super::scenario::Scenario;
+use crate::LocalCloud;
+
+const REQUEST_TAG: &str = "capacity-pilot:request-id";
+
+/// Everything a check may look at.
+pub struct Observed<'a> {
+    pub scenario: &'a Scenario,
+    pub cloud: &'a LocalCloud,
+    pub default_events: &'a [Value],
+    pub custom_events: &'a [Value],
+    pub invocations: &'a [InvocationRecord],
+    pub broken: &'a [(String, String, DateTime<Utc>)],
+    pub schedule_rates: &'a BTreeMap<String, TimeDelta>,
+}
+
+/// One judged expectation.
+#[derive(Debug, Clone)]
+pub struct Check {
+    pub name: String,
+    pub subject: String,
+    pub passed: bool,
+    pub detail: String,
+}
+
+/// A reserved window as the emulator holds it: one Capacity Block, or one segment of a plan.
+#[derive(Debug, Clone)]
+pub struct Window {
+    /// The block id, or the plan ARN.
+    pub reservation_id: String,
+    pub segment: usize,
+    pub start: DateTime<Utc>,
+    pub end: DateTime<Utc>,
+    /// When AWS stops the workload itself, by the emulator's settings.
+    pub forced: DateTime<Utc>,
+    pub fee: Decimal,
+    pub kind: String,
+}
+
+impl Observed<'_> {
+    /// Our events about `id` of `detail_type`, repeats of an event key dropped.
+    pub fn ours(&self, id: &str, detail_type: &str) -> Vec<&Value> {
+        let mut keys = BTreeSet::new();
+        self.custom_events
+            .iter()
+            .filter(|e| e["detail-type"] == detail_type && e["detail"]["request_id"] == id)
+            .filter(|e| keys.insert(e["detail"]["event_key"].to_string()))
+            .collect()
+    }
+
+    /// The windows the emulator sold for request `id` (found by its request tag).
+    pub fn windows(&self, id: &str) -> Vec<Window> {
+        self.cloud.with_world(|w| {
+            let mut out = Vec::new();
+            for cr in w.ec2.reservations.values() {
+                if cr.tags.get(REQUEST_TAG).map(String::as_str) != Some(id) {
+                    continue;
+                }
+                let lead = if cr.ultraserver {
+                    w.settings.ultraserver_termination_lead_minutes
+                } else {
+                    w.settings.block_termination_lead_minutes
+                };
+                out.push(Window {
+                    reservation_id: cr.id.clone(),
+                    segment: 0,
+                    start: cr.start,
+                    end: cr.end,
+                    forced: cr.end - TimeDelta::minutes(lead),
+                    fee: cr.upfront_fee
+                        + cr.extensions.iter().map(|x| x.upfront_fee).sum::<Decimal>(),
+                    kind: "capacity-block".into(),
+                });
+            }
+            for p in w.sm.plans.values() {
+                let tagged =
+                    w.sm.tags
+                        .get(&p.arn)
+                        .is_some_and(|tags| tags.iter().any(|(k, v)| k == REQUEST_TAG && v == id));
+                if !tagged {
+                    continue;
+                }
+                let lead = match p.offering.target.as_str() {
+                    "training-job" => w.settings.training_job_termination_lead_minutes,
+                    "hyperpod-cluster" => w.settings.hyperpod_termination_lead_minutes,
+                    // an endpoint fails when its plan stops being active
+                    _ => 0,
+                };
+                for (i, s) in p.offering.segments.iter().enumerate() {
+                    out.push(Window {
+                        reservation_id: p.arn.clone(),
+                        segment: i,
+                        start: s.start,
+                        end: s.end,
+                        forced: s.end - TimeDelta::minutes(lead),
+                        // the plan's fee, once, on its first segment
+                        fee: if i == 0 {
+                            p.offering.upfront_fee
+                        } else {
+                            Decimal::ZERO
+                        },
+                        kind: format!("training-plan/{}", p.offering.target),
+                    });
+                }
+            }
+            out.sort_by_key(|w| w.start);
+            out
+        })
+    }
+
+    /// The schedule rate of the function that published `ev` (found from the invocations).
+    fn publisher_rate(&self, ev: &Value) -> Option<(String, TimeDelta)> {
+        let inv = self
+            .invocations
+            .iter()
+            .find(|i| i.published.iter().any(|p| p["id"] == ev["id"]))?;
+        Some((
+            inv.function.clone(),
+            *self.schedule_rates.get(&inv.function)?,
+        ))
+    }
+}
+
+pub fn time(v: &Value) -> Option<DateTime<Utc>> {
+    v.as_str()?.parse().ok()
+}
+
+fn money(v: &Value) -> Option<Decimal> {
+    v.as_str()?.parse().ok()
+}
+
+/// Judges every expectation of the scenario.
+pub fn judge(o: &Observed) -> Vec<Check> {
+    let mut out = Vec::new();
+    let mut check = |name: &str, subject: &str, passed: bool, detail: String| {
+        out.push(Check {
+            name: name.to_string(),
+            subject: subject.to_string(),
+            passed,
+            detail,
+        })
+    };
+    let requests = o.scenario.requests();
+    for (id, e) in &o.scenario.expect {
+        if !requests.contains_key(id) {
+            check(
+                "submitted",
+                id,
+                false,
+                "the scenario never submits this request".into(),
+            );
+            continue;
+        }
+        let windows = o.windows(id);
+        let reserved = o.ours(id, "Capacity Reserved");
+        let reservations: BTreeSet<&str> =
+            windows.iter().map(|w| w.reservation_id.as_str()).collect();
+
+        if e.bought_once {
+            let ok = reserved.len() == 1 && reservations.len() == 1;
+            check(
+                "bought once",
+                id,
+                ok,
+                format!(
+                    "{} Capacity Reserved event(s); the emulator sold {} reservation(s) tagged for it: {:?}",
+                    reserved.len(),
+                    reservations.len(),
+                    reservations
+                ),
+            );
+        }
+
+        if e.launched_on_time {
+            let launched = o.ours(id, "Capacity Workload Launched");
+            let mut ok = !windows.is_empty();
+            let mut notes = Vec::new();
+            for w in &windows {
+                let hit = launched.iter().find(|l| {
+                    l["detail"]["reservation_id"] == w.reservation_id.as_str()
+                        && time(&l["time"]).is_some_and(|t| t >= w.start && t < w.end)
+                        && l["detail"]["segment"].as_u64().unwrap_or(0) as usize == w.segment
+                });
+                match hit {
+                    None => {
+                        ok = false;
+                        notes.push(format!(
+                            "{} segment {}: never launched",
+                            w.reservation_id, w.segment
+                        ));
+                    }
+                    Some(l) => {
+                        let at = time(&l["time"]).unwrap_or(w.start);
+                        let (f, rate) = o
+                            .publisher_rate(l)
+                            .unwrap_or(("?".into(), TimeDelta::zero()));
+                        let late = at - w.start;
+                        let on_time = late <= rate;
+                        ok &= on_time;
+                        notes.push(format!(
+                            "{} segment {}: opened {}, launched {} ({} s later; {f} ticks every {} s)",
+                            short(&w.reservation_id),
+                            w.segment,
+                            w.start.format("%m-%d %H:%M"),
+                            at.format("%m-%d %H:%M:%S"),
+                            late.num_seconds(),
+                            rate.num_seconds()
+                        ));
+                    }
+                }
+            }
+            if windows.is_empty() {
+                notes.push("no window was bought".into());
+            }
+            check(
+                "launched within one tick of the window opening",
+                id,
+                ok,
+                notes.join("; "),
+            );
+        }
+
+        if e.replaced {
+            let replaced = o.ours(id, "Capacity Instance Replaced");
+            let broken: Vec<&(String, String, DateTime<Utc>)> =
+                o.broken.iter().filter(|(r, _, _)| r == id).collect();
+            let mut ok = !broken.is_empty();
+            let mut notes = Vec::new();
+            for (_, sick, at) in &broken {
+                let ev = replaced
+                    .iter()
+                    .find(|r| r["detail"]["replaced_instance_id"] == sick.as_str());
+                let verdict = ev.and_then(|r| {
+                    let new_id = r["detail"]["new_instance_id"].as_str()?;
+                    let (state, cr) = o.cloud.with_world(|w| {
+                        let new = w.ec2.instances.get(new_id)?;
+                        let old = w.ec2.instances.get(sick.as_str())?;
+                        Some((
+                            old.state.clone(),
+                            new.capacity_reservation_id.is_some()
+                                && new.capacity_reservation_id == old.capacity_reservation_id,
+                        ))
+                    })?;
+                    Some((new_id.to_string(), time(&r["time"])?, state, cr))
+                });
+                match verdict {
+                    Some((new_id, t, old_state, same_cr)) => {
+                        ok &= same_cr;
+                        notes.push(format!(
+                            "{sick} broken at {}, replaced by {new_id} at {} ({} min later) {}; the old one is {old_state}",
+                            at.format("%m-%d %H:%M"),
+                            t.format("%m-%d %H:%M"),
+                            (t - *at).num_minutes(),
+                            if same_cr { "in the same reservation" } else { "OUTSIDE its reservation" }
+                        ));
+                    }
+                    None => {
+                        ok = false;
+                        notes.push(format!("{sick}: no Capacity Instance Replaced names it"));
+                    }
+                }
+            }
+            if broken.is_empty() {
+                notes.push("the scenario broke no instance of this request".into());
+            }
+            check("broken instances replaced", id, ok, notes.join("; "));
+        }
+
+        if e.drained_before_forced_termination {
+            let drained = o.ours(id, "Capacity Workload Drained");
+            let mut ok = !windows.is_empty();
+            let mut notes = Vec::new();
+            for w in &windows {
+                let d = drained.iter().find(|d| {
+                    d["detail"]["reservation_id"] == w.reservation_id.as_str()
+                        && d["detail"]["segment"].as_u64().unwrap_or(0) as usize == w.segment
+                });
+                match d.and_then(|d| time(&d["time"])) {
+                    Some(t) => {
+                        let before = t < w.forced;
+                        ok &= before;
+                        notes.push(format!(
+                            "{} segment {}: drained {}, {} min before AWS's forced termination at {}",
+                            short(&w.reservation_id),
+                            w.segment,
+                            t.format("%m-%d %H:%M"),
+                            (w.forced - t).num_minutes(),
+                            w.forced.format("%m-%d %H:%M")
+                        ));
+                    }
+                    None => {
+                        ok = false;
+                        notes.push(format!(
+                            "{} segment {}: never drained",
+                            short(&w.reservation_id),
+                            w.segment
+                        ));
+                    }
+                }
+            }
+            // No instance of the request was stopped by AWS rather than by us.
+            let by_aws: Vec<String> = o.cloud.with_world(|w| {
+                w.ec2
+                    .instances
+                    .values()
+                    .filter(|i| i.tags.get(REQUEST_TAG).map(String::as_str) == Some(id.as_str()))
+                    .filter(|i| {
+                        i.state_reason
+                            .as_ref()
+                            .is_some_and(|(code, _)| code != "Client.UserInitiatedShutdown")
+                    })
+                    .map(|i| i.id.clone())
+                    .collect()
+            });
+            let broken: BTreeSet<&str> = o
+                .broken
+                .iter()
+                .filter(|(r, _, _)| r == id)
+                .map(|(_, i, _)| i.as_str())
+                .collect();
+            let by_aws: Vec<String> = by_aws
+                .into_iter()
+                .filter(|i| !broken.contains(i.as_str()))
+                .collect();
+            if !by_aws.is_empty() {
+                ok = false;
+                notes.push(format!("terminated by AWS, not drained: {by_aws:?}"));
+            }
+            check(
+                "drained before AWS's forced termination",
+                id,
+                ok,
+                notes.join("; "),
+            );
+        }
+
+        if e.cleaned_up {
+            let ended = o.ours(id, "Capacity Reservation Ended");
+            let last_end = windows.iter().map(|w| w.end).max();
+            let mut ok = ended.len() == 1;
+            let mut notes = vec![match ended.first().and_then(|e| time(&e["time"])) {
+                Some(t) => format!("Reservation Ended at {}", t.format("%m-%d %H:%M")),
+                None => "no Capacity Reservation Ended".into(),
+            }];
+            if let (Some(t), Some(end)) = (ended.first().and_then(|e| time(&e["time"])), last_end) {
+                ok &= t >= end;
+            }
+            // Nothing of it is left running: instances, jobs, endpoints, endpoint configs.
+            let arns: BTreeSet<String> = windows.iter().map(|w| w.reservation_id.clone()).collect();
+            let left: Vec<String> = o.cloud.with_world(|w| {
+                let mut left = Vec::new();
+                for i in w.ec2.instances.values() {
+                    if i.tags.get(REQUEST_TAG).map(String::as_str) == Some(id.as_str())
+                        && i.state != "terminated"
+                    {
+                        left.push(format!("instance {} ({})", i.id, i.state));
+                    }
+                }
+                for e in w.sm.endpoints.values() {
+                    if e.variants
+                        .iter()
+                        .any(|v| v.plan_arn.as_ref().is_some_and(|a| arns.contains(a)))
+                    {
+                        left.push(format!("endpoint {} ({})", e.name, e.status));
+                    }
+                }
+                for c in w.sm.endpoint_configs.values() {
+                    if c.variants
+                        .iter()
+                        .any(|v| v.plan_arn.as_ref().is_some_and(|a| arns.contains(a)))
+                    {
+                        left.push(format!("endpoint config {}", c.name));
+                    }
+                }
+                for j in w.sm.jobs.values() {
+                    if j.plan_arn.as_ref().is_some_and(|a| arns.contains(a))
+                        && matches!(j.status.as_str(), "InProgress" | "Stopping")
+                    {
+                        left.push(format!("training job {} ({})", j.name, j.status));
+                    }
+                }
+                left
+            });
+            if left.is_empty() {
+                notes.push("nothing of it left in the emulator".into());
+            } else {
+                ok = false;
+                notes.push(format!("left behind: {left:?}"));
+            }
+            check("ended and cleaned up", id, ok, notes.join("; "));
+        }
+
+        if e.fell_back {
+            let detail = &requests[id];
+            let desired = time(&detail["earliest_start"]);
+            let on_demand: Vec<String> = o.cloud.with_world(|w| {
+                w.ec2
+                    .instances
+                    .values()
+                    .filter(|i| i.tags.get(REQUEST_TAG).map(String::as_str) == Some(id.as_str()))
+                    .filter(|i| i.capacity_reservation_id.is_none())
+                    .map(|i| i.id.clone())
+                    .collect()
+            });
+            let start = reserved.first().and_then(|r| time(&r["detail"]["start"]));
+            let mut ok = on_demand.is_empty() && reserved.len() == 1;
+            let mut notes = Vec::new();
+            if !on_demand.is_empty() {
+                notes.push(format!(
+                    "instances ran outside a reservation: {on_demand:?}"
+                ));
+            }
+            match (start, desired) {
+                (Some(start), Some(desired)) => {
+                    let delay = (start - desired).num_minutes();
+                    let needle = format!("{delay} min after the desired start");
+                    let reported = o.invocations.iter().any(|i| {
+                        i.decisions.iter().any(|d| {
+                            d["request_id"] == id.as_str()
+                                && d["reason"].as_str().is_some_and(|r| r.contains(&needle))
+                        })
+                    });
+                    ok &= delay > 0 && reported;
+                    notes.push(format!(
+                        "desired start {}, reservation starts {}: a delay of {delay} min, {}",
+                        desired.format("%m-%d %H:%M"),
+                        start.format("%m-%d %H:%M"),
+                        if reported {
+                            "reported in the purchase decision"
+                        } else {
+                            "NOT reported by any decision"
+                        }
+                    ));
+                }
+                _ => {
+                    ok = false;
+                    notes.push("no reservation was bought after on-demand failed".into());
+                }
+            }
+            check(
+                "on-demand-first fell back, delay reported",
+                id,
+                ok,
+                notes.join("; "),
+            );
+        }
+
+        if let Some(fields) = &e.rejected_fields {
+            let rejected = o.ours(id, "Capacity Request Rejected");
+            let named: BTreeSet<String> = rejected
+                .iter()
+                .flat_map(|r| {
+                    r["detail"]["problems"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                })
+                .filter_map(|p| p["field"].as_str().map(str::to_string))
+                .collect();
+            let missing: Vec<&String> = fields.iter().filter(|f| !named.contains(*f)).collect();
+            let ok = rejected.len() == 1 && missing.is_empty() && windows.is_empty();
+            check(
+                "rejected, naming its bad fields",
+                id,
+                ok,
+                format!(
+                    "{} Rejected event(s) naming {:?}{}{}",
+                    rejected.len(),
+                    named,
+                    if missing.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; missing {missing:?}")
+                    },
+                    if windows.is_empty() {
+                        "; nothing bought".to_string()
+                    } else {
+                        format!("; yet {} window(s) bought", windows.len())
+                    }
+                ),
+            );
+        }
+    }
+
+    if o.scenario.budgets_exact {
+        // Per team: the fees on the Reserved events equal what the emulator charged.
+        let mut teams: BTreeMap<String, (Decimal, Decimal)> = BTreeMap::new();
+        for (id, detail) in &requests {
+            let team = detail["team"].as_str().unwrap_or("?").to_string();
+            let published: Decimal = o
+                .ours(id, "Capacity Reserved")
+                .iter()
+                .filter_map(|r| money(&r["detail"]["upfront_fee_usd"]))
+                .sum();
+            let charged: Decimal = o.windows(id).iter().map(|w| w.fee).sum();
+            let t = teams.entry(team).or_default();
+            t.0 += published;
+            t.1 += charged;
+        }
+        for (team, (published, charged)) in teams {
+            check(
+                "budget exact",
+                &team,
+                published == charged,
+                format!("Reserved fees ${published}; the emulator charged ${charged}"),
+            );
+        }
+    }
+
+    let failed: Vec<&InvocationRecord> = o.invocations.iter().filter(|i| !i.ok).collect();
+    check(
+        "every invocation succeeded",
+        "functions",
+        failed.is_empty(),
+        match failed.first() {
+            None => format!("{} invocations", o.invocations.len()),
+            Some(f) => format!(
+                "{} failed; first: {} at {} on {}: {}",
+                failed.len(),
+                f.function,
+                f.at,
+                f.trigger,
+                f.error.as_deref().unwrap_or("")
+            ),
+        },
+    );
+    out
+}
+
+/// A short form of a reservation id or plan ARN, for reading.
+pub fn short(id: &str) -> &str {
+    id.rsplit('/').next().unwrap_or(id)
+}

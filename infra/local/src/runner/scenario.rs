@@ -1,0 +1,212 @@
+//! Scenario files (`infra/local/scenarios/*.yaml`): the market seed, the simulated start and
+//! end, the template parameters, requests submitted and faults injected at simulated times,
+//! and the outcomes expected per request.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::Context;
+use chrono::{DateTime, TimeDelta, Utc};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::world::Fault;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub seed: u64,
+    pub start: DateTime<Utc>,
+    pub end: DateTime<Utc>,
+    /// The region the functions run in (and whose subnets `${subnet_ids}` names).
+    #[serde(default = "default_region")]
+    pub region: String,
+    /// Template parameters (those without a `Default` must be given).
+    #[serde(default)]
+    pub parameters: BTreeMap<String, String>,
+    /// Emulator settings to change from their defaults (see `local_cloud::Settings`).
+    #[serde(default)]
+    pub settings: Option<Value>,
+    /// Market changes applied before the start.
+    #[serde(default)]
+    pub market: Vec<MarketChange>,
+    pub actions: Vec<Action>,
+    /// Expected outcomes, per request id.
+    #[serde(default)]
+    pub expect: BTreeMap<String, Expect>,
+    /// Each team's fees on the bus equal what the emulator charged it.
+    #[serde(default = "yes")]
+    pub budgets_exact: bool,
+}
+
+fn default_region() -> String {
+    "us-east-1".to_string()
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MarketChange {
+    pub instance_type: String,
+    /// Free on-demand capacity per zone (0: none anywhere).
+    #[serde(default)]
+    pub on_demand_pool: Option<u32>,
+}
+
+/// One thing the scenario does, at a simulated time or relative to a request's launch.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Action {
+    #[serde(default)]
+    pub at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub after: Option<After>,
+    #[serde(flatten)]
+    pub what: What,
+}
+
+/// A time relative to the first `Capacity Workload Launched` of a request.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct After {
+    pub launched: String,
+    #[serde(default)]
+    pub hours: i64,
+    #[serde(default)]
+    pub minutes: i64,
+}
+
+impl After {
+    pub fn offset(&self) -> TimeDelta {
+        TimeDelta::hours(self.hours) + TimeDelta::minutes(self.minutes)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum What {
+    /// Put an event on the custom bus, as a team's system would.
+    Submit(Submit),
+    /// Impair the status checks of one live instance of a request (by launch order).
+    Impair(InstanceOf),
+    /// Stop one live instance of a request unexpectedly.
+    FailInstance(InstanceOf),
+    /// Inject an API fault (see the crate README's fault kinds).
+    Fault(Fault),
+    ClearFaults {},
+    Market(MarketChange),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Submit {
+    #[serde(default = "submitted")]
+    pub detail_type: String,
+    pub source: String,
+    pub detail: Value,
+}
+
+fn submitted() -> String {
+    "Capacity Request Submitted".to_string()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceOf {
+    pub request_id: String,
+    #[serde(default)]
+    pub index: usize,
+}
+
+/// What must be true of one request at the end, judged from the buses and the emulator.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expect {
+    /// Exactly one reservation bought (one Reserved event, one block or plan in the emulator).
+    #[serde(default)]
+    pub bought_once: bool,
+    /// Each window's workload launched within one schedule tick of the window opening.
+    #[serde(default)]
+    pub launched_on_time: bool,
+    /// Every instance the scenario impaired or failed was replaced in its reservation.
+    #[serde(default)]
+    pub replaced: bool,
+    /// Each window drained before AWS's forced termination; nothing terminated by AWS.
+    #[serde(default)]
+    pub drained_before_forced_termination: bool,
+    /// The request ended, and its endpoints and endpoint configs are gone.
+    #[serde(default)]
+    pub cleaned_up: bool,
+    /// On-demand-first met no capacity: nothing ran on demand, a reservation was bought
+    /// instead, and the start delay was reported.
+    #[serde(default)]
+    pub fell_back: bool,
+    /// Rejected, naming (at least) these fields; nothing bought.
+    #[serde(default)]
+    pub rejected_fields: Option<Vec<String>>,
+}
+
+impl Scenario {
+    pub fn load(path: &Path) -> anyhow::Result<Scenario> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let s: Scenario = serde_yaml_ng::from_str(&text)
+            .with_context(|| format!("{} is not a scenario", path.display()))?;
+        anyhow::ensure!(
+            s.end > s.start,
+            "{}: end must be after start",
+            path.display()
+        );
+        for (i, a) in s.actions.iter().enumerate() {
+            anyhow::ensure!(
+                a.at.is_some() != a.after.is_some(),
+                "{}: action {i} needs exactly one of `at` and `after`",
+                path.display()
+            );
+        }
+        Ok(s)
+    }
+
+    /// Every submitted request's detail, by request id.
+    pub fn requests(&self) -> BTreeMap<String, Value> {
+        self.actions
+            .iter()
+            .filter_map(|a| match &a.what {
+                What::Submit(s) => Some((
+                    s.detail["request_id"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    s.detail.clone(),
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// Replaces every string `${subnet_ids}` in `v` with the list of subnet ids.
+pub fn substitute(v: &mut Value, subnet_ids: &[String]) {
+    match v {
+        Value::String(s) if s == "${subnet_ids}" => {
+            *v = Value::from(subnet_ids.to_vec());
+        }
+        Value::Array(a) => {
+            for x in a {
+                substitute(x, subnet_ids);
+            }
+        }
+        Value::Object(o) => {
+            for x in o.values_mut() {
+                substitute(x, subnet_ids);
+            }
+        }
+        _ => {}
+    }
+}
