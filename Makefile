@@ -78,13 +78,12 @@ $(IAC)/.cargo-lambda: $(IAC)/.installed
 		"cargo-lambda==$(CARGO_LAMBDA_VERSION)"
 	touch $@
 
-## run: the whole lifecycle offline (not built yet)
-run:
-	@echo "make run: not built yet." >&2
-	@echo "Missing: the local runner (issue 7): the Lambda host that runs the five function" >&2
-	@echo "binaries, the local EventBridge driving them from the template's rules and schedules" >&2
-	@echo "on a simulated clock, the scenario files and the report." >&2
-	@echo "What exists: the five functions, the SAM template, and the offline AWS stand-in" >&2
-	@echo "(cargo run -p local-cloud -- serve --port 4599 --seed 1). Every lifecycle already" >&2
-	@echo "plays in the flow tests: cargo test --workspace --test flows" >&2
-	@exit 1
+## run: the whole lifecycle offline: builds the functions and plays a scenario with the real
+## binaries on the local runner (local-cloud run), printing its timeline, a summary per request
+## and per function, and its checks; non-zero when a check fails.
+## `make run SCENARIO=<file>` plays another scenario (see infra/local/scenarios/).
+SCENARIO ?= infra/local/scenarios/default.yaml
+run: venv
+	$(CARGO) build --workspace --bins
+	@target="$$($(CARGO) metadata --format-version 1 --no-deps | $(PYTHON) -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"; \
+		"$$target/debug/local-cloud" run "$(SCENARIO)"

@@ -51,7 +51,11 @@ pub fn functions(template: &Value, locals: &Locals) -> anyhow::Result<Vec<Functi
             for (k, v) in vars.as_object().into_iter().flatten() {
                 let value = resolve(template, locals, v)
                     .map_err(|e| anyhow!("{logical_id}: environment variable {k}: {e}"))?;
-                env.insert(k.clone(), value);
+                match value {
+                    Some(value) => env.insert(k.clone(), value),
+                    // `AWS::NoValue`: the variable is not set at all
+                    None => env.remove(k),
+                };
             }
         }
         let number = |k: &str, default: u64| {
@@ -71,20 +75,24 @@ pub fn functions(template: &Value, locals: &Locals) -> anyhow::Result<Vec<Functi
     Ok(out)
 }
 
-/// A literal, or `{Ref: X}` with X a resource the runner provides or a parameter (the
-/// runner's value, else its `Default`).
-fn resolve(template: &Value, locals: &Locals, v: &Value) -> anyhow::Result<String> {
+/// A literal; `{Ref: X}` with X a resource the runner provides, a parameter (the runner's
+/// value, else its `Default`) or `AWS::NoValue` (`None`: unset); or `Fn::If` on one of the
+/// template's `Conditions`.
+fn resolve(template: &Value, locals: &Locals, v: &Value) -> anyhow::Result<Option<String>> {
     match v {
-        Value::String(s) => Ok(s.clone()),
-        Value::Number(n) => Ok(n.to_string()),
-        Value::Bool(b) => Ok(b.to_string()),
+        Value::String(s) => Ok(Some(s.clone())),
+        Value::Number(n) => Ok(Some(n.to_string())),
+        Value::Bool(b) => Ok(Some(b.to_string())),
         Value::Object(o) if o.len() == 1 && o.contains_key("Ref") => {
             let name = o["Ref"].as_str().unwrap_or_default();
+            if name == "AWS::NoValue" {
+                return Ok(None);
+            }
             if let Some(r) = locals.resources.get(name) {
-                return Ok(r.clone());
+                return Ok(Some(r.clone()));
             }
             if let Some(p) = locals.parameters.get(name) {
-                return Ok(p.clone());
+                return Ok(Some(p.clone()));
             }
             match template["Parameters"][name].get("Default") {
                 Some(d) => resolve(template, locals, d),
@@ -96,7 +104,66 @@ fn resolve(template: &Value, locals: &Locals, v: &Value) -> anyhow::Result<Strin
                 }
             }
         }
-        other => bail!("{other} is not a value the local runner resolves (a literal or a Ref)"),
+        Value::Object(o) if o.len() == 1 && o.contains_key("Fn::If") => {
+            let args = o["Fn::If"]
+                .as_array()
+                .filter(|a| a.len() == 3)
+                .ok_or_else(|| {
+                    anyhow!("Fn::If takes [condition, value if true, value if false]")
+                })?;
+            let name = args[0].as_str().unwrap_or_default();
+            let cond = template["Conditions"].get(name).ok_or_else(|| {
+                anyhow!("Fn::If names {name}, which is not one of the template's Conditions")
+            })?;
+            let branch = if condition(template, locals, cond)? {
+                &args[1]
+            } else {
+                &args[2]
+            };
+            resolve(template, locals, branch)
+        }
+        other => {
+            bail!("{other} is not a value the local runner resolves (a literal, Ref or Fn::If)")
+        }
+    }
+}
+
+/// A condition: `Fn::Equals`, `Fn::Not`, `Fn::And`, `Fn::Or` or `Condition`.
+fn condition(template: &Value, locals: &Locals, c: &Value) -> anyhow::Result<bool> {
+    let o = c
+        .as_object()
+        .filter(|o| o.len() == 1)
+        .ok_or_else(|| anyhow!("{c} is not a condition"))?;
+    let (f, args) = o.iter().next().expect("one entry");
+    let list = || {
+        args.as_array()
+            .ok_or_else(|| anyhow!("{f} takes a list, got {args}"))
+    };
+    match f.as_str() {
+        "Fn::Equals" => {
+            let a = list()?;
+            anyhow::ensure!(a.len() == 2, "Fn::Equals takes two values");
+            Ok(resolve(template, locals, &a[0])? == resolve(template, locals, &a[1])?)
+        }
+        "Fn::Not" => {
+            let a = list()?;
+            anyhow::ensure!(a.len() == 1, "Fn::Not takes one condition");
+            Ok(!condition(template, locals, &a[0])?)
+        }
+        "Fn::And" => list()?
+            .iter()
+            .try_fold(true, |acc, x| Ok(acc && condition(template, locals, x)?)),
+        "Fn::Or" => list()?
+            .iter()
+            .try_fold(false, |acc, x| Ok(acc || condition(template, locals, x)?)),
+        "Condition" => {
+            let name = args.as_str().unwrap_or_default();
+            let c = template["Conditions"]
+                .get(name)
+                .ok_or_else(|| anyhow!("no condition {name}"))?;
+            condition(template, locals, c)
+        }
+        other => bail!("{other} is not a condition function the local runner knows"),
     }
 }
 
@@ -113,7 +180,11 @@ mod tests {
                 "Environment": {"Variables": {"TABLE": {"Ref": "T"}, "A": {"Ref": "A"}, "B": {"Ref": "B"}}}}},
             "Resources": {"F": {"Type": "AWS::Serverless::Function",
                 "Properties": {"CodeUri": "../target/lambda/f-fn/", "Timeout": 120,
-                    "Environment": {"Variables": {"N": 5}}}}}
+                    "Environment": {"Variables": {"N": 5,
+                    "OPT": {"Fn::If": ["HasA", {"Ref": "A"}, {"Ref": "AWS::NoValue"}]},
+                    "NOT": {"Fn::If": ["NoA", {"Ref": "A"}, {"Ref": "AWS::NoValue"}]}}}}}},
+            "Conditions": {"HasA": {"Fn::Not": [{"Fn::Equals": [{"Ref": "A"}, ""]}]},
+                           "NoA": {"Fn::Equals": [{"Ref": "A"}, ""]}}
         });
         let mut locals = Locals::default();
         locals.resources.insert("T".into(), "table-1".into());
@@ -126,5 +197,7 @@ mod tests {
         assert_eq!(f.env["A"], "x");
         assert_eq!(f.env["B"], "y");
         assert_eq!(f.env["N"], "5");
+        assert_eq!(f.env["OPT"], "x");
+        assert!(!f.env.contains_key("NOT"), "AWS::NoValue leaves it unset");
     }
 }

@@ -1,0 +1,49 @@
+//! The local runner plays the default scenario (`infra/local/scenarios/default.yaml`) with the
+//! real function binaries, moto's DynamoDB and the emulator, and every expected outcome holds.
+//!
+//! It runs the binaries `cargo build --workspace --bins` left in cargo's target directory
+//! (`make test` builds them, through `--all-targets`); it fails naming the missing binary
+//! otherwise. Outcomes are judged by the runner's checks, from the buses and the emulator.
+
+use std::path::Path;
+
+use local_cloud::runner::{RunOptions, report, run, target_dir};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_scenario_plays_with_the_real_binaries_and_every_check_passes() {
+    // GIVEN the workspace's built function binaries and the default scenario
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("the workspace root");
+    let out_dir = target_dir(&root)
+        .expect("cargo metadata")
+        .join("capacity-pilot-test");
+
+    // WHEN the runner plays it to its end
+    let result = run(RunOptions {
+        scenario: root.join("infra/local/scenarios/default.yaml"),
+        root,
+        bin_dir: None,
+        out_dir: Some(out_dir),
+        every_tick: false,
+        print: false,
+    })
+    .await
+    .expect("the scenario plays");
+
+    // THEN every check passes ...
+    let text = report::render(&result);
+    assert!(result.passed(), "{text}");
+    // ... and the checks judged every team's request and every function ran
+    for team in ["team-a", "team-b", "team-c", "team-d", "team-e"] {
+        assert!(
+            result.checks.iter().any(|c| c.subject.starts_with(team)),
+            "no check about {team}: {text}"
+        );
+    }
+    for f in &result.functions {
+        assert!(f.invocations > 0, "{} never ran: {text}", f.name);
+        assert!(f.peak_rss_kb > 0, "{} has no peak memory: {text}", f.name);
+    }
+}
