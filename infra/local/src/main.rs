@@ -95,6 +95,20 @@ async fn main() -> anyhow::Result<()> {
             })
             .await?;
             print!("{}", local_cloud::runner::report::render(&result));
+            let html = result.out_dir.join("report.html");
+            std::fs::write(&html, local_cloud::runner::report::html(&result))
+                .with_context(|| format!("writing {}", html.display()))?;
+            let jsonl = result.out_dir.join("invocations.jsonl");
+            std::fs::write(
+                &jsonl,
+                local_cloud::runner::report::invocations_jsonl(&result),
+            )
+            .with_context(|| format!("writing {}", jsonl.display()))?;
+            println!(
+                "report: {}; every invocation: {}",
+                html.display(),
+                jsonl.display()
+            );
             if !result.passed() {
                 std::process::exit(1);
             }

@@ -214,6 +214,10 @@ pub struct RequestSummary {
     pub replacements: usize,
     pub drained: Option<DateTime<Utc>>,
     pub ended: Option<DateTime<Utc>>,
+    /// The reserved windows (start, end), from the emulator.
+    pub windows: Vec<(DateTime<Utc>, DateTime<Utc>)>,
+    /// (time, detail-type) of each of our events about it, for the chart.
+    pub marks: Vec<(DateTime<Utc>, String)>,
 }
 
 pub fn summarize(o: &Observed) -> Vec<RequestSummary> {
@@ -270,6 +274,21 @@ pub fn summarize(o: &Observed) -> Vec<RequestSummary> {
             replacements: o.ours(&id, "Capacity Instance Replaced").len(),
             drained: first("Capacity Workload Drained").and_then(|l| time(&l["time"])),
             ended: first("Capacity Reservation Ended").and_then(|l| time(&l["time"])),
+            windows: o.windows(&id).iter().map(|w| (w.start, w.end)).collect(),
+            marks: o
+                .custom_events
+                .iter()
+                .filter(|e| e["detail"]["request_id"] == id.as_str())
+                .filter_map(|e| {
+                    Some((
+                        time(&e["time"])?,
+                        e["detail-type"]
+                            .as_str()?
+                            .trim_start_matches("Capacity ")
+                            .to_string(),
+                    ))
+                })
+                .collect(),
             request_id: id,
         });
     }
@@ -325,8 +344,16 @@ pub fn render(r: &RunResult) -> String {
     let _ = writeln!(s, "\n== functions (real binaries under the Lambda host) ==");
     let _ = writeln!(
         s,
-        "{:<18} {:>6} {:>9} {:>8} {:>7} {:>13} {:>10} {:>10}",
-        "function", "memory", "init ms", "invokes", "errors", "peak RSS MiB", "max ms", "mean ms"
+        "{:<18} {:>6} {:>9} {:>8} {:>6} {:>7} {:>13} {:>10} {:>10}",
+        "function",
+        "memory",
+        "init ms",
+        "invokes",
+        "quiet",
+        "errors",
+        "peak RSS MiB",
+        "max ms",
+        "mean ms"
     );
     for f in &r.functions {
         let mean = if f.invocations > 0 {
@@ -336,11 +363,18 @@ pub fn render(r: &RunResult) -> String {
         };
         let _ = writeln!(
             s,
-            "{:<18} {:>6} {:>9} {:>8} {:>7} {:>13.1} {:>10} {:>10.1}",
+            "{:<18} {:>6} {:>9} {:>8} {:>6} {:>7} {:>13.1} {:>10} {:>10.1}",
             f.name,
             f.memory_mb,
             f.init.as_millis(),
             f.invocations,
+            r.invocations
+                .iter()
+                .filter(|i| i.function == f.name
+                    && i.ok
+                    && i.decisions.is_empty()
+                    && i.published.is_empty())
+                .count(),
             f.errors,
             f.peak_rss_kb as f64 / 1024.0,
             f.max_duration.as_millis(),
@@ -379,4 +413,189 @@ pub fn render(r: &RunResult) -> String {
         }
     );
     s
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// The colour of a mark on the chart, by the event's detail-type.
+fn colour(kind: &str) -> &'static str {
+    match kind {
+        "Reserved" => "#2b6cb0",
+        "Workload Launched" => "#2f855a",
+        "Instance Replaced" => "#dd6b20",
+        "Reservation Expiring" | "Workload Drained" => "#805ad5",
+        "Reservation Ended" => "#4a5568",
+        "Request Rejected" | "Request Failed" => "#c53030",
+        _ => "#a0aec0",
+    }
+}
+
+/// The HTML report: an SVG timeline chart (a row per request: its reserved windows as bars,
+/// its events as marks), the summary, the functions' figures, the checks and the timeline.
+pub fn html(r: &RunResult) -> String {
+    let (t0, t1) = (r.scenario.start, r.scenario.end);
+    let span = (t1 - t0).num_seconds().max(1) as f64;
+    let (left, width, row) = (170.0, 1000.0, 34.0);
+    let x =
+        |t: DateTime<Utc>| left + width * ((t - t0).num_seconds() as f64 / span).clamp(0.0, 1.0);
+    let height = 40.0 + row * r.summary.len() as f64;
+    let mut svg = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="sans-serif" font-size="11">"#,
+        left + width + 20.0
+    );
+    // day grid
+    let mut day = t0
+        .date_naive()
+        .and_hms_opt(0, 0, 0)
+        .map(|d| d.and_utc())
+        .unwrap_or(t0);
+    while day <= t1 {
+        if day >= t0 {
+            let _ = write!(
+                svg,
+                r##"<line x1="{0:.1}" y1="20" x2="{0:.1}" y2="{1}" stroke="#e2e8f0"/><text x="{0:.1}" y="14" fill="#718096">{2}</text>"##,
+                x(day),
+                height,
+                day.format("%d %b")
+            );
+        }
+        day += chrono::TimeDelta::days(1);
+    }
+    for (i, q) in r.summary.iter().enumerate() {
+        let y = 26.0 + row * i as f64;
+        let _ = write!(
+            svg,
+            r#"<text x="4" y="{:.1}">{}</text>"#,
+            y + 15.0,
+            esc(&q.request_id)
+        );
+        for (s, e) in &q.windows {
+            let _ = write!(
+                svg,
+                r##"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="18" fill="#bee3f8" stroke="#2b6cb0"><title>reserved {} to {}</title></rect>"##,
+                x(*s),
+                y + 2.0,
+                (x(*e) - x(*s)).max(1.5),
+                s.format("%m-%d %H:%M"),
+                e.format("%m-%d %H:%M")
+            );
+        }
+        for (t, kind) in &q.marks {
+            let _ = write!(
+                svg,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="4" fill="{}"><title>{} {}</title></circle>"#,
+                x(*t),
+                y + 11.0,
+                colour(kind),
+                t.format("%m-%d %H:%M:%S"),
+                esc(kind)
+            );
+        }
+    }
+    svg.push_str("</svg>");
+
+    let mut h = String::new();
+    let _ = write!(
+        h,
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>capacity-pilot: {name}</title>\
+         <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse;font-size:13px}}\
+         td,th{{border:1px solid #cbd5e0;padding:3px 8px;text-align:left}}.pass{{color:#2f855a}}.fail{{color:#c53030;font-weight:bold}}\
+         pre{{font-size:12px}}</style></head><body><h1>capacity-pilot: scenario {name}</h1><p>{desc}</p>\
+         <p>Simulated {t0} to {t1}; seed {seed}; {inv} invocations of the real binaries, {wall:.1} s wall.</p>\
+         <h2>Timeline</h2>{svg}<p>Bars: reserved windows (emulator). Marks: our events \
+         (<span style=\"color:#2b6cb0\">reserved</span>, <span style=\"color:#2f855a\">launched</span>, \
+         <span style=\"color:#dd6b20\">replaced</span>, <span style=\"color:#805ad5\">expiring/drained</span>, \
+         <span style=\"color:#4a5568\">ended</span>, <span style=\"color:#c53030\">rejected/failed</span>).</p>",
+        name = esc(&r.scenario.name),
+        desc = esc(&r.scenario.description),
+        t0 = t0.format("%Y-%m-%d %H:%M"),
+        t1 = t1.format("%Y-%m-%d %H:%M"),
+        seed = r.scenario.seed,
+        inv = r.invocations.len(),
+        wall = r.wall.as_secs_f64(),
+    );
+    h.push_str("<h2>Requests</h2><table><tr><th>request</th><th>team</th><th>outcome</th><th>bought</th><th>fee</th><th>on-demand</th><th>saving</th><th>planned start</th><th>started</th><th>replacements</th><th>drained</th><th>ended</th></tr>");
+    for q in &r.summary {
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&q.request_id),
+            esc(&q.team),
+            esc(&q.outcome),
+            esc(&q.bought),
+            usd(q.fee),
+            usd(q.on_demand),
+            usd(q.saving),
+            t(q.planned_start),
+            t(q.actual_start),
+            q.replacements,
+            t(q.drained),
+            t(q.ended)
+        );
+    }
+    h.push_str("</table><h2>Checks</h2><table><tr><th></th><th>check</th><th>subject</th><th>detail</th></tr>");
+    for c in &r.checks {
+        let _ = write!(
+            h,
+            "<tr><td class=\"{}\">{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            if c.passed { "pass" } else { "fail" },
+            if c.passed { "PASS" } else { "FAIL" },
+            esc(&c.name),
+            esc(&c.subject),
+            esc(&c.detail)
+        );
+    }
+    h.push_str("</table><h2>Functions</h2><table><tr><th>function</th><th>memory MB</th><th>init ms</th><th>invocations</th><th>errors</th><th>peak RSS MiB</th><th>max ms</th></tr>");
+    for f in &r.functions {
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{}</td></tr>",
+            esc(&f.name),
+            f.memory_mb,
+            f.init.as_millis(),
+            f.invocations,
+            f.errors,
+            f.peak_rss_kb as f64 / 1024.0,
+            f.max_duration.as_millis()
+        );
+    }
+    h.push_str("</table><h2>Every event and decision</h2><pre>");
+    for l in &r.timeline.lines {
+        let _ = writeln!(
+            h,
+            "{}  {:<18} {}",
+            l.at.format("%Y-%m-%d %H:%M:%S"),
+            esc(&l.who),
+            esc(&l.what)
+        );
+    }
+    h.push_str("</pre></body></html>\n");
+    h
+}
+
+/// One JSON line per invocation: when, which function, on what, what it decided and published,
+/// how long it took and its peak memory.
+pub fn invocations_jsonl(r: &RunResult) -> String {
+    let mut out = String::new();
+    for i in &r.invocations {
+        let line = serde_json::json!({
+            "at": i.at.to_rfc3339(),
+            "function": i.function,
+            "trigger": i.trigger,
+            "ok": i.ok,
+            "error": i.error,
+            "decisions": i.decisions,
+            "published": i.published.iter().map(|e| e["detail-type"].clone()).collect::<Vec<_>>(),
+            "duration_ms": i.duration.as_secs_f64() * 1000.0,
+            "peak_rss_kb": i.peak_rss_kb,
+        });
+        out.push_str(&line.to_string());
+        out.push('\n');
+    }
+    out
 }
