@@ -349,9 +349,14 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
         // Each write of one invocation records its own derived cause: the store treats a
         // repeated cause as a duplicate delivery.
         let step = Cause::new(format!("{}#begin", cause.event_id));
+        // On-demand-first has nothing to do before the desired start: not due until then.
+        let next = match to {
+            RequestStatus::TryingOnDemand => rec.request.window.earliest_start.max(now),
+            _ => now,
+        };
         let w = self
             .store
-            .transition(Transition::of(&rec, to, reason, Some(now), now, &step))
+            .transition(Transition::of(&rec, to, reason, Some(next), now, &step))
             .await?;
         match (w, to) {
             (WriteOutcome::Applied { version }, RequestStatus::Searching) => {

@@ -369,6 +369,15 @@ async fn on_demand_first_requests_go_to_trying_on_demand_without_a_search() {
         .unwrap();
     assert_eq!(w.status("r1").await, RequestStatus::TryingOnDemand);
     assert_eq!(out.searches, 0);
+    // and it is not due before its desired start, so no schedule wakes for it in between
+    let rec = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    let desired: DateTime<Utc> = "2026-12-02T00:00:00Z".parse().unwrap();
+    assert_eq!(rec.next_action_at, Some(desired));
 }
 
 #[tokio::test]
