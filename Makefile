@@ -82,8 +82,10 @@ $(IAC)/.cargo-lambda: $(IAC)/.installed
 ## binaries on the local runner (local-cloud run), printing its timeline, a summary per request
 ## and per function, and its checks; non-zero when a check fails.
 ## `make run SCENARIO=<file>` plays another scenario (see infra/local/scenarios/).
+## `make run PROFILE=release` runs release binaries: the memory figures to deploy with.
 SCENARIO ?= infra/local/scenarios/default.yaml
+PROFILE ?= debug
 run: venv
-	$(CARGO) build --workspace --bins
+	$(CARGO) build --workspace --bins $(if $(filter release,$(PROFILE)),--release)
 	@target="$$($(CARGO) metadata --format-version 1 --no-deps | $(PYTHON) -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"; \
-		"$$target/debug/local-cloud" run "$(SCENARIO)"
+		"$$target/$(PROFILE)/local-cloud" run --bin-dir "$$target/$(PROFILE)" "$(SCENARIO)"

@@ -97,6 +97,8 @@ pub struct RunResult {
     pub wall: Duration,
     pub steps: u64,
     pub out_dir: PathBuf,
+    /// Where the function binaries came from (`.../debug` or `.../release`).
+    pub bin_dir: PathBuf,
     pub summary: Vec<report::RequestSummary>,
 }
 
@@ -273,6 +275,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunResult> {
     let summary = report::summarize(&obs);
     cloud.stop().await;
     Ok(RunResult {
+        bin_dir: bin_dir.clone(),
         scenario,
         invocations,
         functions: stats,

@@ -344,7 +344,7 @@ pub fn render(r: &RunResult) -> String {
     let _ = writeln!(s, "\n== functions (real binaries under the Lambda host) ==");
     let _ = writeln!(
         s,
-        "{:<18} {:>6} {:>9} {:>8} {:>6} {:>7} {:>13} {:>10} {:>10}",
+        "{:<18} {:>6} {:>9} {:>8} {:>6} {:>7} {:>13} {:>10} {:>10} {:>12}",
         "function",
         "memory",
         "init ms",
@@ -353,7 +353,8 @@ pub fn render(r: &RunResult) -> String {
         "errors",
         "peak RSS MiB",
         "max ms",
-        "mean ms"
+        "mean ms",
+        "recommend MB"
     );
     for f in &r.functions {
         let mean = if f.invocations > 0 {
@@ -363,7 +364,7 @@ pub fn render(r: &RunResult) -> String {
         };
         let _ = writeln!(
             s,
-            "{:<18} {:>6} {:>9} {:>8} {:>6} {:>7} {:>13.1} {:>10} {:>10.1}",
+            "{:<18} {:>6} {:>9} {:>8} {:>6} {:>7} {:>13.1} {:>10} {:>10.1} {:>12}",
             f.name,
             f.memory_mb,
             f.init.as_millis(),
@@ -378,9 +379,20 @@ pub fn render(r: &RunResult) -> String {
             f.errors,
             f.peak_rss_kb as f64 / 1024.0,
             f.max_duration.as_millis(),
-            mean
+            mean,
+            recommended_memory_mb(f.peak_rss_kb)
         );
     }
+    let release = r.bin_dir.ends_with("release");
+    let _ = writeln!(
+        s,
+        "recommended MemorySize: peak RSS x 1.5, rounded up to 64 MB, at least 128 MB; {}",
+        if release {
+            "from a release build: the figures to put in infra/template.yaml"
+        } else {
+            "from a debug build, so indicative only (make run PROFILE=release measures the binaries Lambda runs)"
+        }
+    );
     let _ = writeln!(
         s,
         "{} invocations, {} clock steps, {:.1} s wall; logs in {}",
@@ -550,18 +562,19 @@ pub fn html(r: &RunResult) -> String {
             esc(&c.detail)
         );
     }
-    h.push_str("</table><h2>Functions</h2><table><tr><th>function</th><th>memory MB</th><th>init ms</th><th>invocations</th><th>errors</th><th>peak RSS MiB</th><th>max ms</th></tr>");
+    h.push_str("</table><h2>Functions</h2><table><tr><th>function</th><th>memory MB</th><th>init ms</th><th>invocations</th><th>errors</th><th>peak RSS MiB</th><th>max ms</th><th>recommended MemorySize</th></tr>");
     for f in &r.functions {
         let _ = write!(
             h,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{}</td><td>{}</td></tr>",
             esc(&f.name),
             f.memory_mb,
             f.init.as_millis(),
             f.invocations,
             f.errors,
             f.peak_rss_kb as f64 / 1024.0,
-            f.max_duration.as_millis()
+            f.max_duration.as_millis(),
+            recommended_memory_mb(f.peak_rss_kb)
         );
     }
     h.push_str("</table><h2>Every event and decision</h2><pre>");
@@ -598,4 +611,25 @@ pub fn invocations_jsonl(r: &RunResult) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The `MemorySize` to give a function whose invocations peaked at `peak_rss_kb`: half again
+/// as much headroom, rounded up to a multiple of 64 MB, and never under Lambda's 128 MB.
+pub fn recommended_memory_mb(peak_rss_kb: u64) -> u64 {
+    let with_headroom_mb = (peak_rss_kb * 3 / 2).div_ceil(1024);
+    with_headroom_mb.div_ceil(64).max(2) * 64
+}
+
+#[cfg(test)]
+mod memory_tests {
+    use super::recommended_memory_mb;
+
+    #[test]
+    fn memory_is_peak_plus_half_rounded_up_to_64_mb_and_at_least_128() {
+        assert_eq!(recommended_memory_mb(0), 128);
+        assert_eq!(recommended_memory_mb(34 * 1024), 128); // 51 MB
+        assert_eq!(recommended_memory_mb(100 * 1024), 192); // 150 MB
+        assert_eq!(recommended_memory_mb(128 * 1024), 192); // exactly 192 MB
+        assert_eq!(recommended_memory_mb(129 * 1024), 256); // 193.5 MB
+    }
 }
