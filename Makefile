@@ -20,6 +20,8 @@ TEMPLATE := infra/template.yaml
 
 ## test: every test, lint included (what CI runs)
 test: lint venv
+	# the local runner's test plays the default scenario with the real function binaries
+	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --all-targets
 	$(CARGO) test --workspace --doc
 
