@@ -11,18 +11,57 @@ use crate::ports::{EventSink, OutboundEvent, PortError, Store};
 /// How many unsent items one run publishes at most.
 pub const FLUSH_LIMIT: usize = 100;
 
+/// How long a run holds the outbox items it publishes: longer than any function's timeout, so
+/// a run that dies mid-publish leaves them to the next run after this.
+pub const CLAIM_FOR: chrono::Duration = chrono::Duration::minutes(5);
+
 /// Publishes unsent outbox items and marks the accepted ones sent. Returns how many went.
+/// Each item is claimed first, so two runs flushing at once do not both publish it; an item
+/// whose publish fails is given back for the next run.
 pub async fn flush<S: Store, E: EventSink>(store: &S, sink: &E) -> Result<usize, PortError> {
-    let items = store.unsent_outbox(FLUSH_LIMIT).await?;
+    let unsent = store.unsent_outbox(FLUSH_LIMIT).await?;
+    if unsent.is_empty() {
+        return Ok(0);
+    }
+    // Claims are between concurrent runs, so they use the wall clock, not the scenario's.
+    let now = chrono::Utc::now();
+    let mut items = Vec::new();
+    for item in unsent {
+        if store
+            .claim_outbox(
+                &item.request_id,
+                &item.event.event_key,
+                now + CLAIM_FOR,
+                now,
+            )
+            .await?
+        {
+            items.push(item);
+        }
+    }
     if items.is_empty() {
         return Ok(0);
     }
     let batch: Vec<OutboundEvent> = items.iter().map(|i| i.event.clone()).collect();
-    let report = sink.publish(&batch).await?;
+    let report = match sink.publish(&batch).await {
+        Ok(r) => r,
+        Err(e) => {
+            for item in &items {
+                store
+                    .release_outbox_claim(&item.request_id, &item.event.event_key)
+                    .await?;
+            }
+            return Err(e);
+        }
+    };
     for item in &items {
         if report.sent.contains(&item.event.event_key) {
             store
                 .mark_sent(&item.request_id, &item.event.event_key)
+                .await?;
+        } else {
+            store
+                .release_outbox_claim(&item.request_id, &item.event.event_key)
                 .await?;
         }
     }

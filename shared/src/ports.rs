@@ -542,6 +542,22 @@ pub struct Transition {
     pub candidates: Option<Vec<Plan>>,
     /// On-demand and spot launches debit their estimated cost with the transition.
     pub debit: Option<Debit>,
+    /// With `debit`: hold it as the request's open debit (an on-demand estimate taken before
+    /// launching) instead of keeping it at once; a later transition keeps or releases it.
+    /// Refused while another debit is open.
+    pub hold: bool,
+    /// What becomes of the request's open debit with this transition; nothing when none is
+    /// open.
+    pub settle: Option<Settle>,
+}
+
+/// The fate of a held debit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Settle {
+    /// The money is spent: it stays on the ledger and in `spent`.
+    Keep,
+    /// Nothing was launched: it goes back to the ledger and out of `spent`.
+    Release,
 }
 
 impl Transition {
@@ -566,7 +582,22 @@ impl Transition {
             outbox: vec![],
             candidates: None,
             debit: None,
+            hold: false,
+            settle: None,
         }
+    }
+
+    /// The same transition, holding `debit` as the request's open debit.
+    pub fn holding(mut self, debit: Debit) -> Transition {
+        self.debit = Some(debit);
+        self.hold = true;
+        self
+    }
+
+    /// The same transition, keeping or releasing the request's open debit.
+    pub fn settling(mut self, settle: Settle) -> Transition {
+        self.settle = Some(settle);
+        self
     }
 
     /// The same transition, publishing `outbox` with it.
@@ -794,6 +825,24 @@ pub trait Store: Send + Sync {
     ) -> impl Future<Output = Result<Vec<OutboxItem>, PortError>> + Send;
 
     fn mark_sent(
+        &self,
+        request_id: &str,
+        event_key: &str,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+
+    /// Claims an unsent outbox item for publishing until `until`, so that runs flushing at
+    /// the same moment do not both publish it. False when it is sent, gone, or claimed by
+    /// another run whose claim has not passed `now`.
+    fn claim_outbox(
+        &self,
+        request_id: &str,
+        event_key: &str,
+        until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> impl Future<Output = Result<bool, PortError>> + Send;
+
+    /// Gives a claim back (the publish failed): the next run publishes the item.
+    fn release_outbox_claim(
         &self,
         request_id: &str,
         event_key: &str,

@@ -143,6 +143,8 @@ pub fn transition(
         outbox: vec![],
         candidates: None,
         debit: None,
+        hold: false,
+        settle: None,
     }
 }
 

@@ -322,6 +322,82 @@ async fn the_events_of_one_write_are_published_in_the_order_the_handler_listed_t
 }
 
 #[tokio::test]
+async fn of_runs_flushing_at_once_exactly_one_claims_an_outbox_item() {
+    // GIVEN an unsent outbox item
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    store
+        .create_request(new_request("claim-1", "ml", None))
+        .await
+        .unwrap();
+    let key = store.unsent_outbox(10).await.unwrap()[0]
+        .event
+        .event_key
+        .clone();
+    let now = chrono::Utc::now();
+    let until = now + Duration::minutes(5);
+
+    // WHEN eight runs claim it at once
+    let claims = futures_claims(&store, &key, until, now).await;
+
+    // THEN exactly one holds it; others cannot while the claim lasts
+    assert_eq!(claims.iter().filter(|c| **c).count(), 1, "{claims:?}");
+    assert!(
+        !store
+            .claim_outbox("claim-1", &key, until, now)
+            .await
+            .unwrap()
+    );
+    // AND once the claim has passed, or been given back, the next run can take it
+    let later = until + Duration::seconds(1);
+    assert!(
+        store
+            .claim_outbox("claim-1", &key, later + Duration::minutes(5), later)
+            .await
+            .unwrap()
+    );
+    store.release_outbox_claim("claim-1", &key).await.unwrap();
+    assert!(
+        store
+            .claim_outbox("claim-1", &key, until, now)
+            .await
+            .unwrap()
+    );
+    // AND a sent item is never claimed again
+    store.mark_sent("claim-1", &key).await.unwrap();
+    store.release_outbox_claim("claim-1", &key).await.unwrap();
+    assert!(
+        !store
+            .claim_outbox("claim-1", &key, until, now)
+            .await
+            .unwrap()
+    );
+}
+
+async fn futures_claims(
+    store: &capacity_pilot::aws::dynamodb::DynamoStore,
+    key: &str,
+    until: chrono::DateTime<chrono::Utc>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Vec<bool> {
+    let mut handles = Vec::new();
+    for _ in 0..8 {
+        let (store, key) = (store.clone(), key.to_string());
+        handles.push(tokio::spawn(async move {
+            store
+                .claim_outbox("claim-1", &key, until, now)
+                .await
+                .unwrap()
+        }));
+    }
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test]
 async fn unsent_outbox_items_come_oldest_first_and_at_most_the_limit() {
     let table = TestTable::fresh().await.unwrap();
     let store = table.store().with_page_size(2);

@@ -17,7 +17,7 @@ use capacity_pilot::config::Config;
 use capacity_pilot::decision;
 pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{self, WorkloadLaunched, event_key, outbound};
-use capacity_pilot::domain::money::Usd;
+use capacity_pilot::domain::money::{MicroUsd, Usd};
 use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG, client_token, workload_name};
 use capacity_pilot::domain::offering::{Product, Segment};
 use capacity_pilot::domain::request::{RequestId, WorkloadDetail};
@@ -27,7 +27,7 @@ use capacity_pilot::domain::time_rules::{PURCHASE_LEAD, drain_start, forced_term
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     BudgetMonth, Cause, Clock, Debit, EndpointSpec, EventSink, InstanceGroupSpec, JobState,
-    LaunchMarket, LaunchSpec, PortError, RequestRecord, Store, TrainingJobSpec, Transition,
+    LaunchMarket, LaunchSpec, PortError, RequestRecord, Settle, Store, TrainingJobSpec, Transition,
     WorkloadRecord, Workloads, WriteOutcome,
 };
 use chrono::{DateTime, Duration, Utc};
@@ -558,6 +558,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             attempts.push((SPOT, self.config.prices.spot(instance_type)));
         }
         let mut why_not = Vec::new();
+        let mut rec = rec.clone();
         for (label, price) in attempts {
             let Some(price) = price else {
                 why_not.push(format!(
@@ -566,13 +567,59 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 continue;
             };
             let cost = Usd::new(price.amount() * hours);
-            let debit = match self.budget_room(rec, cost, now).await? {
-                Ok(d) => d,
-                Err(why) => {
-                    why_not.push(format!("{label}: {why}"));
-                    continue;
+            // The estimate is held against the caps before anything launches (ARCHITECTURE 4).
+            // An estimate already held is an earlier run's for this attempt (the attempts'
+            // estimates tell them apart); one held for an earlier attempt was released.
+            match rec.open_debit {
+                Some(held) if held == cost.to_micros_ceil() => {}
+                Some(_) => continue,
+                None => {
+                    let debit = match self.budget_room(&rec, cost, now).await? {
+                        Ok(d) => d,
+                        Err(why) => {
+                            why_not.push(format!("{label}: {why}"));
+                            continue;
+                        }
+                    };
+                    let reason = format!(
+                        "on-demand-first: holding the {label} estimate ${cost} against team {}'s \
+                         cap before launching",
+                        rec.team
+                    );
+                    let t = Transition::of(
+                        &rec,
+                        RequestStatus::TryingOnDemand,
+                        &reason,
+                        Some(now),
+                        now,
+                        &cause.step(&format!("hold-{label}")),
+                    )
+                    .holding(debit);
+                    match self.store.transition(t).await? {
+                        WriteOutcome::Applied { .. } => {
+                            rec = self.reread(&rec).await?;
+                            out.decisions.push(Decision::new(id, "held", reason));
+                        }
+                        WriteOutcome::OverTeamBudget { spent, cap }
+                        | WriteOutcome::OverRequestBudget { spent, cap } => {
+                            why_not.push(format!(
+                                "{label}: the estimate ${cost} does not fit (spent ${} of ${})",
+                                spent.to_usd(),
+                                cap.to_usd()
+                            ));
+                            continue;
+                        }
+                        w @ (WriteOutcome::Conflict | WriteOutcome::DuplicateEvent) => {
+                            out.decisions.push(Decision::new(
+                                id,
+                                decision::written(&w, "held"),
+                                "another run moved the request on",
+                            ));
+                            return Ok(());
+                        }
+                    }
                 }
-            };
+            }
             let target = Target {
                 reservation_id: label.to_string(),
                 token_base: format!("{id}:{label}"),
@@ -589,20 +636,44 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 segment: 0,
                 must_end_by: now + req.duration(),
             };
-            // Launch first, debit with the transition after: a launch that finds no capacity
-            // then leaves nothing to release. A crash in between is repaired by the next tick,
-            // whose launch returns the same instances (same client tokens) and debits once.
-            match self.launch(rec, &target, now).await? {
+            // A crash from here on is repaired by the next tick: the estimate is held, and the
+            // launch returns the same instances (same client tokens).
+            match self.launch(&rec, &target, now).await? {
                 Launch::Done(resource_ids) => {
                     return self
-                        .run(rec, &target, resource_ids, debit, cost, cause, now, out)
+                        .run(&rec, &target, resource_ids, cost, cause, now, out)
                         .await;
                 }
                 Launch::NoCapacity(why) => {
-                    self.undo(rec, &target, now).await?;
+                    self.undo(&rec, &target, now).await?;
+                    let reason = format!(
+                        "on-demand-first: {label}: {why}; the held estimate ${cost} is released"
+                    );
+                    let t = Transition::of(
+                        &rec,
+                        RequestStatus::TryingOnDemand,
+                        &reason,
+                        Some(now),
+                        now,
+                        &cause.step(&format!("release-{label}")),
+                    )
+                    .settling(Settle::Release);
+                    let w = self.store.transition(t).await?;
+                    if !matches!(w, WriteOutcome::Applied { .. }) {
+                        out.decisions.push(Decision::new(
+                            id,
+                            decision::written(&w, "released"),
+                            "another run moved the request on",
+                        ));
+                        return Ok(());
+                    }
+                    rec = self.reread(&rec).await?;
                     why_not.push(format!("{label}: {why}"));
                 }
-                Launch::Refuse(why) => return self.fail(rec, why, cause, now, out).await,
+                Launch::Refuse(why) => {
+                    self.undo(&rec, &target, now).await?;
+                    return self.fail(&rec, why, cause, now, out).await;
+                }
                 Launch::Starting(why) => {
                     // Stays TryingOnDemand (still due): the next tick sees it placed or failed.
                     out.decisions.push(Decision::new(
@@ -614,8 +685,20 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 }
             }
         }
-        self.fall_back(rec, why_not.join("; "), cause, now, out)
+        self.fall_back(&rec, why_not.join("; "), cause, now, out)
             .await
+    }
+
+    /// The record as the store has it now (after one of our own writes).
+    async fn reread(&self, rec: &RequestRecord) -> Result<RequestRecord, PortError> {
+        self.store
+            .get_request(&rec.request_id)
+            .await?
+            .ok_or_else(|| PortError::Transient {
+                service: "dynamodb",
+                code: "Missing".into(),
+                message: format!("{} vanished after our own write", rec.request_id),
+            })
     }
 
     /// Whether SageMaker has placed the on-demand training job `name`. CreateTrainingJob
@@ -699,7 +782,6 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         rec: &RequestRecord,
         t: &Target,
         resource_ids: Vec<String>,
-        debit: Debit,
         cost: Usd,
         cause: &Cause,
         now: DateTime<Utc>,
@@ -728,41 +810,23 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             estimated_cost_usd: Some(cost),
         };
         let reason = format!(
-            "on-demand-first: launched {} {} x {} in {}; estimated ${cost} debited from team {}",
+            "on-demand-first: launched {} {} x {} in {}; the estimate ${cost} held against team {} is spent",
             t.reservation_id, t.instance_count, t.instance_type, t.region, rec.team
         );
-        let tr = Transition {
-            outbox: vec![outbound(&ev)],
-            debit: Some(debit),
-            ..Transition::of(
-                rec,
-                to,
-                &reason,
-                Some(t.must_end_by - drain),
-                now,
-                &cause.step("launch"),
-            )
-        };
-        let written = self.store.transition(tr).await?;
-        match written {
-            WriteOutcome::OverTeamBudget { spent, cap }
-            | WriteOutcome::OverRequestBudget { spent, cap } => {
-                // Someone spent in between: what we launched must not run unpaid.
-                self.undo(rec, t, now).await?;
-                let why = format!(
-                    "{}: the debit no longer fits (spent ${} of ${})",
-                    t.reservation_id,
-                    spent.to_usd(),
-                    cap.to_usd()
-                );
-                self.fall_back(rec, why, cause, now, out).await
-            }
-            w => {
-                out.decisions
-                    .push(Decision::new(id, decision::written(&w, "launched"), reason));
-                Ok(())
-            }
-        }
+        let tr = Transition::of(
+            rec,
+            to,
+            &reason,
+            Some(t.must_end_by - drain),
+            now,
+            &cause.step("launch"),
+        )
+        .with_outbox(vec![outbound(&ev)])
+        .settling(Settle::Keep);
+        let w = self.store.transition(tr).await?;
+        out.decisions
+            .push(Decision::new(id, decision::written(&w, "launched"), reason));
+        Ok(())
     }
 
     /// Terminates on-demand or spot instances this request started in `t` (a partial launch
@@ -817,6 +881,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
              starts no sooner than {earliest}: a start delay of at least {} min after the desired {desired}",
             delay.num_minutes()
         );
+        // An estimate still held (the attempt could not be settled as it ran) goes back.
         let t = Transition::of(
             rec,
             RequestStatus::Searching,
@@ -824,7 +889,8 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             Some(now),
             now,
             &cause.step("fall-back"),
-        );
+        )
+        .settling(Settle::Release);
         let written = self.store.transition(t).await?;
         out.decisions.push(Decision::new(
             &rec.request_id,
@@ -849,25 +915,26 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             .into_iter()
             .map(|r| r.id)
             .collect();
+        // A held on-demand estimate goes back: nothing of it runs.
+        let held = rec.open_debit.map_or(0, |d| d.0);
         let ev = events::RequestFailed {
             event_key: event_key(rec.request_id.as_str(), "failed", rec.version + 1),
             request_id: rec.request_id.to_string(),
             status_before: rec.status,
             reason: reason.clone(),
             reservation_ids,
-            spent_usd: rec.spent.to_usd(),
+            spent_usd: MicroUsd(rec.spent.0 - held).to_usd(),
         };
-        let t = Transition {
-            outbox: vec![outbound(&ev)],
-            ..Transition::of(
-                rec,
-                RequestStatus::Failed,
-                &reason,
-                None,
-                now,
-                &cause.step("fail"),
-            )
-        };
+        let t = Transition::of(
+            rec,
+            RequestStatus::Failed,
+            &reason,
+            None,
+            now,
+            &cause.step("fail"),
+        )
+        .with_outbox(vec![outbound(&ev)])
+        .settling(Settle::Release);
         let written = self.store.transition(t).await?;
         out.decisions.push(Decision::new(
             &rec.request_id,

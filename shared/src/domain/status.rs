@@ -103,7 +103,15 @@ impl RequestStatus {
             Active => &[Draining, Reserved, Ended, Failed],
             Draining => &[Reserved, Ended, Failed],
             // TryingOnDemand -> Searching: no on-demand capacity; fall back to a reservation.
-            TryingOnDemand => &[RunningOnDemand, RunningSpot, Searching, Cancelled, Failed],
+            // TryingOnDemand -> TryingOnDemand holds or releases an on-demand estimate.
+            TryingOnDemand => &[
+                TryingOnDemand,
+                RunningOnDemand,
+                RunningSpot,
+                Searching,
+                Cancelled,
+                Failed,
+            ],
             RunningOnDemand => &[Draining, Ended, Failed],
             RunningSpot => &[Draining, Ended, Failed],
             Ended | Rejected | Cancelled | Failed => &[],

@@ -21,7 +21,7 @@ use crate::domain::status::RequestStatus;
 use crate::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
     LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, PortError, RecordReservation,
-    ReleaseUnbought, RequestRecord, Store, Transition, WorkloadRecord, WriteOutcome,
+    ReleaseUnbought, RequestRecord, Settle, Store, Transition, WorkloadRecord, WriteOutcome,
 };
 
 /// How long an ended request (and a processed-event record, and a sent outbox item) is
@@ -45,6 +45,7 @@ pub enum StoreOp {
     Workloads,
     UnsentOutbox,
     MarkSent,
+    ClaimOutbox,
     Due,
 }
 
@@ -77,6 +78,8 @@ struct OutboxEntry {
     item: OutboxItem,
     sent: bool,
     expires_at: Option<DateTime<Utc>>,
+    /// Held by a publishing run until then.
+    claimed_until: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Default)]
@@ -116,6 +119,18 @@ fn illegal(from: RequestStatus, to: RequestStatus, why: &str) -> PortError {
         "IllegalTransition",
         format!("{from} -> {to}: {why}"),
     )
+}
+
+/// A hold needs a debit; settling the open debit and debiting are separate writes.
+fn check_hold(t: &Transition) -> Result<(), PortError> {
+    if (t.hold && t.debit.is_none()) || (t.settle.is_some() && t.debit.is_some()) {
+        return Err(errors::permanent(
+            SERVICE,
+            "InvalidHold",
+            "a hold needs a debit, and a write that settles the open debit debits nothing",
+        ));
+    }
+    Ok(())
 }
 
 fn check_debit(debit: &Option<Debit>) -> Result<(), PortError> {
@@ -416,6 +431,7 @@ impl State {
                     },
                     sent: false,
                     expires_at: None,
+                    claimed_until: None,
                 },
             );
         }
@@ -506,6 +522,7 @@ impl State {
             ));
         }
         check_debit(&t.debit)?;
+        check_hold(&t)?;
         self.observe(t.at);
         if self.seen(&t.request_id, &t.caused_by) {
             return Ok(WriteOutcome::DuplicateEvent);
@@ -515,6 +532,13 @@ impl State {
         };
         if stored.record.version != t.expected_version || stored.record.status != t.from {
             return Ok(WriteOutcome::Conflict);
+        }
+        if t.hold && stored.record.open_debit.is_some() {
+            return Err(errors::permanent(
+                SERVICE,
+                "DebitAlreadyOpen",
+                format!("{}: a debit is already open", t.request_id),
+            ));
         }
         if let Some(d) = &t.debit {
             match self.over_budget(&stored.record, d) {
@@ -526,18 +550,37 @@ impl State {
                 }
                 None => {}
             }
-            // On-demand spend is kept at once: the ledger and `spent`, never an open debit.
+            // On-demand spend: kept at once, or held as the open debit until settled.
             self.charge(d);
         }
-        let version = self.step(&t.request_id, t.to, &t.reason, t.next_action_at, t.at);
-        let record = &mut self
-            .requests
-            .get_mut(&t.request_id)
-            .expect("checked above")
-            .record;
-        if let Some(d) = &t.debit {
-            record.spent.0 += d.amount.0;
+        if let Some(how) = t.settle {
+            let stored = self.requests.get_mut(&t.request_id).expect("checked above");
+            let open = stored.record.open_debit.take().filter(|d| d.0 > 0);
+            let ledger = stored.open_debit_ledger.take();
+            if how == Settle::Release
+                && let Some(amount) = open
+            {
+                let Some(key) = ledger else {
+                    return Err(errors::permanent(
+                        SERVICE,
+                        "CorruptItem",
+                        format!("{}: an open debit without its ledger", t.request_id),
+                    ));
+                };
+                stored.record.spent.0 -= amount.0;
+                *self.ledger.entry(key).or_default() -= amount.0;
+            }
         }
+        let version = self.step(&t.request_id, t.to, &t.reason, t.next_action_at, t.at);
+        let stored = self.requests.get_mut(&t.request_id).expect("checked above");
+        if let Some(d) = &t.debit {
+            stored.record.spent.0 += d.amount.0;
+            if t.hold {
+                stored.record.open_debit = Some(d.amount);
+                stored.open_debit_ledger = Some((d.team.clone(), d.month.clone()));
+            }
+        }
+        let record = &mut stored.record;
         if let Some(plans) = t.candidates {
             record.candidates = plans;
         }
@@ -813,6 +856,44 @@ impl Store for InMemoryStore {
         {
             e.sent = true;
             e.expires_at = expires_at;
+        }
+        finish(after, Ok(()))
+    }
+
+    async fn claim_outbox(
+        &self,
+        request_id: &str,
+        event_key: &str,
+        until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<bool, PortError> {
+        let after = self.begin(StoreOp::ClaimOutbox)?;
+        let mut s = lock(&self.state);
+        let claimed = match s
+            .outbox
+            .get_mut(&(request_id.to_string(), event_key.to_string()))
+        {
+            Some(e) if !e.sent && e.claimed_until.is_none_or(|c| c < now) => {
+                e.claimed_until = Some(until);
+                true
+            }
+            _ => false,
+        };
+        finish(after, Ok(claimed))
+    }
+
+    async fn release_outbox_claim(
+        &self,
+        request_id: &str,
+        event_key: &str,
+    ) -> Result<(), PortError> {
+        let after = self.begin(StoreOp::ClaimOutbox)?;
+        let mut s = lock(&self.state);
+        if let Some(e) = s
+            .outbox
+            .get_mut(&(request_id.to_string(), event_key.to_string()))
+        {
+            e.claimed_until = None;
         }
         finish(after, Ok(()))
     }

@@ -704,12 +704,16 @@ pub(crate) async fn an_on_demand_training_job_that_fails_for_capacity_falls_back
     f.cloud.advance_to("2026-12-01T10:00:00Z".parse().unwrap());
     tick(&f, Function::Launch).await;
 
-    // THEN CreateTrainingJob was accepted on demand, but nothing is committed (or debited)
-    // until SageMaker has placed the job
+    // THEN the on-demand estimate is held against the team's cap before the launch, and
+    // CreateTrainingJob was accepted on demand; nothing is committed until SageMaker has
+    // placed the job
     let j = job(&f, &od).expect("the on-demand job was created");
     assert_eq!(j.plan_arn, None);
-    assert_eq!(f.status(id).await, RequestStatus::TryingOnDemand);
-    assert_eq!(f.team_spent("team-b", t0()).await.0, 0);
+    let rec = f.record(id).await;
+    assert_eq!(rec.status, RequestStatus::TryingOnDemand);
+    let held = rec.open_debit.expect("the estimate is held");
+    assert!(held.0 > 0);
+    assert_eq!(f.team_spent("team-b", t0()).await, held);
 
     // WHEN SageMaker fails the job for capacity, asynchronously, and launch ticks again
     f.cloud.step(TimeDelta::minutes(3));
@@ -724,8 +728,12 @@ pub(crate) async fn an_on_demand_training_job_that_fails_for_capacity_falls_back
     );
     tick(&f, Function::Launch).await;
 
-    // THEN the request falls back to searching for a reservation, with nothing debited
-    assert_eq!(f.status(id).await, RequestStatus::Searching);
+    // THEN the request falls back to searching for a reservation, and the held estimate
+    // goes back: nothing is spent
+    let rec = f.record(id).await;
+    assert_eq!(rec.status, RequestStatus::Searching);
+    assert_eq!(rec.open_debit, None);
+    assert_eq!(rec.spent.0, 0);
     assert_eq!(f.team_spent("team-b", t0()).await.0, 0);
     assert!(f.bus_for("Capacity Workload Launched", id).is_empty());
 

@@ -66,6 +66,8 @@ pub(super) mod attr {
     pub const CREATED_AT: &str = "created_at";
     /// An outbox item's place among the events of the write that made it.
     pub const OUTBOX_SEQ: &str = "outbox_seq";
+    /// Until when (epoch microseconds) a run holds an outbox item to publish it.
+    pub const CLAIM_UNTIL_US: &str = "claim_until_us";
     pub const UPDATED_AT: &str = "updated_at";
     /// TTL, epoch seconds.
     pub const EXPIRES_AT: &str = "expires_at";

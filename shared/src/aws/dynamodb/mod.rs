@@ -30,7 +30,7 @@ use crate::domain::status::RequestStatus;
 use crate::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
     LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, PortError, RecordReservation,
-    ReleaseUnbought, RequestRecord, Store, Transition, WorkloadRecord, WriteOutcome,
+    ReleaseUnbought, RequestRecord, Settle, Store, Transition, WorkloadRecord, WriteOutcome,
 };
 
 /// DynamoDB's limit on the items of one transaction.
@@ -47,6 +47,38 @@ pub struct DynamoStore {
 }
 
 impl DynamoStore {
+    /// One conditional UpdateItem on an outbox item: true when applied, false when its
+    /// condition did not hold.
+    async fn conditional_outbox_update(
+        &self,
+        request_id: &str,
+        event_key: &str,
+        e: &Expr,
+    ) -> Result<bool, PortError> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key(request_pk(request_id), outbox_sk(event_key))))
+            .set_update_expression(e.update_expression())
+            .set_condition_expression(e.condition_expression())
+            .set_expression_attribute_names(e.names())
+            .set_expression_attribute_values(e.values())
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(err)
+                if err
+                    .as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Ok(false)
+            }
+            Err(err) => Err(sdk_error("UpdateItem", err, Call::Write)),
+        }
+    }
+
     pub fn new(client: Client, table_name: impl Into<String>) -> DynamoStore {
         DynamoStore {
             client,
@@ -538,6 +570,12 @@ impl Store for DynamoStore {
                  release_unbought",
             ));
         }
+        if (t.hold && t.debit.is_none()) || (t.settle.is_some() && t.debit.is_some()) {
+            return Err(permanent(
+                "InvalidHold",
+                "a hold needs a debit, and a write that settles the open debit debits nothing",
+            ));
+        }
         let id = t.request_id.as_str();
         let pk = request_pk(id);
         let meta = match self.read_meta(id).await? {
@@ -570,11 +608,55 @@ impl Store for DynamoStore {
             });
         }
 
+        if t.hold && meta.record.open_debit.is_some() {
+            return Err(permanent(
+                "DebitAlreadyOpen",
+                format!("{id}: a debit is already open"),
+            ));
+        }
+
         let version = t.expected_version + 1;
         let mut e = meta_update(t.to, version, &t.reason, t.next_action_at, t.at);
         condition_version_and_status(&mut e, t.expected_version, t.from);
         if let Some(d) = &t.debit {
             request_debit(&mut e, d);
+            if t.hold {
+                e.set(attr::OPEN_DEBIT_MICROS, n(d.amount.0))
+                    .set(attr::OPEN_DEBIT_TEAM, s(d.team.as_str()))
+                    .set(attr::OPEN_DEBIT_MONTH, s(d.month.0.clone()));
+            }
+        }
+        // Settling the open debit: it was read with the version this write is conditional on.
+        let mut release = None;
+        if let Some(how) = t.settle {
+            for a in [
+                attr::OPEN_DEBIT_MICROS,
+                attr::OPEN_DEBIT_TEAM,
+                attr::OPEN_DEBIT_MONTH,
+            ] {
+                e.remove(a);
+            }
+            if how == Settle::Release
+                && let Some(amount) = meta.record.open_debit.filter(|d| d.0 > 0)
+            {
+                let Some((team, month)) = &meta.open_debit_ledger else {
+                    return Err(self::error::corrupt(format!(
+                        "{id}: an open debit without its ledger"
+                    )));
+                };
+                e.add(attr::SPENT_MICROS, n(-amount.0));
+                let mut l = Expr::new();
+                l.add(attr::SPENT_MICROS, n(-amount.0))
+                    .set(attr::UPDATED_AT, time(t.at));
+                let spent = l.name(attr::SPENT_MICROS);
+                let amt = l.value(n(amount.0));
+                l.condition(format!("{spent} >= {amt}"));
+                release = Some(update(
+                    &self.table,
+                    key(budget_pk(team, month), LEDGER_SK),
+                    &l,
+                )?);
+            }
         }
         let mut plan_items = Vec::new();
         if let Some(plans) = &t.candidates {
@@ -607,6 +689,7 @@ impl Store for DynamoStore {
         if let Some(d) = &t.debit {
             items.push(ledger_debit(&self.table, d, t.at)?);
         }
+        items.extend(release);
         items.extend(plan_items);
         items.extend(outbox_items(&self.table, id, &t.outbox, t.at)?);
 
@@ -1068,6 +1151,44 @@ impl Store for DynamoStore {
         });
         out.truncate(limit);
         Ok(out)
+    }
+
+    async fn claim_outbox(
+        &self,
+        request_id: &str,
+        event_key: &str,
+        until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<bool, PortError> {
+        let mut e = Expr::new();
+        e.set(attr::CLAIM_UNTIL_US, n(epoch_micros(until)));
+        let (pk, sent, claim) = (
+            e.name(attr::PK),
+            e.name(attr::SENT_AT),
+            e.name(attr::CLAIM_UNTIL_US),
+        );
+        let now_v = e.value(n(epoch_micros(now)));
+        e.condition(format!("attribute_exists({pk})"))
+            .condition(format!("attribute_not_exists({sent})"))
+            .condition(format!(
+                "attribute_not_exists({claim}) OR {claim} < {now_v}"
+            ));
+        self.conditional_outbox_update(request_id, event_key, &e)
+            .await
+    }
+
+    async fn release_outbox_claim(
+        &self,
+        request_id: &str,
+        event_key: &str,
+    ) -> Result<(), PortError> {
+        let mut e = Expr::new();
+        e.remove(attr::CLAIM_UNTIL_US);
+        let pk = e.name(attr::PK);
+        e.condition(format!("attribute_exists({pk})"));
+        self.conditional_outbox_update(request_id, event_key, &e)
+            .await
+            .map(drop)
     }
 
     async fn mark_sent(&self, request_id: &str, event_key: &str) -> Result<(), PortError> {

@@ -47,6 +47,8 @@ fn transition(rid: &str, version: u64, from: RequestStatus, to: RequestStatus) -
         outbox: vec![],
         candidates: None,
         debit: None,
+        hold: false,
+        settle: None,
     }
 }
 
