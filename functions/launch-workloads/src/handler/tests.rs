@@ -18,7 +18,8 @@ use capacity_pilot::fakes::{
     WorkloadsOp, errors,
 };
 use capacity_pilot::ports::{
-    BeginPurchase, BudgetMonth, Cause, LaunchMarket, Lease, RecordReservation, RequestRecord, Store,
+    BeginPurchase, BudgetMonth, Cause, LaunchMarket, Lease, PortError, RecordReservation,
+    RequestRecord, Store,
 };
 use chrono::{DateTime, Duration, Utc};
 use serde_json::{Value, json};
@@ -490,4 +491,52 @@ async fn a_launch_failing_mid_way_is_retried_by_the_next_tick_without_duplicates
     assert_eq!(w.workloads.instances().len(), 3);
     assert_eq!(w.status("r1").await, RequestStatus::Active);
     assert_eq!(w.events.published_of("Capacity Workload Launched").len(), 1);
+}
+
+#[tokio::test]
+async fn the_on_demand_estimate_is_held_before_launching_and_a_crash_in_between_debits_once() {
+    // GIVEN an on-demand-first request at its desired start, and the launch failing once
+    // after the estimate is held (the function dies before RunInstances answers)
+    let w = World::new();
+    w.record(on_demand_first("r1"), RequestStatus::TryingOnDemand, t0());
+    w.workloads.fail_next(
+        WorkloadsOp::LaunchInstances,
+        PortError::Transient {
+            service: "ec2",
+            code: "InternalError".into(),
+            message: "crash".into(),
+        },
+    );
+
+    // WHEN launch-workloads runs
+    assert!(w.launcher().handle(tick("t1")).await.is_err());
+
+    // THEN the estimate (24 h x 2 x $55.04) is already held against the caps, nothing runs
+    let held = MicroUsd(2_641_920_000);
+    let rec = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.status, RequestStatus::TryingOnDemand);
+    assert_eq!(rec.open_debit, Some(held));
+    assert_eq!(w.spent(), held);
+    assert!(w.workloads.instances().is_empty());
+
+    // WHEN the next tick comes
+    w.launcher().handle(tick("t2")).await.unwrap();
+
+    // THEN it launches under the same hold: debited once, and the hold is now kept
+    let rec = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.status, RequestStatus::RunningOnDemand);
+    assert_eq!(rec.open_debit, None);
+    assert_eq!(rec.spent, held);
+    assert_eq!(w.spent(), held);
+    assert_eq!(w.workloads.instances().len(), 2);
 }
