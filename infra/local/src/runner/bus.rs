@@ -45,14 +45,14 @@ impl LocalBus {
     /// Every event recorded on either bus since the last call, AWS's first, each with the
     /// functions it reaches (possibly none).
     pub fn take_new(&mut self, cloud: &LocalCloud) -> Vec<Delivery> {
-        let default = cloud.events("default");
-        let custom = cloud.events(&self.custom);
+        let default = events_since(cloud, "default", self.seen_default);
+        let custom = events_since(cloud, &self.custom, self.seen_custom);
         let mut out = Vec::new();
         for (bus, events, seen) in [
             (Bus::Default, default, &mut self.seen_default),
             (Bus::Custom, custom, &mut self.seen_custom),
         ] {
-            for event in events.into_iter().skip(*seen) {
+            for event in events {
                 *seen += 1;
                 let targets = self.rules.functions_for(bus, &event);
                 out.push(Delivery {
@@ -89,6 +89,22 @@ impl LocalBus {
             "detail": {}
         })
     }
+}
+
+/// The events recorded on `bus` after the first `seen` (a copy of those only).
+pub fn events_since(cloud: &LocalCloud, bus: &str, seen: usize) -> Vec<Value> {
+    cloud.with_world(|w| {
+        w.buses
+            .get(bus)
+            .and_then(|events| events.get(seen..))
+            .map(<[Value]>::to_vec)
+            .unwrap_or_default()
+    })
+}
+
+/// How many events `bus` has recorded.
+pub fn event_count(cloud: &LocalCloud, bus: &str) -> usize {
+    cloud.with_world(|w| w.buses.get(bus).map_or(0, Vec::len))
 }
 
 /// The first tick of a `every` schedule strictly after `after` (ticks sit on multiples of

@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use crate::rules::{Bus, Rules};
 use crate::world::Settings;
 use crate::{LocalCloud, Options};
-use bus::{LocalBus, is_tick, next_tick, tick_at_or_after};
+use bus::{LocalBus, event_count, events_since, is_tick, next_tick, tick_at_or_after};
 use lambda_host::{Answer, Function, HostEnv};
 use report::Timeline;
 use scenario::{Scenario, What, substitute};
@@ -393,11 +393,15 @@ impl Player {
             return Some(at);
         }
         let after = a.after.as_ref()?;
-        let launched = self.cloud.events(&self.bus.custom).into_iter().find(|e| {
-            e["detail-type"] == "Capacity Workload Launched"
-                && e["detail"]["request_id"] == after.launched.as_str()
+        let t: DateTime<Utc> = self.cloud.with_world(|w| {
+            w.buses.get(&self.bus.custom)?.iter().find(|e| {
+                e["detail-type"] == "Capacity Workload Launched"
+                    && e["detail"]["request_id"] == after.launched.as_str()
+            })?["time"]
+                .as_str()?
+                .parse()
+                .ok()
         })?;
-        let t: DateTime<Utc> = launched["time"].as_str()?.parse().ok()?;
         Some(t + after.offset())
     }
 
@@ -513,17 +517,12 @@ impl Player {
     /// retries an asynchronous invocation.
     async fn invoke(&mut self, function: &str, event: &Value, trigger: &str) -> anyhow::Result<()> {
         for _attempt in 0..3 {
-            let before = self.cloud.events(&self.bus.custom).len();
+            let before = event_count(&self.cloud, &self.bus.custom);
             let f = self.functions.get_mut(function).ok_or_else(|| {
                 anyhow!("the template routes to {function}, which the runner did not start")
             })?;
             let inv = f.invoke(event).await;
-            let published: Vec<Value> = self
-                .cloud
-                .events(&self.bus.custom)
-                .into_iter()
-                .skip(before)
-                .collect();
+            let published = events_since(&self.cloud, &self.bus.custom, before);
             let (ok, error, decisions) = match &inv.answer {
                 Answer::Response(v) => (
                     true,

@@ -4,24 +4,57 @@
 //!
 //! The state table is created from `Resources.StateTable.Properties` of the template, and the
 //! runner reads its `due` index, for scheduling only, through DynamoDB's JSON API.
+//!
+//! The functions reach moto through a relay that passes every byte through and counts the
+//! requests that may write (any `X-Amz-Target` but a read): the runner rescans the `due`
+//! index only when that count moved, as nothing else changes the table.
 
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::process::{Child, ChildStdin, Command};
+use tokio::task::JoinHandle;
 
 use super::http;
 
 const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
 
+/// The DynamoDB operations that never write; any other target counts as a write.
+const READS: &[&str] = &[
+    "GetItem",
+    "BatchGetItem",
+    "Query",
+    "Scan",
+    "TransactGetItems",
+    "DescribeTable",
+    "ListTables",
+    "DescribeTimeToLive",
+    "DescribeEndpoints",
+    "DescribeLimits",
+    "ListTagsOfResource",
+];
+
 pub struct Moto {
     child: Child,
     stdin: Option<ChildStdin>,
-    url: String,
+    /// moto itself (the runner's own calls).
+    direct_url: String,
+    /// The relay in front of moto (what the functions call).
+    relay_url: String,
+    relay: JoinHandle<()>,
+    /// Requests through the relay that may have written.
+    writes: Arc<AtomicU64>,
+    /// The last `due` scan: (writes counted before it, its answer).
+    due: Mutex<Option<(u64, Option<DateTime<Utc>>)>>,
     pub log: PathBuf,
 }
 
@@ -50,10 +83,18 @@ impl Moto {
             .spawn()
             .with_context(|| format!("starting {} {}", python.display(), launcher.display()))?;
         let stdin = child.stdin.take();
+        let writes = Arc::new(AtomicU64::new(0));
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let relay_url = format!("http://{}", listener.local_addr()?);
+        let relay = tokio::spawn(relay(listener, port, writes.clone()));
         let moto = Moto {
             child,
             stdin,
-            url: format!("http://127.0.0.1:{port}"),
+            direct_url: format!("http://127.0.0.1:{port}"),
+            relay_url,
+            relay,
+            writes,
+            due: Mutex::new(None),
             log,
         };
         let deadline = Instant::now() + STARTUP_DEADLINE;
@@ -74,15 +115,16 @@ impl Moto {
         }
     }
 
+    /// Where the functions reach DynamoDB (the relay).
     pub fn url(&self) -> &str {
-        &self.url
+        &self.relay_url
     }
 
     /// One DynamoDB JSON API call.
     pub async fn call(&self, op: &str, input: &Value) -> anyhow::Result<Value> {
         let target = format!("DynamoDB_20120810.{op}");
         let (status, body) = http::post(
-            &self.url,
+            &self.direct_url,
             &[
                 ("Content-Type", "application/x-amz-json-1.0"),
                 ("X-Amz-Target", &target),
@@ -131,8 +173,25 @@ impl Moto {
     }
 
     /// The earliest due time on the table's `due` index (the sparse index every function's
-    /// schedule reads its work from), if any item carries one. For scheduling only.
+    /// schedule reads its work from), if any item carries one. For scheduling only. The
+    /// index is scanned again only after a request that may have written.
     pub async fn earliest_due(
+        &self,
+        table: &str,
+        template: &Value,
+    ) -> anyhow::Result<Option<DateTime<Utc>>> {
+        let writes = self.writes.load(Ordering::SeqCst);
+        if let Some((seen, due)) = *self.due.lock().unwrap_or_else(|p| p.into_inner())
+            && seen == writes
+        {
+            return Ok(due);
+        }
+        let due = self.scan_due(table, template).await?;
+        *self.due.lock().unwrap_or_else(|p| p.into_inner()) = Some((writes, due));
+        Ok(due)
+    }
+
+    async fn scan_due(
         &self,
         table: &str,
         template: &Value,
@@ -178,7 +237,97 @@ impl Moto {
 
     /// Closes stdin (the launcher exits) and kills it, waiting for the exit.
     pub async fn stop(mut self) {
+        self.relay.abort();
         drop(self.stdin.take());
         let _ = self.child.kill().await;
+    }
+}
+
+/// Accepts the functions' connections and relays each to moto on `port`.
+async fn relay(listener: tokio::net::TcpListener, port: u16, writes: Arc<AtomicU64>) {
+    while let Ok((client, _)) = listener.accept().await {
+        let writes = writes.clone();
+        tokio::spawn(async move {
+            let Ok(upstream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).await else {
+                return;
+            };
+            let _ = client.set_nodelay(true);
+            let _ = upstream.set_nodelay(true);
+            let (mut client_rd, mut client_wr) = client.into_split();
+            let (mut up_rd, mut up_wr) = upstream.into_split();
+            let requests = async {
+                let mut window: Vec<u8> = Vec::new();
+                let mut buf = vec![0u8; 16 * 1024];
+                loop {
+                    let n = match client_rd.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    window.extend_from_slice(&buf[..n]);
+                    if may_write(&window) {
+                        writes.fetch_add(1, Ordering::SeqCst);
+                    }
+                    // Keep a tail long enough to hold a header line cut by this read.
+                    let keep = window.len().min(CARRY);
+                    window.drain(..window.len() - keep);
+                    if up_wr.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+                let _ = up_wr.shutdown().await;
+            };
+            let responses = async {
+                let _ = tokio::io::copy(&mut up_rd, &mut client_wr).await;
+                let _ = client_wr.shutdown().await;
+            };
+            tokio::join!(requests, responses);
+        });
+    }
+}
+
+/// How much of the request stream the relay keeps between reads.
+const CARRY: usize = 256;
+
+/// Whether `bytes` hold a complete `X-Amz-Target` header naming an operation that may
+/// write. A header seen twice (in the carried tail) only costs one more scan.
+fn may_write(bytes: &[u8]) -> bool {
+    const NAME: &[u8] = b"x-amz-target:";
+    let mut from = 0;
+    while let Some(i) = bytes[from..]
+        .windows(NAME.len())
+        .position(|w| w.eq_ignore_ascii_case(NAME))
+    {
+        let start = from + i + NAME.len();
+        let Some(end) = bytes[start..].windows(2).position(|w| w == b"\r\n") else {
+            return false;
+        };
+        let value = String::from_utf8_lossy(&bytes[start..start + end]);
+        let op = value.trim().rsplit('.').next().unwrap_or("");
+        if !READS.contains(&op) {
+            return true;
+        }
+        from = start + end;
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_targets_that_are_not_reads_count_as_writes() {
+        let req = |op: &str| {
+            format!("POST / HTTP/1.1\r\nx-amz-target: DynamoDB_20120810.{op}\r\n\r\n{{}}")
+        };
+        assert!(!may_write(req("Query").as_bytes()));
+        assert!(!may_write(req("GetItem").as_bytes()));
+        assert!(may_write(req("TransactWriteItems").as_bytes()));
+        assert!(may_write(req("UpdateItem").as_bytes()));
+        assert!(may_write(
+            format!("{}{}", req("Query"), req("PutItem")).as_bytes()
+        ));
+        // A header cut before its line end is judged once the rest arrives.
+        assert!(!may_write(b"X-Amz-Target: DynamoDB_20120810.Put"));
     }
 }
