@@ -42,6 +42,34 @@ async fn the_default_scenario_plays_with_the_real_binaries_and_every_check_passe
             "no check about {team}: {text}"
         );
     }
+    // ... the chart shows each launched request's instances, the replaced one included
+    for q in &result.summary {
+        let launched = q.actual_start.is_some();
+        assert_eq!(
+            !q.instances.is_empty(),
+            launched,
+            "{}: instances {:?}",
+            q.request_id,
+            q.instances
+        );
+    }
+    for (request, instance, _) in &result.broken {
+        let q = result.summary.iter().find(|q| &q.request_id == request);
+        let replaced = q.and_then(|q| q.instances.iter().find(|i| &i.id == instance));
+        let by = replaced.and_then(|i| i.replaced_by.clone());
+        assert!(
+            by.is_some(),
+            "{instance} of {request} is not shown replaced: {replaced:?}"
+        );
+        assert!(
+            q.is_some_and(|q| q
+                .instances
+                .iter()
+                .any(|i| i.replaces.as_ref() == Some(instance))),
+            "{request}: no instance shown replacing {instance}"
+        );
+    }
+    assert!(report::svg(&result).contains("replaced</text>"));
     for f in &result.functions {
         assert!(f.invocations > 0, "{} never ran: {text}", f.name);
         assert!(f.peak_rss_kb > 0, "{} has no peak memory: {text}", f.name);

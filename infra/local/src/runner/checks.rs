@@ -12,7 +12,7 @@ use super::InvocationRecord;
 use super::scenario::Scenario;
 use crate::LocalCloud;
 
-const REQUEST_TAG: &str = "capacity-pilot:request-id";
+pub const REQUEST_TAG: &str = "capacity-pilot:request-id";
 
 /// Everything a check may look at.
 pub struct Observed<'a> {

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use serde_json::Value;
 
-use super::checks::{Observed, short, time};
+use super::checks::{Observed, REQUEST_TAG, short, time};
 use super::{InvocationRecord, RunResult, bus_label};
 use crate::rules::Bus;
 
@@ -218,6 +218,97 @@ pub struct RequestSummary {
     pub windows: Vec<(DateTime<Utc>, DateTime<Utc>)>,
     /// (time, detail-type) of each of our events about it, for the chart.
     pub marks: Vec<(DateTime<Utc>, String)>,
+    /// Its instances (EC2, from the emulator) and SageMaker workloads (from our events).
+    pub instances: Vec<InstanceSpan>,
+}
+
+/// One instance of a request (or one SageMaker workload), for the chart.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstanceSpan {
+    pub id: String,
+    pub start: DateTime<Utc>,
+    /// When it terminated (or was drained); `None`: still up when the scenario ended.
+    pub end: Option<DateTime<Utc>>,
+    /// The instance that replaced it (a `Capacity Instance Replaced` event).
+    pub replaced_by: Option<String>,
+    /// The instance it replaced.
+    pub replaces: Option<String>,
+}
+
+/// The instances of request `id`: the EC2 instances tagged for it in the emulator (launched,
+/// terminated), and the SageMaker workloads our `Workload Launched` events name, up to the
+/// `Workload Drained` event that names them; replacements from `Instance Replaced` events.
+pub fn instances(o: &Observed, id: &str) -> Vec<InstanceSpan> {
+    let replaced: Vec<(String, String)> = o
+        .ours(id, "Capacity Instance Replaced")
+        .iter()
+        .filter_map(|e| {
+            let d = &e["detail"];
+            Some((
+                d["replaced_instance_id"].as_str()?.to_string(),
+                d["new_instance_id"].as_str()?.to_string(),
+            ))
+        })
+        .collect();
+    let mut out: Vec<InstanceSpan> = o.cloud.with_world(|w| {
+        w.ec2
+            .instances
+            .values()
+            .filter(|i| i.tags.get(REQUEST_TAG).map(String::as_str) == Some(id))
+            .map(|i| InstanceSpan {
+                id: i.id.clone(),
+                start: i.launch_time,
+                end: i.terminated_at,
+                replaced_by: None,
+                replaces: None,
+            })
+            .collect()
+    });
+    let drained: Vec<(DateTime<Utc>, Vec<String>)> = o
+        .ours(id, "Capacity Workload Drained")
+        .iter()
+        .filter_map(|e| {
+            let names = e["detail"]["resource_ids"]
+                .as_array()?
+                .iter()
+                .filter_map(Value::as_str)
+                .map(|r| r.rsplit(':').next().unwrap_or(r).to_string())
+                .collect();
+            Some((time(&e["time"])?, names))
+        })
+        .collect();
+    for e in o.ours(id, "Capacity Workload Launched") {
+        let Some(at) = time(&e["time"]) else { continue };
+        for r in e["detail"]["resource_ids"].as_array().into_iter().flatten() {
+            let Some(r) = r.as_str() else { continue };
+            if out.iter().any(|i| i.id == r) {
+                continue;
+            }
+            let end = drained
+                .iter()
+                .find(|(t, names)| *t >= at && names.iter().any(|n| n == r))
+                .map(|(t, _)| *t);
+            out.push(InstanceSpan {
+                id: r.to_string(),
+                start: at,
+                end,
+                replaced_by: None,
+                replaces: None,
+            });
+        }
+    }
+    for i in &mut out {
+        i.replaced_by = replaced
+            .iter()
+            .find(|(old, _)| *old == i.id)
+            .map(|(_, new)| new.clone());
+        i.replaces = replaced
+            .iter()
+            .find(|(_, new)| *new == i.id)
+            .map(|(old, _)| old.clone());
+    }
+    out.sort_by(|a, b| (a.start, &a.id).cmp(&(b.start, &b.id)));
+    out
 }
 
 pub fn summarize(o: &Observed) -> Vec<RequestSummary> {
@@ -289,6 +380,7 @@ pub fn summarize(o: &Observed) -> Vec<RequestSummary> {
                     ))
                 })
                 .collect(),
+            instances: instances(o, &id),
             request_id: id,
         });
     }
@@ -447,15 +539,25 @@ fn colour(kind: &str) -> &'static str {
     }
 }
 
-/// The HTML report: an SVG timeline chart (a row per request: its reserved windows as bars,
-/// its events as marks), the summary, the functions' figures, the checks and the timeline.
-pub fn html(r: &RunResult) -> String {
+/// The height of a request's row on the chart: its reserved windows and events on top, then
+/// one line per instance.
+fn row_height(q: &RequestSummary) -> f64 {
+    28.0 + INSTANCE_PITCH * q.instances.len() as f64
+}
+
+/// The vertical distance between two instance lines on the chart.
+const INSTANCE_PITCH: f64 = 8.0;
+
+/// The SVG timeline chart: a row per request, its reserved windows as bars, its events as
+/// marks, and under them a line per instance from its launch to its termination (a replaced
+/// one in orange, dashed over to the instance that replaced it).
+pub fn svg(r: &RunResult) -> String {
     let (t0, t1) = (r.scenario.start, r.scenario.end);
     let span = (t1 - t0).num_seconds().max(1) as f64;
-    let (left, width, row) = (170.0, 1000.0, 34.0);
+    let (left, width) = (170.0, 1000.0);
     let x =
         |t: DateTime<Utc>| left + width * ((t - t0).num_seconds() as f64 / span).clamp(0.0, 1.0);
-    let height = 40.0 + row * r.summary.len() as f64;
+    let height = 40.0 + r.summary.iter().map(row_height).sum::<f64>();
     let mut svg = format!(
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="sans-serif" font-size="11">"#,
         left + width + 20.0
@@ -478,8 +580,8 @@ pub fn html(r: &RunResult) -> String {
         }
         day += chrono::TimeDelta::days(1);
     }
-    for (i, q) in r.summary.iter().enumerate() {
-        let y = 26.0 + row * i as f64;
+    let mut y = 26.0;
+    for q in &r.summary {
         let _ = write!(
             svg,
             r#"<text x="4" y="{:.1}">{}</text>"#,
@@ -497,6 +599,71 @@ pub fn html(r: &RunResult) -> String {
                 e.format("%m-%d %H:%M")
             );
         }
+        // A line per instance, under the windows.
+        let line_y = |k: usize| y + 24.0 + INSTANCE_PITCH * k as f64;
+        for (k, i) in q.instances.iter().enumerate() {
+            let (x0, x1) = (x(i.start), x(i.end.unwrap_or(t1)));
+            let fill = if i.replaced_by.is_some() {
+                "#dd6b20"
+            } else {
+                "#48bb78"
+            };
+            let mut tip = format!(
+                "{} up {} to {}",
+                i.id,
+                i.start.format("%m-%d %H:%M"),
+                i.end
+                    .map_or("the end".into(), |e| e.format("%m-%d %H:%M").to_string())
+            );
+            if let Some(new) = &i.replaced_by {
+                let _ = write!(tip, "; replaced by {new}");
+            }
+            if let Some(old) = &i.replaces {
+                let _ = write!(tip, "; replaces {old}");
+            }
+            let _ = write!(
+                svg,
+                r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="5" fill="{fill}"><title>{}</title></rect>"#,
+                x0,
+                line_y(k),
+                (x1 - x0).max(1.5),
+                esc(&tip)
+            );
+            if let Some(new) = &i.replaced_by {
+                // The termination as a cross, and a dashed link to the replacement.
+                let (cx, cy) = (x1, line_y(k) + 2.5);
+                let _ = write!(
+                    svg,
+                    r##"<path d="M{:.1} {:.1}L{:.1} {:.1}M{:.1} {:.1}L{:.1} {:.1}" stroke="#c53030" stroke-width="1.5"/>"##,
+                    cx - 3.0,
+                    cy - 3.0,
+                    cx + 3.0,
+                    cy + 3.0,
+                    cx - 3.0,
+                    cy + 3.0,
+                    cx + 3.0,
+                    cy - 3.0
+                );
+                if let Some((n, next)) = q.instances.iter().enumerate().find(|(_, j)| j.id == *new)
+                {
+                    let _ = write!(
+                        svg,
+                        r##"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#dd6b20" stroke-dasharray="2,2"/>"##,
+                        cx,
+                        cy,
+                        x(next.start),
+                        line_y(n) + 2.5
+                    );
+                }
+                let _ = write!(
+                    svg,
+                    r##"<text x="{:.1}" y="{:.1}" font-size="9" fill="#c05621">{} replaced</text>"##,
+                    cx + 6.0,
+                    cy + 3.0,
+                    esc(short(&i.id))
+                );
+            }
+        }
         for (t, kind) in &q.marks {
             let _ = write!(
                 svg,
@@ -508,9 +675,17 @@ pub fn html(r: &RunResult) -> String {
                 esc(kind)
             );
         }
+        y += row_height(q);
     }
     svg.push_str("</svg>");
+    svg
+}
 
+/// The HTML report: the SVG timeline chart ([`svg`]), the summary, the functions' figures,
+/// the checks and the timeline.
+pub fn html(r: &RunResult) -> String {
+    let (t0, t1) = (r.scenario.start, r.scenario.end);
+    let svg = svg(r);
     let mut h = String::new();
     let _ = write!(
         h,
@@ -519,7 +694,10 @@ pub fn html(r: &RunResult) -> String {
          td,th{{border:1px solid #cbd5e0;padding:3px 8px;text-align:left}}.pass{{color:#2f855a}}.fail{{color:#c53030;font-weight:bold}}\
          pre{{font-size:12px}}</style></head><body><h1>capacity-pilot: scenario {name}</h1><p>{desc}</p>\
          <p>Simulated {t0} to {t1}; seed {seed}; {inv} invocations of the real binaries, {wall:.1} s wall.</p>\
-         <h2>Timeline</h2>{svg}<p>Bars: reserved windows (emulator). Marks: our events \
+         <h2>Timeline</h2>{svg}<p>Bars: reserved windows (emulator). Thin lines under them: the request's instances \
+         (EC2, from launch to termination) and SageMaker workloads (from launched to drained); \
+         <span style=\"color:#dd6b20\">orange</span>: an instance that was replaced, crossed where it \
+         ended and dashed to its replacement. Marks: our events \
          (<span style=\"color:#2b6cb0\">reserved</span>, <span style=\"color:#2f855a\">launched</span>, \
          <span style=\"color:#dd6b20\">replaced</span>, <span style=\"color:#805ad5\">expiring/drained</span>, \
          <span style=\"color:#4a5568\">ended</span>, <span style=\"color:#c53030\">rejected/failed</span>).</p>",
