@@ -1200,29 +1200,10 @@ impl Store for DynamoStore {
             .remove(attr::GSI_DUE);
         let pk = e.name(attr::PK);
         e.condition(format!("attribute_exists({pk})"));
-        let result = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(key(request_pk(request_id), outbox_sk(event_key))))
-            .set_update_expression(e.update_expression())
-            .set_condition_expression(e.condition_expression())
-            .set_expression_attribute_names(e.names())
-            .set_expression_attribute_values(e.values())
-            .send()
-            .await;
-        match result {
-            Ok(_) => Ok(()),
-            // Already archived: there is nothing left to mark.
-            Err(err)
-                if err
-                    .as_service_error()
-                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
-            {
-                Ok(())
-            }
-            Err(err) => Err(sdk_error("UpdateItem", err, Call::Write)),
-        }
+        // Already archived (the condition fails): there is nothing left to mark.
+        self.conditional_outbox_update(request_id, event_key, &e)
+            .await
+            .map(drop)
     }
 
     async fn due(
