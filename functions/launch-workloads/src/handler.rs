@@ -18,7 +18,7 @@ use capacity_pilot::decision;
 pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{self, WorkloadLaunched, event_key, outbound};
 use capacity_pilot::domain::money::{MicroUsd, Usd};
-use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG, client_token, workload_name};
+use capacity_pilot::domain::naming::{MANAGED_TAG, client_token, resource_tags, workload_name};
 use capacity_pilot::domain::offering::{Product, Segment};
 use capacity_pilot::domain::request::{RequestId, WorkloadDetail};
 use capacity_pilot::domain::reservation::{Reservation, ReservationState};
@@ -302,7 +302,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             .filter(|w| w.reservation_id == t.reservation_id)
             .map(|w| (w.slot, w))
             .collect();
-        let tags = tags(rec);
+        let tags = resource_tags(&rec.request.tags, id);
         let record = |slot: u32, resource_id: String, state: &str| WorkloadRecord {
             request_id: id.clone(),
             reservation_id: t.reservation_id.clone(),
@@ -984,14 +984,6 @@ fn windows<'a>(
             }
         })
         .collect()
-}
-
-/// The request's tags plus ours.
-fn tags(rec: &RequestRecord) -> BTreeMap<String, String> {
-    let mut tags = rec.request.tags.clone();
-    tags.insert(MANAGED_TAG.into(), "true".into());
-    tags.insert(REQUEST_TAG.into(), rec.request_id.to_string());
-    tags
 }
 
 #[cfg(test)]

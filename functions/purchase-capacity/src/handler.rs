@@ -16,7 +16,7 @@ use capacity_pilot::domain::events::{
     event_key, inbound, outbound,
 };
 use capacity_pilot::domain::money::{MicroUsd, Usd};
-use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG, plan_name};
+use capacity_pilot::domain::naming::{plan_name, resource_tags};
 use capacity_pilot::domain::offering::Offering;
 use capacity_pilot::domain::planner::Plan;
 use capacity_pilot::domain::request::{FieldError, RequestId, Strategy};
@@ -755,9 +755,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         offering: &Offering,
         name: &str,
     ) -> Result<Reservation, PortError> {
-        let mut tags = rec.request.tags.clone();
-        tags.insert(MANAGED_TAG.into(), "true".into());
-        tags.insert(REQUEST_TAG.into(), rec.request_id.to_string());
+        let tags = resource_tags(&rec.request.tags, &rec.request_id);
         let spec = PurchaseSpec {
             request_id: rec.request_id.clone(),
             plan_name: name.to_string(),

@@ -19,7 +19,7 @@ use capacity_pilot::config::Config;
 use capacity_pilot::decision;
 pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{InstanceReplaced, event_key, outbound};
-use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG, client_token};
+use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG, client_token, resource_tags};
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::{RequestId, WorkloadDetail};
 use capacity_pilot::domain::reservation::Reservation;
@@ -389,9 +389,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             ));
             return Ok(());
         };
-        let mut tags = rec.request.tags.clone();
-        tags.insert(MANAGED_TAG.into(), "true".into());
-        tags.insert(REQUEST_TAG.into(), id.to_string());
+        let tags = resource_tags(&rec.request.tags, id);
         let spec = LaunchSpec {
             region: reservation.region.clone(),
             market: LaunchMarket::CapacityBlock {

@@ -1,6 +1,8 @@
 //! Deterministic names and tokens derived from a request, so that a repeated attempt
 //! collides with (or returns) the first one instead of creating a second resource.
 
+use std::collections::BTreeMap;
+
 use sha2::{Digest, Sha256};
 
 use super::request::RequestId;
@@ -9,6 +11,18 @@ use super::request::RequestId;
 pub const MANAGED_TAG: &str = "capacity-pilot:managed";
 /// Tag naming the request a resource belongs to; reconciliation searches by it.
 pub const REQUEST_TAG: &str = "capacity-pilot:request-id";
+
+/// The tags on everything bought or launched for a request: the request's own tags, then
+/// ours, which win (destructive IAM actions and reconciliation rely on them).
+pub fn resource_tags(
+    request_tags: &BTreeMap<String, String>,
+    request_id: &RequestId,
+) -> BTreeMap<String, String> {
+    let mut tags = request_tags.clone();
+    tags.insert(MANAGED_TAG.into(), "true".into());
+    tags.insert(REQUEST_TAG.into(), request_id.to_string());
+    tags
+}
 
 /// The training plan name for a request: a second `CreateTrainingPlan` with it fails with
 /// `ResourceInUse` instead of buying again. `attempt` > 0 only after reconciliation has
@@ -82,6 +96,20 @@ mod tests {
             assert!(!n.ends_with('-'));
         }
         assert_eq!(plan_name(&RequestId::parse("r-1").unwrap(), 0), "cp-r-1");
+    }
+
+    #[test]
+    fn resource_tags_keep_the_requests_and_ours_win() {
+        let id = RequestId::parse("r-1").unwrap();
+        let mine = BTreeMap::from([
+            ("project".to_string(), "x".to_string()),
+            (REQUEST_TAG.to_string(), "someone-else".to_string()),
+        ]);
+        let tags = resource_tags(&mine, &id);
+        assert_eq!(tags["project"], "x");
+        assert_eq!(tags[MANAGED_TAG], "true");
+        assert_eq!(tags[REQUEST_TAG], "r-1");
+        assert_eq!(tags.len(), 3);
     }
 
     #[test]
