@@ -526,6 +526,20 @@ pub struct Debit {
     pub request_cap: MicroUsd,
 }
 
+impl Debit {
+    /// `amount` for `rec`, charged to its team's ledger for the month of `at`, within the
+    /// team's monthly cap `team_cap` and the request's own `max_upfront_usd`.
+    pub fn of(rec: &RequestRecord, team_cap: Usd, amount: MicroUsd, at: DateTime<Utc>) -> Debit {
+        Debit {
+            team: rec.team.clone(),
+            month: BudgetMonth::of(at),
+            amount,
+            team_cap: team_cap.to_micros_ceil(),
+            request_cap: rec.request.budget.max_upfront.to_micros_ceil(),
+        }
+    }
+}
+
 /// A status change, conditional on `expected_version` and `from`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Transition {

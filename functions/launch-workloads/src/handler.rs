@@ -574,13 +574,15 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 Some(held) if held == cost.to_micros_ceil() => {}
                 Some(_) => continue,
                 None => {
-                    let debit = match self.budget_room(&rec, cost, now).await? {
-                        Ok(d) => d,
-                        Err(why) => {
-                            why_not.push(format!("{label}: {why}"));
-                            continue;
-                        }
+                    // Both caps are checked by the conditional write itself.
+                    let Some(team_cap) = self.config.team_budgets.cap_for(&rec.team) else {
+                        why_not.push(format!(
+                            "{label}: team {} has no budget configured",
+                            rec.team
+                        ));
+                        continue;
                     };
+                    let debit = Debit::of(&rec, team_cap, cost.to_micros_ceil(), now);
                     let reason = format!(
                         "on-demand-first: holding the {label} estimate ${cost} against team {}'s \
                          cap before launching",
@@ -600,12 +602,23 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                             rec = self.reread(&rec).await?;
                             out.decisions.push(Decision::new(id, "held", reason));
                         }
-                        WriteOutcome::OverTeamBudget { spent, cap }
-                        | WriteOutcome::OverRequestBudget { spent, cap } => {
+                        WriteOutcome::OverTeamBudget { spent, cap } => {
                             why_not.push(format!(
-                                "{label}: the estimate ${cost} does not fit (spent ${} of ${})",
+                                "{label}: the estimate ${cost} would exceed team {}'s cap for \
+                                 {}: spent ${} of ${}",
+                                rec.team,
+                                BudgetMonth::of(now).0,
                                 spent.to_usd(),
                                 cap.to_usd()
+                            ));
+                            continue;
+                        }
+                        WriteOutcome::OverRequestBudget { spent, cap } => {
+                            why_not.push(format!(
+                                "{label}: the estimate ${cost} would exceed the request's \
+                                 max_upfront_usd ${} (spent ${})",
+                                cap.to_usd(),
+                                spent.to_usd()
                             ));
                             continue;
                         }
@@ -736,44 +749,6 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             }
             JobState::InProgress | JobState::Completed => Launch::Done(vec![name.to_string()]),
         })
-    }
-
-    /// The debit for `cost`, or why it does not fit the request's or the team's cap.
-    async fn budget_room(
-        &self,
-        rec: &RequestRecord,
-        cost: Usd,
-        now: DateTime<Utc>,
-    ) -> Result<Result<Debit, String>, PortError> {
-        let Some(team_cap) = self.config.team_budgets.cap_for(&rec.team) else {
-            return Ok(Err(format!("team {} has no budget configured", rec.team)));
-        };
-        let amount = cost.to_micros_ceil();
-        let request_cap = rec.request.budget.max_upfront.to_micros_ceil();
-        if rec.spent.0 + amount.0 > request_cap.0 {
-            return Ok(Err(format!(
-                "the estimate ${cost} would exceed the request's max_upfront_usd ${} (spent ${})",
-                request_cap.to_usd(),
-                rec.spent.to_usd()
-            )));
-        }
-        let month = BudgetMonth::of(now);
-        let spent = self.store.budget_spent(&rec.team, &month).await?;
-        if spent.0 + amount.0 > team_cap.to_micros_ceil().0 {
-            return Ok(Err(format!(
-                "the estimate ${cost} would exceed team {}'s cap for {}: spent ${} of ${team_cap}",
-                rec.team,
-                month.0,
-                spent.to_usd()
-            )));
-        }
-        Ok(Ok(Debit {
-            team: rec.team.clone(),
-            month,
-            amount,
-            team_cap: team_cap.to_micros_ceil(),
-            request_cap,
-        }))
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -443,13 +443,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             expected_version: rec.version,
             from: rec.status,
             lease: lease.clone(),
-            debit: Some(Debit {
-                team: rec.team.clone(),
-                month: BudgetMonth::of(now),
-                amount,
-                team_cap: team_cap.to_micros_ceil(),
-                request_cap: rec.request.budget.max_upfront.to_micros_ceil(),
-            }),
+            debit: Some(Debit::of(&rec, team_cap, amount, now)),
             reason: format!(
                 "buying {}: ${} debited from team {}{approved_note}",
                 plan.offering_ids().join(" + "),

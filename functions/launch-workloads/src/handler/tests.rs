@@ -540,3 +540,34 @@ async fn the_on_demand_estimate_is_held_before_launching_and_a_crash_in_between_
     assert_eq!(w.spent(), held);
     assert_eq!(w.workloads.instances().len(), 2);
 }
+
+#[tokio::test]
+async fn an_on_demand_estimate_over_the_teams_cap_is_never_held_and_falls_back() {
+    // GIVEN team-a has spent $99,000 of its $100,000 this month
+    let w = World::new();
+    w.record(on_demand_first("r1"), RequestStatus::TryingOnDemand, t0());
+    let already = MicroUsd(99_000_000_000);
+    w.store
+        .set_spent(&team("team-a"), &BudgetMonth::of(t0()), already);
+
+    // WHEN launch-workloads runs at the desired start
+    w.launcher().handle(tick("t1")).await.unwrap();
+
+    // THEN the $2641.92 estimate is refused by the cap: nothing held or launched, and the
+    // request falls back to a reservation saying why
+    let rec = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.status, RequestStatus::Searching);
+    assert_eq!(rec.open_debit, None);
+    assert_eq!(w.spent(), already);
+    assert!(w.workloads.instances().is_empty());
+    assert!(
+        rec.reason.contains("would exceed team team-a's cap"),
+        "{}",
+        rec.reason
+    );
+}
