@@ -17,6 +17,7 @@ use crate::domain::planner::Plan;
 use crate::domain::request::{CapacityRequest, LaunchTemplateRef, RequestId, Team};
 use crate::domain::reservation::Reservation;
 use crate::domain::status::RequestStatus;
+use crate::domain::window::WindowRecord;
 
 // =======================================================================================
 // Errors shared by the ports.
@@ -489,8 +490,12 @@ pub struct RequestRecord {
     pub version: u64,
     /// Why the request is in its status.
     pub reason: String,
-    /// When a schedule should look at it next (the due-work index).
+    /// When the function that owns its status should look at it next (a search, a lease's
+    /// expiry). The due-work index holds the earliest of this and its windows' next actions
+    /// ([`RequestRecord::due_at`]).
     pub next_action_at: Option<DateTime<Utc>>,
+    /// What has happened to each of its windows (ARCHITECTURE §8.4), in number order.
+    pub windows: Vec<WindowRecord>,
     pub lease: Option<Lease>,
     /// The outstanding purchase debit, released only when reconciliation shows no
     /// reservation exists.
@@ -501,6 +506,19 @@ pub struct RequestRecord {
     pub candidates: Vec<Plan>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+}
+
+impl RequestRecord {
+    /// When the request is due: the earliest of its own next action and its windows'.
+    pub fn due_at(&self) -> Option<DateTime<Utc>> {
+        crate::domain::window::next_action_at(self.next_action_at, &self.windows)
+    }
+
+    /// Whether the function owning its status has work now: the request may be in the due
+    /// index only for one of its windows.
+    pub fn own_action_due(&self, now: DateTime<Utc>) -> bool {
+        self.next_action_at.is_some_and(|t| t <= now)
+    }
 }
 
 /// A new, validated request.
@@ -563,6 +581,8 @@ pub struct Transition {
     /// What becomes of the request's open debit with this transition; nothing when none is
     /// open.
     pub settle: Option<Settle>,
+    /// Replaces the request's window records when `Some`.
+    pub windows: Option<Vec<WindowRecord>>,
 }
 
 /// The fate of a held debit.
@@ -598,7 +618,14 @@ impl Transition {
             debit: None,
             hold: false,
             settle: None,
+            windows: None,
         }
+    }
+
+    /// The same transition, replacing the request's window records with `windows`.
+    pub fn with_windows(mut self, windows: Vec<WindowRecord>) -> Transition {
+        self.windows = Some(windows);
+        self
     }
 
     /// The same transition, holding `debit` as the request's open debit.
@@ -618,6 +645,78 @@ impl Transition {
     pub fn with_outbox(mut self, outbox: Vec<OutboundEvent>) -> Transition {
         self.outbox = outbox;
         self
+    }
+}
+
+/// A change of a request's windows, conditional on `expected_version` and `status`, in any
+/// status (a split's kept block runs while its replacement is searched or bought). A request
+/// whose status summarises its windows (`Reserved`, `Active`, `Draining`) moves to what
+/// the new windows imply (`domain::window::summary`), `Ended` included; any other status is
+/// left as it is, with its lease, debit and own next action.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WindowUpdate {
+    pub request_id: RequestId,
+    pub expected_version: u64,
+    pub status: RequestStatus,
+    pub windows: Vec<WindowRecord>,
+    pub reason: String,
+    pub at: DateTime<Utc>,
+    pub caused_by: Cause,
+    pub outbox: Vec<OutboundEvent>,
+}
+
+impl WindowUpdate {
+    /// `rec`'s windows becoming `windows`, for `reason`.
+    pub fn of(
+        rec: &RequestRecord,
+        windows: Vec<WindowRecord>,
+        reason: &str,
+        at: DateTime<Utc>,
+        cause: &Cause,
+        outbox: Vec<OutboundEvent>,
+    ) -> WindowUpdate {
+        WindowUpdate {
+            request_id: rec.request_id.clone(),
+            expected_version: rec.version,
+            status: rec.status,
+            windows,
+            reason: reason.to_string(),
+            at,
+            caused_by: cause.clone(),
+            outbox,
+        }
+    }
+
+    /// The status the request has after this update.
+    pub fn status_after(&self) -> RequestStatus {
+        if crate::domain::window::FOLLOWS_WINDOWS.contains(&self.status) {
+            crate::domain::window::summary(&self.windows).unwrap_or(self.status)
+        } else {
+            self.status
+        }
+    }
+
+    /// The same change as a status transition, when it changes the status: the store writes
+    /// it as one, so debits, outbox and archival work as for any other.
+    pub fn as_transition(&self) -> Option<Transition> {
+        let to = self.status_after();
+        (to != self.status).then(|| Transition {
+            request_id: self.request_id.clone(),
+            expected_version: self.expected_version,
+            from: self.status,
+            to,
+            reason: self.reason.clone(),
+            // The windows are what is due now.
+            next_action_at: None,
+            at: self.at,
+            caused_by: self.caused_by.clone(),
+            outbox: self.outbox.clone(),
+            candidates: None,
+            debit: None,
+            hold: false,
+            settle: None,
+            windows: Some(self.windows.clone()),
+        })
     }
 }
 
@@ -789,6 +888,13 @@ pub trait Store: Send + Sync {
         t: Transition,
     ) -> impl Future<Output = Result<WriteOutcome, PortError>> + Send;
 
+    /// Changes the request's windows (and, for `Reserved`/`Active`/`Draining`, the status they
+    /// imply), conditional on the version and status. See [`WindowUpdate`].
+    fn update_windows(
+        &self,
+        u: WindowUpdate,
+    ) -> impl Future<Output = Result<WriteOutcome, PortError>> + Send;
+
     /// Takes the lease and applies the debit, which stays open on the request. Sets
     /// `next_action_at` to the lease expiry, so `due` finds a purchase whose worker died.
     /// A takeover (`from == Purchasing`) needs an expired lease and no new debit.
@@ -797,6 +903,7 @@ pub trait Store: Send + Sync {
         b: BeginPurchase,
     ) -> impl Future<Output = Result<BeginPurchaseOutcome, PortError>> + Send;
 
+    /// Adds the reservation's windows (pending, numbered after the request's others).
     /// To `Reserved`: the open debit is kept (closed) and the lease released. To `Purchasing`
     /// (a split plan's first segment): the open debit shrinks by the reservation's fee, so
     /// a later `release_unbought` releases only what was not bought.

@@ -142,6 +142,7 @@ pub fn transition(
         caused_by: Cause::new(event_id),
         outbox: vec![],
         candidates: None,
+        windows: None,
         debit: None,
         hold: false,
         settle: None,

@@ -21,13 +21,14 @@ use capacity_pilot::domain::events::{
 use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG, workload_name};
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::{RequestId, WorkloadDetail};
-use capacity_pilot::domain::reservation::{Reservation, ReservationState};
+use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus;
-use capacity_pilot::domain::time_rules::{drain_start, forced_termination_lead};
+use capacity_pilot::domain::window::{self, DrainLead, FOLLOWS_WINDOWS, WindowState};
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     CapacityMarket, Cause, Clock, EventSink, InstanceFilter, InstanceGroupSpec, InstanceInfo,
-    JobState, PortError, RequestRecord, Store, Transition, WorkloadRecord, Workloads, WriteOutcome,
+    JobState, PortError, RequestRecord, Store, Transition, WindowUpdate, WorkloadRecord, Workloads,
+    WriteOutcome,
 };
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
@@ -40,14 +41,24 @@ pub const EXPIRATION_WARNINGS: [&str; 2] = [
     "Capacity Block Reservation Expiration Warning",
 ];
 
-/// The statuses in which a request may hold a window that needs draining or ending.
-pub const DUE: [RequestStatus; 5] = [
+/// The statuses in which a request may hold a window that needs draining or ending: every
+/// status a reserved window can be in beside (a split's kept block drains while its
+/// replacement is searched for or bought), and the on-demand runs.
+pub const DUE: [RequestStatus; 10] = [
     RequestStatus::Active,
     RequestStatus::Reserved,
     RequestStatus::RunningOnDemand,
     RequestStatus::RunningSpot,
     RequestStatus::Draining,
+    RequestStatus::Searching,
+    RequestStatus::NotFound,
+    RequestStatus::OfferingsFound,
+    RequestStatus::AwaitingApproval,
+    RequestStatus::Purchasing,
 ];
+/// At most this many window steps (a drain, an end) per request and run: enough for a plan
+/// whose every window passed during an outage.
+const MAX_STEPS: usize = 16;
 
 #[derive(Debug, Default, Serialize)]
 pub struct Outcome {
@@ -262,11 +273,280 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             return Ok(());
         }
         let reservations = self.store.reservations(id).await?;
-        let windows = plan_windows(&rec, &reservations, self.config.default_drain_minutes);
-        if rec.status == RequestStatus::Draining {
-            return self.end_if_over(&rec, &windows, base, now, out).await;
+        let lead = self.drain_lead(&rec);
+        if window::windows(&reservations, &rec.windows, lead).is_empty() {
+            return self.process_run(&rec, base, now, out).await;
         }
-        let Some(idx) = current(&rec, &windows) else {
+        let mut rec = rec;
+        for step in 0..MAX_STEPS {
+            let windows = window::windows(&reservations, &rec.windows, lead);
+            let warned_here = |w: &window::Window| warned == Some(w.reservation.id.as_str());
+            let Some(w) = windows
+                .iter()
+                .find(|w| w.needs_end(now) || w.needs_drain(now, warned_here(w)))
+            else {
+                if step == 0 && FOLLOWS_WINDOWS.contains(&rec.status) {
+                    out.decisions
+                        .push(Decision::new(id, "waiting", waiting(&windows)));
+                }
+                return Ok(());
+            };
+            let written = if w.needs_end(now) {
+                self.end_window(&rec, &windows, w, base, now, out).await?
+            } else {
+                self.drain_window(&rec, &windows, w, warned_here(w), base, now, out)
+                    .await?
+            };
+            if !matches!(written, WriteOutcome::Applied { .. }) {
+                return Ok(());
+            }
+            // A drain that came late (a long outage) ends its window in the same run, and
+            // every other window that passed meanwhile is cleaned up in turn.
+            match self.store.get_request(id).await? {
+                Some(r) => rec = r,
+                None => return Ok(()),
+            }
+        }
+        Ok(())
+    }
+
+    fn drain_lead(&self, rec: &RequestRecord) -> DrainLead {
+        DrainLead {
+            requested_minutes: rec.request.drain_minutes,
+            default_minutes: self.config.default_drain_minutes,
+        }
+    }
+
+    /// Stops what runs in the window `w` ahead of its forced termination and marks it
+    /// draining.
+    #[allow(clippy::too_many_arguments)]
+    async fn drain_window(
+        &self,
+        rec: &RequestRecord,
+        windows: &[window::Window],
+        w: &window::Window,
+        warned: bool,
+        base: &str,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<WriteOutcome, PortError> {
+        let id = &rec.request_id;
+        let v = view(w);
+        let stopped = self.stop(rec, &v).await?;
+        let version = rec.version + 1;
+        let expiring = ReservationExpiring {
+            event_key: event_key(id.as_str(), "expiring", version),
+            request_id: id.to_string(),
+            reservation_ids: v.reservation_ids.clone(),
+            segment: w.number,
+            ends_at: w.end(),
+            drain_starts_at: w.drain_at.min(now),
+            forced_termination_at: w.forced_at,
+        };
+        let drained = WorkloadDrained {
+            event_key: event_key(id.as_str(), "drained", version),
+            request_id: id.to_string(),
+            reservation_id: w.reservation.id.clone(),
+            segment: w.number,
+            resource_ids: stopped.clone(),
+            drained_at: now,
+            forced_termination_at: w.forced_at,
+        };
+        let why = if warned && now < w.drain_at {
+            "an expiration warning brought the drain forward"
+        } else {
+            "the drain start was reached"
+        };
+        let reason = format!(
+            "{why}: stopped {} ahead of forced termination at {} (segment {} ends {})",
+            if stopped.is_empty() {
+                "nothing (no workload was running)".to_string()
+            } else {
+                stopped.join(", ")
+            },
+            w.forced_at,
+            w.number,
+            w.end()
+        );
+        let records =
+            window::records_with(&rec.windows, windows, &w.key, WindowState::Draining, now);
+        let u = WindowUpdate::of(
+            rec,
+            records,
+            &reason,
+            now,
+            &Cause::new(format!("{base}#drain-s{}", w.number)),
+            vec![outbound(&expiring), outbound(&drained)],
+        );
+        let written = self.store.update_windows(u).await?;
+        out.decisions.push(Decision::new(
+            id,
+            decision::written(&written, "drained"),
+            reason,
+        ));
+        Ok(written)
+    }
+
+    /// A drained window that has ended: stop and sweep what is left of it, then mark it
+    /// ended. The request ends with its last window, unless a search or purchase goes on.
+    async fn end_window(
+        &self,
+        rec: &RequestRecord,
+        windows: &[window::Window],
+        w: &window::Window,
+        base: &str,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<WriteOutcome, PortError> {
+        let id = &rec.request_id;
+        let v = view(w);
+        let mut cleaned = self.stop(rec, &v).await?;
+        let next = windows
+            .iter()
+            .filter(|o| o.key != w.key && o.state != WindowState::Ended)
+            .map(window::Window::start)
+            .min();
+        let only_this = next.is_some() || !FOLLOWS_WINDOWS.contains(&rec.status);
+        let orphans = self
+            .sweep_request(
+                rec,
+                &v.regions,
+                only_this.then_some(&v.reservation_ids[..]),
+                &cleaned,
+            )
+            .await?;
+        cleaned.extend(orphans);
+        let records = window::records_with(&rec.windows, windows, &w.key, WindowState::Ended, now);
+        let u = WindowUpdate::of(
+            rec,
+            records,
+            "",
+            now,
+            &Cause::new(format!("{base}#end-s{}", w.number)),
+            vec![],
+        );
+        let to = u.status_after();
+        // A reservation whose later segment is still to come (a multi-segment training
+        // plan) has not ended: only the segment has, and its Drained event said so.
+        let reservation_ids: Vec<String> = if w.last_of_reservation {
+            v.reservation_ids.clone()
+        } else {
+            vec![]
+        };
+        let ended = ReservationEnded {
+            event_key: event_key(id.as_str(), "ended", rec.version + 1),
+            request_id: id.to_string(),
+            reservation_ids: reservation_ids.clone(),
+            ended_at: now,
+            cleaned_up: cleaned.clone(),
+            spent_usd: rec.spent.to_usd(),
+        };
+        let reason = format!(
+            "{} ended{}; cleaned up: {}",
+            if reservation_ids.is_empty() {
+                format!("segment {}", w.number)
+            } else {
+                reservation_ids.join(", ")
+            },
+            match next {
+                Some(n) => format!("; the next segment starts at {n}"),
+                None => String::new(),
+            },
+            if cleaned.is_empty() {
+                "nothing left".to_string()
+            } else {
+                cleaned.join(", ")
+            }
+        );
+        let u = WindowUpdate {
+            reason: reason.clone(),
+            outbox: if to == RequestStatus::Ended || !reservation_ids.is_empty() {
+                vec![outbound(&ended)]
+            } else {
+                vec![]
+            },
+            ..u
+        };
+        let written = self.store.update_windows(u).await?;
+        let action = if to == RequestStatus::Ended {
+            "ended"
+        } else {
+            "segment-ended"
+        };
+        out.decisions.push(Decision::new(
+            id,
+            decision::written(&written, action),
+            reason,
+        ));
+        Ok(written)
+    }
+
+    /// Terminates managed instances still tagged for the request in `regions`, but those in
+    /// `cleaned`; with `only`, just those in these reservations (or in none).
+    async fn sweep_request(
+        &self,
+        rec: &RequestRecord,
+        regions: &[String],
+        only: Option<&[String]>,
+        cleaned: &[String],
+    ) -> Result<Vec<String>, PortError> {
+        let id = &rec.request_id;
+        let mut swept = Vec::new();
+        for region in regions {
+            let found = self
+                .workloads
+                .describe_instances(
+                    region,
+                    &InstanceFilter {
+                        request_id: Some(id.clone()),
+                        managed_only: true,
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            let orphans: Vec<String> = found
+                .into_iter()
+                .filter(|i| ours(i, id))
+                .filter(|i| match only {
+                    Some(rs) => i.reservation_id.as_ref().is_none_or(|r| rs.contains(r)),
+                    None => true,
+                })
+                .map(|i| i.instance_id)
+                .filter(|i| !cleaned.iter().any(|c| c == &format!("instance:{i}")))
+                .collect();
+            if !orphans.is_empty() {
+                warn!(request_id = %id, region, instances = ?orphans, "terminating orphaned managed instances");
+                self.workloads.terminate_instances(region, &orphans).await?;
+                swept.extend(orphans.into_iter().map(|i| format!("instance:{i}")));
+            }
+        }
+        Ok(swept)
+    }
+
+    /// A request without reserved windows: an on-demand or spot run, which drains before
+    /// its duration is over, or a request bought nothing that is left to end.
+    async fn process_run(
+        &self,
+        rec: &RequestRecord,
+        base: &str,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let id = &rec.request_id;
+        if !FOLLOWS_WINDOWS.contains(&rec.status)
+            && !matches!(
+                rec.status,
+                RequestStatus::RunningOnDemand | RequestStatus::RunningSpot
+            )
+        {
+            // A search or purchase under way, and nothing bought yet.
+            return Ok(());
+        }
+        let windows = plan_windows(rec, &[], self.config.default_drain_minutes);
+        if rec.status == RequestStatus::Draining {
+            return self.end_if_over(rec, &windows, base, now, out).await;
+        }
+        let Some(idx) = current(rec, &windows) else {
             out.decisions.push(Decision::new(
                 id,
                 "waiting",
@@ -275,12 +555,8 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             return Ok(());
         };
         let w = &windows[idx];
-        let warned_here = warned.is_some_and(|r| w.reservation_ids.iter().any(|x| x == r));
-        let drain_at = if warned_here {
-            w.drain_starts_at.min(now)
-        } else {
-            w.drain_starts_at
-        };
+        // No reservation, so no expiration warning: the run's own duration decides.
+        let drain_at = w.drain_starts_at;
         if now < drain_at {
             out.decisions.push(Decision::new(
                 id,
@@ -292,7 +568,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             ));
             return Ok(());
         }
-        let stopped = self.stop(&rec, w).await?;
+        let stopped = self.stop(rec, w).await?;
         let version = rec.version + 1;
         let expiring = ReservationExpiring {
             event_key: event_key(id.as_str(), "expiring", version),
@@ -300,7 +576,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             reservation_ids: w.reservation_ids.clone(),
             segment: w.segment,
             ends_at: w.end,
-            drain_starts_at: w.drain_starts_at.min(drain_at),
+            drain_starts_at: w.drain_starts_at,
             forced_termination_at: w.forced_termination_at,
         };
         let drained = WorkloadDrained {
@@ -316,13 +592,8 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             drained_at: now,
             forced_termination_at: w.forced_termination_at,
         };
-        let why = if warned_here && now < w.drain_starts_at {
-            "an expiration warning brought the drain forward"
-        } else {
-            "the drain start was reached"
-        };
         let reason = format!(
-            "{why}: stopped {} ahead of forced termination at {} (segment {} ends {})",
+            "the drain start was reached: stopped {} ahead of forced termination at {} (segment {} ends {})",
             if stopped.is_empty() {
                 "nothing (no workload was running)".to_string()
             } else {
@@ -333,7 +604,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             w.end
         );
         let t = Transition::of(
-            &rec,
+            rec,
             RequestStatus::Draining,
             &reason,
             Some(w.end),
@@ -350,7 +621,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         if matches!(written, WriteOutcome::Applied { .. }) && now >= w.end {
             // The drain itself came late (a long outage): end the window in the same run.
             if let Some(rec) = self.store.get_request(id).await? {
-                let windows = plan_windows(&rec, &reservations, self.config.default_drain_minutes);
+                let windows = plan_windows(&rec, &[], self.config.default_drain_minutes);
                 return self.end_if_over(&rec, &windows, base, now, out).await;
             }
         }
@@ -370,7 +641,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         let id = &rec.request_id;
         let Some(idx) = draining(rec, windows) else {
             // Nothing recorded to wait for: end the request now.
-            return self.end(rec, None, None, base, now, out).await;
+            return self.end(rec, None, base, now, out).await;
         };
         let w = &windows[idx];
         if now < w.end {
@@ -381,15 +652,15 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             ));
             return Ok(());
         }
-        self.end(rec, Some(w), windows.get(idx + 1), base, now, out)
-            .await
+        self.end(rec, Some(w), base, now, out).await
     }
 
+    /// Ends a request without reserved windows: stops its run (if any) and sweeps what is
+    /// left of it.
     async fn end(
         &self,
         rec: &RequestRecord,
         w: Option<&Window>,
-        next: Option<&Window>,
         base: &str,
         now: DateTime<Utc>,
         out: &mut Outcome,
@@ -399,74 +670,22 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             Some(w) => self.stop(rec, w).await?,
             None => vec![],
         };
-        // Orphans: managed instances still tagged for the request. While a later segment
-        // remains, only those of the ended window (or of none) are swept.
         let regions: Vec<String> = match w {
             Some(w) => w.regions.clone(),
             None => rec.request.regions.clone(),
         };
-        for region in &regions {
-            let found = self
-                .workloads
-                .describe_instances(
-                    region,
-                    &InstanceFilter {
-                        request_id: Some(id.clone()),
-                        managed_only: true,
-                        ..Default::default()
-                    },
-                )
-                .await?;
-            let orphans: Vec<String> = found
-                .into_iter()
-                .filter(|i| ours(i, id))
-                .filter(|i| match (next, w) {
-                    (Some(_), Some(w)) => i
-                        .reservation_id
-                        .as_ref()
-                        .is_none_or(|r| w.reservation_ids.contains(r)),
-                    _ => true,
-                })
-                .map(|i| i.instance_id)
-                .filter(|i| !cleaned.iter().any(|c| c == &format!("instance:{i}")))
-                .collect();
-            if !orphans.is_empty() {
-                warn!(request_id = %id, region, instances = ?orphans, "terminating orphaned managed instances");
-                self.workloads.terminate_instances(region, &orphans).await?;
-                cleaned.extend(orphans.into_iter().map(|i| format!("instance:{i}")));
-            }
-        }
-        // A reservation whose later segment is still to come (a multi-segment training
-        // plan) has not ended: only the segment has, and its Drained event said so.
-        let reservation_ids: Vec<String> = w
-            .map(|w| w.reservation_ids.clone())
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|r| next.is_none_or(|n| !n.reservation_ids.contains(r)))
-            .collect();
-        let (to, next_action_at) = match next {
-            Some(n) => (RequestStatus::Reserved, Some(n.start)),
-            None => (RequestStatus::Ended, None),
-        };
+        let orphans = self.sweep_request(rec, &regions, None, &cleaned).await?;
+        cleaned.extend(orphans);
         let ended = ReservationEnded {
             event_key: event_key(id.as_str(), "ended", rec.version + 1),
             request_id: id.to_string(),
-            reservation_ids: reservation_ids.clone(),
+            reservation_ids: vec![],
             ended_at: now,
             cleaned_up: cleaned.clone(),
             spent_usd: rec.spent.to_usd(),
         };
         let reason = format!(
-            "{} ended{}; cleaned up: {}",
-            match (w, reservation_ids.is_empty()) {
-                (Some(w), true) if next.is_some() => format!("segment {}", w.segment),
-                (_, true) => "the run".to_string(),
-                (_, false) => reservation_ids.join(", "),
-            },
-            match next {
-                Some(n) => format!("; the next segment starts at {}", n.start),
-                None => String::new(),
-            },
+            "the run ended; cleaned up: {}",
             if cleaned.is_empty() {
                 "nothing left".to_string()
             } else {
@@ -475,26 +694,17 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         );
         let t = Transition::of(
             rec,
-            to,
+            RequestStatus::Ended,
             &reason,
-            next_action_at,
+            None,
             now,
             &Cause::new(format!("{base}#end")),
         )
-        .with_outbox(if next.is_none() || !reservation_ids.is_empty() {
-            vec![outbound(&ended)]
-        } else {
-            vec![]
-        });
+        .with_outbox(vec![outbound(&ended)]);
         let written = self.store.transition(t).await?;
-        let action = if to == RequestStatus::Ended {
-            "ended"
-        } else {
-            "segment-ended"
-        };
         out.decisions.push(Decision::new(
             id,
-            decision::written(&written, action),
+            decision::written(&written, "ended"),
             reason,
         ));
         Ok(())
@@ -647,88 +857,71 @@ fn job_names(id: &RequestId, w: &Window, recorded: &[WorkloadRecord]) -> Vec<Str
     names
 }
 
-/// The request's windows in time order: each segment of each usable reservation, those
-/// ending together merged. A request running on demand has one window of its duration.
+/// The window of a request without reservations: an on-demand or spot run has one, of its
+/// duration (reserved windows are `domain::window`'s).
 pub fn plan_windows(
     rec: &RequestRecord,
-    reservations: &[Reservation],
+    _reservations: &[Reservation],
     default_drain_minutes: u32,
 ) -> Vec<Window> {
     let drain = rec.request.drain_minutes;
-    let mut all: Vec<Window> = Vec::new();
-    for r in reservations {
-        if matches!(
-            r.state,
-            ReservationState::PaymentFailed
-                | ReservationState::Failed
-                | ReservationState::Cancelled
-        ) {
-            continue;
+    if !matches!(
+        rec.status,
+        RequestStatus::RunningOnDemand | RequestStatus::RunningSpot | RequestStatus::Draining
+    ) {
+        return vec![];
+    }
+    // On demand there is no forced termination: the run ends after its duration.
+    let end = match rec.status {
+        RequestStatus::Draining => rec.next_action_at.unwrap_or(rec.updated_at),
+        _ => rec.updated_at + rec.request.duration(),
+    };
+    let drain = Duration::minutes(i64::from(drain.max(default_drain_minutes)));
+    vec![Window {
+        reservation_ids: vec![],
+        regions: rec.request.regions.clone(),
+        segment: 0,
+        start: end - rec.request.duration(),
+        end,
+        forced_termination_at: end,
+        drain_starts_at: end - drain,
+        instance_type: rec
+            .request
+            .instance_types
+            .first()
+            .cloned()
+            .unwrap_or_default(),
+        on_demand: true,
+    }]
+}
+
+/// The reserved window `w` as the workload's drain sees it.
+fn view(w: &window::Window) -> Window {
+    Window {
+        reservation_ids: vec![w.reservation.id.clone()],
+        regions: vec![w.reservation.region.clone()],
+        segment: w.number,
+        start: w.start(),
+        end: w.end(),
+        forced_termination_at: w.forced_at,
+        drain_starts_at: w.drain_at,
+        instance_type: w.reservation.instance_type.clone(),
+        on_demand: false,
+    }
+}
+
+/// Why nothing is due in any window yet.
+fn waiting(windows: &[window::Window]) -> String {
+    match windows.iter().find(|w| w.state != WindowState::Ended) {
+        Some(w) if w.state == WindowState::Draining => {
+            format!("drained; segment {} ends at {}", w.number, w.end())
         }
-        let kind = r.window_kind();
-        for s in &r.segments {
-            let forced = s.end - forced_termination_lead(kind);
-            let starts = drain_start(s.end, kind, drain, default_drain_minutes);
-            match all.iter_mut().find(|w| w.end == s.end) {
-                Some(w) => {
-                    if !w.reservation_ids.contains(&r.id) {
-                        w.reservation_ids.push(r.id.clone());
-                    }
-                    if !w.regions.contains(&r.region) {
-                        w.regions.push(r.region.clone());
-                    }
-                    w.forced_termination_at = w.forced_termination_at.min(forced);
-                    w.drain_starts_at = w.drain_starts_at.min(starts);
-                    w.start = w.start.min(s.start);
-                }
-                None => all.push(Window {
-                    reservation_ids: vec![r.id.clone()],
-                    regions: vec![r.region.clone()],
-                    segment: 0,
-                    start: s.start,
-                    end: s.end,
-                    forced_termination_at: forced,
-                    drain_starts_at: starts,
-                    instance_type: r.instance_type.clone(),
-                    on_demand: false,
-                }),
-            }
-        }
+        Some(w) => format!(
+            "segment {} drains at {}, ahead of forced termination at {}",
+            w.number, w.drain_at, w.forced_at
+        ),
+        None => "no reserved window is open or ahead".to_string(),
     }
-    if all.is_empty()
-        && matches!(
-            rec.status,
-            RequestStatus::RunningOnDemand | RequestStatus::RunningSpot | RequestStatus::Draining
-        )
-    {
-        // On demand there is no forced termination: the run ends after its duration.
-        let end = match rec.status {
-            RequestStatus::Draining => rec.next_action_at.unwrap_or(rec.updated_at),
-            _ => rec.updated_at + rec.request.duration(),
-        };
-        let drain = Duration::minutes(i64::from(drain.max(default_drain_minutes)));
-        all.push(Window {
-            reservation_ids: vec![],
-            regions: rec.request.regions.clone(),
-            segment: 0,
-            start: end - rec.request.duration(),
-            end,
-            forced_termination_at: end,
-            drain_starts_at: end - drain,
-            instance_type: rec
-                .request
-                .instance_types
-                .first()
-                .cloned()
-                .unwrap_or_default(),
-            on_demand: true,
-        });
-    }
-    all.sort_by_key(|w| (w.end, w.start));
-    for (i, w) in all.iter_mut().enumerate() {
-        w.segment = i as u32;
-    }
-    all
 }
 
 /// The window an undrained request is in (or waiting for): the first to end after the

@@ -19,16 +19,18 @@ pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{self, WorkloadLaunched, event_key, outbound};
 use capacity_pilot::domain::money::{MicroUsd, Usd};
 use capacity_pilot::domain::naming::{MANAGED_TAG, client_token, resource_tags, workload_name};
-use capacity_pilot::domain::offering::{Product, Segment};
+use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::{RequestId, WorkloadDetail};
-use capacity_pilot::domain::reservation::{Reservation, ReservationState};
 use capacity_pilot::domain::status::RequestStatus;
-use capacity_pilot::domain::time_rules::{PURCHASE_LEAD, drain_start, forced_termination_lead};
+use capacity_pilot::domain::time_rules::PURCHASE_LEAD;
+use capacity_pilot::domain::window::{
+    self, DrainLead, FOLLOWS_WINDOWS, HOLDS_WINDOWS, Window, WindowState,
+};
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     BudgetMonth, Cause, Clock, Debit, EndpointSpec, EventSink, InstanceGroupSpec, JobState,
     LaunchMarket, LaunchSpec, PortError, RequestRecord, Settle, Store, TrainingJobSpec, Transition,
-    WorkloadRecord, Workloads, WriteOutcome,
+    WindowUpdate, WorkloadRecord, Workloads, WriteOutcome,
 };
 use chrono::{DateTime, Duration, Utc};
 use rust_decimal::Decimal;
@@ -42,6 +44,18 @@ pub const CAPACITY_BLOCK_RESERVATION_DELIVERED: &str = "Capacity Block Reservati
 /// The workload records' reservation id for on-demand and spot launches.
 pub const ON_DEMAND: &str = "on-demand";
 pub const SPOT: &str = "spot";
+/// What this function looks at: every status that may hold a window, and on-demand-first.
+pub const DUE: [RequestStatus; 9] = [
+    RequestStatus::Reserved,
+    RequestStatus::Active,
+    RequestStatus::Draining,
+    RequestStatus::Searching,
+    RequestStatus::NotFound,
+    RequestStatus::OfferingsFound,
+    RequestStatus::AwaitingApproval,
+    RequestStatus::Purchasing,
+    RequestStatus::TryingOnDemand,
+];
 /// SageMaker's ceiling on `MaxRuntimeInSeconds` (28 days).
 const MAX_JOB_RUNTIME_SECONDS: i64 = 28 * 24 * 3600;
 
@@ -64,15 +78,6 @@ pub struct Launcher<S, W, E, C> {
     pub events: E,
     pub clock: C,
     pub config: Arc<Config>,
-}
-
-/// One window: a segment of a reservation, numbered across the whole plan in start order.
-struct Window<'a> {
-    reservation: &'a Reservation,
-    segment: &'a Segment,
-    index: u32,
-    drain_at: DateTime<Utc>,
-    forced_at: DateTime<Utc>,
 }
 
 /// Where and how one launch runs: in a reservation's window, or on demand or spot.
@@ -143,13 +148,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             }
         };
         if wake {
-            let due = self
-                .store
-                .due(
-                    &[RequestStatus::Reserved, RequestStatus::TryingOnDemand],
-                    now,
-                )
-                .await?;
+            let due = self.store.due(&DUE, now).await?;
             for item in due {
                 if let Err(e) = self.process(&item.request_id, &cause, now, &mut out).await {
                     warn!(request_id = %item.request_id, error = %e, "launch step failed; the next tick retries");
@@ -173,8 +172,8 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             return Ok(());
         };
         match rec.status {
-            RequestStatus::Reserved => self.launch_reserved(&rec, cause, now, out).await,
             RequestStatus::TryingOnDemand => self.try_on_demand(&rec, cause, now, out).await,
+            s if HOLDS_WINDOWS.contains(&s) => self.launch_windows(&rec, cause, now, out).await,
             other => {
                 out.decisions.push(Decision::new(
                     id,
@@ -188,7 +187,9 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
 
     // ---- reserved windows ---------------------------------------------------------------
 
-    async fn launch_reserved(
+    /// Launches into the window that is open now, whatever the request's status: a split's
+    /// kept block runs while its replacement is searched for or bought.
+    async fn launch_windows(
         &self,
         rec: &RequestRecord,
         cause: &Cause,
@@ -196,25 +197,34 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let id = &rec.request_id;
-        let reservations = self.store.reservations(id).await?;
-        let windows = windows(rec, &reservations, self.config.default_drain_minutes);
-        let Some(w) = windows
-            .iter()
-            .find(|w| w.segment.start <= now && now < w.drain_at)
-        else {
-            let next = windows
+        let follows = FOLLOWS_WINDOWS.contains(&rec.status);
+        if !follows
+            && !rec
+                .windows
                 .iter()
-                .map(|w| w.segment.start)
-                .filter(|s| *s > now)
-                .min();
-            let reason = match next {
-                Some(s) => format!("no window is open yet; the next opens at {s}"),
-                None => "no window is open and none is ahead".to_string(),
-            };
-            out.decisions.push(Decision::new(id, "waiting", reason));
+                .any(|w| w.next_action_at.is_some_and(|t| t <= now))
+        {
+            // Due for its search or purchase, not for a window.
+            return Ok(());
+        }
+        let reservations = self.store.reservations(id).await?;
+        let windows = window::windows(&reservations, &rec.windows, self.drain_lead(rec));
+        let Some(w) = windows.iter().find(|w| w.is_launchable(now)) else {
+            if follows {
+                let next = windows
+                    .iter()
+                    .filter(|w| w.state == WindowState::Pending && w.start() > now)
+                    .map(Window::start)
+                    .min();
+                let reason = match next {
+                    Some(s) => format!("no window is open yet; the next opens at {s}"),
+                    None => "no window is open and none is ahead".to_string(),
+                };
+                out.decisions.push(Decision::new(id, "waiting", reason));
+            }
             return Ok(());
         };
-        let r = w.reservation;
+        let r = &w.reservation;
         let target = Target {
             reservation_id: r.id.clone(),
             token_base: r.id.clone(),
@@ -226,7 +236,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             instance_type: r.instance_type.clone(),
             instance_count: r.instance_count,
             availability_zone: w.segment.availability_zone.clone(),
-            segment: w.index,
+            segment: w.number,
             must_end_by: w.forced_at,
         };
         match self.launch(rec, &target, now).await? {
@@ -234,15 +244,15 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 let ev = WorkloadLaunched {
                     event_key: event_key(
                         id.as_str(),
-                        &format!("launched-s{}", w.index),
+                        &format!("launched-s{}", w.number),
                         rec.version + 1,
                     ),
                     request_id: id.to_string(),
                     reservation_id: r.id.clone(),
-                    segment: w.index,
+                    segment: w.number,
                     workload_kind: rec.request.workload_kind(),
                     resource_ids: resource_ids.clone(),
-                    planned_start: w.segment.start,
+                    planned_start: w.start(),
                     launched_at: now,
                     estimated_cost_usd: None,
                 };
@@ -250,23 +260,22 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                     "launched {} in {} (segment {}, window opened {}, {} min ago); drain starts at {}",
                     resource_ids.join(", "),
                     r.id,
-                    w.index,
-                    w.segment.start,
-                    (now - w.segment.start).num_minutes(),
+                    w.number,
+                    w.start(),
+                    (now - w.start()).num_minutes(),
                     w.drain_at
                 );
-                let t = Transition {
-                    outbox: vec![outbound(&ev)],
-                    ..Transition::of(
-                        rec,
-                        RequestStatus::Active,
-                        &reason,
-                        Some(w.drain_at),
-                        now,
-                        &cause.step("launch"),
-                    )
-                };
-                let written = self.store.transition(t).await?;
+                let windows =
+                    window::records_with(&rec.windows, &windows, &w.key, WindowState::Running, now);
+                let u = WindowUpdate::of(
+                    rec,
+                    windows,
+                    &reason,
+                    now,
+                    &cause.step("launch"),
+                    vec![outbound(&ev)],
+                );
+                let written = self.store.update_windows(u).await?;
                 out.decisions.push(Decision::new(
                     id,
                     decision::written(&written, "launched"),
@@ -275,14 +284,37 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 Ok(())
             }
             Launch::NoCapacity(why) | Launch::Starting(why) => {
-                out.decisions.push(Decision::new(
-                    id,
-                    "waiting",
-                    format!("{why}; trying again on the next tick"),
-                ));
+                let reason = format!("{why}; trying again on the next tick");
+                if w.state == WindowState::Pending {
+                    // The launch has begun: the window says so until it runs.
+                    let windows = window::records_with(
+                        &rec.windows,
+                        &windows,
+                        &w.key,
+                        WindowState::Launching,
+                        now,
+                    );
+                    let u = WindowUpdate::of(
+                        rec,
+                        windows,
+                        &reason,
+                        now,
+                        &cause.step("launching"),
+                        vec![],
+                    );
+                    self.store.update_windows(u).await?;
+                }
+                out.decisions.push(Decision::new(id, "waiting", reason));
                 Ok(())
             }
             Launch::Refuse(why) => self.fail(rec, why, cause, now, out).await,
+        }
+    }
+
+    fn drain_lead(&self, rec: &RequestRecord) -> DrainLead {
+        DrainLead {
+            requested_minutes: rec.request.drain_minutes,
+            default_minutes: self.config.default_drain_minutes,
         }
     }
 
@@ -918,47 +950,6 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         ));
         Ok(())
     }
-}
-
-/// Every usable window of the request's reservations, numbered in start order across the
-/// plan, so each segment of a split plan is its own window.
-fn windows<'a>(
-    rec: &RequestRecord,
-    reservations: &'a [Reservation],
-    default_drain_minutes: u32,
-) -> Vec<Window<'a>> {
-    let mut all: Vec<(&Reservation, &Segment)> = reservations
-        .iter()
-        .filter(|r| {
-            !matches!(
-                r.state,
-                ReservationState::PaymentFailed
-                    | ReservationState::Failed
-                    | ReservationState::Cancelled
-                    | ReservationState::Unavailable
-            )
-        })
-        .flat_map(|r| r.segments.iter().map(move |s| (r, s)))
-        .collect();
-    all.sort_by_key(|(_, s)| s.start);
-    all.into_iter()
-        .enumerate()
-        .map(|(i, (r, s))| {
-            let kind = r.window_kind();
-            Window {
-                reservation: r,
-                segment: s,
-                index: u32::try_from(i).unwrap_or(u32::MAX),
-                drain_at: drain_start(
-                    s.end,
-                    kind,
-                    rec.request.drain_minutes,
-                    default_drain_minutes,
-                ),
-                forced_at: s.end - forced_termination_lead(kind),
-            }
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -77,9 +77,22 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     )
                     .await?;
                 for item in due {
+                    let rec = match self.store.get_request(&item.request_id).await {
+                        Ok(Some(rec)) => rec,
+                        Ok(None) => continue,
+                        Err(e) => {
+                            errors.push(HandlerError::from(e));
+                            continue;
+                        }
+                    };
+                    // Due for one of its windows (launch and cleanup's), not for a purchase.
+                    if !rec.own_action_due(now) {
+                        continue;
+                    }
                     if let Err(e) = self
-                        .process(&item.request_id, &cause, None, now, &mut out)
+                        .process_record(rec, &cause, None, now, &mut out)
                         .await
+                        .map_err(HandlerError::from)
                     {
                         warn!(request_id = %item.request_id, error = %e, "purchase step failed");
                         errors.push(e);

@@ -23,7 +23,7 @@ use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG, client_token, res
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::{RequestId, WorkloadDetail};
 use capacity_pilot::domain::reservation::Reservation;
-use capacity_pilot::domain::status::RequestStatus;
+use capacity_pilot::domain::window::{self, DrainLead, WindowState};
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     Clock, EventSink, InstanceFilter, InstanceHealth, InstanceInfo, LaunchMarket, LaunchSpec,
@@ -187,26 +187,36 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         let Some(rec) = self.store.get_request(id).await? else {
             return Ok(());
         };
-        if rec.status != RequestStatus::Active {
+        if !matches!(rec.request.workload, WorkloadDetail::Ec2Instances { .. }) {
+            return Ok(());
+        }
+        // Only a window whose workload runs, and whose drain has not begun, is repaired,
+        // whatever the request's status (a split's kept block runs while its replacement is
+        // searched for).
+        let held = self.store.reservations(id).await?;
+        let lead = DrainLead {
+            requested_minutes: rec.request.drain_minutes,
+            default_minutes: self.config.default_drain_minutes,
+        };
+        let running: BTreeSet<String> = window::windows(&held, &rec.windows, lead)
+            .into_iter()
+            .filter(|w| w.state == WindowState::Running && w.start() <= now && now < w.drain_at)
+            .map(|w| w.reservation.id)
+            .collect();
+        if running.is_empty() {
             out.decisions.push(Decision::new(
                 id,
                 "ignored",
                 format!(
-                    "instances are replaced only while the request is Active, not {}",
+                    "instances are replaced only in a running window before its drain; none is                      (the request is {})",
                     rec.status
                 ),
             ));
             return Ok(());
         }
-        if !matches!(rec.request.workload, WorkloadDetail::Ec2Instances { .. }) {
-            return Ok(());
-        }
-        let reservations: BTreeMap<String, Reservation> = self
-            .store
-            .reservations(id)
-            .await?
+        let reservations: BTreeMap<String, Reservation> = held
             .into_iter()
-            .filter(|r| r.product == Product::CapacityBlock)
+            .filter(|r| r.product == Product::CapacityBlock && running.contains(&r.id))
             .map(|r| (r.id.clone(), r))
             .collect();
         let slots: Vec<WorkloadRecord> = self

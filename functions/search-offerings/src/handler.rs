@@ -81,7 +81,10 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
                     .await?;
                 let mut records = Vec::new();
                 for item in due {
-                    if let Some(r) = self.store.get_request(&item.request_id).await? {
+                    if let Some(r) = self.store.get_request(&item.request_id).await?
+                        // Due for one of its windows (launch and cleanup's), not for a search.
+                        && r.own_action_due(now)
+                    {
                         records.push(r);
                     }
                 }

@@ -11,3 +11,4 @@ pub mod request;
 pub mod reservation;
 pub mod status;
 pub mod time_rules;
+pub mod window;

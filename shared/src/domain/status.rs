@@ -101,7 +101,8 @@ impl RequestStatus {
             Reserved => &[Active, Draining, Searching, Ended, Failed],
             // Active -> Reserved: between the segments of a split plan.
             Active => &[Draining, Reserved, Ended, Failed],
-            Draining => &[Reserved, Ended, Failed],
+            // Draining -> Active: the next window opened before the drained one ended.
+            Draining => &[Active, Reserved, Ended, Failed],
             // TryingOnDemand -> Searching: no on-demand capacity; fall back to a reservation.
             // TryingOnDemand -> TryingOnDemand holds or releases an on-demand estimate.
             TryingOnDemand => &[

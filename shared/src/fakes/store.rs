@@ -18,10 +18,12 @@ use crate::domain::money::MicroUsd;
 use crate::domain::request::{RequestId, Team};
 use crate::domain::reservation::Reservation;
 use crate::domain::status::RequestStatus;
+use crate::domain::window::{self, FOLLOWS_WINDOWS};
 use crate::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
     LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, PortError, RecordReservation,
-    ReleaseUnbought, RequestRecord, Settle, Store, Transition, WorkloadRecord, WriteOutcome,
+    ReleaseUnbought, RequestRecord, Settle, Store, Transition, WindowUpdate, WorkloadRecord,
+    WriteOutcome,
 };
 
 /// How long an ended request (and a processed-event record, and a sent outbox item) is
@@ -39,6 +41,7 @@ pub enum StoreOp {
     BeginPurchase,
     RecordReservation,
     ReleaseUnbought,
+    UpdateWindows,
     Reservations,
     BudgetSpent,
     PutWorkload,
@@ -58,6 +61,7 @@ impl StoreOp {
                 | StoreOp::BeginPurchase
                 | StoreOp::RecordReservation
                 | StoreOp::ReleaseUnbought
+                | StoreOp::UpdateWindows
                 | StoreOp::PutWorkload
                 | StoreOp::MarkSent
         )
@@ -490,6 +494,7 @@ impl State {
             version: 1,
             reason: new.reason,
             next_action_at: new.next_action_at,
+            windows: Vec::new(),
             lease: None,
             open_debit: None,
             spent: MicroUsd(0),
@@ -584,7 +589,37 @@ impl State {
         if let Some(plans) = t.candidates {
             record.candidates = plans;
         }
+        if let Some(windows) = t.windows {
+            record.windows = windows;
+        }
+        follow_windows(record);
         self.commit(&t.request_id, &t.caused_by, t.at, &t.outbox);
+        Ok(WriteOutcome::Applied { version })
+    }
+
+    fn update_windows(&mut self, u: WindowUpdate) -> Result<WriteOutcome, PortError> {
+        if let Some(t) = u.as_transition() {
+            return self.transition(t);
+        }
+        self.observe(u.at);
+        if self.seen(&u.request_id, &u.caused_by) {
+            return Ok(WriteOutcome::DuplicateEvent);
+        }
+        let Some(stored) = self.live(&u.request_id) else {
+            return Ok(WriteOutcome::Conflict);
+        };
+        if stored.record.version != u.expected_version || stored.record.status != u.status {
+            return Ok(WriteOutcome::Conflict);
+        }
+        let stored = self.requests.get_mut(&u.request_id).expect("checked above");
+        let r = &mut stored.record;
+        r.version += 1;
+        r.reason = u.reason;
+        r.updated_at = u.at;
+        r.windows = u.windows;
+        follow_windows(r);
+        let version = r.version;
+        self.commit(&u.request_id, &u.caused_by, u.at, &u.outbox);
         Ok(WriteOutcome::Applied { version })
     }
 
@@ -691,6 +726,7 @@ impl State {
             Some(existing) => *existing = r.reservation.clone(),
             None => list.push(r.reservation.clone()),
         }
+        stored.record.windows = window::all_records(list, &stored.record.windows, r.at);
         self.commit(&r.request_id, &r.caused_by, r.at, &r.outbox);
         Ok(LeaseWriteOutcome::Applied { version })
     }
@@ -781,6 +817,12 @@ impl Store for InMemoryStore {
     ) -> Result<LeaseWriteOutcome, PortError> {
         let after = self.begin(StoreOp::RecordReservation)?;
         let outcome = lock(&self.state).record_reservation(r);
+        finish(after, outcome)
+    }
+
+    async fn update_windows(&self, u: WindowUpdate) -> Result<WriteOutcome, PortError> {
+        let after = self.begin(StoreOp::UpdateWindows)?;
+        let outcome = lock(&self.state).update_windows(u);
         finish(after, outcome)
     }
 
@@ -912,7 +954,7 @@ impl Store for InMemoryStore {
             .filter(|r| !s.expired(r.expires_at))
             .filter(|r| statuses.contains(&r.record.status))
             .filter_map(|r| {
-                let at = r.record.next_action_at?;
+                let at = r.record.due_at()?;
                 (at <= now).then(|| DueItem {
                     request_id: r.record.request_id.clone(),
                     status: r.record.status,
@@ -924,6 +966,14 @@ impl Store for InMemoryStore {
             (a.next_action_at, &a.request_id).cmp(&(b.next_action_at, &b.request_id))
         });
         finish(after, Ok(items))
+    }
+}
+
+/// A request whose status summarises its windows has no next action of its own: its
+/// windows' are what is due.
+fn follow_windows(r: &mut RequestRecord) {
+    if FOLLOWS_WINDOWS.contains(&r.status) && !r.windows.is_empty() {
+        r.next_action_at = None;
     }
 }
 

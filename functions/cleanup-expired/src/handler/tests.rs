@@ -99,6 +99,7 @@ impl World {
             version: 1,
             reason: "seed".into(),
             next_action_at: None,
+            windows: vec![],
             lease: Some(Lease {
                 token: "seed".into(),
                 expires_at: t0() + Duration::days(30),
@@ -566,7 +567,7 @@ async fn a_split_plan_returns_to_reserved_until_its_last_segment_ends() {
     // THEN the request waits for the second segment
     let rec = w.record("r-1").await;
     assert_eq!(rec.status, RequestStatus::Reserved);
-    assert_eq!(rec.next_action_at, Some(end() + Duration::hours(24)));
+    assert_eq!(rec.due_at(), Some(end() + Duration::hours(24)));
     assert_eq!(
         w.events.published_of(ENDED)[0].detail["reservation_ids"],
         json!(["cr-1"])

@@ -88,6 +88,7 @@ impl World {
             version: 1,
             reason: "seeded".into(),
             next_action_at: Some(next),
+            windows: vec![],
             lease: None,
             open_debit: None,
             spent: MicroUsd(0),
@@ -267,7 +268,7 @@ async fn a_window_launches_exactly_once_across_duplicate_delivered_events_and_a_
         .unwrap();
     // 24h block end - 30 min forced lead - 15 min default drain
     assert_eq!(
-        rec.next_action_at,
+        rec.due_at(),
         Some(opens() + Duration::hours(24) - Duration::minutes(45))
     );
 }

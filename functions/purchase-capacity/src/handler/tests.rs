@@ -85,6 +85,7 @@ impl World {
             version: 3,
             reason: "offerings found".into(),
             next_action_at: Some(t0()),
+            windows: vec![],
             lease: None,
             open_debit: None,
             spent: MicroUsd(0),

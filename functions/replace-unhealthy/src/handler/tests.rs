@@ -11,6 +11,7 @@ use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG, client_token};
 use capacity_pilot::domain::offering::{Product, Segment};
 use capacity_pilot::domain::reservation::{Reservation, ReservationState};
 use capacity_pilot::domain::status::RequestStatus;
+use capacity_pilot::domain::window::WindowState;
 use capacity_pilot::fakes::fixtures::{request, request_id, t0};
 use capacity_pilot::fakes::{
     FakeWorkloads, InMemoryStore, ManualClock, RecordingEvents, WorkloadsCall, WorkloadsOp,
@@ -78,6 +79,7 @@ impl World {
             version: 1,
             reason: "seed".into(),
             next_action_at: None,
+            windows: vec![],
             lease: Some(Lease {
                 token: "seed".into(),
                 expires_at: t0() + Duration::days(30),
@@ -103,6 +105,16 @@ impl World {
             })
             .await
             .unwrap();
+        // The window runs (launch-workloads marked it so when it launched the instances).
+        let recorded = w.store.get_request(&rec.request_id).await.unwrap().unwrap();
+        rec.windows = recorded
+            .windows
+            .into_iter()
+            .map(|mut x| {
+                x.state = WindowState::Running;
+                x
+            })
+            .collect();
         rec.status = RequestStatus::Active;
         rec.version = 5;
         rec.lease = None;
@@ -453,6 +465,9 @@ async fn a_request_that_is_not_active_is_left_alone() {
         .unwrap()
         .unwrap();
     rec.status = RequestStatus::Draining;
+    for x in &mut rec.windows {
+        x.state = WindowState::Draining;
+    }
     w.store.insert_record(rec);
     let sick = w.slots().await[0].resource_id.clone();
     w.workloads

@@ -521,6 +521,7 @@ fn kept_first_half(w: &World, id: &str) {
         version: 6,
         reason: "the second block has gone; searching for a replacement".into(),
         next_action_at: Some(t0()),
+        windows: vec![],
         lease: None,
         open_debit: None,
         spent: Usd::parse("3000").unwrap().to_micros_ceil(),

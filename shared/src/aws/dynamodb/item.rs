@@ -26,6 +26,7 @@ use super::error::corrupt;
 use crate::domain::money::MicroUsd;
 use crate::domain::request::{RequestId, Team};
 use crate::domain::status::RequestStatus;
+use crate::domain::window::WindowRecord;
 use crate::ports::{BudgetMonth, Lease, PortError, RequestRecord};
 
 pub(super) type Item = HashMap<String, AttributeValue>;
@@ -51,7 +52,13 @@ pub(super) mod attr {
     /// The whole `CapacityRequest`, as JSON.
     pub const REQUEST: &str = "request";
     pub const CANDIDATE_COUNT: &str = "candidate_count";
+    /// When the request is due: the earliest of its status's own next action and its
+    /// windows' (the index, `gsi_due`, holds the same in whole seconds).
     pub const NEXT_ACTION_AT: &str = "next_action_at";
+    /// With windows: the status's own next action (without, it is `next_action_at`).
+    pub const OWN_NEXT_ACTION_AT: &str = "own_next_action_at";
+    /// The request's window records (`domain::window::WindowRecord`), as JSON.
+    pub const WINDOWS: &str = "windows";
     pub const GSI_STATUS: &str = "gsi_status";
     /// Epoch seconds.
     pub const GSI_DUE: &str = "gsi_due";
@@ -292,6 +299,10 @@ pub(super) fn read_meta(item: &Item) -> Result<Meta, PortError> {
         _ => None,
     };
     let count = r.opt_int(attr::CANDIDATE_COUNT)?.unwrap_or(0);
+    let windows: Vec<WindowRecord> = match r.opt_str(attr::WINDOWS)? {
+        Some(_) => r.json(attr::WINDOWS)?,
+        None => Vec::new(),
+    };
     let record = RequestRecord {
         request_id: r.request_id()?,
         team: Team::parse(r.str(attr::TEAM)?).map_err(corrupt)?,
@@ -300,7 +311,12 @@ pub(super) fn read_meta(item: &Item) -> Result<Meta, PortError> {
         version: u64::try_from(r.int(attr::VERSION)?)
             .map_err(|_| corrupt("version is negative"))?,
         reason: r.opt_str(attr::REASON)?.unwrap_or_default().to_string(),
-        next_action_at: r.opt_time(attr::NEXT_ACTION_AT)?,
+        next_action_at: if windows.is_empty() {
+            r.opt_time(attr::NEXT_ACTION_AT)?
+        } else {
+            r.opt_time(attr::OWN_NEXT_ACTION_AT)?
+        },
+        windows,
         lease,
         open_debit,
         spent: MicroUsd(r.opt_int(attr::SPENT_MICROS)?.unwrap_or(0)),

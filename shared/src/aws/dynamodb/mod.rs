@@ -27,10 +27,12 @@ use crate::domain::planner::Plan;
 use crate::domain::request::{RequestId, Team};
 use crate::domain::reservation::Reservation;
 use crate::domain::status::RequestStatus;
+use crate::domain::window::{self, FOLLOWS_WINDOWS, WindowRecord};
 use crate::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
     LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, PortError, RecordReservation,
-    ReleaseUnbought, RequestRecord, Settle, Store, Transition, WorkloadRecord, WriteOutcome,
+    ReleaseUnbought, RequestRecord, Settle, Store, Transition, WindowUpdate, WorkloadRecord,
+    WriteOutcome,
 };
 
 /// DynamoDB's limit on the items of one transaction.
@@ -182,9 +184,29 @@ fn outbox_items(
         .collect()
 }
 
-/// Sets `next_action_at` and the due index together, or removes both.
-fn set_next_action(e: &mut Expr, status: RequestStatus, next: Option<DateTime<Utc>>) {
-    match next {
+/// Sets the windows, the status's own next action, and the due index (the earliest of
+/// both) together. A status that summarises its windows has no next action of its own.
+///
+/// `next_action_at` holds the due time, exactly (the index holds whole seconds, and it is
+/// what the index projects); with windows, the status's own next action is kept beside it
+/// in `own_next_action_at`.
+fn set_next_action(
+    e: &mut Expr,
+    status: RequestStatus,
+    own: Option<DateTime<Utc>>,
+    windows: &[WindowRecord],
+) -> Result<(), PortError> {
+    let own = own.filter(|_| !FOLLOWS_WINDOWS.contains(&status) || windows.is_empty());
+    if windows.is_empty() {
+        e.remove(attr::WINDOWS).remove(attr::OWN_NEXT_ACTION_AT);
+    } else {
+        e.set(attr::WINDOWS, json("windows", &windows)?);
+        match own {
+            Some(t) => e.set(attr::OWN_NEXT_ACTION_AT, time(t)),
+            None => e.remove(attr::OWN_NEXT_ACTION_AT),
+        };
+    }
+    match window::next_action_at(own, windows) {
         Some(t) => {
             e.set(attr::NEXT_ACTION_AT, time(t))
                 .set(attr::GSI_STATUS, s(status.as_str()))
@@ -196,26 +218,28 @@ fn set_next_action(e: &mut Expr, status: RequestStatus, next: Option<DateTime<Ut
                 .remove(attr::GSI_DUE);
         }
     }
+    Ok(())
 }
 
-/// The common part of every META update: status, version, reason, times, archival.
+/// The common part of every META update: status, version, reason, times, windows, archival.
 fn meta_update(
     status: RequestStatus,
     version: u64,
     reason: &str,
     next: Option<DateTime<Utc>>,
+    windows: &[WindowRecord],
     at: DateTime<Utc>,
-) -> Expr {
+) -> Result<Expr, PortError> {
     let mut e = Expr::new();
     e.set(attr::STATUS, s(status.as_str()))
         .set(attr::VERSION, n(version))
         .set(attr::REASON, s(reason))
         .set(attr::UPDATED_AT, time(at));
-    set_next_action(&mut e, status, next);
+    set_next_action(&mut e, status, next, windows)?;
     if status.is_terminal() {
         e.set(attr::EXPIRES_AT, archive_at(at));
     }
-    e
+    Ok(e)
 }
 
 fn condition_version_and_status(e: &mut Expr, version: u64, status: RequestStatus) {
@@ -616,7 +640,8 @@ impl Store for DynamoStore {
         }
 
         let version = t.expected_version + 1;
-        let mut e = meta_update(t.to, version, &t.reason, t.next_action_at, t.at);
+        let windows = t.windows.as_ref().unwrap_or(&meta.record.windows);
+        let mut e = meta_update(t.to, version, &t.reason, t.next_action_at, windows, t.at)?;
         condition_version_and_status(&mut e, t.expected_version, t.from);
         if let Some(d) = &t.debit {
             request_debit(&mut e, d);
@@ -738,6 +763,45 @@ impl Store for DynamoStore {
         Ok(WriteOutcome::Conflict)
     }
 
+    async fn update_windows(&self, u: WindowUpdate) -> Result<WriteOutcome, PortError> {
+        if let Some(t) = u.as_transition() {
+            return self.transition(t).await;
+        }
+        let id = u.request_id.as_str();
+        let pk = request_pk(id);
+        let meta = match self.read_meta(id).await? {
+            Some(m) if m.record.version == u.expected_version && m.record.status == u.status => m,
+            _ => {
+                return Ok(if self.event_seen(id, &u.caused_by).await? {
+                    WriteOutcome::DuplicateEvent
+                } else {
+                    WriteOutcome::Conflict
+                });
+            }
+        };
+        let version = u.expected_version + 1;
+        // Status, lease and debit stay; only the windows, and the index with them, move.
+        let mut e = Expr::new();
+        e.set(attr::VERSION, n(version))
+            .set(attr::REASON, s(u.reason.as_str()))
+            .set(attr::UPDATED_AT, time(u.at));
+        set_next_action(&mut e, u.status, meta.record.next_action_at, &u.windows)?;
+        condition_version_and_status(&mut e, u.expected_version, u.status);
+        let mut items = vec![
+            event_record(&self.table, &pk, &u.caused_by, u.at)?,
+            update(&self.table, key(pk.clone(), META_SK), &e)?,
+        ];
+        items.extend(outbox_items(&self.table, id, &u.outbox, u.at)?);
+        Ok(match self.transact(items).await? {
+            Committed::Yes => {
+                tracing::info!(request_id = id, status = %u.status, reason = %u.reason, "windows updated");
+                WriteOutcome::Applied { version }
+            }
+            c if c.failed(EVENT_ITEM) => WriteOutcome::DuplicateEvent,
+            _ => WriteOutcome::Conflict,
+        })
+    }
+
     async fn begin_purchase(&self, b: BeginPurchase) -> Result<BeginPurchaseOutcome, PortError> {
         use RequestStatus::Purchasing;
         if !b.from.can_become(Purchasing) {
@@ -780,14 +844,21 @@ impl Store for DynamoStore {
             });
         }
 
+        // The windows stay due while the purchase runs (a split's kept block launches at its
+        // start): they are read at the version this write is conditional on.
+        let windows = match self.read_meta(id).await? {
+            Some(m) if m.record.version == b.expected_version => m.record.windows,
+            _ => Vec::new(),
+        };
         let version = b.expected_version + 1;
         let mut e = meta_update(
             Purchasing,
             version,
             &b.reason,
             Some(b.lease.expires_at),
+            &windows,
             b.at,
-        );
+        )?;
         e.set(attr::LEASE_TOKEN, s(b.lease.token.clone()))
             .set(attr::LEASE_EXPIRES_AT, time(b.lease.expires_at))
             .set(attr::LEASE_EXPIRES_US, n(epoch_micros(b.lease.expires_at)));
@@ -905,7 +976,12 @@ impl Store for DynamoStore {
             };
             let current = meta.record.version;
             let version = current + 1;
-            let mut e = meta_update(r.to, version, &r.reason, r.next_action_at, r.at);
+            // The new reservation's windows are numbered after every window the request has.
+            let mut held = self.reservations(&r.request_id).await?;
+            held.retain(|x| x.id != r.reservation.id);
+            held.push(r.reservation.clone());
+            let windows = window::all_records(&held, &meta.record.windows, r.at);
+            let mut e = meta_update(r.to, version, &r.reason, r.next_action_at, &windows, r.at)?;
             condition_version_and_status(&mut e, current, Purchasing);
             let tok = e.name(attr::LEASE_TOKEN);
             let tv = e.value(s(r.lease_token.clone()));
@@ -993,7 +1069,14 @@ impl Store for DynamoStore {
             };
             let current = meta.record.version;
             let version = current + 1;
-            let mut e = meta_update(r.to, version, &r.reason, r.next_action_at, r.at);
+            let mut e = meta_update(
+                r.to,
+                version,
+                &r.reason,
+                r.next_action_at,
+                &meta.record.windows,
+                r.at,
+            )?;
             condition_version_and_status(&mut e, current, Purchasing);
             let tok = e.name(attr::LEASE_TOKEN);
             let tv = e.value(s(r.lease_token.clone()));

@@ -46,6 +46,7 @@ fn transition(rid: &str, version: u64, from: RequestStatus, to: RequestStatus) -
         caused_by: Cause::new(format!("{rid}/{from}-{to}/{version}")),
         outbox: vec![],
         candidates: None,
+        windows: None,
         debit: None,
         hold: false,
         settle: None,

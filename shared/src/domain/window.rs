@@ -1,0 +1,439 @@
+//! One model of a request's windows (ARCHITECTURE §8.4): every segment of every reservation
+//! the request holds (a plan's segments, a split's blocks, a replacement block) is a window
+//! with its own state and next action, so launch and cleanup act on windows whatever the
+//! request's status, and a window whose end has passed is never launched into or waited for.
+//!
+//! What a window *is* (its times, its reservation) is derived from the recorded
+//! reservations; what has *happened* to it (its state, its number) is stored as a
+//! [`WindowRecord`] on the request. A segment without a record is `Pending`, numbered after
+//! every recorded window in start order, so a number once given never changes: a
+//! replacement block never renumbers the block it replaces, whatever their starts.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::offering::Segment;
+use super::reservation::{Reservation, ReservationState};
+use super::status::RequestStatus;
+use super::time_rules::{drain_start, forced_termination_lead};
+
+/// Where a window is in its life.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum WindowState {
+    /// Bought; nothing launched yet.
+    Pending,
+    /// A launch began but is not complete (capacity not back yet, a job still placing).
+    Launching,
+    /// The workload runs in it.
+    Running,
+    /// Drained ahead of forced termination; waiting for its end to clean up.
+    Draining,
+    /// Cleaned up. Nothing more happens to it.
+    Ended,
+}
+
+impl WindowState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WindowState::Pending => "pending",
+            WindowState::Launching => "launching",
+            WindowState::Running => "running",
+            WindowState::Draining => "draining",
+            WindowState::Ended => "ended",
+        }
+    }
+
+    /// Not yet drained: something may still run, or be launched, in it.
+    pub fn is_undrained(self) -> bool {
+        matches!(
+            self,
+            WindowState::Pending | WindowState::Launching | WindowState::Running
+        )
+    }
+}
+
+impl fmt::Display for WindowState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A window's state as stored on its request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct WindowRecord {
+    /// `<reservation id>#<segment index within the reservation>`.
+    pub key: String,
+    /// The window's number among the request's windows: events, job and config names carry
+    /// it, so it never changes once given.
+    pub number: u32,
+    pub state: WindowState,
+    /// When a function must next act on it: its start (launch), its drain start (drain), its
+    /// end (clean up); none once ended. The request is due at the earliest of these.
+    pub next_action_at: Option<DateTime<Utc>>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// The drain lead a request asks for and the deployment's default (the larger wins).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainLead {
+    pub requested_minutes: u32,
+    pub default_minutes: u32,
+}
+
+/// One window: a segment of a recorded reservation, with its state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Window {
+    pub key: String,
+    pub number: u32,
+    pub state: WindowState,
+    pub reservation: Reservation,
+    /// Its index among the reservation's segments.
+    pub segment_index: usize,
+    pub segment: Segment,
+    /// When the drain starts: `end − forced-termination lead − drain lead`.
+    pub drain_at: DateTime<Utc>,
+    /// When AWS starts terminating what runs in it.
+    pub forced_at: DateTime<Utc>,
+    /// Its reservation has no later segment: when this window ends, the reservation has.
+    pub last_of_reservation: bool,
+}
+
+pub fn window_key(reservation_id: &str, segment_index: usize) -> String {
+    format!("{reservation_id}#{segment_index}")
+}
+
+/// A reservation AWS reports as unusable holds no window, unless one of its windows was
+/// already under way: that one is still cleaned up once.
+fn usable(r: &Reservation) -> bool {
+    !matches!(
+        r.state,
+        ReservationState::PaymentFailed
+            | ReservationState::Failed
+            | ReservationState::Cancelled
+            | ReservationState::Unavailable
+    )
+}
+
+impl Window {
+    pub fn start(&self) -> DateTime<Utc> {
+        self.segment.start
+    }
+
+    pub fn end(&self) -> DateTime<Utc> {
+        self.segment.end
+    }
+
+    /// When a function must next act on the window in `state`.
+    pub fn next_action_in(&self, state: WindowState) -> Option<DateTime<Utc>> {
+        match state {
+            WindowState::Pending | WindowState::Launching => Some(self.start()),
+            WindowState::Running => Some(self.drain_at),
+            WindowState::Draining => Some(self.end()),
+            WindowState::Ended => None,
+        }
+    }
+
+    /// Whether something may be launched into it at `now`: it is open and not yet draining.
+    /// A window whose drain start has passed is never launched into, whatever its state.
+    pub fn is_launchable(&self, now: DateTime<Utc>) -> bool {
+        matches!(self.state, WindowState::Pending | WindowState::Launching)
+            && self.start() <= now
+            && now < self.drain_at
+    }
+
+    /// Whether it must be drained at `now`; `warned` when AWS's expiration warning named
+    /// its reservation (it can only bring the drain forward).
+    pub fn needs_drain(&self, now: DateTime<Utc>, warned: bool) -> bool {
+        self.state.is_undrained() && (now >= self.drain_at || (warned && now >= self.start()))
+    }
+
+    /// Whether it is drained and over, so its cleanup is due.
+    pub fn needs_end(&self, now: DateTime<Utc>) -> bool {
+        self.state == WindowState::Draining && now >= self.end()
+    }
+
+    /// Its record in `state`, written at `at`.
+    pub fn record(&self, state: WindowState, at: DateTime<Utc>) -> WindowRecord {
+        WindowRecord {
+            key: self.key.clone(),
+            number: self.number,
+            state,
+            next_action_at: self.next_action_in(state),
+            updated_at: at,
+        }
+    }
+}
+
+/// The request's windows in start order: every segment of every usable reservation, with
+/// its recorded state (`Pending` when none is recorded) and number.
+pub fn windows(
+    reservations: &[Reservation],
+    records: &[WindowRecord],
+    drain: DrainLead,
+) -> Vec<Window> {
+    let mut all: Vec<Window> = Vec::new();
+    let mut unnumbered: Vec<usize> = Vec::new();
+    for r in reservations {
+        let kind = r.window_kind();
+        let forced_lead = forced_termination_lead(kind);
+        for (i, s) in r.segments.iter().enumerate() {
+            let key = window_key(&r.id, i);
+            let record = records.iter().find(|w| w.key == key);
+            if !usable(r) && record.is_none_or(|w| w.state == WindowState::Ended) {
+                continue;
+            }
+            if all.iter().any(|w| w.key == key) {
+                // The same reservation recorded twice: one window.
+                continue;
+            }
+            if record.is_none() {
+                unnumbered.push(all.len());
+            }
+            all.push(Window {
+                key,
+                number: record.map_or(0, |w| w.number),
+                state: record.map_or(WindowState::Pending, |w| w.state),
+                reservation: r.clone(),
+                segment_index: i,
+                segment: s.clone(),
+                drain_at: drain_start(s.end, kind, drain.requested_minutes, drain.default_minutes),
+                forced_at: s.end - forced_lead,
+                last_of_reservation: i + 1 == r.segments.len(),
+            });
+        }
+    }
+    // Numbers for windows seen for the first time: after every number ever given (ended
+    // windows of dropped reservations included), in start order.
+    let next = records
+        .iter()
+        .map(|w| w.number + 1)
+        .chain(
+            all.iter()
+                .enumerate()
+                .filter(|(i, _)| !unnumbered.contains(i))
+                .map(|(_, w)| w.number + 1),
+        )
+        .max()
+        .unwrap_or(0);
+    unnumbered.sort_by_key(|&i| (all[i].start(), all[i].key.clone()));
+    for (n, i) in (next..).zip(unnumbered) {
+        all[i].number = n;
+    }
+    all.sort_by_key(|w| (w.start(), w.number));
+    all
+}
+
+/// The records of `windows` as they stand, with the window `key` moved to `state` at `at`.
+/// Records of windows no longer derived (a dropped reservation's) are kept, so their
+/// numbers stay taken.
+pub fn records_with(
+    records: &[WindowRecord],
+    windows: &[Window],
+    key: &str,
+    state: WindowState,
+    at: DateTime<Utc>,
+) -> Vec<WindowRecord> {
+    let mut out: Vec<WindowRecord> = windows
+        .iter()
+        .map(|w| {
+            if w.key == key {
+                w.record(state, at)
+            } else {
+                records
+                    .iter()
+                    .find(|r| r.key == w.key)
+                    .cloned()
+                    .unwrap_or_else(|| w.record(w.state, at))
+            }
+        })
+        .collect();
+    for r in records {
+        if !out.iter().any(|o| o.key == r.key) {
+            out.push(r.clone());
+        }
+    }
+    out.sort_by_key(|r| r.number);
+    out
+}
+
+/// Every window's record, those never recorded included (as `Pending`, numbered): what the
+/// store keeps once a reservation is recorded, so numbers are fixed from then on.
+pub fn all_records(
+    reservations: &[Reservation],
+    records: &[WindowRecord],
+    at: DateTime<Utc>,
+) -> Vec<WindowRecord> {
+    // The drain lead does not change numbers or a pending window's next action.
+    let ws = windows(
+        reservations,
+        records,
+        DrainLead {
+            requested_minutes: 0,
+            default_minutes: 0,
+        },
+    );
+    let mut out = records.to_vec();
+    for w in &ws {
+        if !out.iter().any(|r| r.key == w.key) {
+            out.push(w.record(w.state, at));
+        }
+    }
+    out.sort_by_key(|r| r.number);
+    out
+}
+
+/// The statuses whose meaning is a summary of the windows: bought, and no search or
+/// purchase under way. Any other status is about the search or purchase, and its windows
+/// go on beside it.
+pub const FOLLOWS_WINDOWS: [RequestStatus; 3] = [
+    RequestStatus::Reserved,
+    RequestStatus::Active,
+    RequestStatus::Draining,
+];
+
+/// The statuses in which a request may hold windows: launch and cleanup look at all of them.
+pub const HOLDS_WINDOWS: [RequestStatus; 8] = [
+    RequestStatus::Reserved,
+    RequestStatus::Active,
+    RequestStatus::Draining,
+    RequestStatus::Searching,
+    RequestStatus::NotFound,
+    RequestStatus::OfferingsFound,
+    RequestStatus::AwaitingApproval,
+    RequestStatus::Purchasing,
+];
+
+/// What a `FOLLOWS_WINDOWS` request's status is, given its windows: `Active` while one runs,
+/// else `Draining` while one drains, else `Reserved` while one is still to come, else
+/// `Ended`. `None` without windows.
+pub fn summary(records: &[WindowRecord]) -> Option<RequestStatus> {
+    let has = |s: WindowState| records.iter().any(|r| r.state == s);
+    if records.is_empty() {
+        None
+    } else if has(WindowState::Running) {
+        Some(RequestStatus::Active)
+    } else if has(WindowState::Draining) {
+        Some(RequestStatus::Draining)
+    } else if has(WindowState::Pending) || has(WindowState::Launching) {
+        Some(RequestStatus::Reserved)
+    } else {
+        Some(RequestStatus::Ended)
+    }
+}
+
+/// When the request is due: the earliest of its own next action (its search, its lease) and
+/// its windows'.
+pub fn next_action_at(
+    own: Option<DateTime<Utc>>,
+    records: &[WindowRecord],
+) -> Option<DateTime<Utc>> {
+    records
+        .iter()
+        .filter_map(|r| r.next_action_at)
+        .chain(own)
+        .min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::money::Usd;
+    use crate::domain::offering::Product;
+    use chrono::{Duration, TimeZone};
+
+    fn t(day: u32) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 12, day, 11, 30, 0).unwrap()
+    }
+
+    fn block(id: &str, from: u32, to: u32) -> Reservation {
+        Reservation {
+            id: id.into(),
+            product: Product::CapacityBlock,
+            region: "us-east-1".into(),
+            instance_type: "p5.48xlarge".into(),
+            instance_count: 1,
+            segments: vec![Segment {
+                start: t(from),
+                end: t(to),
+                availability_zone: None,
+            }],
+            upfront_fee: Usd::new(rust_decimal::Decimal::ONE),
+            state: ReservationState::Scheduled,
+            offering_id: None,
+            request_tag: None,
+            ultraserver: false,
+        }
+    }
+
+    const LEAD: DrainLead = DrainLead {
+        requested_minutes: 0,
+        default_minutes: 15,
+    };
+
+    #[test]
+    fn a_window_drains_ahead_of_forced_termination_and_is_due_at_each_step() {
+        let ws = windows(&[block("cr-1", 3, 4)], &[], LEAD);
+        let w = &ws[0];
+        assert_eq!(w.forced_at, t(4) - Duration::minutes(30));
+        assert_eq!(w.drain_at, t(4) - Duration::minutes(45));
+        assert_eq!(w.next_action_in(WindowState::Pending), Some(t(3)));
+        assert_eq!(w.next_action_in(WindowState::Running), Some(w.drain_at));
+        assert_eq!(w.next_action_in(WindowState::Draining), Some(t(4)));
+        assert_eq!(w.next_action_in(WindowState::Ended), None);
+    }
+
+    #[test]
+    fn a_replacement_that_starts_first_does_not_renumber_the_block_it_replaces() {
+        let kept = block("cr-kept", 5, 6);
+        let first = all_records(std::slice::from_ref(&kept), &[], t(1));
+        assert_eq!(first[0].number, 0);
+        let replacement = block("cr-new", 3, 4);
+        let ws = windows(&[kept, replacement], &first, LEAD);
+        let kept = ws.iter().find(|w| w.key == "cr-kept#0").unwrap();
+        let new = ws.iter().find(|w| w.key == "cr-new#0").unwrap();
+        assert_eq!((kept.number, new.number), (0, 1));
+        assert_eq!(ws[0].key, "cr-new#0", "still in start order");
+    }
+
+    #[test]
+    fn a_past_window_is_not_launchable_but_still_needs_its_drain() {
+        let ws = windows(&[block("cr-1", 3, 4)], &[], LEAD);
+        let w = &ws[0];
+        assert!(!w.is_launchable(t(4)));
+        assert!(!w.is_launchable(w.drain_at));
+        assert!(w.is_launchable(t(3)));
+        assert!(w.needs_drain(t(5), false));
+        assert!(!w.needs_end(t(5)), "a pending window drains before it ends");
+    }
+
+    #[test]
+    fn the_summary_follows_the_most_alive_window() {
+        let ws = windows(&[block("a", 3, 4), block("b", 4, 5)], &[], LEAD);
+        let recs = |sa, sb| vec![ws[0].record(sa, t(1)), ws[1].record(sb, t(1))];
+        use WindowState::*;
+        assert_eq!(
+            summary(&recs(Running, Pending)),
+            Some(RequestStatus::Active)
+        );
+        assert_eq!(
+            summary(&recs(Draining, Running)),
+            Some(RequestStatus::Active)
+        );
+        assert_eq!(
+            summary(&recs(Draining, Pending)),
+            Some(RequestStatus::Draining)
+        );
+        assert_eq!(
+            summary(&recs(Ended, Pending)),
+            Some(RequestStatus::Reserved)
+        );
+        assert_eq!(summary(&recs(Ended, Ended)), Some(RequestStatus::Ended));
+        assert_eq!(summary(&[]), None);
+    }
+}
