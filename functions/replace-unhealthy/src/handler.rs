@@ -364,8 +364,8 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             .await?
         {
             Replacement::Launch(spec) => spec,
-            Replacement::Stuck(why) => {
-                out.decisions.push(Decision::new(id, "stuck", why));
+            Replacement::Stuck(reason) => {
+                out.decisions.push(Decision::new(id, "stuck", reason));
                 return Ok(());
             }
         };
