@@ -8,6 +8,9 @@ pub mod hyperpod_cluster;
 pub mod inference_endpoint;
 pub mod training_job;
 
+#[cfg(all(test, feature = "test-util"))]
+mod tests;
+
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
