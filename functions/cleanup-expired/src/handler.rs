@@ -18,22 +18,23 @@ pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{
     ReservationEnded, ReservationExpiring, WorkloadDrained, event_key, outbound,
 };
-use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG, workload_name};
+use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG};
 use capacity_pilot::domain::offering::Product;
-use capacity_pilot::domain::request::{RequestId, WorkloadDetail};
+use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::window::{self, DrainLead, FOLLOWS_WINDOWS, WindowState};
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
-    CapacityMarket, Cause, Clock, EventSink, InstanceFilter, InstanceGroupSpec, InstanceInfo,
-    JobState, PortError, RequestRecord, Store, Transition, WindowUpdate, WorkloadRecord, Workloads,
-    WriteOutcome,
+    CapacityMarket, Cause, Clock, EventSink, InstanceFilter, PortError, RequestRecord, Store,
+    Transition, WindowUpdate, Workloads, WriteOutcome,
 };
+use capacity_pilot::workload::ec2_instances::ours;
+use capacity_pilot::workload::{self, DrainTarget};
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tracing::{info, warn};
+use tracing::warn;
 
 /// Both documented spellings of EC2's warning (aws-reference.md section 6.1).
 pub const EXPIRATION_WARNINGS: [&str; 2] = [
@@ -710,151 +711,31 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         Ok(())
     }
 
-    /// Stops the window's workload; returns what it acted on. Every call here is
-    /// idempotent, so a repeat (a second invocation, a retry) changes nothing.
+    /// Stops the window's workload; returns what it acted on. Its kind's module says how;
+    /// every call there is idempotent, so a repeat changes nothing.
     async fn stop(&self, rec: &RequestRecord, w: &Window) -> Result<Vec<String>, PortError> {
-        let id = &rec.request_id;
-        let mut acted = Vec::new();
-        match &rec.request.workload {
-            WorkloadDetail::Ec2Instances { .. } => {
-                for region in &w.regions {
-                    let mut ids = Vec::new();
-                    let targets: Vec<Option<String>> = if w.on_demand {
-                        vec![None]
-                    } else {
-                        w.reservation_ids.iter().cloned().map(Some).collect()
-                    };
-                    for reservation_id in targets {
-                        let found = self
-                            .workloads
-                            .describe_instances(
-                                region,
-                                &InstanceFilter {
-                                    request_id: Some(id.clone()),
-                                    reservation_id: reservation_id.clone(),
-                                    managed_only: true,
-                                    ..Default::default()
-                                },
-                            )
-                            .await?;
-                        ids.extend(
-                            found
-                                .into_iter()
-                                .filter(|i| ours(i, id))
-                                .filter(|i| !w.on_demand || i.reservation_id.is_none())
-                                .map(|i| i.instance_id),
-                        );
-                    }
-                    if !ids.is_empty() {
-                        info!(request_id = %id, region, instances = ?ids, "terminating ahead of forced termination");
-                        self.workloads.terminate_instances(region, &ids).await?;
-                        acted.extend(ids.into_iter().map(|i| format!("instance:{i}")));
-                    }
-                }
-            }
-            WorkloadDetail::TrainingJob(_) => {
-                let recorded = self.store.workloads(id).await?;
-                let names = job_names(id, w, &recorded);
-                for region in &w.regions {
-                    for name in &names {
-                        let Some(job) = self.workloads.describe_training_job(region, name).await?
-                        else {
-                            continue;
-                        };
-                        if job.state == JobState::InProgress {
-                            info!(request_id = %id, region, job = %name, "stopping the training job ahead of forced termination");
-                            self.workloads.stop_training_job(region, name).await?;
-                            acted.push(format!("training-job:{name}"));
-                        }
-                    }
-                }
-            }
-            WorkloadDetail::HyperpodCluster {
-                cluster_name,
-                instance_group_name,
-                life_cycle_config,
-            } => {
-                for region in &w.regions {
-                    let Some(group) = self
-                        .workloads
-                        .describe_instance_group(region, cluster_name, instance_group_name)
-                        .await?
-                    else {
-                        continue;
-                    };
-                    if !group.cluster_managed {
-                        warn!(request_id = %id, cluster = %cluster_name,
-                            "the cluster does not carry the managed tag; not scaling it down");
-                        continue;
-                    }
-                    if group.instance_group_name.is_none() || group.target_count == 0 {
-                        continue;
-                    }
-                    info!(request_id = %id, region, cluster = %cluster_name, group = %instance_group_name,
-                        "scaling the instance group to zero ahead of forced termination");
-                    self.workloads
-                        .put_instance_group(&InstanceGroupSpec {
-                            region: region.clone(),
-                            cluster_name: cluster_name.clone(),
-                            instance_group_name: instance_group_name.clone(),
-                            instance_type: w.instance_type.clone(),
-                            instance_count: 0,
-                            training_plan_arn: w.reservation_ids.first().cloned(),
-                            execution_role_arn: self.config.sagemaker_execution_role_arn.clone(),
-                            life_cycle_source_s3_uri: life_cycle_config
-                                .as_ref()
-                                .map(|l| l.source_s3_uri.clone()),
-                            life_cycle_on_create: life_cycle_config
-                                .as_ref()
-                                .map(|l| l.on_create.clone()),
-                        })
-                        .await?;
-                    acted.push(format!(
-                        "instance-group:{cluster_name}/{instance_group_name}"
-                    ));
-                }
-            }
-            WorkloadDetail::InferenceEndpoint { endpoint_name, .. } => {
-                let config_name = workload_name(id, w.segment);
-                for region in &w.regions {
-                    let exists = self
-                        .workloads
-                        .describe_endpoint(region, endpoint_name)
-                        .await?
-                        .is_some();
-                    // The config may outlive its endpoint: delete both every time.
-                    self.workloads
-                        .delete_endpoint(region, endpoint_name, &config_name)
-                        .await?;
-                    if exists {
-                        info!(request_id = %id, region, endpoint = %endpoint_name, "deleted the endpoint and its config");
-                        acted.push(format!("endpoint:{endpoint_name}"));
-                        acted.push(format!("endpoint-config:{config_name}"));
-                    }
-                }
-            }
-        }
-        Ok(acted)
+        workload::drain(
+            &self.workloads,
+            &self.store,
+            &self.config,
+            rec,
+            &w.drain_target(),
+        )
+        .await
     }
 }
 
-/// Never touch an instance without our tags, whatever a filter returned.
-fn ours(i: &InstanceInfo, id: &RequestId) -> bool {
-    i.state.is_live()
-        && i.tags.contains_key(MANAGED_TAG)
-        && i.tags.get(REQUEST_TAG).map(String::as_str) == Some(id.as_str())
-}
-
-fn job_names(id: &RequestId, w: &Window, recorded: &[WorkloadRecord]) -> Vec<String> {
-    let mut names = vec![workload_name(id, w.segment)];
-    for r in recorded {
-        if (w.reservation_ids.contains(&r.reservation_id) || w.on_demand)
-            && !names.contains(&r.resource_id)
-        {
-            names.push(r.resource_id.clone());
+impl Window {
+    /// What draining this window acts on.
+    pub fn drain_target(&self) -> DrainTarget {
+        DrainTarget {
+            reservation_ids: self.reservation_ids.clone(),
+            regions: self.regions.clone(),
+            segment: self.segment,
+            instance_type: self.instance_type.clone(),
+            on_demand: self.on_demand,
         }
     }
-    names
 }
 
 /// The window of a request without reservations: an on-demand or spot run has one, of its

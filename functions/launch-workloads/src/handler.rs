@@ -9,7 +9,6 @@
 //! duplicate event, a schedule tick racing a Delivered event, or a retry after a crash finds
 //! the same instances instead of starting new ones.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
@@ -18,9 +17,8 @@ use capacity_pilot::decision;
 pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{self, WorkloadLaunched, event_key, outbound};
 use capacity_pilot::domain::money::{MicroUsd, Usd};
-use capacity_pilot::domain::naming::{MANAGED_TAG, client_token, resource_tags, workload_name};
 use capacity_pilot::domain::offering::Product;
-use capacity_pilot::domain::request::{RequestId, WorkloadDetail};
+use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::time_rules::PURCHASE_LEAD;
 use capacity_pilot::domain::window::{
@@ -28,10 +26,10 @@ use capacity_pilot::domain::window::{
 };
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
-    BudgetMonth, Cause, Clock, Debit, EndpointSpec, EventSink, InstanceGroupSpec, JobState,
-    LaunchMarket, LaunchSpec, PortError, RequestRecord, Settle, Store, TrainingJobSpec, Transition,
-    WindowUpdate, WorkloadRecord, Workloads, WriteOutcome,
+    BudgetMonth, Cause, Clock, Debit, EventSink, LaunchMarket, PortError, RequestRecord, Settle,
+    Store, Transition, WindowUpdate, Workloads, WriteOutcome,
 };
+use capacity_pilot::workload::{self, Launch, Target};
 use chrono::{DateTime, Duration, Utc};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
@@ -56,8 +54,6 @@ pub const DUE: [RequestStatus; 9] = [
     RequestStatus::Purchasing,
     RequestStatus::TryingOnDemand,
 ];
-/// SageMaker's ceiling on `MaxRuntimeInSeconds` (28 days).
-const MAX_JOB_RUNTIME_SECONDS: i64 = 28 * 24 * 3600;
 
 #[derive(Debug, Default, Serialize)]
 pub struct Outcome {
@@ -78,47 +74,6 @@ pub struct Launcher<S, W, E, C> {
     pub events: E,
     pub clock: C,
     pub config: Arc<Config>,
-}
-
-/// Where and how one launch runs: in a reservation's window, or on demand or spot.
-struct Target {
-    /// The reservation id, or `on-demand` / `spot`: the key of the workload records.
-    reservation_id: String,
-    /// What client tokens are derived from (the reservation id for a block).
-    token_base: String,
-    market: LaunchMarket,
-    /// The training plan ARN, for SageMaker workloads on a plan.
-    plan_arn: Option<String>,
-    region: String,
-    instance_type: String,
-    instance_count: u32,
-    availability_zone: Option<String>,
-    segment: u32,
-    /// When the workload must be gone; a training job's max runtime stops it by then.
-    must_end_by: DateTime<Utc>,
-}
-
-/// What one launch attempt came to, short of an error worth retrying as it is.
-enum Launch {
-    Done(Vec<String>),
-    /// No capacity (yet): a block wait for the next tick; on-demand falls back.
-    NoCapacity(String),
-    /// Retrying cannot help: the request fails with this reason.
-    Refuse(String),
-    /// Accepted, but not yet placed: SageMaker finds on-demand capacity for a training job
-    /// (or fails it) asynchronously, so nothing is committed until the next tick looks.
-    Starting(String),
-}
-
-/// A failed launch call, classified for [`Launch`]; anything else is retried next tick.
-fn settle(e: PortError, what: &str) -> Result<Launch, PortError> {
-    match e {
-        PortError::NoCapacity { code, message } => Ok(Launch::NoCapacity(format!(
-            "no capacity for {what} ({code}: {message})"
-        ))),
-        e @ PortError::Permanent { .. } => Ok(Launch::Refuse(format!("{what} was refused: {e}"))),
-        e => Err(e),
-    }
 }
 
 impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
@@ -239,7 +194,16 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             segment: w.number,
             must_end_by: w.forced_at,
         };
-        match self.launch(rec, &target, now).await? {
+        match workload::launch(
+            &self.workloads,
+            &self.store,
+            &self.config,
+            rec,
+            &target,
+            now,
+        )
+        .await?
+        {
             Launch::Done(resource_ids) => {
                 let ev = WorkloadLaunched {
                     event_key: event_key(
@@ -318,237 +282,6 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         }
     }
 
-    /// Launches what the request's workload needs in `target`, skipping what is recorded.
-    async fn launch(
-        &self,
-        rec: &RequestRecord,
-        t: &Target,
-        now: DateTime<Utc>,
-    ) -> Result<Launch, PortError> {
-        let id = &rec.request_id;
-        let recorded: BTreeMap<u32, WorkloadRecord> = self
-            .store
-            .workloads(id)
-            .await?
-            .into_iter()
-            .filter(|w| w.reservation_id == t.reservation_id)
-            .map(|w| (w.slot, w))
-            .collect();
-        let tags = resource_tags(&rec.request.tags, id);
-        let record = |slot: u32, resource_id: String, state: &str| WorkloadRecord {
-            request_id: id.clone(),
-            reservation_id: t.reservation_id.clone(),
-            slot,
-            generation: 0,
-            resource_id,
-            state: state.to_string(),
-            updated_at: now,
-        };
-        match &rec.request.workload {
-            WorkloadDetail::Ec2Instances {
-                launch_template,
-                subnet_ids,
-                ..
-            } => {
-                let Some(template) = launch_template else {
-                    return Ok(Launch::Refuse(
-                        "the request names no launch template".into(),
-                    ));
-                };
-                let subnet = match &t.availability_zone {
-                    Some(zone) => {
-                        match self
-                            .workloads
-                            .subnet_in_zone(&t.region, subnet_ids, zone)
-                            .await?
-                        {
-                            Some(s) => s,
-                            None => {
-                                return Ok(Launch::Refuse(format!(
-                                    "none of the request's subnets ({}) is in {zone}, the zone of {}",
-                                    subnet_ids.join(", "),
-                                    t.reservation_id
-                                )));
-                            }
-                        }
-                    }
-                    None => match subnet_ids.first() {
-                        Some(s) => s.clone(),
-                        None => return Ok(Launch::Refuse("the request names no subnet".into())),
-                    },
-                };
-                let mut ids = Vec::new();
-                // One RunInstances per slot, so each slot has its own client token and a
-                // retry after a partial failure finds exactly the instances already started.
-                for slot in 0..t.instance_count {
-                    if let Some(w) = recorded.get(&slot) {
-                        ids.push(w.resource_id.clone());
-                        continue;
-                    }
-                    let spec = LaunchSpec {
-                        region: t.region.clone(),
-                        market: t.market.clone(),
-                        instance_type: t.instance_type.clone(),
-                        count: 1,
-                        subnet_id: subnet.clone(),
-                        launch_template: template.clone(),
-                        client_token: client_token(&t.token_base, slot, 0),
-                        tags: tags.clone(),
-                    };
-                    let launched = match self.workloads.launch_instances(&spec).await {
-                        Ok(l) => l,
-                        Err(e) => {
-                            return settle(
-                                e,
-                                &format!("slot {slot} of {} ({})", t.reservation_id, subnet),
-                            );
-                        }
-                    };
-                    let Some(instance) = launched.into_iter().next() else {
-                        return Err(PortError::Transient {
-                            service: "ec2",
-                            code: "EmptyReservation".into(),
-                            message: format!("RunInstances for slot {slot} returned no instance"),
-                        });
-                    };
-                    info!(
-                        request_id = %id,
-                        reservation_id = %t.reservation_id,
-                        instance_id = %instance.instance_id,
-                        slot,
-                        subnet_id = %subnet,
-                        "launched an instance for an opened window"
-                    );
-                    self.store
-                        .put_workload(record(
-                            slot,
-                            instance.instance_id.clone(),
-                            instance.state.as_str(),
-                        ))
-                        .await?;
-                    ids.push(instance.instance_id);
-                }
-                Ok(Launch::Done(ids))
-            }
-            WorkloadDetail::TrainingJob(template) => {
-                // An on-demand job has a name of its own: after a fall-back, the plan's job
-                // for the same segment must not collide with (and "find") the failed one.
-                let name = match &t.plan_arn {
-                    Some(_) => workload_name(id, t.segment),
-                    None => format!("{}-od", workload_name(id, t.segment)),
-                };
-                if !recorded.contains_key(&t.segment) {
-                    let runtime = (t.must_end_by - now)
-                        .num_seconds()
-                        .clamp(1, MAX_JOB_RUNTIME_SECONDS);
-                    let spec = TrainingJobSpec {
-                        region: t.region.clone(),
-                        job_name: name.clone(),
-                        role_arn: self.config.sagemaker_execution_role_arn.clone(),
-                        training_image: template.training_image.clone(),
-                        output_s3_uri: template.output_s3_uri.clone(),
-                        instance_type: t.instance_type.clone(),
-                        instance_count: t.instance_count,
-                        volume_size_gb: template.volume_size_gb,
-                        training_plan_arn: t.plan_arn.clone(),
-                        max_runtime_seconds: u32::try_from(runtime).unwrap_or(u32::MAX),
-                        hyper_parameters: template.hyper_parameters.clone(),
-                        tags,
-                    };
-                    if let Err(e) = self.workloads.start_training_job(&spec).await {
-                        return settle(e, &format!("training job {name}"));
-                    }
-                    info!(request_id = %id, reservation_id = %t.reservation_id, job_name = %name, "started a training job");
-                    self.store
-                        .put_workload(record(t.segment, name.clone(), "InProgress"))
-                        .await?;
-                }
-                if t.plan_arn.is_none() {
-                    return self.placed(&t.region, &name).await;
-                }
-                Ok(Launch::Done(vec![name]))
-            }
-            WorkloadDetail::InferenceEndpoint {
-                model_name,
-                endpoint_name,
-                variant_name,
-            } => {
-                if !recorded.contains_key(&t.segment) {
-                    let spec = EndpointSpec {
-                        region: t.region.clone(),
-                        endpoint_name: endpoint_name.clone(),
-                        endpoint_config_name: workload_name(id, t.segment),
-                        model_name: model_name.clone(),
-                        variant_name: variant_name.clone(),
-                        instance_type: t.instance_type.clone(),
-                        instance_count: t.instance_count,
-                        ml_reservation_arn: t.plan_arn.clone(),
-                        tags,
-                    };
-                    if let Err(e) = self.workloads.create_endpoint(&spec).await {
-                        return settle(e, &format!("endpoint {endpoint_name}"));
-                    }
-                    info!(request_id = %id, reservation_id = %t.reservation_id, endpoint_name = %endpoint_name, "created an endpoint");
-                    self.store
-                        .put_workload(record(t.segment, endpoint_name.clone(), "Creating"))
-                        .await?;
-                }
-                Ok(Launch::Done(vec![endpoint_name.clone()]))
-            }
-            WorkloadDetail::HyperpodCluster {
-                cluster_name,
-                instance_group_name,
-                life_cycle_config,
-            } => {
-                let resource = format!("{cluster_name}/{instance_group_name}");
-                if !recorded.contains_key(&t.segment) {
-                    let group = self
-                        .workloads
-                        .describe_instance_group(&t.region, cluster_name, instance_group_name)
-                        .await?;
-                    match group {
-                        None => {
-                            return Ok(Launch::Refuse(format!(
-                                "HyperPod cluster {cluster_name} does not exist in {}",
-                                t.region
-                            )));
-                        }
-                        Some(g) if !g.cluster_managed => {
-                            return Ok(Launch::Refuse(format!(
-                                "HyperPod cluster {cluster_name} does not carry the {MANAGED_TAG} tag; \
-                                 capacity-pilot changes no cluster it does not manage"
-                            )));
-                        }
-                        Some(_) => {}
-                    }
-                    let spec = InstanceGroupSpec {
-                        region: t.region.clone(),
-                        cluster_name: cluster_name.clone(),
-                        instance_group_name: instance_group_name.clone(),
-                        instance_type: t.instance_type.clone(),
-                        instance_count: t.instance_count,
-                        training_plan_arn: t.plan_arn.clone(),
-                        execution_role_arn: self.config.sagemaker_execution_role_arn.clone(),
-                        life_cycle_source_s3_uri: life_cycle_config
-                            .as_ref()
-                            .map(|l| l.source_s3_uri.clone()),
-                        life_cycle_on_create: life_cycle_config
-                            .as_ref()
-                            .map(|l| l.on_create.clone()),
-                    };
-                    if let Err(e) = self.workloads.put_instance_group(&spec).await {
-                        return settle(e, &format!("instance group {resource}"));
-                    }
-                    info!(request_id = %id, reservation_id = %t.reservation_id, instance_group = %resource, "set the instance group on the plan");
-                    self.store
-                        .put_workload(record(t.segment, resource.clone(), "Updating"))
-                        .await?;
-                }
-                Ok(Launch::Done(vec![resource]))
-            }
-        }
-    }
-
     // ---- on-demand-first ----------------------------------------------------------------
 
     async fn try_on_demand(
@@ -584,9 +317,8 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 .await;
         };
         let hours = Decimal::from(req.duration_hours) * Decimal::from(req.instance_count);
-        let is_ec2 = matches!(req.workload, WorkloadDetail::Ec2Instances { .. });
         let mut attempts = vec![(ON_DEMAND, self.config.prices.on_demand(instance_type))];
-        if req.interruptible && is_ec2 {
+        if workload::spot_allowed(req) {
             attempts.push((SPOT, self.config.prices.spot(instance_type)));
         }
         let mut why_not = Vec::new();
@@ -683,14 +415,23 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             };
             // A crash from here on is repaired by the next tick: the estimate is held, and the
             // launch returns the same instances (same client tokens).
-            match self.launch(&rec, &target, now).await? {
+            match workload::launch(
+                &self.workloads,
+                &self.store,
+                &self.config,
+                &rec,
+                &target,
+                now,
+            )
+            .await?
+            {
                 Launch::Done(resource_ids) => {
                     return self
                         .run(&rec, &target, resource_ids, cost, cause, now, out)
                         .await;
                 }
                 Launch::NoCapacity(why) => {
-                    self.undo(&rec, &target, now).await?;
+                    workload::undo(&self.workloads, &self.store, &rec, &target, now).await?;
                     let reason = format!(
                         "on-demand-first: {label}: {why}; the held estimate ${cost} is released"
                     );
@@ -716,7 +457,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                     why_not.push(format!("{label}: {why}"));
                 }
                 Launch::Refuse(why) => {
-                    self.undo(&rec, &target, now).await?;
+                    workload::undo(&self.workloads, &self.store, &rec, &target, now).await?;
                     return self.fail(&rec, why, cause, now, out).await;
                 }
                 Launch::Starting(why) => {
@@ -744,43 +485,6 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 code: "Missing".into(),
                 message: format!("{} vanished after our own write", rec.request_id),
             })
-    }
-
-    /// Whether SageMaker has placed the on-demand training job `name`. CreateTrainingJob
-    /// succeeds whatever the capacity; a job without capacity fails minutes later with a
-    /// `CapacityError` / `InsufficientCapacityError` FailureReason.
-    async fn placed(&self, region: &str, name: &str) -> Result<Launch, PortError> {
-        let Some(job) = self.workloads.describe_training_job(region, name).await? else {
-            return Ok(Launch::Starting(format!(
-                "training job {name} is not visible yet"
-            )));
-        };
-        let reason = job.failure_reason.unwrap_or_default();
-        Ok(match job.state {
-            JobState::Failed if reason.contains("CapacityError") => Launch::NoCapacity(format!(
-                "SageMaker failed training job {name} for capacity ({reason})"
-            )),
-            JobState::Failed => Launch::Refuse(format!("training job {name} failed: {reason}")),
-            JobState::Stopping | JobState::Stopped => Launch::Refuse(format!(
-                "training job {name} was stopped before it was placed"
-            )),
-            JobState::InProgress
-                if matches!(
-                    job.detail.as_str(),
-                    "" | "Starting" | "Pending" | "LaunchingMLInstances"
-                ) =>
-            {
-                Launch::Starting(format!(
-                    "training job {name} is {} and has no instances yet",
-                    if job.detail.is_empty() {
-                        "starting"
-                    } else {
-                        &job.detail
-                    }
-                ))
-            }
-            JobState::InProgress | JobState::Completed => Launch::Done(vec![name.to_string()]),
-        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -833,42 +537,6 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         let w = self.store.transition(tr).await?;
         out.decisions
             .push(Decision::new(id, decision::written(&w, "launched"), reason));
-        Ok(())
-    }
-
-    /// Terminates on-demand or spot instances this request started in `t` (a partial launch
-    /// that then found no capacity, or one the budget refused), so nothing runs undebited.
-    async fn undo(
-        &self,
-        rec: &RequestRecord,
-        t: &Target,
-        now: DateTime<Utc>,
-    ) -> Result<(), PortError> {
-        if !matches!(rec.request.workload, WorkloadDetail::Ec2Instances { .. }) {
-            return Ok(());
-        }
-        let started: Vec<WorkloadRecord> = self
-            .store
-            .workloads(&rec.request_id)
-            .await?
-            .into_iter()
-            .filter(|w| w.reservation_id == t.reservation_id && w.state != "terminated")
-            .collect();
-        if started.is_empty() {
-            return Ok(());
-        }
-        let ids: Vec<String> = started.iter().map(|w| w.resource_id.clone()).collect();
-        info!(request_id = %rec.request_id, instance_ids = ?ids, "terminating a partial {} launch", t.reservation_id);
-        self.workloads.terminate_instances(&t.region, &ids).await?;
-        for w in started {
-            self.store
-                .put_workload(WorkloadRecord {
-                    state: "terminated".into(),
-                    updated_at: now,
-                    ..w
-                })
-                .await?;
-        }
         Ok(())
     }
 

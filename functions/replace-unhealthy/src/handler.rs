@@ -19,16 +19,18 @@ use capacity_pilot::config::Config;
 use capacity_pilot::decision;
 pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{InstanceReplaced, event_key, outbound};
-use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG, client_token, resource_tags};
+use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG};
 use capacity_pilot::domain::offering::Product;
-use capacity_pilot::domain::request::{RequestId, WorkloadDetail};
+use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::window::{self, DrainLead, WindowState};
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
-    Clock, EventSink, InstanceFilter, InstanceHealth, InstanceInfo, LaunchMarket, LaunchSpec,
-    PortError, RequestRecord, Store, WorkloadRecord, Workloads,
+    Clock, EventSink, InstanceFilter, InstanceHealth, InstanceInfo, PortError, RequestRecord,
+    Store, WorkloadRecord, Workloads,
 };
+use capacity_pilot::workload;
+use capacity_pilot::workload::ec2_instances::{self, Replacement};
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use serde::Serialize;
@@ -187,7 +189,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         let Some(rec) = self.store.get_request(id).await? else {
             return Ok(());
         };
-        if !matches!(rec.request.workload, WorkloadDetail::Ec2Instances { .. }) {
+        if !workload::runs_instances(&rec.request) {
             return Ok(());
         }
         // Only a window whose workload runs, and whose drain has not begun, is repaired,
@@ -208,7 +210,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                 id,
                 "ignored",
                 format!(
-                    "instances are replaced only in a running window before its drain; none is                      (the request is {})",
+                    "instances are replaced only in a running window before its drain; none is (the request is {})",
                     rec.status
                 ),
             ));
@@ -368,49 +370,14 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let id = &rec.request_id;
-        let WorkloadDetail::Ec2Instances {
-            launch_template: Some(template),
-            subnet_ids,
-            ..
-        } = &rec.request.workload
-        else {
-            out.decisions.push(Decision::new(
-                id,
-                "stuck",
-                "the request has no launch template to replace from",
-            ));
-            return Ok(());
-        };
-        let zone = reservation
-            .segments
-            .iter()
-            .find_map(|s| s.availability_zone.clone())
-            .or(zone)
-            .unwrap_or_default();
-        let Some(subnet_id) = self
-            .workloads
-            .subnet_in_zone(&reservation.region, subnet_ids, &zone)
+        let spec = match ec2_instances::replacement(&self.workloads, rec, reservation, slot, zone)
             .await?
-        else {
-            out.decisions.push(Decision::new(
-                id,
-                "stuck",
-                format!("none of the request's subnets is in {zone}, the reservation's zone"),
-            ));
-            return Ok(());
-        };
-        let tags = resource_tags(&rec.request.tags, id);
-        let spec = LaunchSpec {
-            region: reservation.region.clone(),
-            market: LaunchMarket::CapacityBlock {
-                reservation_id: reservation.id.clone(),
-            },
-            instance_type: reservation.instance_type.clone(),
-            count: 1,
-            subnet_id,
-            launch_template: template.clone(),
-            client_token: client_token(&reservation.id, slot.slot, slot.generation),
-            tags,
+        {
+            Replacement::Launch(spec) => spec,
+            Replacement::Stuck(reason) => {
+                out.decisions.push(Decision::new(id, "stuck", reason));
+                return Ok(());
+            }
         };
         let launched = match self.workloads.launch_instances(&spec).await {
             Ok(l) => l,

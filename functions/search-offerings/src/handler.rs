@@ -12,11 +12,10 @@ pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{
     self, NotFound, OfferingsFound, PlanSummary, RequestAccepted, event_key, inbound, outbound,
 };
-use capacity_pilot::domain::naming::MANAGED_TAG;
 use capacity_pilot::domain::offering::{Offering, Product};
-use capacity_pilot::domain::planner::{Rejection, plan};
+use capacity_pilot::domain::planner::plan;
 use capacity_pilot::domain::request::{
-    CapacityRequest, FieldError, Strategy, ValidationContext, WorkloadDetail, parse_request,
+    CapacityRequest, FieldError, Strategy, ValidationContext, parse_request,
 };
 use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus;
@@ -26,6 +25,7 @@ use capacity_pilot::ports::{
     CapacityMarket, Cause, Clock, CreateOutcome, EventSink, NewRequest, OfferingQuery, PortError,
     RequestRecord, Store, Transition, Workloads, WriteOutcome,
 };
+use capacity_pilot::workload;
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 use serde_json::Value;
@@ -174,7 +174,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
                 return Ok(None);
             }
         };
-        if let Some(problem) = self.unmanaged_cluster(&request).await? {
+        if let Some(problem) = workload::submission_problem(&self.workloads, &request).await? {
             out.decisions.push(Decision {
                 request_id: claimed_id.clone().unwrap_or_default(),
                 action: "rejected",
@@ -390,7 +390,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let id = &rec.request_id;
-        let (usable, unusable) = self.usable(req, offerings).await?;
+        let (usable, unusable) = workload::usable(&self.workloads, req, offerings).await?;
         let mut planning = plan(req, &usable, &self.config.prices, now);
         planning.rejections.extend(unusable);
         let deadline = search_deadline(req.window.latest_end, req.duration_hours);
@@ -488,139 +488,6 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
             reason,
         ));
         Ok(())
-    }
-}
-
-impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher<S, M, W, E, C> {
-    /// A HyperPod request whose cluster carries the managed tag in none of the request's
-    /// regions is refused at once: capacity-pilot changes no cluster it does not manage, so
-    /// nothing would ever run on what it bought.
-    async fn unmanaged_cluster(
-        &self,
-        req: &CapacityRequest,
-    ) -> Result<Option<FieldError>, PortError> {
-        let WorkloadDetail::HyperpodCluster {
-            cluster_name,
-            instance_group_name,
-            ..
-        } = &req.workload
-        else {
-            return Ok(None);
-        };
-        let mut unmanaged_in = Vec::new();
-        for region in &req.regions {
-            match self
-                .workloads
-                .describe_instance_group(region, cluster_name, instance_group_name)
-                .await?
-            {
-                Some(g) if g.cluster_managed => return Ok(None),
-                Some(_) => unmanaged_in.push(region.as_str()),
-                None => {}
-            }
-        }
-        let message = if unmanaged_in.is_empty() {
-            format!(
-                "HyperPod cluster {cluster_name} exists in none of the request's regions ({})",
-                req.regions.join(", ")
-            )
-        } else {
-            format!(
-                "HyperPod cluster {cluster_name} (in {}) does not carry the {MANAGED_TAG} tag; \
-                 capacity-pilot changes no cluster it does not manage",
-                unmanaged_in.join(", ")
-            )
-        };
-        Ok(Some(problem("workload.cluster_name", message)))
-    }
-
-    /// The offerings the request's workload can use, and a reason for each it cannot: a
-    /// Capacity Block in a zone where none of the request's subnets is, or a plan in a region
-    /// without the request's managed HyperPod cluster.
-    async fn usable(
-        &self,
-        req: &CapacityRequest,
-        offerings: &[Offering],
-    ) -> Result<(Vec<Offering>, Vec<Rejection>), PortError> {
-        let mut usable = Vec::new();
-        let mut unusable = Vec::new();
-        let mut zones: BTreeMap<(String, String), bool> = BTreeMap::new();
-        let mut clusters: BTreeMap<String, bool> = BTreeMap::new();
-        for o in offerings {
-            let why_not = match (&req.workload, o.product) {
-                (WorkloadDetail::Ec2Instances { subnet_ids, .. }, Product::CapacityBlock) => {
-                    let mut missing = None;
-                    for zone in o
-                        .segments
-                        .iter()
-                        .filter_map(|s| s.availability_zone.as_ref())
-                    {
-                        let key = (o.region.clone(), zone.clone());
-                        let has = match zones.get(&key) {
-                            Some(has) => *has,
-                            None => {
-                                let has = self
-                                    .workloads
-                                    .subnet_in_zone(&o.region, subnet_ids, zone)
-                                    .await?
-                                    .is_some();
-                                zones.insert(key, has);
-                                has
-                            }
-                        };
-                        if !has {
-                            missing = Some(format!(
-                                "none of the request's subnets ({}) is in {zone}, where this block is",
-                                subnet_ids.join(", ")
-                            ));
-                            break;
-                        }
-                    }
-                    missing
-                }
-                (
-                    WorkloadDetail::HyperpodCluster {
-                        cluster_name,
-                        instance_group_name,
-                        ..
-                    },
-                    _,
-                ) => {
-                    let managed = match clusters.get(&o.region) {
-                        Some(m) => *m,
-                        None => {
-                            let m = self
-                                .workloads
-                                .describe_instance_group(
-                                    &o.region,
-                                    cluster_name,
-                                    instance_group_name,
-                                )
-                                .await?
-                                .is_some_and(|g| g.cluster_managed);
-                            clusters.insert(o.region.clone(), m);
-                            m
-                        }
-                    };
-                    (!managed).then(|| {
-                        format!(
-                            "HyperPod cluster {cluster_name} is not in {} with the {MANAGED_TAG} tag",
-                            o.region
-                        )
-                    })
-                }
-                _ => None,
-            };
-            match why_not {
-                None => usable.push(o.clone()),
-                Some(reason) => unusable.push(Rejection {
-                    offering_id: o.id.clone(),
-                    region: o.region.clone(),
-                    reason,
-                }),
-            }
-        }
-        Ok((usable, unusable))
     }
 }
 

@@ -1,0 +1,288 @@
+//! EC2 instances from the request's launch template: the one kind we launch slot by slot,
+//! can start partly, watch for health and replace, and so the one whose every instance must
+//! carry our tags before anything here touches it.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use tracing::info;
+
+use super::{DrainTarget, Launch, Launching, Target, rejection, settle};
+use crate::domain::naming::{MANAGED_TAG, REQUEST_TAG, client_token, resource_tags};
+use crate::domain::offering::{Offering, Product};
+use crate::domain::planner::Rejection;
+use crate::domain::request::{LaunchTemplateRef, RequestId, WorkloadDetail};
+use crate::domain::reservation::Reservation;
+use crate::ports::{
+    InstanceFilter, InstanceInfo, LaunchMarket, LaunchSpec, PortError, RequestRecord, Store,
+    WorkloadRecord, Workloads,
+};
+
+/// Capacity Blocks live in one zone: a block where none of the request's subnets is could
+/// be bought but never launched into. Other products are not tied to a zone.
+pub(super) async fn usable<W: Workloads>(
+    workloads: &W,
+    subnet_ids: &[String],
+    offerings: &[Offering],
+) -> Result<(Vec<Offering>, Vec<Rejection>), PortError> {
+    let mut usable = Vec::new();
+    let mut unusable = Vec::new();
+    // Offerings share zones: ask EC2 once per (region, zone).
+    let mut zones: BTreeMap<(String, String), bool> = BTreeMap::new();
+    for o in offerings {
+        let mut missing = None;
+        if o.product == Product::CapacityBlock {
+            for zone in o
+                .segments
+                .iter()
+                .filter_map(|s| s.availability_zone.as_ref())
+            {
+                let key = (o.region.clone(), zone.clone());
+                let has = match zones.get(&key) {
+                    Some(has) => *has,
+                    None => {
+                        let has = workloads
+                            .subnet_in_zone(&o.region, subnet_ids, zone)
+                            .await?
+                            .is_some();
+                        zones.insert(key, has);
+                        has
+                    }
+                };
+                if !has {
+                    missing = Some(format!(
+                        "none of the request's subnets ({}) is in {zone}, where this block is",
+                        subnet_ids.join(", ")
+                    ));
+                    break;
+                }
+            }
+        }
+        match missing {
+            None => usable.push(o.clone()),
+            Some(reason) => unusable.push(rejection(o, reason)),
+        }
+    }
+    Ok((usable, unusable))
+}
+
+pub(super) async fn launch<W: Workloads, S: Store>(
+    l: &Launching<'_, W, S>,
+    launch_template: Option<&LaunchTemplateRef>,
+    subnet_ids: &[String],
+) -> Result<Launch, PortError> {
+    let (t, id) = (l.target, &l.rec.request_id);
+    let Some(template) = launch_template else {
+        return Ok(Launch::Refuse(
+            "the request names no launch template".into(),
+        ));
+    };
+    let subnet = match &t.availability_zone {
+        Some(zone) => match l
+            .workloads
+            .subnet_in_zone(&t.region, subnet_ids, zone)
+            .await?
+        {
+            Some(s) => s,
+            None => {
+                return Ok(Launch::Refuse(format!(
+                    "none of the request's subnets ({}) is in {zone}, the zone of {}",
+                    subnet_ids.join(", "),
+                    t.reservation_id
+                )));
+            }
+        },
+        None => match subnet_ids.first() {
+            Some(s) => s.clone(),
+            None => return Ok(Launch::Refuse("the request names no subnet".into())),
+        },
+    };
+    let mut ids = Vec::new();
+    // One RunInstances per slot, so each slot has its own client token and a retry after a
+    // partial failure finds exactly the instances already started.
+    for slot in 0..t.instance_count {
+        if let Some(w) = l.recorded.get(&slot) {
+            ids.push(w.resource_id.clone());
+            continue;
+        }
+        let spec = LaunchSpec {
+            region: t.region.clone(),
+            market: t.market.clone(),
+            instance_type: t.instance_type.clone(),
+            count: 1,
+            subnet_id: subnet.clone(),
+            launch_template: template.clone(),
+            client_token: client_token(&t.token_base, slot, 0),
+            tags: l.tags.clone(),
+        };
+        let launched = match l.workloads.launch_instances(&spec).await {
+            Ok(launched) => launched,
+            Err(e) => {
+                return settle(
+                    e,
+                    &format!("slot {slot} of {} ({})", t.reservation_id, subnet),
+                );
+            }
+        };
+        let Some(instance) = launched.into_iter().next() else {
+            return Err(PortError::Transient {
+                service: "ec2",
+                code: "EmptyReservation".into(),
+                message: format!("RunInstances for slot {slot} returned no instance"),
+            });
+        };
+        info!(
+            request_id = %id,
+            reservation_id = %t.reservation_id,
+            instance_id = %instance.instance_id,
+            slot,
+            subnet_id = %subnet,
+            "launched an instance for an opened window"
+        );
+        l.store
+            .put_workload(l.record(slot, instance.instance_id.clone(), instance.state.as_str()))
+            .await?;
+        ids.push(instance.instance_id);
+    }
+    Ok(Launch::Done(ids))
+}
+
+/// Terminates on-demand or spot instances this request started in `t` (a partial launch
+/// that then found no capacity, or one the budget refused), so nothing runs undebited.
+pub(super) async fn undo<W: Workloads, S: Store>(
+    workloads: &W,
+    store: &S,
+    rec: &RequestRecord,
+    t: &Target,
+    now: DateTime<Utc>,
+) -> Result<(), PortError> {
+    let started: Vec<WorkloadRecord> = store
+        .workloads(&rec.request_id)
+        .await?
+        .into_iter()
+        .filter(|w| w.reservation_id == t.reservation_id && w.state != "terminated")
+        .collect();
+    if started.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<String> = started.iter().map(|w| w.resource_id.clone()).collect();
+    info!(request_id = %rec.request_id, instance_ids = ?ids, "terminating a partial {} launch", t.reservation_id);
+    workloads.terminate_instances(&t.region, &ids).await?;
+    for w in started {
+        store
+            .put_workload(WorkloadRecord {
+                state: "terminated".into(),
+                updated_at: now,
+                ..w
+            })
+            .await?;
+    }
+    Ok(())
+}
+
+/// Terminates the window's instances: in a block, those in its reservations; on demand,
+/// those in none.
+pub(super) async fn drain<W: Workloads>(
+    workloads: &W,
+    id: &RequestId,
+    w: &DrainTarget,
+) -> Result<Vec<String>, PortError> {
+    let mut acted = Vec::new();
+    for region in &w.regions {
+        let mut ids = Vec::new();
+        let targets: Vec<Option<String>> = if w.on_demand {
+            vec![None]
+        } else {
+            w.reservation_ids.iter().cloned().map(Some).collect()
+        };
+        for reservation_id in targets {
+            let found = workloads
+                .describe_instances(
+                    region,
+                    &InstanceFilter {
+                        request_id: Some(id.clone()),
+                        reservation_id: reservation_id.clone(),
+                        managed_only: true,
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            ids.extend(
+                found
+                    .into_iter()
+                    .filter(|i| ours(i, id))
+                    .filter(|i| !w.on_demand || i.reservation_id.is_none())
+                    .map(|i| i.instance_id),
+            );
+        }
+        if !ids.is_empty() {
+            info!(request_id = %id, region, instances = ?ids, "terminating ahead of forced termination");
+            workloads.terminate_instances(region, &ids).await?;
+            acted.extend(ids.into_iter().map(|i| format!("instance:{i}")));
+        }
+    }
+    Ok(acted)
+}
+
+/// Never touch an instance without our tags, whatever a filter returned.
+pub fn ours(i: &InstanceInfo, id: &RequestId) -> bool {
+    i.state.is_live()
+        && i.tags.contains_key(MANAGED_TAG)
+        && i.tags.get(REQUEST_TAG).map(String::as_str) == Some(id.as_str())
+}
+
+/// A slot's replacement, or why there can be none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Replacement {
+    /// Launch this: the reservation's slot, the record's generation (so a new client token).
+    Launch(LaunchSpec),
+    /// Nothing can be launched until the request or the subnets change.
+    Stuck(String),
+}
+
+/// The launch that replaces `slot`'s instance inside `reservation`: the block's zone when
+/// the reservation records one, else the zone the old instance was in (`zone`).
+pub async fn replacement<W: Workloads>(
+    workloads: &W,
+    rec: &RequestRecord,
+    reservation: &Reservation,
+    slot: &WorkloadRecord,
+    zone: Option<String>,
+) -> Result<Replacement, PortError> {
+    let WorkloadDetail::Ec2Instances {
+        launch_template: Some(template),
+        subnet_ids,
+        ..
+    } = &rec.request.workload
+    else {
+        return Ok(Replacement::Stuck(
+            "the request has no launch template to replace from".into(),
+        ));
+    };
+    let zone = reservation
+        .segments
+        .iter()
+        .find_map(|s| s.availability_zone.clone())
+        .or(zone)
+        .unwrap_or_default();
+    let Some(subnet_id) = workloads
+        .subnet_in_zone(&reservation.region, subnet_ids, &zone)
+        .await?
+    else {
+        return Ok(Replacement::Stuck(format!(
+            "none of the request's subnets is in {zone}, the reservation's zone"
+        )));
+    };
+    Ok(Replacement::Launch(LaunchSpec {
+        region: reservation.region.clone(),
+        market: LaunchMarket::CapacityBlock {
+            reservation_id: reservation.id.clone(),
+        },
+        instance_type: reservation.instance_type.clone(),
+        count: 1,
+        subnet_id,
+        launch_template: template.clone(),
+        client_token: client_token(&reservation.id, slot.slot, slot.generation),
+        tags: resource_tags(&rec.request.tags, &rec.request_id),
+    }))
+}

@@ -1,0 +1,221 @@
+//! An instance group of an existing HyperPod cluster: we never create the cluster, only
+//! size one of its groups, so every step first checks that the cluster carries our managed
+//! tag; capacity-pilot changes no cluster it does not manage.
+
+use std::collections::BTreeMap;
+
+use tracing::{info, warn};
+
+use super::{DrainTarget, Launch, Launching, rejection, settle};
+use crate::config::Config;
+use crate::domain::naming::MANAGED_TAG;
+use crate::domain::offering::Offering;
+use crate::domain::planner::Rejection;
+use crate::domain::request::{FieldError, LifeCycleConfig, RequestId};
+use crate::ports::{InstanceGroupSpec, PortError, Store, Workloads};
+
+/// The request's group, as its workload names it.
+pub(super) struct Group<'a> {
+    cluster_name: &'a str,
+    instance_group_name: &'a str,
+    life_cycle_config: Option<&'a LifeCycleConfig>,
+}
+
+impl<'a> Group<'a> {
+    pub(super) fn new(
+        cluster_name: &'a str,
+        instance_group_name: &'a str,
+        life_cycle_config: &'a Option<LifeCycleConfig>,
+    ) -> Group<'a> {
+        Group {
+            cluster_name,
+            instance_group_name,
+            life_cycle_config: life_cycle_config.as_ref(),
+        }
+    }
+
+    /// The group at `instance_count` (0 scales it away), on the plan when there is one.
+    fn spec(
+        &self,
+        region: &str,
+        config: &Config,
+        instance_type: &str,
+        instance_count: u32,
+        training_plan_arn: Option<String>,
+    ) -> InstanceGroupSpec {
+        InstanceGroupSpec {
+            region: region.to_string(),
+            cluster_name: self.cluster_name.to_string(),
+            instance_group_name: self.instance_group_name.to_string(),
+            instance_type: instance_type.to_string(),
+            instance_count,
+            training_plan_arn,
+            execution_role_arn: config.sagemaker_execution_role_arn.clone(),
+            life_cycle_source_s3_uri: self.life_cycle_config.map(|l| l.source_s3_uri.clone()),
+            life_cycle_on_create: self.life_cycle_config.map(|l| l.on_create.clone()),
+        }
+    }
+}
+
+/// A request whose cluster carries the managed tag in none of its regions is refused at
+/// once: nothing would ever run on what it bought.
+pub(super) async fn submission_problem<W: Workloads>(
+    workloads: &W,
+    regions: &[String],
+    g: &Group<'_>,
+) -> Result<Option<FieldError>, PortError> {
+    let cluster_name = g.cluster_name;
+    let mut unmanaged_in = Vec::new();
+    for region in regions {
+        match workloads
+            .describe_instance_group(region, cluster_name, g.instance_group_name)
+            .await?
+        {
+            Some(group) if group.cluster_managed => return Ok(None),
+            Some(_) => unmanaged_in.push(region.as_str()),
+            None => {}
+        }
+    }
+    let message = if unmanaged_in.is_empty() {
+        format!(
+            "HyperPod cluster {cluster_name} exists in none of the request's regions ({})",
+            regions.join(", ")
+        )
+    } else {
+        format!(
+            "HyperPod cluster {cluster_name} (in {}) does not carry the {MANAGED_TAG} tag; \
+             capacity-pilot changes no cluster it does not manage",
+            unmanaged_in.join(", ")
+        )
+    };
+    Ok(Some(FieldError {
+        field: "workload.cluster_name".to_string(),
+        message,
+    }))
+}
+
+/// A plan is usable only in a region where the request's cluster is, managed by us.
+pub(super) async fn usable<W: Workloads>(
+    workloads: &W,
+    g: &Group<'_>,
+    offerings: &[Offering],
+) -> Result<(Vec<Offering>, Vec<Rejection>), PortError> {
+    let mut usable = Vec::new();
+    let mut unusable = Vec::new();
+    // Offerings share regions: ask SageMaker once per region.
+    let mut clusters: BTreeMap<String, bool> = BTreeMap::new();
+    for o in offerings {
+        let managed = match clusters.get(&o.region) {
+            Some(m) => *m,
+            None => {
+                let m = workloads
+                    .describe_instance_group(&o.region, g.cluster_name, g.instance_group_name)
+                    .await?
+                    .is_some_and(|group| group.cluster_managed);
+                clusters.insert(o.region.clone(), m);
+                m
+            }
+        };
+        if managed {
+            usable.push(o.clone());
+        } else {
+            unusable.push(rejection(
+                o,
+                format!(
+                    "HyperPod cluster {} is not in {} with the {MANAGED_TAG} tag",
+                    g.cluster_name, o.region
+                ),
+            ));
+        }
+    }
+    Ok((usable, unusable))
+}
+
+pub(super) async fn launch<W: Workloads, S: Store>(
+    l: &Launching<'_, W, S>,
+    g: &Group<'_>,
+) -> Result<Launch, PortError> {
+    let (t, id) = (l.target, &l.rec.request_id);
+    let cluster_name = g.cluster_name;
+    let resource = format!("{cluster_name}/{}", g.instance_group_name);
+    if !l.recorded.contains_key(&t.segment) {
+        let group = l
+            .workloads
+            .describe_instance_group(&t.region, cluster_name, g.instance_group_name)
+            .await?;
+        match group {
+            None => {
+                return Ok(Launch::Refuse(format!(
+                    "HyperPod cluster {cluster_name} does not exist in {}",
+                    t.region
+                )));
+            }
+            Some(group) if !group.cluster_managed => {
+                return Ok(Launch::Refuse(format!(
+                    "HyperPod cluster {cluster_name} does not carry the {MANAGED_TAG} tag; \
+                     capacity-pilot changes no cluster it does not manage"
+                )));
+            }
+            Some(_) => {}
+        }
+        let spec = g.spec(
+            &t.region,
+            l.config,
+            &t.instance_type,
+            t.instance_count,
+            t.plan_arn.clone(),
+        );
+        if let Err(e) = l.workloads.put_instance_group(&spec).await {
+            return settle(e, &format!("instance group {resource}"));
+        }
+        info!(request_id = %id, reservation_id = %t.reservation_id, instance_group = %resource, "set the instance group on the plan");
+        l.store
+            .put_workload(l.record(t.segment, resource.clone(), "Updating"))
+            .await?;
+    }
+    Ok(Launch::Done(vec![resource]))
+}
+
+/// Scales the group to zero in each of the window's regions where it still has a target
+/// size; a cluster without our tag is left alone whatever the request says.
+pub(super) async fn drain<W: Workloads>(
+    workloads: &W,
+    config: &Config,
+    id: &RequestId,
+    w: &DrainTarget,
+    g: &Group<'_>,
+) -> Result<Vec<String>, PortError> {
+    let (cluster_name, instance_group_name) = (g.cluster_name, g.instance_group_name);
+    let mut acted = Vec::new();
+    for region in &w.regions {
+        let Some(group) = workloads
+            .describe_instance_group(region, cluster_name, instance_group_name)
+            .await?
+        else {
+            continue;
+        };
+        if !group.cluster_managed {
+            warn!(request_id = %id, cluster = %cluster_name,
+                "the cluster does not carry the managed tag; not scaling it down");
+            continue;
+        }
+        if group.instance_group_name.is_none() || group.target_count == 0 {
+            continue;
+        }
+        info!(request_id = %id, region, cluster = %cluster_name, group = %instance_group_name,
+            "scaling the instance group to zero ahead of forced termination");
+        workloads
+            .put_instance_group(&g.spec(
+                region,
+                config,
+                &w.instance_type,
+                0,
+                w.reservation_ids.first().cloned(),
+            ))
+            .await?;
+        acted.push(format!(
+            "instance-group:{cluster_name}/{instance_group_name}"
+        ));
+    }
+    Ok(acted)
+}

@@ -1,0 +1,406 @@
+//! The dispatcher and the kind modules against the in-memory fakes: each kind's rule, seen
+//! from the calls it makes (or does not make) to AWS.
+
+use chrono::Duration;
+
+use super::{
+    DrainTarget, Launch, Target, drain, launch, spot_allowed, submission_problem, undo, usable,
+};
+use crate::config::Config;
+use crate::domain::money::{MicroUsd, Usd};
+use crate::domain::offering::{Offering, Product, Segment, TargetResource};
+use crate::domain::request::{CapacityRequest, TrainingJobTemplate, WorkloadDetail};
+use crate::domain::status::RequestStatus;
+use crate::fakes::fixtures::{request, t0};
+use crate::fakes::{FakeWorkloads, InMemoryStore, WorkloadsCall, WorkloadsOp};
+use crate::ports::{InstanceState, JobState, LaunchMarket, RequestRecord};
+
+const REGION: &str = "us-east-1";
+
+fn config() -> Config {
+    let env = [
+        ("TABLE_NAME", "t"),
+        ("EVENT_BUS_NAME", "capacity-pilot"),
+        ("ALLOWED_REGIONS", REGION),
+        ("ALLOWED_REQUEST_SOURCES", "com.example.ml-platform"),
+        ("APPROVER_SOURCES", "com.example.approvals"),
+        ("TEAM_BUDGETS_USD", r#"{"team-a": "100000"}"#),
+        (
+            "SAGEMAKER_EXECUTION_ROLE_ARN",
+            "arn:aws:iam::123456789012:role/sm",
+        ),
+    ];
+    Config::from_lookup(&|k| {
+        env.iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.to_string())
+    })
+    .expect("a complete test environment")
+}
+
+/// An account with the fixture request's subnet, and an empty table.
+fn world() -> (FakeWorkloads, InMemoryStore) {
+    let workloads = FakeWorkloads::new();
+    workloads.add_subnet(REGION, "subnet-a", "us-east-1a");
+    (workloads, InMemoryStore::new())
+}
+
+fn record(req: CapacityRequest) -> RequestRecord {
+    RequestRecord {
+        request_id: req.id.clone(),
+        team: req.team.clone(),
+        request: req,
+        status: RequestStatus::Active,
+        version: 1,
+        reason: "seeded".into(),
+        next_action_at: None,
+        windows: vec![],
+        lease: None,
+        open_debit: None,
+        spent: MicroUsd(0),
+        candidates: vec![],
+        created_at: t0(),
+        updated_at: t0(),
+    }
+}
+
+fn hyperpod(req: &mut CapacityRequest) {
+    req.workload = WorkloadDetail::HyperpodCluster {
+        cluster_name: "research".into(),
+        instance_group_name: "gpu".into(),
+        life_cycle_config: None,
+    };
+}
+
+fn training_job(req: &mut CapacityRequest) {
+    req.workload = WorkloadDetail::TrainingJob(TrainingJobTemplate {
+        training_image: "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:1".into(),
+        output_s3_uri: "s3://bucket/out".into(),
+        volume_size_gb: 100,
+        hyper_parameters: Default::default(),
+    });
+}
+
+fn block_in(id: &str, zone: &str) -> Offering {
+    Offering::new(
+        id,
+        Product::CapacityBlock,
+        REGION,
+        "p5.48xlarge",
+        2,
+        vec![Segment {
+            start: t0() + Duration::hours(2),
+            end: t0() + Duration::hours(26),
+            availability_zone: Some(zone.into()),
+        }],
+        Usd::parse("1000").unwrap(),
+        &config().prices,
+    )
+}
+
+fn on_demand(region: &str) -> Target {
+    Target {
+        reservation_id: "on-demand".into(),
+        token_base: "req-1:on-demand".into(),
+        market: LaunchMarket::OnDemand,
+        plan_arn: None,
+        region: region.into(),
+        instance_type: "p5.48xlarge".into(),
+        instance_count: 2,
+        availability_zone: None,
+        segment: 0,
+        must_end_by: t0() + Duration::hours(24),
+    }
+}
+
+fn window(reservation_id: &str) -> DrainTarget {
+    DrainTarget {
+        reservation_ids: vec![reservation_id.into()],
+        regions: vec![REGION.into()],
+        segment: 0,
+        instance_type: "p5.48xlarge".into(),
+        on_demand: false,
+    }
+}
+
+#[tokio::test]
+async fn usable_rejects_a_block_in_a_zone_without_the_requests_subnets() {
+    let workloads = FakeWorkloads::new();
+    workloads.add_subnet(REGION, "subnet-a", "us-east-1a");
+    let req = request("req-1", "team-a", "50000");
+    let offerings = [
+        block_in("cb-a", "us-east-1a"),
+        block_in("cb-b", "us-east-1b"),
+    ];
+
+    let (ok, rejected) = usable(&workloads, &req, &offerings).await.unwrap();
+
+    assert_eq!(ok, [offerings[0].clone()]);
+    assert_eq!(rejected.len(), 1);
+    assert_eq!(rejected[0].offering_id, "cb-b");
+    assert_eq!(
+        rejected[0].reason,
+        "none of the request's subnets (subnet-a) is in us-east-1b, where this block is"
+    );
+}
+
+#[tokio::test]
+async fn usable_asks_once_per_zone_however_many_blocks_share_it() {
+    let workloads = FakeWorkloads::new();
+    workloads.add_subnet(REGION, "subnet-a", "us-east-1a");
+    let req = request("req-1", "team-a", "50000");
+    let offerings = [
+        block_in("cb-1", "us-east-1a"),
+        block_in("cb-2", "us-east-1a"),
+    ];
+
+    let (ok, _) = usable(&workloads, &req, &offerings).await.unwrap();
+
+    assert_eq!(ok.len(), 2);
+    assert_eq!(workloads.calls_of(WorkloadsOp::SubnetInZone).len(), 1);
+}
+
+#[tokio::test]
+async fn usable_keeps_every_offering_for_a_training_job_without_asking_aws() {
+    let workloads = FakeWorkloads::new();
+    let mut req = request("req-1", "team-a", "50000");
+    training_job(&mut req);
+    let mut plan = block_in("tp-1", "us-east-1b");
+    plan.product = Product::TrainingPlan {
+        target: TargetResource::TrainingJob,
+    };
+
+    let (ok, rejected) = usable(&workloads, &req, &[plan.clone()]).await.unwrap();
+
+    assert_eq!(ok, [plan]);
+    assert!(rejected.is_empty());
+    assert!(workloads.calls().is_empty());
+}
+
+#[tokio::test]
+async fn a_hyperpod_request_on_an_unmanaged_cluster_has_a_submission_problem() {
+    let workloads = FakeWorkloads::new();
+    workloads.add_cluster(REGION, "research", false);
+    let mut req = request("req-1", "team-a", "50000");
+    hyperpod(&mut req);
+
+    let problem = submission_problem(&workloads, &req).await.unwrap();
+
+    let problem = problem.expect("an unmanaged cluster is a problem");
+    assert_eq!(problem.field, "workload.cluster_name");
+    assert!(
+        problem
+            .message
+            .contains("does not carry the capacity-pilot:managed tag")
+    );
+}
+
+#[tokio::test]
+async fn a_request_for_ec2_instances_has_no_submission_problem_and_asks_aws_nothing() {
+    let workloads = FakeWorkloads::new();
+
+    let problem = submission_problem(&workloads, &request("req-1", "team-a", "50000"))
+        .await
+        .unwrap();
+
+    assert_eq!(problem, None);
+    assert!(workloads.calls().is_empty());
+}
+
+#[test]
+fn spot_is_allowed_only_for_interruptible_ec2_instances() {
+    let mut ec2 = request("req-1", "team-a", "50000");
+    assert!(!spot_allowed(&ec2));
+    ec2.interruptible = true;
+    assert!(spot_allowed(&ec2));
+    let mut job = ec2.clone();
+    training_job(&mut job);
+    assert!(!spot_allowed(&job));
+}
+
+#[tokio::test]
+async fn a_second_launch_of_ec2_instances_finds_the_recorded_slots_and_starts_none() {
+    let (workloads, store) = world();
+    let rec = record(request("req-1", "team-a", "50000"));
+    let target = on_demand(REGION);
+
+    let first = launch(&workloads, &store, &config(), &rec, &target, t0())
+        .await
+        .unwrap();
+    let again = launch(&workloads, &store, &config(), &rec, &target, t0())
+        .await
+        .unwrap();
+
+    let Launch::Done(ids) = first else {
+        panic!("the first launch is done: {first:?}");
+    };
+    assert_eq!(ids.len(), 2);
+    assert_eq!(again, Launch::Done(ids));
+    assert_eq!(workloads.calls_of(WorkloadsOp::LaunchInstances).len(), 2);
+}
+
+#[tokio::test]
+async fn ec2_instances_without_a_launch_template_are_refused_before_anything_launches() {
+    let (workloads, store) = world();
+    let mut req = request("req-1", "team-a", "50000");
+    req.workload = WorkloadDetail::Ec2Instances {
+        launch_template: None,
+        subnet_ids: vec!["subnet-a".into()],
+        instance_platform: None,
+    };
+
+    let got = launch(
+        &workloads,
+        &store,
+        &config(),
+        &record(req),
+        &on_demand(REGION),
+        t0(),
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(
+        got,
+        Launch::Refuse("the request names no launch template".into())
+    );
+    assert!(workloads.calls().is_empty());
+}
+
+#[tokio::test]
+async fn an_on_demand_training_job_is_starting_until_sagemaker_places_it() {
+    let (workloads, store) = world();
+    let mut req = request("req-1", "team-a", "50000");
+    training_job(&mut req);
+    let rec = record(req);
+    let target = on_demand(REGION);
+    let name = "cp-req-1-s0-od";
+
+    let first = launch(&workloads, &store, &config(), &rec, &target, t0())
+        .await
+        .unwrap();
+    workloads.set_job_state(REGION, name, JobState::InProgress, "Training", None);
+    let placed = launch(&workloads, &store, &config(), &rec, &target, t0())
+        .await
+        .unwrap();
+
+    assert_eq!(
+        first,
+        Launch::Starting(format!(
+            "training job {name} is Starting and has no instances yet"
+        ))
+    );
+    assert_eq!(placed, Launch::Done(vec![name.to_string()]));
+    assert_eq!(workloads.calls_of(WorkloadsOp::StartTrainingJob).len(), 1);
+}
+
+#[tokio::test]
+async fn undo_of_a_training_job_touches_neither_aws_nor_the_table() {
+    let (workloads, store) = world();
+    let mut req = request("req-1", "team-a", "50000");
+    training_job(&mut req);
+
+    undo(&workloads, &store, &record(req), &on_demand(REGION), t0())
+        .await
+        .unwrap();
+
+    assert!(workloads.calls().is_empty());
+    assert!(store.calls().is_empty());
+}
+
+#[tokio::test]
+async fn undo_of_a_partial_ec2_launch_terminates_what_started() {
+    let (workloads, store) = world();
+    let rec = record(request("req-1", "team-a", "50000"));
+    let target = on_demand(REGION);
+    let Launch::Done(ids) = launch(&workloads, &store, &config(), &rec, &target, t0())
+        .await
+        .unwrap()
+    else {
+        panic!("the launch is done");
+    };
+
+    undo(&workloads, &store, &rec, &target, t0()).await.unwrap();
+
+    assert_eq!(
+        workloads.calls_of(WorkloadsOp::TerminateInstances),
+        [WorkloadsCall::TerminateInstances {
+            region: REGION.into(),
+            instance_ids: ids,
+        }]
+    );
+}
+
+#[tokio::test]
+async fn drain_of_a_hyperpod_group_on_an_unmanaged_cluster_changes_nothing() {
+    let (workloads, store) = world();
+    workloads.add_cluster(REGION, "research", false);
+    workloads.set_instance_group(REGION, "research", "gpu", 2, 2, "InService");
+    let mut req = request("req-1", "team-a", "50000");
+    hyperpod(&mut req);
+
+    let acted = drain(&workloads, &store, &config(), &record(req), &window("tp-1"))
+        .await
+        .unwrap();
+
+    assert!(acted.is_empty());
+    assert!(workloads.calls_of(WorkloadsOp::PutInstanceGroup).is_empty());
+}
+
+#[tokio::test]
+async fn drain_of_a_hyperpod_group_on_a_managed_cluster_scales_it_to_zero_on_the_plan() {
+    let (workloads, store) = world();
+    workloads.add_cluster(REGION, "research", true);
+    workloads.set_instance_group(REGION, "research", "gpu", 2, 2, "InService");
+    let mut req = request("req-1", "team-a", "50000");
+    hyperpod(&mut req);
+
+    let acted = drain(&workloads, &store, &config(), &record(req), &window("tp-1"))
+        .await
+        .unwrap();
+
+    assert_eq!(acted, ["instance-group:research/gpu"]);
+    let spec = workloads
+        .instance_group_spec(REGION, "research", "gpu")
+        .expect("the group was put");
+    assert_eq!(spec.instance_count, 0);
+    assert_eq!(spec.training_plan_arn.as_deref(), Some("tp-1"));
+}
+
+#[tokio::test]
+async fn drain_of_ec2_instances_terminates_only_our_live_instances() {
+    let (workloads, store) = world();
+    let rec = record(request("req-1", "team-a", "50000"));
+    let Launch::Done(ids) = launch(
+        &workloads,
+        &store,
+        &config(),
+        &rec,
+        &on_demand(REGION),
+        t0(),
+    )
+    .await
+    .unwrap() else {
+        panic!("the launch is done");
+    };
+    let mut stranger = workloads.instance(&ids[0]).unwrap();
+    stranger.instance_id = "i-stranger".into();
+    stranger.tags.clear();
+    workloads.add_instance(stranger);
+    let mut stopped = workloads.instance(&ids[0]).unwrap();
+    stopped.instance_id = "i-stopped".into();
+    stopped.state = InstanceState::Stopped;
+    workloads.add_instance(stopped);
+    let on_demand_run = DrainTarget {
+        reservation_ids: vec![],
+        on_demand: true,
+        ..window("unused")
+    };
+
+    let acted = drain(&workloads, &store, &config(), &rec, &on_demand_run)
+        .await
+        .unwrap();
+
+    let expected: Vec<String> = ids.iter().map(|i| format!("instance:{i}")).collect();
+    assert_eq!(acted, expected);
+}
