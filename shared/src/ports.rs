@@ -838,9 +838,20 @@ pub struct OutboxItem {
     pub request_id: String,
     pub event: OutboundEvent,
     pub created_at: DateTime<Utc>,
-    /// Its place in the outbox of the write that made it: events of one state change are
-    /// published in the order the handler listed them (Expiring before Drained, say).
+    /// Its place among the request's outbox items of one instant ([`outbox_seq`]): writes
+    /// in the order they were made, and the events of one state change in the order the
+    /// handler listed them (Expiring before Drained, say).
     pub seq: u32,
+}
+
+/// An outbox item's `seq`: the version its write made, then its place among that write's
+/// events. An invocation's writes share one `now`, so their items share a `created_at`:
+/// ordering by this publishes them write by write (a window drained, then ended, then the
+/// next), and each write's events in the order the handler listed them.
+pub fn outbox_seq(version: u64, index: usize) -> u32 {
+    let version = u32::try_from(version.min(4_000_000)).unwrap_or(4_000_000);
+    let index = u32::try_from(index.min(999)).unwrap_or(999);
+    version * 1000 + index
 }
 
 /// An entry of the due-work index.

@@ -505,7 +505,14 @@ pub fn remaining(rec: &RequestRecord, kept: &[Reservation]) -> CapacityRequest {
         .flat_map(|r| &r.segments)
         .map(|s| (s.end - s.start).num_hours())
         .sum();
-    need.duration_hours = u32::try_from(i64::from(need.duration_hours) - bought_hours).unwrap_or(0);
+    let mut hours = (i64::from(need.duration_hours) - bought_hours).max(0);
+    if first.product == Product::CapacityBlock {
+        // Blocks come in whole days: a kept block that started mid-day covers a part more
+        // than its days, and what is left is asked for in whole days (EC2 refuses a
+        // 13-hour duration).
+        hours = (hours + 23) / 24 * 24;
+    }
+    need.duration_hours = u32::try_from(hours).unwrap_or(0);
     need.allow_split = false;
     need.regions = vec![first.region.clone()];
     need.instance_types = vec![first.instance_type.clone()];

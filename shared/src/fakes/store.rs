@@ -23,7 +23,7 @@ use crate::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
     LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, PortError, RecordReservation,
     ReleaseUnbought, RequestRecord, Settle, Store, Transition, WindowUpdate, WorkloadRecord,
-    WriteOutcome,
+    WriteOutcome, outbox_seq,
 };
 
 /// How long an ended request (and a processed-event record, and a sent outbox item) is
@@ -423,7 +423,9 @@ impl State {
     ) {
         self.events
             .insert((id.clone(), cause.event_id.clone()), at + self.retention);
-        for (seq, ev) in (0u32..).zip(outbox) {
+        let version = self.requests.get(id).map_or(0, |r| r.record.version);
+        for (i, ev) in outbox.iter().enumerate() {
+            let seq = outbox_seq(version, i);
             self.outbox.insert(
                 (id.to_string(), ev.event_key.clone()),
                 OutboxEntry {

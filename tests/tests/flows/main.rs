@@ -6,6 +6,7 @@ mod basics;
 mod ec2;
 mod iam;
 mod sagemaker;
+mod windows;
 
 /// Every scenario above, one after another (each is a `#[tokio::test]`, so each builds its
 /// own runtime): the IAM test's record of what the functions call.
@@ -33,6 +34,8 @@ pub(crate) fn play_all() {
         sagemaker::a_managed_hyperpod_cluster_gets_its_instance_group_on_the_plan_and_scaled_to_zero_at_drain,
         sagemaker::a_hyperpod_request_for_a_cluster_without_the_managed_tag_is_rejected_and_nothing_bought,
         sagemaker::an_on_demand_training_job_that_fails_for_capacity_falls_back_to_a_plan,
+        windows::a_splits_kept_first_block_launches_at_its_own_start_while_a_later_replacement_is_bought,
+        windows::a_plan_whose_windows_all_passed_while_cleanup_was_down_is_cleaned_up_and_ended,
     ];
     for scenario in scenarios {
         scenario();

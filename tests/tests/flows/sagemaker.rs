@@ -14,7 +14,7 @@ use local_cloud::sagemaker::{Plan, TrainingJob};
 use serde_json::{Value, json};
 
 /// A training-job request on a training plan: 2 x ml.p5.48xlarge for `hours`.
-fn training_request(id: &str, hours: u32, earliest: &str, latest: &str) -> Value {
+pub(crate) fn training_request(id: &str, hours: u32, earliest: &str, latest: &str) -> Value {
     json!({
         "schema_version": 1, "request_id": id, "team": "team-b",
         "instance_types": ["ml.p5.48xlarge"], "instance_count": 2, "duration_hours": hours,
@@ -39,7 +39,7 @@ fn plans(f: &Flow) -> Vec<Plan> {
 }
 
 /// The one plan bought for `id`, asserting that it is the only plan the emulator sold.
-fn the_plan(f: &Flow, id: &str) -> Plan {
+pub(crate) fn the_plan(f: &Flow, id: &str) -> Plan {
     let all = plans(f);
     assert_eq!(
         all.len(),
@@ -51,7 +51,7 @@ fn the_plan(f: &Flow, id: &str) -> Plan {
     all[0].clone()
 }
 
-fn job(f: &Flow, name: &str) -> Option<TrainingJob> {
+pub(crate) fn job(f: &Flow, name: &str) -> Option<TrainingJob> {
     f.cloud.with_world(|w| {
         w.sm.jobs
             .get(&(REGION.to_string(), name.to_string()))
@@ -90,19 +90,19 @@ fn fee(p: &Plan) -> Usd {
 }
 
 /// `end - 30 min (training-job lead) - max(drain_minutes 20, default 15)`.
-fn drain_at(s: &Segment) -> DateTime<Utc> {
+pub(crate) fn drain_at(s: &Segment) -> DateTime<Utc> {
     s.end - TimeDelta::minutes(30) - TimeDelta::minutes(20)
 }
 
 /// Submits `request`, plays the bus until quiet and returns the request's status.
-async fn submit_and_buy(f: &Flow, request: Value) -> RequestStatus {
+pub(crate) async fn submit_and_buy(f: &Flow, request: Value) -> RequestStatus {
     let id = request["request_id"].as_str().unwrap().to_string();
     f.submit(request).await;
     f.deliver().await;
     f.status(&id).await
 }
 
-async fn tick(f: &Flow, function: Function) {
+pub(crate) async fn tick(f: &Flow, function: Function) {
     f.tick(function)
         .await
         .unwrap_or_else(|e| panic!("{function:?} tick: {e}"));

@@ -584,6 +584,24 @@ async fn a_split_that_lost_its_second_block_searches_one_replacement_block_for_t
 }
 
 #[tokio::test]
+async fn a_replacement_for_a_kept_block_that_started_mid_day_is_asked_for_in_whole_days() {
+    // GIVEN the kept first half started at midnight, so it covers 35.5 h of the 48
+    let w = World::new();
+    kept_first_half(&w, "r-mid");
+    let id = request_id("r-mid");
+    let rec = w.store.get_request(&id).await.unwrap().unwrap();
+    let mut kept = w.store.reservations(&id).await.unwrap();
+    kept[0].segments[0].start = kept[0].segments[0].end - Duration::minutes(35 * 60 + 30);
+
+    // WHEN the rest is worked out
+    let need = super::remaining(&rec, &kept);
+
+    // THEN it is one whole day, a duration EC2 sells, not the 12 h left over
+    assert_eq!(need.duration_hours, 24);
+    assert!(!need.allow_split);
+}
+
+#[tokio::test]
 async fn a_replacement_not_found_by_its_deadline_fails_with_the_kept_block_recorded() {
     // GIVEN the kept first half, nothing on sale, and the clock past the deadline for the
     // remaining 24 h (latest end day 8, minus 24 h, minus the purchase lead)

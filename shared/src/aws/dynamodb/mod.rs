@@ -32,7 +32,7 @@ use crate::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
     LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, PortError, RecordReservation,
     ReleaseUnbought, RequestRecord, Settle, Store, Transition, WindowUpdate, WorkloadRecord,
-    WriteOutcome,
+    WriteOutcome, outbox_seq,
 };
 
 /// DynamoDB's limit on the items of one transaction.
@@ -165,11 +165,14 @@ fn outbox_items(
     table: &str,
     request_id: &str,
     events: &[OutboundEvent],
+    version: u64,
     at: DateTime<Utc>,
 ) -> Result<Vec<TransactWriteItem>, PortError> {
-    (0u32..)
-        .zip(events)
-        .map(|(seq, ev)| {
+    events
+        .iter()
+        .enumerate()
+        .map(|(i, ev)| {
+            let seq = outbox_seq(version, i);
             let mut item = key(request_pk(request_id), outbox_sk(&ev.event_key));
             item.insert(attr::KIND.into(), s(kind::OUTBOX));
             item.insert(attr::REQUEST_ID.into(), s(request_id));
@@ -529,7 +532,7 @@ impl Store for DynamoStore {
             event_record(&self.table, &pk, &new.caused_by, new.at)?,
             put(&self.table, meta, Some(c))?,
         ];
-        items.extend(outbox_items(&self.table, &id, &new.outbox, new.at)?);
+        items.extend(outbox_items(&self.table, &id, &new.outbox, 1, new.at)?);
         Ok(match self.transact(items).await? {
             Committed::Yes => {
                 tracing::info!(request_id = %id, "request recorded");
@@ -716,7 +719,7 @@ impl Store for DynamoStore {
         }
         items.extend(release);
         items.extend(plan_items);
-        items.extend(outbox_items(&self.table, id, &t.outbox, t.at)?);
+        items.extend(outbox_items(&self.table, id, &t.outbox, version, t.at)?);
 
         let committed = self.transact(items).await?;
         if committed == Committed::Yes {
@@ -791,7 +794,7 @@ impl Store for DynamoStore {
             event_record(&self.table, &pk, &u.caused_by, u.at)?,
             update(&self.table, key(pk.clone(), META_SK), &e)?,
         ];
-        items.extend(outbox_items(&self.table, id, &u.outbox, u.at)?);
+        items.extend(outbox_items(&self.table, id, &u.outbox, version, u.at)?);
         Ok(match self.transact(items).await? {
             Committed::Yes => {
                 tracing::info!(request_id = id, status = %u.status, reason = %u.reason, "windows updated");
@@ -885,7 +888,7 @@ impl Store for DynamoStore {
         if let Some(d) = &b.debit {
             items.push(ledger_debit(&self.table, d, b.at)?);
         }
-        items.extend(outbox_items(&self.table, id, &b.outbox, b.at)?);
+        items.extend(outbox_items(&self.table, id, &b.outbox, version, b.at)?);
 
         let committed = self.transact(items).await?;
         if committed == Committed::Yes {
@@ -1020,7 +1023,7 @@ impl Store for DynamoStore {
                 update(&self.table, key(pk.clone(), META_SK), &e)?,
                 put(&self.table, res, None)?,
             ];
-            items.extend(outbox_items(&self.table, id, &r.outbox, r.at)?);
+            items.extend(outbox_items(&self.table, id, &r.outbox, version, r.at)?);
             match self.transact(items).await? {
                 Committed::Yes => {
                     tracing::info!(
@@ -1116,7 +1119,7 @@ impl Store for DynamoStore {
             } else {
                 items.push(update(&self.table, key(pk.clone(), META_SK), &e)?);
             }
-            items.extend(outbox_items(&self.table, id, &r.outbox, r.at)?);
+            items.extend(outbox_items(&self.table, id, &r.outbox, version, r.at)?);
             match self.transact(items).await? {
                 Committed::Yes => {
                     tracing::info!(
