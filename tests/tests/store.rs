@@ -5,12 +5,15 @@ use std::collections::HashSet;
 use aws_sdk_dynamodb::types::AttributeValue;
 use capacity_pilot::aws::dynamodb::DynamoStore;
 use capacity_pilot::domain::money::MicroUsd;
+use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus::{
     self, Accepted, Cancelled, OfferingsFound, Purchasing, Reserved, RunningOnDemand, Searching,
     TryingOnDemand,
 };
+use capacity_pilot::domain::window::{self, DrainLead, WindowRecord, WindowState};
 use capacity_pilot::ports::{
-    BeginPurchaseOutcome, BudgetMonth, CreateOutcome, LeaseWriteOutcome, Store, WriteOutcome,
+    BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, DueItem, LeaseWriteOutcome,
+    RequestRecord, Store, WindowUpdate, WriteOutcome, outbox_seq,
 };
 use chrono::Duration;
 use integration_tests::TestTable;
@@ -318,7 +321,39 @@ async fn the_events_of_one_write_are_published_in_the_order_the_handler_listed_t
     // THEN they come as listed, not by key
     let keys: Vec<&str> = unsent.iter().map(|o| o.event.event_key.as_str()).collect();
     assert_eq!(keys, ["order-1-z-expiring", "order-1-a-drained"]);
-    assert_eq!(unsent.iter().map(|o| o.seq).collect::<Vec<_>>(), [0, 1]);
+    assert_eq!(
+        unsent.iter().map(|o| o.seq).collect::<Vec<_>>(),
+        [outbox_seq(2, 0), outbox_seq(2, 1)]
+    );
+}
+
+#[tokio::test]
+async fn the_writes_of_one_instant_are_published_in_the_order_they_were_made() {
+    // GIVEN two writes at the same instant (one invocation's now: a window drained, then
+    // ended), whose events' keys sort the other way round
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    store
+        .create_request(new_request("order-2", "ml", None))
+        .await
+        .unwrap();
+    store
+        .mark_sent("order-2", "order-2-accepted")
+        .await
+        .unwrap();
+    let mut first = transition("order-2", 1, Accepted, Searching, "evt-1");
+    first.outbox = vec![event("order-2-v9-drained")];
+    store.transition(first).await.unwrap();
+    let mut second = transition("order-2", 2, Searching, RequestStatus::NotFound, "evt-2");
+    second.outbox = vec![event("order-2-v10-ended")];
+    store.transition(second).await.unwrap();
+
+    // WHEN a run reads the outbox
+    let unsent = store.unsent_outbox(10).await.unwrap();
+
+    // THEN the first write's event comes first
+    let keys: Vec<&str> = unsent.iter().map(|o| o.event.event_key.as_str()).collect();
+    assert_eq!(keys, ["order-2-v9-drained", "order-2-v10-ended"]);
 }
 
 #[tokio::test]
@@ -1222,6 +1257,515 @@ async fn a_purchase_whose_worker_died_becomes_due_when_its_lease_expires() {
     assert_eq!(after.len(), 1);
     assert_eq!(after[0].request_id, request_id("orphan"));
     assert_eq!(after[0].next_action_at, t0() + Duration::minutes(20));
+}
+
+// =======================================================================================
+// Windows (ARCHITECTURE §8.4): the store keeps each window's state, and the request is due
+// at the earliest of its own next action and its windows'.
+// =======================================================================================
+
+/// The drain lead of `capacity_request` (30 minutes) against a deployment default of 15.
+const DRAIN: DrainLead = DrainLead {
+    requested_minutes: 30,
+    default_minutes: 15,
+};
+
+/// A Capacity Block of `days` whole days, from 11:30 UTC `start_day` days after t0's date.
+fn block(id: &str, fee: &str, start_day: i64, days: i64) -> Reservation {
+    let start =
+        t0().date_naive().and_hms_opt(11, 30, 0).unwrap().and_utc() + Duration::days(start_day);
+    let mut r = reservation(id, fee);
+    r.segments[0].start = start;
+    r.segments[0].end = start + Duration::days(days);
+    r
+}
+
+async fn get(store: &DynamoStore, id: &str) -> RequestRecord {
+    store.get_request(&request_id(id)).await.unwrap().unwrap()
+}
+
+/// The update launch or cleanup writes when the window `key` of `id` moves to `state` at
+/// `at`: the request's windows as the model derives them, that one moved.
+async fn window_update(
+    store: &DynamoStore,
+    id: &str,
+    key: &str,
+    state: WindowState,
+    at: chrono::DateTime<chrono::Utc>,
+    event_id: &str,
+) -> WindowUpdate {
+    let rec = get(store, id).await;
+    let held = store.reservations(&request_id(id)).await.unwrap();
+    let ws = window::windows(&held, &rec.windows, DRAIN);
+    let records = window::records_with(&rec.windows, &ws, key, state, at);
+    WindowUpdate::of(
+        &rec,
+        records,
+        &format!("{key} {state}"),
+        at,
+        &Cause::new(event_id),
+        vec![],
+    )
+}
+
+/// The window `key`'s drain start, as the model derives it.
+async fn drain_at(store: &DynamoStore, id: &str, key: &str) -> chrono::DateTime<chrono::Utc> {
+    let rec = get(store, id).await;
+    let held = store.reservations(&request_id(id)).await.unwrap();
+    window::windows(&held, &rec.windows, DRAIN)
+        .into_iter()
+        .find(|w| w.key == key)
+        .unwrap()
+        .drain_at
+}
+
+fn summary_of(
+    ws: &[WindowRecord],
+) -> Vec<(
+    &str,
+    u32,
+    WindowState,
+    Option<chrono::DateTime<chrono::Utc>>,
+)> {
+    ws.iter()
+        .map(|w| (w.key.as_str(), w.number, w.state, w.next_action_at))
+        .collect()
+}
+
+/// GIVEN a request with offerings, its purchase begun by `token` with a 9000 USD debit and
+/// the split's first block `a` recorded (the request stays `Purchasing`, due at the lease's
+/// expiry). Returns the version (5).
+async fn split_with_first_block_bought(store: &DynamoStore, id: &str, a: &Reservation) -> u64 {
+    request_with_offerings(store, id, "ml").await;
+    let whole = usd("9000.00").to_micros_ceil();
+    let b = begin_purchase(
+        id,
+        3,
+        OfferingsFound,
+        "w1",
+        t0(),
+        Some(debit("ml", whole, MicroUsd(whole.0 * 10))),
+    );
+    let lease_expiry = b.lease.expires_at;
+    assert_eq!(
+        store.begin_purchase(b).await.unwrap(),
+        BeginPurchaseOutcome::Acquired { version: 4 }
+    );
+    let mut first = record_reservation(id, "w1", a.clone(), t0() + Duration::minutes(1));
+    first.to = Purchasing;
+    first.next_action_at = Some(lease_expiry);
+    assert_eq!(
+        store.record_reservation(first).await.unwrap(),
+        LeaseWriteOutcome::Applied { version: 5 }
+    );
+    5
+}
+
+#[tokio::test]
+async fn a_splits_replacement_block_is_numbered_after_the_kept_block_and_the_request_is_due_at_the_kept_blocks_start()
+ {
+    // GIVEN a split whose first block A was bought and kept, the rest of the purchase
+    // released, and a new search that found a replacement block B starting after A
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let id = "split-windows";
+    let (a, b) = (
+        block("cr-a", "4000.00", 3, 2),
+        block("cr-b", "5000.00", 7, 2),
+    );
+    split_with_first_block_bought(&store, id, &a).await;
+    let after_a = get(&store, id).await;
+    assert_eq!(
+        summary_of(&after_a.windows),
+        vec![("cr-a#0", 0, WindowState::Pending, Some(a.start()))]
+    );
+    assert_eq!(
+        store
+            .release_unbought(release_unbought(id, "w1", t0() + Duration::minutes(2)))
+            .await
+            .unwrap(),
+        LeaseWriteOutcome::Applied { version: 6 }
+    );
+    let mut found = transition(id, 6, Searching, OfferingsFound, "found-again");
+    found.at = t0() + Duration::minutes(30);
+    assert_eq!(
+        store.transition(found).await.unwrap(),
+        WriteOutcome::Applied { version: 7 }
+    );
+    let fee = usd("5000.00").to_micros_ceil();
+    let again = begin_purchase(
+        id,
+        7,
+        OfferingsFound,
+        "w2",
+        t0() + Duration::hours(1),
+        Some(debit("ml", fee, MicroUsd(fee.0 * 10))),
+    );
+    assert_eq!(
+        store.begin_purchase(again).await.unwrap(),
+        BeginPurchaseOutcome::Acquired { version: 8 }
+    );
+
+    // WHEN B is recorded, to Reserved, with its own start as the transition's next action
+    let mut second = record_reservation(id, "w2", b.clone(), t0() + Duration::hours(1));
+    second.next_action_at = Some(b.start());
+    let outcome = store.record_reservation(second).await.unwrap();
+
+    // THEN both windows are pending, numbered in the order bought, and the request is due
+    // at A's start, the earlier of the two, not at the transition's next action
+    assert_eq!(outcome, LeaseWriteOutcome::Applied { version: 9 });
+    let rec = get(&store, id).await;
+    assert_eq!(rec.status, Reserved);
+    assert_eq!(
+        summary_of(&rec.windows),
+        vec![
+            ("cr-a#0", 0, WindowState::Pending, Some(a.start())),
+            ("cr-b#0", 1, WindowState::Pending, Some(b.start())),
+        ]
+    );
+    assert_eq!(rec.next_action_at, None, "Reserved follows its windows");
+    assert_eq!(rec.due_at(), Some(a.start()));
+    assert_eq!((rec.lease, rec.open_debit), (None, None));
+    assert_eq!(rec.spent, usd("9000.00").to_micros_ceil());
+    let just_before = store
+        .due(&[Reserved], a.start() - Duration::seconds(1))
+        .await
+        .unwrap();
+    assert!(just_before.is_empty(), "{just_before:?}");
+    assert_eq!(
+        store.due(&[Reserved], a.start()).await.unwrap(),
+        vec![DueItem {
+            request_id: request_id(id),
+            status: Reserved,
+            next_action_at: a.start(),
+        }]
+    );
+}
+
+#[tokio::test]
+async fn a_window_update_while_searching_or_purchasing_changes_only_the_windows_version_and_reason()
+{
+    // GIVEN a split's first block A bought while the purchase of the rest goes on
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let id = "windows-aside";
+    let a = block("cr-a", "4000.00", 3, 2);
+    split_with_first_block_bought(&store, id, &a).await;
+    let purchasing = get(&store, id).await;
+    let lease_expiry = purchasing.lease.as_ref().unwrap().expires_at;
+
+    // WHEN A's launch begins while Purchasing
+    let u = window_update(
+        &store,
+        id,
+        "cr-a#0",
+        WindowState::Launching,
+        t0() + Duration::minutes(5),
+        "launch-a",
+    )
+    .await;
+    let outcome = store.update_windows(u).await.unwrap();
+
+    // THEN the status, lease, open debit and own next action (the lease's expiry) stay;
+    // the request is due at the earliest of that and A's start
+    assert_eq!(outcome, WriteOutcome::Applied { version: 6 });
+    let rec = get(&store, id).await;
+    let mut expected = purchasing.clone();
+    expected.version = 6;
+    expected.reason = "cr-a#0 launching".into();
+    expected.updated_at = t0() + Duration::minutes(5);
+    expected.windows = vec![WindowRecord {
+        key: "cr-a#0".into(),
+        number: 0,
+        state: WindowState::Launching,
+        next_action_at: Some(a.start()),
+        updated_at: t0() + Duration::minutes(5),
+    }];
+    assert_eq!(rec, expected);
+    assert_eq!(rec.next_action_at, Some(lease_expiry));
+    assert_eq!(rec.due_at(), Some(lease_expiry.min(a.start())));
+    assert_eq!(
+        store.due(&[Purchasing], lease_expiry).await.unwrap(),
+        vec![DueItem {
+            request_id: request_id(id),
+            status: Purchasing,
+            next_action_at: lease_expiry,
+        }]
+    );
+
+    // GIVEN the rest of the purchase released: Searching, next looking after A is over
+    let next_search = a.end() + Duration::days(1);
+    let mut rel = release_unbought(id, "w1", t0() + Duration::minutes(10));
+    rel.next_action_at = Some(next_search);
+    assert_eq!(
+        store.release_unbought(rel).await.unwrap(),
+        LeaseWriteOutcome::Applied { version: 7 }
+    );
+    let searching = get(&store, id).await;
+    assert_eq!(
+        summary_of(&searching.windows),
+        vec![("cr-a#0", 0, WindowState::Launching, Some(a.start()))],
+        "releasing the rest keeps the kept block's window"
+    );
+
+    // WHEN A's workload runs, while Searching
+    let u = window_update(
+        &store,
+        id,
+        "cr-a#0",
+        WindowState::Running,
+        a.start(),
+        "run-a",
+    )
+    .await;
+    let outcome = store.update_windows(u).await.unwrap();
+
+    // THEN it stays Searching with its own next action, and is due at A's drain start,
+    // before its next search
+    assert_eq!(outcome, WriteOutcome::Applied { version: 8 });
+    let drain = drain_at(&store, id, "cr-a#0").await;
+    assert_eq!(drain, a.end() - Duration::minutes(60));
+    let rec = get(&store, id).await;
+    let mut expected = searching.clone();
+    expected.version = 8;
+    expected.reason = "cr-a#0 running".into();
+    expected.updated_at = a.start();
+    expected.windows = vec![WindowRecord {
+        key: "cr-a#0".into(),
+        number: 0,
+        state: WindowState::Running,
+        next_action_at: Some(drain),
+        updated_at: a.start(),
+    }];
+    assert_eq!(rec, expected);
+    assert_eq!(
+        (
+            rec.status,
+            rec.next_action_at,
+            rec.lease.as_ref(),
+            rec.open_debit
+        ),
+        (Searching, Some(next_search), None, None)
+    );
+    assert_eq!(rec.due_at(), Some(drain));
+    let just_before = store
+        .due(&[Searching], drain - Duration::seconds(1))
+        .await
+        .unwrap();
+    assert!(just_before.is_empty(), "{just_before:?}");
+    assert_eq!(
+        store.due(&[Searching], drain).await.unwrap(),
+        vec![DueItem {
+            request_id: request_id(id),
+            status: Searching,
+            next_action_at: drain,
+        }]
+    );
+}
+
+#[tokio::test]
+async fn a_reserved_requests_windows_move_it_to_active_and_to_ended_and_stale_or_repeated_updates_are_refused()
+ {
+    use capacity_pilot::domain::status::RequestStatus::{Active, Draining, Ended};
+
+    // GIVEN a request with one block A bought: Reserved
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let id = "windows-follow";
+    let a = block("cr-a", "4000.00", 3, 2);
+    request_with_offerings(&store, id, "ml").await;
+    let fee = usd("4000.00").to_micros_ceil();
+    store
+        .begin_purchase(begin_purchase(
+            id,
+            3,
+            OfferingsFound,
+            "w",
+            t0(),
+            Some(debit("ml", fee, MicroUsd(fee.0 * 10))),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .record_reservation(record_reservation(id, "w", a.clone(), t0()))
+            .await
+            .unwrap(),
+        LeaseWriteOutcome::Applied { version: 5 }
+    );
+
+    // WHEN its window runs
+    let run = window_update(
+        &store,
+        id,
+        "cr-a#0",
+        WindowState::Running,
+        a.start(),
+        "run-a",
+    )
+    .await;
+    let outcome = store.update_windows(run.clone()).await.unwrap();
+
+    // THEN the request is Active, due at the window's drain start
+    assert_eq!(outcome, WriteOutcome::Applied { version: 6 });
+    let drain = drain_at(&store, id, "cr-a#0").await;
+    let rec = get(&store, id).await;
+    assert_eq!(
+        (rec.status, rec.version, rec.next_action_at, rec.due_at()),
+        (Active, 6, None, Some(drain))
+    );
+    assert_eq!(
+        store.due(&[Active], drain).await.unwrap(),
+        vec![DueItem {
+            request_id: request_id(id),
+            status: Active,
+            next_action_at: drain,
+        }]
+    );
+    assert!(store.due(&[Reserved], drain).await.unwrap().is_empty());
+
+    // AND the same update delivered again is a duplicate; one from a stale read (another
+    // event) is a conflict; its cause reused on the current version is a duplicate
+    assert_eq!(
+        store.update_windows(run.clone()).await.unwrap(),
+        WriteOutcome::DuplicateEvent
+    );
+    let mut stale = run.clone();
+    stale.caused_by = Cause::new("run-a-elsewhere");
+    assert_eq!(
+        store.update_windows(stale).await.unwrap(),
+        WriteOutcome::Conflict
+    );
+    let reused = window_update(&store, id, "cr-a#0", WindowState::Draining, drain, "run-a").await;
+    assert_eq!(
+        store.update_windows(reused).await.unwrap(),
+        WriteOutcome::DuplicateEvent
+    );
+    let mut stale_draining = window_update(
+        &store,
+        id,
+        "cr-a#0",
+        WindowState::Draining,
+        drain,
+        "drain-stale",
+    )
+    .await;
+    stale_draining.expected_version = 5;
+    assert_eq!(
+        store.update_windows(stale_draining).await.unwrap(),
+        WriteOutcome::Conflict
+    );
+    let rec = get(&store, id).await;
+    assert_eq!(
+        (rec.status, rec.version, rec.windows[0].state),
+        (Active, 6, WindowState::Running)
+    );
+
+    // WHEN it drains, then ends
+    let drained = window_update(
+        &store,
+        id,
+        "cr-a#0",
+        WindowState::Draining,
+        drain,
+        "drain-a",
+    )
+    .await;
+    assert_eq!(
+        store.update_windows(drained).await.unwrap(),
+        WriteOutcome::Applied { version: 7 }
+    );
+    let rec = get(&store, id).await;
+    assert_eq!((rec.status, rec.due_at()), (Draining, Some(a.end())));
+    let ended = window_update(&store, id, "cr-a#0", WindowState::Ended, a.end(), "end-a").await;
+    assert_eq!(
+        store.update_windows(ended).await.unwrap(),
+        WriteOutcome::Applied { version: 8 }
+    );
+
+    // THEN it is Ended, due never, with the archival TTL a terminal transition at the same
+    // moment sets, on the request and on its reservation
+    let rec = get(&store, id).await;
+    assert_eq!(
+        (rec.status, rec.next_action_at, rec.due_at()),
+        (Ended, None, None)
+    );
+    assert_eq!(
+        summary_of(&rec.windows),
+        vec![("cr-a#0", 0, WindowState::Ended, None)]
+    );
+    assert!(
+        store
+            .due(
+                &[Reserved, Active, Draining, Ended],
+                a.end() + Duration::days(30)
+            )
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    store
+        .create_request(new_request("cancelled-then", "ml", None))
+        .await
+        .unwrap();
+    let mut cancel = transition("cancelled-then", 1, Accepted, Cancelled, "cancel-then");
+    cancel.at = a.end();
+    store.transition(cancel).await.unwrap();
+    let terminal = raw_item(&table, "REQ#cancelled-then", "META").await;
+    let meta = raw_item(&table, &format!("REQ#{id}"), "META").await;
+    assert!(terminal.contains_key("expires_at"));
+    assert_eq!(meta.get("expires_at"), terminal.get("expires_at"));
+    assert!(!meta.contains_key("gsi_due"), "out of the due index");
+    let res = raw_item(&table, &format!("REQ#{id}"), "RES#cr-a").await;
+    assert_eq!(res.get("expires_at"), terminal.get("expires_at"));
+}
+
+#[tokio::test]
+async fn a_request_written_before_windows_existed_reads_with_no_windows_and_its_own_next_action() {
+    // GIVEN a request written without windows (never bought): created, then searching with
+    // a next look
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let id = "no-windows";
+    let first_look = t0() + Duration::hours(1);
+    let next_look = t0() + Duration::hours(2);
+    store
+        .create_request(new_request(id, "ml", Some(first_look)))
+        .await
+        .unwrap();
+    let accepted = get(&store, id).await;
+    let mut search = transition(id, 1, Accepted, Searching, "search");
+    search.next_action_at = Some(next_look);
+    store.transition(search).await.unwrap();
+
+    // WHEN it is read
+    let rec = get(&store, id).await;
+    let meta = raw_item(&table, &format!("REQ#{id}"), "META").await;
+
+    // THEN it has no windows, on disk or read, and is due at its own next action
+    assert!(!meta.contains_key("windows"), "{meta:?}");
+    assert!(!meta.contains_key("own_next_action_at"), "{meta:?}");
+    assert_eq!(
+        (accepted.windows.clone(), accepted.next_action_at),
+        (vec![], Some(first_look))
+    );
+    assert_eq!(
+        (rec.windows.clone(), rec.next_action_at, rec.due_at()),
+        (vec![], Some(next_look), Some(next_look))
+    );
+    let just_before = store
+        .due(&[Searching], next_look - Duration::seconds(1))
+        .await
+        .unwrap();
+    assert!(just_before.is_empty(), "{just_before:?}");
+    assert_eq!(
+        store.due(&[Searching], next_look).await.unwrap(),
+        vec![DueItem {
+            request_id: request_id(id),
+            status: Searching,
+            next_action_at: next_look,
+        }]
+    );
 }
 
 #[test]

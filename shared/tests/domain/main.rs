@@ -6,3 +6,4 @@ mod planner_oracle;
 mod samples;
 mod schemas;
 mod validation;
+mod windows;

@@ -11,6 +11,11 @@
 //! | `REQ#<id>`                | `OUTBOX#<event key>`               | an event to publish      |
 //! | `BUDGET#<team>#<yyyy-mm>` | `LEDGER`                           | a team's monthly spend   |
 //!
+//! The request's windows (`domain::window`) live on its META item, as JSON in `windows`, so a
+//! window's step and the status it implies are one conditional write. `next_action_at` and
+//! the `due` index hold when the request is due: the earliest of its status's own next
+//! action (kept in `own_next_action_at` once it has windows) and its windows'.
+//!
 //! Money is a decimal string inside the JSON documents, and integer micro-USD (`N`) in the
 //! ledger and the request's debit attributes. Times are RFC 3339 strings; epoch numbers sit
 //! beside them where DynamoDB must order or expire by them.
