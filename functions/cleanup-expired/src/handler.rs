@@ -21,7 +21,6 @@ use capacity_pilot::domain::events::{
 use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG};
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::RequestId;
-use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::window::{self, DrainLead, FOLLOWS_WINDOWS, WindowState};
 use capacity_pilot::outbox;
@@ -271,6 +270,21 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                 "ignored",
                 format!("nothing to drain while the request is {}", rec.status),
             ));
+            return Ok(());
+        }
+        let searching = !FOLLOWS_WINDOWS.contains(&rec.status)
+            && !matches!(
+                rec.status,
+                RequestStatus::RunningOnDemand | RequestStatus::RunningSpot
+            );
+        if searching
+            && warned.is_none()
+            && !rec
+                .windows
+                .iter()
+                .any(|w| w.next_action_at.is_some_and(|t| t <= now))
+        {
+            // Due for its search or purchase, not for a window.
             return Ok(());
         }
         let reservations = self.store.reservations(id).await?;
@@ -543,7 +557,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             // A search or purchase under way, and nothing bought yet.
             return Ok(());
         }
-        let windows = plan_windows(rec, &[], self.config.default_drain_minutes);
+        let windows = run_windows(rec, self.config.default_drain_minutes);
         if rec.status == RequestStatus::Draining {
             return self.end_if_over(rec, &windows, base, now, out).await;
         }
@@ -622,7 +636,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         if matches!(written, WriteOutcome::Applied { .. }) && now >= w.end {
             // The drain itself came late (a long outage): end the window in the same run.
             if let Some(rec) = self.store.get_request(id).await? {
-                let windows = plan_windows(&rec, &[], self.config.default_drain_minutes);
+                let windows = run_windows(&rec, self.config.default_drain_minutes);
                 return self.end_if_over(&rec, &windows, base, now, out).await;
             }
         }
@@ -740,11 +754,7 @@ impl Window {
 
 /// The window of a request without reservations: an on-demand or spot run has one, of its
 /// duration (reserved windows are `domain::window`'s).
-pub fn plan_windows(
-    rec: &RequestRecord,
-    _reservations: &[Reservation],
-    default_drain_minutes: u32,
-) -> Vec<Window> {
+pub fn run_windows(rec: &RequestRecord, default_drain_minutes: u32) -> Vec<Window> {
     let drain = rec.request.drain_minutes;
     if !matches!(
         rec.status,
