@@ -514,6 +514,14 @@ impl RequestRecord {
         crate::domain::window::next_action_at(self.next_action_at, &self.windows)
     }
 
+    /// Whether one of its windows is due: launch and cleanup have work on it now, whatever
+    /// its status.
+    pub fn window_due(&self, now: DateTime<Utc>) -> bool {
+        self.windows
+            .iter()
+            .any(|w| w.next_action_at.is_some_and(|t| t <= now))
+    }
+
     /// Whether the function owning its status has work now: the request may be in the due
     /// index only for one of its windows.
     pub fn own_action_due(&self, now: DateTime<Utc>) -> bool {

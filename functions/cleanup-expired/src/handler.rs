@@ -22,7 +22,9 @@ use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG};
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::status::RequestStatus;
-use capacity_pilot::domain::window::{self, DrainLead, FOLLOWS_WINDOWS, WindowState};
+use capacity_pilot::domain::window::{
+    self, DrainLead, FOLLOWS_WINDOWS, HOLDS_WINDOWS, WindowState,
+};
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     CapacityMarket, Cause, Clock, EventSink, InstanceFilter, PortError, RequestRecord, Store,
@@ -44,18 +46,12 @@ pub const EXPIRATION_WARNINGS: [&str; 2] = [
 /// The statuses in which a request may hold a window that needs draining or ending: every
 /// status a reserved window can be in beside (a split's kept block drains while its
 /// replacement is searched for or bought), and the on-demand runs.
-pub const DUE: [RequestStatus; 10] = [
-    RequestStatus::Active,
-    RequestStatus::Reserved,
-    RequestStatus::RunningOnDemand,
-    RequestStatus::RunningSpot,
-    RequestStatus::Draining,
-    RequestStatus::Searching,
-    RequestStatus::NotFound,
-    RequestStatus::OfferingsFound,
-    RequestStatus::AwaitingApproval,
-    RequestStatus::Purchasing,
-];
+pub fn due_statuses() -> Vec<RequestStatus> {
+    HOLDS_WINDOWS
+        .into_iter()
+        .chain([RequestStatus::RunningOnDemand, RequestStatus::RunningSpot])
+        .collect()
+}
 /// At most this many window steps (a drain, an end) per request and run: enough for a plan
 /// whose every window passed during an outage.
 const MAX_STEPS: usize = 16;
@@ -144,7 +140,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             }
         };
         if wake {
-            for item in self.store.due(&DUE, now).await? {
+            for item in self.store.due(&due_statuses(), now).await? {
                 if done.contains(&item.request_id) {
                     continue;
                 }
@@ -264,7 +260,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         let Some(rec) = self.store.get_request(id).await? else {
             return Ok(());
         };
-        if !DUE.contains(&rec.status) {
+        if !due_statuses().contains(&rec.status) {
             out.decisions.push(Decision::new(
                 id,
                 "ignored",
@@ -277,13 +273,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                 rec.status,
                 RequestStatus::RunningOnDemand | RequestStatus::RunningSpot
             );
-        if searching
-            && warned.is_none()
-            && !rec
-                .windows
-                .iter()
-                .any(|w| w.next_action_at.is_some_and(|t| t <= now))
-        {
+        if searching && warned.is_none() && !rec.window_due(now) {
             // Due for its search or purchase, not for a window.
             return Ok(());
         }
@@ -348,41 +338,12 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         let id = &rec.request_id;
         let v = view(w);
         let stopped = self.stop(rec, &v).await?;
-        let version = rec.version + 1;
-        let expiring = ReservationExpiring {
-            event_key: event_key(id.as_str(), "expiring", version),
-            request_id: id.to_string(),
-            reservation_ids: v.reservation_ids.clone(),
-            segment: w.number,
-            ends_at: w.end(),
-            drain_starts_at: w.drain_at.min(now),
-            forced_termination_at: w.forced_at,
-        };
-        let drained = WorkloadDrained {
-            event_key: event_key(id.as_str(), "drained", version),
-            request_id: id.to_string(),
-            reservation_id: w.reservation.id.clone(),
-            segment: w.number,
-            resource_ids: stopped.clone(),
-            drained_at: now,
-            forced_termination_at: w.forced_at,
-        };
         let why = if warned && now < w.drain_at {
             "an expiration warning brought the drain forward"
         } else {
             "the drain start was reached"
         };
-        let reason = format!(
-            "{why}: stopped {} ahead of forced termination at {} (segment {} ends {})",
-            if stopped.is_empty() {
-                "nothing (no workload was running)".to_string()
-            } else {
-                stopped.join(", ")
-            },
-            w.forced_at,
-            w.number,
-            w.end()
-        );
+        let (expiring, drained, reason) = drain_record(id, rec.version + 1, &v, &stopped, why, now);
         let records =
             window::records_with(&rec.windows, windows, &w.key, WindowState::Draining, now);
         let u = WindowUpdate::of(
@@ -584,39 +545,13 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             return Ok(());
         }
         let stopped = self.stop(rec, w).await?;
-        let version = rec.version + 1;
-        let expiring = ReservationExpiring {
-            event_key: event_key(id.as_str(), "expiring", version),
-            request_id: id.to_string(),
-            reservation_ids: w.reservation_ids.clone(),
-            segment: w.segment,
-            ends_at: w.end,
-            drain_starts_at: w.drain_starts_at,
-            forced_termination_at: w.forced_termination_at,
-        };
-        let drained = WorkloadDrained {
-            event_key: event_key(id.as_str(), "drained", version),
-            request_id: id.to_string(),
-            reservation_id: w
-                .reservation_ids
-                .first()
-                .cloned()
-                .unwrap_or_else(|| "on-demand".into()),
-            segment: w.segment,
-            resource_ids: stopped.clone(),
-            drained_at: now,
-            forced_termination_at: w.forced_termination_at,
-        };
-        let reason = format!(
-            "the drain start was reached: stopped {} ahead of forced termination at {} (segment {} ends {})",
-            if stopped.is_empty() {
-                "nothing (no workload was running)".to_string()
-            } else {
-                stopped.join(", ")
-            },
-            w.forced_termination_at,
-            w.segment,
-            w.end
+        let (expiring, drained, reason) = drain_record(
+            id,
+            rec.version + 1,
+            w,
+            &stopped,
+            "the drain start was reached",
+            now,
         );
         let t = Transition::of(
             rec,
@@ -784,6 +719,51 @@ pub fn run_windows(rec: &RequestRecord, default_drain_minutes: u32) -> Vec<Windo
             .unwrap_or_default(),
         on_demand: true,
     }]
+}
+
+/// What draining `w` publishes (Expiring, then Drained) and the reason recorded with it.
+fn drain_record(
+    id: &RequestId,
+    version: u64,
+    w: &Window,
+    stopped: &[String],
+    why: &str,
+    now: DateTime<Utc>,
+) -> (ReservationExpiring, WorkloadDrained, String) {
+    let expiring = ReservationExpiring {
+        event_key: event_key(id.as_str(), "expiring", version),
+        request_id: id.to_string(),
+        reservation_ids: w.reservation_ids.clone(),
+        segment: w.segment,
+        ends_at: w.end,
+        drain_starts_at: w.drain_starts_at.min(now),
+        forced_termination_at: w.forced_termination_at,
+    };
+    let drained = WorkloadDrained {
+        event_key: event_key(id.as_str(), "drained", version),
+        request_id: id.to_string(),
+        reservation_id: w
+            .reservation_ids
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "on-demand".into()),
+        segment: w.segment,
+        resource_ids: stopped.to_vec(),
+        drained_at: now,
+        forced_termination_at: w.forced_termination_at,
+    };
+    let reason = format!(
+        "{why}: stopped {} ahead of forced termination at {} (segment {} ends {})",
+        if stopped.is_empty() {
+            "nothing (no workload was running)".to_string()
+        } else {
+            stopped.join(", ")
+        },
+        w.forced_termination_at,
+        w.segment,
+        w.end
+    );
+    (expiring, drained, reason)
 }
 
 /// The reserved window `w` as the workload's drain sees it.

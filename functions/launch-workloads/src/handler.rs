@@ -43,17 +43,12 @@ pub const CAPACITY_BLOCK_RESERVATION_DELIVERED: &str = "Capacity Block Reservati
 pub const ON_DEMAND: &str = "on-demand";
 pub const SPOT: &str = "spot";
 /// What this function looks at: every status that may hold a window, and on-demand-first.
-pub const DUE: [RequestStatus; 9] = [
-    RequestStatus::Reserved,
-    RequestStatus::Active,
-    RequestStatus::Draining,
-    RequestStatus::Searching,
-    RequestStatus::NotFound,
-    RequestStatus::OfferingsFound,
-    RequestStatus::AwaitingApproval,
-    RequestStatus::Purchasing,
-    RequestStatus::TryingOnDemand,
-];
+fn due_statuses() -> Vec<RequestStatus> {
+    HOLDS_WINDOWS
+        .into_iter()
+        .chain([RequestStatus::TryingOnDemand])
+        .collect()
+}
 
 #[derive(Debug, Default, Serialize)]
 pub struct Outcome {
@@ -103,7 +98,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             }
         };
         if wake {
-            let due = self.store.due(&DUE, now).await?;
+            let due = self.store.due(&due_statuses(), now).await?;
             for item in due {
                 if let Err(e) = self.process(&item.request_id, &cause, now, &mut out).await {
                     warn!(request_id = %item.request_id, error = %e, "launch step failed; the next tick retries");
@@ -153,12 +148,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
     ) -> Result<(), PortError> {
         let id = &rec.request_id;
         let follows = FOLLOWS_WINDOWS.contains(&rec.status);
-        if !follows
-            && !rec
-                .windows
-                .iter()
-                .any(|w| w.next_action_at.is_some_and(|t| t <= now))
-        {
+        if !follows && !rec.window_due(now) {
             // Due for its search or purchase, not for a window.
             return Ok(());
         }
