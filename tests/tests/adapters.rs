@@ -159,7 +159,10 @@ async fn a_bought_block_is_tagged_found_by_request_and_moves_through_its_states(
     assert_eq!(r.upfront_fee, offer.upfront_fee);
     assert_eq!(r.offering_id.as_deref(), Some(offer.id.as_str()));
     assert_eq!(r.request_tag.as_deref(), Some("block-1"));
+    // ... and the offering's count, though a block's totals read 0 until it is active
+    assert_eq!(r.instance_count, 1);
     // AND reconciliation by tag finds exactly it, with the fee and offering from its tags
+    // and its count from EC2's incrementalRequestedQuantity tag
     let found = env
         .market
         .find_by_request(Product::CapacityBlock, REGION, &spec.request_id, "")
@@ -189,6 +192,10 @@ async fn a_bought_block_is_tagged_found_by_request_and_moves_through_its_states(
         .unwrap()
         .unwrap();
     assert_eq!(d.state, ReservationState::Scheduled);
+    assert_eq!(
+        d.instance_count, 1,
+        "a scheduled block's count comes from its tag"
+    );
     env.cloud.advance_to(offer.start());
     let d = env
         .market
@@ -197,6 +204,7 @@ async fn a_bought_block_is_tagged_found_by_request_and_moves_through_its_states(
         .unwrap()
         .unwrap();
     assert_eq!(d.state, ReservationState::Active);
+    assert_eq!(d.instance_count, 1);
     // AND an unknown reservation is None
     assert_eq!(
         env.market

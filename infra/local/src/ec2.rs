@@ -26,6 +26,11 @@ pub const BLOCK_PLATFORMS: [&str; 5] = [
     "Ubuntu Pro",
 ];
 
+/// The tag EC2 puts on a Capacity Block's reservation with the count it will have once
+/// active; the reservation's totals read 0 until then.
+pub const INCREMENTAL_QUANTITY_TAG: &str =
+    "aws:ec2capacityreservation:incrementalRequestedQuantity";
+
 /// A purchased Capacity Block, seen by EC2 as a targeted Capacity Reservation.
 #[derive(Debug, Clone, Serialize)]
 pub struct CapacityReservation {
@@ -384,7 +389,13 @@ impl World {
             return Err(expired());
         }
         dry_run(q)?;
-        let tags = q.tag_specs("capacity-reservation")?;
+        let mut tags = q.tag_specs("capacity-reservation")?;
+        // Before a block is active its totals read zero; EC2 tags the count it will have
+        // (aws-reference §11.1, "View Capacity Blocks").
+        tags.insert(
+            INCREMENTAL_QUANTITY_TAG.to_string(),
+            offering.instance_count.to_string(),
+        );
         self.market.consume(
             Pool::CapacityBlock,
             region,
@@ -454,7 +465,12 @@ impl World {
             .v("instancePlatform", &cr.platform)
             .v("availabilityZone", &cr.availability_zone)
             .v("tenancy", "default")
-            .v("totalInstanceCount", cr.count)
+            // "Before a Capacity Block reservation begins, the available capacity appears as
+            // zero" (aws-reference §11.1): the total reads 0 until the block is active.
+            .v(
+                "totalInstanceCount",
+                if cr.state == "active" { cr.count } else { 0 },
+            )
             .v("availableInstanceCount", available)
             .v("ebsOptimized", true)
             .v("ephemeralStorage", false)

@@ -36,6 +36,10 @@ pub const SERVICE: &str = "ec2";
 pub const OFFERING_TAG: &str = "capacity-pilot:offering-id";
 /// Tag recording the upfront fee paid: a Capacity Reservation does not carry its price.
 pub const FEE_TAG: &str = "capacity-pilot:upfront-fee-usd";
+/// EC2's tag on a Capacity Block's reservation with the count it will have once active: its
+/// totals read 0 until then (aws-reference §11.1).
+pub const INCREMENTAL_QUANTITY_TAG: &str =
+    "aws:ec2capacityreservation:incrementalRequestedQuantity";
 
 /// DescribeInstanceStatus accepts at most 100 ids; TerminateInstances 1000.
 const STATUS_BATCH: usize = 100;
@@ -309,6 +313,8 @@ impl Ec2Adapter {
                     message: format!("{OP}: bought, but the response is unreadable: {e}"),
                 })?;
         r.upfront_fee = offering.upfront_fee;
+        // What was bought is the offering's count, whatever a pending block's totals say.
+        r.instance_count = offering.instance_count;
         r.offering_id = Some(offering.id.clone());
         r.request_tag = Some(spec.request_id.to_string());
         r.ultraserver |= ultraserver;
@@ -336,7 +342,14 @@ impl Ec2Adapter {
             product: Product::CapacityBlock,
             region: region.to_string(),
             instance_type: cr.instance_type().unwrap_or_default().to_string(),
-            instance_count: count(OP, "TotalInstanceCount", cr.total_instance_count())?,
+            instance_count: match count(OP, "TotalInstanceCount", cr.total_instance_count())? {
+                // A block reads 0 until active; EC2 tags the count it will have.
+                0 => tags
+                    .get(INCREMENTAL_QUANTITY_TAG)
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
+                n => n,
+            },
             segments: vec![Segment {
                 start: time(OP, "StartDate", cr.start_date())?,
                 end: time(OP, "EndDate", cr.end_date())?,

@@ -232,12 +232,27 @@ async fn a_block_goes_from_payment_pending_to_expired_with_its_events_on_time() 
     let id = cr.capacity_reservation_id().unwrap().to_string();
     assert!(id.starts_with("cr-") && id.len() == 20);
     assert_eq!(cr.state().unwrap().as_str(), "payment-pending");
-    assert_eq!(cr.total_instance_count(), Some(2));
+    // Before the block is active its totals read 0, and EC2's tag carries the count it will
+    // have (aws-reference §11.1)
+    assert_eq!(cr.total_instance_count(), Some(0));
     assert_eq!(cr.available_instance_count(), Some(0));
+    let quantity = |cr: &CapacityReservation| {
+        cr.tags()
+            .iter()
+            .find(|t| t.key() == Some("aws:ec2capacityreservation:incrementalRequestedQuantity"))
+            .and_then(|t| t.value().map(str::to_string))
+    };
+    assert_eq!(quantity(&cr).as_deref(), Some("2"));
     assert_eq!(cr.reservation_type().unwrap().as_str(), "capacity-block");
     assert_eq!(cr.instance_match_criteria().unwrap().as_str(), "targeted");
     assert!(cr.capacity_block_id().is_some());
-    assert_eq!(cr.tags()[0].value(), Some("req-1"));
+    assert_eq!(
+        cr.tags()
+            .iter()
+            .find(|t| t.key() == Some("capacity-pilot:request-id"))
+            .and_then(|t| t.value()),
+        Some("req-1")
+    );
     let start = chrono_of(offer.start_date().unwrap());
     let end = chrono_of(offer.end_date().unwrap());
     assert_eq!(chrono_of(cr.start_date().unwrap()), start);
@@ -259,10 +274,10 @@ async fn a_block_goes_from_payment_pending_to_expired_with_its_events_on_time() 
     assert_eq!(by_tag.capacity_reservations().len(), 1);
 
     env.cloud.step(TimeDelta::minutes(5));
-    assert_eq!(
-        describe(&env, &id).await.state().unwrap().as_str(),
-        "scheduled"
-    );
+    let scheduled = describe(&env, &id).await;
+    assert_eq!(scheduled.state().unwrap().as_str(), "scheduled");
+    assert_eq!(scheduled.total_instance_count(), Some(0));
+    assert_eq!(quantity(&scheduled).as_deref(), Some("2"));
     assert!(events_of(&env.cloud, "Capacity Block Delivered").is_empty());
 
     // the runner can step straight to the start
@@ -270,6 +285,7 @@ async fn a_block_goes_from_payment_pending_to_expired_with_its_events_on_time() 
     env.cloud.step_to_next();
     let active = describe(&env, &id).await;
     assert_eq!(active.state().unwrap().as_str(), "active");
+    assert_eq!(active.total_instance_count(), Some(2));
     assert_eq!(active.available_instance_count(), Some(2));
     let delivered = events_of(&env.cloud, "Capacity Block Delivered");
     assert_eq!(delivered.len(), 1);
