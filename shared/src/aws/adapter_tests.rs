@@ -482,3 +482,43 @@ async fn an_instance_group_reports_counts_and_whether_its_cluster_is_ours() {
         .unwrap();
     assert_eq!(other.instance_group_name, None);
 }
+
+#[test]
+fn every_capacity_reservation_state_is_known_and_only_the_final_ones_are_not_live() {
+    use super::ec2::reservation_state;
+    use crate::domain::reservation::ReservationState;
+    // GIVEN the 13 values of CapacityReservationState (botocore's ec2 model, aws-reference
+    // §11.1), and ARCHITECTURE §8.5's final ones
+    let all = [
+        "active",
+        "expired",
+        "cancelled",
+        "pending",
+        "failed",
+        "scheduled",
+        "payment-pending",
+        "payment-failed",
+        "assessing",
+        "delayed",
+        "unsupported",
+        "unavailable",
+        "cancelling",
+    ];
+    let finals = [
+        "expired",
+        "cancelled",
+        "failed",
+        "payment-failed",
+        "unsupported",
+    ];
+    for s in all {
+        // WHEN the adapter maps it
+        let state = reservation_state(s);
+        // THEN it is one the domain knows, and live unless final
+        assert_ne!(state, ReservationState::Unknown, "{s}");
+        assert_eq!(state.is_live(), !finals.contains(&s), "{s}");
+        assert_eq!(state.to_string(), s, "round-trips to EC2's spelling");
+    }
+    // AND a state no model lists yet counts as live: never bought again, never refunded
+    assert!(reservation_state("some-new-state").is_live());
+}

@@ -121,6 +121,11 @@ pub fn reservation_state(s: &str) -> ReservationState {
         "cancelled" => ReservationState::Cancelled,
         "failed" => ReservationState::Failed,
         "unavailable" => ReservationState::Unavailable,
+        "pending" => ReservationState::Pending,
+        "assessing" => ReservationState::Assessing,
+        "delayed" => ReservationState::Delayed,
+        "cancelling" => ReservationState::Cancelling,
+        "unsupported" => ReservationState::Unsupported,
         other => {
             tracing::warn!(state = other, "unknown capacity reservation state");
             ReservationState::Unknown

@@ -12,7 +12,10 @@ use super::offering::{Product, Segment, TargetResource};
 use super::time_rules::WindowKind;
 
 /// The life cycle AWS reports, mapped from the EC2 (`payment-pending`, ...) and SageMaker
-/// (`Pending`, ...) spellings by the adapters.
+/// (`Pending`, ...) spellings by the adapters. ARCHITECTURE §8.5: a state is final or live;
+/// final are `expired`, `cancelled`, `failed`, `payment-failed` and `unsupported`, and every
+/// other state, one this build does not know included, is live: the capacity exists or may
+/// still, so it is never bought again and its debit never returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum ReservationState {
@@ -24,19 +27,32 @@ pub enum ReservationState {
     Failed,
     Cancelled,
     Unavailable,
+    /// EC2's `pending`: a fresh block has been seen in it (aws-reference §11.1).
+    Pending,
+    Assessing,
+    Delayed,
+    Cancelling,
+    Unsupported,
     /// A state this build does not know; kept verbatim by the adapter's logs.
     Unknown,
 }
 
 impl ReservationState {
-    /// Whether the capacity exists, or will.
-    pub fn is_live(self) -> bool {
+    /// The reservation is over for good, or never came to be.
+    pub fn is_final(self) -> bool {
         matches!(
             self,
-            ReservationState::PaymentPending
-                | ReservationState::Scheduled
-                | ReservationState::Active
+            ReservationState::Expired
+                | ReservationState::Cancelled
+                | ReservationState::Failed
+                | ReservationState::PaymentFailed
+                | ReservationState::Unsupported
         )
+    }
+
+    /// Whether the capacity exists, or may still: every state that is not final.
+    pub fn is_live(self) -> bool {
+        !self.is_final()
     }
 }
 

@@ -117,6 +117,7 @@ fn usable(r: &Reservation) -> bool {
             | ReservationState::Failed
             | ReservationState::Cancelled
             | ReservationState::Unavailable
+            | ReservationState::Unsupported
     )
 }
 

@@ -9,6 +9,7 @@ use capacity_pilot::domain::money::{MicroUsd, Usd};
 use capacity_pilot::domain::offering::{Offering, Product, Segment};
 use capacity_pilot::domain::planner::plan;
 use capacity_pilot::domain::request::CapacityRequest;
+use capacity_pilot::domain::reservation::ReservationState;
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::fakes::fixtures::{request, t0, team};
 use capacity_pilot::fakes::{
@@ -221,6 +222,26 @@ async fn a_lost_purchase_response_is_reconciled_by_tag_and_never_bought_twice() 
 
     p.handle(found("r1", "e1")).await.unwrap();
 
+    assert_eq!(w.market.purchase_count(), 1);
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    assert_eq!(w.events.published()[0].detail["adopted"], true);
+    assert_eq!(w.spent("team-a"), MicroUsd(1_661_180_000));
+}
+
+#[tokio::test]
+async fn a_lost_purchase_response_for_a_block_in_a_state_this_build_does_not_know_is_adopted() {
+    // GIVEN a purchase whose response is lost, of a block EC2 then reports in a state this
+    // build cannot name (AWS adds states: `pending`, `assessing`, `delayed` were new)
+    let w = World::new();
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    w.market.set_purchase_state(ReservationState::Unknown);
+    w.market.lose_next_purchase_response();
+    let p = w.purchaser(CAPS);
+
+    // WHEN the purchase is made and reconciled
+    p.handle(found("r1", "e1")).await.unwrap();
+
+    // THEN the block counts as live (ARCHITECTURE 8.5): adopted, never bought again
     assert_eq!(w.market.purchase_count(), 1);
     assert_eq!(w.status("r1").await, RequestStatus::Reserved);
     assert_eq!(w.events.published()[0].detail["adopted"], true);
