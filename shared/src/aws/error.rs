@@ -141,6 +141,7 @@ impl Failure {
 
     /// The classification of this failure.
     pub fn into_port(self, service: &'static str, call: Call) -> PortError {
+        let name_taken = self.is_already_exists();
         let Failure {
             op,
             code,
@@ -166,8 +167,10 @@ impl Failure {
                 return PortError::OfferingGone { code, message };
             }
             // ... or the deterministic plan name is taken: an earlier attempt bought it.
-            // Only reconciliation can say which plan that is.
-            if matches!(c, "ResourceInUse" | "ResourceInUseException") {
+            // Only reconciliation can say which plan that is. SageMaker says so with the
+            // modeled `ResourceInUse` or, as for endpoints, a `ValidationException … already
+            // exists` (aws-reference §9.3): either way it is not "nothing was bought".
+            if name_taken {
                 return PortError::OutcomeUnknown {
                     service,
                     message: format!("{code}: {message}"),
@@ -249,6 +252,45 @@ mod tests {
             status: Some(status),
             answered: true,
         }
+    }
+
+    #[test]
+    fn a_plan_name_taken_said_as_a_validation_exception_is_an_unknown_outcome_not_a_refusal() {
+        // GIVEN CreateTrainingPlan refused because the plan's name exists, in either wording
+        for (code, message) in [
+            ("ResourceInUse", "Training plan cp-r1 already exists"),
+            (
+                "ValidationException",
+                "Training plan with name cp-r1 already exists",
+            ),
+        ] {
+            let failure = Failure {
+                op: "CreateTrainingPlan",
+                code: code.into(),
+                message: message.into(),
+                status: Some(400),
+                answered: true,
+            };
+            // WHEN it is classified as a purchase's failure
+            let e = failure.into_port("sagemaker", Call::Purchase);
+            // THEN an earlier attempt may have bought it: reconcile, never release the debit
+            assert!(
+                matches!(e, PortError::OutcomeUnknown { .. }),
+                "{code}: {e:?}"
+            );
+        }
+        // AND any other validation failure of a purchase is still a refusal
+        let other = Failure {
+            op: "CreateTrainingPlan",
+            code: "ValidationException".into(),
+            message: "1 validation error detected".into(),
+            status: Some(400),
+            answered: true,
+        };
+        assert!(matches!(
+            other.into_port("sagemaker", Call::Purchase),
+            PortError::Permanent { .. }
+        ));
     }
 
     #[test]
