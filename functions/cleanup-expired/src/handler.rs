@@ -279,12 +279,16 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         }
         let reservations = self.store.reservations(id).await?;
         let lead = self.drain_lead(&rec);
-        if window::windows(&reservations, &rec.windows, lead).is_empty() {
+        let mut windows = window::windows(&reservations, &rec.windows, lead);
+        if windows.is_empty() {
+            if searching {
+                // A search or purchase under way, and nothing bought yet.
+                return Ok(());
+            }
             return self.process_run(&rec, base, now, out).await;
         }
         let mut rec = rec;
         for step in 0..MAX_STEPS {
-            let windows = window::windows(&reservations, &rec.windows, lead);
             let warned_here = |w: &window::Window| warned == Some(w.reservation.id.as_str());
             let Some(w) = windows
                 .iter()
@@ -311,6 +315,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                 Some(r) => rec = r,
                 None => return Ok(()),
             }
+            windows = window::windows(&reservations, &rec.windows, lead);
         }
         Ok(())
     }
@@ -499,8 +504,9 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         Ok(swept)
     }
 
-    /// A request without reserved windows: an on-demand or spot run, which drains before
-    /// its duration is over, or a request bought nothing that is left to end.
+    /// A request without reserved windows whose status follows them, or an on-demand or spot
+    /// run: the run drains before its duration is over; a request with nothing bought left
+    /// to end.
     async fn process_run(
         &self,
         rec: &RequestRecord,
@@ -509,15 +515,6 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let id = &rec.request_id;
-        if !FOLLOWS_WINDOWS.contains(&rec.status)
-            && !matches!(
-                rec.status,
-                RequestStatus::RunningOnDemand | RequestStatus::RunningSpot
-            )
-        {
-            // A search or purchase under way, and nothing bought yet.
-            return Ok(());
-        }
         let windows = run_windows(rec, self.config.default_drain_minutes);
         if rec.status == RequestStatus::Draining {
             return self.end_if_over(rec, &windows, base, now, out).await;

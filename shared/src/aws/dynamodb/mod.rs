@@ -964,6 +964,11 @@ impl Store for DynamoStore {
         }
         let id = r.request_id.as_str();
         let pk = request_pk(id);
+        // The reservations the request already holds: only the lease holder records one, so
+        // a retry below after a concurrent window update needs no second read.
+        let mut held = self.reservations(&r.request_id).await?;
+        held.retain(|x| x.id != r.reservation.id);
+        held.push(r.reservation.clone());
         for _ in 0..LEASE_WRITE_ATTEMPTS {
             let meta = match self.read_meta(id).await? {
                 Some(m)
@@ -980,9 +985,6 @@ impl Store for DynamoStore {
             let current = meta.record.version;
             let version = current + 1;
             // The new reservation's windows are numbered after every window the request has.
-            let mut held = self.reservations(&r.request_id).await?;
-            held.retain(|x| x.id != r.reservation.id);
-            held.push(r.reservation.clone());
             let windows = window::all_records(&held, &meta.record.windows, r.at);
             let mut e = meta_update(r.to, version, &r.reason, r.next_action_at, &windows, r.at)?;
             condition_version_and_status(&mut e, current, Purchasing);
