@@ -591,6 +591,19 @@ pub struct Transition {
     pub settle: Option<Settle>,
     /// Replaces the request's window records when `Some`.
     pub windows: Option<Vec<WindowRecord>>,
+    /// Recorded reservations as they are now (a state AWS reported after the purchase),
+    /// each replacing the record with its id.
+    pub reservations: Vec<Reservation>,
+    /// A kept debit going back: a reservation's payment failed (ARCHITECTURE §8.5).
+    pub refund: Option<Refund>,
+}
+
+/// A kept purchase debit returned to the request's team ledger of `month` and taken out of
+/// the request's `spent`; refused if either holds less.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refund {
+    pub month: BudgetMonth,
+    pub amount: MicroUsd,
 }
 
 /// The fate of a held debit.
@@ -627,6 +640,8 @@ impl Transition {
             hold: false,
             settle: None,
             windows: None,
+            reservations: vec![],
+            refund: None,
         }
     }
 
@@ -646,6 +661,18 @@ impl Transition {
     /// The same transition, keeping or releasing the request's open debit.
     pub fn settling(mut self, settle: Settle) -> Transition {
         self.settle = Some(settle);
+        self
+    }
+
+    /// The same transition, recording `reservations` as AWS now reports them and returning
+    /// `refund`.
+    pub fn with_reservations(
+        mut self,
+        reservations: Vec<Reservation>,
+        refund: Option<Refund>,
+    ) -> Transition {
+        self.reservations = reservations;
+        self.refund = refund;
         self
     }
 
@@ -724,6 +751,8 @@ impl WindowUpdate {
             hold: false,
             settle: None,
             windows: Some(self.windows.clone()),
+            reservations: vec![],
+            refund: None,
         })
     }
 }

@@ -121,6 +121,8 @@ pub fn reservation(id: &str, fee: &str) -> Reservation {
         offering_id: Some("cb-0123456789".into()),
         request_tag: None,
         ultraserver: false,
+        bought_at: None,
+        debit_month: None,
     }
 }
 
@@ -146,6 +148,8 @@ pub fn transition(
         debit: None,
         hold: false,
         settle: None,
+        reservations: vec![],
+        refund: None,
     }
 }
 

@@ -1785,3 +1785,102 @@ fn the_state_table_is_on_demand_with_ttl_point_in_time_recovery_and_encryption()
     assert_eq!(due["KeySchema"][0]["AttributeName"], "gsi_status");
     assert_eq!(due["KeySchema"][1]["AttributeName"], "gsi_due");
 }
+
+#[tokio::test]
+async fn a_failed_payment_returns_the_kept_debit_to_its_month_once_and_records_the_state() {
+    use capacity_pilot::domain::reservation::ReservationState;
+    use capacity_pilot::ports::Refund;
+    // GIVEN two requests of a team bought and kept, one reservation's debit month stamped
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let cap = MicroUsd(10_000_000_000);
+    let (kept, failed) = (
+        usd("100.5").to_micros_ceil(),
+        usd("2500.000001").to_micros_ceil(),
+    );
+    for (id, amount, fee) in [("kept", kept, "100.5"), ("failed", failed, "2500.000001")] {
+        request_with_offerings(&store, id, "ops").await;
+        store
+            .begin_purchase(begin_purchase(
+                id,
+                3,
+                OfferingsFound,
+                id,
+                t0(),
+                Some(debit("ops", amount, cap)),
+            ))
+            .await
+            .unwrap();
+        let mut rec = record_reservation(id, id, reservation(&format!("cr-{id}"), fee), t0());
+        rec.next_action_at = Some(t0() + Duration::minutes(10));
+        store.record_reservation(rec).await.unwrap();
+    }
+    let month = BudgetMonth::of(t0());
+    assert_eq!(
+        store.budget_spent(&team("ops"), &month).await.unwrap(),
+        MicroUsd(kept.0 + failed.0)
+    );
+    let held = store.reservations(&request_id("failed")).await.unwrap();
+    assert_eq!(
+        held[0].debit_month.as_deref(),
+        Some(month.0.as_str()),
+        "stamped when recorded"
+    );
+    // AND the Reserved request keeps its own next action (the payment check) beside its windows
+    let r = get(&store, "failed").await;
+    assert!(!r.windows.is_empty());
+    assert_eq!(r.next_action_at, Some(t0() + Duration::minutes(10)));
+
+    // WHEN its payment failed: the reservation recorded final, the debit returned
+    let mut lost = held[0].clone();
+    lost.state = ReservationState::PaymentFailed;
+    let t = transition("failed", r.version, Reserved, Searching, "payment-failed")
+        .with_reservations(
+            vec![lost],
+            Some(Refund {
+                month: month.clone(),
+                amount: failed,
+            }),
+        );
+    assert_eq!(
+        store.transition(t.clone()).await.unwrap(),
+        WriteOutcome::Applied {
+            version: r.version + 1
+        }
+    );
+
+    // THEN only that debit left the team's ledger and the request's spend
+    assert_eq!(
+        store.budget_spent(&team("ops"), &month).await.unwrap(),
+        kept
+    );
+    let r = get(&store, "failed").await;
+    assert_eq!((r.status, r.spent), (Searching, MicroUsd(0)));
+    let held = store.reservations(&request_id("failed")).await.unwrap();
+    assert_eq!(held[0].state, ReservationState::PaymentFailed);
+    // AND a replay returns nothing more
+    assert_eq!(
+        store.transition(t).await.unwrap(),
+        WriteOutcome::DuplicateEvent
+    );
+    assert_eq!(
+        store.budget_spent(&team("ops"), &month).await.unwrap(),
+        kept
+    );
+
+    // AND a refund larger than what the request spent is refused, writing nothing
+    let r2 = get(&store, "kept").await;
+    let t = transition("kept", r2.version, Reserved, Searching, "too-much").with_reservations(
+        vec![],
+        Some(Refund {
+            month: month.clone(),
+            amount: MicroUsd(kept.0 + 1),
+        }),
+    );
+    assert_eq!(store.transition(t).await.unwrap(), WriteOutcome::Conflict);
+    assert_eq!(
+        store.budget_spent(&team("ops"), &month).await.unwrap(),
+        kept
+    );
+    assert_eq!(status_of(&store, "kept").await, Reserved);
+}

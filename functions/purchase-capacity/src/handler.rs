@@ -12,21 +12,24 @@ use capacity_pilot::config::Config;
 use capacity_pilot::decision;
 pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{
-    self, AwaitingApproval, CancelRequest, EventDetail, PlanSummary, PurchaseDecision, Reserved,
-    event_key, inbound, outbound,
+    self, AwaitingApproval, CancelRequest, EventDetail, PaymentFailed, PlanSummary,
+    PurchaseDecision, Reserved, event_key, inbound, outbound,
 };
 use capacity_pilot::domain::money::{MicroUsd, Usd};
 use capacity_pilot::domain::naming::{plan_name, resource_tags};
 use capacity_pilot::domain::offering::Offering;
+use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::planner::Plan;
 use capacity_pilot::domain::request::{FieldError, RequestId, Strategy};
-use capacity_pilot::domain::reservation::Reservation;
+use capacity_pilot::domain::reservation::{Reservation, ReservationState};
 use capacity_pilot::domain::status::RequestStatus;
-use capacity_pilot::domain::time_rules::PURCHASE_LEAD;
+use capacity_pilot::domain::time_rules::{
+    LISTING_LAG_BOUND, PAYMENT_CHECK_EVERY, PURCHASE_LEAD, search_deadline,
+};
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, CapacityMarket, Cause, Clock, Debit,
-    EventSink, Lease, LeaseWriteOutcome, PortError, PurchaseSpec, RecordReservation,
+    EventSink, Lease, LeaseWriteOutcome, PortError, PurchaseSpec, RecordReservation, Refund,
     ReleaseUnbought, RequestRecord, Store, Transition,
 };
 use chrono::{DateTime, Duration, Utc};
@@ -72,6 +75,8 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                             RequestStatus::OfferingsFound,
                             RequestStatus::AwaitingApproval,
                             RequestStatus::Purchasing,
+                            // Bought, until AWS reports each reservation scheduled.
+                            RequestStatus::Reserved,
                         ],
                         now,
                     )
@@ -303,6 +308,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         let id = rec.request_id.clone();
         match rec.status {
             RequestStatus::OfferingsFound | RequestStatus::AwaitingApproval => {}
+            RequestStatus::Reserved => return self.track(rec, cause, now, out).await,
             RequestStatus::Purchasing => {
                 return match &rec.lease {
                     Some(l) if l.expires_at > now => {
@@ -568,40 +574,45 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let id = &rec.request_id;
-        let name = plan_name(id, 0);
+        let held = self.store.reservations(id).await?;
+        // Every training plan recorded for the request took a name, a failed one included:
+        // the next plan takes the next attempt's, so buying again after a failed payment
+        // does not collide with the old plan's name (aws-reference 9.3).
+        let plans_recorded = held
+            .iter()
+            .filter(|r| matches!(r.product, Product::TrainingPlan { .. }))
+            .count();
         // Reservations bought for this request before this plan: a split's kept block when
         // this plan is its replacement segment.
-        let prior: Vec<Reservation> = self
-            .store
-            .reservations(id)
-            .await?
-            .into_iter()
-            .filter(|r| r.state.is_live())
-            .collect();
+        let prior: Vec<Reservation> = held.into_iter().filter(|r| r.state.is_live()).collect();
         let recorded: BTreeSet<String> = prior.iter().map(|r| r.id.clone()).collect();
         let mut bought: Vec<(Reservation, bool)> = Vec::new();
         for (i, offering) in plan.offerings.iter().enumerate() {
             let last = i + 1 == plan.offerings.len();
+            let plans_bought = bought
+                .iter()
+                .filter(|(r, _)| matches!(r.product, Product::TrainingPlan { .. }))
+                .count();
+            let name = plan_name(
+                id,
+                u32::try_from(plans_recorded + plans_bought).unwrap_or(u32::MAX),
+            );
+            let name = name.as_str();
             // Already bought and recorded by an earlier worker (a split's first block, when
             // this worker took over an expired lease): never buy it again.
             if !last && prior.iter().any(|r| is_from(r, offering)) {
                 continue;
             }
             // Step 2: adopt a reservation already tagged for this request.
-            let existing = self
-                .find_unrecorded(rec, offering, &name, &recorded)
-                .await?;
+            let existing = self.find_unrecorded(rec, offering, name, &recorded).await?;
             let (reservation, adopted) = match existing {
                 Some(r) => (r, true),
                 None => {
-                    match self.buy(rec, offering, &name).await {
+                    match self.buy(rec, offering, name).await {
                         Ok(r) => (r, false),
                         Err(PortError::OutcomeUnknown { message, .. }) => {
                             // Step 4 on doubt: look again right away; AWS may show it already.
-                            match self
-                                .find_unrecorded(rec, offering, &name, &recorded)
-                                .await?
-                            {
+                            match self.find_unrecorded(rec, offering, name, &recorded).await? {
                                 Some(r) => (r, true),
                                 None => {
                                     out.decisions.push(Decision::new(
@@ -697,6 +708,8 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     (first - desired).num_minutes().max(0)
                 ));
             }
+            let mut reservation = reservation;
+            reservation.bought_at = Some(now);
             bought.push((reservation.clone(), adopted));
             let outbox = if last {
                 vec![outbound(&reserved_event(rec, plan, &prior, &bought))]
@@ -711,7 +724,12 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     reservation,
                     to,
                     reason: reason.clone(),
-                    next_action_at: if last { Some(plan.start) } else { Some(now) },
+                    // Bought: read again until AWS reports each reservation scheduled.
+                    next_action_at: if last {
+                        next_payment_check(prior.iter().chain(bought.iter().map(|(r, _)| r)), now)
+                    } else {
+                        Some(now)
+                    },
                     at: now,
                     caused_by: Cause::new(format!("{}#{}", cause.event_id, i)),
                     outbox,
@@ -737,6 +755,252 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 LeaseWriteOutcome::DuplicateEvent => return Ok(()),
             }
         }
+        Ok(())
+    }
+
+    /// ARCHITECTURE §8.5: a bought reservation is read again until AWS reports it scheduled
+    /// or later. One missing from the answer stays live (the listing lags, by id too); one
+    /// whose payment failed gives its debit back, is announced, and the request searches
+    /// again while its deadline allows.
+    async fn track(
+        &self,
+        rec: RequestRecord,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let id = rec.request_id.clone();
+        let mut held = self.store.reservations(&id).await?;
+        let mut changed: Vec<Reservation> = Vec::new();
+        let mut notes: Vec<String> = Vec::new();
+        let mut lost: Vec<Reservation> = Vec::new();
+        for r in held.iter_mut() {
+            if !r.state.is_live() || r.state.is_settled() {
+                continue;
+            }
+            match self.market.describe(r.product, &r.region, &r.id).await? {
+                Some(seen) if seen.state == r.state => {
+                    notes.push(format!("{} is still {}", r.id, r.state));
+                }
+                Some(seen) => {
+                    let was = r.state;
+                    r.state = seen.state;
+                    if r.state.is_final() {
+                        lost.push(r.clone());
+                    } else {
+                        notes.push(format!("{} went from {was} to {}", r.id, r.state));
+                        changed.push(r.clone());
+                    }
+                }
+                None => {
+                    let since = r.bought_at.unwrap_or(rec.updated_at);
+                    let minutes = (now - since).num_minutes();
+                    if now < since + LISTING_LAG_BOUND {
+                        notes.push(format!(
+                            "{} is not listed yet {minutes} min after its purchase (AWS's \
+                             listings lag); it stays {}",
+                            r.id, r.state
+                        ));
+                    } else {
+                        // Never read as gone for that: the debit stays, and so does the
+                        // reservation, until AWS lists it.
+                        warn!(request_id = %id, reservation_id = %r.id, minutes,
+                            "a bought reservation is still not listed past the listing-lag bound");
+                        notes.push(format!(
+                            "{} is still not listed {minutes} min after its purchase, past the \
+                             {} min listing-lag bound; it stays {} and its debit is kept",
+                            r.id,
+                            LISTING_LAG_BOUND.num_minutes(),
+                            r.state
+                        ));
+                    }
+                }
+            }
+        }
+        if lost.is_empty() {
+            let next = next_payment_check(held.iter(), now);
+            let note = if notes.is_empty() {
+                "every reservation is scheduled or later".to_string()
+            } else {
+                notes.join("; ")
+            };
+            let reason = format!("{}{PAYMENT_NOTE}{note}", reserved_reason(&rec.reason));
+            let t = Transition::of(&rec, RequestStatus::Reserved, &reason, next, now, cause)
+                .with_reservations(changed, None);
+            let w = self.store.transition(t).await?;
+            out.decisions.push(Decision::new(
+                &id,
+                decision::written(
+                    &w,
+                    if next.is_some() {
+                        "payment-pending"
+                    } else {
+                        "paid"
+                    },
+                ),
+                note,
+            ));
+            return Ok(());
+        }
+        self.payment_failed(rec, held, changed, lost, notes, cause, now, out)
+            .await
+    }
+
+    /// `lost` went final before it was ever scheduled: give back what AWS did not take, and
+    /// search again for what the request still needs while its deadline allows.
+    #[allow(clippy::too_many_arguments)]
+    async fn payment_failed(
+        &self,
+        rec: RequestRecord,
+        mut held: Vec<Reservation>,
+        changed: Vec<Reservation>,
+        lost: Vec<Reservation>,
+        mut notes: Vec<String>,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let id = &rec.request_id;
+        let version = rec.version + 1;
+        let month_of = |r: &Reservation| {
+            r.debit_month
+                .clone()
+                .map(BudgetMonth)
+                .unwrap_or_else(|| BudgetMonth::of(r.bought_at.unwrap_or(rec.updated_at)))
+        };
+        // One refund per write, to one ledger month: a loss charged to another month (a rare
+        // split bought across a month's end) waits for the next check, right after this.
+        let month = lost.iter().find(|r| r.state.is_unpaid()).map(&month_of);
+        let (lost, later): (Vec<Reservation>, Vec<Reservation>) = lost
+            .into_iter()
+            .partition(|r| !r.state.is_unpaid() || Some(month_of(r)) == month);
+        for r in &later {
+            notes.push(format!(
+                "{} is {} too; its debit goes back next",
+                r.id, r.state
+            ));
+            if let Some(h) = held.iter_mut().find(|h| h.id == r.id) {
+                // Not recorded yet: it is read again, and handled, at the next check.
+                h.state = ReservationState::Unknown;
+            }
+        }
+        let returned = MicroUsd(
+            lost.iter()
+                .filter(|r| r.state.is_unpaid())
+                .map(|r| r.upfront_fee.to_micros_ceil().0)
+                .sum::<i64>()
+                .min(rec.spent.0),
+        );
+        let refund = month.filter(|_| returned.0 > 0).map(|month| Refund {
+            month,
+            amount: returned,
+        });
+        let gone = |r: &Reservation| lost.iter().any(|l| l.id == r.id);
+        let others: Vec<&Reservation> = held
+            .iter()
+            .filter(|r| !gone(r) && r.state.is_live())
+            .collect();
+        let deadline = search_deadline(rec.request.window.latest_end, rec.request.duration_hours);
+        let mut what: Vec<String> = Vec::new();
+        for l in &lost {
+            what.push(if l.state.is_unpaid() {
+                format!(
+                    "AWS reports {} {} before it was ever scheduled: the payment was not \
+                     taken, and its ${} debit is returned to team {}",
+                    l.id,
+                    l.state,
+                    l.upfront_fee.min(returned.to_usd()),
+                    rec.team
+                )
+            } else {
+                format!(
+                    "AWS reports {} {} before it was ever scheduled: the capacity is lost, \
+                     and its ${} debit is kept (AWS does not say the fee was returned)",
+                    l.id, l.state, l.upfront_fee
+                )
+            });
+        }
+        let (to, next, then) = if !later.is_empty() {
+            // Stay to take the rest at the next check.
+            (
+                RequestStatus::Reserved,
+                Some(now),
+                "; the other losses follow".to_string(),
+            )
+        } else if now < deadline {
+            (
+                RequestStatus::Searching,
+                Some(now),
+                format!("; searching again until {deadline}"),
+            )
+        } else if !others.is_empty() {
+            (
+                RequestStatus::Reserved,
+                next_payment_check(others.iter().copied(), now),
+                format!(
+                    "; too late to search again (the deadline was {deadline}); keeping {}",
+                    others
+                        .iter()
+                        .map(|r| r.id.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )
+        } else {
+            (
+                RequestStatus::Failed,
+                None,
+                format!("; too late to search again (the deadline was {deadline})"),
+            )
+        };
+        let mut reason = format!("{}{then}", what.join("; "));
+        if !notes.is_empty() {
+            reason.push_str(&format!(" ({})", notes.join("; ")));
+        }
+        let mut outbox = Vec::new();
+        for (i, l) in lost.iter().filter(|l| l.state.is_unpaid()).enumerate() {
+            outbox.push(outbound(&PaymentFailed {
+                event_key: event_key(
+                    id.as_str(),
+                    &if i == 0 {
+                        "payment-failed".to_string()
+                    } else {
+                        format!("payment-failed-{i}")
+                    },
+                    version,
+                ),
+                request_id: id.to_string(),
+                reservation_id: l.id.clone(),
+                product: l.product,
+                region: l.region.clone(),
+                state: l.state,
+                upfront_fee_usd: l.upfront_fee,
+                returned_usd: l.upfront_fee.min(returned.to_usd()),
+                searching_again: to == RequestStatus::Searching,
+                reason: reason.clone(),
+            }));
+        }
+        if to == RequestStatus::Failed {
+            outbox.push(outbound(&events::RequestFailed {
+                event_key: event_key(id.as_str(), "failed", version),
+                request_id: id.to_string(),
+                status_before: rec.status,
+                reason: reason.clone(),
+                reservation_ids: held.iter().map(|r| r.id.clone()).collect(),
+                spent_usd: MicroUsd(rec.spent.0 - returned.0).to_usd(),
+            }));
+        }
+        let mut updates = changed;
+        updates.extend(lost);
+        let t = Transition::of(&rec, to, &reason, next, now, cause)
+            .with_reservations(updates, refund)
+            .with_outbox(outbox);
+        let w = self.store.transition(t).await?;
+        out.decisions.push(Decision::new(
+            id,
+            decision::written(&w, "payment-failed"),
+            reason,
+        ));
         Ok(())
     }
 
@@ -862,6 +1126,33 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         ));
         Ok(())
     }
+}
+
+/// Where the payment checks' note starts in a `Reserved` request's reason.
+const PAYMENT_NOTE: &str = "; payment: ";
+
+/// A `Reserved` request's reason without its last payment note.
+fn reserved_reason(reason: &str) -> &str {
+    reason.split(PAYMENT_NOTE).next().unwrap_or(reason)
+}
+
+/// When to read the request's reservations again: none once each is scheduled or later (or
+/// final); else every [`PAYMENT_CHECK_EVERY`], and once more just before the earliest
+/// unsettled one starts, so a failure is seen before its window would open.
+fn next_payment_check<'a>(
+    held: impl Iterator<Item = &'a Reservation>,
+    now: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    let first_start = held
+        .filter(|r| r.state.is_live() && !r.state.is_settled())
+        .map(Reservation::start)
+        .min()?;
+    let before_start = first_start - Duration::minutes(5);
+    Some(if before_start > now {
+        (now + PAYMENT_CHECK_EVERY).min(before_start)
+    } else {
+        now + PAYMENT_CHECK_EVERY
+    })
 }
 
 /// Whether reservation `r` is what buying `offering` gives: same type and count, starting

@@ -368,6 +368,8 @@ impl Ec2Adapter {
             offering_id: tags.get(OFFERING_TAG).cloned(),
             request_tag: tags.get(REQUEST_TAG).cloned(),
             ultraserver: cr.instance_type().is_some_and(|t| t.starts_with("u-")),
+            bought_at: None,
+            debit_month: None,
         })
     }
 

@@ -227,6 +227,8 @@ fn plan_reservation(
             c.reserved_capacity_type()
                 .is_some_and(|t| t.as_str() == "UltraServer")
         }),
+        bought_at: None,
+        debit_month: None,
     }))
 }
 
@@ -386,6 +388,8 @@ impl SageMakerAdapter {
             offering_id: Some(offering.id.clone()),
             request_tag: Some(spec.request_id.to_string()),
             ultraserver: false,
+            bought_at: None,
+            debit_month: None,
         })
     }
 

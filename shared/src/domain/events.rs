@@ -13,6 +13,7 @@ use super::money::Usd;
 use super::offering::Product;
 use super::planner::{Plan, Rejection};
 use super::request::{FieldError, Strategy, WorkloadKind};
+use super::reservation::ReservationState;
 use super::status::RequestStatus;
 
 /// The `source` of every event we publish.
@@ -160,6 +161,29 @@ pub struct Reserved {
 }
 detail!(Reserved, "Capacity Reserved");
 
+/// AWS did not take the payment for a reservation we bought (`payment-failed`, up to 12 h
+/// after a block's purchase), or it never came to be (`failed`; a training plan's `Failed`):
+/// its debit is returned and, while the search deadline allows, the request searches again
+/// (ARCHITECTURE §8.5).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct PaymentFailed {
+    pub event_key: String,
+    pub request_id: String,
+    pub reservation_id: String,
+    pub product: Product,
+    pub region: String,
+    /// The state AWS reports: `payment-failed` or `failed`.
+    pub state: ReservationState,
+    pub upfront_fee_usd: Usd,
+    /// What went back to the team's budget and the request's `max_upfront_usd`.
+    pub returned_usd: Usd,
+    /// Whether the request searches again (otherwise it is failed, or keeps what else it
+    /// holds).
+    pub searching_again: bool,
+    pub reason: String,
+}
+detail!(PaymentFailed, "Capacity Payment Failed");
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct WorkloadLaunched {
     pub event_key: String,
@@ -277,6 +301,7 @@ pub fn schemas() -> Vec<(&'static str, schemars::Schema)> {
             schema_for!(AwaitingApproval),
         ),
         ("capacity-reserved", schema_for!(Reserved)),
+        ("capacity-payment-failed", schema_for!(PaymentFailed)),
         ("capacity-workload-launched", schema_for!(WorkloadLaunched)),
         ("capacity-instance-replaced", schema_for!(InstanceReplaced)),
         (

@@ -54,6 +54,26 @@ impl ReservationState {
     pub fn is_live(self) -> bool {
         !self.is_final()
     }
+
+    /// Paid for and held: `scheduled` or any later state (ARCHITECTURE §8.5). A reservation
+    /// is tracked after its purchase until it reaches one of these.
+    pub fn is_settled(self) -> bool {
+        matches!(
+            self,
+            ReservationState::Scheduled | ReservationState::Active | ReservationState::Expired
+        )
+    }
+
+    /// AWS took no money for it: the payment was not processed (`payment-failed`) or the
+    /// reservation never came to be (`failed`; a training plan's `Failed`). Its debit goes
+    /// back. Other final states (`cancelled`, `unsupported`) lose the capacity without saying
+    /// the fee was returned, so their debit stays.
+    pub fn is_unpaid(self) -> bool {
+        matches!(
+            self,
+            ReservationState::PaymentFailed | ReservationState::Failed
+        )
+    }
 }
 
 impl fmt::Display for ReservationState {
@@ -86,6 +106,14 @@ pub struct Reservation {
     /// UltraServer blocks have a longer forced-termination lead.
     #[serde(default)]
     pub ultraserver: bool,
+    /// When we bought or adopted it (recorded by the purchase function): the listing-lag
+    /// bound runs from here (ARCHITECTURE §8.5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bought_at: Option<DateTime<Utc>>,
+    /// The budget month (`YYYY-MM`) its debit was charged to, stamped by the store when it
+    /// records the reservation; a payment failure returns the debit there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debit_month: Option<String>,
 }
 
 impl Reservation {

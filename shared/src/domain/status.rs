@@ -98,7 +98,8 @@ impl RequestStatus {
             // Purchasing -> Searching: reconciled, nothing bought, the offering has gone.
             Purchasing => &[Purchasing, Reserved, Searching, Failed],
             // Reserved -> Searching: payment failed and the block was released.
-            Reserved => &[Active, Draining, Searching, Ended, Failed],
+            // Reserved -> Reserved: a payment check records what AWS reports now.
+            Reserved => &[Reserved, Active, Draining, Searching, Ended, Failed],
             // Active -> Reserved: between the segments of a split plan.
             Active => &[Draining, Reserved, Ended, Failed],
             // Draining -> Active: the next window opened before the drained one ended.

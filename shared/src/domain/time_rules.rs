@@ -14,6 +14,17 @@ pub const BLOCK_END_TIME_UTC: NaiveTime = match NaiveTime::from_hms_opt(11, 30, 
 /// Capacity Block offerings start 30 min out at the soonest.
 pub const PURCHASE_LEAD: Duration = Duration::minutes(30);
 
+/// How long a new reservation may be missing from AWS's Describe* answers, by id as well as
+/// by filter (aws-reference §11.3: "a new instance or reservation can be missing for a
+/// while"; the emulator's lag defaults to 2 minutes, bounded by 10: ARCHITECTURE §8.10).
+/// Until this long after its purchase, a recorded reservation that a Describe does not
+/// return is live, never final (§8.5).
+pub const LISTING_LAG_BOUND: Duration = Duration::minutes(10);
+
+/// How often a bought reservation is read again until AWS reports it scheduled or later
+/// (payment clears 5 minutes to 12 hours after a purchase: aws-reference §2.1, §11.1).
+pub const PAYMENT_CHECK_EVERY: Duration = Duration::minutes(10);
+
 /// Payment for a training plan must complete this long before its start.
 pub const PAYMENT_BEFORE_START: Duration = Duration::minutes(5);
 

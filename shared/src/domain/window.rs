@@ -298,6 +298,14 @@ pub const FOLLOWS_WINDOWS: [RequestStatus; 3] = [
     RequestStatus::Draining,
 ];
 
+/// Whether a request in `status` with windows keeps a next action of its own beside them:
+/// every status but those that summarise their windows, and `Reserved`, whose payments the
+/// purchase function checks until AWS reports each reservation scheduled (ARCHITECTURE
+/// §8.5).
+pub fn keeps_own_action(status: RequestStatus) -> bool {
+    status == RequestStatus::Reserved || !FOLLOWS_WINDOWS.contains(&status)
+}
+
 /// The statuses in which a request may hold windows: launch and cleanup look at all of them.
 pub const HOLDS_WINDOWS: [RequestStatus; 8] = [
     RequestStatus::Reserved,
@@ -369,6 +377,8 @@ mod tests {
             offering_id: None,
             request_tag: None,
             ultraserver: false,
+            bought_at: None,
+            debit_month: None,
         }
     }
 

@@ -5,7 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use super::{Fault, Faults, REQUEST_ID_TAG, errors, lock};
+use chrono::{DateTime, Duration, Utc};
+
+use super::{Fault, Faults, ManualClock, REQUEST_ID_TAG, errors, lock};
 use crate::domain::offering::{Offering, Product};
 use crate::domain::request::RequestId;
 use crate::domain::reservation::{Reservation, ReservationState};
@@ -49,6 +51,26 @@ struct Owned {
     reservation: Reservation,
     /// Training plans only.
     plan_name: Option<String>,
+    /// Lookups (describe or find) that still miss it: AWS's listings lag, without a clock.
+    unlisted_for: u32,
+    /// With a clock: when lookups start to see it.
+    listed_from: Option<DateTime<Utc>>,
+}
+
+impl Owned {
+    /// What one lookup sees: nothing while the listing lags (counting the lookup down).
+    fn look_up(&mut self, now: Option<DateTime<Utc>>) -> Option<Reservation> {
+        if let (Some(from), Some(now)) = (self.listed_from, now)
+            && now < from
+        {
+            return None;
+        }
+        if self.unlisted_for > 0 {
+            self.unlisted_for -= 1;
+            return None;
+        }
+        Some(self.reservation.clone())
+    }
 }
 
 #[derive(Debug)]
@@ -58,6 +80,9 @@ struct State {
     withdrawn: BTreeSet<String>,
     sell_out: bool,
     purchase_state: ReservationState,
+    listing_lag: u32,
+    clock: Option<ManualClock>,
+    listing_lag_time: Duration,
     reservations: Vec<Owned>,
     purchases: BTreeMap<String, u32>,
     next_id: u64,
@@ -87,7 +112,10 @@ impl FakeMarket {
                 per_query: BTreeMap::new(),
                 withdrawn: BTreeSet::new(),
                 sell_out: false,
-                purchase_state: ReservationState::PaymentPending,
+                purchase_state: ReservationState::Pending,
+                listing_lag: 1,
+                clock: None,
+                listing_lag_time: Duration::minutes(2),
                 reservations: Vec::new(),
                 purchases: BTreeMap::new(),
                 next_id: 1,
@@ -126,9 +154,36 @@ impl FakeMarket {
         lock(&self.state).sell_out = yes;
     }
 
-    /// The state new reservations start in (default `PaymentPending`).
+    /// The state new reservations start in (default `Pending`, as a fresh block has been
+    /// seen: aws-reference §11.1). The fake answers at the port: a pending block's count is
+    /// what the adapter reads from the offering or the `incrementalRequestedQuantity` tag,
+    /// never the 0 of its totals.
     pub fn set_purchase_state(&self, state: ReservationState) {
         lock(&self.state).purchase_state = state;
+    }
+
+    /// How many lookups (`describe` or `find_by_request`, each call one) miss a reservation
+    /// after it is bought, as AWS's listings lag, by id too (aws-reference §11.3). Default 1:
+    /// the look right after a purchase does not see it; 0 is the lenient reading. With a
+    /// clock ([`FakeMarket::with_clock`]) the lag is a time instead, and 0 turns it off.
+    pub fn set_listing_lag(&self, lookups: u32) {
+        let mut s = lock(&self.state);
+        s.listing_lag = lookups;
+        if lookups == 0 {
+            s.listing_lag_time = Duration::zero();
+        }
+    }
+
+    /// Lookups see a new reservation `lag` after its purchase on `clock` (default lag: 2
+    /// minutes, the emulator's: ARCHITECTURE §8.10) instead of after a number of lookups.
+    pub fn with_clock(self, clock: ManualClock) -> FakeMarket {
+        lock(&self.state).clock = Some(clock);
+        self
+    }
+
+    /// The listing lag on the attached clock.
+    pub fn set_listing_lag_time(&self, lag: Duration) {
+        lock(&self.state).listing_lag_time = lag;
     }
 
     /// A reservation that already exists, e.g. bought by an attempt whose response was
@@ -137,6 +192,8 @@ impl FakeMarket {
         lock(&self.state).reservations.push(Owned {
             reservation,
             plan_name: plan_name.map(str::to_string),
+            unlisted_for: 0,
+            listed_from: None,
         });
     }
 
@@ -302,10 +359,18 @@ impl State {
                     .unwrap_or_else(|| spec.request_id.to_string()),
             ),
             ultraserver: false,
+            bought_at: None,
+            debit_month: None,
+        };
+        let (unlisted_for, listed_from) = match &self.clock {
+            Some(c) => (0, Some(c.get() + self.listing_lag_time)),
+            None => (self.listing_lag, None),
         };
         self.reservations.push(Owned {
             reservation: reservation.clone(),
             plan_name,
+            unlisted_for,
+            listed_from,
         });
         *self.purchases.entry(listed.id.clone()).or_default() += 1;
         if self.sell_out {
@@ -378,6 +443,7 @@ impl CapacityMarket for FakeMarket {
         reservation_id: &str,
     ) -> Result<Option<Reservation>, PortError> {
         let mut s = lock(&self.state);
+        let now = s.clock.as_ref().map(ManualClock::get);
         s.calls.push(MarketCall::Describe {
             product,
             region: region.to_string(),
@@ -390,9 +456,9 @@ impl CapacityMarket for FakeMarket {
         };
         let found = s
             .reservations
-            .iter()
+            .iter_mut()
             .find(|o| o.reservation.region == region && o.reservation.id == reservation_id)
-            .map(|o| o.reservation.clone());
+            .and_then(|o| o.look_up(now));
         match after {
             Some(e) => Err(e),
             None => Ok(found),
@@ -407,6 +473,7 @@ impl CapacityMarket for FakeMarket {
         plan_name: &str,
     ) -> Result<Vec<Reservation>, PortError> {
         let mut s = lock(&self.state);
+        let now = s.clock.as_ref().map(ManualClock::get);
         s.calls.push(MarketCall::FindByRequest {
             product,
             region: region.to_string(),
@@ -420,13 +487,13 @@ impl CapacityMarket for FakeMarket {
         };
         let found = s
             .reservations
-            .iter()
+            .iter_mut()
             .filter(|o| o.reservation.product == product && o.reservation.region == region)
             .filter(|o| {
                 o.reservation.request_tag.as_deref() == Some(request_id.as_str())
                     || (!plan_name.is_empty() && o.plan_name.as_deref() == Some(plan_name))
             })
-            .map(|o| o.reservation.clone())
+            .filter_map(|o| o.look_up(now))
             .collect();
         match after {
             Some(e) => Err(e),
@@ -534,18 +601,13 @@ mod tests {
         assert!(r.id.starts_with("cr-"));
         assert_eq!(r.offering_id.as_deref(), Some("cb-1"));
         assert_eq!(r.upfront_fee, o.upfront_fee);
-        assert_eq!(r.state, ReservationState::PaymentPending);
+        assert_eq!(r.state, ReservationState::Pending);
         assert_eq!(market.purchases_of("cb-1"), 1);
-        let found = market
-            .find_by_request(
-                Product::CapacityBlock,
-                "us-east-1",
-                &RequestId::parse("r-1").unwrap(),
-                "",
-            )
-            .await
-            .unwrap();
-        assert_eq!(found, vec![r.clone()]);
+        let rid = RequestId::parse("r-1").unwrap();
+        // AND the first lookup misses it (the listing lags), the next finds it
+        let lookup = || market.find_by_request(Product::CapacityBlock, "us-east-1", &rid, "");
+        assert_eq!(lookup().await.unwrap(), vec![]);
+        assert_eq!(lookup().await.unwrap(), vec![r.clone()]);
         assert_eq!(
             market
                 .describe(Product::CapacityBlock, "us-east-1", &r.id)
@@ -567,16 +629,10 @@ mod tests {
         // THEN the caller hears OutcomeUnknown, but the block was bought and can be found
         assert!(matches!(err, PortError::OutcomeUnknown { .. }));
         assert_eq!(market.purchases_of("cb-1"), 1);
-        let found = market
-            .find_by_request(
-                Product::CapacityBlock,
-                "us-east-1",
-                &RequestId::parse("r-1").unwrap(),
-                "",
-            )
-            .await
-            .unwrap();
-        assert_eq!(found.len(), 1);
+        let rid = RequestId::parse("r-1").unwrap();
+        let lookup = || market.find_by_request(Product::CapacityBlock, "us-east-1", &rid, "");
+        assert_eq!(lookup().await.unwrap().len(), 0, "the listing lags");
+        assert_eq!(lookup().await.unwrap().len(), 1);
     }
 
     #[tokio::test]
@@ -637,8 +693,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_second_training_plan_of_the_same_name_fails_with_resource_in_use() {
-        // GIVEN a plan bought for r-1 with a lost response
+        // GIVEN a plan bought for r-1 with a lost response (listed at once: the lenient
+        // reading, as this is about names)
         let market = FakeMarket::new();
+        market.set_listing_lag(0);
         let o = offering("tp-1", PLAN, t0(), 24);
         market.list(o.clone());
         market.lose_next_purchase_response();

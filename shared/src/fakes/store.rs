@@ -18,7 +18,7 @@ use crate::domain::money::MicroUsd;
 use crate::domain::request::{RequestId, Team};
 use crate::domain::reservation::Reservation;
 use crate::domain::status::RequestStatus;
-use crate::domain::window::{self, FOLLOWS_WINDOWS};
+use crate::domain::window;
 use crate::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
     LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, PortError, RecordReservation,
@@ -135,6 +135,22 @@ fn check_hold(t: &Transition) -> Result<(), PortError> {
         ));
     }
     Ok(())
+}
+
+fn check_refund(t: &Transition) -> Result<(), PortError> {
+    match &t.refund {
+        Some(r) if r.amount.0 <= 0 => Err(errors::permanent(
+            SERVICE,
+            "InvalidRefund",
+            format!("a refund must be positive, got {}", r.amount),
+        )),
+        Some(_) if t.debit.is_some() || t.settle.is_some() => Err(errors::permanent(
+            SERVICE,
+            "InvalidRefund",
+            "a refund neither debits nor settles an open debit in the same write",
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn check_debit(debit: &Option<Debit>) -> Result<(), PortError> {
@@ -530,6 +546,7 @@ impl State {
         }
         check_debit(&t.debit)?;
         check_hold(&t)?;
+        check_refund(&t)?;
         self.observe(t.at);
         if self.seen(&t.request_id, &t.caused_by) {
             return Ok(WriteOutcome::DuplicateEvent);
@@ -576,6 +593,35 @@ impl State {
                 };
                 stored.record.spent.0 -= amount.0;
                 *self.ledger.entry(key).or_default() -= amount.0;
+            }
+        }
+        if let Some(r) = &t.refund {
+            let stored = self.requests.get_mut(&t.request_id).expect("checked above");
+            let key = (stored.record.team.clone(), r.month.clone());
+            let ledger = self.ledger.get(&key).copied().unwrap_or(0);
+            if stored.record.spent.0 < r.amount.0 {
+                return Ok(WriteOutcome::Conflict);
+            }
+            if ledger < r.amount.0 {
+                return Err(errors::permanent(
+                    SERVICE,
+                    "CorruptItem",
+                    format!(
+                        "{}: the {} ledger holds less than the refund of {}",
+                        t.request_id, r.month.0, r.amount
+                    ),
+                ));
+            }
+            stored.record.spent.0 -= r.amount.0;
+            *self.ledger.entry(key).or_default() -= r.amount.0;
+        }
+        if !t.reservations.is_empty() {
+            let list = self.reservations.entry(t.request_id.clone()).or_default();
+            for r in &t.reservations {
+                match list.iter_mut().find(|x| x.id == r.id) {
+                    Some(existing) => *existing = r.clone(),
+                    None => list.push(r.clone()),
+                }
             }
         }
         let version = self.step(&t.request_id, t.to, &t.reason, t.next_action_at, t.at);
@@ -714,6 +760,11 @@ impl State {
         }
         let version = self.step(&r.request_id, r.to, &r.reason, r.next_action_at, r.at);
         let stored = self.requests.get_mut(&r.request_id).expect("checked above");
+        let mut reservation = r.reservation.clone();
+        // The month its debit was charged to, where a payment failure returns it.
+        if let Some((_, month)) = &stored.open_debit_ledger {
+            reservation.debit_month = Some(month.0.clone());
+        }
         if r.to == Reserved {
             // Bought: the debit is kept, and the lease has served its purpose.
             stored.record.lease = None;
@@ -724,9 +775,9 @@ impl State {
             stored.record.open_debit = Some(MicroUsd((open.0 - bought.0).max(0)));
         }
         let list = self.reservations.entry(r.request_id.clone()).or_default();
-        match list.iter_mut().find(|x| x.id == r.reservation.id) {
-            Some(existing) => *existing = r.reservation.clone(),
-            None => list.push(r.reservation.clone()),
+        match list.iter_mut().find(|x| x.id == reservation.id) {
+            Some(existing) => *existing = reservation,
+            None => list.push(reservation),
         }
         stored.record.windows = window::all_records(list, &stored.record.windows, r.at);
         self.commit(&r.request_id, &r.caused_by, r.at, &r.outbox);
@@ -974,7 +1025,7 @@ impl Store for InMemoryStore {
 /// A request whose status summarises its windows has no next action of its own: its
 /// windows' are what is due.
 fn follow_windows(r: &mut RequestRecord) {
-    if FOLLOWS_WINDOWS.contains(&r.status) && !r.windows.is_empty() {
+    if !window::keeps_own_action(r.status) && !r.windows.is_empty() {
         r.next_action_at = None;
     }
 }

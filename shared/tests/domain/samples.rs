@@ -6,9 +6,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use capacity_pilot::domain::events::{
-    AwaitingApproval, EventDetail, InstanceReplaced, NotFound, OfferingsFound, RequestAccepted,
-    RequestFailed, RequestRejected, ReservationEnded, ReservationExpiring, Reserved,
-    WorkloadDrained, WorkloadLaunched,
+    AwaitingApproval, EventDetail, InstanceReplaced, NotFound, OfferingsFound, PaymentFailed,
+    RequestAccepted, RequestFailed, RequestRejected, ReservationEnded, ReservationExpiring,
+    Reserved, WorkloadDrained, WorkloadLaunched,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -32,6 +32,7 @@ fn check(detail_type: &str, detail: &Value) -> Result<Value, String> {
         NotFound::DETAIL_TYPE => round_trip::<NotFound>(detail),
         AwaitingApproval::DETAIL_TYPE => round_trip::<AwaitingApproval>(detail),
         Reserved::DETAIL_TYPE => round_trip::<Reserved>(detail),
+        PaymentFailed::DETAIL_TYPE => round_trip::<PaymentFailed>(detail),
         WorkloadLaunched::DETAIL_TYPE => round_trip::<WorkloadLaunched>(detail),
         InstanceReplaced::DETAIL_TYPE => round_trip::<InstanceReplaced>(detail),
         ReservationExpiring::DETAIL_TYPE => round_trip::<ReservationExpiring>(detail),
@@ -74,6 +75,7 @@ fn every_emitted_sample_is_exactly_an_event_we_publish() {
         NotFound::DETAIL_TYPE,
         AwaitingApproval::DETAIL_TYPE,
         Reserved::DETAIL_TYPE,
+        PaymentFailed::DETAIL_TYPE,
         WorkloadLaunched::DETAIL_TYPE,
         InstanceReplaced::DETAIL_TYPE,
         ReservationExpiring::DETAIL_TYPE,

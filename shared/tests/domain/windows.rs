@@ -171,6 +171,8 @@ fn reservations_strategy() -> impl Strategy<Value = Vec<Reservation>> {
                     offering_id: None,
                     request_tag: None,
                     ultraserver,
+                    bought_at: None,
+                    debit_month: None,
                 }
             })
             .collect()

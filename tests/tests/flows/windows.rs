@@ -141,7 +141,14 @@ pub(crate) async fn a_splits_kept_first_block_launches_at_its_own_start_while_a_
         .clone();
     let replacement = held.iter().find(|r| r.id != kept.id).unwrap().clone();
     assert!(replacement.start() >= kept.end(), "{held:#?}");
-    // ... and the request is due at the kept block's start, not the replacement's
+    // ... due first for the check of its payments (ARCHITECTURE 8.5)
+    let check = rec.next_action_at.expect("a payment check");
+    assert!(check < kept.start(), "{check}");
+    f.cloud.advance_to(check);
+    f.tick(Function::Purchase).await.unwrap();
+    // ... and once both are paid, at the kept block's start, not the replacement's
+    let rec = f.record(id).await;
+    assert_eq!(rec.next_action_at, None, "{}", rec.reason);
     assert_eq!(rec.due_at(), Some(kept.start()));
 
     // WHEN the kept block opens and EC2 announces it

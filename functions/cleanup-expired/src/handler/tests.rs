@@ -215,6 +215,8 @@ fn reservation(id: &str, req: &str, product: Product, start: DateTime<Utc>) -> R
         offering_id: None,
         request_tag: Some(req.into()),
         ultraserver: false,
+        bought_at: None,
+        debit_month: None,
     }
 }
 

@@ -174,6 +174,8 @@ fn block(id: &str, count: u32, zone: &str) -> Reservation {
         offering_id: None,
         request_tag: None,
         ultraserver: false,
+        bought_at: None,
+        debit_month: None,
     }
 }
 

@@ -31,12 +31,14 @@ struct World {
 }
 
 impl World {
+    /// The market's listings lag 2 minutes on the test's clock (the emulator's default).
     fn new() -> World {
+        let clock = ManualClock::new(t0());
         World {
             store: InMemoryStore::new(),
-            market: FakeMarket::new(),
+            market: FakeMarket::new().with_clock(clock.clone()),
             events: RecordingEvents::new(),
-            clock: ManualClock::new(t0()),
+            clock,
         }
     }
 
@@ -215,7 +217,34 @@ async fn concurrent_invocations_buy_exactly_once() {
 
 #[tokio::test]
 async fn a_lost_purchase_response_is_reconciled_by_tag_and_never_bought_twice() {
+    // GIVEN a purchase whose response is lost, while AWS's listing lags behind it
     let w = World::new();
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    w.market.lose_next_purchase_response();
+    let p = w.purchaser(CAPS);
+
+    // WHEN it is bought, the look right after it does not see the block yet
+    p.handle(found("r1", "e1")).await.unwrap();
+    // THEN the request stays in doubt with its debit: nothing is bought again or released
+    assert_eq!(w.market.purchase_count(), 1);
+    assert_eq!(w.status("r1").await, RequestStatus::Purchasing);
+    assert_eq!(w.spent("team-a"), MicroUsd(1_661_180_000));
+
+    // AND the worker taking over the expired lease adopts the listed block
+    w.clock.advance(LEASE + Duration::minutes(1));
+    w.store.advance_to(w.clock.get());
+    p.handle(tick("t1")).await.unwrap();
+    assert_eq!(w.market.purchase_count(), 1);
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    assert_eq!(w.events.published()[0].detail["adopted"], true);
+    assert_eq!(w.spent("team-a"), MicroUsd(1_661_180_000));
+}
+
+#[tokio::test]
+async fn a_lost_purchase_response_is_adopted_at_once_when_the_listing_does_not_lag() {
+    // The lenient reading of the listing lag (0): the look right after the purchase sees it.
+    let w = World::new();
+    w.market.set_listing_lag(0);
     w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
     w.market.lose_next_purchase_response();
     let p = w.purchaser(CAPS);
@@ -235,6 +264,7 @@ async fn a_lost_purchase_response_for_a_block_in_a_state_this_build_does_not_kno
     let w = World::new();
     w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
     w.market.set_purchase_state(ReservationState::Unknown);
+    w.market.set_listing_lag(0);
     w.market.lose_next_purchase_response();
     let p = w.purchaser(CAPS);
 
@@ -534,4 +564,250 @@ async fn a_worker_taking_over_a_split_never_buys_its_recorded_first_block_again(
     let reserved = &w.events.published_of("Capacity Reserved")[0].detail;
     assert_eq!(reserved["reservation_ids"].as_array().unwrap().len(), 2);
     assert_eq!(reserved["upfront_fee_usd"], "6500");
+}
+
+// ---- after the purchase: payment (ARCHITECTURE 8.5) -------------------------------------
+
+fn record(w: &World, id: &str) -> RequestRecord {
+    futures_record(&w.store, id)
+}
+
+fn futures_record(store: &InMemoryStore, id: &str) -> RequestRecord {
+    let rt = tokio::runtime::Handle::current();
+    tokio::task::block_in_place(|| {
+        rt.block_on(store.get_request(&capacity_pilot::fakes::fixtures::request_id(id)))
+    })
+    .unwrap()
+    .unwrap()
+}
+
+/// GIVEN r1 bought cb-1 ($1661.18) and is Reserved, the block `Pending`.
+async fn bought(w: &World) -> (P, String) {
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    let p = w.purchaser(CAPS);
+    p.handle(found("r1", "e1")).await.unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    let id = w
+        .store
+        .reservations(&capacity_pilot::fakes::fixtures::request_id("r1"))
+        .await
+        .unwrap()[0]
+        .id
+        .clone();
+    (p, id)
+}
+
+async fn recorded_state(w: &World) -> ReservationState {
+    w.store
+        .reservations(&capacity_pilot::fakes::fixtures::request_id("r1"))
+        .await
+        .unwrap()[0]
+        .state
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bought_block_is_read_again_until_it_is_scheduled_and_then_left_alone() {
+    let w = World::new();
+    let (p, cr) = bought(&w).await;
+    assert_eq!(recorded_state(&w).await, ReservationState::Pending);
+    // THEN a payment check is due
+    let due = record(&w, "r1")
+        .next_action_at
+        .expect("a payment check is due");
+    assert!(due > t0() && due <= t0() + Duration::minutes(10), "{due}");
+
+    // WHEN it is still pending at the check, the next one is set
+    w.clock.set(due);
+    p.handle(tick("t1")).await.unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    let next = record(&w, "r1").next_action_at.expect("checked again");
+    assert!(next > due);
+
+    // WHEN the payment clears
+    w.market
+        .set_reservation_state(&cr, ReservationState::Scheduled);
+    w.clock.set(next);
+    p.handle(tick("t2")).await.unwrap();
+    // THEN the state is recorded, the money stays spent and no check is due any more
+    assert_eq!(recorded_state(&w).await, ReservationState::Scheduled);
+    let rec = record(&w, "r1");
+    assert_eq!(
+        (rec.status, rec.next_action_at),
+        (RequestStatus::Reserved, None)
+    );
+    assert!(rec.reason.starts_with("bought "), "{}", rec.reason);
+    assert_eq!(w.spent("team-a"), MicroUsd(1_661_180_000));
+    let describes = w.market.calls().len();
+    w.clock.advance(Duration::hours(1));
+    p.handle(tick("t3")).await.unwrap();
+    assert_eq!(
+        w.market.calls().len(),
+        describes,
+        "a scheduled block is not read again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payment_that_clears_while_the_by_id_lookup_still_lags_is_never_read_as_gone() {
+    // GIVEN the listing lags 15 minutes, past the first payment check, by id too
+    let w = World::new();
+    w.market.set_listing_lag_time(Duration::minutes(15));
+    let (p, cr) = bought(&w).await;
+    // AND the payment clears at once
+    w.market
+        .set_reservation_state(&cr, ReservationState::Scheduled);
+
+    // WHEN the first check does not find the block at all
+    let due = record(&w, "r1").next_action_at.unwrap();
+    w.clock.set(due);
+    p.handle(tick("t1")).await.unwrap();
+    // THEN it is live still: no debit returned, no search, no purchase, checked again
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Reserved);
+    assert!(rec.reason.contains("not listed"), "{}", rec.reason);
+    assert_eq!(w.spent("team-a"), MicroUsd(1_661_180_000));
+    assert_eq!(w.market.purchase_count(), 1);
+    assert_eq!(recorded_state(&w).await, ReservationState::Pending);
+    assert!(w.events.published_of("Capacity Payment Failed").is_empty());
+
+    // AND once listed, the cleared payment is recorded
+    w.clock.set(rec.next_action_at.expect("checked again"));
+    p.handle(tick("t2")).await.unwrap();
+    assert_eq!(recorded_state(&w).await, ReservationState::Scheduled);
+    assert_eq!(record(&w, "r1").next_action_at, None);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_payment_returns_the_debit_announces_it_and_searches_again() {
+    let w = World::new();
+    let (p, cr) = bought(&w).await;
+    // WHEN EC2 reports the block payment-failed at the check
+    w.market
+        .set_reservation_state(&cr, ReservationState::PaymentFailed);
+    w.clock.set(record(&w, "r1").next_action_at.unwrap());
+    p.handle(tick("t1")).await.unwrap();
+
+    // THEN the debit is back on the team's ledger and out of the request's spend
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Searching);
+    assert_eq!(rec.spent, MicroUsd(0));
+    assert_eq!(w.spent("team-a"), MicroUsd(0));
+    assert!(rec.own_action_due(w.clock.get()), "the search is due now");
+    assert!(rec.reason.contains("searching again"), "{}", rec.reason);
+    // AND the block is recorded as AWS reports it, final
+    assert_eq!(recorded_state(&w).await, ReservationState::PaymentFailed);
+    // AND the failure is announced with what went back
+    let ev = w.events.published_of("Capacity Payment Failed");
+    assert_eq!(ev.len(), 1);
+    assert_eq!(ev[0].detail["reservation_id"], cr.as_str());
+    assert_eq!(ev[0].detail["state"], "payment-failed");
+    assert_eq!(ev[0].detail["returned_usd"], "1661.18");
+    assert_eq!(ev[0].detail["searching_again"], true);
+
+    // AND a repeated check returns nothing twice
+    p.handle(tick("t2")).await.unwrap();
+    assert_eq!(w.spent("team-a"), MicroUsd(0));
+    assert_eq!(w.events.published_of("Capacity Payment Failed").len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_payment_past_the_search_deadline_fails_the_request_with_the_debit_returned() {
+    let w = World::new();
+    let (p, cr) = bought(&w).await;
+    w.market
+        .set_reservation_state(&cr, ReservationState::PaymentFailed);
+    // WHEN the failure is seen after the search deadline (latest end 7 days out, 24 h)
+    w.clock.set(t0() + Duration::days(6));
+    p.handle(tick("t1")).await.unwrap();
+    // THEN the request fails with the reason, and the money is back
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Failed);
+    assert!(
+        rec.reason.contains("too late to search again"),
+        "{}",
+        rec.reason
+    );
+    assert_eq!(w.spent("team-a"), MicroUsd(0));
+    let failed = w.events.published_of("Capacity Request Failed");
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].detail["spent_usd"], "0");
+    assert_eq!(
+        w.events.published_of("Capacity Payment Failed")[0].detail["searching_again"],
+        false
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancelled_block_before_it_was_scheduled_searches_again_but_keeps_its_debit() {
+    // `cancelled` is final but says nothing of the fee: the debit is never returned for it.
+    let w = World::new();
+    let (p, cr) = bought(&w).await;
+    w.market
+        .set_reservation_state(&cr, ReservationState::Cancelled);
+    w.clock.set(record(&w, "r1").next_action_at.unwrap());
+    p.handle(tick("t1")).await.unwrap();
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Searching);
+    assert_eq!(w.spent("team-a"), MicroUsd(1_661_180_000));
+    assert!(rec.reason.contains("debit is kept"), "{}", rec.reason);
+    assert!(w.events.published_of("Capacity Payment Failed").is_empty());
+}
+
+#[tokio::test]
+async fn buying_a_plan_again_after_a_failed_one_takes_the_next_plan_name() {
+    use capacity_pilot::domain::offering::TargetResource;
+    use capacity_pilot::domain::request::{TrainingJobTemplate, WorkloadDetail};
+    let target = TargetResource::TrainingJob;
+    let w = World::new();
+    let mut req = request("r1", "team-a", "5000");
+    req.products = vec![Product::TrainingPlan { target }];
+    req.instance_types = vec!["ml.p5.48xlarge".into()];
+    req.workload = WorkloadDetail::TrainingJob(TrainingJobTemplate {
+        training_image: "img".into(),
+        output_s3_uri: "s3://b/o".into(),
+        volume_size_gb: 100,
+        hyper_parameters: Default::default(),
+    });
+    let mut offering = block("tp-2", "1000");
+    offering.product = Product::TrainingPlan { target };
+    offering.instance_type = "ml.p5.48xlarge".into();
+    offering.segments[0].availability_zone = None;
+    let rec = w.with_candidate(req, offering);
+    // GIVEN the request's first plan (cp-r1) is recorded Failed
+    let failed = capacity_pilot::domain::reservation::Reservation {
+        id: "arn:aws:sagemaker:us-east-1:123456789012:training-plan/cp-r1".into(),
+        product: Product::TrainingPlan { target },
+        region: "us-east-1".into(),
+        instance_type: "ml.p5.48xlarge".into(),
+        instance_count: 2,
+        segments: rec.candidates[0].offerings[0].segments.clone(),
+        upfront_fee: Usd::parse("900").unwrap(),
+        state: ReservationState::Failed,
+        offering_id: Some("tp-1".into()),
+        request_tag: Some("r1".into()),
+        ultraserver: false,
+        bought_at: Some(t0()),
+        debit_month: None,
+    };
+    w.store.insert_reservation(&rec.request_id, failed);
+    w.market.add_reservation(
+        w.store.reservations(&rec.request_id).await.unwrap()[0].clone(),
+        Some("cp-r1"),
+    );
+
+    // WHEN the new plan is bought
+    w.purchaser(CAPS).handle(found("r1", "e1")).await.unwrap();
+
+    // THEN it is named for attempt 1, so it does not collide with the failed plan's name
+    let names: Vec<String> = w
+        .market
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            capacity_pilot::fakes::MarketCall::Purchase { spec, .. } => Some(spec.plan_name),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(names, ["cp1-r1"]);
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
 }

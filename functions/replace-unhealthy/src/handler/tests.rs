@@ -70,6 +70,8 @@ impl World {
             offering_id: None,
             request_tag: Some("r-1".into()),
             ultraserver: false,
+            bought_at: None,
+            debit_month: None,
         };
         let mut rec = RequestRecord {
             request_id: req.id.clone(),

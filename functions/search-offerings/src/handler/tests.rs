@@ -543,6 +543,8 @@ fn kept_first_half(w: &World, id: &str) {
             offering_id: Some("cb-first".into()),
             request_tag: Some(id.into()),
             ultraserver: false,
+            bought_at: None,
+            debit_month: None,
         },
     );
 }

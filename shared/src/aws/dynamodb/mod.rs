@@ -27,7 +27,7 @@ use crate::domain::planner::Plan;
 use crate::domain::request::{RequestId, Team};
 use crate::domain::reservation::Reservation;
 use crate::domain::status::RequestStatus;
-use crate::domain::window::{self, FOLLOWS_WINDOWS, WindowRecord};
+use crate::domain::window::{self, WindowRecord};
 use crate::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
     LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, PortError, RecordReservation,
@@ -188,7 +188,8 @@ fn outbox_items(
 }
 
 /// Sets the windows, the status's own next action, and the due index (the earliest of
-/// both) together. A status that summarises its windows has no next action of its own.
+/// both) together. A status that summarises its windows has no next action of its own
+/// (but `Reserved` has while its payments are checked: `window::keeps_own_action`).
 ///
 /// `next_action_at` holds the due time, exactly (the index holds whole seconds, and it is
 /// what the index projects); with windows, the status's own next action is kept beside it
@@ -199,7 +200,7 @@ fn set_next_action(
     own: Option<DateTime<Utc>>,
     windows: &[WindowRecord],
 ) -> Result<(), PortError> {
-    let own = own.filter(|_| !FOLLOWS_WINDOWS.contains(&status) || windows.is_empty());
+    let own = own.filter(|_| window::keeps_own_action(status) || windows.is_empty());
     if windows.is_empty() {
         e.remove(attr::WINDOWS).remove(attr::OWN_NEXT_ACTION_AT);
     } else {
@@ -243,6 +244,44 @@ fn meta_update(
         e.set(attr::EXPIRES_AT, archive_at(at));
     }
     Ok(e)
+}
+
+/// A recorded reservation's item; archived with its request when `terminal`.
+fn reservation_item(
+    pk: &str,
+    request_id: &str,
+    r: &Reservation,
+    at: DateTime<Utc>,
+    terminal: bool,
+) -> Result<Item, PortError> {
+    let mut res = key(pk.to_string(), reservation_sk(&r.id));
+    res.insert(attr::KIND.into(), s(kind::RESERVATION));
+    res.insert(attr::REQUEST_ID.into(), s(request_id));
+    res.insert(attr::RESERVATION_ID.into(), s(r.id.clone()));
+    res.insert(attr::DATA.into(), json("reservation", r)?);
+    res.insert(attr::UPFRONT_FEE_USD.into(), s(r.upfront_fee.to_string()));
+    res.insert(attr::STATE.into(), s(r.state.to_string()));
+    res.insert(attr::UPDATED_AT.into(), time(at));
+    if terminal {
+        res.insert(attr::EXPIRES_AT.into(), archive_at(at));
+    }
+    Ok(res)
+}
+
+/// A refund returns a kept debit: positive, and never with a debit or a settlement in the
+/// same write.
+fn check_refund(t: &Transition) -> Result<(), PortError> {
+    match &t.refund {
+        Some(r) if r.amount.0 <= 0 => Err(permanent(
+            "InvalidRefund",
+            format!("a refund must be positive, got {}", r.amount),
+        )),
+        Some(_) if t.debit.is_some() || t.settle.is_some() => Err(permanent(
+            "InvalidRefund",
+            "a refund neither debits nor settles an open debit in the same write",
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn condition_version_and_status(e: &mut Expr, version: u64, status: RequestStatus) {
@@ -603,6 +642,7 @@ impl Store for DynamoStore {
                 "a hold needs a debit, and a write that settles the open debit debits nothing",
             ));
         }
+        check_refund(&t)?;
         let id = t.request_id.as_str();
         let pk = request_pk(id);
         let meta = match self.read_meta(id).await? {
@@ -686,7 +726,34 @@ impl Store for DynamoStore {
                 )?);
             }
         }
+        // A kept debit going back: out of the request's spent and the month's ledger, each
+        // conditional on holding at least as much.
+        let mut refund = None;
+        if let Some(r) = &t.refund {
+            e.add(attr::SPENT_MICROS, n(-r.amount.0));
+            let spent = e.name(attr::SPENT_MICROS);
+            let amt = e.value(n(r.amount.0));
+            e.condition(format!("{spent} >= {amt}"));
+            let mut l = Expr::new();
+            l.add(attr::SPENT_MICROS, n(-r.amount.0))
+                .set(attr::UPDATED_AT, time(t.at));
+            let spent = l.name(attr::SPENT_MICROS);
+            let amt = l.value(n(r.amount.0));
+            l.condition(format!("{spent} >= {amt}"));
+            refund = Some(update(
+                &self.table,
+                key(budget_pk(meta.record.team.as_str(), &r.month), LEDGER_SK),
+                &l,
+            )?);
+        }
         let mut plan_items = Vec::new();
+        for r in &t.reservations {
+            plan_items.push(put(
+                &self.table,
+                reservation_item(&pk, id, r, t.at, t.to.is_terminal())?,
+                None,
+            )?);
+        }
         if let Some(plans) = &t.candidates {
             e.set(attr::CANDIDATE_COUNT, n(plans.len() as i64));
             for (i, plan) in plans.iter().enumerate() {
@@ -718,6 +785,8 @@ impl Store for DynamoStore {
             items.push(ledger_debit(&self.table, d, t.at)?);
         }
         items.extend(release);
+        let refund_item = refund.is_some().then_some(items.len());
+        items.extend(refund);
         items.extend(plan_items);
         items.extend(outbox_items(&self.table, id, &t.outbox, version, t.at)?);
 
@@ -738,6 +807,15 @@ impl Store for DynamoStore {
         }
         if committed.failed(EVENT_ITEM) {
             return Ok(WriteOutcome::DuplicateEvent);
+        }
+        // The request moved (or spent less than the refund) is a conflict; a ledger short
+        // of a refund the request holds is corruption.
+        if refund_item.is_some_and(|i| committed.failed(i)) && !committed.failed(META_ITEM) {
+            return Err(self::error::corrupt(format!(
+                "{id}: the {} ledger holds less than the refund of {}",
+                t.refund.as_ref().map_or("", |r| r.month.0.as_str()),
+                t.refund.as_ref().map_or(MicroUsd(0), |r| r.amount)
+            )));
         }
         if let Some(d) = &t.debit {
             if committed.failed(META_ITEM) {
@@ -970,6 +1048,7 @@ impl Store for DynamoStore {
         held.retain(|x| x.id != r.reservation.id);
         held.push(r.reservation.clone());
         for _ in 0..LEASE_WRITE_ATTEMPTS {
+            let mut reservation = r.reservation.clone();
             let meta = match self.read_meta(id).await? {
                 Some(m)
                     if m.record.status == Purchasing
@@ -1008,17 +1087,11 @@ impl Store for DynamoStore {
                 e.set(attr::OPEN_DEBIT_MICROS, n((open.0 - bought.0).max(0)));
             }
 
-            let mut res = key(pk.clone(), reservation_sk(&r.reservation.id));
-            res.insert(attr::KIND.into(), s(kind::RESERVATION));
-            res.insert(attr::REQUEST_ID.into(), s(id));
-            res.insert(attr::RESERVATION_ID.into(), s(r.reservation.id.clone()));
-            res.insert(attr::DATA.into(), json("reservation", &r.reservation)?);
-            res.insert(
-                attr::UPFRONT_FEE_USD.into(),
-                s(r.reservation.upfront_fee.to_string()),
-            );
-            res.insert(attr::STATE.into(), s(r.reservation.state.to_string()));
-            res.insert(attr::UPDATED_AT.into(), time(r.at));
+            // The month its debit was charged to, where a payment failure returns it.
+            if let Some((_, month)) = &meta.open_debit_ledger {
+                reservation.debit_month = Some(month.0.clone());
+            }
+            let res = reservation_item(&pk, id, &reservation, r.at, false)?;
 
             let mut items = vec![
                 event_record(&self.table, &pk, &r.caused_by, r.at)?,

@@ -50,6 +50,8 @@ fn transition(rid: &str, version: u64, from: RequestStatus, to: RequestStatus) -
         debit: None,
         hold: false,
         settle: None,
+        reservations: vec![],
+        refund: None,
     }
 }
 
@@ -108,6 +110,8 @@ fn reservation(rid: &str, res_id: &str, fee: &str) -> Reservation {
         offering_id: Some("cb-1".into()),
         request_tag: Some(rid.into()),
         ultraserver: false,
+        bought_at: None,
+        debit_month: None,
     }
 }
 
@@ -975,10 +979,10 @@ async fn recording_the_reservation_keeps_the_debit_and_ends_the_lease() {
     let r = store.get_request(&id(R1)).await.unwrap().unwrap();
     assert_eq!((r.status, r.open_debit, r.lease), (Reserved, None, None));
     assert_eq!(r.spent, MicroUsd(1_000_000_000));
-    assert_eq!(
-        store.reservations(&id(R1)).await.unwrap(),
-        vec![reservation(R1, "cr-1", "1000")]
-    );
+    // AND the reservation carries the month its debit was charged to
+    let mut recorded = reservation(R1, "cr-1", "1000");
+    recorded.debit_month = Some(month().0);
+    assert_eq!(store.reservations(&id(R1)).await.unwrap(), vec![recorded]);
     assert!(
         store
             .unsent_outbox(10)
