@@ -26,6 +26,7 @@ use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::time_rules::{
     LISTING_LAG_BOUND, PAYMENT_CHECK_EVERY, PURCHASE_LEAD, search_deadline,
 };
+use capacity_pilot::domain::window;
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, CapacityMarket, Cause, Clock, Debit,
@@ -990,10 +991,16 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 spent_usd: MicroUsd(rec.spent.0 - returned.0).to_usd(),
             }));
         }
+        // Their windows never opened: nothing to launch, drain or clean up in them.
+        let mut windows = rec.windows.clone();
+        for l in &lost {
+            windows = window::records_lost(&windows, &l.id, now);
+        }
         let mut updates = changed;
         updates.extend(lost);
         let t = Transition::of(&rec, to, &reason, next, now, cause)
             .with_reservations(updates, refund)
+            .with_windows(windows)
             .with_outbox(outbox);
         let w = self.store.transition(t).await?;
         out.decisions.push(Decision::new(

@@ -261,7 +261,11 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
         let mut kept_ok = Vec::new();
         for rec in searching {
             match self.store.reservations(&rec.request_id).await {
-                Ok(kept) => {
+                Ok(held) => {
+                    // A reservation that went final (its payment failed) holds nothing: its
+                    // capacity may be bought again.
+                    let kept: Vec<Reservation> =
+                        held.into_iter().filter(|r| r.state.is_live()).collect();
                     needs.push(remaining(&rec, &kept));
                     kept_ok.push((rec, kept));
                 }

@@ -186,7 +186,12 @@ pub fn windows(
         for (i, s) in r.segments.iter().enumerate() {
             let key = window_key(&r.id, i);
             let record = records.iter().find(|w| w.key == key);
-            if !usable(r) && record.is_none_or(|w| w.state == WindowState::Ended) {
+            // A reservation that cannot be used has windows only for what was launched in
+            // it and must still be drained and ended.
+            if !usable(r)
+                && record
+                    .is_none_or(|w| matches!(w.state, WindowState::Pending | WindowState::Ended))
+            {
                 continue;
             }
             if all.iter().any(|w| w.key == key) {
@@ -261,6 +266,32 @@ pub fn records_with(
     }
     out.sort_by_key(|r| r.number);
     out
+}
+
+/// `records` with every window of reservation `reservation_id` that never launched ended at
+/// `at`: the reservation went final before its window (a failed payment), so there is
+/// nothing to launch, drain or clean up, and its number stays taken.
+pub fn records_lost(
+    records: &[WindowRecord],
+    reservation_id: &str,
+    at: DateTime<Utc>,
+) -> Vec<WindowRecord> {
+    let prefix = format!("{reservation_id}#");
+    records
+        .iter()
+        .map(|r| {
+            if r.state == WindowState::Pending && r.key.starts_with(&prefix) {
+                WindowRecord {
+                    state: WindowState::Ended,
+                    next_action_at: None,
+                    updated_at: at,
+                    ..r.clone()
+                }
+            } else {
+                r.clone()
+            }
+        })
+        .collect()
 }
 
 /// Every window's record, those never recorded included (as `Pending`, numbered): what the
@@ -410,6 +441,50 @@ mod tests {
         let new = ws.iter().find(|w| w.key == "cr-new#0").unwrap();
         assert_eq!((kept.number, new.number), (0, 1));
         assert_eq!(ws[0].key, "cr-new#0", "still in start order");
+    }
+
+    #[test]
+    fn a_reservation_whose_payment_failed_keeps_a_window_only_for_what_was_launched() {
+        // GIVEN two blocks recorded, both windows pending; cr-2's payment then fails
+        let (a, mut b) = (block("cr-1", 3, 4), block("cr-2", 3, 4));
+        let recs = all_records(&[a.clone(), b.clone()], &[], t(1));
+        b.state = ReservationState::PaymentFailed;
+        // THEN cr-2's pending window is no window at all: nothing opens in it
+        let ws = windows(&[a.clone(), b.clone()], &recs, LEAD);
+        assert_eq!(
+            ws.iter().map(|w| w.key.as_str()).collect::<Vec<_>>(),
+            ["cr-1#0"]
+        );
+        // AND ending its records keeps its number taken and due for nothing
+        let ended = records_lost(&recs, "cr-2", t(2));
+        let lost = ended.iter().find(|r| r.key == "cr-2#0").unwrap();
+        assert_eq!(
+            (lost.state, lost.next_action_at),
+            (WindowState::Ended, None)
+        );
+        assert_eq!(
+            ended.iter().find(|r| r.key == "cr-1#0"),
+            recs.iter().find(|r| r.key == "cr-1#0")
+        );
+        // AND one launched before the failure is still there to be drained
+        let running = records_with(
+            &recs,
+            &windows(&[a, b.clone()], &recs, LEAD),
+            "cr-1#0",
+            WindowState::Running,
+            t(3),
+        );
+        let mut launched = running.clone();
+        launched
+            .iter_mut()
+            .find(|r| r.key == "cr-2#0")
+            .unwrap()
+            .state = WindowState::Running;
+        let ws = windows(&[block("cr-1", 3, 4), b], &launched, LEAD);
+        assert!(
+            ws.iter()
+                .any(|w| w.key == "cr-2#0" && w.needs_drain(t(5), false))
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@
 mod basics;
 mod ec2;
 mod iam;
+mod payment;
 mod sagemaker;
 mod windows;
 
@@ -36,6 +37,9 @@ pub(crate) fn play_all() {
         sagemaker::an_on_demand_training_job_that_fails_for_capacity_falls_back_to_a_plan,
         windows::a_splits_kept_first_block_launches_at_its_own_start_while_a_later_replacement_is_bought,
         windows::a_plan_whose_windows_all_passed_while_cleanup_was_down_is_cleaned_up_and_ended,
+        payment::a_block_whose_payment_fails_gives_its_debit_back_and_is_bought_again,
+        payment::a_training_plan_that_fails_is_bought_again_under_the_next_name,
+        payment::a_failed_payment_seen_after_the_search_deadline_fails_the_request_with_the_money_back,
     ];
     for scenario in scenarios {
         scenario();

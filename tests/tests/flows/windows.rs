@@ -26,7 +26,7 @@ fn published(f: &Flow, id: &str) -> Vec<String> {
         .collect()
 }
 
-fn live_in(f: &Flow, cr: &str) -> usize {
+pub(crate) fn live_in(f: &Flow, cr: &str) -> usize {
     f.cloud.with_world(|w| {
         w.ec2
             .instances

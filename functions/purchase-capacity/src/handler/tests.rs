@@ -694,8 +694,16 @@ async fn a_failed_payment_returns_the_debit_announces_it_and_searches_again() {
     assert_eq!(w.spent("team-a"), MicroUsd(0));
     assert!(rec.own_action_due(w.clock.get()), "the search is due now");
     assert!(rec.reason.contains("searching again"), "{}", rec.reason);
-    // AND the block is recorded as AWS reports it, final
+    // AND the block is recorded as AWS reports it, final, and its window will never open
     assert_eq!(recorded_state(&w).await, ReservationState::PaymentFailed);
+    assert!(
+        rec.windows.iter().all(
+            |r| r.state == capacity_pilot::domain::window::WindowState::Ended
+                && r.next_action_at.is_none()
+        ),
+        "{:?}",
+        rec.windows
+    );
     // AND the failure is announced with what went back
     let ev = w.events.published_of("Capacity Payment Failed");
     assert_eq!(ev.len(), 1);
