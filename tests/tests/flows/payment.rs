@@ -105,7 +105,6 @@ pub(crate) async fn a_block_whose_payment_fails_gives_its_debit_back_and_is_boug
     f.cloud.advance_to(new.start());
     f.deliver().await;
     tick(&f, Function::Launch).await;
-    let dbg = f.record(id).await;
     assert_eq!(live_in(&f, &cr2), 4);
     assert_eq!(live_in(&f, &cr), 0);
     assert_eq!(f.status(id).await, RequestStatus::Active);
