@@ -38,8 +38,10 @@ use serde::Serialize;
 use serde_json::Value;
 use tracing::warn;
 
-/// Longer than the function timeout (5 min) plus a margin: a second worker may take over
-/// only when the first is surely gone.
+/// Longer than the function's timeout (`PurchaseCapacityFunction` in infra/template.yaml)
+/// plus the purchase call's operation timeout (`aws::PURCHASE_OPERATION_TIMEOUT`) plus 5
+/// minutes (ARCHITECTURE §8.11): a second worker may take over only when the first, and any
+/// call it made, is surely gone. A test reads the template to hold this.
 pub const LEASE: Duration = Duration::minutes(15);
 /// How often a throttled purchase is tried again within one invocation.
 const PURCHASE_ATTEMPTS: u32 = 3;

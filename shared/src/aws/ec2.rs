@@ -295,7 +295,13 @@ impl Ec2Adapter {
             .tag_specifications(tag_spec(ResourceType::CapacityReservation, &tags))
             .customize()
             .config_override(
-                aws_sdk_ec2::config::Builder::default().retry_config(RetryConfig::disabled()),
+                aws_sdk_ec2::config::Builder::default()
+                    .retry_config(RetryConfig::disabled())
+                    .timeout_config(
+                        aws_sdk_ec2::config::timeout::TimeoutConfig::builder()
+                            .operation_timeout(super::PURCHASE_OPERATION_TIMEOUT)
+                            .build(),
+                    ),
             )
             .send()
             .await

@@ -363,7 +363,13 @@ impl SageMakerAdapter {
             .set_tags(Some(tags_with_managed(&tags)))
             .customize()
             .config_override(
-                aws_sdk_sagemaker::config::Builder::default().retry_config(RetryConfig::disabled()),
+                aws_sdk_sagemaker::config::Builder::default()
+                    .retry_config(RetryConfig::disabled())
+                    .timeout_config(
+                        aws_sdk_sagemaker::config::timeout::TimeoutConfig::builder()
+                            .operation_timeout(super::PURCHASE_OPERATION_TIMEOUT)
+                            .build(),
+                    ),
             )
             .send()
             .await
