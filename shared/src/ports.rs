@@ -479,6 +479,17 @@ pub struct Lease {
     pub expires_at: DateTime<Utc>,
 }
 
+/// What a purchase was about to buy, and since when (ARCHITECTURE §8.6): the lease
+/// transaction records it, and from then until the purchase is recorded or released a
+/// takeover cannot know whether AWS sold it. While it stands (`since` + the in-doubt window)
+/// the offerings are only reconciled, never bought again, and their debit never released
+/// on `OfferingGone` or a refusal: either is exactly what our own success looks like.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Doubt {
+    pub offering_ids: Vec<String>,
+    pub since: DateTime<Utc>,
+}
+
 /// A request as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RequestRecord {
@@ -497,6 +508,9 @@ pub struct RequestRecord {
     /// What has happened to each of its windows (ARCHITECTURE §8.4), in number order.
     pub windows: Vec<WindowRecord>,
     pub lease: Option<Lease>,
+    /// The purchase under way, recorded with its lease (§8.6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub doubt: Option<Doubt>,
     /// The outstanding purchase debit, released only when reconciliation shows no
     /// reservation exists.
     pub open_debit: Option<MicroUsd>,
@@ -767,6 +781,9 @@ pub struct BeginPurchase {
     pub lease: Lease,
     /// `None` when taking over: the first worker's debit stays open.
     pub debit: Option<Debit>,
+    /// The offerings about to be bought, recorded as the doubt that stands until the
+    /// purchase is recorded or released; `None` when taking over keeps the first worker's.
+    pub doubt: Option<Doubt>,
     pub reason: String,
     pub at: DateTime<Utc>,
     pub caused_by: Cause,

@@ -180,6 +180,7 @@ pub fn begin_purchase(
             expires_at: at + Duration::minutes(20),
         },
         debit,
+        doubt: None,
         reason: format!("buying, lease {token}"),
         at,
         caused_by: Cause::new(format!("purchase-{id}-{token}")),

@@ -1884,3 +1884,50 @@ async fn a_failed_payment_returns_the_kept_debit_to_its_month_once_and_records_t
     );
     assert_eq!(status_of(&store, "kept").await, Reserved);
 }
+
+#[tokio::test]
+async fn the_doubt_recorded_with_the_lease_survives_a_takeover_and_ends_with_the_record() {
+    use capacity_pilot::ports::Doubt;
+    // GIVEN a purchase begun, recording what it is about to buy
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    request_with_offerings(&store, "d1", "ops").await;
+    let doubt = Doubt {
+        offering_ids: vec!["cb-1".into()],
+        since: t0(),
+    };
+    let mut begin = begin_purchase(
+        "d1",
+        3,
+        OfferingsFound,
+        "w1",
+        t0(),
+        Some(debit("ops", MicroUsd(5), MicroUsd(100))),
+    );
+    begin.doubt = Some(doubt.clone());
+    store.begin_purchase(begin).await.unwrap();
+    assert_eq!(get(&store, "d1").await.doubt, Some(doubt.clone()));
+
+    // WHEN a second worker takes the expired lease (recording no doubt of its own)
+    let later = t0() + Duration::minutes(30);
+    let takeover = begin_purchase("d1", 4, Purchasing, "w2", later, None);
+    assert!(matches!(
+        store.begin_purchase(takeover).await.unwrap(),
+        BeginPurchaseOutcome::Acquired { .. }
+    ));
+    // THEN the first worker's doubt, and its time, stand
+    assert_eq!(get(&store, "d1").await.doubt, Some(doubt));
+
+    // AND recording the reservation ends it
+    store
+        .record_reservation(record_reservation(
+            "d1",
+            "w2",
+            reservation("cr-d1", "0.000005"),
+            later,
+        ))
+        .await
+        .unwrap();
+    let r = get(&store, "d1").await;
+    assert_eq!((r.status, r.doubt), (Reserved, None));
+}

@@ -24,12 +24,12 @@ use capacity_pilot::domain::request::{FieldError, RequestId, Strategy};
 use capacity_pilot::domain::reservation::{Reservation, ReservationState};
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::time_rules::{
-    LISTING_LAG_BOUND, PAYMENT_CHECK_EVERY, PURCHASE_LEAD, search_deadline,
+    IN_DOUBT_WINDOW, LISTING_LAG_BOUND, PAYMENT_CHECK_EVERY, PURCHASE_LEAD, search_deadline,
 };
 use capacity_pilot::domain::window;
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
-    BeginPurchase, BeginPurchaseOutcome, BudgetMonth, CapacityMarket, Cause, Clock, Debit,
+    BeginPurchase, BeginPurchaseOutcome, BudgetMonth, CapacityMarket, Cause, Clock, Debit, Doubt,
     EventSink, Lease, LeaseWriteOutcome, PortError, PurchaseSpec, RecordReservation, Refund,
     ReleaseUnbought, RequestRecord, Store, Transition,
 };
@@ -466,6 +466,16 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             from: rec.status,
             lease: lease.clone(),
             debit: Some(Debit::of(&rec, team_cap, amount, now)),
+            // Doubt stands from here (ARCHITECTURE 8.6): a worker that takes over cannot
+            // know whether these were bought.
+            doubt: Some(Doubt {
+                offering_ids: plan
+                    .offering_ids()
+                    .into_iter()
+                    .map(str::to_string)
+                    .collect(),
+                since: now,
+            }),
             reason: format!(
                 "buying {}: ${} debited from team {}{approved_note}",
                 plan.offering_ids().join(" + "),
@@ -478,7 +488,8 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         };
         match self.store.begin_purchase(begin).await? {
             BeginPurchaseOutcome::Acquired { .. } => {
-                self.execute(&rec, &plan, &lease, cause, now, out).await
+                self.execute(&rec, &plan, &lease, None, cause, now, out)
+                    .await
             }
             BeginPurchaseOutcome::OverTeamBudget { spent, cap } => {
                 let reason = format!(
@@ -541,6 +552,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             from: RequestStatus::Purchasing,
             lease: lease.clone(),
             debit: None,
+            doubt: None,
             reason: "taking over an expired purchase lease; reconciling first".into(),
             at: now,
             caused_by: cause.clone(),
@@ -553,7 +565,18 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     "took-over",
                     "the previous purchase lease expired",
                 ));
-                self.execute(&rec, &plan, &lease, cause, now, out).await
+                // A request recorded before doubt was: its purchase began at the latest
+                // when the lease it held was taken, a lease ago.
+                let doubt = rec.doubt.clone().unwrap_or_else(|| Doubt {
+                    offering_ids: plan
+                        .offering_ids()
+                        .into_iter()
+                        .map(str::to_string)
+                        .collect(),
+                    since: rec.lease.as_ref().map_or(now, |l| l.expires_at) - LEASE,
+                });
+                self.execute(&rec, &plan, &lease, Some(&doubt), cause, now, out)
+                    .await
             }
             _ => {
                 out.decisions.push(Decision::new(
@@ -566,12 +589,16 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         }
     }
 
-    /// Steps 2-4 of the protocol, for each offering of the plan in order.
+    /// Steps 2-4 of the protocol, for each offering of the plan in order. `doubt` when taking
+    /// over: what the earlier worker was about to buy, which is reconciled and never bought
+    /// again while the doubt stands.
+    #[allow(clippy::too_many_arguments)]
     async fn execute(
         &self,
         rec: &RequestRecord,
         plan: &Plan,
         lease: &Lease,
+        doubt: Option<&Doubt>,
         cause: &Cause,
         now: DateTime<Utc>,
         out: &mut Outcome,
@@ -608,9 +635,54 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             }
             // Step 2: adopt a reservation already tagged for this request.
             let existing = self.find_unrecorded(rec, offering, name, &recorded).await?;
-            let (reservation, adopted) = match existing {
-                Some(r) => (r, true),
-                None => {
+            let doubted = doubt.filter(|d| d.offering_ids.contains(&offering.id));
+            let (reservation, adopted) = match (existing, doubted) {
+                (Some(r), _) => (r, true),
+                // AWS may have sold it to the earlier worker and not list it yet: never buy
+                // it again; while the doubt stands, wait for the listing.
+                (None, Some(d)) if now < d.since + IN_DOUBT_WINDOW => {
+                    out.decisions.push(Decision::new(
+                        id,
+                        "in-doubt",
+                        format!(
+                            "the purchase of {} begun at {} may have happened and is not \
+                             listed; nothing is bought again, and the debit stays, while \
+                             reconciliation goes on until {}",
+                            offering.id,
+                            d.since,
+                            d.since + IN_DOUBT_WINDOW
+                        ),
+                    ));
+                    return Ok(());
+                }
+                (None, Some(d)) => {
+                    let kept: Vec<String> = bought.iter().map(|(r, _)| r.id.clone()).collect();
+                    let reason = format!(
+                        "reconciled: no reservation from {} is listed {} min after the \
+                         purchase begun at {}{}; its debit is returned and the request \
+                         searches again",
+                        offering.id,
+                        (now - d.since).num_minutes(),
+                        d.since,
+                        if kept.is_empty() && prior.is_empty() {
+                            String::new()
+                        } else {
+                            "; what was bought is kept".to_string()
+                        }
+                    );
+                    return self
+                        .release(
+                            rec,
+                            lease,
+                            RequestStatus::Searching,
+                            reason,
+                            now,
+                            cause,
+                            out,
+                        )
+                        .await;
+                }
+                (None, None) => {
                     match self.buy(rec, offering, name).await {
                         Ok(r) => (r, false),
                         Err(PortError::OutcomeUnknown { message, .. }) => {
@@ -665,18 +737,33 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                             .await;
                         }
                         Err(e) => {
-                            // Throttled or transient after our own retries: keep the lease and the
-                            // debit; the next attempt after the lease expires reconciles and goes
-                            // on.
-                            out.decisions.push(Decision::new(
-                                id,
-                                "retry-later",
-                                format!(
-                                    "purchase of {} failed: {e}; lease kept until {}",
-                                    offering.id, lease.expires_at
-                                ),
-                            ));
-                            return Err(e);
+                            // AWS answered and sold nothing (throttled past our retries, no
+                            // capacity, a transient refusal): the debit goes back now and the
+                            // request searches again, so each later attempt checks the
+                            // purchase lead and the search deadline afresh instead of retrying
+                            // this offering under a held lease forever.
+                            let reason = format!(
+                                "AWS sold nothing: the purchase of {} failed ({e}){}; the \
+                                 debit is returned and the request searches again",
+                                offering.id,
+                                if bought.is_empty() {
+                                    ""
+                                } else {
+                                    "; what was bought is kept"
+                                }
+                            );
+                            self.release(
+                                rec,
+                                lease,
+                                RequestStatus::Searching,
+                                reason,
+                                now,
+                                cause,
+                                out,
+                            )
+                            .await?;
+                            // Throttling is surfaced to the function's error metrics too.
+                            return if e.is_retryable() { Err(e) } else { Ok(()) };
                         }
                     }
                 }

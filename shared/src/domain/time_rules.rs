@@ -21,6 +21,11 @@ pub const PURCHASE_LEAD: Duration = Duration::minutes(30);
 /// return is live, never final (§8.5).
 pub const LISTING_LAG_BOUND: Duration = Duration::minutes(10);
 
+/// How long a purchase that may have happened is only reconciled (ARCHITECTURE §8.6):
+/// longer than the listing-lag bound, so a reservation AWS sold is listed before the debit
+/// is given up on; after it, a purchase still not found is released with the reason.
+pub const IN_DOUBT_WINDOW: Duration = Duration::hours(1);
+
 /// How often a bought reservation is read again until AWS reports it scheduled or later
 /// (payment clears 5 minutes to 12 hours after a purchase: aws-reference §2.1, §11.1).
 pub const PAYMENT_CHECK_EVERY: Duration = Duration::minutes(10);

@@ -514,6 +514,7 @@ impl State {
             next_action_at: new.next_action_at,
             windows: Vec::new(),
             lease: None,
+            doubt: None,
             open_debit: None,
             spent: MicroUsd(0),
             candidates: Vec::new(),
@@ -733,6 +734,9 @@ impl State {
         );
         let stored = self.requests.get_mut(&b.request_id).expect("checked above");
         stored.record.lease = Some(b.lease);
+        if let Some(d) = b.doubt {
+            stored.record.doubt = Some(d);
+        }
         if let Some(d) = &b.debit {
             stored.record.spent.0 += d.amount.0;
             stored.record.open_debit = Some(d.amount);
@@ -766,8 +770,9 @@ impl State {
             reservation.debit_month = Some(month.0.clone());
         }
         if r.to == Reserved {
-            // Bought: the debit is kept, and the lease has served its purpose.
+            // Bought: the debit is kept, and the lease and its doubt have served.
             stored.record.lease = None;
+            stored.record.doubt = None;
             stored.record.open_debit = None;
             stored.open_debit_ledger = None;
         } else if let Some(open) = stored.record.open_debit {
@@ -818,6 +823,7 @@ impl State {
         }
         stored.record.open_debit = None;
         stored.record.lease = None;
+        stored.record.doubt = None;
         let charged_to = stored.open_debit_ledger.take();
         if let (Some(amount), Some(key)) = (open, charged_to) {
             stored.record.spent.0 -= amount.0;

@@ -56,6 +56,7 @@ fn record(req: CapacityRequest) -> RequestRecord {
         next_action_at: None,
         windows: vec![],
         lease: None,
+        doubt: None,
         open_debit: None,
         spent: MicroUsd(0),
         candidates: vec![],

@@ -319,7 +319,8 @@ fn offerings_found(f: &Flow, id: &str, event_id: &str) -> EventBridgeEvent<Value
 }
 
 #[tokio::test]
-pub(crate) async fn a_500_on_the_purchase_buys_once_after_the_lease_expires() {
+pub(crate) async fn a_500_on_the_purchase_is_reconciled_through_the_in_doubt_window_then_bought_once()
+ {
     // GIVEN a request with offerings, and EC2 failing the next purchase with a 500 (nothing
     // bought, but the caller cannot know that)
     let f = Flow::start().await;
@@ -353,12 +354,38 @@ pub(crate) async fn a_500_on_the_purchase_buys_once_after_the_lease_expires() {
     f.cloud.advance_to(lease.expires_at + TimeDelta::minutes(1));
     f.tick(Function::Purchase).await.unwrap();
 
-    // THEN reconciliation found no block, so exactly one is bought, debited once
+    // THEN reconciliation finds no block, but the doubt stands (ARCHITECTURE 8.6: AWS may
+    // not list it yet): nothing is bought, and the debit stays
+    assert_eq!(f.blocks_for(id), 0);
+    assert_eq!(f.status(id).await, RequestStatus::Purchasing);
+    assert_eq!(f.team_spent("team-a", t0()).await, plan_fee);
+
+    // WHEN the in-doubt window has passed with nothing listed
+    f.cloud
+        .advance_to(t0() + TimeDelta::hours(1) + TimeDelta::minutes(20));
+    f.tick(Function::Purchase).await.unwrap();
+    // THEN the debit is returned with the reason, and the request searches again
+    let rec = f.record(id).await;
+    assert_eq!(rec.status, RequestStatus::Searching, "{}", rec.reason);
+    assert!(rec.reason.contains("reconciled"), "{}", rec.reason);
+    assert_eq!(f.team_spent("team-a", t0()).await, MicroUsd(0));
+
+    // WHEN it searches and buys again
+    f.tick(Function::Search).await.unwrap();
+    f.deliver().await;
+
+    // THEN exactly one block is bought, debited once
     assert_eq!(f.status(id).await, RequestStatus::Reserved);
     assert_eq!(f.blocks_for(id), 1);
     let reserved = reserved(&f, id);
     assert_eq!(reserved["detail"]["adopted"], false);
-    assert_fee_is_the_offerings(&f, id, &reserved);
+    // ... at the fee of the second search's best plan
+    let found = f.bus_for("Capacity Offerings Found", id);
+    assert_eq!(found.len(), 2, "{found:#?}");
+    assert_eq!(
+        found[1]["detail"]["plans"][0]["upfront_fee_usd"],
+        reserved["detail"]["upfront_fee_usd"]
+    );
     assert_eq!(f.team_spent("team-a", t0()).await, fee_of(&reserved));
     assert_eq!(f.record(id).await.open_debit, None);
     // AND further runs change nothing
@@ -371,6 +398,7 @@ pub(crate) async fn a_500_on_the_purchase_buys_once_after_the_lease_expires() {
         id,
         &[
             &["Capacity Request Accepted"],
+            &["Capacity Offerings Found"],
             &["Capacity Offerings Found"],
             &["Capacity Reserved"],
         ],

@@ -17,7 +17,7 @@ pub(crate) fn play_all() {
         basics::a_purchase_whose_response_is_lost_is_adopted_not_bought_twice,
         basics::an_invalid_request_is_rejected_on_the_bus_naming_every_field,
         ec2::an_ec2_request_lives_from_submission_to_the_end_of_its_block,
-        ec2::a_500_on_the_purchase_buys_once_after_the_lease_expires,
+        ec2::a_500_on_the_purchase_is_reconciled_through_the_in_doubt_window_then_bought_once,
         ec2::two_purchase_invocations_at_once_buy_one_block,
         ec2::duplicate_and_early_delivered_events_launch_the_workload_once,
         ec2::a_missed_delivered_event_is_made_up_for_by_the_schedule,

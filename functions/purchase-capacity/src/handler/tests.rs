@@ -90,6 +90,7 @@ impl World {
             next_action_at: Some(t0()),
             windows: vec![],
             lease: None,
+            doubt: None,
             open_debit: None,
             spent: MicroUsd(0),
             candidates: planning.plans,
@@ -534,7 +535,8 @@ async fn a_split_whose_second_block_has_gone_keeps_the_first_and_searches_a_repl
 
 #[tokio::test]
 async fn a_worker_taking_over_a_split_never_buys_its_recorded_first_block_again() {
-    // GIVEN a split plan whose worker dies right after recording the first block
+    // GIVEN a split plan whose worker dies right after recording the first block: whether it
+    // went on to buy the second cannot be known (ARCHITECTURE 8.6)
     let w = World::new();
     split(&w, "r-take");
     w.store.commit_then_fail_next(
@@ -549,21 +551,121 @@ async fn a_worker_taking_over_a_split_never_buys_its_recorded_first_block_again(
     assert!(p.handle(found("r-take", "e1")).await.is_err());
     assert_eq!(w.market.calls_of(MarketOp::Purchase), 1);
 
-    // WHEN the lease expires and a new worker takes over
+    // WHEN the lease expires and a new worker takes over while the doubt stands
     w.clock.advance(LEASE + Duration::minutes(1));
     w.store.advance_to(w.clock.get());
     p.handle(tick("t1")).await.unwrap();
 
-    // THEN it buys only the second block: two purchases in all, both fees debited once
-    assert_eq!(w.market.calls_of(MarketOp::Purchase), 2);
-    assert_eq!(w.status("r-take").await, RequestStatus::Reserved);
+    // THEN it buys neither block again: the first is recorded, the second in doubt, and
+    // the whole debit stays
+    assert_eq!(w.market.calls_of(MarketOp::Purchase), 1);
+    assert_eq!(w.status("r-take").await, RequestStatus::Purchasing);
     assert_eq!(
         w.spent("team-a"),
         Usd::parse("6500").unwrap().to_micros_ceil()
     );
-    let reserved = &w.events.published_of("Capacity Reserved")[0].detail;
-    assert_eq!(reserved["reservation_ids"].as_array().unwrap().len(), 2);
-    assert_eq!(reserved["upfront_fee_usd"], "6500");
+
+    // AND once the in-doubt window has passed with the second never listed, its part of
+    // the debit goes back and a replacement is searched for; the first block is kept
+    w.clock.advance(Duration::hours(1));
+    w.store.advance_to(w.clock.get());
+    p.handle(tick("t2")).await.unwrap();
+    assert_eq!(w.market.calls_of(MarketOp::Purchase), 1);
+    assert_eq!(w.status("r-take").await, RequestStatus::Searching);
+    assert_eq!(
+        w.spent("team-a"),
+        Usd::parse("3000").unwrap().to_micros_ceil()
+    );
+}
+
+#[tokio::test]
+async fn a_crash_after_the_purchase_call_took_effect_then_listing_lag_past_the_lease_buys_once() {
+    // GIVEN the purchase took effect but the worker died before recording it, and AWS's
+    // listing lags longer than the lease
+    let w = World::new();
+    w.market.set_listing_lag_time(LEASE + Duration::minutes(10));
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    w.store.fail_next(
+        StoreOp::RecordReservation,
+        PortError::Transient {
+            service: "dynamodb",
+            code: "InternalServerError".into(),
+            message: "crash".into(),
+        },
+    );
+    let p = w.purchaser(CAPS);
+    assert!(p.handle(found("r1", "e1")).await.is_err());
+
+    // WHEN a worker takes over the expired lease while the block is still unlisted
+    w.clock.advance(LEASE + Duration::minutes(1));
+    w.store.advance_to(w.clock.get());
+    p.handle(tick("t1")).await.unwrap();
+    // THEN it buys nothing and keeps the debit (the offering may well answer as gone now)
+    assert_eq!(w.market.purchase_count(), 1);
+    assert_eq!(w.status("r1").await, RequestStatus::Purchasing);
+    assert_eq!(w.spent("team-a"), MicroUsd(1_661_180_000));
+
+    // AND the next takeover, once it is listed, adopts it: one purchase, one debit
+    w.clock.advance(LEASE + Duration::minutes(1));
+    w.store.advance_to(w.clock.get());
+    p.handle(tick("t2")).await.unwrap();
+    assert_eq!(w.market.purchase_count(), 1);
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    assert_eq!(w.spent("team-a"), MicroUsd(1_661_180_000));
+    assert_eq!(
+        w.events.published_of("Capacity Reserved")[0].detail["adopted"],
+        true
+    );
+}
+
+#[tokio::test]
+async fn a_lost_response_then_a_gone_offering_under_listing_lag_is_never_released_while_in_doubt() {
+    // GIVEN a lost purchase response, the offering then sold out (our own purchase took the
+    // last of it), and a listing that lags past the lease
+    let w = World::new();
+    w.market.set_listing_lag_time(LEASE + Duration::minutes(10));
+    w.market.sell_out_after_purchase(true);
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    w.market.lose_next_purchase_response();
+    let p = w.purchaser(CAPS);
+    p.handle(found("r1", "e1")).await.unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::Purchasing);
+
+    // WHEN the takeover finds nothing listed, and buying would answer OfferingGone
+    w.clock.advance(LEASE + Duration::minutes(1));
+    w.store.advance_to(w.clock.get());
+    p.handle(tick("t1")).await.unwrap();
+    // THEN it neither buys nor reads "gone" as "nothing was bought": the debit stays
+    assert_eq!(w.market.calls_of(MarketOp::Purchase), 1);
+    assert_eq!(w.status("r1").await, RequestStatus::Purchasing);
+    assert_eq!(w.spent("team-a"), MicroUsd(1_661_180_000));
+    // AND the next takeover adopts it once listed
+    w.clock.advance(LEASE + Duration::minutes(1));
+    w.store.advance_to(w.clock.get());
+    p.handle(tick("t2")).await.unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    assert_eq!(w.market.purchase_count(), 1);
+    assert_eq!(w.spent("team-a"), MicroUsd(1_661_180_000));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_purchase_aws_refused_after_its_retries_returns_the_debit_and_searches_again() {
+    // GIVEN AWS throttles every purchase call of this invocation
+    let w = World::new();
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    for _ in 0..3 {
+        w.market.throttle_next(MarketOp::Purchase);
+    }
+    let p = w.purchaser(CAPS);
+    // WHEN the purchase runs out of its retries
+    let _ = p.handle(found("r1", "e1")).await;
+    // THEN nothing was bought, the debit is back, and the request searches again, so the
+    // next attempt checks the purchase lead and the deadline afresh
+    assert_eq!(w.market.purchase_count(), 0);
+    assert_eq!(w.status("r1").await, RequestStatus::Searching);
+    assert_eq!(w.spent("team-a"), MicroUsd(0));
+    let rec = record(&w, "r1");
+    assert!(rec.reason.contains("AWS sold nothing"), "{}", rec.reason);
 }
 
 // ---- after the purchase: payment (ARCHITECTURE 8.5) -------------------------------------

@@ -86,6 +86,7 @@ impl World {
                 token: "seed".into(),
                 expires_at: t0() + Duration::days(30),
             }),
+            doubt: None,
             open_debit: None,
             spent: MicroUsd(0),
             candidates: vec![],

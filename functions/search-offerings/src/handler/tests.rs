@@ -523,6 +523,7 @@ fn kept_first_half(w: &World, id: &str) {
         next_action_at: Some(t0()),
         windows: vec![],
         lease: None,
+        doubt: None,
         open_debit: None,
         spent: Usd::parse("3000").unwrap().to_micros_ceil(),
         candidates: vec![],

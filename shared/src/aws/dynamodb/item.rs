@@ -71,6 +71,8 @@ pub(super) mod attr {
     pub const LEASE_EXPIRES_AT: &str = "lease_expires_at";
     /// Epoch microseconds, for the takeover condition.
     pub const LEASE_EXPIRES_US: &str = "lease_expires_us";
+    /// The purchase under way (`ports::Doubt`), as JSON.
+    pub const DOUBT: &str = "doubt";
     pub const OPEN_DEBIT_MICROS: &str = "open_debit_micros";
     pub const OPEN_DEBIT_TEAM: &str = "open_debit_team";
     pub const OPEN_DEBIT_MONTH: &str = "open_debit_month";
@@ -323,6 +325,10 @@ pub(super) fn read_meta(item: &Item) -> Result<Meta, PortError> {
         },
         windows,
         lease,
+        doubt: match r.opt_str(attr::DOUBT)? {
+            Some(_) => Some(r.json(attr::DOUBT)?),
+            None => None,
+        },
         open_debit,
         spent: MicroUsd(r.opt_int(attr::SPENT_MICROS)?.unwrap_or(0)),
         candidates: Vec::new(),

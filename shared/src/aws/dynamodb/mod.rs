@@ -943,6 +943,9 @@ impl Store for DynamoStore {
         e.set(attr::LEASE_TOKEN, s(b.lease.token.clone()))
             .set(attr::LEASE_EXPIRES_AT, time(b.lease.expires_at))
             .set(attr::LEASE_EXPIRES_US, n(epoch_micros(b.lease.expires_at)));
+        if let Some(d) = &b.doubt {
+            e.set(attr::DOUBT, json("doubt", d)?);
+        }
         condition_version_and_status(&mut e, b.expected_version, b.from);
         if takeover {
             let exp = e.name(attr::LEASE_EXPIRES_US);
@@ -1071,8 +1074,9 @@ impl Store for DynamoStore {
             let tv = e.value(s(r.lease_token.clone()));
             e.condition(format!("{tok} = {tv}"));
             if r.to == Reserved {
-                // Bought: the debit is kept, and the lease has served its purpose.
+                // Bought: the debit is kept, and the lease and its doubt have served.
                 for a in [
+                    attr::DOUBT,
                     attr::LEASE_TOKEN,
                     attr::LEASE_EXPIRES_AT,
                     attr::LEASE_EXPIRES_US,
@@ -1160,6 +1164,7 @@ impl Store for DynamoStore {
             let tv = e.value(s(r.lease_token.clone()));
             e.condition(format!("{tok} = {tv}"));
             for a in [
+                attr::DOUBT,
                 attr::LEASE_TOKEN,
                 attr::LEASE_EXPIRES_AT,
                 attr::LEASE_EXPIRES_US,

@@ -86,6 +86,7 @@ fn begin(
         from,
         lease: lease(token, at + Duration::minutes(20)),
         debit,
+        doubt: None,
         reason: "buying".into(),
         at,
         caused_by: Cause::new(format!("{rid}/begin/{token}/{version}")),
