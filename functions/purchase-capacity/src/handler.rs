@@ -12,8 +12,8 @@ use capacity_pilot::config::Config;
 use capacity_pilot::decision;
 pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{
-    self, AwaitingApproval, CancelRequest, EventDetail, PaymentFailed, PlanSummary,
-    PurchaseDecision, Reserved, event_key, inbound, outbound,
+    self, ApprovalRefused, AwaitingApproval, CancelRequest, EventDetail, PaymentFailed,
+    PlanSummary, PurchaseDecision, Reserved, awaiting_approval_key, event_key, inbound, outbound,
 };
 use capacity_pilot::domain::money::{MicroUsd, Usd};
 use capacity_pilot::domain::naming::{plan_name, resource_tags};
@@ -243,15 +243,49 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         let Some(rec) = self.store.get_request(&id).await? else {
             return Ok(());
         };
-        if rec.status != RequestStatus::AwaitingApproval {
-            out.decisions.push(Decision::new(
-                &id,
-                "ignored",
-                format!(
-                    "approval decision arrived while the request is {}",
-                    rec.status
-                ),
-            ));
+        // ARCHITECTURE 8.2: a decision answers one Awaiting Approval, bound to its plan.
+        let current = (rec.status == RequestStatus::AwaitingApproval)
+            .then(|| rec.candidates.first())
+            .flatten()
+            .map(|p| awaiting_approval_key(id.as_str(), p));
+        let refused = match (d.approves.as_deref(), current.as_deref()) {
+            (None, _) => Some(
+                "it names no plan: `approves` must be the event_key of the Capacity Purchase \
+                 Awaiting Approval it answers"
+                    .to_string(),
+            ),
+            (Some(k), None) => Some(format!(
+                "it answers {k}, but nothing awaits approval while the request is {}",
+                rec.status
+            )),
+            (Some(k), Some(c)) if k != c => Some(format!(
+                "it answers {k}, but the plan awaiting approval now is {c} (the request \
+                 searched again since)"
+            )),
+            _ => None,
+        };
+        if let Some(why) = refused {
+            let reason = format!(
+                "{} by {} refused: {why}",
+                if approved { "approval" } else { "rejection" },
+                d.approver
+            );
+            let ev = ApprovalRefused {
+                event_key: format!("{id}:approval-refused:{}", cause.event_id),
+                request_id: id.to_string(),
+                reason: reason.clone(),
+                current_event_key: current,
+            };
+            let report = self.events.publish(&[outbound(&ev)]).await?;
+            if let Some((_, code, message)) = report.failed.into_iter().next() {
+                return Err(PortError::Transient {
+                    service: "events",
+                    code,
+                    message,
+                });
+            }
+            out.decisions
+                .push(Decision::new(&id, "approval-refused", reason));
             return Ok(());
         }
         if approved {
@@ -415,7 +449,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 plan.upfront_fee, limit
             );
             let ev = AwaitingApproval {
-                event_key: event_key(id.as_str(), "awaiting-approval", rec.version + 1),
+                event_key: awaiting_approval_key(id.as_str(), &plan),
                 request_id: id.to_string(),
                 team: rec.team.to_string(),
                 upfront_fee_usd: plan.upfront_fee,

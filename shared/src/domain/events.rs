@@ -278,8 +278,43 @@ pub struct CancelRequest {
 pub struct PurchaseDecision {
     pub request_id: String,
     pub approver: String,
+    /// The `event_key` of the `Capacity Purchase Awaiting Approval` this answers
+    /// (ARCHITECTURE §8.2). Required: a decision without it, or for a plan no longer
+    /// awaiting, gets `Capacity Purchase Approval Refused` and buys nothing. (Read as
+    /// optional so that its absence is answered, not rejected as malformed.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approves: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub comment: Option<String>,
+}
+
+/// A `Capacity Purchase Approved` or `… Rejected` that answers no plan awaiting approval
+/// now: its `approves` is missing, or names an earlier plan (a late or redelivered
+/// decision after a re-search), or the request is no longer awaiting one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ApprovalRefused {
+    pub event_key: String,
+    pub request_id: String,
+    pub reason: String,
+    /// The key a decision must name now; none when nothing awaits approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_event_key: Option<String>,
+}
+detail!(ApprovalRefused, "Capacity Purchase Approval Refused");
+
+/// The `event_key` of the `Capacity Purchase Awaiting Approval` for `plan`: bound to the
+/// plan (its offerings and fee), so an approval names exactly what it lets be bought, and
+/// a re-search that chose another plan makes an earlier approval stale.
+pub fn awaiting_approval_key(request_id: &str, plan: &Plan) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for id in plan.offering_ids() {
+        h.update(id.as_bytes());
+        h.update([0]);
+    }
+    h.update(plan.upfront_fee.to_string().as_bytes());
+    let digest = hex::encode(h.finalize());
+    format!("{request_id}:awaiting-approval:{}", &digest[..16])
 }
 
 /// Every schema we check in: file stem -> schema.
@@ -291,7 +326,14 @@ pub fn schemas() -> Vec<(&'static str, schemars::Schema)> {
             schema_for!(super::request::RequestDetail),
         ),
         ("capacity-request-cancelled", schema_for!(CancelRequest)),
-        ("capacity-purchase-decision", schema_for!(PurchaseDecision)),
+        ("capacity-purchase-decision", {
+            // Required in the contract, though read leniently (see the field).
+            let mut s = schema_for!(PurchaseDecision);
+            if let Some(serde_json::Value::Array(r)) = s.ensure_object().get_mut("required") {
+                r.push("approves".into());
+            }
+            s
+        }),
         ("capacity-request-accepted", schema_for!(RequestAccepted)),
         ("capacity-request-rejected", schema_for!(RequestRejected)),
         ("capacity-offerings-found", schema_for!(OfferingsFound)),
@@ -301,6 +343,10 @@ pub fn schemas() -> Vec<(&'static str, schemars::Schema)> {
             schema_for!(AwaitingApproval),
         ),
         ("capacity-reserved", schema_for!(Reserved)),
+        (
+            "capacity-purchase-approval-refused",
+            schema_for!(ApprovalRefused),
+        ),
         ("capacity-payment-failed", schema_for!(PaymentFailed)),
         ("capacity-workload-launched", schema_for!(WorkloadLaunched)),
         ("capacity-instance-replaced", schema_for!(InstanceReplaced)),

@@ -143,7 +143,10 @@ impl Window {
     /// Whether something may be launched into it at `now`: it is open and not yet draining.
     /// A window whose drain start has passed is never launched into, whatever its state.
     pub fn is_launchable(&self, now: DateTime<Utc>) -> bool {
-        matches!(self.state, WindowState::Pending | WindowState::Launching)
+        // A reservation that went final (its payment failed, say) is never launched into;
+        // a window of it still under way is only drained and ended.
+        usable(&self.reservation)
+            && matches!(self.state, WindowState::Pending | WindowState::Launching)
             && self.start() <= now
             && now < self.drain_at
     }
@@ -186,12 +189,7 @@ pub fn windows(
         for (i, s) in r.segments.iter().enumerate() {
             let key = window_key(&r.id, i);
             let record = records.iter().find(|w| w.key == key);
-            // A reservation that cannot be used has windows only for what was launched in
-            // it and must still be drained and ended.
-            if !usable(r)
-                && record
-                    .is_none_or(|w| matches!(w.state, WindowState::Pending | WindowState::Ended))
-            {
+            if !usable(r) && record.is_none_or(|w| w.state == WindowState::Ended) {
                 continue;
             }
             if all.iter().any(|w| w.key == key) {
@@ -449,14 +447,24 @@ mod tests {
         let (a, mut b) = (block("cr-1", 3, 4), block("cr-2", 3, 4));
         let recs = all_records(&[a.clone(), b.clone()], &[], t(1));
         b.state = ReservationState::PaymentFailed;
-        // THEN cr-2's pending window is no window at all: nothing opens in it
+        // THEN nothing is launched into cr-2's window
         let ws = windows(&[a.clone(), b.clone()], &recs, LEAD);
+        let w2 = ws.iter().find(|w| w.key == "cr-2#0").unwrap();
+        assert!(!w2.is_launchable(t(3)));
+        assert!(
+            ws.iter()
+                .find(|w| w.key == "cr-1#0")
+                .unwrap()
+                .is_launchable(t(3))
+        );
+        // AND ending its records keeps its number taken, due for nothing, and drops the
+        // window
+        let ended = records_lost(&recs, "cr-2", t(2));
+        let left = windows(&[a.clone(), b.clone()], &ended, LEAD);
         assert_eq!(
-            ws.iter().map(|w| w.key.as_str()).collect::<Vec<_>>(),
+            left.iter().map(|w| w.key.as_str()).collect::<Vec<_>>(),
             ["cr-1#0"]
         );
-        // AND ending its records keeps its number taken and due for nothing
-        let ended = records_lost(&recs, "cr-2", t(2));
         let lost = ended.iter().find(|r| r.key == "cr-2#0").unwrap();
         assert_eq!(
             (lost.state, lost.next_action_at),

@@ -6,9 +6,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use capacity_pilot::domain::events::{
-    AwaitingApproval, EventDetail, InstanceReplaced, NotFound, OfferingsFound, PaymentFailed,
-    RequestAccepted, RequestFailed, RequestRejected, ReservationEnded, ReservationExpiring,
-    Reserved, WorkloadDrained, WorkloadLaunched,
+    ApprovalRefused, AwaitingApproval, EventDetail, InstanceReplaced, NotFound, OfferingsFound,
+    PaymentFailed, RequestAccepted, RequestFailed, RequestRejected, ReservationEnded,
+    ReservationExpiring, Reserved, WorkloadDrained, WorkloadLaunched,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -33,6 +33,7 @@ fn check(detail_type: &str, detail: &Value) -> Result<Value, String> {
         AwaitingApproval::DETAIL_TYPE => round_trip::<AwaitingApproval>(detail),
         Reserved::DETAIL_TYPE => round_trip::<Reserved>(detail),
         PaymentFailed::DETAIL_TYPE => round_trip::<PaymentFailed>(detail),
+        ApprovalRefused::DETAIL_TYPE => round_trip::<ApprovalRefused>(detail),
         WorkloadLaunched::DETAIL_TYPE => round_trip::<WorkloadLaunched>(detail),
         InstanceReplaced::DETAIL_TYPE => round_trip::<InstanceReplaced>(detail),
         ReservationExpiring::DETAIL_TYPE => round_trip::<ReservationExpiring>(detail),
@@ -76,6 +77,7 @@ fn every_emitted_sample_is_exactly_an_event_we_publish() {
         AwaitingApproval::DETAIL_TYPE,
         Reserved::DETAIL_TYPE,
         PaymentFailed::DETAIL_TYPE,
+        ApprovalRefused::DETAIL_TYPE,
         WorkloadLaunched::DETAIL_TYPE,
         InstanceReplaced::DETAIL_TYPE,
         ReservationExpiring::DETAIL_TYPE,

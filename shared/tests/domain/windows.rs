@@ -461,9 +461,11 @@ proptest! {
             if case.now < w.start() {
                 prop_assert!(!launchable, "{} launchable at {} before its start", &w.key, case.now);
             }
+            // ... and never into a reservation that cannot be used (its payment failed).
             prop_assert_eq!(
                 launchable,
-                matches!(w.state, WindowState::Pending | WindowState::Launching)
+                !unusable(w.reservation.state)
+                    && matches!(w.state, WindowState::Pending | WindowState::Launching)
                     && w.start() <= case.now
                     && case.now < w.drain_at,
                 "{} {}", &w.key, w.state

@@ -376,6 +376,48 @@ async fn a_fee_above_the_approval_threshold_waits_for_an_approver() {
             .contains(&"Capacity Request Rejected".to_string())
     );
 
+    // An approval naming the plan awaiting approval buys it.
+    let key = w.events.published_of("Capacity Purchase Awaiting Approval")[0].detail["event_key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let approval = event(
+        "Capacity Purchase Approved",
+        "com.example.approvals",
+        "a1",
+        json!({"request_id": "r1", "approver": "alice", "approves": key}),
+    );
+    p.handle(approval).await.unwrap();
+    assert_eq!(w.market.purchase_count(), 1);
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+}
+
+/// The approval-gated request r1 awaiting approval of cb-1; the key it awaits under.
+async fn awaiting(w: &World, p: &P, event_id: &str) -> String {
+    p.handle(found("r1", event_id)).await.unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::AwaitingApproval);
+    w.events
+        .published_of("Capacity Purchase Awaiting Approval")
+        .last()
+        .unwrap()
+        .detail["event_key"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn gated(w: &World, fee: &str) {
+    let mut req = request("r1", "team-a", "5000");
+    req.budget.approval_above = Some(Usd::parse("1000").unwrap());
+    w.with_candidate(req, block("cb-1", fee));
+}
+
+#[tokio::test]
+async fn an_approval_that_names_no_plan_is_refused_and_buys_nothing() {
+    let w = World::new();
+    gated(&w, "1661.18");
+    let p = w.purchaser(CAPS);
+    let key = awaiting(&w, &p, "e1").await;
     let approval = event(
         "Capacity Purchase Approved",
         "com.example.approvals",
@@ -383,8 +425,76 @@ async fn a_fee_above_the_approval_threshold_waits_for_an_approver() {
         json!({"request_id": "r1", "approver": "alice"}),
     );
     p.handle(approval).await.unwrap();
+    assert_eq!(w.market.purchase_count(), 0);
+    assert_eq!(w.status("r1").await, RequestStatus::AwaitingApproval);
+    let refused = w.events.published_of("Capacity Purchase Approval Refused");
+    assert_eq!(refused.len(), 1);
+    assert_eq!(refused[0].detail["current_event_key"], key.as_str());
+    assert!(
+        refused[0].detail["reason"]
+            .as_str()
+            .unwrap()
+            .contains("approves")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stale_approval_for_a_plan_replaced_by_a_re_search_is_refused_and_buys_nothing() {
+    // GIVEN a plan awaited approval, then the request searched again and a dearer plan
+    // awaits approval now
+    let w = World::new();
+    gated(&w, "1661.18");
+    let p = w.purchaser(CAPS);
+    let old = awaiting(&w, &p, "e1").await;
+    let rec = record(&w, "r1");
+    let mut replaced = rec.clone();
+    let dearer = block("cb-2", "4000");
+    w.market.list(dearer.clone());
+    replaced.status = RequestStatus::OfferingsFound;
+    replaced.candidates = capacity_pilot::domain::planner::plan(
+        &rec.request,
+        &[dearer],
+        &PriceTable::default(),
+        t0(),
+    )
+    .plans;
+    w.store.insert_record(replaced);
+    let new = awaiting(&w, &p, "e2").await;
+    assert_ne!(old, new, "the key is bound to the plan");
+
+    // WHEN the late approval of the first plan arrives
+    let late = event(
+        "Capacity Purchase Approved",
+        "com.example.approvals",
+        "a-late",
+        json!({"request_id": "r1", "approver": "alice", "approves": old}),
+    );
+    p.handle(late).await.unwrap();
+
+    // THEN nothing is bought, and the refusal names the key that would be honoured
+    assert_eq!(w.market.purchase_count(), 0);
+    assert_eq!(w.status("r1").await, RequestStatus::AwaitingApproval);
+    let refused = w.events.published_of("Capacity Purchase Approval Refused");
+    assert_eq!(refused.len(), 1);
+    assert_eq!(refused[0].detail["current_event_key"], new.as_str());
+
+    // AND a redelivered approval after the purchase is refused too, buying nothing more
+    let ok = event(
+        "Capacity Purchase Approved",
+        "com.example.approvals",
+        "a-new",
+        json!({"request_id": "r1", "approver": "alice", "approves": new}),
+    );
+    p.handle(ok.clone()).await.unwrap();
     assert_eq!(w.market.purchase_count(), 1);
-    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    p.handle(ok).await.unwrap();
+    assert_eq!(w.market.purchase_count(), 1);
+    assert_eq!(
+        w.events
+            .published_of("Capacity Purchase Approval Refused")
+            .len(),
+        2
+    );
 }
 
 #[tokio::test]
@@ -395,12 +505,14 @@ async fn an_approvers_rejection_ends_the_request_without_buying() {
     w.with_candidate(req, block("cb-1", "1661.18"));
     let p = w.purchaser(CAPS);
     p.handle(found("r1", "e1")).await.unwrap();
+    let key =
+        w.events.published_of("Capacity Purchase Awaiting Approval")[0].detail["event_key"].clone();
 
     let no = event(
         "Capacity Purchase Rejected",
         "com.example.approvals",
         "a1",
-        json!({"request_id": "r1", "approver": "bob", "comment": "too pricey"}),
+        json!({"request_id": "r1", "approver": "bob", "comment": "too pricey", "approves": key}),
     );
     p.handle(no).await.unwrap();
 
