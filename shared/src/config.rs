@@ -37,6 +37,11 @@ pub struct Config {
     /// 0 < share <= 1: above it, replace-unhealthy stops and alarms instead.
     pub max_unhealthy_share: Decimal,
     pub sagemaker_execution_role_arn: String,
+    /// This stack's identity (ARCHITECTURE §8.7, `DEPLOYMENT_ID`, the stack name unless the
+    /// `DeploymentId` parameter says otherwise): the `capacity-pilot:deployment` tag on all
+    /// we create, and a hash in training plan names, so that two stacks given the same
+    /// request id never adopt each other's reservations.
+    pub deployment_id: String,
     pub instance_types: SupportedInstanceTypes,
     pub prices: PriceTable,
     /// Local runs only: the simulated clock's URL.
@@ -63,6 +68,8 @@ impl fmt::Display for ConfigError {
 }
 
 pub const DEFAULT_DRAIN_MINUTES: u32 = 15;
+/// `DEPLOYMENT_ID` when unset (the template always sets it, to the stack name by default).
+pub const DEFAULT_DEPLOYMENT_ID: &str = "capacity-pilot";
 pub const DEFAULT_MAX_REPLACEMENTS: u32 = 3;
 
 struct Reader<'a> {
@@ -200,6 +207,20 @@ impl Config {
         {
             r.fail("SAGEMAKER_EXECUTION_ROLE_ARN", "must be an IAM role ARN");
         }
+        let deployment_id = r
+            .get("DEPLOYMENT_ID")
+            .unwrap_or_else(|| DEFAULT_DEPLOYMENT_ID.to_string());
+        if deployment_id.is_empty()
+            || deployment_id.len() > 128
+            || !deployment_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            r.fail(
+                "DEPLOYMENT_ID",
+                "must be 1-128 letters, digits, '-', '_' or '.' (a stack name fits)",
+            );
+        }
         let instance_types = r
             .json::<SupportedInstanceTypes>("SUPPORTED_INSTANCE_TYPES")
             .unwrap_or_default();
@@ -230,6 +251,7 @@ impl Config {
             max_replacements_per_reservation,
             max_unhealthy_share,
             sagemaker_execution_role_arn,
+            deployment_id,
             instance_types,
             prices,
             clock_url,

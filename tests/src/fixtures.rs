@@ -123,6 +123,7 @@ pub fn reservation(id: &str, fee: &str) -> Reservation {
         ultraserver: false,
         bought_at: None,
         debit_month: None,
+        deployment_tag: None,
     }
 }
 

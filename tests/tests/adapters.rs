@@ -89,7 +89,7 @@ fn query(product: Product, instance_type: &str, count: u32, hours: u32) -> Offer
 fn purchase_spec(request: &str) -> PurchaseSpec {
     let request_id = RequestId::parse(request).expect("valid id");
     PurchaseSpec {
-        plan_name: plan_name(&request_id, 0),
+        plan_name: plan_name(&request_id, "prod", 0),
         tags: BTreeMap::from([
             (MANAGED_TAG.to_string(), "true".to_string()),
             (REQUEST_TAG.to_string(), request_id.to_string()),

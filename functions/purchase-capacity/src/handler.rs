@@ -13,7 +13,8 @@ use capacity_pilot::decision;
 pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{
     self, ApprovalRefused, AwaitingApproval, CancelRequest, EventDetail, PaymentFailed,
-    PlanSummary, PurchaseDecision, Reserved, awaiting_approval_key, event_key, inbound, outbound,
+    PlanSummary, PurchaseDecision, ReservationUnrecorded, Reserved, awaiting_approval_key,
+    event_key, inbound, outbound,
 };
 use capacity_pilot::domain::money::{MicroUsd, Usd};
 use capacity_pilot::domain::naming::{plan_name, resource_tags};
@@ -659,6 +660,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 .count();
             let name = plan_name(
                 id,
+                &self.config.deployment_id,
                 u32::try_from(plans_recorded + plans_bought).unwrap_or(u32::MAX),
             );
             let name = name.as_str();
@@ -668,7 +670,9 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 continue;
             }
             // Step 2: adopt a reservation already tagged for this request.
-            let existing = self.find_unrecorded(rec, offering, name, &recorded).await?;
+            let existing = self
+                .find_unrecorded(rec, plan, offering, name, &recorded)
+                .await?;
             let doubted = doubt.filter(|d| d.offering_ids.contains(&offering.id));
             let (reservation, adopted) = match (existing, doubted) {
                 (Some(r), _) => (r, true),
@@ -721,7 +725,10 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                         Ok(r) => (r, false),
                         Err(PortError::OutcomeUnknown { message, .. }) => {
                             // Step 4 on doubt: look again right away; AWS may show it already.
-                            match self.find_unrecorded(rec, offering, name, &recorded).await? {
+                            match self
+                                .find_unrecorded(rec, plan, offering, name, &recorded)
+                                .await?
+                            {
                                 Some(r) => (r, true),
                                 None => {
                                     out.decisions.push(Decision::new(
@@ -1134,20 +1141,91 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         Ok(())
     }
 
+    /// Step 2 and 4 of the protocol: a live reservation of this request and this deployment
+    /// that is what buying `offering` gives and is not recorded yet. Tags are matched here,
+    /// not only by AWS's filter (aws-reference §11.1: tag filters are undocumented): another
+    /// request's or another stack's reservation is never adopted (ARCHITECTURE §8.6, §8.7).
+    /// One of ours that is not what this offering gives is announced as unrecorded, never
+    /// silently skipped.
     async fn find_unrecorded(
         &self,
         rec: &RequestRecord,
+        plan: &Plan,
         offering: &Offering,
         name: &str,
         recorded: &BTreeSet<String>,
     ) -> Result<Option<Reservation>, PortError> {
+        let id = &rec.request_id;
         let found = self
             .market
-            .find_by_request(offering.product, &offering.region, &rec.request_id, name)
+            .find_by_request(offering.product, &offering.region, id, name)
             .await?;
-        Ok(found
-            .into_iter()
-            .find(|r| r.state.is_live() && !recorded.contains(&r.id) && is_from(r, offering)))
+        let deployment = self.config.deployment_id.as_str();
+        let mut adopt = None;
+        let mut unrecorded = Vec::new();
+        for r in found {
+            if !r.state.is_live() || recorded.contains(&r.id) {
+                continue;
+            }
+            let for_request = r.request_tag.as_deref() == Some(id.as_str());
+            // A block says its deployment by tag; a plan by the hash in its name, which the
+            // adapter has matched. A block from before deployments were tagged is ours only
+            // if it is exactly what this offering gives.
+            let for_deployment = match r.deployment_tag.as_deref() {
+                Some(d) => d == deployment,
+                None => offering.product != Product::CapacityBlock || is_from(&r, offering),
+            };
+            if !(for_request && for_deployment) {
+                tracing::debug!(request_id = %id, reservation_id = %r.id,
+                    request_tag = ?r.request_tag, deployment_tag = ?r.deployment_tag,
+                    "not ours: another request's or another deployment's reservation");
+                continue;
+            }
+            if adopt.is_none() && is_from(&r, offering) {
+                adopt = Some(r);
+            } else if !plan.offerings.iter().any(|o| is_from(&r, o)) {
+                // (What another offering of this plan gives is adopted in its turn.)
+                unrecorded.push(r);
+            }
+        }
+        for r in &unrecorded {
+            let reason = format!(
+                "{} ({} x {} in {}, {} to {}, {}) is tagged for request {id} of deployment \
+                 {deployment} and not recorded, and it is not what {} gives; it was not \
+                 adopted and needs a person",
+                r.id,
+                r.instance_count,
+                r.instance_type,
+                r.region,
+                r.start(),
+                r.end(),
+                r.state,
+                offering.id
+            );
+            warn!(alert = "reservation-unrecorded", request_id = %id, reservation_id = %r.id, "{reason}");
+            let ev = ReservationUnrecorded {
+                event_key: format!("{id}:reservation-unrecorded:{}", r.id),
+                request_id: id.to_string(),
+                reservation_id: r.id.clone(),
+                product: r.product,
+                region: r.region.clone(),
+                state: r.state,
+                instance_type: r.instance_type.clone(),
+                instance_count: r.instance_count,
+                start: r.start(),
+                end: r.end(),
+                reason,
+            };
+            let report = self.events.publish(&[outbound(&ev)]).await?;
+            if let Some((_, code, message)) = report.failed.into_iter().next() {
+                return Err(PortError::Transient {
+                    service: "events",
+                    code,
+                    message,
+                });
+            }
+        }
+        Ok(adopt)
     }
 
     async fn buy(
@@ -1156,7 +1234,11 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         offering: &Offering,
         name: &str,
     ) -> Result<Reservation, PortError> {
-        let tags = resource_tags(&rec.request.tags, &rec.request_id);
+        let tags = resource_tags(
+            &rec.request.tags,
+            &rec.request_id,
+            &self.config.deployment_id,
+        );
         let spec = PurchaseSpec {
             request_id: rec.request_id.clone(),
             plan_name: name.to_string(),

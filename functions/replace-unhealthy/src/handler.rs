@@ -370,8 +370,15 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let id = &rec.request_id;
-        let spec = match ec2_instances::replacement(&self.workloads, rec, reservation, slot, zone)
-            .await?
+        let spec = match ec2_instances::replacement(
+            &self.workloads,
+            rec,
+            reservation,
+            slot,
+            zone,
+            &self.config.deployment_id,
+        )
+        .await?
         {
             Replacement::Launch(spec) => spec,
             Replacement::Stuck(reason) => {

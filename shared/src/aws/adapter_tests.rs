@@ -121,7 +121,7 @@ fn plan_offering() -> Offering {
 fn spec() -> PurchaseSpec {
     let request_id = RequestId::parse("req-1").unwrap();
     PurchaseSpec {
-        plan_name: crate::domain::naming::plan_name(&request_id, 0),
+        plan_name: crate::domain::naming::plan_name(&request_id, "prod", 0),
         request_id,
         instance_platform: "Linux/UNIX".into(),
         tags: BTreeMap::new(),

@@ -20,7 +20,7 @@ use super::error::{Call, Failure, classify, malformed, to_chrono, to_smithy};
 use super::regional::Regional;
 use crate::domain::catalog::PriceTable;
 use crate::domain::money::Usd;
-use crate::domain::naming::{MANAGED_TAG, REQUEST_TAG};
+use crate::domain::naming::{DEPLOYMENT_TAG, MANAGED_TAG, REQUEST_TAG};
 use crate::domain::offering::{Offering, Product, Segment};
 use crate::domain::request::RequestId;
 use crate::domain::reservation::{Reservation, ReservationState};
@@ -328,6 +328,7 @@ impl Ec2Adapter {
         r.instance_count = offering.instance_count;
         r.offering_id = Some(offering.id.clone());
         r.request_tag = Some(spec.request_id.to_string());
+        r.deployment_tag = spec.tags.get(DEPLOYMENT_TAG).cloned();
         r.ultraserver |= ultraserver;
         Ok(r)
     }
@@ -376,6 +377,7 @@ impl Ec2Adapter {
             ultraserver: cr.instance_type().is_some_and(|t| t.starts_with("u-")),
             bought_at: None,
             debit_month: None,
+            deployment_tag: tags.get(DEPLOYMENT_TAG).cloned(),
         })
     }
 

@@ -146,8 +146,12 @@ pub fn plan_name_of(name_or_arn: &str) -> &str {
 }
 
 /// Whether `name` is the plan name of `request_id` for some attempt (`naming::plan_name`).
+/// The deployment is the one whose hash `plan_name` carries (ARCHITECTURE §8.7): another
+/// stack's plans for the same request id are not the request's.
 fn is_plan_of(name: &str, plan_name: &str, request_id: &RequestId) -> bool {
-    name == plan_name || crate::domain::naming::plan_attempt(name, request_id).is_some()
+    use crate::domain::naming::{plan_attempt, plan_name_hash};
+    let hash = plan_name_hash(plan_name, request_id).unwrap_or_default();
+    name == plan_name || plan_attempt(name, request_id, hash).is_some()
 }
 
 /// The fields a plan reports in DescribeTrainingPlan and in ListTrainingPlans' summaries.
@@ -229,6 +233,7 @@ fn plan_reservation(
         }),
         bought_at: None,
         debit_month: None,
+        deployment_tag: None,
     }))
 }
 
@@ -396,6 +401,7 @@ impl SageMakerAdapter {
             ultraserver: false,
             bought_at: None,
             debit_month: None,
+            deployment_tag: None,
         })
     }
 
@@ -944,10 +950,10 @@ mod tests {
     #[test]
     fn plan_names_of_other_attempts_belong_to_the_request() {
         let id = RequestId::parse("team-a-42").unwrap();
-        let n0 = crate::domain::naming::plan_name(&id, 0);
+        let n0 = crate::domain::naming::plan_name(&id, "prod", 0);
         assert!(is_plan_of(&n0, &n0, &id));
         assert!(is_plan_of(
-            &crate::domain::naming::plan_name(&id, 3),
+            &crate::domain::naming::plan_name(&id, "prod", 3),
             &n0,
             &id
         ));
@@ -956,11 +962,11 @@ mod tests {
         let other = RequestId::parse("team-a").unwrap();
         assert!(!is_plan_of(
             &n0,
-            &crate::domain::naming::plan_name(&other, 0),
+            &crate::domain::naming::plan_name(&other, "prod", 0),
             &other
         ));
         assert!(!is_plan_of(
-            &crate::domain::naming::plan_name(&other, 42),
+            &crate::domain::naming::plan_name(&other, "prod", 42),
             &n0,
             &id
         ));

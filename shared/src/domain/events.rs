@@ -288,6 +288,26 @@ pub struct PurchaseDecision {
     pub comment: Option<String>,
 }
 
+/// A live reservation tagged for a request of this deployment that the request has not
+/// recorded and reconciliation did not adopt (ARCHITECTURE §8.6): it is not what the plan
+/// being bought would give (another offering, count or time), so a person must look. The
+/// purchase function's `reservation-unrecorded` log line feeds the metric an alarm watches.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ReservationUnrecorded {
+    pub event_key: String,
+    pub request_id: String,
+    pub reservation_id: String,
+    pub product: Product,
+    pub region: String,
+    pub state: ReservationState,
+    pub instance_type: String,
+    pub instance_count: u32,
+    pub start: DateTime<Utc>,
+    pub end: DateTime<Utc>,
+    pub reason: String,
+}
+detail!(ReservationUnrecorded, "Capacity Reservation Unrecorded");
+
 /// A `Capacity Purchase Approved` or `… Rejected` that answers no plan awaiting approval
 /// now: its `approves` is missing, or names an earlier plan (a late or redelivered
 /// decision after a re-search), or the request is no longer awaiting one.
@@ -346,6 +366,10 @@ pub fn schemas() -> Vec<(&'static str, schemars::Schema)> {
         (
             "capacity-purchase-approval-refused",
             schema_for!(ApprovalRefused),
+        ),
+        (
+            "capacity-reservation-unrecorded",
+            schema_for!(ReservationUnrecorded),
         ),
         ("capacity-payment-failed", schema_for!(PaymentFailed)),
         ("capacity-workload-launched", schema_for!(WorkloadLaunched)),

@@ -11,47 +11,73 @@ use super::request::RequestId;
 pub const MANAGED_TAG: &str = "capacity-pilot:managed";
 /// Tag naming the request a resource belongs to; reconciliation searches by it.
 pub const REQUEST_TAG: &str = "capacity-pilot:request-id";
+/// Tag naming the deployment (stack) that created a resource (ARCHITECTURE §8.7):
+/// reconciliation and adoption only take what carries ours.
+pub const DEPLOYMENT_TAG: &str = "capacity-pilot:deployment";
 
 /// The tags on everything bought or launched for a request: the request's own tags, then
 /// ours, which win (destructive IAM actions and reconciliation rely on them).
 pub fn resource_tags(
     request_tags: &BTreeMap<String, String>,
     request_id: &RequestId,
+    deployment_id: &str,
 ) -> BTreeMap<String, String> {
     let mut tags = request_tags.clone();
     tags.insert(MANAGED_TAG.into(), "true".into());
     tags.insert(REQUEST_TAG.into(), request_id.to_string());
+    tags.insert(DEPLOYMENT_TAG.into(), deployment_id.to_string());
     tags
 }
 
+/// Six hex digits of a hash of the deployment id: its mark in training plan names.
+pub fn deployment_hash(deployment_id: &str) -> String {
+    let digest = hex::encode(Sha256::digest(deployment_id.as_bytes()));
+    digest[..6].to_string()
+}
+
 /// The training plan name for a request: a second `CreateTrainingPlan` with it fails with
-/// `ResourceInUse` instead of buying again. `attempt` > 0 only after reconciliation has
-/// shown that every earlier plan of the request is gone (failed payment, say).
+/// `ResourceInUse` instead of buying again. `attempt` > 0 once an earlier plan of the request
+/// went final (a failed payment, say): each plan bought takes the next.
 ///
-/// Attempt 0 is `cp-<id>`, attempt n is `cp<n>-<id>`: the attempt sits before the id, so no
-/// request's name can be another request's retry (`cp-a-1` is only ever request `a-1`).
-pub fn plan_name(request_id: &RequestId, attempt: u32) -> String {
-    // Request ids are at most 48 characters of [A-Za-z0-9-], so this fits SageMaker's
-    // `[a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}`.
+/// Attempt 0 is `cp-<hash>-<id>`, attempt n is `cp<n>-<hash>-<id>`, `<hash>` the deployment's
+/// [`deployment_hash`] (ARCHITECTURE §8.7: two stacks given the same request id never
+/// share a name). The attempt sits before the id, so no request's name can be another
+/// request's retry. Request ids are at most 48 characters of `[A-Za-z0-9-]`: up to attempt
+/// 999 this fits SageMaker's 64-character `[a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}`.
+pub fn plan_name(request_id: &RequestId, deployment_id: &str, attempt: u32) -> String {
+    let hash = deployment_hash(deployment_id);
     if attempt == 0 {
-        format!("cp-{request_id}")
+        format!("cp-{hash}-{request_id}")
     } else {
-        format!("cp{attempt}-{request_id}")
+        format!("cp{attempt}-{hash}-{request_id}")
     }
 }
 
-/// The attempt whose [`plan_name`] `name` is for `request_id`, if it is one of them.
-pub fn plan_attempt(name: &str, request_id: &RequestId) -> Option<u32> {
+/// The attempt whose [`plan_name`] `name` is for `request_id` in the deployment whose
+/// [`deployment_hash`] is `hash`, if it is one of them. Names from before deployments were
+/// named (`cp-<id>`, `cp<n>-<id>`) are read as this deployment's too, so a purchase in doubt
+/// across the upgrade is still found.
+pub fn plan_attempt(name: &str, request_id: &RequestId, hash: &str) -> Option<u32> {
     let rest = name.strip_prefix("cp")?;
-    let (attempt, id) = rest.split_once('-')?;
-    if id != request_id.as_str() {
-        return None;
-    }
-    match attempt {
-        "" => Some(0),
-        n if n.bytes().all(|b| b.is_ascii_digit()) && !n.starts_with('0') => n.parse().ok(),
-        _ => None,
-    }
+    let (attempt, rest) = rest.split_once('-')?;
+    let attempt = match attempt {
+        "" => 0,
+        n if n.bytes().all(|b| b.is_ascii_digit()) && !n.starts_with('0') => n.parse().ok()?,
+        _ => return None,
+    };
+    let ours = rest
+        .strip_prefix(hash)
+        .and_then(|r| r.strip_prefix('-'))
+        .is_some_and(|id| id == request_id.as_str());
+    (ours || rest == request_id.as_str()).then_some(attempt)
+}
+
+/// The deployment hash in plan name `name` of `request_id`, when it has one.
+pub fn plan_name_hash<'a>(name: &'a str, request_id: &RequestId) -> Option<&'a str> {
+    let rest = name.strip_prefix("cp")?;
+    let (_, rest) = rest.split_once('-')?;
+    let hash = rest.strip_suffix(request_id.as_str())?.strip_suffix('-')?;
+    (hash.len() == 6 && hash.bytes().all(|b| b.is_ascii_hexdigit())).then_some(hash)
 }
 
 /// `RunInstances` `ClientToken`: a hash of (reservation id, slot, generation), 64 characters
@@ -89,13 +115,19 @@ mod tests {
     #[test]
     fn plan_names_fit_sagemaker_rules_for_the_longest_request_id() {
         let id = RequestId::parse(&"a".repeat(48)).unwrap();
-        for attempt in [0, 1, 99] {
-            let n = plan_name(&id, attempt);
+        for attempt in [0, 1, 999] {
+            let n = plan_name(&id, "a-very-long-stack-name-of-a-deployment-x", attempt);
             assert!(n.len() <= 64, "{n}");
             assert!(n.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
             assert!(!n.ends_with('-'));
         }
-        assert_eq!(plan_name(&RequestId::parse("r-1").unwrap(), 0), "cp-r-1");
+        let r1 = RequestId::parse("r-1").unwrap();
+        let hash = deployment_hash("prod");
+        assert_eq!(plan_name(&r1, "prod", 0), format!("cp-{hash}-r-1"));
+        assert_eq!(
+            plan_name_hash(&plan_name(&r1, "prod", 3), &r1),
+            Some(hash.as_str())
+        );
     }
 
     #[test]
@@ -105,29 +137,43 @@ mod tests {
             ("project".to_string(), "x".to_string()),
             (REQUEST_TAG.to_string(), "someone-else".to_string()),
         ]);
-        let tags = resource_tags(&mine, &id);
+        let tags = resource_tags(&mine, &id, "prod");
         assert_eq!(tags["project"], "x");
         assert_eq!(tags[MANAGED_TAG], "true");
         assert_eq!(tags[REQUEST_TAG], "r-1");
-        assert_eq!(tags.len(), 3);
+        assert_eq!(tags[DEPLOYMENT_TAG], "prod");
+        assert_eq!(tags.len(), 4);
     }
 
     #[test]
     fn a_plan_name_belongs_to_exactly_one_request_and_attempt() {
         let ids =
             ["r", "r-1", "r-1-2", "1", "1-r", "cp", "cp-r"].map(|i| RequestId::parse(i).unwrap());
+        let (ours, theirs) = (deployment_hash("prod"), deployment_hash("staging"));
         for id in &ids {
             for attempt in [0, 1, 2, 10, 4_000_000_000] {
-                let name = plan_name(id, attempt);
+                let name = plan_name(id, "prod", attempt);
                 for other in &ids {
                     let expect = (other == id).then_some(attempt);
-                    assert_eq!(plan_attempt(&name, other), expect, "{name} vs {other}");
+                    assert_eq!(
+                        plan_attempt(&name, other, &ours),
+                        expect,
+                        "{name} vs {other}"
+                    );
                 }
+                // Another deployment's plan for the same request id is never ours.
+                let other_stack = plan_name(id, "staging", attempt);
+                assert_eq!(plan_attempt(&other_stack, id, &ours), None, "{other_stack}");
+                assert_eq!(plan_attempt(&other_stack, id, &theirs), Some(attempt));
             }
         }
         let r = RequestId::parse("r").unwrap();
+        // A name from before deployments were named is still found (in doubt across the
+        // upgrade).
+        assert_eq!(plan_attempt("cp-r", &r, &ours), Some(0));
+        assert_eq!(plan_attempt("cp2-r", &r, &ours), Some(2));
         for not_ours in ["cp-r-1", "cp01-r", "cpx-r", "cp1r", "cp--r", "xcp-r"] {
-            assert_eq!(plan_attempt(not_ours, &r), None, "{not_ours}");
+            assert_eq!(plan_attempt(not_ours, &r, &ours), None, "{not_ours}");
         }
     }
 }

@@ -103,6 +103,10 @@ pub struct Reservation {
     /// The request id tag (`capacity-pilot:request-id`), when present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_tag: Option<String>,
+    /// The deployment tag (`capacity-pilot:deployment`), when AWS reports tags (EC2 does;
+    /// a training plan's deployment is in its name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment_tag: Option<String>,
     /// UltraServer blocks have a longer forced-termination lead.
     #[serde(default)]
     pub ultraserver: bool,

@@ -408,6 +408,7 @@ mod tests {
             ultraserver: false,
             bought_at: None,
             debit_month: None,
+            deployment_tag: None,
         }
     }
 

@@ -358,6 +358,10 @@ impl State {
                     .cloned()
                     .unwrap_or_else(|| spec.request_id.to_string()),
             ),
+            deployment_tag: spec
+                .tags
+                .get(crate::domain::naming::DEPLOYMENT_TAG)
+                .cloned(),
             ultraserver: false,
             bought_at: None,
             debit_month: None,

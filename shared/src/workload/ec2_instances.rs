@@ -248,6 +248,7 @@ pub async fn replacement<W: Workloads>(
     reservation: &Reservation,
     slot: &WorkloadRecord,
     zone: Option<String>,
+    deployment_id: &str,
 ) -> Result<Replacement, PortError> {
     let WorkloadDetail::Ec2Instances {
         launch_template: Some(template),
@@ -283,6 +284,6 @@ pub async fn replacement<W: Workloads>(
         subnet_id,
         launch_template: template.clone(),
         client_token: client_token(&reservation.id, slot.slot, slot.generation),
-        tags: resource_tags(&rec.request.tags, &rec.request_id),
+        tags: resource_tags(&rec.request.tags, &rec.request_id, deployment_id),
     }))
 }

@@ -166,7 +166,7 @@ pub async fn launch<W: Workloads, S: Store>(
         rec,
         target,
         now,
-        tags: resource_tags(&rec.request.tags, &rec.request_id),
+        tags: resource_tags(&rec.request.tags, &rec.request_id, &config.deployment_id),
         recorded,
     };
     match &rec.request.workload {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use capacity_pilot::domain::events::{
     ApprovalRefused, AwaitingApproval, EventDetail, InstanceReplaced, NotFound, OfferingsFound,
     PaymentFailed, RequestAccepted, RequestFailed, RequestRejected, ReservationEnded,
-    ReservationExpiring, Reserved, WorkloadDrained, WorkloadLaunched,
+    ReservationExpiring, ReservationUnrecorded, Reserved, WorkloadDrained, WorkloadLaunched,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -34,6 +34,7 @@ fn check(detail_type: &str, detail: &Value) -> Result<Value, String> {
         Reserved::DETAIL_TYPE => round_trip::<Reserved>(detail),
         PaymentFailed::DETAIL_TYPE => round_trip::<PaymentFailed>(detail),
         ApprovalRefused::DETAIL_TYPE => round_trip::<ApprovalRefused>(detail),
+        ReservationUnrecorded::DETAIL_TYPE => round_trip::<ReservationUnrecorded>(detail),
         WorkloadLaunched::DETAIL_TYPE => round_trip::<WorkloadLaunched>(detail),
         InstanceReplaced::DETAIL_TYPE => round_trip::<InstanceReplaced>(detail),
         ReservationExpiring::DETAIL_TYPE => round_trip::<ReservationExpiring>(detail),
@@ -78,6 +79,7 @@ fn every_emitted_sample_is_exactly_an_event_we_publish() {
         Reserved::DETAIL_TYPE,
         PaymentFailed::DETAIL_TYPE,
         ApprovalRefused::DETAIL_TYPE,
+        ReservationUnrecorded::DETAIL_TYPE,
         WorkloadLaunched::DETAIL_TYPE,
         InstanceReplaced::DETAIL_TYPE,
         ReservationExpiring::DETAIL_TYPE,

@@ -173,6 +173,7 @@ fn reservations_strategy() -> impl Strategy<Value = Vec<Reservation>> {
                     ultraserver,
                     bought_at: None,
                     debit_month: None,
+                    deployment_tag: None,
                 }
             })
             .collect()

@@ -10,7 +10,7 @@ use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::ports::Store;
 use integration_tests::flow::{Flow, Function, REGION, t0};
 
-use crate::sagemaker::{submit_and_buy, tick, training_request};
+use crate::sagemaker::{plan_name_for, submit_and_buy, tick, training_request};
 use crate::windows::live_in;
 
 /// The request's own next action: its payment check while it is Reserved.
@@ -117,7 +117,7 @@ pub(crate) async fn a_training_plan_that_fails_is_bought_again_under_the_next_na
     let id = "pay-fail-2";
     let request = training_request(id, 48, "2026-12-02T00:00:00Z", "2026-12-20T11:30:00Z");
     assert_eq!(submit_and_buy(&f, request).await, RequestStatus::Reserved);
-    let first = format!("cp-{id}");
+    let first = plan_name_for(id, 0);
     // AND SageMaker fails its payment
     f.cloud
         .with_world(|w| w.fail_plan_payment(REGION, &first))
@@ -141,7 +141,7 @@ pub(crate) async fn a_training_plan_that_fails_is_bought_again_under_the_next_na
     let names: Vec<String> = f
         .cloud
         .with_world(|w| w.sm.plans.values().map(|p| p.name.clone()).collect());
-    assert!(names.contains(&format!("cp1-{id}")), "{names:?}");
+    assert!(names.contains(&plan_name_for(id, 1)), "{names:?}");
     let reserved = f.bus_for("Capacity Reserved", id);
     assert_eq!(reserved.len(), 2);
     assert_eq!(f.team_spent("team-b", t0()).await, fee_of(&reserved[1]));

@@ -39,6 +39,15 @@ fn plans(f: &Flow) -> Vec<Plan> {
 }
 
 /// The one plan bought for `id`, asserting that it is the only plan the emulator sold.
+/// The name of the request's plan `attempt` in the flows' deployment (the default id).
+pub(crate) fn plan_name_for(id: &str, attempt: u32) -> String {
+    capacity_pilot::domain::naming::plan_name(
+        &capacity_pilot::domain::request::RequestId::parse(id).unwrap(),
+        capacity_pilot::config::DEFAULT_DEPLOYMENT_ID,
+        attempt,
+    )
+}
+
 pub(crate) fn the_plan(f: &Flow, id: &str) -> Plan {
     let all = plans(f);
     assert_eq!(
@@ -47,7 +56,7 @@ pub(crate) fn the_plan(f: &Flow, id: &str) -> Plan {
         "exactly one plan bought: {:?}",
         all.iter().map(|p| &p.name).collect::<Vec<_>>()
     );
-    assert_eq!(all[0].name, format!("cp-{id}"), "named for the request");
+    assert_eq!(all[0].name, plan_name_for(id, 0), "named for the request");
     all[0].clone()
 }
 

@@ -218,6 +218,7 @@ fn reservation(id: &str, req: &str, product: Product, start: DateTime<Utc>) -> R
         ultraserver: false,
         bought_at: None,
         debit_month: None,
+        deployment_tag: None,
     }
 }
 

@@ -178,6 +178,7 @@ fn block(id: &str, count: u32, zone: &str) -> Reservation {
         ultraserver: false,
         bought_at: None,
         debit_month: None,
+        deployment_tag: None,
     }
 }
 

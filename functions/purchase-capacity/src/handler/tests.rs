@@ -20,6 +20,8 @@ use chrono::Duration;
 use serde_json::{Value, json};
 
 use super::{LEASE, Purchaser};
+use capacity_pilot::config::DEFAULT_DEPLOYMENT_ID as DEPLOYMENT;
+use capacity_pilot::domain::naming::plan_name;
 
 type P = Purchaser<InMemoryStore, FakeMarket, RecordingEvents, ManualClock>;
 
@@ -43,7 +45,13 @@ impl World {
     }
 
     fn purchaser(&self, team_caps: &str) -> P {
+        self.purchaser_of(team_caps, DEPLOYMENT)
+    }
+
+    /// The purchase function of the deployment `deployment_id`.
+    fn purchaser_of(&self, team_caps: &str, deployment_id: &str) -> P {
         let env: Vec<(&str, String)> = vec![
+            ("DEPLOYMENT_ID", deployment_id.into()),
             ("TABLE_NAME", "t".into()),
             ("EVENT_BUS_NAME", "capacity-pilot".into()),
             ("ALLOWED_REGIONS", "us-east-1".into()),
@@ -995,9 +1003,10 @@ async fn buying_a_plan_again_after_a_failed_one_takes_the_next_plan_name() {
     offering.instance_type = "ml.p5.48xlarge".into();
     offering.segments[0].availability_zone = None;
     let rec = w.with_candidate(req, offering);
-    // GIVEN the request's first plan (cp-r1) is recorded Failed
+    let first = plan_name(&rec.request_id, DEPLOYMENT, 0);
+    // GIVEN the request's first plan is recorded Failed
     let failed = capacity_pilot::domain::reservation::Reservation {
-        id: "arn:aws:sagemaker:us-east-1:123456789012:training-plan/cp-r1".into(),
+        id: format!("arn:aws:sagemaker:us-east-1:123456789012:training-plan/{first}"),
         product: Product::TrainingPlan { target },
         region: "us-east-1".into(),
         instance_type: "ml.p5.48xlarge".into(),
@@ -1010,11 +1019,12 @@ async fn buying_a_plan_again_after_a_failed_one_takes_the_next_plan_name() {
         ultraserver: false,
         bought_at: Some(t0()),
         debit_month: None,
+        deployment_tag: None,
     };
     w.store.insert_reservation(&rec.request_id, failed);
     w.market.add_reservation(
         w.store.reservations(&rec.request_id).await.unwrap()[0].clone(),
-        Some("cp-r1"),
+        Some(first.as_str()),
     );
 
     // WHEN the new plan is bought
@@ -1030,7 +1040,7 @@ async fn buying_a_plan_again_after_a_failed_one_takes_the_next_plan_name() {
             _ => None,
         })
         .collect();
-    assert_eq!(names, ["cp1-r1"]);
+    assert_eq!(names, [plan_name(&rec.request_id, DEPLOYMENT, 1)]);
     assert_eq!(w.status("r1").await, RequestStatus::Reserved);
 }
 
@@ -1071,4 +1081,92 @@ fn the_purchase_lease_outlives_the_function_timeout_plus_the_purchase_call_timeo
         LEASE > bound,
         "lease {LEASE} must outlive {timeout} s + {op} + 5 min"
     );
+}
+
+// ---- reconciliation is scoped (ARCHITECTURE 8.6, 8.7) -----------------------------------
+
+#[tokio::test]
+async fn a_second_deployment_given_the_same_request_id_adopts_nothing_of_the_first() {
+    // GIVEN stack A bought r1's block on the shared market, listed at once
+    let w = World::new();
+    w.market.set_listing_lag(0);
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    w.purchaser_of(CAPS, "stack-a")
+        .handle(found("r1", "e1"))
+        .await
+        .unwrap();
+    assert_eq!(w.market.purchase_count(), 1);
+    let a_block = w
+        .store
+        .reservations(&capacity_pilot::fakes::fixtures::request_id("r1"))
+        .await
+        .unwrap()[0]
+        .id
+        .clone();
+
+    // WHEN stack B, with its own table, is given a request r1 for the same offering and its
+    // purchase response is lost (so it reconciles by tag, before and after buying)
+    let b = World {
+        store: InMemoryStore::new(),
+        market: w.market.clone(),
+        events: RecordingEvents::new(),
+        clock: w.clock.clone(),
+    };
+    b.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    b.market.lose_next_purchase_response();
+    b.purchaser_of(CAPS, "stack-b")
+        .handle(found("r1", "e1"))
+        .await
+        .unwrap();
+
+    // THEN B adopts its own block, never A's: two purchases, each stack holding its own
+    assert_eq!(w.market.purchase_count(), 2);
+    let b_held = b
+        .store
+        .reservations(&capacity_pilot::fakes::fixtures::request_id("r1"))
+        .await
+        .unwrap();
+    assert_eq!(b_held.len(), 1);
+    assert_ne!(b_held[0].id, a_block);
+    assert_eq!(b_held[0].deployment_tag.as_deref(), Some("stack-b"));
+    assert!(
+        b.events
+            .published_of("Capacity Reservation Unrecorded")
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn a_reservation_of_ours_that_the_plan_would_not_give_is_announced_not_skipped() {
+    // GIVEN r1 holds, unrecorded, a live block tagged for it and this deployment that is not
+    // what its plan buys (another count)
+    let w = World::new();
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    let o = block("cb-other", "100");
+    let stray = capacity_pilot::domain::reservation::Reservation {
+        id: "cr-stray".into(),
+        product: Product::CapacityBlock,
+        region: "us-east-1".into(),
+        instance_type: "p5.48xlarge".into(),
+        instance_count: 7,
+        segments: o.segments.clone(),
+        upfront_fee: o.upfront_fee,
+        state: ReservationState::Scheduled,
+        offering_id: Some("cb-other".into()),
+        request_tag: Some("r1".into()),
+        ultraserver: false,
+        bought_at: None,
+        debit_month: None,
+        deployment_tag: Some(DEPLOYMENT.into()),
+    };
+    w.market.add_reservation(stray, None);
+
+    // WHEN the purchase reconciles before buying
+    w.purchaser(CAPS).handle(found("r1", "e1")).await.unwrap();
+
+    // THEN the plan is bought, and the stray block is announced for a person
+    assert_eq!(w.market.purchase_count(), 1);
+    let ev = w.events.published_of("Capacity Reservation Unrecorded");
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0].detail["reservation_id"], "cr-stray");
 }

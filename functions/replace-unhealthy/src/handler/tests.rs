@@ -72,6 +72,7 @@ impl World {
             ultraserver: false,
             bought_at: None,
             debit_month: None,
+            deployment_tag: None,
         };
         let mut rec = RequestRecord {
             request_id: req.id.clone(),

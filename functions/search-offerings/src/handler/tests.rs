@@ -546,6 +546,7 @@ fn kept_first_half(w: &World, id: &str) {
             ultraserver: false,
             bought_at: None,
             debit_month: None,
+            deployment_tag: None,
         },
     );
 }

@@ -113,6 +113,7 @@ fn reservation(rid: &str, res_id: &str, fee: &str) -> Reservation {
         ultraserver: false,
         bought_at: None,
         debit_month: None,
+        deployment_tag: None,
     }
 }
 
