@@ -31,6 +31,23 @@ pub const BLOCK_PLATFORMS: [&str; 5] = [
 pub const INCREMENTAL_QUANTITY_TAG: &str =
     "aws:ec2capacityreservation:incrementalRequestedQuantity";
 
+/// Whether a block's reservation is still waiting for its payment: `pending` (how a fresh
+/// block has been seen, aws-reference §11.1 States) or `payment-pending` (the documented
+/// machine, §2.1); both end in `scheduled` or `payment-failed`.
+pub fn awaiting_payment(state: &str) -> bool {
+    state == "pending" || state == "payment-pending"
+}
+
+/// The block resource's state for a reservation's: its enum (aws-reference §11.1 States) has
+/// no `pending`, so a block whose reservation is `pending` reads `payment-pending`.
+pub fn block_state(reservation_state: &str) -> &str {
+    if reservation_state == "pending" {
+        "payment-pending"
+    } else {
+        reservation_state
+    }
+}
+
 /// A purchased Capacity Block, seen by EC2 as a targeted Capacity Reservation.
 #[derive(Debug, Clone, Serialize)]
 pub struct CapacityReservation {
@@ -422,7 +439,7 @@ impl World {
             start: offering.start,
             end: offering.end,
             created: self.now,
-            state: "payment-pending".to_string(),
+            state: self.settings.block_initial_state.as_str().to_string(),
             tags,
             offering_id,
             upfront_fee: offering.upfront_fee,
@@ -493,7 +510,7 @@ impl World {
             .v("startDate", ec2_time(cr.start))
             .v("endDate", ec2_time(cr.end))
             .v("createDate", ec2_time(cr.created))
-            .v("state", &cr.state)
+            .v("state", block_state(&cr.state))
             .tags(cr.tags.iter())
     }
 
@@ -579,7 +596,7 @@ impl World {
             .filter(|cr| cr.region == region && (ids.is_empty() || ids.contains(&cr.block_id)))
             .filter(|cr| {
                 filters.iter().all(|f| match f.name.as_str() {
-                    "state" => filter_matches(&f.values, &cr.state),
+                    "state" => filter_matches(&f.values, block_state(&cr.state)),
                     "availability-zone" => filter_matches(&f.values, &cr.availability_zone),
                     "capacity-block-id" => filter_matches(&f.values, &cr.block_id),
                     name => match name.strip_prefix("tag:") {
@@ -943,7 +960,7 @@ impl World {
             }
             (Some("capacity-block"), Some(cr_id)) => {
                 let cr = self.find_cr(region, cr_id)?.clone();
-                if cr.state == "payment-pending" || cr.state == "scheduled" {
+                if awaiting_payment(&cr.state) || cr.state == "scheduled" {
                     return Err(ApiError::ec2(
                         400,
                         "InvalidCapacityReservationState.PendingActivation",
@@ -1471,7 +1488,7 @@ impl World {
                 let Some(cr) = self.ec2.reservations.get_mut(&cr_id) else {
                     return;
                 };
-                if cr.state != "payment-pending" {
+                if !awaiting_payment(&cr.state) {
                     return;
                 }
                 if cr.fail_payment {

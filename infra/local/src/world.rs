@@ -34,6 +34,10 @@ pub struct Settings {
     pub ultraserver_termination_lead_minutes: i64,
     /// Minutes after purchase that a block's or plan's payment completes.
     pub payment_minutes: i64,
+    /// The state a new Capacity Block's reservation is in until its payment clears
+    /// (`scheduled`) or fails (`payment-failed`): `pending`, as a fresh block has been seen
+    /// (aws-reference §11.1 States), or the documented `payment-pending` (§2.1).
+    pub block_initial_state: BlockInitialState,
     /// Seconds an instance stays `pending`.
     pub instance_launch_seconds: i64,
     /// Seconds an instance stays `shutting-down`.
@@ -71,6 +75,7 @@ impl Default for Settings {
             block_termination_lead_minutes: 30,
             ultraserver_termination_lead_minutes: 60,
             payment_minutes: 5,
+            block_initial_state: BlockInitialState::Pending,
             instance_launch_seconds: 30,
             instance_shutdown_seconds: 60,
             slot_return_minutes: 10,
@@ -83,6 +88,23 @@ impl Default for Settings {
             cluster_transition_minutes: 3,
             endpoint_create_minutes: 5,
             max_training_plans: 50,
+        }
+    }
+}
+
+/// The first state of a Capacity Block's reservation ([`Settings::block_initial_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BlockInitialState {
+    Pending,
+    PaymentPending,
+}
+
+impl BlockInitialState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BlockInitialState::Pending => "pending",
+            BlockInitialState::PaymentPending => "payment-pending",
         }
     }
 }

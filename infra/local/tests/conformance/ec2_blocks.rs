@@ -225,13 +225,14 @@ async fn purchase_errors_name_the_offering_problem() {
 }
 
 #[tokio::test]
-async fn a_block_goes_from_payment_pending_to_expired_with_its_events_on_time() {
+async fn a_block_goes_from_pending_to_expired_with_its_events_on_time() {
     let env = env().await;
     let offer = offerings(&env, "p5.48xlarge", 2, 48).await.remove(0);
     let cr = buy(&env, &offer, "req-1").await;
     let id = cr.capacity_reservation_id().unwrap().to_string();
     assert!(id.starts_with("cr-") && id.len() == 20);
-    assert_eq!(cr.state().unwrap().as_str(), "payment-pending");
+    // a fresh block has been seen in `pending` (aws-reference §11.1 States)
+    assert_eq!(cr.state().unwrap().as_str(), "pending");
     // Before the block is active its totals read 0, and EC2's tag carries the count it will
     // have (aws-reference §11.1)
     assert_eq!(cr.total_instance_count(), Some(0));
@@ -258,7 +259,8 @@ async fn a_block_goes_from_payment_pending_to_expired_with_its_events_on_time() 
     assert_eq!(chrono_of(cr.start_date().unwrap()), start);
     assert_eq!(chrono_of(cr.end_date().unwrap()), end);
 
-    // the purchase is found again by its tag (how a purchase is reconciled after a crash)
+    // the purchase is found again by its tag (how a purchase is reconciled after a crash),
+    // still waiting for its payment
     let by_tag = env
         .ec2
         .describe_capacity_reservations()
@@ -272,6 +274,10 @@ async fn a_block_goes_from_payment_pending_to_expired_with_its_events_on_time() 
         .await
         .unwrap();
     assert_eq!(by_tag.capacity_reservations().len(), 1);
+    assert_eq!(
+        by_tag.capacity_reservations()[0].state().unwrap().as_str(),
+        "pending"
+    );
 
     env.cloud.step(TimeDelta::minutes(5));
     let scheduled = describe(&env, &id).await;
@@ -429,7 +435,22 @@ async fn capacity_blocks_and_reservations_filter_by_state_and_zone() {
         [cr.capacity_reservation_id().unwrap()]
     );
     assert_eq!(block.availability_zone(), offer.availability_zone());
+    // the block resource's states have no `pending`: a pending reservation's block reads
+    // `payment-pending`, and its state filter matches that
     assert_eq!(block.state().unwrap().as_str(), "payment-pending");
+    let by_state = env
+        .ec2
+        .describe_capacity_blocks()
+        .filters(
+            Filter::builder()
+                .name("state")
+                .values("payment-pending")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(by_state.capacity_blocks().len(), 1);
     let none = env
         .ec2
         .describe_capacity_reservations()
@@ -441,12 +462,7 @@ async fn capacity_blocks_and_reservations_filter_by_state_and_zone() {
     let some = env
         .ec2
         .describe_capacity_reservations()
-        .filters(
-            Filter::builder()
-                .name("state")
-                .values("payment-pending")
-                .build(),
-        )
+        .filters(Filter::builder().name("state").values("pending").build())
         .filters(
             Filter::builder()
                 .name("availability-zone")
@@ -562,4 +578,52 @@ async fn ultraserver_blocks_warn_70_minutes_before_the_end() {
         warn[0]["detail"]["capacity-reservation-id"],
         cr.capacity_reservation_id().unwrap()
     );
+}
+
+/// A block's reservation state, read through the SDK.
+async fn state_of(env: &Env, cr: &str) -> String {
+    describe(env, cr)
+        .await
+        .state()
+        .unwrap()
+        .as_str()
+        .to_string()
+}
+
+#[tokio::test]
+async fn the_first_state_can_be_the_documented_payment_pending_and_nothing_else() {
+    let env = env().await;
+    let url = env.cloud.url();
+    // only the two pre-payment states are accepted
+    let (status, _) = http(
+        &url,
+        "PATCH",
+        "/_local/settings",
+        Some(r#"{"block_initial_state": "active"}"#),
+    )
+    .await;
+    assert_eq!(status, 400);
+    let (status, body) = http(
+        &url,
+        "PATCH",
+        "/_local/settings",
+        Some(r#"{"block_initial_state": "payment-pending"}"#),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(body["block_initial_state"], "payment-pending");
+
+    let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+    let cr = buy(&env, &offer, "documented").await;
+    let id = cr.capacity_reservation_id().unwrap().to_string();
+    assert_eq!(cr.state().unwrap().as_str(), "payment-pending");
+    assert_eq!(state_of(&env, &id).await, "payment-pending");
+    let blocks = env.ec2.describe_capacity_blocks().send().await.unwrap();
+    assert_eq!(
+        blocks.capacity_blocks()[0].state().unwrap().as_str(),
+        "payment-pending"
+    );
+    // its payment clears as a pending block's does
+    env.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(state_of(&env, &id).await, "scheduled");
 }
