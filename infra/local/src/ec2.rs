@@ -14,7 +14,7 @@ use crate::error::ApiError;
 use crate::market::{BlockOffering, BlockSearch, Pool, valid_block_hours};
 use crate::query::{Query, filter_matches};
 use crate::util::{ec2_time, hex_id};
-use crate::world::{Action, World};
+use crate::world::{Action, EXTENSION_PAYMENT_LEAD_MINUTES, PAYMENT_LEAD_MINUTES, World};
 use crate::xml::{El, el, set};
 
 /// The platforms a Capacity Block can be bought for.
@@ -448,9 +448,7 @@ impl World {
             extensions: Vec::new(),
         };
         tracing::info!(capacity_reservation_id = %id, upfront_fee = %cr.upfront_fee, "capacity block purchased");
-        let pay_at = self
-            .minutes(self.settings.payment_minutes)
-            .min(cr.start - TimeDelta::minutes(5));
+        let pay_at = self.payment_time(cr.start - TimeDelta::minutes(PAYMENT_LEAD_MINUTES));
         self.ec2.reservations.insert(id.clone(), cr);
         self.schedule(pay_at, Action::BlockPayment(id.clone()));
         let cr = &self.ec2.reservations[&id];
@@ -754,7 +752,8 @@ impl World {
             purchased: self.now,
             upfront_fee: offering.upfront_fee,
         };
-        let pay_at = self.minutes(self.settings.payment_minutes);
+        let pay_at =
+            self.payment_time(offering.start - TimeDelta::minutes(EXTENSION_PAYMENT_LEAD_MINUTES));
         self.ec2
             .reservations
             .get_mut(&cr_id)

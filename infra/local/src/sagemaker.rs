@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 use crate::error::ApiError;
 use crate::market::{PlanOffering, PlanSearch, Pool};
 use crate::util::epoch;
-use crate::world::{Action, World};
+use crate::world::{Action, PAYMENT_LEAD_MINUTES, World};
 
 /// A purchased training plan.
 #[derive(Debug, Clone, Serialize)]
@@ -431,7 +431,10 @@ impl World {
             let id = self.next_id("rc-");
             rcs.push(self.arn("sagemaker", region, &format!("reserved-capacity/{id}")));
         }
-        let paid_at = self.minutes(self.settings.payment_minutes);
+        // payment clears at most 6 h after the purchase and 10 min before the first segment
+        // (ARCHITECTURE §8.10)
+        let paid_at =
+            self.payment_time(offering.start() - TimeDelta::minutes(PAYMENT_LEAD_MINUTES));
         let mut times = vec![paid_at];
         for sg in &offering.segments {
             times.extend([

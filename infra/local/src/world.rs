@@ -32,7 +32,10 @@ pub struct Settings {
     pub block_termination_lead_minutes: i64,
     /// The same for UltraServer blocks.
     pub ultraserver_termination_lead_minutes: i64,
-    /// Minutes after purchase that a block's or plan's payment completes.
+    /// Minutes after purchase that a block's, plan's or extension's payment clears (or, when
+    /// forced, fails). Bounded by [`PAYMENT_MAX_HOURS`] after the purchase and by
+    /// [`PAYMENT_LEAD_MINUTES`] before a block's or plan's start (an extension: 35 minutes before
+    /// the block's end), never before the purchase (ARCHITECTURE §8.10).
     pub payment_minutes: i64,
     /// The state a new Capacity Block's reservation is in until its payment clears
     /// (`scheduled`) or fails (`payment-failed`): `pending`, as a fresh block has been seen
@@ -91,6 +94,14 @@ impl Default for Settings {
         }
     }
 }
+
+/// The latest a payment clears after the purchase (ARCHITECTURE §8.10 bound).
+pub const PAYMENT_MAX_HOURS: i64 = 6;
+/// The latest a block's or plan's payment clears before its start (ARCHITECTURE §8.10 bound).
+pub const PAYMENT_LEAD_MINUTES: i64 = 10;
+/// The latest an extension's payment clears before the block's end (aws-reference §11.1
+/// Extensions: "no later than 35 minutes before the end").
+pub const EXTENSION_PAYMENT_LEAD_MINUTES: i64 = 35;
 
 /// The first state of a Capacity Block's reservation ([`Settings::block_initial_state`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -312,6 +323,15 @@ impl World {
             }
         }
         Some(kind)
+    }
+
+    /// When a payment made now clears: `payment_minutes` later, but no later than
+    /// [`PAYMENT_MAX_HOURS`] from now or `deadline`, and never before now.
+    pub fn payment_time(&self, deadline: DateTime<Utc>) -> DateTime<Utc> {
+        self.minutes(self.settings.payment_minutes)
+            .min(self.now + TimeDelta::hours(PAYMENT_MAX_HOURS))
+            .min(deadline)
+            .max(self.now)
     }
 
     /// A JSON picture of everything, for debugging and scenario reports.

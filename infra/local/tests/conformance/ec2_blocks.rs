@@ -627,3 +627,111 @@ async fn the_first_state_can_be_the_documented_payment_pending_and_nothing_else(
     env.cloud.step(TimeDelta::minutes(5));
     assert_eq!(state_of(&env, &id).await, "scheduled");
 }
+
+#[tokio::test]
+async fn payment_clears_no_later_than_ten_minutes_before_the_start() {
+    let env = env().await;
+    env.cloud.with_world(|w| w.settings.payment_minutes = 30);
+    let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+    let start = chrono_of(offer.start_date().unwrap());
+    // bought 20 minutes before its start: 30 minutes would be too late, so it clears at
+    // start - 10 min
+    env.cloud.advance_to(start - TimeDelta::minutes(20));
+    let id = buy(&env, &offer, "soon")
+        .await
+        .capacity_reservation_id()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        env.cloud.next_transition(),
+        Some(start - TimeDelta::minutes(10))
+    );
+    env.cloud.advance_to(start - TimeDelta::minutes(11));
+    assert_eq!(state_of(&env, &id).await, "pending");
+    env.cloud.advance_to(start - TimeDelta::minutes(10));
+    assert_eq!(state_of(&env, &id).await, "scheduled");
+
+    // bought 5 minutes before its start: the payment clears at once, never before the
+    // purchase (the purchase itself still answers `pending`)
+    env.cloud.advance_to(start - TimeDelta::minutes(5));
+    let late = buy(&env, &offer, "sooner").await;
+    assert_eq!(late.state().unwrap().as_str(), "pending");
+    let late = late.capacity_reservation_id().unwrap().to_string();
+    assert_eq!(state_of(&env, &late).await, "scheduled");
+    env.cloud.advance_to(start);
+    assert_eq!(state_of(&env, &late).await, "active");
+}
+
+#[tokio::test]
+async fn payment_clears_no_later_than_six_hours_after_the_purchase() {
+    let env = env().await;
+    env.cloud
+        .with_world(|w| w.settings.payment_minutes = 10 * 60);
+    let later = env
+        .ec2
+        .describe_capacity_block_offerings()
+        .instance_type("p5.48xlarge")
+        .instance_count(1)
+        .capacity_duration_hours(24)
+        .start_date_range(smithy_of(t0() + TimeDelta::days(3)))
+        .send()
+        .await
+        .unwrap()
+        .capacity_block_offerings()[0]
+        .clone();
+    let id = buy(&env, &later, "slow-bank")
+        .await
+        .capacity_reservation_id()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        env.cloud.next_transition(),
+        Some(t0() + TimeDelta::hours(6))
+    );
+    env.cloud
+        .advance_to(t0() + TimeDelta::hours(6) - TimeDelta::seconds(1));
+    assert_eq!(state_of(&env, &id).await, "pending");
+    env.cloud.advance_to(t0() + TimeDelta::hours(6));
+    assert_eq!(state_of(&env, &id).await, "scheduled");
+}
+
+#[tokio::test]
+async fn an_extension_payment_clears_no_later_than_35_minutes_before_the_end() {
+    let env = env().await;
+    let offer = offerings(&env, "p5.48xlarge", 1, 48).await.remove(0);
+    let id = buy(&env, &offer, "late-extension")
+        .await
+        .capacity_reservation_id()
+        .unwrap()
+        .to_string();
+    let end = chrono_of(offer.end_date().unwrap());
+    // the last moment an extension is offered: 1 hour before the end
+    env.cloud.advance_to(end - TimeDelta::hours(1));
+    env.cloud.with_world(|w| w.settings.payment_minutes = 60);
+    let ext = env
+        .ec2
+        .describe_capacity_block_extension_offerings()
+        .capacity_reservation_id(&id)
+        .capacity_block_extension_duration_hours(24)
+        .send()
+        .await
+        .unwrap();
+    let o = ext.capacity_block_extension_offerings()[0].clone();
+    env.ec2
+        .purchase_capacity_block_extension()
+        .capacity_block_extension_offering_id(o.capacity_block_extension_offering_id().unwrap())
+        .capacity_reservation_id(&id)
+        .send()
+        .await
+        .unwrap();
+    env.cloud.advance_to(end - TimeDelta::minutes(36));
+    assert_eq!(
+        chrono_of(describe(&env, &id).await.end_date().unwrap()),
+        end
+    );
+    env.cloud.advance_to(end - TimeDelta::minutes(35));
+    assert_eq!(
+        chrono_of(describe(&env, &id).await.end_date().unwrap()),
+        end + TimeDelta::hours(24)
+    );
+}

@@ -683,3 +683,55 @@ async fn without_contiguous_capacity_a_plan_splits_and_its_job_resumes_in_the_se
         s2 + TimeDelta::minutes(390)
     );
 }
+
+#[tokio::test]
+async fn a_plan_payment_clears_no_later_than_ten_minutes_before_its_first_segment() {
+    let env = env().await;
+    env.cloud
+        .with_world(|w| w.settings.payment_minutes = 10 * 60);
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        1,
+        24,
+        SageMakerResourceName::TrainingJob,
+    )
+    .await
+    .remove(0);
+    let start = chrono_of(offer.reserved_capacity_offerings()[0].start_time().unwrap());
+    assert!(
+        start < t0() + TimeDelta::hours(6),
+        "seed 42's first plan starts at {start}"
+    );
+    buy_plan(&env, "soon-plan", &offer).await;
+    env.cloud.advance_to(start - TimeDelta::minutes(11));
+    assert_eq!(plan_status(&env, "soon-plan").await, "Pending");
+    env.cloud.advance_to(start - TimeDelta::minutes(10));
+    assert_eq!(plan_status(&env, "soon-plan").await, "Scheduled");
+}
+
+#[tokio::test]
+async fn a_plan_payment_clears_no_later_than_six_hours_after_the_purchase() {
+    let env = env().await;
+    env.cloud
+        .with_world(|w| w.settings.payment_minutes = 10 * 60);
+    let offer = env
+        .sm
+        .search_training_plan_offerings()
+        .instance_type(ReservedCapacityInstanceType::from("ml.p5.48xlarge"))
+        .instance_count(1)
+        .duration_hours(24)
+        .target_resources(SageMakerResourceName::TrainingJob)
+        .start_time_after(smithy_of(t0() + TimeDelta::days(3)))
+        .send()
+        .await
+        .unwrap()
+        .training_plan_offerings()[0]
+        .clone();
+    buy_plan(&env, "later-plan", &offer).await;
+    env.cloud
+        .advance_to(t0() + TimeDelta::hours(6) - TimeDelta::seconds(1));
+    assert_eq!(plan_status(&env, "later-plan").await, "Pending");
+    env.cloud.advance_to(t0() + TimeDelta::hours(6));
+    assert_eq!(plan_status(&env, "later-plan").await, "Scheduled");
+}
