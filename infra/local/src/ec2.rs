@@ -14,7 +14,9 @@ use crate::error::ApiError;
 use crate::market::{BlockOffering, BlockSearch, Pool, valid_block_hours};
 use crate::query::{Query, filter_matches};
 use crate::util::{ec2_time, hex_id};
-use crate::world::{Action, EXTENSION_PAYMENT_LEAD_MINUTES, PAYMENT_LEAD_MINUTES, World};
+use crate::world::{
+    Action, EXTENSION_PAYMENT_LEAD_MINUTES, PAYMENT_LEAD_MINUTES, REQUEST_TAG, World,
+};
 use crate::xml::{El, el, set};
 
 /// The platforms a Capacity Block can be bought for.
@@ -440,11 +442,11 @@ impl World {
             end: offering.end,
             created: self.now,
             state: self.settings.block_initial_state.as_str().to_string(),
+            fail_payment: self.take_payment_failure(tags.get(REQUEST_TAG).map(String::as_str)),
             tags,
             offering_id,
             upfront_fee: offering.upfront_fee,
             ultraserver,
-            fail_payment: false,
             extensions: Vec::new(),
         };
         tracing::info!(capacity_reservation_id = %id, upfront_fee = %cr.upfront_fee, "capacity block purchased");

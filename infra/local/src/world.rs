@@ -102,6 +102,8 @@ pub const PAYMENT_LEAD_MINUTES: i64 = 10;
 /// The latest an extension's payment clears before the block's end (aws-reference §11.1
 /// Extensions: "no later than 35 minutes before the end").
 pub const EXTENSION_PAYMENT_LEAD_MINUTES: i64 = 35;
+/// The request tag a forced payment failure is keyed by (`POST /_local/payment-failures`).
+pub const REQUEST_TAG: &str = "capacity-pilot:request-id";
 
 /// The first state of a Capacity Block's reservation ([`Settings::block_initial_state`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -192,6 +194,9 @@ pub struct World {
     /// Recorded events per bus name; AWS's own go to `default`.
     pub buses: BTreeMap<String, Vec<Value>>,
     pub faults: Vec<Fault>,
+    /// Forced payment failures: how many of the next reservations (blocks or plans) bought
+    /// with the tag [`REQUEST_TAG`] = the key will fail their payment.
+    pub payment_failures: BTreeMap<String, u32>,
     agenda: BTreeMap<(DateTime<Utc>, u64), Action>,
     seq: u64,
     ids: u64,
@@ -208,6 +213,7 @@ impl World {
             sm: SageMakerState::default(),
             buses: BTreeMap::new(),
             faults: Vec::new(),
+            payment_failures: BTreeMap::new(),
             agenda: BTreeMap::new(),
             seq: 0,
             ids: 0,
@@ -325,6 +331,33 @@ impl World {
         Some(kind)
     }
 
+    /// Control: the payments of the next `count` reservations (blocks or plans) bought with
+    /// the request tag `request_id` fail at their payment time. Adds to any still pending.
+    pub fn force_payment_failures(&mut self, request_id: &str, count: u32) {
+        if count == 0 {
+            return;
+        }
+        *self
+            .payment_failures
+            .entry(request_id.to_string())
+            .or_default() += count;
+    }
+
+    /// Whether a purchase tagged with `request_id` takes one of the forced payment failures.
+    pub fn take_payment_failure(&mut self, request_id: Option<&str>) -> bool {
+        let Some(id) = request_id else {
+            return false;
+        };
+        let Some(n) = self.payment_failures.get_mut(id) else {
+            return false;
+        };
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.payment_failures.remove(id);
+        }
+        true
+    }
+
     /// When a payment made now clears: `payment_minutes` later, but no later than
     /// [`PAYMENT_MAX_HOURS`] from now or `deadline`, and never before now.
     pub fn payment_time(&self, deadline: DateTime<Utc>) -> DateTime<Utc> {
@@ -344,6 +377,7 @@ impl World {
             "sagemaker": self.sm.snapshot(),
             "event_counts": self.buses.iter().map(|(k, v)| (k.clone(), v.len())).collect::<HashMap<_, _>>(),
             "faults": self.faults,
+            "payment_failures": self.payment_failures,
         })
     }
 

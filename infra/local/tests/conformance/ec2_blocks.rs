@@ -735,3 +735,80 @@ async fn an_extension_payment_clears_no_later_than_35_minutes_before_the_end() {
         end + TimeDelta::hours(24)
     );
 }
+
+#[tokio::test]
+async fn a_forced_payment_failure_fails_the_next_blocks_bought_for_a_request_at_payment_time() {
+    let env = env().await;
+    let url = env.cloud.url();
+    let (status, _) = http(
+        &url,
+        "POST",
+        "/_local/payment-failures",
+        Some(r#"{"request_id": "doomed", "count": 1}"#),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, _) = http(
+        &url,
+        "POST",
+        "/_local/payment-failures",
+        Some(r#"{"count": 1}"#),
+    )
+    .await;
+    assert_eq!(status, 400, "a request id is required");
+    let (_, body) = http(&url, "GET", "/_local/payment-failures", None).await;
+    assert_eq!(body["payment_failures"]["doomed"], 1);
+
+    let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+    let (az, ty) = (
+        offer.availability_zone().unwrap().to_string(),
+        offer.instance_type().unwrap().to_string(),
+    );
+    let (start, end) = (
+        chrono_of(offer.start_date().unwrap()),
+        chrono_of(offer.end_date().unwrap()),
+    );
+    let free = |env: &Env| {
+        env.cloud.with_world(|w| {
+            w.market.free_between(
+                local_cloud::market::Pool::CapacityBlock,
+                "us-east-1",
+                &az,
+                &ty,
+                start,
+                end,
+            )
+        })
+    };
+    let before = free(&env);
+    let other = buy(&env, &offer, "lucky").await;
+    let failing = buy(&env, &offer, "doomed").await;
+    let second = buy(&env, &offer, "doomed").await;
+    let (_, body) = http(&url, "GET", "/_local/payment-failures", None).await;
+    assert_eq!(body["payment_failures"], serde_json::json!({}), "used up");
+    assert_eq!(free(&env), before - 3);
+    let [other, failing, second] =
+        [other, failing, second].map(|c| c.capacity_reservation_id().unwrap().to_string());
+
+    // until the payment time the doomed block looks like any other
+    env.cloud.step(TimeDelta::minutes(4));
+    assert_eq!(state_of(&env, &failing).await, "pending");
+    env.cloud.step(TimeDelta::minutes(1));
+    assert_eq!(state_of(&env, &failing).await, "payment-failed");
+    assert_eq!(state_of(&env, &second).await, "scheduled");
+    assert_eq!(state_of(&env, &other).await, "scheduled");
+    // the failed block's capacity is back in the market, and it is never delivered
+    assert_eq!(free(&env), before - 2);
+    env.cloud.advance_to(start);
+    let delivered: Vec<String> = events_of(&env.cloud, "Capacity Block Delivered")
+        .iter()
+        .map(|e| {
+            e["detail"]["capacity-reservation-id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(delivered.len(), 2);
+    assert!(!delivered.contains(&failing));
+}

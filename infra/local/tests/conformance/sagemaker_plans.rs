@@ -576,8 +576,12 @@ async fn a_failed_plan_payment_fails_the_plan_and_its_waiting_jobs() {
     )
     .await;
     assert_eq!(code, 204);
-    assert_eq!(plan_status(&env, "unpaid-plan").await, "Failed");
-    env.cloud.step(TimeDelta::minutes(5));
+    // the payment fails at its payment time, 5 minutes after the purchase; until then the
+    // plan is Pending and the job waits
+    env.cloud.step(TimeDelta::minutes(4));
+    assert_eq!(plan_status(&env, "unpaid-plan").await, "Pending");
+    assert_eq!(job_status(&env, "orphan").await.0, "InProgress");
+    env.cloud.step(TimeDelta::minutes(1));
     assert_eq!(plan_status(&env, "unpaid-plan").await, "Failed");
     let out = env
         .sm
@@ -734,4 +738,88 @@ async fn a_plan_payment_clears_no_later_than_six_hours_after_the_purchase() {
     assert_eq!(plan_status(&env, "later-plan").await, "Pending");
     env.cloud.advance_to(t0() + TimeDelta::hours(6));
     assert_eq!(plan_status(&env, "later-plan").await, "Scheduled");
+}
+
+/// Buys a plan tagged for a request, as the product does.
+async fn buy_tagged_plan(
+    env: &Env,
+    name: &str,
+    request: &str,
+    offering: &TrainingPlanOffering,
+) -> String {
+    env.sm
+        .create_training_plan()
+        .training_plan_name(name)
+        .training_plan_offering_id(offering.training_plan_offering_id().unwrap())
+        .tags(
+            aws_sdk_sagemaker::types::Tag::builder()
+                .key("capacity-pilot:request-id")
+                .value(request)
+                .build(),
+        )
+        .send()
+        .await
+        .expect("create plan")
+        .training_plan_arn()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_forced_payment_failure_fails_the_next_plan_bought_for_a_request_at_payment_time() {
+    let env = env().await;
+    let (status, _) = http(
+        &env.cloud.url(),
+        "POST",
+        "/_local/payment-failures",
+        Some(r#"{"request_id": "doomed-plan"}"#),
+    )
+    .await;
+    assert_eq!(status, 204, "count defaults to 1");
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        1,
+        24,
+        SageMakerResourceName::TrainingJob,
+    )
+    .await
+    .remove(0);
+    buy_tagged_plan(&env, "lucky-plan", "lucky", &offer).await;
+    let arn = buy_tagged_plan(&env, "doomed-plan-1", "doomed-plan", &offer).await;
+    job(&env, "doomed-job", "ml.p5.48xlarge", 1, Some(&arn), 600)
+        .send()
+        .await
+        .unwrap();
+    env.cloud.step(TimeDelta::minutes(4));
+    assert_eq!(plan_status(&env, "doomed-plan-1").await, "Pending");
+    env.cloud.step(TimeDelta::minutes(1));
+    assert_eq!(plan_status(&env, "doomed-plan-1").await, "Failed");
+    assert_eq!(plan_status(&env, "lucky-plan").await, "Scheduled");
+    let d = env
+        .sm
+        .describe_training_plan()
+        .training_plan_name("doomed-plan-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        d.reserved_capacity_summaries()[0]
+            .status()
+            .unwrap()
+            .as_str(),
+        "Failed"
+    );
+    let out = env
+        .sm
+        .describe_training_job()
+        .training_job_name("doomed-job")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.training_job_status().unwrap().as_str(), "Failed");
+    // the failure was used up: the next plan bought for the request pays
+    buy_tagged_plan(&env, "doomed-plan-2", "doomed-plan", &offer).await;
+    env.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(plan_status(&env, "doomed-plan-2").await, "Scheduled");
 }
