@@ -527,7 +527,11 @@ impl World {
         dry_run(q)?;
         let ids = q.list("CapacityReservationId");
         for id in &ids {
-            self.find_cr(region, id)?;
+            // a reservation still inside the listing lag answers as an unknown id
+            let cr = self.find_cr(region, id)?;
+            if !self.listed(cr.created) {
+                return Err(cr_not_found(id));
+            }
         }
         let filters = q.filters();
         let items: Vec<El> = self
@@ -535,6 +539,7 @@ impl World {
             .reservations
             .values()
             .filter(|cr| cr.region == region && (ids.is_empty() || ids.contains(&cr.id)))
+            .filter(|cr| self.listed(cr.created))
             .filter(|cr| {
                 filters.iter().all(|f| match f.name.as_str() {
                     "state" => filter_matches(&f.values, &cr.state),
@@ -576,13 +581,7 @@ impl World {
             .reservations
             .get(id)
             .filter(|cr| cr.region == region)
-            .ok_or_else(|| {
-                ApiError::ec2(
-                    400,
-                    "InvalidCapacityReservationId.NotFound",
-                    format!("The capacity reservation ID '{id}' does not exist"),
-                )
-            })
+            .ok_or_else(|| cr_not_found(id))
     }
 
     fn describe_blocks(&mut self, region: &str, q: &Query) -> Result<Vec<El>, ApiError> {
@@ -594,6 +593,7 @@ impl World {
             .reservations
             .values()
             .filter(|cr| cr.region == region && (ids.is_empty() || ids.contains(&cr.block_id)))
+            .filter(|cr| self.listed(cr.created))
             .filter(|cr| {
                 filters.iter().all(|f| match f.name.as_str() {
                     "state" => filter_matches(&f.values, block_state(&cr.state)),
@@ -1853,6 +1853,14 @@ impl World {
         );
         Ok(())
     }
+}
+
+fn cr_not_found(id: &str) -> ApiError {
+    ApiError::ec2(
+        400,
+        "InvalidCapacityReservationId.NotFound",
+        format!("The capacity reservation ID '{id}' does not exist"),
+    )
 }
 
 fn extension_el(cr: &CapacityReservation, e: &Extension) -> El {

@@ -668,8 +668,10 @@ impl World {
 
     fn describe_plan(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
         let name = req(input, "TrainingPlanName")?;
+        // a plan still inside the listing lag answers as an unknown name
         let p = self
             .plan(region, name)
+            .filter(|p| self.listed(p.created))
             .ok_or_else(|| ApiError::not_found(format!("Training plan {name} does not exist")))?;
         Ok(self.plan_json(p, true))
     }
@@ -690,7 +692,7 @@ impl World {
             .sm
             .plans
             .values()
-            .filter(|p| p.region == region)
+            .filter(|p| p.region == region && self.listed(p.created))
             .filter(|p| after.is_none_or(|a| p.offering.start() >= a))
             .filter(|p| before.is_none_or(|b| p.offering.start() <= b))
             .filter(|p| {

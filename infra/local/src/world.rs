@@ -41,6 +41,12 @@ pub struct Settings {
     /// (`scheduled`) or fails (`payment-failed`): `pending`, as a fresh block has been seen
     /// (aws-reference §11.1 States), or the documented `payment-pending` (§2.1).
     pub block_initial_state: BlockInitialState,
+    /// Seconds after its creation (simulated time) that a new Capacity Reservation is missing
+    /// from DescribeCapacityReservations (an id asked for answers `…NotFound`) and
+    /// DescribeCapacityBlocks, and a new training plan from ListTrainingPlans and
+    /// DescribeTrainingPlan (`ResourceNotFound`). Everything else sees it at once. 0: no lag.
+    /// ARCHITECTURE §8.10: default 2 min, bound 10 min (aws-reference §11.3).
+    pub listing_lag_seconds: i64,
     /// Seconds an instance stays `pending`.
     pub instance_launch_seconds: i64,
     /// Seconds an instance stays `shutting-down`.
@@ -79,6 +85,7 @@ impl Default for Settings {
             ultraserver_termination_lead_minutes: 60,
             payment_minutes: 5,
             block_initial_state: BlockInitialState::Pending,
+            listing_lag_seconds: 120,
             instance_launch_seconds: 30,
             instance_shutdown_seconds: 60,
             slot_return_minutes: 10,
@@ -365,6 +372,11 @@ impl World {
             .min(self.now + TimeDelta::hours(PAYMENT_MAX_HOURS))
             .min(deadline)
             .max(self.now)
+    }
+
+    /// Whether a reservation or plan created at `created` is listed by Describe*/List* yet.
+    pub fn listed(&self, created: DateTime<Utc>) -> bool {
+        self.now >= created + TimeDelta::seconds(self.settings.listing_lag_seconds.max(0))
     }
 
     /// A JSON picture of everything, for debugging and scenario reports.

@@ -259,8 +259,9 @@ async fn a_block_goes_from_pending_to_expired_with_its_events_on_time() {
     assert_eq!(chrono_of(cr.start_date().unwrap()), start);
     assert_eq!(chrono_of(cr.end_date().unwrap()), end);
 
-    // the purchase is found again by its tag (how a purchase is reconciled after a crash),
-    // still waiting for its payment
+    // once the listing lag has passed, the purchase is found again by its tag (how a purchase
+    // is reconciled after a crash), still waiting for its payment
+    env.cloud.step(TimeDelta::minutes(2));
     let by_tag = env
         .ec2
         .describe_capacity_reservations()
@@ -279,7 +280,7 @@ async fn a_block_goes_from_pending_to_expired_with_its_events_on_time() {
         "pending"
     );
 
-    env.cloud.step(TimeDelta::minutes(5));
+    env.cloud.step(TimeDelta::minutes(3));
     let scheduled = describe(&env, &id).await;
     assert_eq!(scheduled.state().unwrap().as_str(), "scheduled");
     assert_eq!(scheduled.total_instance_count(), Some(0));
@@ -427,6 +428,8 @@ async fn capacity_blocks_and_reservations_filter_by_state_and_zone() {
     let env = env().await;
     let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
     let cr = buy(&env, &offer, "filters").await;
+    // past the listing lag, before the payment clears
+    env.cloud.step(TimeDelta::minutes(2));
     let blocks = env.ec2.describe_capacity_blocks().send().await.unwrap();
     let block = &blocks.capacity_blocks()[0];
     assert_eq!(block.capacity_block_id(), cr.capacity_block_id());
@@ -590,6 +593,18 @@ async fn state_of(env: &Env, cr: &str) -> String {
         .to_string()
 }
 
+/// An emulator whose new reservations and plans are listed at once, for tests about
+/// something other than the listing lag.
+async fn env_without_lag() -> Env {
+    let mut options = Options {
+        seed: 42,
+        start: Some(t0()),
+        ..Options::default()
+    };
+    options.settings.listing_lag_seconds = 0;
+    env_with(options).await
+}
+
 #[tokio::test]
 async fn the_first_state_can_be_the_documented_payment_pending_and_nothing_else() {
     let env = env().await;
@@ -607,7 +622,7 @@ async fn the_first_state_can_be_the_documented_payment_pending_and_nothing_else(
         &url,
         "PATCH",
         "/_local/settings",
-        Some(r#"{"block_initial_state": "payment-pending"}"#),
+        Some(r#"{"block_initial_state": "payment-pending", "listing_lag_seconds": 0}"#),
     )
     .await;
     assert_eq!(status, 200);
@@ -630,7 +645,7 @@ async fn the_first_state_can_be_the_documented_payment_pending_and_nothing_else(
 
 #[tokio::test]
 async fn payment_clears_no_later_than_ten_minutes_before_the_start() {
-    let env = env().await;
+    let env = env_without_lag().await;
     env.cloud.with_world(|w| w.settings.payment_minutes = 30);
     let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
     let start = chrono_of(offer.start_date().unwrap());
@@ -697,7 +712,7 @@ async fn payment_clears_no_later_than_six_hours_after_the_purchase() {
 
 #[tokio::test]
 async fn an_extension_payment_clears_no_later_than_35_minutes_before_the_end() {
-    let env = env().await;
+    let env = env_without_lag().await;
     let offer = offerings(&env, "p5.48xlarge", 1, 48).await.remove(0);
     let id = buy(&env, &offer, "late-extension")
         .await
@@ -738,7 +753,7 @@ async fn an_extension_payment_clears_no_later_than_35_minutes_before_the_end() {
 
 #[tokio::test]
 async fn a_forced_payment_failure_fails_the_next_blocks_bought_for_a_request_at_payment_time() {
-    let env = env().await;
+    let env = env_without_lag().await;
     let url = env.cloud.url();
     let (status, _) = http(
         &url,
@@ -811,4 +826,112 @@ async fn a_forced_payment_failure_fails_the_next_blocks_bought_for_a_request_at_
         .collect();
     assert_eq!(delivered.len(), 2);
     assert!(!delivered.contains(&failing));
+}
+
+#[tokio::test]
+async fn a_new_block_is_missing_from_every_describe_until_the_listing_lag_has_passed() {
+    let env = env().await;
+    let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+    let cr = buy(&env, &offer, "lagging").await;
+    // the purchase's own answer is unaffected
+    let id = cr.capacity_reservation_id().unwrap().to_string();
+    let block_id = cr.capacity_block_id().unwrap().to_string();
+    let by_tag = || {
+        env.ec2
+            .describe_capacity_reservations()
+            .filters(
+                Filter::builder()
+                    .name("tag:capacity-pilot:request-id")
+                    .values("lagging")
+                    .build(),
+            )
+            .send()
+    };
+    let by_block_id = || {
+        env.ec2
+            .describe_capacity_blocks()
+            .capacity_block_ids(&block_id)
+            .send()
+    };
+    for elapsed in [0, 119] {
+        env.cloud.advance_to(t0() + TimeDelta::seconds(elapsed));
+        // asked by id, it is an unknown id
+        let err = env
+            .ec2
+            .describe_capacity_reservations()
+            .capacity_reservation_ids(&id)
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Some("InvalidCapacityReservationId.NotFound"));
+        let all = env
+            .ec2
+            .describe_capacity_reservations()
+            .send()
+            .await
+            .unwrap();
+        assert!(all.capacity_reservations().is_empty(), "{elapsed} s");
+        assert!(by_tag().await.unwrap().capacity_reservations().is_empty());
+        let blocks = env.ec2.describe_capacity_blocks().send().await.unwrap();
+        assert!(blocks.capacity_blocks().is_empty());
+        assert!(by_block_id().await.unwrap().capacity_blocks().is_empty());
+    }
+    // it exists meanwhile: its tags can be changed
+    env.ec2
+        .create_tags()
+        .resources(&id)
+        .tags(Tag::builder().key("team").value("a").build())
+        .send()
+        .await
+        .unwrap();
+
+    env.cloud.advance_to(t0() + TimeDelta::seconds(120));
+    assert_eq!(
+        describe(&env, &id).await.state().unwrap().as_str(),
+        "pending"
+    );
+    assert_eq!(by_tag().await.unwrap().capacity_reservations().len(), 1);
+    assert_eq!(
+        env.ec2
+            .describe_capacity_reservations()
+            .send()
+            .await
+            .unwrap()
+            .capacity_reservations()
+            .len(),
+        1
+    );
+    let blocks = by_block_id().await.unwrap();
+    assert_eq!(blocks.capacity_blocks().len(), 1);
+    assert_eq!(blocks.capacity_blocks()[0].capacity_reservation_ids(), [id]);
+}
+
+#[tokio::test]
+async fn without_listing_lag_a_new_block_is_described_at_once() {
+    let env = env_without_lag().await;
+    let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+    let id = buy(&env, &offer, "at-once")
+        .await
+        .capacity_reservation_id()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        describe(&env, &id).await.state().unwrap().as_str(),
+        "pending"
+    );
+    let by_tag = env
+        .ec2
+        .describe_capacity_reservations()
+        .filters(
+            Filter::builder()
+                .name("tag:capacity-pilot:request-id")
+                .values("at-once")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(by_tag.capacity_reservations().len(), 1);
+    let blocks = env.ec2.describe_capacity_blocks().send().await.unwrap();
+    assert_eq!(blocks.capacity_blocks().len(), 1);
 }

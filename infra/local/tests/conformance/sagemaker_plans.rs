@@ -186,6 +186,8 @@ async fn a_plan_goes_pending_scheduled_active_expired_and_names_are_unique() {
         arn,
         "arn:aws:sagemaker:us-east-1:123456789012:training-plan/team-a-plan"
     );
+    // past the listing lag, before the payment clears
+    env.cloud.step(TimeDelta::minutes(2));
     let d = env
         .sm
         .describe_training_plan()
@@ -239,7 +241,7 @@ async fn a_plan_goes_pending_scheduled_active_expired_and_names_are_unique() {
         .unwrap_err();
     assert!(bad.as_service_error().unwrap().is_resource_not_found());
 
-    env.cloud.step(TimeDelta::minutes(5));
+    env.cloud.step(TimeDelta::minutes(3));
     assert_eq!(plan_status(&env, "team-a-plan").await, "Scheduled");
     let segs = offer.reserved_capacity_offerings();
     let first = chrono_of(segs[0].start_time().unwrap());
@@ -278,6 +280,8 @@ async fn training_plans_list_with_filters_and_pages() {
         .remove(0);
         buy_plan(&env, &format!("plan-{n}"), &offer).await;
     }
+    // past the listing lag, before the payments clear
+    env.cloud.step(TimeDelta::minutes(2));
     let first = env
         .sm
         .list_training_plans()
@@ -301,7 +305,7 @@ async fn training_plans_list_with_filters_and_pages() {
     assert_eq!(s.training_plan_name(), Some("plan-0"));
     assert_eq!(s.status().unwrap().as_str(), "Pending");
     assert!(s.start_time().is_some() && s.end_time().is_some());
-    env.cloud.step(TimeDelta::minutes(5));
+    env.cloud.step(TimeDelta::minutes(3));
     let scheduled = env
         .sm
         .list_training_plans()
@@ -822,4 +826,85 @@ async fn a_forced_payment_failure_fails_the_next_plan_bought_for_a_request_at_pa
     buy_tagged_plan(&env, "doomed-plan-2", "doomed-plan", &offer).await;
     env.cloud.step(TimeDelta::minutes(5));
     assert_eq!(plan_status(&env, "doomed-plan-2").await, "Scheduled");
+}
+
+#[tokio::test]
+async fn a_new_plan_is_missing_from_describe_and_list_until_the_listing_lag_has_passed() {
+    let env = env().await;
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        1,
+        24,
+        SageMakerResourceName::TrainingJob,
+    )
+    .await
+    .remove(0);
+    // the create's own answer is unaffected
+    let arn = buy_plan(&env, "lagging-plan", &offer).await;
+    let listed = || async {
+        let all = env.sm.list_training_plans().send().await.unwrap();
+        let pending = env
+            .sm
+            .list_training_plans()
+            .filters(
+                TrainingPlanFilter::builder()
+                    .name(TrainingPlanFilterName::Status)
+                    .value("Pending")
+                    .build(),
+            )
+            .send()
+            .await
+            .unwrap();
+        (
+            all.training_plan_summaries().len(),
+            pending.training_plan_summaries().len(),
+        )
+    };
+    for elapsed in [0, 119] {
+        env.cloud.advance_to(t0() + TimeDelta::seconds(elapsed));
+        for name in ["lagging-plan", arn.as_str()] {
+            // asked by name or ARN, it is an unknown plan
+            let err = env
+                .sm
+                .describe_training_plan()
+                .training_plan_name(name)
+                .send()
+                .await
+                .unwrap_err();
+            assert!(
+                err.as_service_error().unwrap().is_resource_not_found(),
+                "{err:?}"
+            );
+        }
+        assert_eq!(listed().await, (0, 0), "{elapsed} s");
+    }
+    // it exists meanwhile: a job can be created on it
+    job(&env, "early-job", "ml.p5.48xlarge", 1, Some(&arn), 600)
+        .send()
+        .await
+        .unwrap();
+
+    env.cloud.advance_to(t0() + TimeDelta::seconds(120));
+    assert_eq!(plan_status(&env, "lagging-plan").await, "Pending");
+    assert_eq!(listed().await, (1, 1));
+}
+
+#[tokio::test]
+async fn without_listing_lag_a_new_plan_is_described_at_once() {
+    let env = env().await;
+    env.cloud.with_world(|w| w.settings.listing_lag_seconds = 0);
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        1,
+        24,
+        SageMakerResourceName::TrainingJob,
+    )
+    .await
+    .remove(0);
+    buy_plan(&env, "at-once-plan", &offer).await;
+    assert_eq!(plan_status(&env, "at-once-plan").await, "Pending");
+    let all = env.sm.list_training_plans().send().await.unwrap();
+    assert_eq!(all.training_plan_summaries().len(), 1);
 }
