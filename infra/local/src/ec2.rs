@@ -14,7 +14,9 @@ use crate::error::ApiError;
 use crate::market::{BlockOffering, BlockSearch, Pool, valid_block_hours};
 use crate::query::{Query, filter_matches};
 use crate::util::{ec2_time, hex_id};
-use crate::world::{Action, World};
+use crate::world::{
+    Action, EXTENSION_PAYMENT_LEAD_MINUTES, PAYMENT_LEAD_MINUTES, REQUEST_TAG, World,
+};
 use crate::xml::{El, el, set};
 
 /// The platforms a Capacity Block can be bought for.
@@ -30,6 +32,23 @@ pub const BLOCK_PLATFORMS: [&str; 5] = [
 /// active; the reservation's totals read 0 until then.
 pub const INCREMENTAL_QUANTITY_TAG: &str =
     "aws:ec2capacityreservation:incrementalRequestedQuantity";
+
+/// Whether a block's reservation is still waiting for its payment: `pending` (how a fresh
+/// block has been seen, aws-reference §11.1 States) or `payment-pending` (the documented
+/// machine, §2.1); both end in `scheduled` or `payment-failed`.
+pub fn awaiting_payment(state: &str) -> bool {
+    state == "pending" || state == "payment-pending"
+}
+
+/// The block resource's state for a reservation's: its enum (aws-reference §11.1 States) has
+/// no `pending`, so a block whose reservation is `pending` reads `payment-pending`.
+pub fn block_state(reservation_state: &str) -> &str {
+    if reservation_state == "pending" {
+        "payment-pending"
+    } else {
+        reservation_state
+    }
+}
 
 /// A purchased Capacity Block, seen by EC2 as a targeted Capacity Reservation.
 #[derive(Debug, Clone, Serialize)]
@@ -422,18 +441,16 @@ impl World {
             start: offering.start,
             end: offering.end,
             created: self.now,
-            state: "payment-pending".to_string(),
+            state: self.settings.block_initial_state.as_str().to_string(),
+            fail_payment: self.take_payment_failure(tags.get(REQUEST_TAG).map(String::as_str)),
             tags,
             offering_id,
             upfront_fee: offering.upfront_fee,
             ultraserver,
-            fail_payment: false,
             extensions: Vec::new(),
         };
         tracing::info!(capacity_reservation_id = %id, upfront_fee = %cr.upfront_fee, "capacity block purchased");
-        let pay_at = self
-            .minutes(self.settings.payment_minutes)
-            .min(cr.start - TimeDelta::minutes(5));
+        let pay_at = self.payment_time(cr.start - TimeDelta::minutes(PAYMENT_LEAD_MINUTES));
         self.ec2.reservations.insert(id.clone(), cr);
         self.schedule(pay_at, Action::BlockPayment(id.clone()));
         let cr = &self.ec2.reservations[&id];
@@ -493,7 +510,7 @@ impl World {
             .v("startDate", ec2_time(cr.start))
             .v("endDate", ec2_time(cr.end))
             .v("createDate", ec2_time(cr.created))
-            .v("state", &cr.state)
+            .v("state", block_state(&cr.state))
             .tags(cr.tags.iter())
     }
 
@@ -510,7 +527,11 @@ impl World {
         dry_run(q)?;
         let ids = q.list("CapacityReservationId");
         for id in &ids {
-            self.find_cr(region, id)?;
+            // a reservation still inside the listing lag answers as an unknown id
+            let cr = self.find_cr(region, id)?;
+            if !self.listed(cr.created) {
+                return Err(cr_not_found(id));
+            }
         }
         let filters = q.filters();
         let items: Vec<El> = self
@@ -518,6 +539,7 @@ impl World {
             .reservations
             .values()
             .filter(|cr| cr.region == region && (ids.is_empty() || ids.contains(&cr.id)))
+            .filter(|cr| self.listed(cr.created))
             .filter(|cr| {
                 filters.iter().all(|f| match f.name.as_str() {
                     "state" => filter_matches(&f.values, &cr.state),
@@ -559,13 +581,7 @@ impl World {
             .reservations
             .get(id)
             .filter(|cr| cr.region == region)
-            .ok_or_else(|| {
-                ApiError::ec2(
-                    400,
-                    "InvalidCapacityReservationId.NotFound",
-                    format!("The capacity reservation ID '{id}' does not exist"),
-                )
-            })
+            .ok_or_else(|| cr_not_found(id))
     }
 
     fn describe_blocks(&mut self, region: &str, q: &Query) -> Result<Vec<El>, ApiError> {
@@ -577,9 +593,10 @@ impl World {
             .reservations
             .values()
             .filter(|cr| cr.region == region && (ids.is_empty() || ids.contains(&cr.block_id)))
+            .filter(|cr| self.listed(cr.created))
             .filter(|cr| {
                 filters.iter().all(|f| match f.name.as_str() {
-                    "state" => filter_matches(&f.values, &cr.state),
+                    "state" => filter_matches(&f.values, block_state(&cr.state)),
                     "availability-zone" => filter_matches(&f.values, &cr.availability_zone),
                     "capacity-block-id" => filter_matches(&f.values, &cr.block_id),
                     name => match name.strip_prefix("tag:") {
@@ -737,7 +754,8 @@ impl World {
             purchased: self.now,
             upfront_fee: offering.upfront_fee,
         };
-        let pay_at = self.minutes(self.settings.payment_minutes);
+        let pay_at =
+            self.payment_time(offering.start - TimeDelta::minutes(EXTENSION_PAYMENT_LEAD_MINUTES));
         self.ec2
             .reservations
             .get_mut(&cr_id)
@@ -943,7 +961,7 @@ impl World {
             }
             (Some("capacity-block"), Some(cr_id)) => {
                 let cr = self.find_cr(region, cr_id)?.clone();
-                if cr.state == "payment-pending" || cr.state == "scheduled" {
+                if awaiting_payment(&cr.state) || cr.state == "scheduled" {
                     return Err(ApiError::ec2(
                         400,
                         "InvalidCapacityReservationState.PendingActivation",
@@ -1471,7 +1489,7 @@ impl World {
                 let Some(cr) = self.ec2.reservations.get_mut(&cr_id) else {
                     return;
                 };
-                if cr.state != "payment-pending" {
+                if !awaiting_payment(&cr.state) {
                     return;
                 }
                 if cr.fail_payment {
@@ -1835,6 +1853,14 @@ impl World {
         );
         Ok(())
     }
+}
+
+fn cr_not_found(id: &str) -> ApiError {
+    ApiError::ec2(
+        400,
+        "InvalidCapacityReservationId.NotFound",
+        format!("The capacity reservation ID '{id}' does not exist"),
+    )
 }
 
 fn extension_el(cr: &CapacityReservation, e: &Extension) -> El {

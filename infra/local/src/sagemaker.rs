@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 use crate::error::ApiError;
 use crate::market::{PlanOffering, PlanSearch, Pool};
 use crate::util::epoch;
-use crate::world::{Action, World};
+use crate::world::{Action, PAYMENT_LEAD_MINUTES, REQUEST_TAG, World};
 
 /// A purchased training plan.
 #[derive(Debug, Clone, Serialize)]
@@ -23,6 +23,9 @@ pub struct Plan {
     pub offering: PlanOffering,
     pub created: DateTime<Utc>,
     pub paid_at: DateTime<Utc>,
+    /// The payment fails at `paid_at` (forced through the control API or a scenario).
+    pub fail_payment: bool,
+    /// The payment failed: the plan is `Failed` and its capacity back in the market.
     pub failed: bool,
     pub reserved_capacity_arns: Vec<String>,
 }
@@ -149,7 +152,7 @@ impl SageMakerState {
 /// A plan's status at `now`: Pending until paid, Active inside a segment, Scheduled before and
 /// between segments, Expired after the last.
 pub fn plan_status(p: &Plan, now: DateTime<Utc>) -> &'static str {
-    if p.failed {
+    if payment_failed(p, now) {
         return "Failed";
     }
     if now < p.paid_at {
@@ -163,6 +166,11 @@ pub fn plan_status(p: &Plan, now: DateTime<Utc>) -> &'static str {
     } else {
         "Expired"
     }
+}
+
+/// Whether a plan's payment has failed by `now`.
+fn payment_failed(p: &Plan, now: DateTime<Utc>) -> bool {
+    p.failed || (p.fail_payment && now >= p.paid_at)
 }
 
 fn segment_at(p: &Plan, now: DateTime<Utc>) -> Option<usize> {
@@ -431,7 +439,15 @@ impl World {
             let id = self.next_id("rc-");
             rcs.push(self.arn("sagemaker", region, &format!("reserved-capacity/{id}")));
         }
-        let paid_at = self.minutes(self.settings.payment_minutes);
+        // payment clears at most 6 h after the purchase and 10 min before the first segment
+        // (ARCHITECTURE §8.10)
+        let paid_at =
+            self.payment_time(offering.start() - TimeDelta::minutes(PAYMENT_LEAD_MINUTES));
+        let fail_payment = self.take_payment_failure(
+            tags.iter()
+                .find(|(k, _)| k == REQUEST_TAG)
+                .map(|(_, v)| v.as_str()),
+        );
         let mut times = vec![paid_at];
         for sg in &offering.segments {
             times.extend([
@@ -455,6 +471,7 @@ impl World {
                 offering,
                 created: self.now,
                 paid_at,
+                fail_payment,
                 failed: false,
                 reserved_capacity_arns: rcs,
             },
@@ -463,7 +480,8 @@ impl World {
         Ok(json!({"TrainingPlanArn": arn}))
     }
 
-    /// Control: a plan's payment fails while it is still `Pending`; its capacity is released.
+    /// Control: a plan's payment fails, at its payment time, while it is still `Pending`; then
+    /// it is `Failed` and its capacity is released.
     pub fn fail_plan_payment(&mut self, region: &str, name: &str) -> Result<(), ApiError> {
         let now = self.now;
         let key = (region.to_string(), name.to_string());
@@ -478,20 +496,38 @@ impl World {
                 format!("training plan {name} is no longer Pending"),
             ));
         }
-        plan.failed = true;
-        let p = plan.clone();
-        for sg in &p.offering.segments {
-            self.market.consume(
-                Pool::TrainingPlan,
-                region,
-                &sg.availability_zone,
-                &p.offering.instance_type,
-                (sg.start, sg.end),
-                -p.offering.instance_count,
-            );
-        }
-        self.sagemaker_sync();
+        plan.fail_payment = true;
         Ok(())
+    }
+
+    /// Fails each plan whose forced payment failure is due, releasing its capacity.
+    fn fail_due_plan_payments(&mut self) {
+        let now = self.now;
+        let due: Vec<Key> = self
+            .sm
+            .plans
+            .iter()
+            .filter(|(_, p)| p.fail_payment && !p.failed && now >= p.paid_at)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in due {
+            let Some(plan) = self.sm.plans.get_mut(&key) else {
+                continue;
+            };
+            plan.failed = true;
+            let p = plan.clone();
+            tracing::info!(training_plan = %p.name, "training plan payment failed");
+            for sg in &p.offering.segments {
+                self.market.consume(
+                    Pool::TrainingPlan,
+                    &p.region,
+                    &sg.availability_zone,
+                    &p.offering.instance_type,
+                    (sg.start, sg.end),
+                    -p.offering.instance_count,
+                );
+            }
+        }
     }
 
     /// Control: marks a HyperPod node unhealthy (or healthy again) and emits the node health
@@ -604,7 +640,7 @@ impl World {
             "InUseInstanceCount": in_use,
             "TargetResources": [o.target],
             "ReservedCapacitySummaries": o.segments.iter().zip(&p.reserved_capacity_arns).map(|(sg, arn)| {
-                let rc_status = if p.failed { "Failed" }
+                let rc_status = if payment_failed(p, self.now) { "Failed" }
                     else if self.now < p.paid_at { "Pending" }
                     else if self.now < sg.start { "Scheduled" }
                     else if self.now < sg.end { "Active" }
@@ -632,8 +668,10 @@ impl World {
 
     fn describe_plan(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
         let name = req(input, "TrainingPlanName")?;
+        // a plan still inside the listing lag answers as an unknown name
         let p = self
             .plan(region, name)
+            .filter(|p| self.listed(p.created))
             .ok_or_else(|| ApiError::not_found(format!("Training plan {name} does not exist")))?;
         Ok(self.plan_json(p, true))
     }
@@ -654,7 +692,7 @@ impl World {
             .sm
             .plans
             .values()
-            .filter(|p| p.region == region)
+            .filter(|p| p.region == region && self.listed(p.created))
             .filter(|p| after.is_none_or(|a| p.offering.start() >= a))
             .filter(|p| before.is_none_or(|b| p.offering.start() <= b))
             .filter(|p| {
@@ -1471,6 +1509,7 @@ impl World {
     /// Brings every SageMaker resource up to date with the clock. Idempotent; several passes
     /// let capacity freed by one resource be taken by another at the same instant.
     pub(crate) fn sagemaker_sync(&mut self) {
+        self.fail_due_plan_payments();
         for _ in 0..3 {
             let keys: Vec<Key> = self.sm.jobs.keys().cloned().collect();
             for k in keys {

@@ -60,6 +60,10 @@ pub fn router(app: App) -> Router {
             "/_local/training-plans/{region}/{name}/fail-payment",
             post(plan_fail_payment),
         )
+        .route(
+            "/_local/payment-failures",
+            get(payment_failures_get).post(payment_failures_add),
+        )
         .route("/_local/events", get(events_all))
         .route("/_local/events/{bus}", get(events_bus))
         .route("/_local/state", get(state_get))
@@ -394,6 +398,33 @@ async fn plan_fail_payment(
     Path((region, name)): Path<(String, String)>,
 ) -> Response {
     done(app.lock().fail_plan_payment(&region, &name))
+}
+
+/// Forces the payments of the next `count` reservations bought for a request to fail.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PaymentFailures {
+    pub request_id: String,
+    #[serde(default = "one")]
+    pub count: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+async fn payment_failures_get(State(app): State<App>) -> Json<Value> {
+    Json(json!({"payment_failures": app.lock().payment_failures}))
+}
+
+async fn payment_failures_add(State(app): State<App>, body: Bytes) -> Response {
+    match serde_json::from_slice::<PaymentFailures>(&body) {
+        Ok(p) => {
+            app.lock().force_payment_failures(&p.request_id, p.count);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(e) => control_error(&ApiError::new(400, "BadRequest", e.to_string())),
+    }
 }
 
 async fn events_all(State(app): State<App>) -> Json<Value> {

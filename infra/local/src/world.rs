@@ -32,8 +32,21 @@ pub struct Settings {
     pub block_termination_lead_minutes: i64,
     /// The same for UltraServer blocks.
     pub ultraserver_termination_lead_minutes: i64,
-    /// Minutes after purchase that a block's or plan's payment completes.
+    /// Minutes after purchase that a block's, plan's or extension's payment clears (or, when
+    /// forced, fails). Bounded by [`PAYMENT_MAX_HOURS`] after the purchase and by
+    /// [`PAYMENT_LEAD_MINUTES`] before a block's or plan's start (an extension: 35 minutes before
+    /// the block's end), never before the purchase (ARCHITECTURE §8.10).
     pub payment_minutes: i64,
+    /// The state a new Capacity Block's reservation is in until its payment clears
+    /// (`scheduled`) or fails (`payment-failed`): `pending`, as a fresh block has been seen
+    /// (aws-reference §11.1 States), or the documented `payment-pending` (§2.1).
+    pub block_initial_state: BlockInitialState,
+    /// Seconds after its creation (simulated time) that a new Capacity Reservation is missing
+    /// from DescribeCapacityReservations (an id asked for answers `…NotFound`) and
+    /// DescribeCapacityBlocks, and a new training plan from ListTrainingPlans and
+    /// DescribeTrainingPlan (`ResourceNotFound`). Everything else sees it at once. 0: no lag.
+    /// ARCHITECTURE §8.10: default 2 min, bound 10 min (aws-reference §11.3).
+    pub listing_lag_seconds: i64,
     /// Seconds an instance stays `pending`.
     pub instance_launch_seconds: i64,
     /// Seconds an instance stays `shutting-down`.
@@ -71,6 +84,8 @@ impl Default for Settings {
             block_termination_lead_minutes: 30,
             ultraserver_termination_lead_minutes: 60,
             payment_minutes: 5,
+            block_initial_state: BlockInitialState::Pending,
+            listing_lag_seconds: 120,
             instance_launch_seconds: 30,
             instance_shutdown_seconds: 60,
             slot_return_minutes: 10,
@@ -83,6 +98,33 @@ impl Default for Settings {
             cluster_transition_minutes: 3,
             endpoint_create_minutes: 5,
             max_training_plans: 50,
+        }
+    }
+}
+
+/// The latest a payment clears after the purchase (ARCHITECTURE §8.10 bound).
+pub const PAYMENT_MAX_HOURS: i64 = 6;
+/// The latest a block's or plan's payment clears before its start (ARCHITECTURE §8.10 bound).
+pub const PAYMENT_LEAD_MINUTES: i64 = 10;
+/// The latest an extension's payment clears before the block's end (aws-reference §11.1
+/// Extensions: "no later than 35 minutes before the end").
+pub const EXTENSION_PAYMENT_LEAD_MINUTES: i64 = 35;
+/// The request tag a forced payment failure is keyed by (`POST /_local/payment-failures`).
+pub const REQUEST_TAG: &str = "capacity-pilot:request-id";
+
+/// The first state of a Capacity Block's reservation ([`Settings::block_initial_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BlockInitialState {
+    Pending,
+    PaymentPending,
+}
+
+impl BlockInitialState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BlockInitialState::Pending => "pending",
+            BlockInitialState::PaymentPending => "payment-pending",
         }
     }
 }
@@ -159,6 +201,9 @@ pub struct World {
     /// Recorded events per bus name; AWS's own go to `default`.
     pub buses: BTreeMap<String, Vec<Value>>,
     pub faults: Vec<Fault>,
+    /// Forced payment failures: how many of the next reservations (blocks or plans) bought
+    /// with the tag [`REQUEST_TAG`] = the key will fail their payment.
+    pub payment_failures: BTreeMap<String, u32>,
     agenda: BTreeMap<(DateTime<Utc>, u64), Action>,
     seq: u64,
     ids: u64,
@@ -175,6 +220,7 @@ impl World {
             sm: SageMakerState::default(),
             buses: BTreeMap::new(),
             faults: Vec::new(),
+            payment_failures: BTreeMap::new(),
             agenda: BTreeMap::new(),
             seq: 0,
             ids: 0,
@@ -292,6 +338,47 @@ impl World {
         Some(kind)
     }
 
+    /// Control: the payments of the next `count` reservations (blocks or plans) bought with
+    /// the request tag `request_id` fail at their payment time. Adds to any still pending.
+    pub fn force_payment_failures(&mut self, request_id: &str, count: u32) {
+        if count == 0 {
+            return;
+        }
+        *self
+            .payment_failures
+            .entry(request_id.to_string())
+            .or_default() += count;
+    }
+
+    /// Whether a purchase tagged with `request_id` takes one of the forced payment failures.
+    pub fn take_payment_failure(&mut self, request_id: Option<&str>) -> bool {
+        let Some(id) = request_id else {
+            return false;
+        };
+        let Some(n) = self.payment_failures.get_mut(id) else {
+            return false;
+        };
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.payment_failures.remove(id);
+        }
+        true
+    }
+
+    /// When a payment made now clears: `payment_minutes` later, but no later than
+    /// [`PAYMENT_MAX_HOURS`] from now or `deadline`, and never before now.
+    pub fn payment_time(&self, deadline: DateTime<Utc>) -> DateTime<Utc> {
+        self.minutes(self.settings.payment_minutes)
+            .min(self.now + TimeDelta::hours(PAYMENT_MAX_HOURS))
+            .min(deadline)
+            .max(self.now)
+    }
+
+    /// Whether a reservation or plan created at `created` is listed by Describe*/List* yet.
+    pub fn listed(&self, created: DateTime<Utc>) -> bool {
+        self.now >= created + TimeDelta::seconds(self.settings.listing_lag_seconds.max(0))
+    }
+
     /// A JSON picture of everything, for debugging and scenario reports.
     pub fn snapshot(&self) -> Value {
         json!({
@@ -302,6 +389,7 @@ impl World {
             "sagemaker": self.sm.snapshot(),
             "event_counts": self.buses.iter().map(|(k, v)| (k.clone(), v.len())).collect::<HashMap<_, _>>(),
             "faults": self.faults,
+            "payment_failures": self.payment_failures,
         })
     }
 

@@ -11,8 +11,8 @@ use serde_json::Value;
 use super::InvocationRecord;
 use super::scenario::Scenario;
 use crate::LocalCloud;
-
-pub const REQUEST_TAG: &str = "capacity-pilot:request-id";
+use crate::sagemaker::plan_status;
+pub use crate::world::REQUEST_TAG;
 
 /// Everything a check may look at.
 pub struct Observed<'a> {
@@ -59,12 +59,48 @@ impl Observed<'_> {
             .collect()
     }
 
-    /// The windows the emulator sold for request `id` (found by its request tag).
+    /// Our `Capacity Reserved` events about `id`, less those whose every reservation the
+    /// emulator released on a payment failure (a scenario's `fail_payments`): nothing was
+    /// charged for them.
+    pub fn reserved_and_paid(&self, id: &str) -> Vec<&Value> {
+        let released: BTreeSet<String> = self.cloud.with_world(|w| {
+            let blocks = w
+                .ec2
+                .reservations
+                .values()
+                .filter(|cr| cr.state == "payment-failed")
+                .map(|cr| cr.id.clone());
+            let plans =
+                w.sm.plans
+                    .values()
+                    .filter(|p| plan_status(p, w.now) == "Failed")
+                    .flat_map(|p| [p.arn.clone(), p.name.clone()]);
+            blocks.chain(plans).collect()
+        });
+        self.ours(id, "Capacity Reserved")
+            .into_iter()
+            .filter(|e| {
+                let ids = e["detail"]["reservation_ids"].as_array();
+                !ids.is_some_and(|ids| {
+                    !ids.is_empty()
+                        && ids
+                            .iter()
+                            .all(|r| r.as_str().is_some_and(|r| released.contains(r)))
+                })
+            })
+            .collect()
+    }
+
+    /// The windows the emulator sold for request `id` (found by its request tag). A block or
+    /// plan whose payment failed was released, not sold, and a failed extension charged
+    /// nothing.
     pub fn windows(&self, id: &str) -> Vec<Window> {
         self.cloud.with_world(|w| {
             let mut out = Vec::new();
             for cr in w.ec2.reservations.values() {
-                if cr.tags.get(REQUEST_TAG).map(String::as_str) != Some(id) {
+                if cr.tags.get(REQUEST_TAG).map(String::as_str) != Some(id)
+                    || cr.state == "payment-failed"
+                {
                     continue;
                 }
                 let lead = if cr.ultraserver {
@@ -79,7 +115,11 @@ impl Observed<'_> {
                     end: cr.end,
                     forced: cr.end - TimeDelta::minutes(lead),
                     fee: cr.upfront_fee
-                        + cr.extensions.iter().map(|x| x.upfront_fee).sum::<Decimal>(),
+                        + cr.extensions
+                            .iter()
+                            .filter(|x| x.status != "payment-failed")
+                            .map(|x| x.upfront_fee)
+                            .sum::<Decimal>(),
                     kind: "capacity-block".into(),
                 });
             }
@@ -88,7 +128,7 @@ impl Observed<'_> {
                     w.sm.tags
                         .get(&p.arn)
                         .is_some_and(|tags| tags.iter().any(|(k, v)| k == REQUEST_TAG && v == id));
-                if !tagged {
+                if !tagged || plan_status(p, w.now) == "Failed" {
                     continue;
                 }
                 let lead = match p.offering.target.as_str() {
@@ -163,7 +203,7 @@ pub fn judge(o: &Observed) -> Vec<Check> {
             continue;
         }
         let windows = o.windows(id);
-        let reserved = o.ours(id, "Capacity Reserved");
+        let reserved = o.reserved_and_paid(id);
         let reservations: BTreeSet<&str> =
             windows.iter().map(|w| w.reservation_id.as_str()).collect();
 
@@ -499,7 +539,7 @@ pub fn judge(o: &Observed) -> Vec<Check> {
         for (id, detail) in &requests {
             let team = detail["team"].as_str().unwrap_or("?").to_string();
             let published: Decimal = o
-                .ours(id, "Capacity Reserved")
+                .reserved_and_paid(id)
                 .iter()
                 .filter_map(|r| money(&r["detail"]["upfront_fee_usd"]))
                 .sum();

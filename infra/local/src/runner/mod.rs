@@ -491,6 +491,16 @@ impl Player {
                 self.timeline
                     .action(now, &format!("changes the market for {}", m.instance_type));
             }
+            What::FailPayments { request_id, count } => {
+                self.cloud
+                    .with_world(|w| w.force_payment_failures(request_id, *count));
+                self.timeline.action(
+                    now,
+                    &format!(
+                        "makes the payment of the next {count} reservation(s) of {request_id} fail"
+                    ),
+                );
+            }
         }
         Ok(())
     }

@@ -37,7 +37,8 @@ pub struct Scenario {
     /// Expected outcomes, per request id.
     #[serde(default)]
     pub expect: BTreeMap<String, Expect>,
-    /// Each team's fees on the bus equal what the emulator charged it.
+    /// Each team's fees on the bus equal what the emulator charged it (a reservation whose
+    /// payment failed charged nothing, and its Reserved event does not count).
     #[serde(default = "yes")]
     pub budgets_exact: bool,
 }
@@ -101,6 +102,19 @@ pub enum What {
     Fault(Fault),
     ClearFaults {},
     Market(MarketChange),
+    /// Make the payments of the next `count` reservations (Capacity Blocks or training plans)
+    /// bought for a request (tag `capacity-pilot:request-id`) fail at their payment time: a
+    /// block goes `payment-failed`, a plan `Failed`, and the capacity returns to the market
+    /// (the emulator's `POST /_local/payment-failures`).
+    FailPayments {
+        request_id: String,
+        #[serde(default = "one")]
+        count: u32,
+    },
+}
+
+fn one() -> u32 {
+    1
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -128,7 +142,8 @@ pub struct InstanceOf {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Expect {
-    /// Exactly one reservation bought (one Reserved event, one block or plan in the emulator).
+    /// Exactly one reservation bought (one Reserved event, one block or plan in the emulator);
+    /// one whose payment failed was not bought.
     #[serde(default)]
     pub bought_once: bool,
     /// Each window's workload launched within one schedule tick of the window opening.
@@ -208,5 +223,27 @@ pub fn substitute(v: &mut Value, subnet_ids: &[String]) {
             }
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scenario_can_force_the_payment_of_a_request_to_fail() {
+        let actions: Vec<Action> = serde_yaml_ng::from_str(
+            "- at: 2026-12-01T09:00:00Z\n  fail_payments: {request_id: team-a, count: 2}\n\
+             - at: 2026-12-01T10:00:00Z\n  fail_payments: {request_id: team-b}\n",
+        )
+        .expect("parses");
+        let forced: Vec<(String, u32)> = actions
+            .into_iter()
+            .map(|a| match a.what {
+                What::FailPayments { request_id, count } => (request_id, count),
+                other => panic!("not fail_payments: {other:?}"),
+            })
+            .collect();
+        assert_eq!(forced, [("team-a".into(), 2), ("team-b".into(), 1)]);
     }
 }

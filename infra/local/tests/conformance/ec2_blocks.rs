@@ -225,13 +225,14 @@ async fn purchase_errors_name_the_offering_problem() {
 }
 
 #[tokio::test]
-async fn a_block_goes_from_payment_pending_to_expired_with_its_events_on_time() {
+async fn a_block_goes_from_pending_to_expired_with_its_events_on_time() {
     let env = env().await;
     let offer = offerings(&env, "p5.48xlarge", 2, 48).await.remove(0);
     let cr = buy(&env, &offer, "req-1").await;
     let id = cr.capacity_reservation_id().unwrap().to_string();
     assert!(id.starts_with("cr-") && id.len() == 20);
-    assert_eq!(cr.state().unwrap().as_str(), "payment-pending");
+    // a fresh block has been seen in `pending` (aws-reference §11.1 States)
+    assert_eq!(cr.state().unwrap().as_str(), "pending");
     // Before the block is active its totals read 0, and EC2's tag carries the count it will
     // have (aws-reference §11.1)
     assert_eq!(cr.total_instance_count(), Some(0));
@@ -258,7 +259,9 @@ async fn a_block_goes_from_payment_pending_to_expired_with_its_events_on_time() 
     assert_eq!(chrono_of(cr.start_date().unwrap()), start);
     assert_eq!(chrono_of(cr.end_date().unwrap()), end);
 
-    // the purchase is found again by its tag (how a purchase is reconciled after a crash)
+    // once the listing lag has passed, the purchase is found again by its tag (how a purchase
+    // is reconciled after a crash), still waiting for its payment
+    env.cloud.step(TimeDelta::minutes(2));
     let by_tag = env
         .ec2
         .describe_capacity_reservations()
@@ -272,8 +275,12 @@ async fn a_block_goes_from_payment_pending_to_expired_with_its_events_on_time() 
         .await
         .unwrap();
     assert_eq!(by_tag.capacity_reservations().len(), 1);
+    assert_eq!(
+        by_tag.capacity_reservations()[0].state().unwrap().as_str(),
+        "pending"
+    );
 
-    env.cloud.step(TimeDelta::minutes(5));
+    env.cloud.step(TimeDelta::minutes(3));
     let scheduled = describe(&env, &id).await;
     assert_eq!(scheduled.state().unwrap().as_str(), "scheduled");
     assert_eq!(scheduled.total_instance_count(), Some(0));
@@ -421,6 +428,8 @@ async fn capacity_blocks_and_reservations_filter_by_state_and_zone() {
     let env = env().await;
     let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
     let cr = buy(&env, &offer, "filters").await;
+    // past the listing lag, before the payment clears
+    env.cloud.step(TimeDelta::minutes(2));
     let blocks = env.ec2.describe_capacity_blocks().send().await.unwrap();
     let block = &blocks.capacity_blocks()[0];
     assert_eq!(block.capacity_block_id(), cr.capacity_block_id());
@@ -429,7 +438,22 @@ async fn capacity_blocks_and_reservations_filter_by_state_and_zone() {
         [cr.capacity_reservation_id().unwrap()]
     );
     assert_eq!(block.availability_zone(), offer.availability_zone());
+    // the block resource's states have no `pending`: a pending reservation's block reads
+    // `payment-pending`, and its state filter matches that
     assert_eq!(block.state().unwrap().as_str(), "payment-pending");
+    let by_state = env
+        .ec2
+        .describe_capacity_blocks()
+        .filters(
+            Filter::builder()
+                .name("state")
+                .values("payment-pending")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(by_state.capacity_blocks().len(), 1);
     let none = env
         .ec2
         .describe_capacity_reservations()
@@ -441,12 +465,7 @@ async fn capacity_blocks_and_reservations_filter_by_state_and_zone() {
     let some = env
         .ec2
         .describe_capacity_reservations()
-        .filters(
-            Filter::builder()
-                .name("state")
-                .values("payment-pending")
-                .build(),
-        )
+        .filters(Filter::builder().name("state").values("pending").build())
         .filters(
             Filter::builder()
                 .name("availability-zone")
@@ -562,4 +581,357 @@ async fn ultraserver_blocks_warn_70_minutes_before_the_end() {
         warn[0]["detail"]["capacity-reservation-id"],
         cr.capacity_reservation_id().unwrap()
     );
+}
+
+/// A block's reservation state, read through the SDK.
+async fn state_of(env: &Env, cr: &str) -> String {
+    describe(env, cr)
+        .await
+        .state()
+        .unwrap()
+        .as_str()
+        .to_string()
+}
+
+/// An emulator whose new reservations and plans are listed at once, for tests about
+/// something other than the listing lag.
+async fn env_without_lag() -> Env {
+    let mut options = Options {
+        seed: 42,
+        start: Some(t0()),
+        ..Options::default()
+    };
+    options.settings.listing_lag_seconds = 0;
+    env_with(options).await
+}
+
+#[tokio::test]
+async fn the_first_state_can_be_the_documented_payment_pending_and_nothing_else() {
+    let env = env().await;
+    let url = env.cloud.url();
+    // only the two pre-payment states are accepted
+    let (status, _) = http(
+        &url,
+        "PATCH",
+        "/_local/settings",
+        Some(r#"{"block_initial_state": "active"}"#),
+    )
+    .await;
+    assert_eq!(status, 400);
+    let (status, body) = http(
+        &url,
+        "PATCH",
+        "/_local/settings",
+        Some(r#"{"block_initial_state": "payment-pending", "listing_lag_seconds": 0}"#),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(body["block_initial_state"], "payment-pending");
+
+    let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+    let cr = buy(&env, &offer, "documented").await;
+    let id = cr.capacity_reservation_id().unwrap().to_string();
+    assert_eq!(cr.state().unwrap().as_str(), "payment-pending");
+    assert_eq!(state_of(&env, &id).await, "payment-pending");
+    let blocks = env.ec2.describe_capacity_blocks().send().await.unwrap();
+    assert_eq!(
+        blocks.capacity_blocks()[0].state().unwrap().as_str(),
+        "payment-pending"
+    );
+    // its payment clears as a pending block's does
+    env.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(state_of(&env, &id).await, "scheduled");
+}
+
+#[tokio::test]
+async fn payment_clears_no_later_than_ten_minutes_before_the_start() {
+    let env = env_without_lag().await;
+    env.cloud.with_world(|w| w.settings.payment_minutes = 30);
+    let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+    let start = chrono_of(offer.start_date().unwrap());
+    // bought 20 minutes before its start: 30 minutes would be too late, so it clears at
+    // start - 10 min
+    env.cloud.advance_to(start - TimeDelta::minutes(20));
+    let id = buy(&env, &offer, "soon")
+        .await
+        .capacity_reservation_id()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        env.cloud.next_transition(),
+        Some(start - TimeDelta::minutes(10))
+    );
+    env.cloud.advance_to(start - TimeDelta::minutes(11));
+    assert_eq!(state_of(&env, &id).await, "pending");
+    env.cloud.advance_to(start - TimeDelta::minutes(10));
+    assert_eq!(state_of(&env, &id).await, "scheduled");
+
+    // bought 5 minutes before its start: the payment clears at once, never before the
+    // purchase (the purchase itself still answers `pending`)
+    env.cloud.advance_to(start - TimeDelta::minutes(5));
+    let late = buy(&env, &offer, "sooner").await;
+    assert_eq!(late.state().unwrap().as_str(), "pending");
+    let late = late.capacity_reservation_id().unwrap().to_string();
+    assert_eq!(state_of(&env, &late).await, "scheduled");
+    env.cloud.advance_to(start);
+    assert_eq!(state_of(&env, &late).await, "active");
+}
+
+#[tokio::test]
+async fn payment_clears_no_later_than_six_hours_after_the_purchase() {
+    let env = env().await;
+    env.cloud
+        .with_world(|w| w.settings.payment_minutes = 10 * 60);
+    let later = env
+        .ec2
+        .describe_capacity_block_offerings()
+        .instance_type("p5.48xlarge")
+        .instance_count(1)
+        .capacity_duration_hours(24)
+        .start_date_range(smithy_of(t0() + TimeDelta::days(3)))
+        .send()
+        .await
+        .unwrap()
+        .capacity_block_offerings()[0]
+        .clone();
+    let id = buy(&env, &later, "slow-bank")
+        .await
+        .capacity_reservation_id()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        env.cloud.next_transition(),
+        Some(t0() + TimeDelta::hours(6))
+    );
+    env.cloud
+        .advance_to(t0() + TimeDelta::hours(6) - TimeDelta::seconds(1));
+    assert_eq!(state_of(&env, &id).await, "pending");
+    env.cloud.advance_to(t0() + TimeDelta::hours(6));
+    assert_eq!(state_of(&env, &id).await, "scheduled");
+}
+
+#[tokio::test]
+async fn an_extension_payment_clears_no_later_than_35_minutes_before_the_end() {
+    let env = env_without_lag().await;
+    let offer = offerings(&env, "p5.48xlarge", 1, 48).await.remove(0);
+    let id = buy(&env, &offer, "late-extension")
+        .await
+        .capacity_reservation_id()
+        .unwrap()
+        .to_string();
+    let end = chrono_of(offer.end_date().unwrap());
+    // the last moment an extension is offered: 1 hour before the end
+    env.cloud.advance_to(end - TimeDelta::hours(1));
+    env.cloud.with_world(|w| w.settings.payment_minutes = 60);
+    let ext = env
+        .ec2
+        .describe_capacity_block_extension_offerings()
+        .capacity_reservation_id(&id)
+        .capacity_block_extension_duration_hours(24)
+        .send()
+        .await
+        .unwrap();
+    let o = ext.capacity_block_extension_offerings()[0].clone();
+    env.ec2
+        .purchase_capacity_block_extension()
+        .capacity_block_extension_offering_id(o.capacity_block_extension_offering_id().unwrap())
+        .capacity_reservation_id(&id)
+        .send()
+        .await
+        .unwrap();
+    env.cloud.advance_to(end - TimeDelta::minutes(36));
+    assert_eq!(
+        chrono_of(describe(&env, &id).await.end_date().unwrap()),
+        end
+    );
+    env.cloud.advance_to(end - TimeDelta::minutes(35));
+    assert_eq!(
+        chrono_of(describe(&env, &id).await.end_date().unwrap()),
+        end + TimeDelta::hours(24)
+    );
+}
+
+#[tokio::test]
+async fn a_forced_payment_failure_fails_the_next_blocks_bought_for_a_request_at_payment_time() {
+    let env = env_without_lag().await;
+    let url = env.cloud.url();
+    let (status, _) = http(
+        &url,
+        "POST",
+        "/_local/payment-failures",
+        Some(r#"{"request_id": "doomed", "count": 1}"#),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, _) = http(
+        &url,
+        "POST",
+        "/_local/payment-failures",
+        Some(r#"{"count": 1}"#),
+    )
+    .await;
+    assert_eq!(status, 400, "a request id is required");
+    let (_, body) = http(&url, "GET", "/_local/payment-failures", None).await;
+    assert_eq!(body["payment_failures"]["doomed"], 1);
+
+    let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+    let (az, ty) = (
+        offer.availability_zone().unwrap().to_string(),
+        offer.instance_type().unwrap().to_string(),
+    );
+    let (start, end) = (
+        chrono_of(offer.start_date().unwrap()),
+        chrono_of(offer.end_date().unwrap()),
+    );
+    let free = |env: &Env| {
+        env.cloud.with_world(|w| {
+            w.market.free_between(
+                local_cloud::market::Pool::CapacityBlock,
+                "us-east-1",
+                &az,
+                &ty,
+                start,
+                end,
+            )
+        })
+    };
+    let before = free(&env);
+    let other = buy(&env, &offer, "lucky").await;
+    let failing = buy(&env, &offer, "doomed").await;
+    let second = buy(&env, &offer, "doomed").await;
+    let (_, body) = http(&url, "GET", "/_local/payment-failures", None).await;
+    assert_eq!(body["payment_failures"], serde_json::json!({}), "used up");
+    assert_eq!(free(&env), before - 3);
+    let [other, failing, second] =
+        [other, failing, second].map(|c| c.capacity_reservation_id().unwrap().to_string());
+
+    // until the payment time the doomed block looks like any other
+    env.cloud.step(TimeDelta::minutes(4));
+    assert_eq!(state_of(&env, &failing).await, "pending");
+    env.cloud.step(TimeDelta::minutes(1));
+    assert_eq!(state_of(&env, &failing).await, "payment-failed");
+    assert_eq!(state_of(&env, &second).await, "scheduled");
+    assert_eq!(state_of(&env, &other).await, "scheduled");
+    // the failed block's capacity is back in the market, and it is never delivered
+    assert_eq!(free(&env), before - 2);
+    env.cloud.advance_to(start);
+    let delivered: Vec<String> = events_of(&env.cloud, "Capacity Block Delivered")
+        .iter()
+        .map(|e| {
+            e["detail"]["capacity-reservation-id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(delivered.len(), 2);
+    assert!(!delivered.contains(&failing));
+}
+
+#[tokio::test]
+async fn a_new_block_is_missing_from_every_describe_until_the_listing_lag_has_passed() {
+    let env = env().await;
+    let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+    let cr = buy(&env, &offer, "lagging").await;
+    // the purchase's own answer is unaffected
+    let id = cr.capacity_reservation_id().unwrap().to_string();
+    let block_id = cr.capacity_block_id().unwrap().to_string();
+    let by_tag = || {
+        env.ec2
+            .describe_capacity_reservations()
+            .filters(
+                Filter::builder()
+                    .name("tag:capacity-pilot:request-id")
+                    .values("lagging")
+                    .build(),
+            )
+            .send()
+    };
+    let by_block_id = || {
+        env.ec2
+            .describe_capacity_blocks()
+            .capacity_block_ids(&block_id)
+            .send()
+    };
+    for elapsed in [0, 119] {
+        env.cloud.advance_to(t0() + TimeDelta::seconds(elapsed));
+        // asked by id, it is an unknown id
+        let err = env
+            .ec2
+            .describe_capacity_reservations()
+            .capacity_reservation_ids(&id)
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Some("InvalidCapacityReservationId.NotFound"));
+        let all = env
+            .ec2
+            .describe_capacity_reservations()
+            .send()
+            .await
+            .unwrap();
+        assert!(all.capacity_reservations().is_empty(), "{elapsed} s");
+        assert!(by_tag().await.unwrap().capacity_reservations().is_empty());
+        let blocks = env.ec2.describe_capacity_blocks().send().await.unwrap();
+        assert!(blocks.capacity_blocks().is_empty());
+        assert!(by_block_id().await.unwrap().capacity_blocks().is_empty());
+    }
+    // it exists meanwhile: its tags can be changed
+    env.ec2
+        .create_tags()
+        .resources(&id)
+        .tags(Tag::builder().key("team").value("a").build())
+        .send()
+        .await
+        .unwrap();
+
+    env.cloud.advance_to(t0() + TimeDelta::seconds(120));
+    assert_eq!(
+        describe(&env, &id).await.state().unwrap().as_str(),
+        "pending"
+    );
+    assert_eq!(by_tag().await.unwrap().capacity_reservations().len(), 1);
+    assert_eq!(
+        env.ec2
+            .describe_capacity_reservations()
+            .send()
+            .await
+            .unwrap()
+            .capacity_reservations()
+            .len(),
+        1
+    );
+    let blocks = by_block_id().await.unwrap();
+    assert_eq!(blocks.capacity_blocks().len(), 1);
+    assert_eq!(blocks.capacity_blocks()[0].capacity_reservation_ids(), [id]);
+}
+
+#[tokio::test]
+async fn without_listing_lag_a_new_block_is_described_at_once() {
+    let env = env_without_lag().await;
+    let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+    let id = buy(&env, &offer, "at-once")
+        .await
+        .capacity_reservation_id()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        describe(&env, &id).await.state().unwrap().as_str(),
+        "pending"
+    );
+    let by_tag = env
+        .ec2
+        .describe_capacity_reservations()
+        .filters(
+            Filter::builder()
+                .name("tag:capacity-pilot:request-id")
+                .values("at-once")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(by_tag.capacity_reservations().len(), 1);
+    let blocks = env.ec2.describe_capacity_blocks().send().await.unwrap();
+    assert_eq!(blocks.capacity_blocks().len(), 1);
 }

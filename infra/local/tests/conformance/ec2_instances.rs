@@ -232,6 +232,33 @@ async fn instances_launch_into_an_active_block_and_are_terminated_before_its_end
 }
 
 #[tokio::test]
+async fn a_pending_block_is_not_active_yet_for_run_instances() {
+    let env = env().await;
+    let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+    let cr = buy(&env, &offer, "too-soon").await;
+    assert_eq!(cr.state().unwrap().as_str(), "pending");
+    let subnet = subnet_in(&env, offer.availability_zone().unwrap()).await;
+    let (market, target) = into_block(cr.capacity_reservation_id().unwrap());
+    let err = env
+        .ec2
+        .run_instances()
+        .min_count(1)
+        .max_count(1)
+        .instance_type("p5.48xlarge".into())
+        .launch_template(template())
+        .subnet_id(&subnet)
+        .instance_market_options(market)
+        .capacity_reservation_specification(target)
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some("InvalidCapacityReservationState.PendingActivation")
+    );
+}
+
+#[tokio::test]
 async fn a_terminated_instance_returns_its_slot_after_ten_minutes() {
     let env = env().await;
     let offer = offerings(&env, "p5.48xlarge", 1, 48).await.remove(0);

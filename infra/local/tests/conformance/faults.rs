@@ -57,6 +57,8 @@ async fn the_standard_retry_mode_recovers_from_one_throttle_and_one_internal_err
 #[tokio::test]
 async fn a_lost_purchase_response_retried_by_the_sdk_buys_twice() {
     let env = env().await;
+    // about the retry, not the listing lag: list new reservations at once
+    env.cloud.with_world(|w| w.settings.listing_lag_seconds = 0);
     let conf = sdk_config(&env.cloud.url(), "us-east-1", true).await;
     let ec2 = aws_sdk_ec2::Client::new(&conf);
     let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);

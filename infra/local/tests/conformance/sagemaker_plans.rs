@@ -186,6 +186,8 @@ async fn a_plan_goes_pending_scheduled_active_expired_and_names_are_unique() {
         arn,
         "arn:aws:sagemaker:us-east-1:123456789012:training-plan/team-a-plan"
     );
+    // past the listing lag, before the payment clears
+    env.cloud.step(TimeDelta::minutes(2));
     let d = env
         .sm
         .describe_training_plan()
@@ -239,7 +241,7 @@ async fn a_plan_goes_pending_scheduled_active_expired_and_names_are_unique() {
         .unwrap_err();
     assert!(bad.as_service_error().unwrap().is_resource_not_found());
 
-    env.cloud.step(TimeDelta::minutes(5));
+    env.cloud.step(TimeDelta::minutes(3));
     assert_eq!(plan_status(&env, "team-a-plan").await, "Scheduled");
     let segs = offer.reserved_capacity_offerings();
     let first = chrono_of(segs[0].start_time().unwrap());
@@ -278,6 +280,8 @@ async fn training_plans_list_with_filters_and_pages() {
         .remove(0);
         buy_plan(&env, &format!("plan-{n}"), &offer).await;
     }
+    // past the listing lag, before the payments clear
+    env.cloud.step(TimeDelta::minutes(2));
     let first = env
         .sm
         .list_training_plans()
@@ -301,7 +305,7 @@ async fn training_plans_list_with_filters_and_pages() {
     assert_eq!(s.training_plan_name(), Some("plan-0"));
     assert_eq!(s.status().unwrap().as_str(), "Pending");
     assert!(s.start_time().is_some() && s.end_time().is_some());
-    env.cloud.step(TimeDelta::minutes(5));
+    env.cloud.step(TimeDelta::minutes(3));
     let scheduled = env
         .sm
         .list_training_plans()
@@ -576,8 +580,12 @@ async fn a_failed_plan_payment_fails_the_plan_and_its_waiting_jobs() {
     )
     .await;
     assert_eq!(code, 204);
-    assert_eq!(plan_status(&env, "unpaid-plan").await, "Failed");
-    env.cloud.step(TimeDelta::minutes(5));
+    // the payment fails at its payment time, 5 minutes after the purchase; until then the
+    // plan is Pending and the job waits
+    env.cloud.step(TimeDelta::minutes(4));
+    assert_eq!(plan_status(&env, "unpaid-plan").await, "Pending");
+    assert_eq!(job_status(&env, "orphan").await.0, "InProgress");
+    env.cloud.step(TimeDelta::minutes(1));
     assert_eq!(plan_status(&env, "unpaid-plan").await, "Failed");
     let out = env
         .sm
@@ -682,4 +690,221 @@ async fn without_contiguous_capacity_a_plan_splits_and_its_job_resumes_in_the_se
         chrono_of(out.training_end_time().unwrap()),
         s2 + TimeDelta::minutes(390)
     );
+}
+
+#[tokio::test]
+async fn a_plan_payment_clears_no_later_than_ten_minutes_before_its_first_segment() {
+    let env = env().await;
+    env.cloud
+        .with_world(|w| w.settings.payment_minutes = 10 * 60);
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        1,
+        24,
+        SageMakerResourceName::TrainingJob,
+    )
+    .await
+    .remove(0);
+    let start = chrono_of(offer.reserved_capacity_offerings()[0].start_time().unwrap());
+    assert!(
+        start < t0() + TimeDelta::hours(6),
+        "seed 42's first plan starts at {start}"
+    );
+    buy_plan(&env, "soon-plan", &offer).await;
+    env.cloud.advance_to(start - TimeDelta::minutes(11));
+    assert_eq!(plan_status(&env, "soon-plan").await, "Pending");
+    env.cloud.advance_to(start - TimeDelta::minutes(10));
+    assert_eq!(plan_status(&env, "soon-plan").await, "Scheduled");
+}
+
+#[tokio::test]
+async fn a_plan_payment_clears_no_later_than_six_hours_after_the_purchase() {
+    let env = env().await;
+    env.cloud
+        .with_world(|w| w.settings.payment_minutes = 10 * 60);
+    let offer = env
+        .sm
+        .search_training_plan_offerings()
+        .instance_type(ReservedCapacityInstanceType::from("ml.p5.48xlarge"))
+        .instance_count(1)
+        .duration_hours(24)
+        .target_resources(SageMakerResourceName::TrainingJob)
+        .start_time_after(smithy_of(t0() + TimeDelta::days(3)))
+        .send()
+        .await
+        .unwrap()
+        .training_plan_offerings()[0]
+        .clone();
+    buy_plan(&env, "later-plan", &offer).await;
+    env.cloud
+        .advance_to(t0() + TimeDelta::hours(6) - TimeDelta::seconds(1));
+    assert_eq!(plan_status(&env, "later-plan").await, "Pending");
+    env.cloud.advance_to(t0() + TimeDelta::hours(6));
+    assert_eq!(plan_status(&env, "later-plan").await, "Scheduled");
+}
+
+/// Buys a plan tagged for a request, as the product does.
+async fn buy_tagged_plan(
+    env: &Env,
+    name: &str,
+    request: &str,
+    offering: &TrainingPlanOffering,
+) -> String {
+    env.sm
+        .create_training_plan()
+        .training_plan_name(name)
+        .training_plan_offering_id(offering.training_plan_offering_id().unwrap())
+        .tags(
+            aws_sdk_sagemaker::types::Tag::builder()
+                .key("capacity-pilot:request-id")
+                .value(request)
+                .build(),
+        )
+        .send()
+        .await
+        .expect("create plan")
+        .training_plan_arn()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_forced_payment_failure_fails_the_next_plan_bought_for_a_request_at_payment_time() {
+    let env = env().await;
+    let (status, _) = http(
+        &env.cloud.url(),
+        "POST",
+        "/_local/payment-failures",
+        Some(r#"{"request_id": "doomed-plan"}"#),
+    )
+    .await;
+    assert_eq!(status, 204, "count defaults to 1");
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        1,
+        24,
+        SageMakerResourceName::TrainingJob,
+    )
+    .await
+    .remove(0);
+    buy_tagged_plan(&env, "lucky-plan", "lucky", &offer).await;
+    let arn = buy_tagged_plan(&env, "doomed-plan-1", "doomed-plan", &offer).await;
+    job(&env, "doomed-job", "ml.p5.48xlarge", 1, Some(&arn), 600)
+        .send()
+        .await
+        .unwrap();
+    env.cloud.step(TimeDelta::minutes(4));
+    assert_eq!(plan_status(&env, "doomed-plan-1").await, "Pending");
+    env.cloud.step(TimeDelta::minutes(1));
+    assert_eq!(plan_status(&env, "doomed-plan-1").await, "Failed");
+    assert_eq!(plan_status(&env, "lucky-plan").await, "Scheduled");
+    let d = env
+        .sm
+        .describe_training_plan()
+        .training_plan_name("doomed-plan-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        d.reserved_capacity_summaries()[0]
+            .status()
+            .unwrap()
+            .as_str(),
+        "Failed"
+    );
+    let out = env
+        .sm
+        .describe_training_job()
+        .training_job_name("doomed-job")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.training_job_status().unwrap().as_str(), "Failed");
+    // the failure was used up: the next plan bought for the request pays
+    buy_tagged_plan(&env, "doomed-plan-2", "doomed-plan", &offer).await;
+    env.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(plan_status(&env, "doomed-plan-2").await, "Scheduled");
+}
+
+#[tokio::test]
+async fn a_new_plan_is_missing_from_describe_and_list_until_the_listing_lag_has_passed() {
+    let env = env().await;
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        1,
+        24,
+        SageMakerResourceName::TrainingJob,
+    )
+    .await
+    .remove(0);
+    // the create's own answer is unaffected
+    let arn = buy_plan(&env, "lagging-plan", &offer).await;
+    let listed = || async {
+        let all = env.sm.list_training_plans().send().await.unwrap();
+        let pending = env
+            .sm
+            .list_training_plans()
+            .filters(
+                TrainingPlanFilter::builder()
+                    .name(TrainingPlanFilterName::Status)
+                    .value("Pending")
+                    .build(),
+            )
+            .send()
+            .await
+            .unwrap();
+        (
+            all.training_plan_summaries().len(),
+            pending.training_plan_summaries().len(),
+        )
+    };
+    for elapsed in [0, 119] {
+        env.cloud.advance_to(t0() + TimeDelta::seconds(elapsed));
+        for name in ["lagging-plan", arn.as_str()] {
+            // asked by name or ARN, it is an unknown plan
+            let err = env
+                .sm
+                .describe_training_plan()
+                .training_plan_name(name)
+                .send()
+                .await
+                .unwrap_err();
+            assert!(
+                err.as_service_error().unwrap().is_resource_not_found(),
+                "{err:?}"
+            );
+        }
+        assert_eq!(listed().await, (0, 0), "{elapsed} s");
+    }
+    // it exists meanwhile: a job can be created on it
+    job(&env, "early-job", "ml.p5.48xlarge", 1, Some(&arn), 600)
+        .send()
+        .await
+        .unwrap();
+
+    env.cloud.advance_to(t0() + TimeDelta::seconds(120));
+    assert_eq!(plan_status(&env, "lagging-plan").await, "Pending");
+    assert_eq!(listed().await, (1, 1));
+}
+
+#[tokio::test]
+async fn without_listing_lag_a_new_plan_is_described_at_once() {
+    let env = env().await;
+    env.cloud.with_world(|w| w.settings.listing_lag_seconds = 0);
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        1,
+        24,
+        SageMakerResourceName::TrainingJob,
+    )
+    .await
+    .remove(0);
+    buy_plan(&env, "at-once-plan", &offer).await;
+    assert_eq!(plan_status(&env, "at-once-plan").await, "Pending");
+    let all = env.sm.list_training_plans().send().await.unwrap();
+    assert_eq!(all.training_plan_summaries().len(), 1);
 }
