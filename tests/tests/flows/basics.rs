@@ -6,6 +6,7 @@
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use capacity_pilot::domain::money::Usd;
 use capacity_pilot::domain::status::RequestStatus;
+use capacity_pilot::ports::Store;
 use integration_tests::flow::{Flow, SOURCE, envelope, t0};
 use local_cloud::{Fault, FaultKind};
 use serde_json::{Value, json};
@@ -84,13 +85,87 @@ pub(crate) async fn a_purchase_whose_response_is_lost_is_adopted_not_bought_twic
 
     deliver_offerings_found(&f, "flow-2").await;
 
-    // THEN the SDK did not retry the purchase, reconciliation found the block by its tag,
-    // and the request is reserved with it
+    // THEN the SDK did not retry the purchase; EC2 does not list the block yet (its
+    // listing lags), so the request stays in doubt, holding its lease and debit
+    assert_eq!(f.blocks_for("flow-2"), 1);
+    let rec = f.record("flow-2").await;
+    assert_eq!(rec.status, RequestStatus::Purchasing, "{}", rec.reason);
+    assert!(f.bus("Capacity Reserved").is_empty());
+
+    // WHEN the lease expires and the schedule takes over
+    f.cloud
+        .advance_to(rec.lease.unwrap().expires_at + chrono::TimeDelta::minutes(1));
+    f.tick(integration_tests::flow::Function::Purchase)
+        .await
+        .unwrap();
+
+    // THEN reconciliation finds the block by its tag, and the request is reserved with it
     assert_eq!(f.blocks_for("flow-2"), 1);
     assert_eq!(f.status("flow-2").await, RequestStatus::Reserved);
     let reserved = f.bus("Capacity Reserved");
     assert_eq!(reserved.len(), 1);
     assert_eq!(reserved[0]["detail"]["adopted"], true);
+}
+
+#[tokio::test]
+pub(crate) async fn without_listing_lag_a_lost_purchase_response_is_adopted_at_once() {
+    // The lenient reading of the emulator's listing lag (0): the look right after the lost
+    // response finds the block, and the request is reserved in the same invocation.
+    let f = Flow::start().await;
+    f.cloud.with_world(|w| w.settings.listing_lag_seconds = 0);
+    f.submit(f.ec2_request("flow-2b")).await;
+    f.cloud.inject(Fault {
+        operation: "PurchaseCapacityBlock".into(),
+        kind: FaultKind::LostResponse,
+        count: Some(1),
+    });
+    deliver_offerings_found(&f, "flow-2b").await;
+    assert_eq!(f.blocks_for("flow-2b"), 1);
+    assert_eq!(f.status("flow-2b").await, RequestStatus::Reserved);
+    assert_eq!(f.bus("Capacity Reserved")[0]["detail"]["adopted"], true);
+}
+
+#[tokio::test]
+pub(crate) async fn with_the_documented_payment_pending_first_state_a_block_is_bought_and_tracked_until_scheduled()
+ {
+    // The lenient reading of the emulator's first block state (`payment-pending`, the
+    // documented machine, instead of `pending`): the same purchase, payment and launch.
+    let f = Flow::start().await;
+    f.cloud.with_world(|w| {
+        w.settings.block_initial_state = local_cloud::world::BlockInitialState::PaymentPending
+    });
+    let id = "flow-pp";
+    f.submit(f.ec2_request(id)).await;
+    f.deliver().await;
+    assert_eq!(f.status(id).await, RequestStatus::Reserved);
+    let rec = f.record(id).await;
+    let held = f
+        .purchaser
+        .store
+        .reservations(&rec.request_id)
+        .await
+        .unwrap();
+    assert_eq!(
+        held[0].state,
+        capacity_pilot::domain::reservation::ReservationState::PaymentPending
+    );
+    f.cloud
+        .advance_to(rec.next_action_at.expect("a payment check"));
+    f.tick(integration_tests::flow::Function::Purchase)
+        .await
+        .unwrap();
+    let rec = f.record(id).await;
+    assert_eq!(rec.next_action_at, None, "{}", rec.reason);
+    let held = f
+        .purchaser
+        .store
+        .reservations(&rec.request_id)
+        .await
+        .unwrap();
+    assert_eq!(
+        held[0].state,
+        capacity_pilot::domain::reservation::ReservationState::Scheduled
+    );
 }
 
 #[tokio::test]

@@ -15,6 +15,8 @@ pub(crate) fn play_all() {
     let scenarios: &[fn()] = &[
         basics::a_request_is_searched_bought_once_and_announced_on_the_bus,
         basics::a_purchase_whose_response_is_lost_is_adopted_not_bought_twice,
+        basics::without_listing_lag_a_lost_purchase_response_is_adopted_at_once,
+        basics::with_the_documented_payment_pending_first_state_a_block_is_bought_and_tracked_until_scheduled,
         basics::an_invalid_request_is_rejected_on_the_bus_naming_every_field,
         ec2::an_ec2_request_lives_from_submission_to_the_end_of_its_block,
         ec2::a_500_on_the_purchase_is_reconciled_through_the_in_doubt_window_then_bought_once,

@@ -75,6 +75,9 @@ pub fn functions(template: &Value, locals: &Locals) -> anyhow::Result<Vec<Functi
     Ok(out)
 }
 
+/// The stack name `Ref: AWS::StackName` resolves to when run locally.
+pub const LOCAL_STACK_NAME: &str = "capacity-pilot-local";
+
 /// A literal; `{Ref: X}` with X a resource the runner provides, a parameter (the runner's
 /// value, else its `Default`) or `AWS::NoValue` (`None`: unset); or `Fn::If` on one of the
 /// template's `Conditions`.
@@ -87,6 +90,9 @@ fn resolve(template: &Value, locals: &Locals, v: &Value) -> anyhow::Result<Optio
             let name = o["Ref"].as_str().unwrap_or_default();
             if name == "AWS::NoValue" {
                 return Ok(None);
+            }
+            if name == "AWS::StackName" {
+                return Ok(Some(LOCAL_STACK_NAME.to_string()));
             }
             if let Some(r) = locals.resources.get(name) {
                 return Ok(Some(r.clone()));
