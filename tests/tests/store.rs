@@ -560,9 +560,12 @@ async fn an_expired_lease_lets_a_second_worker_take_over_and_the_first_workers_l
         (r.status, r.open_debit, r.lease, r.spent),
         (Reserved, None, None, amount)
     );
+    // (stamped with the month its debit was charged to)
+    let mut recorded = reservation("cr-aaa", "7974.40");
+    recorded.debit_month = Some(BudgetMonth::of(t0()).0);
     assert_eq!(
         store.reservations(&request_id("lease-1")).await.unwrap(),
-        vec![reservation("cr-aaa", "7974.40")]
+        vec![recorded]
     );
 }
 
@@ -1406,13 +1409,14 @@ async fn a_splits_replacement_block_is_numbered_after_the_kept_block_and_the_req
         BeginPurchaseOutcome::Acquired { version: 8 }
     );
 
-    // WHEN B is recorded, to Reserved, with its own start as the transition's next action
+    // WHEN B is recorded, to Reserved, with its payment check as the transition's next
+    // action (Reserved keeps one while payments are checked: ARCHITECTURE 8.5)
     let mut second = record_reservation(id, "w2", b.clone(), t0() + Duration::hours(1));
-    second.next_action_at = Some(b.start());
+    second.next_action_at = None;
     let outcome = store.record_reservation(second).await.unwrap();
 
     // THEN both windows are pending, numbered in the order bought, and the request is due
-    // at A's start, the earlier of the two, not at the transition's next action
+    // at A's start, the earlier of the two
     assert_eq!(outcome, LeaseWriteOutcome::Applied { version: 9 });
     let rec = get(&store, id).await;
     assert_eq!(rec.status, Reserved);
@@ -1423,7 +1427,7 @@ async fn a_splits_replacement_block_is_numbered_after_the_kept_block_and_the_req
             ("cr-b#0", 1, WindowState::Pending, Some(b.start())),
         ]
     );
-    assert_eq!(rec.next_action_at, None, "Reserved follows its windows");
+    assert_eq!(rec.next_action_at, None, "no payment check was asked for");
     assert_eq!(rec.due_at(), Some(a.start()));
     assert_eq!((rec.lease, rec.open_debit), (None, None));
     assert_eq!(rec.spent, usd("9000.00").to_micros_ceil());

@@ -18,7 +18,7 @@ pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{
     ReservationEnded, ReservationExpiring, WorkloadDrained, event_key, outbound,
 };
-use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG};
+use capacity_pilot::domain::naming::{DEPLOYMENT_TAG, MANAGED_TAG, REQUEST_TAG};
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::status::RequestStatus;
@@ -166,9 +166,13 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         decision::finish(out, errors)
     }
 
-    /// Terminates managed instances that nothing we run covers any more: their request is
-    /// over (ended, failed, cancelled) or gone from the table. Requests still in flight keep
-    /// theirs, even between a launch and its commit. Never touches an untagged instance.
+    /// Terminates managed instances of this deployment that nothing we run covers any more:
+    /// their request is over (ended, failed, cancelled) or gone from the table. Requests
+    /// still in flight keep theirs, even between a launch and its commit. Never touches an
+    /// instance not tagged managed (`"true"`, as IAM requires) or not tagged with this
+    /// deployment (ARCHITECTURE §8.7): another stack's requests are not in this table, and
+    /// an instance from before deployments were tagged may be another stack's. One failed
+    /// terminate does not stop the sweep of the rest.
     async fn sweep(&self, region: &str, out: &mut Outcome) -> Result<(), PortError> {
         let found = self
             .workloads
@@ -183,7 +187,10 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         let mut status: BTreeMap<String, Option<RequestStatus>> = BTreeMap::new();
         let mut orphans: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for i in found {
-            if !i.state.is_live() || !i.tags.contains_key(MANAGED_TAG) {
+            if !i.state.is_live()
+                || i.tags.get(MANAGED_TAG).map(String::as_str) != Some("true")
+                || i.tags.get(DEPLOYMENT_TAG) != Some(&self.config.deployment_id)
+            {
                 continue;
             }
             let owner = i.tags.get(REQUEST_TAG).cloned().unwrap_or_default();
@@ -202,13 +209,19 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                 orphans.entry(owner).or_default().push(i.instance_id);
             }
         }
+        let mut failed = None;
         for (owner, ids) in orphans {
             let why = match status.get(&owner).copied().flatten() {
                 Some(s) => format!("its request {owner} is {s}"),
                 None => format!("no request {owner:?} is recorded"),
             };
             warn!(region, request_id = %owner, instances = ?ids, "terminating managed instances no reservation covers: {why}");
-            self.workloads.terminate_instances(region, &ids).await?;
+            if let Err(e) = self.workloads.terminate_instances(region, &ids).await {
+                warn!(region, request_id = %owner, instances = ?ids, error = %e,
+                    "sweeping these failed; the rest are swept, and the next sweep tries again");
+                failed.get_or_insert(e);
+                continue;
+            }
             out.decisions.push(Decision {
                 request_id: owner,
                 action: "swept",
@@ -218,7 +231,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                 ),
             });
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// AWS says termination starts in 10 minutes: find the request by the reservation's tag

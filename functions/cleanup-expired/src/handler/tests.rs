@@ -23,6 +23,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde_json::{Value, json};
 
 use super::Cleaner;
+use capacity_pilot::config::DEFAULT_DEPLOYMENT_ID as DEPLOYMENT;
 
 type C = Cleaner<InMemoryStore, FakeMarket, FakeWorkloads, RecordingEvents, ManualClock>;
 
@@ -157,9 +158,33 @@ impl World {
     }
 
     fn instance(&self, id: &str, req: &str, reservation: Option<&str>, managed: bool) {
+        self.instance_of(
+            id,
+            req,
+            reservation,
+            managed.then_some("true"),
+            Some(DEPLOYMENT),
+        );
+    }
+
+    /// An instance tagged managed `managed` and with `deployment`, when given.
+    fn instance_of(
+        &self,
+        id: &str,
+        req: &str,
+        reservation: Option<&str>,
+        managed: Option<&str>,
+        deployment: Option<&str>,
+    ) {
         let mut tags = BTreeMap::new();
-        if managed {
-            tags.insert(MANAGED_TAG.to_string(), "true".to_string());
+        if let Some(m) = managed {
+            tags.insert(MANAGED_TAG.to_string(), m.to_string());
+        }
+        if let Some(d) = deployment {
+            tags.insert(
+                capacity_pilot::domain::naming::DEPLOYMENT_TAG.to_string(),
+                d.to_string(),
+            );
         }
         tags.insert(REQUEST_TAG.to_string(), req.to_string());
         self.workloads.add_instance(InstanceInfo {
@@ -669,6 +694,17 @@ async fn the_schedule_sweeps_managed_instances_whose_request_is_over_or_unknown_
     w.instance("i-active", "r-active", Some("cr-2"), true);
     w.instance("i-reserved", "r-reserved", Some("cr-3"), true);
     w.instance("i-theirs", "r-ended", None, false);
+    // ... and managed instances of another stack in the account (its requests are not in
+    // this table), of none named, and one whose managed tag is not "true"
+    w.instance_of(
+        "i-other-stack",
+        "r-elsewhere",
+        None,
+        Some("true"),
+        Some("stack-b"),
+    );
+    w.instance_of("i-no-stack", "r-elsewhere", None, Some("true"), None);
+    w.instance_of("i-false", "r-nobody", None, Some("false"), Some(DEPLOYMENT));
 
     // WHEN the schedule ticks (long before any drain)
     let out = w.tick_at(open(), "tick-1").await;
@@ -679,6 +715,10 @@ async fn the_schedule_sweeps_managed_instances_whose_request_is_over_or_unknown_
     assert_eq!(w.state_of("i-active"), InstanceState::Running);
     assert_eq!(w.state_of("i-reserved"), InstanceState::Running);
     assert_eq!(w.state_of("i-theirs"), InstanceState::Running);
+    // AND another deployment's instances, and one not tagged managed "true", live on
+    assert_eq!(w.state_of("i-other-stack"), InstanceState::Running);
+    assert_eq!(w.state_of("i-no-stack"), InstanceState::Running);
+    assert_eq!(w.state_of("i-false"), InstanceState::Running);
     let swept: Vec<&str> = out
         .decisions
         .iter()
@@ -691,4 +731,34 @@ async fn the_schedule_sweeps_managed_instances_whose_request_is_over_or_unknown_
             .iter()
             .any(|d| d.action == "swept" && d.reason.contains("is Ended"))
     );
+}
+
+#[tokio::test]
+async fn one_failed_terminate_does_not_stop_the_sweep_of_the_rest() {
+    // GIVEN orphans of two unknown requests, and EC2 refusing the first terminate
+    let w = World::new();
+    w.instance("i-a", "r-gone-a", None, true);
+    w.instance("i-b", "r-gone-b", None, true);
+    w.workloads.fail_next(
+        WorkloadsOp::TerminateInstances,
+        capacity_pilot::ports::PortError::Transient {
+            service: "ec2",
+            code: "InternalError".into(),
+            message: "try again".into(),
+        },
+    );
+    // WHEN the schedule sweeps
+    let res = w.cleaner().handle(scheduled("tick-sweep")).await;
+    // THEN the other request's orphan is terminated all the same, and the failure is
+    // surfaced for the next sweep
+    let states = [w.state_of("i-a"), w.state_of("i-b")];
+    assert_eq!(
+        states
+            .iter()
+            .filter(|s| **s == InstanceState::Terminated)
+            .count(),
+        1,
+        "{states:?}"
+    );
+    assert!(res.is_err(), "the failed terminate is surfaced");
 }
