@@ -12,9 +12,9 @@ use capacity_pilot::config::Config;
 use capacity_pilot::decision;
 pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{
-    self, ApprovalRefused, AwaitingApproval, CancelRequest, EventDetail, PaymentFailed,
-    PlanSummary, PurchaseDecision, ReservationUnrecorded, Reserved, awaiting_approval_key,
-    event_key, inbound, outbound,
+    self, ApprovalRefused, AwaitingApproval, CancelRequest, CancellationApplied,
+    CancellationRefused, EventDetail, PaymentFailed, PlanSummary, PurchaseDecision,
+    ReservationUnrecorded, Reserved, awaiting_approval_key, event_key, inbound, outbound,
 };
 use capacity_pilot::domain::money::{MicroUsd, Usd};
 use capacity_pilot::domain::naming::{plan_name, resource_tags};
@@ -32,7 +32,7 @@ use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, CapacityMarket, Cause, Clock, Debit, Doubt,
     EventSink, Lease, LeaseWriteOutcome, PortError, PurchaseSpec, RecordReservation, Refund,
-    ReleaseUnbought, RequestRecord, Store, Transition,
+    ReleaseUnbought, RequestRecord, Store, Transition, WriteOutcome,
 };
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
@@ -44,6 +44,8 @@ use tracing::warn;
 /// minutes (ARCHITECTURE §8.11): a second worker may take over only when the first, and any
 /// call it made, is surely gone. A test reads the template to hold this.
 pub const LEASE: Duration = Duration::minutes(15);
+/// How often a cancellation that lost a write race is decided again within one invocation.
+const CANCEL_ATTEMPTS: u32 = 3;
 /// How often a throttled purchase is tried again within one invocation.
 const PURCHASE_ATTEMPTS: u32 = 3;
 
@@ -175,6 +177,8 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         outbox::reject(&self.events, &event_id, source, request_id, problems).await
     }
 
+    /// ARCHITECTURE §8.3: every cancellation gets an answer, Applied or Refused. One that
+    /// loses a write race reads the request again and decides again.
     async fn cancel(
         &self,
         c: &CancelRequest,
@@ -183,50 +187,103 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let Ok(id) = RequestId::parse(&c.request_id) else {
-            return Ok(());
+            return self
+                .refuse_cancel(
+                    &c.request_id,
+                    None,
+                    format!("{:?} is not a request id", c.request_id),
+                    cause,
+                    out,
+                )
+                .await;
         };
-        let Some(rec) = self.store.get_request(&id).await? else {
-            out.decisions.push(Decision::new(
-                &id,
-                "ignored",
-                "cancellation for an unknown request",
-            ));
-            return Ok(());
-        };
-        if !rec.status.is_cancellable() {
-            out.decisions.push(Decision::new(
-                &id,
-                "kept",
-                format!(
-                    "cancellation refused: the request is {} and purchases cannot be undone",
+        for _ in 0..CANCEL_ATTEMPTS {
+            let Some(rec) = self.store.get_request(&id).await? else {
+                return self
+                    .refuse_cancel(
+                        id.as_str(),
+                        None,
+                        format!("no request {id} is recorded"),
+                        cause,
+                        out,
+                    )
+                    .await;
+            };
+            if !rec.status.is_cancellable() {
+                let why = format!(
+                    "the request is {} and purchases cannot be undone",
                     rec.status
-                ),
-            ));
-            return Ok(());
+                );
+                return self
+                    .refuse_cancel(id.as_str(), Some(rec.status), why, cause, out)
+                    .await;
+            }
+            let reason = format!(
+                "cancelled by the requester{}",
+                c.reason
+                    .as_deref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
+            );
+            let version = rec.version + 1;
+            let applied = CancellationApplied {
+                event_key: event_key(id.as_str(), "cancellation-applied", version),
+                request_id: id.to_string(),
+                status_before: rec.status,
+                reason: reason.clone(),
+            };
+            let failed = events::RequestFailed {
+                event_key: event_key(id.as_str(), "cancelled", version),
+                request_id: id.to_string(),
+                status_before: rec.status,
+                reason: reason.clone(),
+                reservation_ids: vec![],
+                spent_usd: rec.spent.to_usd(),
+            };
+            let t = Transition::of(&rec, RequestStatus::Cancelled, &reason, None, now, cause)
+                .with_outbox(vec![outbound(&applied), outbound(&failed)]);
+            match self.store.transition(t).await? {
+                WriteOutcome::Applied { .. } => {
+                    out.decisions.push(Decision::new(&id, "cancelled", reason));
+                    return Ok(());
+                }
+                WriteOutcome::DuplicateEvent => return Ok(()),
+                // Another worker moved the request on: read it again and decide again.
+                _ => continue,
+            }
         }
-        let reason = format!(
-            "cancelled by the requester{}",
-            c.reason
-                .as_deref()
-                .map(|r| format!(": {r}"))
-                .unwrap_or_default()
-        );
-        let failed = events::RequestFailed {
-            event_key: event_key(id.as_str(), "cancelled", rec.version + 1),
-            request_id: id.to_string(),
-            status_before: rec.status,
-            reason: reason.clone(),
-            reservation_ids: vec![],
-            spent_usd: rec.spent.to_usd(),
+        Err(PortError::Transient {
+            service: "dynamodb",
+            code: "Contended".into(),
+            message: format!("{id}: the request kept changing under its cancellation"),
+        })
+    }
+
+    async fn refuse_cancel(
+        &self,
+        request_id: &str,
+        status: Option<RequestStatus>,
+        why: String,
+        cause: &Cause,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let ev = CancellationRefused {
+            event_key: format!("{request_id}:cancellation-refused:{}", cause.event_id),
+            request_id: request_id.to_string(),
+            status,
+            reason: format!("cancellation refused: {why}"),
         };
-        let t = Transition::of(&rec, RequestStatus::Cancelled, &reason, None, now, cause)
-            .with_outbox(vec![outbound(&failed)]);
-        let w = self.store.transition(t).await?;
-        out.decisions.push(Decision::new(
-            &id,
-            decision::written(&w, "cancelled"),
-            reason,
-        ));
+        let report = self.events.publish(&[outbound(&ev)]).await?;
+        if let Some((_, code, message)) = report.failed.into_iter().next() {
+            return Err(PortError::Transient {
+                service: "events",
+                code,
+                message,
+            });
+        }
+        if let Ok(id) = RequestId::parse(request_id) {
+            out.decisions.push(Decision::new(&id, "kept", ev.reason));
+        }
         Ok(())
     }
 

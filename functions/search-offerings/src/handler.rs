@@ -212,26 +212,35 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
             }
             CreateOutcome::DuplicateEvent => Ok(None),
             CreateOutcome::AlreadyExists => {
-                let existing = self.store.get_request(&id).await?;
-                if existing.as_ref().is_some_and(|e| e.request != request) {
-                    reject(vec![problem(
-                        "request_id",
-                        format!(
-                            "{id} is already used by a different request; ids are idempotency keys"
-                        ),
-                    )])
-                    .await?;
-                    out.decisions.push(Decision::new(
-                        &id,
-                        "rejected",
-                        "request id reused with different content",
-                    ));
-                } else {
-                    out.decisions.push(Decision::new(
+                // A request id is an idempotency key, used once: a producer's retry of an
+                // in-flight request is a duplicate; anything else is refused, naming the id,
+                // so nothing is dropped silently (a reuse of an ended request's id within its
+                // archive period included).
+                let why = match self.store.get_request(&id).await? {
+                    Some(e) if e.request == request && !e.status.is_terminal() => None,
+                    Some(e) if e.request != request => Some(format!(
+                        "{id} is already used by a different request; ids are idempotency keys"
+                    )),
+                    Some(e) => Some(format!(
+                        "{id} was used by a request that is {} ({}); a request id is used once: \
+                         submit again under a new request_id",
+                        e.status, e.reason
+                    )),
+                    None => Some(format!(
+                        "{id} was used by a request that has ended and is archived; a request \
+                         id is used once: submit again under a new request_id"
+                    )),
+                };
+                match why {
+                    Some(why) => {
+                        reject(vec![problem("request_id", why.clone())]).await?;
+                        out.decisions.push(Decision::new(&id, "rejected", why));
+                    }
+                    None => out.decisions.push(Decision::new(
                         &id,
                         "duplicate",
                         "this request was already recorded",
-                    ));
+                    )),
                 }
                 Ok(None)
             }

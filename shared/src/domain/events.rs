@@ -263,6 +263,30 @@ pub struct RequestFailed {
 }
 detail!(RequestFailed, "Capacity Request Failed");
 
+/// A cancellation was applied: the request is `Cancelled` (ARCHITECTURE §8.3: every
+/// cancellation gets an answer).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct CancellationApplied {
+    pub event_key: String,
+    pub request_id: String,
+    pub status_before: RequestStatus,
+    pub reason: String,
+}
+detail!(CancellationApplied, "Capacity Cancellation Applied");
+
+/// A cancellation was not applied, with why: the request is past the point where it can be
+/// (bought, running), or no request of that id is recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct CancellationRefused {
+    pub event_key: String,
+    pub request_id: String,
+    /// The request's status; none when no request of that id is recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<RequestStatus>,
+    pub reason: String,
+}
+detail!(CancellationRefused, "Capacity Cancellation Refused");
+
 /// `Capacity Request Cancelled` (inbound).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -370,6 +394,14 @@ pub fn schemas() -> Vec<(&'static str, schemars::Schema)> {
         (
             "capacity-reservation-unrecorded",
             schema_for!(ReservationUnrecorded),
+        ),
+        (
+            "capacity-cancellation-applied",
+            schema_for!(CancellationApplied),
+        ),
+        (
+            "capacity-cancellation-refused",
+            schema_for!(CancellationRefused),
         ),
         ("capacity-payment-failed", schema_for!(PaymentFailed)),
         ("capacity-workload-launched", schema_for!(WorkloadLaunched)),

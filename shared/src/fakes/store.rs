@@ -101,6 +101,8 @@ struct State {
     clock: Option<ManualClock>,
     faults: Faults<StoreOp>,
     write_faults: VecDeque<Fault>,
+    /// Writes before which another writer bumps the request's version (a lost race).
+    races: Vec<StoreOp>,
     read_faults: VecDeque<Fault>,
     calls: Vec<StoreOp>,
 }
@@ -239,6 +241,13 @@ impl InMemoryStore {
     }
 
     // ---- faults ------------------------------------------------------------------------
+
+    /// Just before the next `op` (a `Transition`), another writer changes the request: its
+    /// version moves on, so the write loses the race (`Conflict`) and the caller must read
+    /// again.
+    pub fn race_next(&self, op: StoreOp) {
+        lock(&self.state).races.push(op);
+    }
 
     /// The next call of `op` returns `error`, writing nothing.
     pub fn fail_next(&self, op: StoreOp, error: PortError) {
@@ -860,7 +869,15 @@ impl Store for InMemoryStore {
 
     async fn transition(&self, t: Transition) -> Result<WriteOutcome, PortError> {
         let after = self.begin(StoreOp::Transition)?;
-        let outcome = lock(&self.state).transition(t);
+        let mut s = lock(&self.state);
+        if let Some(i) = s.races.iter().position(|op| *op == StoreOp::Transition) {
+            s.races.remove(i);
+            if let Some(stored) = s.requests.get_mut(&t.request_id) {
+                stored.record.version += 1;
+            }
+        }
+        let outcome = s.transition(t);
+        drop(s);
         finish(after, outcome)
     }
 

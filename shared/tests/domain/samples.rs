@@ -6,9 +6,10 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use capacity_pilot::domain::events::{
-    ApprovalRefused, AwaitingApproval, EventDetail, InstanceReplaced, NotFound, OfferingsFound,
-    PaymentFailed, RequestAccepted, RequestFailed, RequestRejected, ReservationEnded,
-    ReservationExpiring, ReservationUnrecorded, Reserved, WorkloadDrained, WorkloadLaunched,
+    ApprovalRefused, AwaitingApproval, CancellationApplied, CancellationRefused, EventDetail,
+    InstanceReplaced, NotFound, OfferingsFound, PaymentFailed, RequestAccepted, RequestFailed,
+    RequestRejected, ReservationEnded, ReservationExpiring, ReservationUnrecorded, Reserved,
+    WorkloadDrained, WorkloadLaunched,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -35,6 +36,8 @@ fn check(detail_type: &str, detail: &Value) -> Result<Value, String> {
         PaymentFailed::DETAIL_TYPE => round_trip::<PaymentFailed>(detail),
         ApprovalRefused::DETAIL_TYPE => round_trip::<ApprovalRefused>(detail),
         ReservationUnrecorded::DETAIL_TYPE => round_trip::<ReservationUnrecorded>(detail),
+        CancellationApplied::DETAIL_TYPE => round_trip::<CancellationApplied>(detail),
+        CancellationRefused::DETAIL_TYPE => round_trip::<CancellationRefused>(detail),
         WorkloadLaunched::DETAIL_TYPE => round_trip::<WorkloadLaunched>(detail),
         InstanceReplaced::DETAIL_TYPE => round_trip::<InstanceReplaced>(detail),
         ReservationExpiring::DETAIL_TYPE => round_trip::<ReservationExpiring>(detail),
@@ -80,6 +83,8 @@ fn every_emitted_sample_is_exactly_an_event_we_publish() {
         PaymentFailed::DETAIL_TYPE,
         ApprovalRefused::DETAIL_TYPE,
         ReservationUnrecorded::DETAIL_TYPE,
+        CancellationApplied::DETAIL_TYPE,
+        CancellationRefused::DETAIL_TYPE,
         WorkloadLaunched::DETAIL_TYPE,
         InstanceReplaced::DETAIL_TYPE,
         ReservationExpiring::DETAIL_TYPE,

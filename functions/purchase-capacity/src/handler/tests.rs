@@ -551,9 +551,56 @@ async fn cancellation_is_honoured_before_the_purchase_and_refused_after() {
     };
     p.handle(cancel("r1", "c1")).await.unwrap();
     p.handle(cancel("r2", "c2")).await.unwrap();
+    p.handle(cancel("r-nobody", "c3")).await.unwrap();
 
     assert_eq!(w.status("r1").await, RequestStatus::Cancelled);
     assert_eq!(w.status("r2").await, RequestStatus::Reserved);
+    // AND every cancellation got an answer (ARCHITECTURE 8.3)
+    let applied = w.events.published_of("Capacity Cancellation Applied");
+    assert_eq!(applied.len(), 1);
+    assert_eq!(applied[0].detail["request_id"], "r1");
+    let refused = w.events.published_of("Capacity Cancellation Refused");
+    let answered: Vec<(&str, &Value)> = refused
+        .iter()
+        .map(|e| {
+            (
+                e.detail["request_id"].as_str().unwrap(),
+                &e.detail["status"],
+            )
+        })
+        .collect();
+    assert_eq!(
+        answered,
+        [("r2", &json!("Reserved")), ("r-nobody", &Value::Null)]
+    );
+}
+
+#[tokio::test]
+async fn a_cancellation_that_loses_a_write_race_is_decided_again_not_dropped() {
+    // GIVEN a request waiting for approval, and the store refusing the first write as if
+    // another worker had moved the request on
+    let w = World::new();
+    let mut req = request("r1", "team-a", "5000");
+    req.budget.approval_above = Some(Usd::parse("1000").unwrap());
+    w.with_candidate(req, block("cb-1", "1661.18"));
+    let p = w.purchaser(CAPS);
+    p.handle(found("r1", "e1")).await.unwrap();
+    w.store.race_next(StoreOp::Transition);
+    // WHEN the cancellation arrives
+    p.handle(event(
+        "Capacity Request Cancelled",
+        "com.example.ml-platform",
+        "c1",
+        json!({"request_id": "r1"}),
+    ))
+    .await
+    .unwrap();
+    // THEN it is applied on the second read
+    assert_eq!(w.status("r1").await, RequestStatus::Cancelled);
+    assert_eq!(
+        w.events.published_of("Capacity Cancellation Applied").len(),
+        1
+    );
 }
 
 #[tokio::test]

@@ -627,3 +627,68 @@ async fn a_replacement_not_found_by_its_deadline_fails_with_the_kept_block_recor
         "{reason}"
     );
 }
+
+#[tokio::test]
+async fn reusing_the_id_of_an_ended_request_is_rejected_naming_request_id_not_dropped() {
+    // GIVEN r1 was submitted and has ended (its record is kept for the archive period)
+    let w = World::new();
+    w.market.list(block("cb-1", day(3), 48, "6644.74"));
+    w.searcher()
+        .handle(submitted(SOURCE, "e1", detail("r1")))
+        .await
+        .unwrap();
+    let mut rec = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    rec.status = RequestStatus::Ended;
+    rec.reason = "ended at its window's end".into();
+    w.store.insert_record(rec);
+
+    // WHEN the same request is submitted again, as a new event
+    w.searcher()
+        .handle(submitted(SOURCE, "e2", detail("r1")))
+        .await
+        .unwrap();
+
+    // THEN it is rejected naming request_id, and the ended request is left as it was
+    let rejected = w.events.published_of("Capacity Request Rejected");
+    assert_eq!(rejected.len(), 1, "{rejected:?}");
+    assert_eq!(rejected[0].detail["problems"][0]["field"], "request_id");
+    assert!(
+        rejected[0].detail["problems"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Ended"),
+        "{rejected:?}"
+    );
+    assert_eq!(w.status("r1").await, RequestStatus::Ended);
+
+    // AND a redelivery of the first submission is still only a duplicate
+    w.searcher()
+        .handle(submitted(SOURCE, "e1", detail("r1")))
+        .await
+        .unwrap();
+    assert_eq!(w.events.published_of("Capacity Request Rejected").len(), 1);
+}
+
+#[tokio::test]
+async fn a_producers_retry_of_an_in_flight_request_is_a_duplicate_not_a_rejection() {
+    let w = World::new();
+    w.market.list(block("cb-1", day(3), 48, "6644.74"));
+    let s = w.searcher();
+    s.handle(submitted(SOURCE, "e1", detail("r1")))
+        .await
+        .unwrap();
+    s.handle(submitted(SOURCE, "e2", detail("r1")))
+        .await
+        .unwrap();
+    assert!(
+        w.events
+            .published_of("Capacity Request Rejected")
+            .is_empty()
+    );
+    assert_eq!(w.status("r1").await, RequestStatus::OfferingsFound);
+}
