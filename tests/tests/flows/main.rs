@@ -3,6 +3,7 @@
 //! scenario and see every AWS operation each function makes.
 
 mod basics;
+mod deployments;
 mod ec2;
 mod iam;
 mod payment;
@@ -42,6 +43,7 @@ pub(crate) fn play_all() {
         payment::a_block_whose_payment_fails_gives_its_debit_back_and_is_bought_again,
         payment::a_training_plan_that_fails_is_bought_again_under_the_next_name,
         payment::a_failed_payment_seen_after_the_search_deadline_fails_the_request_with_the_money_back,
+        deployments::a_second_deployment_in_the_account_neither_sweeps_nor_adopts_the_firsts,
     ];
     for scenario in scenarios {
         scenario();
