@@ -88,7 +88,17 @@ pub async fn reject<E: EventSink>(
         event_id: event_id.to_string(),
         problems,
     };
-    let report = sink.publish(&[outbound(&detail)]).await?;
+    publish_now(sink, &[outbound(&detail)]).await
+}
+
+/// Publishes answers that change no stored request (a rejection, a refusal, a notice), so
+/// no outbox carries them: a failed entry fails the invocation, and EventBridge delivers the
+/// causing event again.
+pub async fn publish_now<E: EventSink>(
+    sink: &E,
+    events: &[crate::ports::OutboundEvent],
+) -> Result<(), PortError> {
+    let report = sink.publish(events).await?;
     match report.failed.into_iter().next() {
         None => Ok(()),
         Some((_, code, message)) => Err(PortError::Transient {

@@ -273,14 +273,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             status,
             reason: format!("cancellation refused: {why}"),
         };
-        let report = self.events.publish(&[outbound(&ev)]).await?;
-        if let Some((_, code, message)) = report.failed.into_iter().next() {
-            return Err(PortError::Transient {
-                service: "events",
-                code,
-                message,
-            });
-        }
+        outbox::publish_now(&self.events, &[outbound(&ev)]).await?;
         if let Ok(id) = RequestId::parse(request_id) {
             out.decisions.push(Decision::new(&id, "kept", ev.reason));
         }
@@ -334,14 +327,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 reason: reason.clone(),
                 current_event_key: current,
             };
-            let report = self.events.publish(&[outbound(&ev)]).await?;
-            if let Some((_, code, message)) = report.failed.into_iter().next() {
-                return Err(PortError::Transient {
-                    service: "events",
-                    code,
-                    message,
-                });
-            }
+            outbox::publish_now(&self.events, &[outbound(&ev)]).await?;
             out.decisions
                 .push(Decision::new(&id, "approval-refused", reason));
             return Ok(());
@@ -1273,14 +1259,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 end: r.end(),
                 reason,
             };
-            let report = self.events.publish(&[outbound(&ev)]).await?;
-            if let Some((_, code, message)) = report.failed.into_iter().next() {
-                return Err(PortError::Transient {
-                    service: "events",
-                    code,
-                    message,
-                });
-            }
+            outbox::publish_now(&self.events, &[outbound(&ev)]).await?;
         }
         Ok(adopt)
     }
