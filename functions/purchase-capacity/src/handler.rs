@@ -22,7 +22,7 @@ use capacity_pilot::domain::offering::Offering;
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::planner::Plan;
 use capacity_pilot::domain::request::{FieldError, RequestId, Strategy};
-use capacity_pilot::domain::reservation::{Reservation, ReservationState};
+use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::time_rules::{
     IN_DOUBT_WINDOW, LISTING_LAG_BOUND, PAYMENT_CHECK_EVERY, PURCHASE_LEAD, search_deadline,
@@ -737,7 +737,6 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     return Ok(());
                 }
                 (None, Some(d)) => {
-                    let kept: Vec<String> = bought.iter().map(|(r, _)| r.id.clone()).collect();
                     let reason = format!(
                         "reconciled: no reservation from {} is listed {} min after the \
                          purchase begun at {}{}; its debit is returned and the request \
@@ -745,7 +744,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                         offering.id,
                         (now - d.since).num_minutes(),
                         d.since,
-                        if kept.is_empty() && prior.is_empty() {
+                        if bought.is_empty() && prior.is_empty() {
                             String::new()
                         } else {
                             "; what was bought is kept".to_string()
@@ -1026,7 +1025,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
     async fn payment_failed(
         &self,
         rec: RequestRecord,
-        mut held: Vec<Reservation>,
+        held: Vec<Reservation>,
         changed: Vec<Reservation>,
         lost: Vec<Reservation>,
         mut notes: Vec<String>,
@@ -1048,15 +1047,12 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         let (lost, later): (Vec<Reservation>, Vec<Reservation>) = lost
             .into_iter()
             .partition(|r| !r.state.is_unpaid() || Some(month_of(r)) == month);
+        // Not recorded yet: read again, and handled, at the next check.
         for r in &later {
             notes.push(format!(
                 "{} is {} too; its debit goes back next",
                 r.id, r.state
             ));
-            if let Some(h) = held.iter_mut().find(|h| h.id == r.id) {
-                // Not recorded yet: it is read again, and handled, at the next check.
-                h.state = ReservationState::Unknown;
-            }
         }
         let returned = MicroUsd(
             lost.iter()
@@ -1070,9 +1066,10 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             amount: returned,
         });
         let gone = |r: &Reservation| lost.iter().any(|l| l.id == r.id);
+        // What the request still holds: the live, and the losses left for the next check.
         let others: Vec<&Reservation> = held
             .iter()
-            .filter(|r| !gone(r) && r.state.is_live())
+            .filter(|r| !gone(r) && (r.state.is_live() || later.iter().any(|l| l.id == r.id)))
             .collect();
         let deadline = search_deadline(rec.request.window.latest_end, rec.request.duration_hours);
         let mut what: Vec<String> = Vec::new();

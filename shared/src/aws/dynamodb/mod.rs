@@ -318,6 +318,24 @@ fn ledger_debit(table: &str, d: &Debit, at: DateTime<Utc>) -> Result<TransactWri
 }
 
 /// Adds the request's side of a debit to a META update: `spent + amount <= request cap`.
+/// `amount` back to the team's `month` ledger (a released or refunded debit), conditional
+/// on the ledger holding at least that much.
+fn ledger_credit(
+    table: &str,
+    team: &str,
+    month: &BudgetMonth,
+    amount: MicroUsd,
+    at: DateTime<Utc>,
+) -> Result<TransactWriteItem, PortError> {
+    let mut l = Expr::new();
+    l.add(attr::SPENT_MICROS, n(-amount.0))
+        .set(attr::UPDATED_AT, time(at));
+    let spent = l.name(attr::SPENT_MICROS);
+    let amt = l.value(n(amount.0));
+    l.condition(format!("{spent} >= {amt}"));
+    update(table, key(budget_pk(team, month), LEDGER_SK), &l)
+}
+
 fn request_debit(e: &mut Expr, d: &Debit) {
     e.add(attr::SPENT_MICROS, n(d.amount.0));
     let spent = e.name(attr::SPENT_MICROS);
@@ -713,17 +731,7 @@ impl Store for DynamoStore {
                     )));
                 };
                 e.add(attr::SPENT_MICROS, n(-amount.0));
-                let mut l = Expr::new();
-                l.add(attr::SPENT_MICROS, n(-amount.0))
-                    .set(attr::UPDATED_AT, time(t.at));
-                let spent = l.name(attr::SPENT_MICROS);
-                let amt = l.value(n(amount.0));
-                l.condition(format!("{spent} >= {amt}"));
-                release = Some(update(
-                    &self.table,
-                    key(budget_pk(team, month), LEDGER_SK),
-                    &l,
-                )?);
+                release = Some(ledger_credit(&self.table, team, month, amount, t.at)?);
             }
         }
         // A kept debit going back: out of the request's spent and the month's ledger, each
@@ -734,16 +742,12 @@ impl Store for DynamoStore {
             let spent = e.name(attr::SPENT_MICROS);
             let amt = e.value(n(r.amount.0));
             e.condition(format!("{spent} >= {amt}"));
-            let mut l = Expr::new();
-            l.add(attr::SPENT_MICROS, n(-r.amount.0))
-                .set(attr::UPDATED_AT, time(t.at));
-            let spent = l.name(attr::SPENT_MICROS);
-            let amt = l.value(n(r.amount.0));
-            l.condition(format!("{spent} >= {amt}"));
-            refund = Some(update(
+            refund = Some(ledger_credit(
                 &self.table,
-                key(budget_pk(meta.record.team.as_str(), &r.month), LEDGER_SK),
-                &l,
+                meta.record.team.as_str(),
+                &r.month,
+                r.amount,
+                t.at,
             )?);
         }
         let mut plan_items = Vec::new();
@@ -1185,17 +1189,7 @@ impl Store for DynamoStore {
                 };
                 e.add(attr::SPENT_MICROS, n(-amount.0));
                 items.push(update(&self.table, key(pk.clone(), META_SK), &e)?);
-                let mut l = Expr::new();
-                l.add(attr::SPENT_MICROS, n(-amount.0))
-                    .set(attr::UPDATED_AT, time(r.at));
-                let spent = l.name(attr::SPENT_MICROS);
-                let amt = l.value(n(amount.0));
-                l.condition(format!("{spent} >= {amt}"));
-                items.push(update(
-                    &self.table,
-                    key(budget_pk(team, month), LEDGER_SK),
-                    &l,
-                )?);
+                items.push(ledger_credit(&self.table, team, month, amount, r.at)?);
             } else {
                 items.push(update(&self.table, key(pk.clone(), META_SK), &e)?);
             }
