@@ -803,6 +803,13 @@ pub struct RecordReservation {
     pub at: DateTime<Utc>,
     pub caused_by: Cause,
     pub outbox: Vec<OutboundEvent>,
+    /// A stray (ARCHITECTURE 8.6): a live reservation tagged for this request and this
+    /// deployment that no plan of it accounts for. Its fee is charged by this debit, to the
+    /// ledger and to `spent`, with no cap (it is bought: the money is gone either way), and
+    /// the open debit is not reduced by it; to `Reserved`, what stays open of the plan's debit
+    /// goes back, because none of the plan was bought for it.
+    #[serde(default)]
+    pub uncapped: Option<Debit>,
 }
 
 /// Records "reconciled: no reservation exists" and releases the open debit: the only way

@@ -205,6 +205,7 @@ pub fn record_reservation(
         at,
         caused_by: Cause::new(format!("record-{id}-{token}")),
         outbox: vec![],
+        uncapped: None,
     }
 }
 

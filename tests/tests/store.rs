@@ -1135,6 +1135,64 @@ async fn a_split_plans_first_segment_shrinks_the_open_debit_to_what_is_left_to_b
 }
 
 #[tokio::test]
+async fn a_stray_is_debited_past_the_cap_and_in_the_plans_place_returns_the_plans_debit() {
+    // GIVEN two purchases of $9000 each under way, in a month whose cap is $20000
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let cap = usd("20000.00").to_micros_ceil();
+    for id in ["in-place", "beside"] {
+        request_with_offerings(&store, id, "ml").await;
+        let d = debit("ml", usd("9000.00").to_micros_ceil(), cap);
+        store
+            .begin_purchase(begin_purchase(id, 3, OfferingsFound, "w", t0(), Some(d)))
+            .await
+            .unwrap();
+    }
+
+    // WHEN "in-place" records a $15000 stray that reserves it instead of its plan, and
+    // "beside" records a $4000 stray beside its plan and then the plan's $9000 block
+    let mut in_place = record_reservation("in-place", "w", reservation("cr-s1", "15000.00"), t0());
+    in_place.uncapped = Some(debit("ml", usd("15000.00").to_micros_ceil(), cap));
+    assert_eq!(
+        store.record_reservation(in_place).await.unwrap(),
+        LeaseWriteOutcome::Applied { version: 5 }
+    );
+    let mut beside = record_reservation("beside", "w", reservation("cr-s2", "4000.00"), t0());
+    beside.to = Purchasing;
+    beside.uncapped = Some(debit("ml", usd("4000.00").to_micros_ceil(), cap));
+    store.record_reservation(beside).await.unwrap();
+    let mut plan = record_reservation("beside", "w", reservation("cr-p2", "9000.00"), t0());
+    plan.caused_by = Cause::new("record-beside-plan");
+    assert_eq!(
+        store.record_reservation(plan).await.unwrap(),
+        LeaseWriteOutcome::Applied { version: 6 }
+    );
+
+    // THEN each stray is charged whole, past the cap ($28000 of $20000), and the in-place
+    // one's plan debit went back
+    assert_eq!(
+        store
+            .budget_spent(&team("ml"), &BudgetMonth::of(t0()))
+            .await
+            .unwrap(),
+        usd("28000.00").to_micros_ceil()
+    );
+    let a = get(&store, "in-place").await;
+    assert_eq!(
+        (a.status, a.spent, a.open_debit),
+        (Reserved, usd("15000.00").to_micros_ceil(), None)
+    );
+    let b = get(&store, "beside").await;
+    assert_eq!(
+        (b.status, b.spent, b.open_debit),
+        (Reserved, usd("13000.00").to_micros_ceil(), None)
+    );
+    let held = store.reservations(&request_id("beside")).await.unwrap();
+    assert_eq!(held.len(), 2);
+    assert!(held.iter().all(|r| r.debit_month.is_some()), "{held:?}");
+}
+
+#[tokio::test]
 async fn an_ended_requests_reservations_and_workloads_are_archived_with_it() {
     // GIVEN a bought request with a workload, which ended long ago
     let table = TestTable::fresh().await.unwrap();

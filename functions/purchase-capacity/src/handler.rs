@@ -21,7 +21,7 @@ use capacity_pilot::domain::naming::{plan_name, resource_tags};
 use capacity_pilot::domain::offering::Offering;
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::planner::Plan;
-use capacity_pilot::domain::request::{FieldError, RequestId, Strategy};
+use capacity_pilot::domain::request::{CapacityRequest, FieldError, RequestId, Strategy};
 use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::time_rules::{
@@ -692,8 +692,8 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             .count();
         // Reservations bought for this request before this plan: a split's kept block when
         // this plan is its replacement segment.
-        let prior: Vec<Reservation> = held.into_iter().filter(|r| r.state.is_live()).collect();
-        let recorded: BTreeSet<String> = prior.iter().map(|r| r.id.clone()).collect();
+        let mut prior: Vec<Reservation> = held.into_iter().filter(|r| r.state.is_live()).collect();
+        let mut recorded: BTreeSet<String> = prior.iter().map(|r| r.id.clone()).collect();
         let mut bought: Vec<(Reservation, bool)> = Vec::new();
         for (i, offering) in plan.offerings.iter().enumerate() {
             let last = i + 1 == plan.offerings.len();
@@ -713,9 +713,23 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 continue;
             }
             // Step 2: adopt a reservation already tagged for this request.
-            let existing = self
-                .find_unrecorded(rec, plan, offering, name, &recorded)
-                .await?;
+            let Some(existing) = self
+                .reconcile(
+                    rec,
+                    plan,
+                    offering,
+                    name,
+                    lease,
+                    (&mut prior, &mut recorded),
+                    (&bought, doubt.is_none()),
+                    cause,
+                    now,
+                    out,
+                )
+                .await?
+            else {
+                return Ok(());
+            };
             let doubted = doubt.filter(|d| d.offering_ids.contains(&offering.id));
             let (reservation, adopted) = match (existing, doubted) {
                 (Some(r), _) => (r, true),
@@ -768,11 +782,23 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                         Err(PortError::OutcomeUnknown { message, .. }) => {
                             // Step 4 on doubt: look again right away; AWS may show it already.
                             match self
-                                .find_unrecorded(rec, plan, offering, name, &recorded)
+                                .reconcile(
+                                    rec,
+                                    plan,
+                                    offering,
+                                    name,
+                                    lease,
+                                    (&mut prior, &mut recorded),
+                                    (&bought, doubt.is_none()),
+                                    cause,
+                                    now,
+                                    out,
+                                )
                                 .await?
                             {
-                                Some(r) => (r, true),
-                                None => {
+                                None => return Ok(()),
+                                Some(Some(r)) => (r, true),
+                                Some(None) => {
                                     out.decisions.push(Decision::new(
                                     id,
                                     "in-doubt",
@@ -885,7 +911,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             reservation.bought_at = Some(now);
             bought.push((reservation.clone(), adopted));
             let outbox = if last {
-                vec![outbound(&reserved_event(rec, plan, &prior, &bought))]
+                vec![outbound(&reserved_event(rec, Some(plan), &prior, &bought))]
             } else {
                 vec![]
             };
@@ -906,6 +932,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     at: now,
                     caused_by: Cause::new(format!("{}#{}", cause.event_id, i)),
                     outbox,
+                    uncapped: None,
                 })
                 .await?;
             match w {
@@ -1181,12 +1208,180 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         Ok(())
     }
 
-    /// Step 2 and 4 of the protocol: a live reservation of this request and this deployment
-    /// that is what buying `offering` gives and is not recorded yet. Tags are matched here,
-    /// not only by AWS's filter (aws-reference §11.1: tag filters are undocumented): another
-    /// request's or another stack's reservation is never adopted (ARCHITECTURE §8.6, §8.7).
-    /// One of ours that is not what this offering gives is announced as unrecorded, never
-    /// silently skipped.
+    /// Steps 2 and 4 of the protocol: what AWS lists for this request and this deployment.
+    /// Each stray (ours, unrecorded, and what no offering of the plan gives) is adopted first
+    /// ([`Self::adopt_stray`]). `None`: stop, the request moved on (a stray reserved it in the
+    /// plan's place, or the lease was lost); else what buying `offering` gave, if listed.
+    #[allow(clippy::too_many_arguments)]
+    async fn reconcile(
+        &self,
+        rec: &RequestRecord,
+        plan: &Plan,
+        offering: &Offering,
+        name: &str,
+        lease: &Lease,
+        (prior, recorded): (&mut Vec<Reservation>, &mut BTreeSet<String>),
+        (bought, unclouded): (&[(Reservation, bool)], bool),
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<Option<Option<Reservation>>, PortError> {
+        let (found, strays) = self
+            .find_unrecorded(rec, plan, offering, name, recorded)
+            .await?;
+        for stray in strays {
+            // Not while the plan's own purchase is in doubt: that may yet be listed, and the
+            // plan's debit must stay for it.
+            let in_place =
+                unclouded && bought.is_empty() && prior.is_empty() && serves(&rec.request, &stray);
+            let id = stray.id.clone();
+            if !self
+                .adopt_stray(rec, lease, &stray, in_place, cause, now, out)
+                .await?
+                || in_place
+            {
+                return Ok(None);
+            }
+            recorded.insert(id);
+            prior.push(stray);
+        }
+        Ok(Some(found))
+    }
+
+    /// ARCHITECTURE §8.6: a live reservation tagged for this request and this deployment and
+    /// recorded nowhere is ours and paid for, so it is recorded and its fee debited, past the
+    /// caps if need be (an adoption past a cap is announced as `Capacity Reservation
+    /// Unrecorded` for a person). `in_place`: it serves the whole request and nothing of the
+    /// plan is bought yet, so it reserves the request instead of the plan, whose debit goes
+    /// back; otherwise it is kept beside the plan. False when the lease was lost.
+    #[allow(clippy::too_many_arguments)]
+    async fn adopt_stray(
+        &self,
+        rec: &RequestRecord,
+        lease: &Lease,
+        stray: &Reservation,
+        in_place: bool,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<bool, PortError> {
+        let id = &rec.request_id;
+        let fee = stray.upfront_fee.to_micros_ceil();
+        let team_cap = self
+            .config
+            .team_budgets
+            .cap_for(&rec.team)
+            .unwrap_or(Usd::ZERO);
+        let debit = Debit::of(rec, team_cap, fee, now);
+        // Whether it lands past a cap, as the ledger stands now (a concurrent debit may change
+        // that; the adoption does not depend on it, only the announcement).
+        let given_back = if in_place {
+            rec.open_debit.unwrap_or(MicroUsd(0))
+        } else {
+            MicroUsd(0)
+        };
+        let team_after =
+            self.store.budget_spent(&rec.team, &debit.month).await?.0 + fee.0 - given_back.0;
+        let request_after = rec.spent.0 + fee.0 - given_back.0;
+        let mut past = Vec::new();
+        if team_after > debit.team_cap.0 {
+            past.push(format!("team {}'s monthly cap of ${team_cap}", rec.team));
+        }
+        if request_after > debit.request_cap.0 {
+            past.push(format!(
+                "the request's max_upfront_usd of ${}",
+                rec.request.budget.max_upfront
+            ));
+        }
+        let what = format!(
+            "{} ({} x {} in {}, {} to {}, {}, ${})",
+            stray.id,
+            stray.instance_count,
+            stray.instance_type,
+            stray.region,
+            stray.start(),
+            stray.end(),
+            stray.state,
+            stray.upfront_fee
+        );
+        let mut reason = format!(
+            "adopted {what}: tagged for request {id} of deployment {} and recorded nowhere, \
+             it is ours and paid for, so its fee is debited{}",
+            self.config.deployment_id,
+            if in_place {
+                "; it serves the whole request, so it reserves it in place of the plan, whose \
+                 debit is returned"
+            } else {
+                "; it is kept beside the plan, which is bought as decided"
+            }
+        );
+        if !past.is_empty() {
+            reason.push_str(&format!("; the debit goes past {}", past.join(" and ")));
+        }
+        let mut outbox = Vec::new();
+        if in_place {
+            outbox.push(outbound(&reserved_event(
+                rec,
+                None,
+                &[],
+                &[(stray.clone(), true)],
+            )));
+        }
+        if !past.is_empty() {
+            warn!(alert = "reservation-unrecorded", request_id = %id, reservation_id = %stray.id, "{reason}");
+            outbox.push(outbound(&unrecorded_event(id, stray, reason.clone())));
+        }
+        let mut adopted = stray.clone();
+        adopted.bought_at = Some(now);
+        let w = self
+            .store
+            .record_reservation(RecordReservation {
+                request_id: id.clone(),
+                lease_token: lease.token.clone(),
+                reservation: adopted.clone(),
+                to: if in_place {
+                    RequestStatus::Reserved
+                } else {
+                    RequestStatus::Purchasing
+                },
+                reason: reason.clone(),
+                next_action_at: if in_place {
+                    next_payment_check([&adopted].into_iter(), now)
+                } else {
+                    Some(lease.expires_at)
+                },
+                at: now,
+                caused_by: Cause::new(format!("{}#stray-{}", cause.event_id, stray.id)),
+                outbox,
+                uncapped: Some(debit),
+            })
+            .await?;
+        match w {
+            LeaseWriteOutcome::Applied { .. } => {
+                out.decisions.push(Decision::new(
+                    id,
+                    if in_place { "reserved" } else { "adopted" },
+                    reason,
+                ));
+                Ok(true)
+            }
+            LeaseWriteOutcome::LeaseLost | LeaseWriteOutcome::DuplicateEvent => {
+                out.decisions.push(Decision::new(
+                    id,
+                    "lease-lost",
+                    format!("{reason}; the lease was taken over, so the new holder records it"),
+                ));
+                Ok(false)
+            }
+        }
+    }
+
+    /// A live reservation of this request and this deployment that is what buying `offering`
+    /// gives and is not recorded yet, and the strays: ours, unrecorded, and what no offering
+    /// of the plan gives (what another offering gives is adopted in its turn). Tags are
+    /// matched here, not only by AWS's filter (aws-reference §11.1: tag filters are
+    /// undocumented): another request's or another stack's reservation is never adopted
+    /// (ARCHITECTURE §8.6, §8.7).
     async fn find_unrecorded(
         &self,
         rec: &RequestRecord,
@@ -1194,7 +1389,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         offering: &Offering,
         name: &str,
         recorded: &BTreeSet<String>,
-    ) -> Result<Option<Reservation>, PortError> {
+    ) -> Result<(Option<Reservation>, Vec<Reservation>), PortError> {
         let id = &rec.request_id;
         let found = self
             .market
@@ -1228,37 +1423,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 unrecorded.push(r);
             }
         }
-        for r in &unrecorded {
-            let reason = format!(
-                "{} ({} x {} in {}, {} to {}, {}) is tagged for request {id} of deployment \
-                 {deployment} and not recorded, and it is not what {} gives; it was not \
-                 adopted and needs a person",
-                r.id,
-                r.instance_count,
-                r.instance_type,
-                r.region,
-                r.start(),
-                r.end(),
-                r.state,
-                offering.id
-            );
-            warn!(alert = "reservation-unrecorded", request_id = %id, reservation_id = %r.id, "{reason}");
-            let ev = ReservationUnrecorded {
-                event_key: format!("{id}:reservation-unrecorded:{}", r.id),
-                request_id: id.to_string(),
-                reservation_id: r.id.clone(),
-                product: r.product,
-                region: r.region.clone(),
-                state: r.state,
-                instance_type: r.instance_type.clone(),
-                instance_count: r.instance_count,
-                start: r.start(),
-                end: r.end(),
-                reason,
-            };
-            outbox::publish_now(&self.events, &[outbound(&ev)]).await?;
-        }
-        Ok(adopt)
+        Ok((adopt, unrecorded))
     }
 
     async fn buy(
@@ -1410,9 +1575,10 @@ fn is_from(r: &Reservation, offering: &Offering) -> bool {
 
 /// What the request now holds: this plan's reservations and any bought before it (a split's
 /// kept block, when this plan replaced its lost segment).
+/// `plan`: `None` when a stray reserves the request in a plan's place.
 fn reserved_event(
     rec: &RequestRecord,
-    plan: &Plan,
+    plan: Option<&Plan>,
     prior: &[Reservation],
     bought: &[(Reservation, bool)],
 ) -> Reserved {
@@ -1420,11 +1586,10 @@ fn reserved_event(
     let all: Vec<&(Reservation, bool)> = prior.iter().chain(bought).collect();
     let fee: Usd = all.iter().map(|(r, _)| r.upfront_fee).sum();
     // The plan's on-demand comparison covers its own hours only.
-    let on_demand = if prior.is_empty() {
-        plan.on_demand_cost
-    } else {
-        None
-    };
+    let on_demand = plan
+        .and_then(|p| p.on_demand_cost)
+        .filter(|_| prior.is_empty());
+    let first = &all.first().expect("a reservation to announce").0;
     Reserved {
         event_key: event_key(
             rec.request_id.as_str(),
@@ -1433,20 +1598,53 @@ fn reserved_event(
         ),
         request_id: rec.request_id.to_string(),
         reservation_ids: all.iter().map(|(r, _)| r.id.clone()).collect(),
-        product: plan.product,
-        region: plan.region.clone(),
-        instance_type: plan.instance_type.clone(),
-        instance_count: plan.instance_count,
+        product: plan.map_or(first.product, |p| p.product),
+        region: first.region.clone(),
+        instance_type: first.instance_type.clone(),
+        instance_count: first.instance_count,
         start: all
             .iter()
             .map(|(r, _)| r.start())
             .min()
-            .unwrap_or(plan.start),
-        end: all.iter().map(|(r, _)| r.end()).max().unwrap_or(plan.end),
+            .unwrap_or(first.start()),
+        end: all
+            .iter()
+            .map(|(r, _)| r.end())
+            .max()
+            .unwrap_or(first.end()),
         upfront_fee_usd: fee,
         on_demand_cost_usd: on_demand,
         saving_usd: on_demand.map(|od| od - fee),
         adopted: bought.iter().any(|(_, a)| *a),
+    }
+}
+
+/// Whether reservation `r` alone serves `request`: a product, region and type it allows, at
+/// least its instances, inside its window and at least its duration.
+fn serves(request: &CapacityRequest, r: &Reservation) -> bool {
+    r.state.is_live()
+        && request.reservation_products().any(|p| p == r.product)
+        && request.regions.contains(&r.region)
+        && request.instance_types.contains(&r.instance_type)
+        && r.instance_count >= request.instance_count
+        && r.start() >= request.window.earliest_start
+        && r.end() <= request.window.latest_end
+        && r.end() - r.start() >= request.duration()
+}
+
+fn unrecorded_event(id: &RequestId, r: &Reservation, reason: String) -> ReservationUnrecorded {
+    ReservationUnrecorded {
+        event_key: format!("{id}:reservation-unrecorded:{}", r.id),
+        request_id: id.to_string(),
+        reservation_id: r.id.clone(),
+        product: r.product,
+        region: r.region.clone(),
+        state: r.state,
+        instance_type: r.instance_type.clone(),
+        instance_count: r.instance_count,
+        start: r.start(),
+        end: r.end(),
+        reason,
     }
 }
 

@@ -312,10 +312,11 @@ pub struct PurchaseDecision {
     pub comment: Option<String>,
 }
 
-/// A live reservation tagged for a request of this deployment that the request has not
-/// recorded and reconciliation did not adopt (ARCHITECTURE §8.6): it is not what the plan
-/// being bought would give (another offering, count or time), so a person must look. The
-/// purchase function's `reservation-unrecorded` log line feeds the metric an alarm watches.
+/// A live reservation tagged for a request of this deployment that no plan of the request
+/// accounted for (another offering, count or time), adopted and debited past the team's or
+/// the request's cap (ARCHITECTURE §8.6): the money was already spent, so a person must look.
+/// The purchase function's `reservation-unrecorded` log line feeds the metric an alarm
+/// watches.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ReservationUnrecorded {
     pub event_key: String,

@@ -775,16 +775,36 @@ impl State {
         let stored = self.requests.get_mut(&r.request_id).expect("checked above");
         let mut reservation = r.reservation.clone();
         // The month its debit was charged to, where a payment failure returns it.
-        if let Some((_, month)) = &stored.open_debit_ledger {
+        if let Some(d) = &r.uncapped {
+            reservation.debit_month = Some(d.month.0.clone());
+        } else if let Some((_, month)) = &stored.open_debit_ledger {
             reservation.debit_month = Some(month.0.clone());
         }
+        if let Some(d) = &r.uncapped {
+            // A stray: charged whatever the caps say; the plan's open debit is untouched.
+            stored.record.spent.0 += d.amount.0;
+            *self
+                .ledger
+                .entry((d.team.clone(), d.month.clone()))
+                .or_default() += d.amount.0;
+        }
         if r.to == Reserved {
-            // Bought: the debit is kept, and the lease and its doubt have served.
+            // Bought: the debit is kept, and the lease and its doubt have served. A stray
+            // reserves in the plan's place, so what stays open of the plan's debit goes back.
+            if r.uncapped.is_some()
+                && let (Some(open), Some(key)) =
+                    (stored.record.open_debit, stored.open_debit_ledger.clone())
+            {
+                stored.record.spent.0 -= open.0;
+                *self.ledger.entry(key).or_default() -= open.0;
+            }
             stored.record.lease = None;
             stored.record.doubt = None;
             stored.record.open_debit = None;
             stored.open_debit_ledger = None;
-        } else if let Some(open) = stored.record.open_debit {
+        } else if r.uncapped.is_none()
+            && let Some(open) = stored.record.open_debit
+        {
             let bought = r.reservation.upfront_fee.to_micros_ceil();
             stored.record.open_debit = Some(MicroUsd((open.0 - bought.0).max(0)));
         }

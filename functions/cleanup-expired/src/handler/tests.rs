@@ -126,6 +126,7 @@ impl World {
                     at: t0(),
                     caused_by: Cause::new(format!("seed-{}", r.id)),
                     outbox: vec![],
+                    uncapped: None,
                 })
                 .await
                 .unwrap();

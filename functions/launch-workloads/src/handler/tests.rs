@@ -132,6 +132,7 @@ impl World {
                 at: t0(),
                 caused_by: Cause::new("seed-record"),
                 outbox: vec![],
+                uncapped: None,
             })
             .await
             .unwrap();

@@ -1183,19 +1183,20 @@ async fn a_second_deployment_given_the_same_request_id_adopts_nothing_of_the_fir
     );
 }
 
-#[tokio::test]
-async fn a_reservation_of_ours_that_the_plan_would_not_give_is_announced_not_skipped() {
-    // GIVEN r1 holds, unrecorded, a live block tagged for it and this deployment that is not
-    // what its plan buys (another count)
-    let w = World::new();
-    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
-    let o = block("cb-other", "100");
-    let stray = capacity_pilot::domain::reservation::Reservation {
+/// A live block tagged for r1 and this deployment, recorded nowhere, that r1's plan (two
+/// p5.48xlarge from `block`) would not give: `count` instances of `instance_type`.
+fn stray(
+    instance_type: &str,
+    count: u32,
+    fee: &str,
+) -> capacity_pilot::domain::reservation::Reservation {
+    let o = block("cb-other", fee);
+    capacity_pilot::domain::reservation::Reservation {
         id: "cr-stray".into(),
         product: Product::CapacityBlock,
         region: "us-east-1".into(),
-        instance_type: "p5.48xlarge".into(),
-        instance_count: 7,
+        instance_type: instance_type.into(),
+        instance_count: count,
         segments: o.segments.clone(),
         upfront_fee: o.upfront_fee,
         state: ReservationState::Scheduled,
@@ -1205,15 +1206,121 @@ async fn a_reservation_of_ours_that_the_plan_would_not_give_is_announced_not_ski
         bought_at: None,
         debit_month: None,
         deployment_tag: Some(DEPLOYMENT.into()),
-    };
-    w.market.add_reservation(stray, None);
+    }
+}
+
+#[tokio::test]
+async fn a_stray_of_ours_that_serves_the_request_reserves_it_in_place_of_the_plan_past_the_cap() {
+    // GIVEN r1 (max $5000) holds, unrecorded, a live block of ours for $6000 that serves it
+    // (seven instances where it asks two), not what its plan buys
+    let w = World::new();
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    w.market
+        .add_reservation(stray("p5.48xlarge", 7, "6000"), None);
 
     // WHEN the purchase reconciles before buying
     w.purchaser(CAPS).handle(found("r1", "e1")).await.unwrap();
 
-    // THEN the plan is bought, and the stray block is announced for a person
-    assert_eq!(w.market.purchase_count(), 1);
+    // THEN the stray is adopted in the plan's place: nothing bought, its fee debited past the
+    // request's cap, the plan's debit returned, Reserved by it, and a person told
+    assert_eq!(w.market.purchase_count(), 0);
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    let held = w
+        .store
+        .reservations(&capacity_pilot::fakes::fixtures::request_id("r1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        held.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        ["cr-stray"]
+    );
+    assert_eq!(w.spent("team-a"), MicroUsd(6_000_000_000));
+    let rec = w
+        .store
+        .get_request(&capacity_pilot::fakes::fixtures::request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.spent, MicroUsd(6_000_000_000));
+    assert_eq!(rec.open_debit, None);
+    assert!(rec.lease.is_none());
+    let reserved = w.events.published_of("Capacity Reserved");
+    assert_eq!(reserved.len(), 1);
+    assert_eq!(reserved[0].detail["reservation_ids"], json!(["cr-stray"]));
+    assert_eq!(reserved[0].detail["adopted"], true);
     let ev = w.events.published_of("Capacity Reservation Unrecorded");
     assert_eq!(ev.len(), 1, "{ev:?}");
     assert_eq!(ev[0].detail["reservation_id"], "cr-stray");
+    assert!(
+        ev[0].detail["reason"]
+            .as_str()
+            .unwrap()
+            .contains("max_upfront_usd"),
+        "{ev:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_stray_of_ours_that_does_not_serve_the_request_is_adopted_beside_the_plan() {
+    // GIVEN r1 holds, unrecorded, a live block of ours of a type it did not ask for
+    let w = World::new();
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    w.market
+        .add_reservation(stray("p4d.24xlarge", 2, "100"), None);
+
+    // WHEN the purchase reconciles before buying
+    w.purchaser(CAPS).handle(found("r1", "e1")).await.unwrap();
+
+    // THEN the plan is bought and the stray is recorded and debited too, within the caps, so
+    // no person needs telling
+    assert_eq!(w.market.purchases_of("cb-1"), 1);
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    let held = w
+        .store
+        .reservations(&capacity_pilot::fakes::fixtures::request_id("r1"))
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert!(held.iter().any(|r| r.id == "cr-stray"));
+    assert_eq!(w.spent("team-a"), MicroUsd(1_761_180_000));
+    assert!(
+        w.events
+            .published_of("Capacity Reservation Unrecorded")
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn a_stray_found_while_the_plans_purchase_is_in_doubt_is_kept_beside_it_not_in_its_place() {
+    // GIVEN a lost purchase response whose block lists only after the lease, and then a stray
+    // of ours that would serve the request
+    let w = World::new();
+    w.market.set_listing_lag_time(LEASE + Duration::minutes(10));
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    w.market.lose_next_purchase_response();
+    let p = w.purchaser(CAPS);
+    p.handle(found("r1", "e1")).await.unwrap();
+    w.market
+        .add_reservation(stray("p5.48xlarge", 7, "100"), None);
+
+    // WHEN the takeover reconciles, and later the doubted block lists
+    w.clock.advance(LEASE + Duration::minutes(1));
+    w.store.advance_to(w.clock.get());
+    p.handle(tick("t1")).await.unwrap();
+    // THEN the stray is adopted beside the plan, whose debit stays for the doubted purchase
+    assert_eq!(w.status("r1").await, RequestStatus::Purchasing);
+    assert_eq!(w.spent("team-a"), MicroUsd(1_761_180_000));
+    w.clock.advance(LEASE + Duration::minutes(1));
+    w.store.advance_to(w.clock.get());
+    p.handle(tick("t2")).await.unwrap();
+    // AND the plan's block is adopted when listed: one purchase, both held and debited
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    assert_eq!(w.market.purchase_count(), 1);
+    let held = w
+        .store
+        .reservations(&capacity_pilot::fakes::fixtures::request_id("r1"))
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert_eq!(w.spent("team-a"), MicroUsd(1_761_180_000));
 }

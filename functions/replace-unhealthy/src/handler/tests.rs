@@ -106,6 +106,7 @@ impl World {
                 at: t0(),
                 caused_by: Cause::new("seed"),
                 outbox: vec![],
+                uncapped: None,
             })
             .await
             .unwrap();

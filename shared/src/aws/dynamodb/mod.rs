@@ -9,6 +9,8 @@ mod error;
 mod expr;
 mod item;
 
+use std::collections::BTreeMap;
+
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Update};
 use chrono::{DateTime, Utc};
@@ -334,6 +336,61 @@ fn ledger_credit(
     let amt = l.value(n(amount.0));
     l.condition(format!("{spent} >= {amt}"));
     update(table, key(budget_pk(team, month), LEDGER_SK), &l)
+}
+
+/// The ledger writes of recording a stray ([`RecordReservation::uncapped`]): its fee charged
+/// with no cap and, when it reserves in the plan's place, the plan's open debit given back.
+/// One write per ledger (a transaction may touch an item once), the request's `spent` moved
+/// by the sum on the META update `e`.
+fn stray_ledgers(
+    table: &str,
+    id: &str,
+    r: &RecordReservation,
+    meta: &Meta,
+    e: &mut Expr,
+) -> Result<Vec<TransactWriteItem>, PortError> {
+    let Some(d) = &r.uncapped else {
+        return Ok(vec![]);
+    };
+    let mut moves: BTreeMap<(String, BudgetMonth), i64> = BTreeMap::new();
+    *moves
+        .entry((d.team.as_str().to_string(), d.month.clone()))
+        .or_default() += d.amount.0;
+    if r.to == RequestStatus::Reserved
+        && let Some(open) = meta.record.open_debit.filter(|o| o.0 > 0)
+    {
+        let Some(ledger) = meta.open_debit_ledger.clone() else {
+            return Err(self::error::corrupt(format!(
+                "{id}: an open debit without its ledger"
+            )));
+        };
+        *moves.entry(ledger).or_default() -= open.0;
+    }
+    let total: i64 = moves.values().sum();
+    if total != 0 {
+        e.add(attr::SPENT_MICROS, n(total));
+    }
+    let mut out = Vec::new();
+    for ((team, month), amount) in moves {
+        if amount < 0 {
+            out.push(ledger_credit(
+                table,
+                &team,
+                &month,
+                MicroUsd(-amount),
+                r.at,
+            )?);
+        } else if amount > 0 {
+            let mut l = Expr::new();
+            l.set(attr::KIND, s(kind::LEDGER))
+                .set(attr::TEAM, s(team.clone()))
+                .set(attr::MONTH, s(month.0.clone()))
+                .set(attr::UPDATED_AT, time(r.at))
+                .add(attr::SPENT_MICROS, n(amount));
+            out.push(update(table, key(budget_pk(&team, &month), LEDGER_SK), &l)?);
+        }
+    }
+    Ok(out)
 }
 
 fn request_debit(e: &mut Expr, d: &Debit) {
@@ -1090,15 +1147,20 @@ impl Store for DynamoStore {
                 ] {
                     e.remove(a);
                 }
-            } else if let Some(open) = meta.record.open_debit {
+            } else if r.uncapped.is_none()
+                && let Some(open) = meta.record.open_debit
+            {
                 let bought = r.reservation.upfront_fee.to_micros_ceil();
                 e.set(attr::OPEN_DEBIT_MICROS, n((open.0 - bought.0).max(0)));
             }
 
             // The month its debit was charged to, where a payment failure returns it.
-            if let Some((_, month)) = &meta.open_debit_ledger {
+            if let Some(d) = &r.uncapped {
+                reservation.debit_month = Some(d.month.0.clone());
+            } else if let Some((_, month)) = &meta.open_debit_ledger {
                 reservation.debit_month = Some(month.0.clone());
             }
+            let ledgers = stray_ledgers(&self.table, id, &r, &meta, &mut e)?;
             let res = reservation_item(&pk, id, &reservation, r.at, false)?;
 
             let mut items = vec![
@@ -1106,6 +1168,7 @@ impl Store for DynamoStore {
                 update(&self.table, key(pk.clone(), META_SK), &e)?,
                 put(&self.table, res, None)?,
             ];
+            items.extend(ledgers);
             items.extend(outbox_items(&self.table, id, &r.outbox, version, r.at)?);
             match self.transact(items).await? {
                 Committed::Yes => {

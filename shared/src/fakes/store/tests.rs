@@ -128,6 +128,7 @@ fn record(rid: &str, token: &str, res: Reservation, to: RequestStatus) -> Record
         at: t0() + Duration::minutes(30),
         caused_by: Cause::new(format!("{rid}/record/{token}")),
         outbox: vec![event(&format!("{rid}/reserved"), "Capacity Reserved", rid)],
+        uncapped: None,
     }
 }
 
