@@ -490,6 +490,19 @@ pub struct Doubt {
     pub since: DateTime<Utc>,
 }
 
+/// A cancellation that could not be applied when it came (ARCHITECTURE §8.3): it came during
+/// `Purchasing`, or while a bought reservation's payment was not yet taken. It is applied if
+/// the purchase does not complete or the payment fails, and refused once the payment is
+/// taken; until then no step buys for the request again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct CancelNote {
+    /// The requester's reason, as the answer will give it.
+    pub reason: String,
+    pub at: DateTime<Utc>,
+    /// The cancellation event's id.
+    pub event_id: String,
+}
+
 /// A request as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RequestRecord {
@@ -511,6 +524,9 @@ pub struct RequestRecord {
     /// The purchase under way, recorded with its lease (§8.6).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub doubt: Option<Doubt>,
+    /// A cancellation kept until the purchase or its payment settles (§8.3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel: Option<CancelNote>,
     /// The outstanding purchase debit, released only when reconciliation shows no
     /// reservation exists.
     pub open_debit: Option<MicroUsd>,
@@ -812,13 +828,31 @@ pub struct RecordReservation {
     pub uncapped: Option<Debit>,
 }
 
+/// Keeps a cancellation on a request that cannot be cancelled now (§8.3), or clears it once
+/// answered. Changes nothing else but the reason and the next action; conditional on the
+/// version and status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeepCancellation {
+    pub request_id: RequestId,
+    pub expected_version: u64,
+    pub status: RequestStatus,
+    /// `Some`: keep it; `None`: it was answered, clear it.
+    pub note: Option<CancelNote>,
+    pub reason: String,
+    pub next_action_at: Option<DateTime<Utc>>,
+    pub at: DateTime<Utc>,
+    pub caused_by: Cause,
+    pub outbox: Vec<OutboundEvent>,
+}
+
 /// Records "reconciled: no reservation exists" and releases the open debit: the only way
 /// a debit is ever released.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReleaseUnbought {
     pub request_id: RequestId,
     pub lease_token: String,
-    /// `Searching` (the offering has gone) or `Failed`.
+    /// `Searching` (the offering has gone) or `Failed`; `Cancelled` to apply a kept
+    /// cancellation, which a release to anything else is refused while it stands.
     pub to: RequestStatus,
     /// Must say what reconciliation found.
     pub reason: String,
@@ -880,6 +914,8 @@ pub enum LeaseWriteOutcome {
     },
     /// The lease expired and was taken over, or was never ours: our write is refused.
     LeaseLost,
+    /// A cancellation is kept on the request (§8.3): a release must apply it, to `Cancelled`.
+    CancelKept,
     DuplicateEvent,
 }
 
@@ -983,6 +1019,12 @@ pub trait Store: Send + Sync {
         &self,
         r: RecordReservation,
     ) -> impl Future<Output = Result<LeaseWriteOutcome, PortError>> + Send;
+
+    /// Keeps or clears a cancellation note ([`KeepCancellation`]).
+    fn keep_cancellation(
+        &self,
+        k: KeepCancellation,
+    ) -> impl Future<Output = Result<WriteOutcome, PortError>> + Send;
 
     /// Decrements the ledger and `spent` by the open debit stored on the request (never an
     /// amount from the caller), clears it and releases the lease.

@@ -12,8 +12,8 @@ use capacity_pilot::domain::status::RequestStatus::{
 };
 use capacity_pilot::domain::window::{self, DrainLead, WindowRecord, WindowState};
 use capacity_pilot::ports::{
-    BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, DueItem, LeaseWriteOutcome,
-    RequestRecord, Store, WindowUpdate, WriteOutcome, outbox_seq,
+    BeginPurchaseOutcome, BudgetMonth, CancelNote, Cause, CreateOutcome, DueItem, KeepCancellation,
+    LeaseWriteOutcome, RequestRecord, Store, WindowUpdate, WriteOutcome, outbox_seq,
 };
 use chrono::Duration;
 use integration_tests::TestTable;
@@ -1190,6 +1190,87 @@ async fn a_stray_is_debited_past_the_cap_and_in_the_plans_place_returns_the_plan
     let held = store.reservations(&request_id("beside")).await.unwrap();
     assert_eq!(held.len(), 2);
     assert!(held.iter().all(|r| r.debit_month.is_some()), "{held:?}");
+}
+
+#[tokio::test]
+async fn a_cancellation_kept_during_a_purchase_refuses_a_release_that_would_pass_it_over() {
+    // GIVEN a purchase under way
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    request_with_offerings(&store, "kept", "ml").await;
+    let d = debit(
+        "ml",
+        usd("9000.00").to_micros_ceil(),
+        usd("20000.00").to_micros_ceil(),
+    );
+    store
+        .begin_purchase(begin_purchase(
+            "kept",
+            3,
+            OfferingsFound,
+            "w",
+            t0(),
+            Some(d),
+        ))
+        .await
+        .unwrap();
+    let keep = |version: u64, event: &str| KeepCancellation {
+        request_id: request_id("kept"),
+        expected_version: version,
+        status: Purchasing,
+        note: Some(CancelNote {
+            reason: "cancelled by the requester".into(),
+            at: t0(),
+            event_id: event.into(),
+        }),
+        reason: "buying; cancellation kept".into(),
+        next_action_at: Some(t0() + Duration::minutes(15)),
+        at: t0(),
+        caused_by: Cause::new(event),
+        outbox: vec![],
+    };
+
+    // WHEN a cancellation is kept on it (a stale one is a conflict)
+    assert_eq!(
+        store.keep_cancellation(keep(3, "c0")).await.unwrap(),
+        WriteOutcome::Conflict
+    );
+    assert_eq!(
+        store.keep_cancellation(keep(4, "c1")).await.unwrap(),
+        WriteOutcome::Applied { version: 5 }
+    );
+    let rec = get(&store, "kept").await;
+    assert_eq!(rec.cancel.as_ref().map(|c| c.event_id.as_str()), Some("c1"));
+    assert_eq!((rec.status, rec.lease.is_some()), (Purchasing, true));
+
+    // THEN the worker's release back to searching is refused, and only one applying the
+    // cancellation goes through, returning the debit
+    assert_eq!(
+        store
+            .release_unbought(release_unbought("kept", "w", t0()))
+            .await
+            .unwrap(),
+        LeaseWriteOutcome::CancelKept
+    );
+    let mut apply = release_unbought("kept", "w", t0());
+    apply.to = Cancelled;
+    apply.caused_by = Cause::new("release-apply");
+    assert_eq!(
+        store.release_unbought(apply).await.unwrap(),
+        LeaseWriteOutcome::Applied { version: 6 }
+    );
+    let rec = get(&store, "kept").await;
+    assert_eq!(
+        (rec.status, rec.spent, rec.open_debit),
+        (Cancelled, MicroUsd(0), None)
+    );
+    assert_eq!(
+        store
+            .budget_spent(&team("ml"), &BudgetMonth::of(t0()))
+            .await
+            .unwrap(),
+        MicroUsd(0)
+    );
 }
 
 #[tokio::test]

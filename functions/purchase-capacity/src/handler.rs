@@ -30,9 +30,9 @@ use capacity_pilot::domain::time_rules::{
 use capacity_pilot::domain::window;
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
-    BeginPurchase, BeginPurchaseOutcome, BudgetMonth, CapacityMarket, Cause, Clock, Debit, Doubt,
-    EventSink, Lease, LeaseWriteOutcome, PortError, PurchaseSpec, RecordReservation, Refund,
-    ReleaseUnbought, RequestRecord, Store, Transition, WriteOutcome,
+    BeginPurchase, BeginPurchaseOutcome, BudgetMonth, CancelNote, CapacityMarket, Cause, Clock,
+    Debit, Doubt, EventSink, KeepCancellation, Lease, LeaseWriteOutcome, PortError, PurchaseSpec,
+    RecordReservation, Refund, ReleaseUnbought, RequestRecord, Store, Transition, WriteOutcome,
 };
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
@@ -209,7 +209,19 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     )
                     .await;
             };
+            let reason = format!(
+                "cancelled by the requester{}",
+                c.reason
+                    .as_deref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
+            );
             if !rec.status.is_cancellable() {
+                match self.keep_cancel(&rec, &reason, cause, now, out).await? {
+                    Kept::Yes => return Ok(()),
+                    Kept::Conflict => continue,
+                    Kept::No => {}
+                }
                 let why = format!(
                     "the request is {} and purchases cannot be undone",
                     rec.status
@@ -218,13 +230,6 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     .refuse_cancel(id.as_str(), Some(rec.status), why, cause, out)
                     .await;
             }
-            let reason = format!(
-                "cancelled by the requester{}",
-                c.reason
-                    .as_deref()
-                    .map(|r| format!(": {r}"))
-                    .unwrap_or_default()
-            );
             let version = rec.version + 1;
             let applied = CancellationApplied {
                 event_key: event_key(id.as_str(), "cancellation-applied", version),
@@ -256,6 +261,87 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             service: "dynamodb",
             code: "Contended".into(),
             message: format!("{id}: the request kept changing under its cancellation"),
+        })
+    }
+
+    /// ARCHITECTURE §8.3: a cancellation during `Purchasing`, or while a bought reservation's
+    /// payment is not yet taken, is kept on the request: applied if the purchase does not
+    /// complete or the payment fails, refused once the payment is taken. Its answer comes
+    /// then; one already kept answers a later one too.
+    async fn keep_cancel(
+        &self,
+        rec: &RequestRecord,
+        reason: &str,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<Kept, PortError> {
+        let id = &rec.request_id;
+        let (what, next) = match rec.status {
+            RequestStatus::Purchasing => (
+                "a purchase is under way: the cancellation is applied if it does not complete"
+                    .to_string(),
+                rec.next_action_at,
+            ),
+            RequestStatus::Reserved => {
+                let held = self.store.reservations(id).await?;
+                let unpaid: Vec<&str> = held
+                    .iter()
+                    .filter(|r| r.state.is_live() && !r.state.is_settled())
+                    .map(|r| r.id.as_str())
+                    .collect();
+                if unpaid.is_empty() {
+                    return Ok(Kept::No);
+                }
+                (
+                    format!(
+                        "the payment for {} is not yet taken: the cancellation is applied if \
+                         it fails, and refused once it is taken",
+                        unpaid.join(", ")
+                    ),
+                    // Read again soon, whatever the payment checks had planned.
+                    Some(
+                        rec.next_action_at
+                            .map_or(now, |t| t.min(now + PAYMENT_CHECK_EVERY)),
+                    ),
+                )
+            }
+            _ => return Ok(Kept::No),
+        };
+        if let Some(kept) = &rec.cancel {
+            out.decisions.push(Decision::new(
+                id,
+                "cancel-kept",
+                format!(
+                    "a cancellation is already kept (event {}, at {}); {what}, and its answer \
+                     answers this one too",
+                    kept.event_id, kept.at
+                ),
+            ));
+            return Ok(Kept::Yes);
+        }
+        let k = KeepCancellation {
+            request_id: id.clone(),
+            expected_version: rec.version,
+            status: rec.status,
+            note: Some(CancelNote {
+                reason: reason.to_string(),
+                at: now,
+                event_id: cause.event_id.clone(),
+            }),
+            reason: format!("{}; {reason}, kept: {what}", rec.reason),
+            next_action_at: next,
+            at: now,
+            caused_by: cause.clone(),
+            outbox: vec![],
+        };
+        Ok(match self.store.keep_cancellation(k).await? {
+            WriteOutcome::Applied { .. } => {
+                out.decisions.push(Decision::new(id, "cancel-kept", what));
+                Kept::Yes
+            }
+            WriteOutcome::DuplicateEvent => Kept::Yes,
+            _ => Kept::Conflict,
         })
     }
 
@@ -952,7 +1038,8 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     ));
                     return Ok(());
                 }
-                LeaseWriteOutcome::DuplicateEvent => return Ok(()),
+                // (A recorded purchase is never refused for a kept cancellation.)
+                LeaseWriteOutcome::DuplicateEvent | LeaseWriteOutcome::CancelKept => return Ok(()),
             }
         }
         Ok(())
@@ -1019,6 +1106,39 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         }
         if lost.is_empty() {
             let next = next_payment_check(held.iter(), now);
+            if let (None, Some(c)) = (next, &rec.cancel) {
+                // Every payment is taken: the kept cancellation can no longer be applied. It
+                // is answered first; the next check records the states.
+                let why = format!(
+                    "cancellation refused: every reservation is paid for and scheduled, and \
+                     purchases cannot be undone (the cancellation was kept since {})",
+                    c.at
+                );
+                let refused = CancellationRefused {
+                    event_key: format!("{id}:cancellation-refused:{}", c.event_id),
+                    request_id: id.to_string(),
+                    status: Some(rec.status),
+                    reason: why.clone(),
+                };
+                let k = KeepCancellation {
+                    request_id: id.clone(),
+                    expected_version: rec.version,
+                    status: rec.status,
+                    note: None,
+                    reason: format!("{}; {why}", reserved_reason(&rec.reason)),
+                    next_action_at: Some(now),
+                    at: now,
+                    caused_by: Cause::new(format!("{}#cancel-refused", cause.event_id)),
+                    outbox: vec![outbound(&refused)],
+                };
+                let w = self.store.keep_cancellation(k).await?;
+                out.decisions.push(Decision::new(
+                    &id,
+                    decision::written(&w, "cancel-refused"),
+                    why,
+                ));
+                return Ok(());
+            }
             let note = if notes.is_empty() {
                 "every reservation is scheduled or later".to_string()
             } else {
@@ -1125,7 +1245,14 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 Some(now),
                 "; the other losses follow".to_string(),
             )
-        } else if now < deadline {
+        } else if let Some(c) = rec.cancel.as_ref().filter(|_| others.is_empty()) {
+            // A kept cancellation (§8.3): nothing is bought again.
+            (
+                RequestStatus::Cancelled,
+                None,
+                format!("; {}, kept since {}, is applied", c.reason, c.at),
+            )
+        } else if now < deadline && rec.cancel.is_none() {
             (
                 RequestStatus::Searching,
                 Some(now),
@@ -1178,9 +1305,25 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 reason: reason.clone(),
             }));
         }
-        if to == RequestStatus::Failed {
+        if to == RequestStatus::Cancelled {
+            outbox.push(outbound(&CancellationApplied {
+                event_key: event_key(id.as_str(), "cancellation-applied", version),
+                request_id: id.to_string(),
+                status_before: rec.status,
+                reason: reason.clone(),
+            }));
+        }
+        if to.is_terminal() {
             outbox.push(outbound(&events::RequestFailed {
-                event_key: event_key(id.as_str(), "failed", version),
+                event_key: event_key(
+                    id.as_str(),
+                    if to == RequestStatus::Cancelled {
+                        "cancelled"
+                    } else {
+                        "failed"
+                    },
+                    version,
+                ),
                 request_id: id.to_string(),
                 status_before: rec.status,
                 reason: reason.clone(),
@@ -1365,7 +1508,9 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 ));
                 Ok(true)
             }
-            LeaseWriteOutcome::LeaseLost | LeaseWriteOutcome::DuplicateEvent => {
+            LeaseWriteOutcome::LeaseLost
+            | LeaseWriteOutcome::DuplicateEvent
+            | LeaseWriteOutcome::CancelKept => {
                 out.decisions.push(Decision::new(
                     id,
                     "lease-lost",
@@ -1468,46 +1613,85 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         cause: &Cause,
         out: &mut Outcome,
     ) -> Result<(), PortError> {
-        let mut outbox = vec![];
-        if to == RequestStatus::Failed {
-            // What stays spent once the open debit goes back, and what was bought and kept
-            // (a split's earlier block), as the table has them now.
-            let now_rec = self.store.get_request(&rec.request_id).await?;
-            let spent = now_rec.as_ref().map_or(rec.spent, |r| {
-                MicroUsd(r.spent.0 - r.open_debit.map_or(0, |d| d.0))
-            });
-            let kept = self.store.reservations(&rec.request_id).await?;
-            outbox.push(outbound(&events::RequestFailed {
-                event_key: event_key(rec.request_id.as_str(), "failed", rec.version + 2),
-                request_id: rec.request_id.to_string(),
-                status_before: RequestStatus::Purchasing,
-                reason: reason.clone(),
-                reservation_ids: kept.into_iter().map(|r| r.id).collect(),
-                spent_usd: spent.to_usd(),
-            }));
+        let id = &rec.request_id;
+        // Twice at most: a cancellation kept after our read makes the store refuse the first.
+        for _ in 0..2 {
+            // What stays spent once the open debit goes back, what was bought and kept (a
+            // split's earlier block), and any kept cancellation, as the table has them now.
+            let now_rec = self.store.get_request(id).await?;
+            let cancel = now_rec.as_ref().and_then(|r| r.cancel.clone());
+            let (to, reason) = match &cancel {
+                Some(c) => (
+                    RequestStatus::Cancelled,
+                    format!(
+                        "{}, kept since {} and applied because the purchase did not complete: \
+                         {reason}",
+                        c.reason, c.at
+                    ),
+                ),
+                None => (to, reason.clone()),
+            };
+            let mut outbox = vec![];
+            if to.is_terminal() {
+                let spent = now_rec.as_ref().map_or(rec.spent, |r| {
+                    MicroUsd(r.spent.0 - r.open_debit.map_or(0, |d| d.0))
+                });
+                let kept = self.store.reservations(id).await?;
+                let version = now_rec.as_ref().map_or(rec.version + 1, |r| r.version) + 1;
+                if to == RequestStatus::Cancelled {
+                    outbox.push(outbound(&CancellationApplied {
+                        event_key: event_key(id.as_str(), "cancellation-applied", version),
+                        request_id: id.to_string(),
+                        status_before: RequestStatus::Purchasing,
+                        reason: reason.clone(),
+                    }));
+                }
+                outbox.push(outbound(&events::RequestFailed {
+                    event_key: event_key(
+                        id.as_str(),
+                        if to == RequestStatus::Cancelled {
+                            "cancelled"
+                        } else {
+                            "failed"
+                        },
+                        version,
+                    ),
+                    request_id: id.to_string(),
+                    status_before: RequestStatus::Purchasing,
+                    reason: reason.clone(),
+                    reservation_ids: kept.into_iter().map(|r| r.id).collect(),
+                    spent_usd: spent.to_usd(),
+                }));
+            }
+            let w = self
+                .store
+                .release_unbought(ReleaseUnbought {
+                    request_id: id.clone(),
+                    lease_token: lease.token.clone(),
+                    to,
+                    reason: reason.clone(),
+                    next_action_at: (to == RequestStatus::Searching).then_some(now),
+                    at: now,
+                    caused_by: Cause::new(format!("{}#release", cause.event_id)),
+                    outbox,
+                })
+                .await?;
+            let action = match (w, to) {
+                (LeaseWriteOutcome::CancelKept, _) => continue,
+                (LeaseWriteOutcome::Applied { .. }, RequestStatus::Failed) => "failed",
+                (LeaseWriteOutcome::Applied { .. }, RequestStatus::Cancelled) => "cancelled",
+                (LeaseWriteOutcome::Applied { .. }, _) => "re-search",
+                (LeaseWriteOutcome::LeaseLost, _) => "lease-lost",
+                (LeaseWriteOutcome::DuplicateEvent, _) => "duplicate",
+            };
+            out.decisions.push(Decision::new(id, action, reason));
+            return Ok(());
         }
-        let w = self
-            .store
-            .release_unbought(ReleaseUnbought {
-                request_id: rec.request_id.clone(),
-                lease_token: lease.token.clone(),
-                to,
-                reason: reason.clone(),
-                next_action_at: (to == RequestStatus::Searching).then_some(now),
-                at: now,
-                caused_by: Cause::new(format!("{}#release", cause.event_id)),
-                outbox,
-            })
-            .await?;
-        let action = match (w, to) {
-            (LeaseWriteOutcome::Applied { .. }, RequestStatus::Failed) => "failed",
-            (LeaseWriteOutcome::Applied { .. }, _) => "re-search",
-            (LeaseWriteOutcome::LeaseLost, _) => "lease-lost",
-            (LeaseWriteOutcome::DuplicateEvent, _) => "duplicate",
-        };
-        out.decisions
-            .push(Decision::new(&rec.request_id, action, reason));
-        Ok(())
+        Err(PortError::Transient {
+            service: "dynamodb",
+            code: "Contended".into(),
+            message: format!("{id}: a cancellation kept twice under the release"),
+        })
     }
 
     async fn fail(
@@ -1542,6 +1726,15 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
 const PAYMENT_NOTE: &str = "; payment: ";
 
 /// A `Reserved` request's reason without its last payment note.
+/// What [`Purchaser::keep_cancel`] did.
+enum Kept {
+    Yes,
+    /// The request moved on: read it again.
+    Conflict,
+    /// Nothing to keep it for: refuse it.
+    No,
+}
+
 fn reserved_reason(reason: &str) -> &str {
     reason.split(PAYMENT_NOTE).next().unwrap_or(reason)
 }

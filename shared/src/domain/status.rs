@@ -96,10 +96,14 @@ impl RequestStatus {
             AwaitingApproval => &[Purchasing, Searching, Rejected, Cancelled, Failed],
             // Purchasing -> Purchasing: a second worker takes over an expired lease.
             // Purchasing -> Searching: reconciled, nothing bought, the offering has gone.
-            Purchasing => &[Purchasing, Reserved, Searching, Failed],
+            // Purchasing -> Cancelled: a kept cancellation, the purchase not completed.
+            Purchasing => &[Purchasing, Reserved, Searching, Cancelled, Failed],
             // Reserved -> Searching: payment failed and the block was released.
             // Reserved -> Reserved: a payment check records what AWS reports now.
-            Reserved => &[Reserved, Active, Draining, Searching, Ended, Failed],
+            // Reserved -> Cancelled: a kept cancellation, the payment failed.
+            Reserved => &[
+                Reserved, Active, Draining, Searching, Cancelled, Ended, Failed,
+            ],
             // Active -> Reserved: between the segments of a split plan.
             Active => &[Draining, Reserved, Ended, Failed],
             // Draining -> Active: the next window opened before the drained one ended.
@@ -212,13 +216,15 @@ mod tests {
             })
         );
         assert!(Searching.transition(Reserved).is_err());
+        // A kept cancellation may end a purchase that did not complete or a reservation
+        // whose payment failed (ARCHITECTURE 8.3), never one that is in use.
         assert!(
-            Purchasing.transition(Cancelled).is_err(),
-            "no cancel once buying"
+            Active.transition(Cancelled).is_err(),
+            "no cancel once launched"
         );
         assert!(
-            Reserved.transition(Cancelled).is_err(),
-            "no cancel once bought"
+            Draining.transition(Cancelled).is_err(),
+            "no cancel while draining"
         );
         assert_eq!(OfferingsFound.transition(Purchasing), Ok(Purchasing));
     }
@@ -231,9 +237,11 @@ mod tests {
     }
 
     #[test]
-    fn cancellation_is_honoured_exactly_until_purchase() {
+    fn cancellation_is_honoured_until_purchase_and_after_if_the_purchase_or_payment_fails() {
         for s in RequestStatus::ALL {
-            assert_eq!(s.can_become(Cancelled), s.is_cancellable(), "{s}");
+            // Purchasing and Reserved only by a kept cancellation (ARCHITECTURE 8.3).
+            let kept = matches!(s, Purchasing | Reserved);
+            assert_eq!(s.can_become(Cancelled), s.is_cancellable() || kept, "{s}");
         }
     }
 

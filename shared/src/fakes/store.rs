@@ -21,9 +21,9 @@ use crate::domain::status::RequestStatus;
 use crate::domain::window;
 use crate::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
-    LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, PortError, RecordReservation,
-    ReleaseUnbought, RequestRecord, Settle, Store, Transition, WindowUpdate, WorkloadRecord,
-    WriteOutcome, outbox_seq,
+    KeepCancellation, LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, PortError,
+    RecordReservation, ReleaseUnbought, RequestRecord, Settle, Store, Transition, WindowUpdate,
+    WorkloadRecord, WriteOutcome, outbox_seq,
 };
 
 /// How long an ended request (and a processed-event record, and a sent outbox item) is
@@ -41,6 +41,7 @@ pub enum StoreOp {
     BeginPurchase,
     RecordReservation,
     ReleaseUnbought,
+    KeepCancellation,
     UpdateWindows,
     Reservations,
     BudgetSpent,
@@ -61,6 +62,7 @@ impl StoreOp {
                 | StoreOp::BeginPurchase
                 | StoreOp::RecordReservation
                 | StoreOp::ReleaseUnbought
+                | StoreOp::KeepCancellation
                 | StoreOp::UpdateWindows
                 | StoreOp::PutWorkload
                 | StoreOp::MarkSent
@@ -524,6 +526,7 @@ impl State {
             windows: Vec::new(),
             lease: None,
             doubt: None,
+            cancel: None,
             open_debit: None,
             spent: MicroUsd(0),
             candidates: Vec::new(),
@@ -818,13 +821,38 @@ impl State {
         Ok(LeaseWriteOutcome::Applied { version })
     }
 
+    fn keep_cancellation(&mut self, k: KeepCancellation) -> Result<WriteOutcome, PortError> {
+        if k.status.is_terminal() {
+            return Err(illegal(
+                k.status,
+                k.status,
+                "a cancellation is kept only on a request that has not ended",
+            ));
+        }
+        self.observe(k.at);
+        if self.seen(&k.request_id, &k.caused_by) {
+            return Ok(WriteOutcome::DuplicateEvent);
+        }
+        let Some(stored) = self.live(&k.request_id) else {
+            return Ok(WriteOutcome::Conflict);
+        };
+        if stored.record.version != k.expected_version || stored.record.status != k.status {
+            return Ok(WriteOutcome::Conflict);
+        }
+        let version = self.step(&k.request_id, k.status, &k.reason, k.next_action_at, k.at);
+        let stored = self.requests.get_mut(&k.request_id).expect("checked above");
+        stored.record.cancel = k.note;
+        self.commit(&k.request_id, &k.caused_by, k.at, &k.outbox);
+        Ok(WriteOutcome::Applied { version })
+    }
+
     fn release_unbought(&mut self, r: ReleaseUnbought) -> Result<LeaseWriteOutcome, PortError> {
-        use RequestStatus::{Failed, Purchasing, Searching};
-        if !matches!(r.to, Searching | Failed) {
+        use RequestStatus::{Cancelled, Failed, Purchasing, Searching};
+        if !matches!(r.to, Searching | Failed | Cancelled) {
             return Err(illegal(
                 Purchasing,
                 r.to,
-                "releasing an unbought debit leads to Searching or Failed",
+                "releasing an unbought debit leads to Searching, Failed or Cancelled",
             ));
         }
         if r.reason.trim().is_empty() {
@@ -842,6 +870,11 @@ impl State {
             return Ok(LeaseWriteOutcome::LeaseLost);
         }
         let stored = self.requests.get_mut(&r.request_id).expect("checked above");
+        // A kept cancellation is applied by the release, never passed over (§8.3).
+        if stored.record.cancel.is_some() && r.to != Cancelled {
+            return Ok(LeaseWriteOutcome::CancelKept);
+        }
+        stored.record.cancel = None;
         let open = stored.record.open_debit.filter(|d| d.0 > 0);
         if open.is_some() && stored.open_debit_ledger.is_none() {
             return Err(errors::permanent(
@@ -919,6 +952,12 @@ impl Store for InMemoryStore {
     async fn update_windows(&self, u: WindowUpdate) -> Result<WriteOutcome, PortError> {
         let after = self.begin(StoreOp::UpdateWindows)?;
         let outcome = lock(&self.state).update_windows(u);
+        finish(after, outcome)
+    }
+
+    async fn keep_cancellation(&self, k: KeepCancellation) -> Result<WriteOutcome, PortError> {
+        let after = self.begin(StoreOp::KeepCancellation)?;
+        let outcome = lock(&self.state).keep_cancellation(k);
         finish(after, outcome)
     }
 

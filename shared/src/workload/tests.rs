@@ -57,6 +57,7 @@ fn record(req: CapacityRequest) -> RequestRecord {
         windows: vec![],
         lease: None,
         doubt: None,
+        cancel: None,
         open_debit: None,
         spent: MicroUsd(0),
         candidates: vec![],

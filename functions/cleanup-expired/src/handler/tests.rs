@@ -106,6 +106,7 @@ impl World {
                 expires_at: t0() + Duration::days(30),
             }),
             doubt: None,
+            cancel: None,
             open_debit: None,
             spent: MicroUsd(0),
             candidates: vec![],

@@ -91,6 +91,7 @@ impl World {
             windows: vec![],
             lease: None,
             doubt: None,
+            cancel: None,
             open_debit: None,
             spent: MicroUsd(0),
             candidates: vec![],

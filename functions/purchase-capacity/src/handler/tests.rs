@@ -99,6 +99,7 @@ impl World {
             windows: vec![],
             lease: None,
             doubt: None,
+            cancel: None,
             open_debit: None,
             spent: MicroUsd(0),
             candidates: planning.plans,
@@ -539,7 +540,9 @@ async fn cancellation_is_honoured_before_the_purchase_and_refused_after() {
     w.with_candidate(request("r2", "team-a", "5000"), block("cb-2", "1661.18"));
     let p = w.purchaser(CAPS);
     p.handle(found("r1", "e1")).await.unwrap(); // waits for approval
-    p.handle(found("r2", "e2")).await.unwrap(); // bought
+    // Bought, and the payment taken at once (a pending one keeps the cancellation).
+    w.market.set_purchase_state(ReservationState::Scheduled);
+    p.handle(found("r2", "e2")).await.unwrap();
 
     let cancel = |id: &str, eid: &str| {
         event(
@@ -1323,4 +1326,122 @@ async fn a_stray_found_while_the_plans_purchase_is_in_doubt_is_kept_beside_it_no
         .unwrap();
     assert_eq!(held.len(), 2, "{held:?}");
     assert_eq!(w.spent("team-a"), MicroUsd(1_761_180_000));
+}
+
+// ---- kept cancellations (ARCHITECTURE 8.3) ------------------------------------------------
+
+fn cancel_event(id: &str, event_id: &str) -> EventBridgeEvent<Value> {
+    event(
+        "Capacity Request Cancelled",
+        "com.example.ml-platform",
+        event_id,
+        json!({"request_id": id, "reason": "the launch moved"}),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancellation_during_purchasing_is_kept_and_applied_when_the_purchase_does_not_complete()
+{
+    // GIVEN a purchase whose outcome is unknown (AWS sold nothing), so r1 stays Purchasing
+    let w = World::new();
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    w.market.fail_next(
+        MarketOp::Purchase,
+        PortError::OutcomeUnknown {
+            service: "ec2",
+            message: "connection reset".into(),
+        },
+    );
+    let p = w.purchaser(CAPS);
+    p.handle(found("r1", "e1")).await.unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::Purchasing);
+
+    // WHEN the requester cancels, and reconciliation later finds nothing was bought
+    p.handle(cancel_event("r1", "c1")).await.unwrap();
+    assert!(
+        w.events
+            .published_of("Capacity Cancellation Refused")
+            .is_empty()
+    );
+    assert!(
+        record(&w, "r1").cancel.is_some(),
+        "the cancellation is kept"
+    );
+    for (i, minutes) in [16, 32, 48, 64, 80].into_iter().enumerate() {
+        w.clock.set(t0() + Duration::minutes(minutes));
+        w.store.advance_to(w.clock.get());
+        p.handle(tick(&format!("t{i}"))).await.unwrap();
+    }
+
+    // THEN the request is cancelled, not searched again: nothing bought, the debit back,
+    // and the cancellation answered
+    assert_eq!(w.status("r1").await, RequestStatus::Cancelled);
+    assert_eq!(w.market.purchase_count(), 0);
+    assert_eq!(w.spent("team-a"), MicroUsd(0));
+    let applied = w.events.published_of("Capacity Cancellation Applied");
+    assert_eq!(applied.len(), 1, "{applied:?}");
+    assert_eq!(applied[0].detail["status_before"], "Purchasing");
+    assert!(
+        applied[0].detail["reason"]
+            .as_str()
+            .unwrap()
+            .contains("the launch moved")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancellation_while_the_payment_is_pending_is_applied_if_the_payment_fails() {
+    // GIVEN r1 bought a block whose payment is pending
+    let w = World::new();
+    let (p, cr) = bought(&w).await;
+    // WHEN the requester cancels, and then the payment fails
+    p.handle(cancel_event("r1", "c1")).await.unwrap();
+    assert!(
+        w.events
+            .published_of("Capacity Cancellation Refused")
+            .is_empty()
+    );
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    w.market
+        .set_reservation_state(&cr, ReservationState::PaymentFailed);
+    w.clock.set(record(&w, "r1").next_action_at.unwrap());
+    p.handle(tick("t1")).await.unwrap();
+    // THEN it is cancelled with its debit back, and nothing is bought again
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Cancelled, "{}", rec.reason);
+    assert_eq!(w.spent("team-a"), MicroUsd(0));
+    assert_eq!(w.market.purchase_count(), 1);
+    assert_eq!(
+        w.events.published_of("Capacity Cancellation Applied").len(),
+        1
+    );
+    assert_eq!(w.events.published_of("Capacity Payment Failed").len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kept_cancellation_is_refused_once_the_payment_is_taken() {
+    // GIVEN r1's cancellation kept while its block's payment was pending
+    let w = World::new();
+    let (p, cr) = bought(&w).await;
+    p.handle(cancel_event("r1", "c1")).await.unwrap();
+    // WHEN the payment is taken
+    w.market
+        .set_reservation_state(&cr, ReservationState::Scheduled);
+    w.clock.set(record(&w, "r1").next_action_at.unwrap());
+    p.handle(tick("t1")).await.unwrap();
+    // THEN the cancellation is answered, refused, and the request stays reserved
+    let refused = w.events.published_of("Capacity Cancellation Refused");
+    assert_eq!(refused.len(), 1);
+    assert_eq!(refused[0].detail["status"], "Reserved");
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Reserved);
+    assert!(rec.cancel.is_none());
+    // AND the next check records the payment as usual
+    w.clock.set(rec.next_action_at.unwrap());
+    p.handle(tick("t2")).await.unwrap();
+    assert_eq!(record(&w, "r1").next_action_at, None);
+    assert_eq!(
+        w.events.published_of("Capacity Cancellation Refused").len(),
+        1
+    );
 }

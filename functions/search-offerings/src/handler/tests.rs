@@ -524,6 +524,7 @@ fn kept_first_half(w: &World, id: &str) {
         windows: vec![],
         lease: None,
         doubt: None,
+        cancel: None,
         open_debit: None,
         spent: Usd::parse("3000").unwrap().to_micros_ceil(),
         candidates: vec![],

@@ -73,6 +73,7 @@ pub(super) mod attr {
     pub const LEASE_EXPIRES_US: &str = "lease_expires_us";
     /// The purchase under way (`ports::Doubt`), as JSON.
     pub const DOUBT: &str = "doubt";
+    pub const CANCEL: &str = "cancel";
     pub const OPEN_DEBIT_MICROS: &str = "open_debit_micros";
     pub const OPEN_DEBIT_TEAM: &str = "open_debit_team";
     pub const OPEN_DEBIT_MONTH: &str = "open_debit_month";
@@ -327,6 +328,10 @@ pub(super) fn read_meta(item: &Item) -> Result<Meta, PortError> {
         lease,
         doubt: match r.opt_str(attr::DOUBT)? {
             Some(_) => Some(r.json(attr::DOUBT)?),
+            None => None,
+        },
+        cancel: match r.opt_str(attr::CANCEL)? {
+            Some(_) => Some(r.json(attr::CANCEL)?),
             None => None,
         },
         open_debit,

@@ -32,9 +32,9 @@ use crate::domain::status::RequestStatus;
 use crate::domain::window::{self, WindowRecord};
 use crate::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
-    LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, PortError, RecordReservation,
-    ReleaseUnbought, RequestRecord, Settle, Store, Transition, WindowUpdate, WorkloadRecord,
-    WriteOutcome, outbox_seq,
+    KeepCancellation, LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, PortError,
+    RecordReservation, ReleaseUnbought, RequestRecord, Settle, Store, Transition, WindowUpdate,
+    WorkloadRecord, WriteOutcome, outbox_seq,
 };
 
 /// DynamoDB's limit on the items of one transaction.
@@ -1192,13 +1192,59 @@ impl Store for DynamoStore {
         ))
     }
 
+    async fn keep_cancellation(&self, k: KeepCancellation) -> Result<WriteOutcome, PortError> {
+        let id = k.request_id.as_str();
+        let pk = request_pk(id);
+        let Some(meta) = self.read_meta(id).await? else {
+            return Ok(WriteOutcome::Conflict);
+        };
+        if meta.record.version != k.expected_version || meta.record.status != k.status {
+            return Ok(WriteOutcome::Conflict);
+        }
+        if k.status.is_terminal() {
+            return Err(illegal(
+                k.status,
+                k.status,
+                "a cancellation is kept only on a request that has not ended",
+            ));
+        }
+        let version = k.expected_version + 1;
+        let mut e = meta_update(
+            k.status,
+            version,
+            &k.reason,
+            k.next_action_at,
+            &meta.record.windows,
+            k.at,
+        )?;
+        condition_version_and_status(&mut e, k.expected_version, k.status);
+        match &k.note {
+            Some(note) => {
+                e.set(attr::CANCEL, json("cancel", note)?);
+            }
+            None => {
+                e.remove(attr::CANCEL);
+            }
+        }
+        let mut items = vec![
+            event_record(&self.table, &pk, &k.caused_by, k.at)?,
+            update(&self.table, key(pk.clone(), META_SK), &e)?,
+        ];
+        items.extend(outbox_items(&self.table, id, &k.outbox, version, k.at)?);
+        match self.transact(items).await? {
+            Committed::Yes => Ok(WriteOutcome::Applied { version }),
+            c if c.failed(EVENT_ITEM) => Ok(WriteOutcome::DuplicateEvent),
+            _ => Ok(WriteOutcome::Conflict),
+        }
+    }
+
     async fn release_unbought(&self, r: ReleaseUnbought) -> Result<LeaseWriteOutcome, PortError> {
-        use RequestStatus::{Failed, Purchasing, Searching};
-        if !matches!(r.to, Searching | Failed) {
+        use RequestStatus::{Cancelled, Failed, Purchasing, Searching};
+        if !matches!(r.to, Searching | Failed | Cancelled) {
             return Err(illegal(
                 Purchasing,
                 r.to,
-                "releasing an unbought debit leads to Searching or Failed",
+                "releasing an unbought debit leads to Searching, Failed or Cancelled",
             ));
         }
         let id = r.request_id.as_str();
@@ -1216,6 +1262,11 @@ impl Store for DynamoStore {
                 }
                 _ => return self.lease_write_refused(id, &r.caused_by).await,
             };
+            // A kept cancellation is applied by the release, never passed over (§8.3); the
+            // version condition below catches one kept after this read.
+            if meta.record.cancel.is_some() && r.to != Cancelled {
+                return Ok(LeaseWriteOutcome::CancelKept);
+            }
             let current = meta.record.version;
             let version = current + 1;
             let mut e = meta_update(
@@ -1231,6 +1282,7 @@ impl Store for DynamoStore {
             let tv = e.value(s(r.lease_token.clone()));
             e.condition(format!("{tok} = {tv}"));
             for a in [
+                attr::CANCEL,
                 attr::DOUBT,
                 attr::LEASE_TOKEN,
                 attr::LEASE_EXPIRES_AT,
