@@ -563,6 +563,10 @@ impl RequestRecord {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NewRequest {
     pub request: CapacityRequest,
+    /// The EventBridge source that submitted it: a tombstone from the same source cancels it.
+    pub source: String,
+    /// `Some(reason)`: honouring a tombstone, the request is recorded already `Cancelled`.
+    pub cancelled: Option<String>,
     pub reason: String,
     pub next_action_at: Option<DateTime<Utc>>,
     pub at: DateTime<Utc>,
@@ -927,6 +931,37 @@ pub enum CreateOutcome {
     /// A request with this id exists (the caller's idempotency key).
     AlreadyExists,
     DuplicateEvent,
+    /// Its cancellation came first (§8.3): nothing was written; record it `Cancelled`.
+    Tombstoned(Tombstone),
+}
+
+/// A cancellation for a request id no request holds yet (ARCHITECTURE §8.3): EventBridge does
+/// not order deliveries, so its submission may follow. Kept [`TOMBSTONE_KEPT`]; a submission
+/// of that id from the same source in that time is recorded `Cancelled`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tombstone {
+    pub request_id: RequestId,
+    pub source: String,
+    pub reason: String,
+    pub at: DateTime<Utc>,
+    pub event_id: String,
+}
+
+/// How long a tombstone is honoured.
+pub const TOMBSTONE_KEPT: chrono::Duration = chrono::Duration::days(7);
+
+impl Tombstone {
+    pub fn honoured(&self, source: &str, at: DateTime<Utc>) -> bool {
+        self.source == source && at < self.at + TOMBSTONE_KEPT
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TombstoneOutcome {
+    Placed,
+    /// A request of that id is recorded after all: cancel it as usual.
+    RequestExists,
+    DuplicateEvent,
 }
 
 /// An outbox item not yet published.
@@ -976,7 +1011,9 @@ pub struct WorkloadRecord {
 }
 
 pub trait Store: Send + Sync {
-    /// Records a new request (status `Accepted`) with its outbox, once per request id.
+    /// Records a new request (status `Accepted`, or `Cancelled` with `cancelled`) with its
+    /// outbox, once per request id; refused as `Tombstoned` when a tombstone from its source
+    /// is honoured.
     fn create_request(
         &self,
         new: NewRequest,
@@ -1019,6 +1056,13 @@ pub trait Store: Send + Sync {
         &self,
         r: RecordReservation,
     ) -> impl Future<Output = Result<LeaseWriteOutcome, PortError>> + Send;
+
+    /// Places a tombstone, unless a request of its id is recorded ([`Tombstone`]).
+    fn put_tombstone(
+        &self,
+        t: Tombstone,
+        outbox: Vec<OutboundEvent>,
+    ) -> impl Future<Output = Result<TombstoneOutcome, PortError>> + Send;
 
     /// Keeps or clears a cancellation note ([`KeepCancellation`]).
     fn keep_cancellation(

@@ -76,6 +76,8 @@ pub fn event(key: &str) -> OutboundEvent {
 pub fn new_request(id: &str, team_name: &str, next_action_at: Option<DateTime<Utc>>) -> NewRequest {
     NewRequest {
         request: capacity_request(id, team_name, "50000.00"),
+        source: "com.example.ml-platform".into(),
+        cancelled: None,
         reason: "accepted".into(),
         next_action_at,
         at: t0(),

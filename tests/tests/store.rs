@@ -13,7 +13,8 @@ use capacity_pilot::domain::status::RequestStatus::{
 use capacity_pilot::domain::window::{self, DrainLead, WindowRecord, WindowState};
 use capacity_pilot::ports::{
     BeginPurchaseOutcome, BudgetMonth, CancelNote, Cause, CreateOutcome, DueItem, KeepCancellation,
-    LeaseWriteOutcome, RequestRecord, Store, WindowUpdate, WriteOutcome, outbox_seq,
+    LeaseWriteOutcome, RequestRecord, Store, Tombstone, TombstoneOutcome, WindowUpdate,
+    WriteOutcome, outbox_seq,
 };
 use chrono::Duration;
 use integration_tests::TestTable;
@@ -1270,6 +1271,72 @@ async fn a_cancellation_kept_during_a_purchase_refuses_a_release_that_would_pass
             .await
             .unwrap(),
         MicroUsd(0)
+    );
+}
+
+#[tokio::test]
+async fn a_tombstone_cancels_only_a_submission_from_its_source_within_seven_days() {
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let stone = |id: &str, at| Tombstone {
+        request_id: request_id(id),
+        source: "com.example.ml-platform".into(),
+        reason: "cancelled by the requester".into(),
+        at,
+        event_id: format!("cancel-{id}"),
+    };
+    // GIVEN cancellations before their submissions: two now, one eight days ago
+    for (id, at) in [
+        ("same", t0()),
+        ("other", t0()),
+        ("stale", t0() - Duration::days(8)),
+    ] {
+        assert_eq!(
+            store.put_tombstone(stone(id, at), vec![]).await.unwrap(),
+            TombstoneOutcome::Placed
+        );
+    }
+
+    // WHEN each is submitted, "other" from another source
+    let same = store.create_request(new_request("same", "ml", None)).await;
+    let mut other = new_request("other", "ml", None);
+    other.source = "com.example.other".into();
+    let other = store.create_request(other).await.unwrap();
+    let stale = store
+        .create_request(new_request("stale", "ml", None))
+        .await
+        .unwrap();
+
+    // THEN only the same source's, within the week, is refused as tombstoned, and nothing of
+    // it is written until it is recorded cancelled
+    assert_eq!(
+        same.unwrap(),
+        CreateOutcome::Tombstoned(stone("same", t0()))
+    );
+    assert!(
+        store
+            .get_request(&request_id("same"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let mut cancelled = new_request("same", "ml", None);
+    cancelled.cancelled = Some("cancelled before it was submitted".into());
+    cancelled.caused_by = Cause::new("submit-same-cancelled");
+    assert_eq!(
+        store.create_request(cancelled).await.unwrap(),
+        CreateOutcome::Created { version: 1 }
+    );
+    assert_eq!(status_of(&store, "same").await, Cancelled);
+    assert_eq!(other, CreateOutcome::Created { version: 1 });
+    assert_eq!(stale, CreateOutcome::Created { version: 1 });
+    assert_eq!(status_of(&store, "other").await, Accepted);
+    // AND a cancellation for a recorded request leaves no tombstone
+    let mut late = stone("other", t0());
+    late.event_id = "cancel-other-again".into();
+    assert_eq!(
+        store.put_tombstone(late, vec![]).await.unwrap(),
+        TombstoneOutcome::RequestExists
     );
 }
 

@@ -32,7 +32,8 @@ use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, CancelNote, CapacityMarket, Cause, Clock,
     Debit, Doubt, EventSink, KeepCancellation, Lease, LeaseWriteOutcome, PortError, PurchaseSpec,
-    RecordReservation, Refund, ReleaseUnbought, RequestRecord, Store, Transition, WriteOutcome,
+    RecordReservation, Refund, ReleaseUnbought, RequestRecord, Store, TOMBSTONE_KEPT, Tombstone,
+    TombstoneOutcome, Transition, WriteOutcome,
 };
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
@@ -144,7 +145,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                             self.reject_inbound(&ev, &source, "detail", &e.to_string())
                                 .await?
                         }
-                        Ok(c) => self.cancel(&c, &cause, now, &mut out).await?,
+                        Ok(c) => self.cancel(&c, &source, &cause, now, &mut out).await?,
                     }
                 }
             }
@@ -182,6 +183,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
     async fn cancel(
         &self,
         c: &CancelRequest,
+        source: &str,
         cause: &Cause,
         now: DateTime<Utc>,
         out: &mut Outcome,
@@ -199,15 +201,14 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         };
         for _ in 0..CANCEL_ATTEMPTS {
             let Some(rec) = self.store.get_request(&id).await? else {
-                return self
-                    .refuse_cancel(
-                        id.as_str(),
-                        None,
-                        format!("no request {id} is recorded"),
-                        cause,
-                        out,
-                    )
-                    .await;
+                // Its submission may be on its way (EventBridge does not order deliveries):
+                // a tombstone keeps the cancellation for it.
+                match self.tombstone(&id, c, source, cause, now, out).await? {
+                    TombstoneOutcome::RequestExists => continue,
+                    TombstoneOutcome::Placed | TombstoneOutcome::DuplicateEvent => {
+                        return Ok(());
+                    }
+                }
             };
             let reason = format!(
                 "cancelled by the requester{}",
@@ -234,7 +235,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             let applied = CancellationApplied {
                 event_key: event_key(id.as_str(), "cancellation-applied", version),
                 request_id: id.to_string(),
-                status_before: rec.status,
+                status_before: Some(rec.status),
                 reason: reason.clone(),
             };
             let failed = events::RequestFailed {
@@ -262,6 +263,56 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             code: "Contended".into(),
             message: format!("{id}: the request kept changing under its cancellation"),
         })
+    }
+
+    /// ARCHITECTURE §8.3: a cancellation for an id no request holds is kept as a tombstone
+    /// for [`TOMBSTONE_KEPT`], which a submission of the id from `source` honours, and
+    /// answered Applied (no `status_before`) now.
+    async fn tombstone(
+        &self,
+        id: &RequestId,
+        c: &CancelRequest,
+        source: &str,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<TombstoneOutcome, PortError> {
+        let reason = format!(
+            "cancelled by the requester{} before request {id} was recorded; a submission of \
+             it from {source} until {} is recorded cancelled",
+            c.reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default(),
+            now + TOMBSTONE_KEPT
+        );
+        let applied = CancellationApplied {
+            event_key: format!("{id}:cancellation-applied:{}", cause.event_id),
+            request_id: id.to_string(),
+            status_before: None,
+            reason: reason.clone(),
+        };
+        let t = Tombstone {
+            request_id: id.clone(),
+            source: source.to_string(),
+            reason: format!(
+                "cancelled by the requester{}",
+                c.reason
+                    .as_deref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
+            ),
+            at: now,
+            event_id: cause.event_id.clone(),
+        };
+        let placed = self
+            .store
+            .put_tombstone(t, vec![outbound(&applied)])
+            .await?;
+        if placed == TombstoneOutcome::Placed {
+            out.decisions.push(Decision::new(id, "tombstone", reason));
+        }
+        Ok(placed)
     }
 
     /// ARCHITECTURE §8.3: a cancellation during `Purchasing`, or while a bought reservation's
@@ -1309,7 +1360,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             outbox.push(outbound(&CancellationApplied {
                 event_key: event_key(id.as_str(), "cancellation-applied", version),
                 request_id: id.to_string(),
-                status_before: rec.status,
+                status_before: Some(rec.status),
                 reason: reason.clone(),
             }));
         }
@@ -1642,7 +1693,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     outbox.push(outbound(&CancellationApplied {
                         event_key: event_key(id.as_str(), "cancellation-applied", version),
                         request_id: id.to_string(),
-                        status_before: RequestStatus::Purchasing,
+                        status_before: Some(RequestStatus::Purchasing),
                         reason: reason.clone(),
                     }));
                 }

@@ -10,8 +10,10 @@ use capacity_pilot::config::Config;
 use capacity_pilot::decision;
 pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{
-    self, NotFound, OfferingsFound, PlanSummary, RequestAccepted, event_key, inbound, outbound,
+    self, NotFound, OfferingsFound, PlanSummary, RequestAccepted, RequestFailed, event_key,
+    inbound, outbound,
 };
+use capacity_pilot::domain::money::Usd;
 use capacity_pilot::domain::offering::{Offering, Product};
 use capacity_pilot::domain::planner::plan;
 use capacity_pilot::domain::request::{
@@ -193,10 +195,12 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
             workload_kind: request.workload_kind(),
             search_deadline: deadline,
         };
-        let created = self
+        let mut created = self
             .store
             .create_request(NewRequest {
                 request: request.clone(),
+                source: source.to_string(),
+                cancelled: None,
                 reason: format!("accepted from {source}; searching until {deadline}"),
                 next_action_at: Some(now),
                 at: now,
@@ -204,7 +208,47 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
                 outbox: vec![outbound(&accepted)],
             })
             .await?;
+        if let CreateOutcome::Tombstoned(t) = &created {
+            // ARCHITECTURE 8.3: its cancellation came first, from the same source, and was
+            // answered then; the request is recorded cancelled, and nothing is searched.
+            let reason = format!(
+                "{}, received at {} before this submission (event {}); the request is \
+                 recorded cancelled and nothing is searched for or bought",
+                t.reason, t.at, t.event_id
+            );
+            let failed = RequestFailed {
+                event_key: event_key(id.as_str(), "cancelled", 1),
+                request_id: id.to_string(),
+                status_before: RequestStatus::Accepted,
+                reason: reason.clone(),
+                reservation_ids: vec![],
+                spent_usd: Usd::ZERO,
+            };
+            created = self
+                .store
+                .create_request(NewRequest {
+                    request: request.clone(),
+                    source: source.to_string(),
+                    cancelled: Some(reason.clone()),
+                    reason: reason.clone(),
+                    next_action_at: None,
+                    at: now,
+                    caused_by: cause.clone(),
+                    outbox: vec![outbound(&failed)],
+                })
+                .await?;
+            if let CreateOutcome::Created { .. } = created {
+                out.decisions.push(Decision::new(&id, "cancelled", reason));
+                return Ok(None);
+            }
+        }
         match created {
+            // (A record created cancelled honours no tombstone: not reached.)
+            CreateOutcome::Tombstoned(_) => Err(PortError::Transient {
+                service: "dynamodb",
+                code: "Contended".into(),
+                message: format!("{id}: the submission met a tombstone twice"),
+            }),
             CreateOutcome::Created { .. } => {
                 out.decisions
                     .push(Decision::new(&id, "accepted", "validated and recorded"));

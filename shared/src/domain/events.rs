@@ -264,12 +264,15 @@ pub struct RequestFailed {
 detail!(RequestFailed, "Capacity Request Failed");
 
 /// A cancellation was applied: the request is `Cancelled` (ARCHITECTURE §8.3: every
-/// cancellation gets an answer).
+/// cancellation gets an answer). Without `status_before`, no request of the id was recorded
+/// yet: a tombstone keeps the cancellation 7 days, and a submission of the id from the same
+/// source in that time is recorded cancelled (with `Capacity Request Failed`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct CancellationApplied {
     pub event_key: String,
     pub request_id: String,
-    pub status_before: RequestStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_before: Option<RequestStatus>,
     pub reason: String,
 }
 detail!(CancellationApplied, "Capacity Cancellation Applied");

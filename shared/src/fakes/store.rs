@@ -22,8 +22,8 @@ use crate::domain::window;
 use crate::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
     KeepCancellation, LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, PortError,
-    RecordReservation, ReleaseUnbought, RequestRecord, Settle, Store, Transition, WindowUpdate,
-    WorkloadRecord, WriteOutcome, outbox_seq,
+    RecordReservation, ReleaseUnbought, RequestRecord, Settle, Store, Tombstone, TombstoneOutcome,
+    Transition, WindowUpdate, WorkloadRecord, WriteOutcome, outbox_seq,
 };
 
 /// How long an ended request (and a processed-event record, and a sent outbox item) is
@@ -98,6 +98,7 @@ struct State {
     workloads: BTreeMap<RequestId, BTreeMap<(String, u32), WorkloadRecord>>,
     outbox: BTreeMap<(String, String), OutboxEntry>,
     ledger: BTreeMap<(Team, BudgetMonth), i64>,
+    tombstones: BTreeMap<RequestId, Tombstone>,
     retention: Duration,
     told: Option<DateTime<Utc>>,
     clock: Option<ManualClock>,
@@ -512,17 +513,27 @@ impl State {
         if self.live(&id).is_some() {
             return CreateOutcome::AlreadyExists;
         }
+        if new.cancelled.is_none()
+            && let Some(t) = self.tombstones.get(&id)
+            && t.honoured(&new.source, new.at)
+        {
+            return CreateOutcome::Tombstoned(t.clone());
+        }
         // An archived request past its TTL frees its id; its items went with it.
         self.reservations.remove(&id);
         self.workloads.remove(&id);
+        let (status, reason, next_action_at) = match new.cancelled {
+            Some(why) => (RequestStatus::Cancelled, why, None),
+            None => (RequestStatus::Accepted, new.reason, new.next_action_at),
+        };
         let record = RequestRecord {
             request_id: id.clone(),
             team: new.request.team.clone(),
             request: new.request,
-            status: RequestStatus::Accepted,
+            status,
             version: 1,
-            reason: new.reason,
-            next_action_at: new.next_action_at,
+            reason,
+            next_action_at,
             windows: Vec::new(),
             lease: None,
             doubt: None,
@@ -538,11 +549,27 @@ impl State {
             Stored {
                 record,
                 open_debit_ledger: None,
-                expires_at: None,
+                expires_at: status.is_terminal().then(|| new.at + self.retention),
             },
         );
         self.commit(&id, &new.caused_by, new.at, &new.outbox);
         CreateOutcome::Created { version: 1 }
+    }
+
+    fn put_tombstone(&mut self, t: Tombstone, outbox: &[OutboundEvent]) -> TombstoneOutcome {
+        let id = t.request_id.clone();
+        self.observe(t.at);
+        let cause = Cause::new(t.event_id.clone());
+        if self.seen(&id, &cause) {
+            return TombstoneOutcome::DuplicateEvent;
+        }
+        if self.live(&id).is_some() {
+            return TombstoneOutcome::RequestExists;
+        }
+        let at = t.at;
+        self.tombstones.insert(id.clone(), t);
+        self.commit(&id, &cause, at, outbox);
+        TombstoneOutcome::Placed
     }
 
     fn transition(&mut self, t: Transition) -> Result<WriteOutcome, PortError> {
@@ -953,6 +980,16 @@ impl Store for InMemoryStore {
         let after = self.begin(StoreOp::UpdateWindows)?;
         let outcome = lock(&self.state).update_windows(u);
         finish(after, outcome)
+    }
+
+    async fn put_tombstone(
+        &self,
+        t: Tombstone,
+        outbox: Vec<OutboundEvent>,
+    ) -> Result<TombstoneOutcome, PortError> {
+        let after = self.begin(StoreOp::KeepCancellation)?;
+        let outcome = lock(&self.state).put_tombstone(t, &outbox);
+        finish(after, Ok(outcome))
     }
 
     async fn keep_cancellation(&self, k: KeepCancellation) -> Result<WriteOutcome, PortError> {

@@ -693,3 +693,56 @@ async fn a_producers_retry_of_an_in_flight_request_is_a_duplicate_not_a_rejectio
     );
     assert_eq!(w.status("r1").await, RequestStatus::OfferingsFound);
 }
+
+// ---- a cancellation before its submission (ARCHITECTURE 8.3) -----------------------------
+
+fn tombstone(id: &str, source: &str) -> capacity_pilot::ports::Tombstone {
+    capacity_pilot::ports::Tombstone {
+        request_id: request_id(id),
+        source: source.into(),
+        reason: "cancelled by the requester: the launch moved".into(),
+        at: t0() - Duration::hours(1),
+        event_id: format!("cancel-{id}"),
+    }
+}
+
+#[tokio::test]
+async fn a_submission_after_its_cancellation_from_the_same_source_is_recorded_cancelled() {
+    // GIVEN cancellations that came before their submissions: r1's from the submitting
+    // source, r2's from another
+    let w = World::new();
+    w.market
+        .list_all([block("cb-cheap", day(3), 48, "6644.74")]);
+    for (id, source) in [("r1", SOURCE), ("r2", "com.example.other")] {
+        w.store
+            .put_tombstone(tombstone(id, source), vec![])
+            .await
+            .unwrap();
+    }
+
+    // WHEN both are submitted
+    let s = w.searcher();
+    s.handle(submitted(SOURCE, "e1", detail("r1")))
+        .await
+        .unwrap();
+    s.handle(submitted(SOURCE, "e2", detail("r2")))
+        .await
+        .unwrap();
+
+    // THEN r1 is recorded cancelled, nothing searched, and the submission answered; r2 (the
+    // tombstone of another source) is searched as usual
+    assert_eq!(w.status("r1").await, RequestStatus::Cancelled);
+    let failed = w.events.published_of("Capacity Request Failed");
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].detail["request_id"], "r1");
+    assert!(
+        failed[0].detail["reason"]
+            .as_str()
+            .unwrap()
+            .contains("the launch moved")
+    );
+    assert_eq!(w.status("r2").await, RequestStatus::OfferingsFound);
+    let accepted = w.events.published_of("Capacity Request Accepted");
+    assert_eq!(accepted.len(), 1);
+    assert_eq!(accepted[0].detail["request_id"], "r2");
+}

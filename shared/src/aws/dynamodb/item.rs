@@ -89,6 +89,10 @@ pub(super) mod attr {
     /// A plan, reservation or workload record, as JSON.
     pub const DATA: &str = "data";
     pub const EVENT_ID: &str = "event_id";
+    /// Who submitted a request, or sent a tombstone's cancellation.
+    pub const SOURCE: &str = "source";
+    /// A tombstone's time, in epoch microseconds (conditions compare numbers).
+    pub const AT_US: &str = "at_us";
     pub const EVENT_KEY: &str = "event_key";
     /// An `OutboundEvent`, as JSON.
     pub const EVENT: &str = "event";
@@ -109,10 +113,13 @@ pub(super) mod kind {
     pub const EVENT: &str = "event";
     pub const OUTBOX: &str = "outbox";
     pub const LEDGER: &str = "ledger";
+    pub const TOMBSTONE: &str = "tombstone";
 }
 
 pub(super) const META_SK: &str = "META";
 pub(super) const LEDGER_SK: &str = "LEDGER";
+/// A cancellation that came before its request (sorts after `RES#`, outside `META..=OFFER$`).
+pub(super) const TOMBSTONE_SK: &str = "TOMBSTONE";
 /// Sorts after every `OFFER#...` (`$` follows `#`): `META..=OFFER$` is the request and its
 /// candidates in one query.
 pub(super) const AFTER_OFFERS: &str = "OFFER$";

@@ -12,7 +12,9 @@ mod item;
 use std::collections::BTreeMap;
 
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Update};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, ConditionCheck, Delete, Put, TransactWriteItem, Update,
+};
 use chrono::{DateTime, Utc};
 
 pub use item::ARCHIVE_AFTER;
@@ -21,8 +23,8 @@ use self::error::{Call, Committed, permanent, sdk_error, transaction_result, tra
 use self::expr::Expr;
 use self::item::{
     AFTER_OFFERS, DUE_INDEX, Item, LEDGER_SK, META_SK, Meta, OUTBOX_PARTITION, RES_PREFIX, Read,
-    archive_at, attr, budget_pk, epoch_micros, event_sk, is_expired, json, key, kind, n, offer_sk,
-    outbox_sk, read_meta, request_pk, reservation_sk, s, time, workload_sk,
+    TOMBSTONE_SK, archive_at, attr, budget_pk, epoch_micros, event_sk, is_expired, json, key, kind,
+    n, offer_sk, outbox_sk, read_meta, request_pk, reservation_sk, s, time, workload_sk,
 };
 use crate::domain::money::MicroUsd;
 use crate::domain::planner::Plan;
@@ -33,8 +35,8 @@ use crate::domain::window::{self, WindowRecord};
 use crate::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
     KeepCancellation, LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, PortError,
-    RecordReservation, ReleaseUnbought, RequestRecord, Settle, Store, Transition, WindowUpdate,
-    WorkloadRecord, WriteOutcome, outbox_seq,
+    RecordReservation, ReleaseUnbought, RequestRecord, Settle, Store, TOMBSTONE_KEPT, Tombstone,
+    TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord, WriteOutcome, outbox_seq,
 };
 
 /// DynamoDB's limit on the items of one transaction.
@@ -132,6 +134,18 @@ fn update(table: &str, key: Item, e: &Expr) -> Result<TransactWriteItem, PortErr
         .build()
         .map_err(|e| permanent("ConstructionFailure", e.to_string()))?;
     Ok(TransactWriteItem::builder().update(u).build())
+}
+
+fn condition_check(table: &str, key: Item, e: &Expr) -> Result<TransactWriteItem, PortError> {
+    let c = ConditionCheck::builder()
+        .table_name(table)
+        .set_key(Some(key))
+        .set_condition_expression(e.condition_expression())
+        .set_expression_attribute_names(e.names())
+        .set_expression_attribute_values(e.values())
+        .build()
+        .map_err(|e| permanent("ConstructionFailure", e.to_string()))?;
+    Ok(TransactWriteItem::builder().condition_check(c).build())
 }
 
 fn delete(table: &str, key: Item) -> Result<TransactWriteItem, PortError> {
@@ -550,6 +564,30 @@ impl DynamoStore {
     /// After a request ends: the TTL on the items its last transaction did not touch
     /// (reservations, workloads, sent outbox items, old plans). Housekeeping only: the
     /// state change is committed, so a failure here is logged, not returned.
+    /// The tombstone left for `id`, if any (expired ones included: callers check).
+    async fn tombstone(&self, id: &RequestId) -> Result<Option<Tombstone>, PortError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(key(request_pk(id.as_str()), TOMBSTONE_SK)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| sdk_error("GetItem", e, Call::Read))?;
+        let Some(item) = out.item else {
+            return Ok(None);
+        };
+        let r = Read::new(&item);
+        Ok(Some(Tombstone {
+            request_id: id.clone(),
+            source: r.str(attr::SOURCE)?.to_string(),
+            reason: r.str(attr::REASON)?.to_string(),
+            at: r.time(attr::CREATED_AT)?,
+            event_id: r.str(attr::EVENT_ID)?.to_string(),
+        }))
+    }
+
     async fn archive_children(&self, request_id: &str, at: DateTime<Utc>) {
         if let Err(err) = self.try_archive_children(request_id, at).await {
             tracing::warn!(
@@ -618,20 +656,31 @@ impl Store for DynamoStore {
     async fn create_request(&self, new: NewRequest) -> Result<CreateOutcome, PortError> {
         let id = new.request.id.as_str().to_string();
         let pk = request_pk(&id);
-        let status = RequestStatus::Accepted;
+        let (status, reason, next_action_at) = match &new.cancelled {
+            Some(why) => (RequestStatus::Cancelled, why.clone(), None),
+            None => (
+                RequestStatus::Accepted,
+                new.reason.clone(),
+                new.next_action_at,
+            ),
+        };
         let mut meta = key(pk.clone(), META_SK);
         meta.insert(attr::KIND.into(), s(kind::REQUEST));
         meta.insert(attr::REQUEST_ID.into(), s(id.clone()));
         meta.insert(attr::TEAM.into(), s(new.request.team.as_str()));
         meta.insert(attr::STATUS.into(), s(status.as_str()));
         meta.insert(attr::VERSION.into(), n(1));
-        meta.insert(attr::REASON.into(), s(new.reason.clone()));
+        meta.insert(attr::REASON.into(), s(reason));
+        meta.insert(attr::SOURCE.into(), s(new.source.clone()));
+        if status.is_terminal() {
+            meta.insert(attr::EXPIRES_AT.into(), archive_at(new.at));
+        }
         meta.insert(attr::REQUEST.into(), json("request", &new.request)?);
         meta.insert(attr::CANDIDATE_COUNT.into(), n(0));
         meta.insert(attr::SPENT_MICROS.into(), n(0));
         meta.insert(attr::CREATED_AT.into(), time(new.at));
         meta.insert(attr::UPDATED_AT.into(), time(new.at));
-        if let Some(t) = new.next_action_at {
+        if let Some(t) = next_action_at {
             meta.insert(attr::NEXT_ACTION_AT.into(), time(t));
             meta.insert(attr::GSI_STATUS.into(), s(status.as_str()));
             meta.insert(attr::GSI_DUE.into(), n(t.timestamp()));
@@ -646,14 +695,85 @@ impl Store for DynamoStore {
             event_record(&self.table, &pk, &new.caused_by, new.at)?,
             put(&self.table, meta, Some(c))?,
         ];
+        const TOMBSTONE_ITEM: usize = 2;
+        if new.cancelled.is_none() {
+            // No tombstone from this source honoured now (§8.3): the cancellation came first.
+            let mut t = Expr::new();
+            let (pkn, src, at) = (t.name(attr::PK), t.name(attr::SOURCE), t.name(attr::AT_US));
+            let (sv, since) = (
+                t.value(s(new.source.clone())),
+                t.value(n(epoch_micros(new.at - TOMBSTONE_KEPT))),
+            );
+            t.condition(format!(
+                "attribute_not_exists({pkn}) OR {src} <> {sv} OR {at} <= {since}"
+            ));
+            items.push(condition_check(
+                &self.table,
+                key(pk.clone(), TOMBSTONE_SK),
+                &t,
+            )?);
+        }
         items.extend(outbox_items(&self.table, &id, &new.outbox, 1, new.at)?);
         Ok(match self.transact(items).await? {
             Committed::Yes => {
-                tracing::info!(request_id = %id, "request recorded");
+                tracing::info!(request_id = %id, %status, "request recorded");
                 CreateOutcome::Created { version: 1 }
             }
             c if c.failed(EVENT_ITEM) => CreateOutcome::DuplicateEvent,
+            c if new.cancelled.is_none() && c.failed(TOMBSTONE_ITEM) => {
+                match self.tombstone(&new.request.id).await? {
+                    Some(t) if t.honoured(&new.source, new.at) => CreateOutcome::Tombstoned(t),
+                    // Gone between the write and this read: the caller tries again.
+                    _ => {
+                        return Err(transient(
+                            "Contended",
+                            format!("{id}: a tombstone changed under the submission"),
+                        ));
+                    }
+                }
+            }
             _ => CreateOutcome::AlreadyExists,
+        })
+    }
+
+    async fn put_tombstone(
+        &self,
+        t: Tombstone,
+        outbox: Vec<OutboundEvent>,
+    ) -> Result<TombstoneOutcome, PortError> {
+        let id = t.request_id.as_str();
+        let pk = request_pk(id);
+        let mut item = key(pk.clone(), TOMBSTONE_SK);
+        item.insert(attr::KIND.into(), s(kind::TOMBSTONE));
+        item.insert(attr::REQUEST_ID.into(), s(id));
+        item.insert(attr::SOURCE.into(), s(t.source.clone()));
+        item.insert(attr::REASON.into(), s(t.reason.clone()));
+        item.insert(attr::EVENT_ID.into(), s(t.event_id.clone()));
+        item.insert(attr::CREATED_AT.into(), time(t.at));
+        item.insert(attr::AT_US.into(), n(epoch_micros(t.at)));
+        item.insert(
+            attr::EXPIRES_AT.into(),
+            n((t.at + TOMBSTONE_KEPT).timestamp()),
+        );
+        // Only while no request of the id is recorded (one archived past its TTL is gone).
+        let mut c = Expr::new();
+        let (pkn, exp) = (c.name(attr::PK), c.name(attr::EXPIRES_AT));
+        let now = c.value(n(t.at.timestamp()));
+        c.condition(format!("attribute_not_exists({pkn}) OR {exp} <= {now}"));
+        let cause = Cause::new(t.event_id.clone());
+        let mut items = vec![
+            event_record(&self.table, &pk, &cause, t.at)?,
+            condition_check(&self.table, key(pk.clone(), META_SK), &c)?,
+            put(&self.table, item, None)?,
+        ];
+        items.extend(outbox_items(&self.table, id, &outbox, 0, t.at)?);
+        Ok(match self.transact(items).await? {
+            Committed::Yes => {
+                tracing::info!(request_id = id, source = %t.source, "cancellation kept as a tombstone");
+                TombstoneOutcome::Placed
+            }
+            c if c.failed(EVENT_ITEM) => TombstoneOutcome::DuplicateEvent,
+            _ => TombstoneOutcome::RequestExists,
         })
     }
 

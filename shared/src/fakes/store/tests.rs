@@ -22,6 +22,8 @@ fn month() -> BudgetMonth {
 fn new_request(rid: &str, max_upfront: &str, cause: &str) -> NewRequest {
     NewRequest {
         request: request(rid, "ml-research", max_upfront),
+        source: "com.example.ml-platform".into(),
+        cancelled: None,
         reason: "valid".into(),
         next_action_at: Some(t0()),
         at: t0(),
