@@ -926,7 +926,8 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                                     name,
                                     lease,
                                     (&mut prior, &mut recorded),
-                                    (&bought, doubt.is_none()),
+                                    // Our own purchase is in doubt now: a stray never replaces it.
+                                    (&bought, false),
                                     cause,
                                     now,
                                     out,
