@@ -320,6 +320,8 @@ pub struct EndpointInfo {
     /// AWS's `EndpointStatus`, e.g. `Creating`, `InService`, `Failed`.
     pub status: String,
     pub failure_reason: Option<String>,
+    /// Its tags (ListTags): whose it is ([`crate::domain::naming::owns`]).
+    pub tags: BTreeMap<String, String>,
 }
 
 pub trait Workloads: Send + Sync {

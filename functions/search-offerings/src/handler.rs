@@ -176,7 +176,10 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
                 return Ok(None);
             }
         };
-        if let Some(problem) = workload::submission_problem(&self.workloads, &request).await? {
+        if let Some(problem) =
+            workload::submission_problem(&self.workloads, &self.config.deployment_id, &request)
+                .await?
+        {
             out.decisions.push(Decision {
                 request_id: claimed_id.clone().unwrap_or_default(),
                 action: "rejected",

@@ -701,6 +701,30 @@ impl SageMakerAdapter {
         }))
     }
 
+    /// Every tag of the resource `arn` (ListTags, all pages).
+    async fn tags_of(
+        &self,
+        region: &str,
+        arn: &str,
+    ) -> Result<BTreeMap<String, String>, PortError> {
+        const OP: &str = "ListTags";
+        let mut pages = self
+            .client(region)
+            .list_tags()
+            .resource_arn(arn)
+            .into_paginator()
+            .items()
+            .send();
+        let mut tags = BTreeMap::new();
+        while let Some(t) = pages.next().await {
+            let t = t.map_err(err(OP, Call::Retryable))?;
+            if let Some(k) = t.key() {
+                tags.insert(k.to_string(), t.value().unwrap_or_default().to_string());
+            }
+        }
+        Ok(tags)
+    }
+
     async fn has_managed_tag(&self, region: &str, arn: &str) -> Result<bool, PortError> {
         const OP: &str = "ListTags";
         let mut pages = self
@@ -877,14 +901,21 @@ impl SageMakerAdapter {
             .send()
             .await;
         match res {
-            Ok(e) => Ok(Some(EndpointInfo {
-                endpoint_name: e.endpoint_name().unwrap_or(endpoint_name).to_string(),
-                status: e
-                    .endpoint_status()
-                    .map(|s| s.as_str().to_string())
-                    .unwrap_or_default(),
-                failure_reason: e.failure_reason().map(str::to_string),
-            })),
+            Ok(e) => {
+                let arn = e.endpoint_arn().ok_or_else(|| {
+                    malformed(SERVICE, OP, format!("endpoint {endpoint_name} has no ARN"))
+                })?;
+                let tags = self.tags_of(region, arn).await?;
+                Ok(Some(EndpointInfo {
+                    endpoint_name: e.endpoint_name().unwrap_or(endpoint_name).to_string(),
+                    status: e
+                        .endpoint_status()
+                        .map(|s| s.as_str().to_string())
+                        .unwrap_or_default(),
+                    failure_reason: e.failure_reason().map(str::to_string),
+                    tags,
+                }))
+            }
             Err(e) => {
                 let f = Failure::from_sdk(OP, e);
                 if f.is_not_found() {

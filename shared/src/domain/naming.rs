@@ -29,6 +29,19 @@ pub fn resource_tags(
     tags
 }
 
+/// Whether a resource with `tags` is ours for `request_id` in deployment `deployment_id`
+/// (ARCHITECTURE §8.7): our managed tag set to `true`, the request's tag, and this
+/// deployment's tag. A resource created before deployments were tagged has none, and
+/// counts as ours by the other two. Anything else with the same name is someone else's:
+/// never adopted, changed or deleted.
+pub fn owns(tags: &BTreeMap<String, String>, request_id: &RequestId, deployment_id: &str) -> bool {
+    tags.get(MANAGED_TAG).map(String::as_str) == Some("true")
+        && tags.get(REQUEST_TAG).map(String::as_str) == Some(request_id.as_str())
+        && tags
+            .get(DEPLOYMENT_TAG)
+            .is_none_or(|d| d.as_str() == deployment_id)
+}
+
 /// Six hex digits of a hash of the deployment id: its mark in training plan names.
 pub fn deployment_hash(deployment_id: &str) -> String {
     let digest = hex::encode(Sha256::digest(deployment_id.as_bytes()));
@@ -101,6 +114,28 @@ pub fn workload_name(request_id: &RequestId, segment: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resource_is_ours_only_with_our_managed_request_and_deployment_tags() {
+        let id = RequestId::parse("r1").unwrap();
+        let ours = resource_tags(&BTreeMap::new(), &id, "stack-a");
+        assert!(owns(&ours, &id, "stack-a"));
+        assert!(!owns(&ours, &id, "stack-b"), "another deployment's");
+        assert!(
+            !owns(&ours, &RequestId::parse("r2").unwrap(), "stack-a"),
+            "another request's"
+        );
+        let mut legacy = ours.clone();
+        legacy.remove(DEPLOYMENT_TAG);
+        assert!(
+            owns(&legacy, &id, "stack-a"),
+            "from before deployments were tagged"
+        );
+        let mut unmanaged = ours;
+        unmanaged.insert(MANAGED_TAG.into(), "false".into());
+        assert!(!owns(&unmanaged, &id, "stack-a"));
+        assert!(!owns(&BTreeMap::new(), &id, "stack-a"));
+    }
 
     #[test]
     fn client_tokens_are_stable_short_and_change_with_each_generation() {

@@ -360,6 +360,45 @@ impl FakeWorkloads {
     }
 
     /// Returns whether the endpoint exists.
+    /// An endpoint someone else made: named `endpoint_name` in `region`, with `tags`.
+    pub fn add_foreign_endpoint(
+        &self,
+        region: &str,
+        endpoint_name: &str,
+        tags: BTreeMap<String, String>,
+    ) {
+        let spec = EndpointSpec {
+            region: region.into(),
+            endpoint_name: endpoint_name.into(),
+            endpoint_config_name: format!("{endpoint_name}-config"),
+            model_name: "their-model".into(),
+            variant_name: "primary".into(),
+            instance_type: "ml.g5.xlarge".into(),
+            instance_count: 1,
+            ml_reservation_arn: None,
+            tags: tags.clone(),
+        };
+        lock(&self.state).endpoints.insert(
+            k(region, endpoint_name),
+            (
+                spec,
+                EndpointInfo {
+                    endpoint_name: endpoint_name.into(),
+                    status: "InService".into(),
+                    failure_reason: None,
+                    tags,
+                },
+            ),
+        );
+    }
+
+    /// Whether an endpoint of the name exists, without recording a call.
+    pub fn describe_endpoint_now(&self, region: &str, endpoint_name: &str) -> bool {
+        lock(&self.state)
+            .endpoints
+            .contains_key(&k(region, endpoint_name))
+    }
+
     pub fn set_endpoint_status(
         &self,
         region: &str,
@@ -782,6 +821,13 @@ impl Workloads for FakeWorkloads {
                         endpoint_name: spec.endpoint_name.clone(),
                         status: "Creating".into(),
                         failure_reason: None,
+                        // SageMaker adds our managed tag to what we create.
+                        tags: {
+                            let mut t = spec.tags.clone();
+                            t.entry(crate::domain::naming::MANAGED_TAG.into())
+                                .or_insert_with(|| "true".into());
+                            t
+                        },
                     },
                 )
             });

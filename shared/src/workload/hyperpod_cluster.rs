@@ -14,6 +14,19 @@ use crate::domain::planner::Rejection;
 use crate::domain::request::{FieldError, LifeCycleConfig, RequestId};
 use crate::ports::{InstanceGroupSpec, PortError, Store, Workloads};
 
+/// The state of a group's record written before the UpdateCluster call that creates it.
+const REQUESTED: &str = "Requested";
+
+/// Whether our table records that this request created the group `resource`
+/// (`cluster/group`): groups carry no tags, so the table is the only mark (§8.7).
+async fn ours<S: Store>(store: &S, id: &RequestId, resource: &str) -> Result<bool, PortError> {
+    Ok(store
+        .workloads(id)
+        .await?
+        .iter()
+        .any(|w| w.resource_id == resource))
+}
+
 /// The request's group, as its workload names it.
 pub(super) struct Group<'a> {
     cluster_name: &'a str,
@@ -71,6 +84,20 @@ pub(super) async fn submission_problem<W: Workloads>(
             .describe_instance_group(region, cluster_name, g.instance_group_name)
             .await?
         {
+            // A group carries no tags: it is ours only if our table records that we created
+            // it (ARCHITECTURE §8.7), which no request not yet recorded can have done.
+            Some(group) if group.cluster_managed && group.instance_group_name.is_some() => {
+                return Ok(Some(FieldError {
+                    field: "workload.instance_group_name".to_string(),
+                    message: format!(
+                        "HyperPod cluster {cluster_name} in {region} already has an instance \
+                         group named {}, which capacity-pilot did not create for this request; \
+                         it would resize and then scale it to zero, so choose a new \
+                         instance_group_name",
+                        g.instance_group_name
+                    ),
+                }));
+            }
             Some(group) if group.cluster_managed => return Ok(None),
             Some(_) => unmanaged_in.push(region.as_str()),
             None => {}
@@ -138,7 +165,12 @@ pub(super) async fn launch<W: Workloads, S: Store>(
     let (t, id) = (l.target, &l.rec.request_id);
     let cluster_name = g.cluster_name;
     let resource = format!("{cluster_name}/{}", g.instance_group_name);
-    if !l.recorded.contains_key(&t.segment) {
+    // "Requested": recorded before the call, so a crash after it still finds the group ours.
+    let done = l
+        .recorded
+        .get(&t.segment)
+        .is_some_and(|w| w.state != REQUESTED);
+    if !done {
         let group = l
             .workloads
             .describe_instance_group(&t.region, cluster_name, g.instance_group_name)
@@ -156,7 +188,22 @@ pub(super) async fn launch<W: Workloads, S: Store>(
                      capacity-pilot changes no cluster it does not manage"
                 )));
             }
+            Some(group)
+                if group.instance_group_name.is_some() && !ours(l.store, id, &resource).await? =>
+            {
+                return Ok(Launch::Refuse(format!(
+                    "HyperPod cluster {cluster_name} already has an instance group named {}, \
+                     which capacity-pilot did not create for this request (our table has no \
+                     record of it); nothing was changed",
+                    g.instance_group_name
+                )));
+            }
             Some(_) => {}
+        }
+        if !l.recorded.contains_key(&t.segment) {
+            l.store
+                .put_workload(l.record(t.segment, resource.clone(), REQUESTED))
+                .await?;
         }
         let spec = g.spec(
             &t.region,
@@ -178,14 +225,21 @@ pub(super) async fn launch<W: Workloads, S: Store>(
 
 /// Scales the group to zero in each of the window's regions where it still has a target
 /// size; a cluster without our tag is left alone whatever the request says.
-pub(super) async fn drain<W: Workloads>(
+pub(super) async fn drain<W: Workloads, S: Store>(
     workloads: &W,
+    store: &S,
     config: &Config,
     id: &RequestId,
     w: &DrainTarget,
     g: &Group<'_>,
 ) -> Result<Vec<String>, PortError> {
     let (cluster_name, instance_group_name) = (g.cluster_name, g.instance_group_name);
+    let resource = format!("{cluster_name}/{instance_group_name}");
+    if !ours(store, id, &resource).await? {
+        warn!(request_id = %id, instance_group = %resource,
+            "our table records no instance group of this request by that name; not scaling it down");
+        return Ok(vec![]);
+    }
     let mut acted = Vec::new();
     for region in &w.regions {
         let Some(group) = workloads

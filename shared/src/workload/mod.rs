@@ -79,10 +79,12 @@ pub struct DrainTarget {
     pub on_demand: bool,
 }
 
-/// Why a request cannot be accepted, found by asking AWS rather than by parsing: only a
-/// HyperPod request can have one (a cluster we do not manage).
+/// Why a request cannot be accepted, found by asking AWS rather than by parsing: a HyperPod
+/// cluster we do not manage, or a group or an endpoint of the request's name that is not
+/// ours (ARCHITECTURE §8.7).
 pub async fn submission_problem<W: Workloads>(
     workloads: &W,
+    deployment: &str,
     req: &CapacityRequest,
 ) -> Result<Option<FieldError>, PortError> {
     match &req.workload {
@@ -94,9 +96,17 @@ pub async fn submission_problem<W: Workloads>(
             let group = Group::new(cluster_name, instance_group_name, life_cycle_config);
             hyperpod_cluster::submission_problem(workloads, &req.regions, &group).await
         }
-        WorkloadDetail::Ec2Instances { .. }
-        | WorkloadDetail::TrainingJob(_)
-        | WorkloadDetail::InferenceEndpoint { .. } => Ok(None),
+        WorkloadDetail::InferenceEndpoint { endpoint_name, .. } => {
+            inference_endpoint::submission_problem(
+                workloads,
+                &req.regions,
+                &req.id,
+                deployment,
+                endpoint_name,
+            )
+            .await
+        }
+        WorkloadDetail::Ec2Instances { .. } | WorkloadDetail::TrainingJob(_) => Ok(None),
     }
 }
 
@@ -239,10 +249,11 @@ pub async fn drain<W: Workloads, S: Store>(
             life_cycle_config,
         } => {
             let group = Group::new(cluster_name, instance_group_name, life_cycle_config);
-            hyperpod_cluster::drain(workloads, config, id, target, &group).await
+            hyperpod_cluster::drain(workloads, store, config, id, target, &group).await
         }
         WorkloadDetail::InferenceEndpoint { endpoint_name, .. } => {
-            inference_endpoint::drain(workloads, id, target, endpoint_name).await
+            inference_endpoint::drain(workloads, id, &config.deployment_id, target, endpoint_name)
+                .await
         }
     }
 }

@@ -8,14 +8,16 @@ use super::{
 };
 use crate::config::Config;
 use crate::domain::money::{MicroUsd, Usd};
+use crate::domain::naming::{DEPLOYMENT_TAG, MANAGED_TAG, REQUEST_TAG};
 use crate::domain::offering::{Offering, Product, Segment, TargetResource};
 use crate::domain::request::{CapacityRequest, TrainingJobTemplate, WorkloadDetail};
 use crate::domain::status::RequestStatus;
 use crate::fakes::fixtures::{request, t0};
 use crate::fakes::{FakeWorkloads, InMemoryStore, WorkloadsCall, WorkloadsOp};
-use crate::ports::{InstanceState, JobState, LaunchMarket, RequestRecord};
+use crate::ports::{InstanceState, JobState, LaunchMarket, RequestRecord, Store, WorkloadRecord};
 
 const REGION: &str = "us-east-1";
+const DEPLOYMENT: &str = crate::config::DEFAULT_DEPLOYMENT_ID;
 
 fn config() -> Config {
     let env = [
@@ -186,7 +188,9 @@ async fn a_hyperpod_request_on_an_unmanaged_cluster_has_a_submission_problem() {
     let mut req = request("req-1", "team-a", "50000");
     hyperpod(&mut req);
 
-    let problem = submission_problem(&workloads, &req).await.unwrap();
+    let problem = submission_problem(&workloads, DEPLOYMENT, &req)
+        .await
+        .unwrap();
 
     let problem = problem.expect("an unmanaged cluster is a problem");
     assert_eq!(problem.field, "workload.cluster_name");
@@ -201,7 +205,7 @@ async fn a_hyperpod_request_on_an_unmanaged_cluster_has_a_submission_problem() {
 async fn a_request_for_ec2_instances_has_no_submission_problem_and_asks_aws_nothing() {
     let workloads = FakeWorkloads::new();
 
-    let problem = submission_problem(&workloads, &request("req-1", "team-a", "50000"))
+    let problem = submission_problem(&workloads, DEPLOYMENT, &request("req-1", "team-a", "50000"))
         .await
         .unwrap();
 
@@ -356,6 +360,8 @@ async fn drain_of_a_hyperpod_group_on_a_managed_cluster_scales_it_to_zero_on_the
     workloads.set_instance_group(REGION, "research", "gpu", 2, 2, "InService");
     let mut req = request("req-1", "team-a", "50000");
     hyperpod(&mut req);
+    // Ours: the table records that this request created it.
+    store.put_workload(group_record("tp-1")).await.unwrap();
 
     let acted = drain(&workloads, &store, &config(), &record(req), &window("tp-1"))
         .await
@@ -405,4 +411,219 @@ async fn drain_of_ec2_instances_terminates_only_our_live_instances() {
 
     let expected: Vec<String> = ids.iter().map(|i| format!("instance:{i}")).collect();
     assert_eq!(acted, expected);
+}
+
+// ---- names we own (ARCHITECTURE 8.7) ------------------------------------------------------
+
+fn group_record(reservation_id: &str) -> WorkloadRecord {
+    WorkloadRecord {
+        request_id: crate::fakes::fixtures::request_id("req-1"),
+        reservation_id: reservation_id.into(),
+        slot: 0,
+        generation: 0,
+        resource_id: "research/gpu".into(),
+        state: "Updating".into(),
+        updated_at: t0(),
+    }
+}
+
+fn endpoint(req: &mut CapacityRequest) {
+    req.workload = WorkloadDetail::InferenceEndpoint {
+        model_name: "llm".into(),
+        endpoint_name: "shared-llm".into(),
+        variant_name: "primary".into(),
+    };
+}
+
+fn tags(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Tags of what capacity-pilot made for `request` in this deployment.
+fn ours_for(request: &str) -> std::collections::BTreeMap<String, String> {
+    tags(&[
+        (MANAGED_TAG, "true"),
+        (REQUEST_TAG, request),
+        (DEPLOYMENT_TAG, DEPLOYMENT),
+    ])
+}
+
+fn plan_target() -> Target {
+    Target {
+        reservation_id: "tp-1".into(),
+        token_base: "tp-1".into(),
+        market: LaunchMarket::CapacityBlock {
+            reservation_id: "tp-1".into(),
+        },
+        plan_arn: Some("arn:aws:sagemaker:us-east-1:123456789012:training-plan/tp-1".into()),
+        region: REGION.into(),
+        instance_type: "ml.p5.48xlarge".into(),
+        instance_count: 1,
+        availability_zone: None,
+        segment: 0,
+        must_end_by: t0() + Duration::hours(24),
+    }
+}
+
+#[tokio::test]
+async fn an_endpoint_name_taken_by_something_not_ours_is_a_submission_problem() {
+    for (who, existing) in [
+        ("a team's own", tags(&[("team", "search")])),
+        ("another request's", ours_for("req-other")),
+    ] {
+        let workloads = FakeWorkloads::new();
+        workloads.add_foreign_endpoint(REGION, "shared-llm", existing);
+        let mut req = request("req-1", "team-a", "50000");
+        endpoint(&mut req);
+
+        let problem = submission_problem(&workloads, DEPLOYMENT, &req)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{who} endpoint is a problem"));
+
+        assert_eq!(problem.field, "workload.endpoint_name");
+        assert!(
+            problem.message.contains("shared-llm"),
+            "{}",
+            problem.message
+        );
+    }
+    // AND a free name, or our own endpoint for this request, is none
+    let workloads = FakeWorkloads::new();
+    let mut req = request("req-1", "team-a", "50000");
+    endpoint(&mut req);
+    assert_eq!(
+        submission_problem(&workloads, DEPLOYMENT, &req)
+            .await
+            .unwrap(),
+        None
+    );
+    workloads.add_foreign_endpoint(REGION, "shared-llm", ours_for("req-1"));
+    assert_eq!(
+        submission_problem(&workloads, DEPLOYMENT, &req)
+            .await
+            .unwrap(),
+        None
+    );
+}
+
+#[tokio::test]
+async fn a_launch_into_an_endpoint_name_taken_since_submission_is_refused_and_adopts_nothing() {
+    let (workloads, store) = world();
+    workloads.add_foreign_endpoint(REGION, "shared-llm", tags(&[("team", "search")]));
+    let mut req = request("req-1", "team-a", "50000");
+    endpoint(&mut req);
+    let rec = record(req);
+
+    let got = launch(&workloads, &store, &config(), &rec, &plan_target(), t0())
+        .await
+        .unwrap();
+
+    assert!(
+        matches!(&got, Launch::Refuse(why) if why.contains("not capacity-pilot's")),
+        "{got:?}"
+    );
+    assert!(workloads.calls_of(WorkloadsOp::CreateEndpoint).is_empty());
+    assert!(store.workloads(&rec.request_id).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_drain_deletes_only_an_endpoint_that_is_ours() {
+    let (workloads, store) = world();
+    let mut req = request("req-1", "team-a", "50000");
+    endpoint(&mut req);
+    let rec = record(req);
+    // GIVEN the name is held by another request's endpoint
+    workloads.add_foreign_endpoint(REGION, "shared-llm", ours_for("req-other"));
+
+    let acted = drain(&workloads, &store, &config(), &rec, &window("tp-1"))
+        .await
+        .unwrap();
+
+    // THEN it is left alone
+    assert!(acted.is_empty());
+    assert!(workloads.calls_of(WorkloadsOp::DeleteEndpoint).is_empty());
+    assert!(workloads.describe_endpoint_now(REGION, "shared-llm"));
+
+    // AND ours is deleted
+    workloads.add_foreign_endpoint(REGION, "shared-llm", ours_for("req-1"));
+    let acted = drain(&workloads, &store, &config(), &rec, &window("tp-1"))
+        .await
+        .unwrap();
+    assert_eq!(acted[0], "endpoint:shared-llm");
+    assert!(!workloads.describe_endpoint_now(REGION, "shared-llm"));
+}
+
+#[tokio::test]
+async fn a_hyperpod_request_naming_an_existing_group_has_a_submission_problem() {
+    let workloads = FakeWorkloads::new();
+    workloads.add_cluster(REGION, "research", true);
+    workloads.set_instance_group(REGION, "research", "gpu", 4, 4, "InService");
+    let mut req = request("req-1", "team-a", "50000");
+    hyperpod(&mut req);
+
+    let problem = submission_problem(&workloads, DEPLOYMENT, &req)
+        .await
+        .unwrap()
+        .expect("an existing group is a problem");
+
+    assert_eq!(problem.field, "workload.instance_group_name");
+}
+
+#[tokio::test]
+async fn a_hyperpod_group_our_table_does_not_record_is_neither_resized_nor_scaled_down() {
+    // GIVEN the customer's own group "gpu" in a managed cluster
+    let (workloads, store) = world();
+    workloads.add_cluster(REGION, "research", true);
+    workloads.set_instance_group(REGION, "research", "gpu", 4, 4, "InService");
+    let mut req = request("req-1", "team-a", "50000");
+    hyperpod(&mut req);
+    let rec = record(req);
+
+    // WHEN a launch and a drain come for a request naming it
+    let got = launch(&workloads, &store, &config(), &rec, &plan_target(), t0())
+        .await
+        .unwrap();
+    let acted = drain(&workloads, &store, &config(), &rec, &window("tp-1"))
+        .await
+        .unwrap();
+
+    // THEN neither touches it
+    assert!(
+        matches!(&got, Launch::Refuse(why) if why.contains("did not create")),
+        "{got:?}"
+    );
+    assert!(acted.is_empty());
+    assert!(workloads.calls_of(WorkloadsOp::PutInstanceGroup).is_empty());
+}
+
+#[tokio::test]
+async fn a_hyperpod_launch_that_died_after_its_call_finds_the_group_ours_on_the_retry() {
+    // GIVEN a launch whose UpdateCluster went through and whose invocation then died: the
+    // group exists, recorded only as requested
+    let (workloads, store) = world();
+    workloads.add_cluster(REGION, "research", true);
+    let mut req = request("req-1", "team-a", "50000");
+    hyperpod(&mut req);
+    let rec = record(req);
+    workloads.fail_next(
+        WorkloadsOp::PutInstanceGroup,
+        crate::ports::PortError::OutcomeUnknown {
+            service: "sagemaker",
+            message: "connection reset".into(),
+        },
+    );
+    let _ = launch(&workloads, &store, &config(), &rec, &plan_target(), t0()).await;
+    workloads.set_instance_group(REGION, "research", "gpu", 1, 1, "InService");
+
+    // WHEN the next tick launches again
+    let got = launch(&workloads, &store, &config(), &rec, &plan_target(), t0())
+        .await
+        .unwrap();
+
+    // THEN the group is ours by its record, and the launch completes
+    assert_eq!(got, Launch::Done(vec!["research/gpu".into()]));
 }

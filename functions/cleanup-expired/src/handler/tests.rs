@@ -292,6 +292,19 @@ async fn drain_happens_before_forced_termination_for_capacity_blocks_hyperpod_an
                     w.workloads
                         .set_instance_group(REGION, "hp", "workers", 2, 2, "InService")
                 );
+                // The launch created it: our table records it (ARCHITECTURE 8.7).
+                w.store
+                    .put_workload(capacity_pilot::ports::WorkloadRecord {
+                        request_id: request_id("r-1"),
+                        reservation_id: "arn:plan/1".into(),
+                        slot: 0,
+                        generation: 0,
+                        resource_id: "hp/workers".into(),
+                        state: "Updating".into(),
+                        updated_at: t0(),
+                    })
+                    .await
+                    .unwrap();
             }
             _ => w.instance("i-1", "r-1", Some("cr-1"), true),
         }
@@ -466,7 +479,12 @@ async fn endpoints_and_their_configs_are_deleted() {
             instance_type: "ml.p5.48xlarge".into(),
             instance_count: 1,
             ml_reservation_arn: Some("arn:plan/1".into()),
-            tags: BTreeMap::new(),
+            // What the launch created for r-1: its tags say so (ARCHITECTURE 8.7).
+            tags: capacity_pilot::domain::naming::resource_tags(
+                &BTreeMap::new(),
+                &request_id("r-1"),
+                DEPLOYMENT,
+            ),
         })
         .await
         .unwrap();
