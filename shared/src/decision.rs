@@ -25,6 +25,50 @@ impl HandlerError {
             HandlerError::Port(e) | HandlerError::Partial { first: e, .. } => e,
         }
     }
+
+    /// Its stable name, what Lambda reports as the invocation's `errorType` (ARCHITECTURE
+    /// §8.11): alarms and log queries group by it. That of the first error when several
+    /// requests failed.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            HandlerError::Port(e) | HandlerError::Partial { first: e, .. } => error_type(e),
+        }
+    }
+}
+
+/// The stable name of a failed call: the store, the event bus, the clock, or AWS's
+/// capacity and workload services, by what went wrong.
+pub fn error_type(e: &PortError) -> &'static str {
+    use PortError::{NoCapacity, OfferingGone, OutcomeUnknown, Permanent, Throttled, Transient};
+    let service = match e {
+        Throttled { service, .. }
+        | Transient { service, .. }
+        | OutcomeUnknown { service, .. }
+        | Permanent { service, .. } => *service,
+        OfferingGone { .. } | NoCapacity { .. } => "market",
+    };
+    match (service, e) {
+        ("dynamodb" | "store", Permanent { .. }) => "StoreRefused",
+        ("dynamodb" | "store", _) => "StoreUnavailable",
+        ("events", Permanent { .. }) => "EventBusRefused",
+        ("events", _) => "EventBusUnavailable",
+        ("clock", _) => "ClockUnavailable",
+        (_, Throttled { .. }) => "AwsThrottled",
+        (_, Transient { .. }) => "AwsUnavailable",
+        (_, OutcomeUnknown { .. }) => "AwsOutcomeUnknown",
+        (_, OfferingGone { .. }) => "OfferingGone",
+        (_, NoCapacity { .. }) => "NoCapacity",
+        (_, Permanent { .. }) => "AwsRefused",
+    }
+}
+
+impl From<HandlerError> for lambda_runtime::Diagnostic {
+    fn from(e: HandlerError) -> Self {
+        lambda_runtime::Diagnostic {
+            error_type: e.error_type().to_string(),
+            error_message: e.to_string(),
+        }
+    }
 }
 
 /// `out` when no request failed; otherwise how many failed, and the first error.
@@ -93,5 +137,40 @@ mod tests {
         );
         let over = WriteOutcome::OverTeamBudget { spent: cap, cap };
         assert_eq!(written(&over, "bought"), "over-budget");
+    }
+}
+
+#[cfg(test)]
+mod error_type_tests {
+    use super::*;
+
+    #[test]
+    fn every_invocation_error_has_a_stable_type_not_a_rust_type_name() {
+        let store = PortError::Transient {
+            service: "dynamodb",
+            code: "InternalServerError".into(),
+            message: "x".into(),
+        };
+        let throttled = PortError::Throttled {
+            service: "ec2",
+            code: "RequestLimitExceeded".into(),
+            message: "x".into(),
+        };
+        let cases = [
+            (HandlerError::Port(store.clone()), "StoreUnavailable"),
+            (
+                HandlerError::Partial {
+                    failed: 3,
+                    first: throttled,
+                },
+                "AwsThrottled",
+            ),
+        ];
+        for (e, want) in cases {
+            let message = e.to_string();
+            let d = lambda_runtime::Diagnostic::from(e);
+            assert_eq!(d.error_type, want);
+            assert_eq!(d.error_message, message);
+        }
     }
 }

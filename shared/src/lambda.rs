@@ -5,12 +5,13 @@ use std::future::Future;
 use std::sync::Arc;
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
-use lambda_runtime::{Error, LambdaEvent, service_fn};
+use lambda_runtime::{Diagnostic, Error, LambdaEvent, service_fn};
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::aws::wiring::Adapters;
 use crate::config::Config;
+use crate::decision::HandlerError;
 
 /// Logging (JSON when `AWS_LAMBDA_LOG_FORMAT=JSON`, as the template sets), the configuration
 /// (a bad variable stops the cold start, named) and every adapter, once.
@@ -21,18 +22,18 @@ pub async fn cold_start() -> Result<(Arc<Config>, Adapters), Error> {
     Ok((config, adapters))
 }
 
-/// Serves each invocation's EventBridge event to `handle` until the runtime stops.
-pub async fn serve<F, Fut, O, E>(handle: F) -> Result<(), Error>
+/// Serves each invocation's EventBridge event to `handle` until the runtime stops. A failed
+/// invocation reports its error's stable type (ARCHITECTURE §8.11), not a Rust type name.
+pub async fn serve<F, Fut, O>(handle: F) -> Result<(), Error>
 where
     F: Fn(EventBridgeEvent<Value>) -> Fut,
-    Fut: Future<Output = Result<O, E>>,
+    Fut: Future<Output = Result<O, HandlerError>>,
     O: Serialize,
-    E: std::error::Error + Send + Sync + 'static,
 {
     let handle = &handle;
     lambda_runtime::run(service_fn(
         move |event: LambdaEvent<EventBridgeEvent<Value>>| async move {
-            handle(event.payload).await.map_err(Error::from)
+            handle(event.payload).await.map_err(Diagnostic::from)
         },
     ))
     .await
