@@ -578,6 +578,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             .reservations(&rec.request_id)
             .await?
             .into_iter()
+            .filter(|r| r.state.is_live())
             .map(|r| r.id)
             .collect();
         // A held on-demand estimate goes back: nothing of it runs.

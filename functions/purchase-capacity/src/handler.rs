@@ -243,7 +243,8 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 request_id: id.to_string(),
                 status_before: rec.status,
                 reason: reason.clone(),
-                reservation_ids: vec![],
+                // A split's kept block stays bought: what is kept, and what stays spent.
+                reservation_ids: self.kept(&id).await?,
                 spent_usd: rec.spent.to_usd(),
             };
             let t = Transition::of(&rec, RequestStatus::Cancelled, &reason, None, now, cause)
@@ -396,6 +397,19 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         })
     }
 
+    /// The reservations a request keeps, as the table has them: those still live (a split's
+    /// bought block among them). What an ending request reports with what stays spent.
+    async fn kept(&self, id: &RequestId) -> Result<Vec<String>, PortError> {
+        Ok(self
+            .store
+            .reservations(id)
+            .await?
+            .into_iter()
+            .filter(|r| r.state.is_live())
+            .map(|r| r.id)
+            .collect())
+    }
+
     async fn refuse_cancel(
         &self,
         request_id: &str,
@@ -486,7 +500,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 request_id: id.to_string(),
                 status_before: rec.status,
                 reason: reason.clone(),
-                reservation_ids: vec![],
+                reservation_ids: self.kept(&id).await?,
                 spent_usd: rec.spent.to_usd(),
             };
             let t = Transition::of(&rec, RequestStatus::Rejected, &reason, None, now, cause)
@@ -1379,7 +1393,12 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 request_id: id.to_string(),
                 status_before: rec.status,
                 reason: reason.clone(),
-                reservation_ids: held.iter().map(|r| r.id.clone()).collect(),
+                // What is kept: the live ones (a lost one's debit went back above).
+                reservation_ids: held
+                    .iter()
+                    .filter(|r| r.state.is_live() && !gone(r))
+                    .map(|r| r.id.clone())
+                    .collect(),
                 spent_usd: MicroUsd(rec.spent.0 - returned.0).to_usd(),
             }));
         }
@@ -1688,7 +1707,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 let spent = now_rec.as_ref().map_or(rec.spent, |r| {
                     MicroUsd(r.spent.0 - r.open_debit.map_or(0, |d| d.0))
                 });
-                let kept = self.store.reservations(id).await?;
+                let kept = self.kept(id).await?;
                 let version = now_rec.as_ref().map_or(rec.version + 1, |r| r.version) + 1;
                 if to == RequestStatus::Cancelled {
                     outbox.push(outbound(&CancellationApplied {
@@ -1711,7 +1730,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     request_id: id.to_string(),
                     status_before: RequestStatus::Purchasing,
                     reason: reason.clone(),
-                    reservation_ids: kept.into_iter().map(|r| r.id).collect(),
+                    reservation_ids: kept,
                     spent_usd: spent.to_usd(),
                 }));
             }
@@ -1759,7 +1778,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             request_id: rec.request_id.to_string(),
             status_before: rec.status,
             reason: reason.clone(),
-            reservation_ids: vec![],
+            reservation_ids: self.kept(&rec.request_id).await?,
             spent_usd: rec.spent.to_usd(),
         };
         let t = Transition::of(rec, RequestStatus::Failed, &reason, None, now, cause)

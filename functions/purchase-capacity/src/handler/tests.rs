@@ -1457,3 +1457,33 @@ async fn a_kept_cancellation_is_refused_once_the_payment_is_taken() {
         1
     );
 }
+
+#[tokio::test]
+async fn a_cancelled_split_that_kept_a_block_reports_the_block_and_what_stays_spent() {
+    // GIVEN a split whose second block went after its first was bought: Searching, with the
+    // first block kept and $3000 spent
+    let w = World::new();
+    let first = block("cb-first", "3000");
+    let mut rec = w.with_candidate(request("r1", "team-a", "5000"), block("cb-2", "1000"));
+    rec.status = RequestStatus::Searching;
+    rec.spent = MicroUsd(3_000_000_000);
+    w.store.insert_record(rec);
+    let mut kept = stray("p5.48xlarge", 2, "3000");
+    kept.id = "cr-first".into();
+    kept.segments = first.segments.clone();
+    w.store
+        .insert_reservation(&capacity_pilot::fakes::fixtures::request_id("r1"), kept);
+
+    // WHEN the requester cancels
+    w.purchaser(CAPS)
+        .handle(cancel_event("r1", "c1"))
+        .await
+        .unwrap();
+
+    // THEN the answer says what is kept and what stays spent
+    assert_eq!(w.status("r1").await, RequestStatus::Cancelled);
+    let failed = w.events.published_of("Capacity Request Failed");
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].detail["reservation_ids"], json!(["cr-first"]));
+    assert_eq!(failed[0].detail["spent_usd"], "3000");
+}
