@@ -478,7 +478,8 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
                 event_key: event_key(id.as_str(), "offerings-found", version),
                 request_id: id.to_string(),
                 plans: kept.iter().map(PlanSummary::from).collect(),
-                rejections: planning.rejections.clone(),
+                rejections: events::bounded_rejections(&planning.rejections).0,
+                rejections_omitted: events::bounded_rejections(&planning.rejections).1,
             })];
             t.candidates = Some(kept);
         } else if now >= deadline {
@@ -533,7 +534,8 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
                     reason: t.reason.clone(),
                     next_search_at: next,
                     search_deadline: deadline,
-                    rejections: planning.rejections.clone(),
+                    rejections: events::bounded_rejections(&planning.rejections).0,
+                    rejections_omitted: events::bounded_rejections(&planning.rejections).1,
                 })];
             }
         }

@@ -110,6 +110,14 @@ impl EventBridgeSink {
                     let err = classify(SERVICE, OP, Call::Retryable, e);
                     if err.is_retryable() && !last {
                         again = pending;
+                    } else if pending.len() > 1 && !err.is_retryable() {
+                        // A whole-batch refusal (one oversize or malformed entry refuses the
+                        // call): each entry alone, so one poison entry blocks no other.
+                        tracing::info!(entries = pending.len(), error = %err,
+                            "PutEvents refused the batch; publishing its entries one by one");
+                        for e in pending {
+                            Box::pin(self.publish_batch(std::slice::from_ref(e), report)).await;
+                        }
                     } else {
                         let code = err.code().unwrap_or("OutcomeUnknown").to_string();
                         for e in pending {
@@ -225,6 +233,54 @@ mod tests {
             base_delay: Duration::from_millis(1),
             max_delay: Duration::from_millis(2),
         }
+    }
+
+    fn has_poison(req: &aws_sdk_eventbridge::operation::put_events::PutEventsInput) -> bool {
+        req.entries()
+            .iter()
+            .any(|e| e.detail().is_some_and(|d| d.contains("poison")))
+    }
+
+    #[tokio::test]
+    async fn a_batch_refused_whole_for_one_poison_entry_publishes_the_others_one_by_one() {
+        // GIVEN PutEvents refuses any call holding the poison entry, as it refuses a request
+        // over its total size, and takes any other
+        let refuse = mock!(Client::put_events)
+            .match_requests(has_poison)
+            .then_error(|| {
+                aws_sdk_eventbridge::operation::put_events::PutEventsError::generic(
+                    aws_sdk_eventbridge::error::ErrorMetadata::builder()
+                        .code("ValidationException")
+                        .message("Total size of the entries in the request is over the limit.")
+                        .build(),
+                )
+            });
+        let accept = mock!(Client::put_events)
+            .match_requests(|r| !has_poison(r))
+            .then_compute_output(|req| {
+                PutEventsOutput::builder()
+                    .failed_entry_count(0)
+                    .set_entries(Some(
+                        req.entries()
+                            .iter()
+                            .map(|_| PutEventsResultEntry::builder().event_id("id").build())
+                            .collect(),
+                    ))
+                    .build()
+            });
+        let mut batch = events(10);
+        batch[3].detail = serde_json::json!({"event_key": "k3", "note": "poison"});
+        let sink =
+            EventBridgeSink::from_client(client(&[&refuse, &accept]), "bus").with_retry(fast());
+
+        // WHEN the ten are published
+        let report = sink.publish(&batch).await.unwrap();
+
+        // THEN the nine others went, and only the poison one is reported failed
+        assert_eq!(report.sent.len(), 9, "{report:?}");
+        assert!(!report.sent.contains(&"k3".to_string()));
+        assert_eq!(report.failed.len(), 1);
+        assert_eq!(report.failed[0].0, "k3");
     }
 
     #[tokio::test]

@@ -108,13 +108,38 @@ pub struct RequestRejected {
 }
 detail!(RequestRejected, "Capacity Request Rejected");
 
+/// At most this many rejections are listed in an event; the rest are counted in
+/// `rejections_omitted`, so no search's answer nears EventBridge's 256 KB entry limit (a
+/// region's catalogue can hold hundreds of offerings).
+pub const MAX_REJECTIONS_LISTED: usize = 50;
+
+/// The largest event detail we write to the outbox, in bytes of JSON: an entry must fit
+/// EventBridge's 256 KB with its envelope, and the outbox item DynamoDB's 400 KB. A larger
+/// one is refused at the write, named, instead of blocking the outbox at publish time.
+pub const MAX_DETAIL_BYTES: usize = 200 * 1024;
+
+/// The first [`MAX_REJECTIONS_LISTED`] of `all`, and how many were left out.
+pub fn bounded_rejections(all: &[Rejection]) -> (Vec<Rejection>, usize) {
+    let listed: Vec<Rejection> = all.iter().take(MAX_REJECTIONS_LISTED).cloned().collect();
+    let omitted = all.len() - listed.len();
+    (listed, omitted)
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct OfferingsFound {
     pub event_key: String,
     pub request_id: String,
     /// The chosen plan first.
     pub plans: Vec<PlanSummary>,
+    /// At most [`MAX_REJECTIONS_LISTED`].
     pub rejections: Vec<Rejection>,
+    /// How many rejections were not listed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rejections_omitted: usize,
 }
 detail!(OfferingsFound, "Capacity Offerings Found");
 
@@ -125,7 +150,11 @@ pub struct NotFound {
     pub reason: String,
     pub next_search_at: DateTime<Utc>,
     pub search_deadline: DateTime<Utc>,
+    /// At most [`MAX_REJECTIONS_LISTED`].
     pub rejections: Vec<Rejection>,
+    /// How many rejections were not listed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rejections_omitted: usize,
 }
 detail!(NotFound, "Capacity Not Found");
 
@@ -429,7 +458,73 @@ pub fn outbound<D: EventDetail>(detail: &D) -> crate::ports::OutboundEvent {
     }
 }
 
+/// Refuses an event whose detail is over [`MAX_DETAIL_BYTES`]: the stores call it before
+/// writing one to the outbox.
+pub fn check_size(e: &crate::ports::OutboundEvent) -> Result<(), crate::ports::PortError> {
+    let size = e.detail.to_string().len();
+    if size > MAX_DETAIL_BYTES {
+        return Err(crate::ports::PortError::Permanent {
+            service: "store",
+            code: "EventTooLarge".into(),
+            message: format!(
+                "{} {} is {size} bytes of detail; at most {MAX_DETAIL_BYTES} are written",
+                e.detail_type, e.event_key
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// A stable, unique key for an event caused by the write that produces `version`.
 pub fn event_key(request_id: &str, what: &str, version: u64) -> String {
     format!("{request_id}:{what}:v{version}")
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::*;
+
+    fn rejection(i: usize) -> Rejection {
+        Rejection {
+            offering_id: format!("cb-{i:04}"),
+            region: "us-east-1".into(),
+            reason: "starts after the window's latest start by 3 days".repeat(4),
+        }
+    }
+
+    #[test]
+    fn a_search_over_hundreds_of_offerings_lists_a_bounded_number_of_rejections() {
+        let all: Vec<Rejection> = (0..2000).map(rejection).collect();
+        let (listed, omitted) = bounded_rejections(&all);
+        let ev = outbound(&NotFound {
+            event_key: "r1:not-found:v3".into(),
+            request_id: "r1".into(),
+            reason: "none".into(),
+            next_search_at: chrono::Utc::now(),
+            search_deadline: chrono::Utc::now(),
+            rejections: listed,
+            rejections_omitted: omitted,
+        });
+        assert_eq!(
+            ev.detail["rejections"].as_array().unwrap().len(),
+            MAX_REJECTIONS_LISTED
+        );
+        assert_eq!(
+            ev.detail["rejections_omitted"],
+            2000 - MAX_REJECTIONS_LISTED
+        );
+        assert!(check_size(&ev).is_ok());
+        // AND all of them would not have fit: the write refuses such an event, named
+        let whole = outbound(&NotFound {
+            event_key: "r1:not-found:v3".into(),
+            request_id: "r1".into(),
+            reason: "none".into(),
+            next_search_at: chrono::Utc::now(),
+            search_deadline: chrono::Utc::now(),
+            rejections: all,
+            rejections_omitted: 0,
+        });
+        let err = check_size(&whole).unwrap_err();
+        assert_eq!(err.code(), Some("EventTooLarge"));
+    }
 }

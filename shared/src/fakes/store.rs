@@ -931,8 +931,16 @@ impl State {
     }
 }
 
+/// What DynamoDB's store refuses before writing: an event over the size bound.
+fn check_outbox(outbox: &[OutboundEvent]) -> Result<(), PortError> {
+    outbox
+        .iter()
+        .try_for_each(crate::domain::events::check_size)
+}
+
 impl Store for InMemoryStore {
     async fn create_request(&self, new: NewRequest) -> Result<CreateOutcome, PortError> {
+        check_outbox(&new.outbox)?;
         let after = self.begin(StoreOp::CreateRequest)?;
         let outcome = lock(&self.state).create_request(new);
         finish(after, Ok(outcome))
@@ -948,6 +956,7 @@ impl Store for InMemoryStore {
     }
 
     async fn transition(&self, t: Transition) -> Result<WriteOutcome, PortError> {
+        check_outbox(&t.outbox)?;
         let after = self.begin(StoreOp::Transition)?;
         let mut s = lock(&self.state);
         if let Some(i) = s.races.iter().position(|op| *op == StoreOp::Transition) {
@@ -962,6 +971,7 @@ impl Store for InMemoryStore {
     }
 
     async fn begin_purchase(&self, b: BeginPurchase) -> Result<BeginPurchaseOutcome, PortError> {
+        check_outbox(&b.outbox)?;
         let after = self.begin(StoreOp::BeginPurchase)?;
         let outcome = lock(&self.state).begin_purchase(b);
         finish(after, outcome)
@@ -971,12 +981,14 @@ impl Store for InMemoryStore {
         &self,
         r: RecordReservation,
     ) -> Result<LeaseWriteOutcome, PortError> {
+        check_outbox(&r.outbox)?;
         let after = self.begin(StoreOp::RecordReservation)?;
         let outcome = lock(&self.state).record_reservation(r);
         finish(after, outcome)
     }
 
     async fn update_windows(&self, u: WindowUpdate) -> Result<WriteOutcome, PortError> {
+        check_outbox(&u.outbox)?;
         let after = self.begin(StoreOp::UpdateWindows)?;
         let outcome = lock(&self.state).update_windows(u);
         finish(after, outcome)
@@ -987,18 +999,21 @@ impl Store for InMemoryStore {
         t: Tombstone,
         outbox: Vec<OutboundEvent>,
     ) -> Result<TombstoneOutcome, PortError> {
+        check_outbox(&outbox)?;
         let after = self.begin(StoreOp::KeepCancellation)?;
         let outcome = lock(&self.state).put_tombstone(t, &outbox);
         finish(after, Ok(outcome))
     }
 
     async fn keep_cancellation(&self, k: KeepCancellation) -> Result<WriteOutcome, PortError> {
+        check_outbox(&k.outbox)?;
         let after = self.begin(StoreOp::KeepCancellation)?;
         let outcome = lock(&self.state).keep_cancellation(k);
         finish(after, outcome)
     }
 
     async fn release_unbought(&self, r: ReleaseUnbought) -> Result<LeaseWriteOutcome, PortError> {
+        check_outbox(&r.outbox)?;
         let after = self.begin(StoreOp::ReleaseUnbought)?;
         let outcome = lock(&self.state).release_unbought(r);
         finish(after, outcome)

@@ -188,6 +188,7 @@ fn outbox_items(
         .iter()
         .enumerate()
         .map(|(i, ev)| {
+            crate::domain::events::check_size(ev)?;
             let seq = outbox_seq(version, i);
             let mut item = key(request_pk(request_id), outbox_sk(&ev.event_key));
             item.insert(attr::KIND.into(), s(kind::OUTBOX));
