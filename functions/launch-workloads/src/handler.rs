@@ -20,7 +20,7 @@ use capacity_pilot::domain::money::{MicroUsd, Usd};
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::status::RequestStatus;
-use capacity_pilot::domain::time_rules::PURCHASE_LEAD;
+use capacity_pilot::domain::time_rules::{LAUNCH_FUNCTION_TIMEOUT, PURCHASE_LEAD};
 use capacity_pilot::domain::window::{
     self, DrainLead, FOLLOWS_WINDOWS, HOLDS_WINDOWS, Window, WindowState,
 };
@@ -169,6 +169,20 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             }
             return Ok(());
         };
+        if !w.launch_ends_before_drain(now, LAUNCH_FUNCTION_TIMEOUT) {
+            out.decisions.push(Decision::new(
+                id,
+                "too-late",
+                format!(
+                    "window {} drains at {}, within this invocation's {} s timeout of now: \
+                     nothing is launched into it, so nothing can outlive the drain",
+                    w.number,
+                    w.drain_at,
+                    LAUNCH_FUNCTION_TIMEOUT.num_seconds()
+                ),
+            ));
+            return Ok(());
+        }
         let r = &w.reservation;
         let target = Target {
             reservation_id: r.id.clone(),

@@ -23,6 +23,7 @@ use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG};
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::reservation::Reservation;
+use capacity_pilot::domain::time_rules::LAUNCH_FUNCTION_TIMEOUT;
 use capacity_pilot::domain::window::{self, DrainLead, WindowState};
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
@@ -202,7 +203,12 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         };
         let running: BTreeSet<String> = window::windows(&held, &rec.windows, lead)
             .into_iter()
-            .filter(|w| w.state == WindowState::Running && w.start() <= now && now < w.drain_at)
+            .filter(|w| {
+                w.state == WindowState::Running
+                    && w.start() <= now
+                    // A replacement started now must end before the drain (§8.4).
+                    && w.launch_ends_before_drain(now, LAUNCH_FUNCTION_TIMEOUT)
+            })
             .map(|w| w.reservation.id)
             .collect();
         if running.is_empty() {

@@ -14,6 +14,11 @@ pub const BLOCK_END_TIME_UTC: NaiveTime = match NaiveTime::from_hms_opt(11, 30, 
 /// Capacity Block offerings start 30 min out at the soonest.
 pub const PURCHASE_LEAD: Duration = Duration::minutes(30);
 
+/// The longest an invocation of launch-workloads or replace-unhealthy runs: their template
+/// `Timeout` (a test reads it). A launch starts only if the invocation would end before the
+/// window's drain starts, so nothing it starts can outlive the drain (ARCHITECTURE §8.4).
+pub const LAUNCH_FUNCTION_TIMEOUT: Duration = Duration::seconds(60);
+
 /// How long a new reservation may be missing from AWS's Describe* answers, by id as well as
 /// by filter (aws-reference §11.3: "a new instance or reservation can be missing for a
 /// while"; the emulator's lag defaults to 2 minutes, bounded by 10: ARCHITECTURE §8.10).

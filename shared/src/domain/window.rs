@@ -151,6 +151,13 @@ impl Window {
             && now < self.drain_at
     }
 
+    /// Whether a launch begun at `now` and running at most `run` ends before the drain
+    /// starts: one that might not is never begun (the invocation could otherwise start
+    /// instances after the drain stopped the others).
+    pub fn launch_ends_before_drain(&self, now: DateTime<Utc>, run: chrono::Duration) -> bool {
+        now + run < self.drain_at
+    }
+
     /// Whether it must be drained at `now`; `warned` when AWS's expiration warning named
     /// its reservation (it can only bring the drain forward).
     pub fn needs_drain(&self, now: DateTime<Utc>, warned: bool) -> bool {

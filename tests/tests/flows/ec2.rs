@@ -987,3 +987,21 @@ pub(crate) async fn most_instances_failing_at_once_are_left_alone() {
         ],
     );
 }
+
+#[tokio::test]
+pub(crate) async fn a_launch_invoked_within_its_timeout_of_the_drain_starts_nothing() {
+    // GIVEN a reserved block nothing was launched into (its Delivered event was lost)
+    let f = Flow::start().await;
+    let id = "life-late";
+    let reserved = reserve(&f, id).await;
+    let end = time_of(&reserved["detail"]["end"]);
+    let drain_at = end - TimeDelta::minutes(30) - TimeDelta::minutes(15);
+
+    // WHEN launch-workloads' schedule fires 30 s before the drain starts (its timeout is 60 s)
+    f.cloud.advance_to(drain_at - TimeDelta::seconds(30));
+    f.tick(Function::Launch).await.unwrap();
+
+    // THEN nothing is started that could outlive the drain
+    assert!(instances_for(&f, id).is_empty());
+    assert!(f.bus_for("Capacity Workload Launched", id).is_empty());
+}

@@ -579,3 +579,37 @@ async fn an_on_demand_estimate_over_the_teams_cap_is_never_held_and_falls_back()
         rec.reason
     );
 }
+
+#[test]
+fn no_launching_function_runs_longer_than_the_launch_margin() {
+    // The margin a launch leaves before the drain is these functions' template Timeout.
+    let template = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../infra/template.yaml"
+    ))
+    .unwrap();
+    let global: i64 = template
+        .split("\nGlobals:")
+        .nth(1)
+        .and_then(|g| g.lines().find_map(|l| l.trim().strip_prefix("Timeout:")))
+        .map(|v| v.trim().parse().unwrap())
+        .expect("a global timeout");
+    for function in ["LaunchWorkloadsFunction", "ReplaceUnhealthyFunction"] {
+        let body: String = template
+            .split(&format!("\n  {function}:\n"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("{function} in the template"))
+            .lines()
+            .take_while(|l| l.is_empty() || l.starts_with("    "))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let timeout = body
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("Timeout:"))
+            .map_or(global, |v| v.trim().parse().unwrap());
+        assert!(
+            timeout <= capacity_pilot::domain::time_rules::LAUNCH_FUNCTION_TIMEOUT.num_seconds(),
+            "{function} times out after {timeout} s, past the launch margin"
+        );
+    }
+}

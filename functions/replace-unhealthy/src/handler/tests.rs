@@ -487,3 +487,20 @@ async fn a_request_that_is_not_active_is_left_alone() {
             .is_empty()
     );
 }
+
+#[tokio::test]
+async fn an_instance_failing_within_a_function_timeout_of_the_drain_is_not_replaced() {
+    // GIVEN a running window (24 h block ending t0 + 26 h; drain at end - 45 min) and an
+    // impaired instance, seen 30 s before the drain starts
+    let w = World::new(4).await;
+    let sick = w.slots().await[1].resource_id.clone();
+    w.workloads
+        .set_instance_health(&sick, InstanceHealth::Impaired);
+    let drain_at = t0() + Duration::hours(26) - Duration::minutes(45);
+    w.clock.set(drain_at - Duration::seconds(30));
+    // WHEN the schedule polls
+    w.tick("tick-1").await;
+    // THEN no replacement starts: it could still be starting when the drain stops the rest
+    assert!(w.events.published_of(REPLACED).is_empty());
+    assert_eq!(w.launches().len(), 4);
+}
