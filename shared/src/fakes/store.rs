@@ -108,6 +108,9 @@ struct State {
     races: Vec<StoreOp>,
     read_faults: VecDeque<Fault>,
     calls: Vec<StoreOp>,
+    /// Every call yields to the runtime first, so invocations joined on one task
+    /// interleave at each store call instead of each running to its end.
+    interleave: bool,
 }
 
 /// An in-memory [`Store`]; clones share the data.
@@ -345,6 +348,20 @@ impl InMemoryStore {
 
     /// Logs the call and takes its scripted fault: `Err` to return at once, or an error
     /// to return after the work.
+    /// Makes every call yield first: handlers joined with `tokio::join!` then interleave at
+    /// each store call, as concurrent invocations do, instead of running one after another
+    /// (the fakes never wait, so without this nothing interleaves).
+    pub fn interleave(&self) {
+        lock(&self.state).interleave = true;
+    }
+
+    async fn pause(&self) {
+        let yields = lock(&self.state).interleave;
+        if yields {
+            tokio::task::yield_now().await;
+        }
+    }
+
     fn begin(&self, op: StoreOp) -> Result<Option<PortError>, PortError> {
         let mut s = lock(&self.state);
         s.calls.push(op);
@@ -941,6 +958,7 @@ fn check_outbox(outbox: &[OutboundEvent]) -> Result<(), PortError> {
 impl Store for InMemoryStore {
     async fn create_request(&self, new: NewRequest) -> Result<CreateOutcome, PortError> {
         check_outbox(&new.outbox)?;
+        self.pause().await;
         let after = self.begin(StoreOp::CreateRequest)?;
         let outcome = lock(&self.state).create_request(new);
         finish(after, Ok(outcome))
@@ -950,6 +968,7 @@ impl Store for InMemoryStore {
         &self,
         request_id: &RequestId,
     ) -> Result<Option<RequestRecord>, PortError> {
+        self.pause().await;
         let after = self.begin(StoreOp::GetRequest)?;
         let found = lock(&self.state).live(request_id).map(|s| s.record.clone());
         finish(after, Ok(found))
@@ -957,6 +976,7 @@ impl Store for InMemoryStore {
 
     async fn transition(&self, t: Transition) -> Result<WriteOutcome, PortError> {
         check_outbox(&t.outbox)?;
+        self.pause().await;
         let after = self.begin(StoreOp::Transition)?;
         let mut s = lock(&self.state);
         if let Some(i) = s.races.iter().position(|op| *op == StoreOp::Transition) {
@@ -972,6 +992,7 @@ impl Store for InMemoryStore {
 
     async fn begin_purchase(&self, b: BeginPurchase) -> Result<BeginPurchaseOutcome, PortError> {
         check_outbox(&b.outbox)?;
+        self.pause().await;
         let after = self.begin(StoreOp::BeginPurchase)?;
         let outcome = lock(&self.state).begin_purchase(b);
         finish(after, outcome)
@@ -982,6 +1003,7 @@ impl Store for InMemoryStore {
         r: RecordReservation,
     ) -> Result<LeaseWriteOutcome, PortError> {
         check_outbox(&r.outbox)?;
+        self.pause().await;
         let after = self.begin(StoreOp::RecordReservation)?;
         let outcome = lock(&self.state).record_reservation(r);
         finish(after, outcome)
@@ -989,6 +1011,7 @@ impl Store for InMemoryStore {
 
     async fn update_windows(&self, u: WindowUpdate) -> Result<WriteOutcome, PortError> {
         check_outbox(&u.outbox)?;
+        self.pause().await;
         let after = self.begin(StoreOp::UpdateWindows)?;
         let outcome = lock(&self.state).update_windows(u);
         finish(after, outcome)
@@ -1000,6 +1023,7 @@ impl Store for InMemoryStore {
         outbox: Vec<OutboundEvent>,
     ) -> Result<TombstoneOutcome, PortError> {
         check_outbox(&outbox)?;
+        self.pause().await;
         let after = self.begin(StoreOp::KeepCancellation)?;
         let outcome = lock(&self.state).put_tombstone(t, &outbox);
         finish(after, Ok(outcome))
@@ -1007,6 +1031,7 @@ impl Store for InMemoryStore {
 
     async fn keep_cancellation(&self, k: KeepCancellation) -> Result<WriteOutcome, PortError> {
         check_outbox(&k.outbox)?;
+        self.pause().await;
         let after = self.begin(StoreOp::KeepCancellation)?;
         let outcome = lock(&self.state).keep_cancellation(k);
         finish(after, outcome)
@@ -1014,12 +1039,14 @@ impl Store for InMemoryStore {
 
     async fn release_unbought(&self, r: ReleaseUnbought) -> Result<LeaseWriteOutcome, PortError> {
         check_outbox(&r.outbox)?;
+        self.pause().await;
         let after = self.begin(StoreOp::ReleaseUnbought)?;
         let outcome = lock(&self.state).release_unbought(r);
         finish(after, outcome)
     }
 
     async fn reservations(&self, request_id: &RequestId) -> Result<Vec<Reservation>, PortError> {
+        self.pause().await;
         let after = self.begin(StoreOp::Reservations)?;
         let s = lock(&self.state);
         let found = if s.children_visible(request_id) {
@@ -1031,12 +1058,14 @@ impl Store for InMemoryStore {
     }
 
     async fn budget_spent(&self, team: &Team, month: &BudgetMonth) -> Result<MicroUsd, PortError> {
+        self.pause().await;
         let after = self.begin(StoreOp::BudgetSpent)?;
         let spent = lock(&self.state).spent(team, month);
         finish(after, Ok(spent))
     }
 
     async fn put_workload(&self, w: WorkloadRecord) -> Result<(), PortError> {
+        self.pause().await;
         let after = self.begin(StoreOp::PutWorkload)?;
         lock(&self.state)
             .workloads
@@ -1047,6 +1076,7 @@ impl Store for InMemoryStore {
     }
 
     async fn workloads(&self, request_id: &RequestId) -> Result<Vec<WorkloadRecord>, PortError> {
+        self.pause().await;
         let after = self.begin(StoreOp::Workloads)?;
         let s = lock(&self.state);
         let found = if s.children_visible(request_id) {
@@ -1061,6 +1091,7 @@ impl Store for InMemoryStore {
     }
 
     async fn unsent_outbox(&self, limit: usize) -> Result<Vec<OutboxItem>, PortError> {
+        self.pause().await;
         let after = self.begin(StoreOp::UnsentOutbox)?;
         let s = lock(&self.state);
         let mut unsent: Vec<OutboxItem> = s
@@ -1075,6 +1106,7 @@ impl Store for InMemoryStore {
     }
 
     async fn mark_sent(&self, request_id: &str, event_key: &str) -> Result<(), PortError> {
+        self.pause().await;
         let after = self.begin(StoreOp::MarkSent)?;
         let mut s = lock(&self.state);
         let expires_at = s.now().map(|now| now + s.retention);
@@ -1096,6 +1128,7 @@ impl Store for InMemoryStore {
         until: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<bool, PortError> {
+        self.pause().await;
         let after = self.begin(StoreOp::ClaimOutbox)?;
         let mut s = lock(&self.state);
         let claimed = match s
@@ -1116,6 +1149,7 @@ impl Store for InMemoryStore {
         request_id: &str,
         event_key: &str,
     ) -> Result<(), PortError> {
+        self.pause().await;
         let after = self.begin(StoreOp::ClaimOutbox)?;
         let mut s = lock(&self.state);
         if let Some(e) = s
@@ -1132,6 +1166,7 @@ impl Store for InMemoryStore {
         statuses: &[RequestStatus],
         now: DateTime<Utc>,
     ) -> Result<Vec<DueItem>, PortError> {
+        self.pause().await;
         let after = self.begin(StoreOp::Due)?;
         let mut s = lock(&self.state);
         s.observe(now);

@@ -434,6 +434,8 @@ async fn duplicate_warnings_act_once() {
 async fn concurrent_ticks_drain_once() {
     // GIVEN an Active block at its drain start
     let w = World::new();
+    // Each invocation yields at every store call: they interleave as concurrent ones do.
+    w.store.interleave();
     w.instance("i-1", "r-1", Some("cr-1"), true);
     w.seed(
         request("r-1", "team-a", "50000"),

@@ -283,6 +283,8 @@ async fn a_window_launches_exactly_once_across_duplicate_delivered_events_and_a_
 #[tokio::test]
 async fn concurrent_invocations_launch_the_same_instances_once() {
     let w = World::new();
+    // Each invocation yields at every store call: they interleave as concurrent ones do.
+    w.store.interleave();
     w.reserved(ec2_request("r1"), block("cr-1", 2, "us-east-1b"), opens())
         .await;
     w.clock.set(opens());

@@ -208,6 +208,8 @@ async fn a_duplicate_or_repeated_wake_up_buys_nothing_more() {
 #[tokio::test]
 async fn concurrent_invocations_buy_exactly_once() {
     let w = World::new();
+    // Each invocation yields at every store call: they interleave as concurrent ones do.
+    w.store.interleave();
     w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
     let (a, b, c) = (w.purchaser(CAPS), w.purchaser(CAPS), w.purchaser(CAPS));
 
