@@ -355,13 +355,42 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
     ) -> Result<WriteOutcome, PortError> {
         let id = &rec.request_id;
         let v = view(w);
-        let stopped = self.stop(rec, &v).await?;
         let why = if warned && now < w.drain_at {
             "an expiration warning brought the drain forward"
         } else {
             "the drain start was reached"
         };
-        let (expiring, drained, reason) = drain_record(id, rec.version + 1, &v, &stopped, why, now);
+        if w.state != WindowState::Stopping {
+            // Marked before anything is stopped (issue 15): a launch or replacement that
+            // reads the window now finds it draining. The stop follows at once, in this run's
+            // next step, or in the next run if this one dies first.
+            let (expiring, _, _) = drain_record(id, rec.version + 1, &v, &[], why, now);
+            let records =
+                window::records_with(&rec.windows, windows, &w.key, WindowState::Stopping, now);
+            let u = WindowUpdate::of(
+                rec,
+                records,
+                &format!(
+                    "{why}: stopping what runs in segment {} ahead of forced termination at {}",
+                    w.number, w.forced_at
+                ),
+                now,
+                &Cause::new(format!("{base}#stopping-s{}", w.number)),
+                vec![outbound(&expiring)],
+            );
+            let written = self.store.update_windows(u).await?;
+            out.decisions.push(Decision::new(
+                id,
+                decision::written(&written, "draining"),
+                format!(
+                    "{why}: segment {} marked stopping before its workload is stopped",
+                    w.number
+                ),
+            ));
+            return Ok(written);
+        }
+        let stopped = self.stop(rec, &v).await?;
+        let (_, drained, reason) = drain_record(id, rec.version + 1, &v, &stopped, why, now);
         let records =
             window::records_with(&rec.windows, windows, &w.key, WindowState::Draining, now);
         let u = WindowUpdate::of(
@@ -370,7 +399,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             &reason,
             now,
             &Cause::new(format!("{base}#drain-s{}", w.number)),
-            vec![outbound(&expiring), outbound(&drained)],
+            vec![outbound(&drained)],
         );
         let written = self.store.update_windows(u).await?;
         out.decisions.push(Decision::new(

@@ -32,6 +32,10 @@ pub enum WindowState {
     Launching,
     /// The workload runs in it.
     Running,
+    /// Its drain has begun and what runs in it is being stopped: marked before anything is
+    /// stopped, so no launch or replacement starts into it meanwhile, and a drain cut short
+    /// is finished by the next cleanup run.
+    Stopping,
     /// Drained ahead of forced termination; waiting for its end to clean up.
     Draining,
     /// Cleaned up. Nothing more happens to it.
@@ -44,6 +48,7 @@ impl WindowState {
             WindowState::Pending => "pending",
             WindowState::Launching => "launching",
             WindowState::Running => "running",
+            WindowState::Stopping => "stopping",
             WindowState::Draining => "draining",
             WindowState::Ended => "ended",
         }
@@ -135,6 +140,8 @@ impl Window {
         match state {
             WindowState::Pending | WindowState::Launching => Some(self.start()),
             WindowState::Running => Some(self.drain_at),
+            // The stop is owed now.
+            WindowState::Stopping => Some(self.start()),
             WindowState::Draining => Some(self.end()),
             WindowState::Ended => None,
         }
@@ -161,7 +168,9 @@ impl Window {
     /// Whether it must be drained at `now`; `warned` when AWS's expiration warning named
     /// its reservation (it can only bring the drain forward).
     pub fn needs_drain(&self, now: DateTime<Utc>, warned: bool) -> bool {
-        self.state.is_undrained() && (now >= self.drain_at || (warned && now >= self.start()))
+        self.state == WindowState::Stopping
+            || (self.state.is_undrained()
+                && (now >= self.drain_at || (warned && now >= self.start())))
     }
 
     /// Whether it is drained and over, so its cleanup is due.
@@ -363,7 +372,7 @@ pub fn summary(records: &[WindowRecord]) -> Option<RequestStatus> {
         None
     } else if has(WindowState::Running) {
         Some(RequestStatus::Active)
-    } else if has(WindowState::Draining) {
+    } else if has(WindowState::Stopping) || has(WindowState::Draining) {
         Some(RequestStatus::Draining)
     } else if has(WindowState::Pending) || has(WindowState::Launching) {
         Some(RequestStatus::Reserved)

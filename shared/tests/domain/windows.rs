@@ -29,10 +29,11 @@ fn recorded_at() -> DateTime<Utc> {
     day0() - Duration::hours(6)
 }
 
-const STATES: [WindowState; 5] = [
+const STATES: [WindowState; 6] = [
     WindowState::Pending,
     WindowState::Launching,
     WindowState::Running,
+    WindowState::Stopping,
     WindowState::Draining,
     WindowState::Ended,
 ];
@@ -433,6 +434,8 @@ proptest! {
                 let expected = match state {
                     WindowState::Pending | WindowState::Launching => Some(w.start()),
                     WindowState::Running => Some(w.drain_at),
+                    // A drain begun and not finished is owed at once.
+                    WindowState::Stopping => Some(w.start()),
                     WindowState::Draining => Some(w.end()),
                     WindowState::Ended => None,
                 };

@@ -427,7 +427,8 @@ async fn duplicate_warnings_act_once() {
     // THEN one drain is written and published
     assert_eq!(w.events.published_of(EXPIRING).len(), 1);
     assert_eq!(w.events.published_of(DRAINED).len(), 1);
-    assert_eq!(w.record("r-1").await.version, 8);
+    // (Two writes: the window marked stopping, then drained.)
+    assert_eq!(w.record("r-1").await.version, 9);
 }
 
 #[tokio::test]
@@ -783,4 +784,50 @@ async fn one_failed_terminate_does_not_stop_the_sweep_of_the_rest() {
         "{states:?}"
     );
     assert!(res.is_err(), "the failed terminate is surfaced");
+}
+
+#[tokio::test]
+async fn a_window_is_marked_draining_before_anything_is_stopped_and_a_cut_short_drain_is_finished()
+{
+    // GIVEN an Active block at its drain start, and EC2 failing the first terminate
+    let w = World::new();
+    w.instance("i-1", "r-1", Some("cr-1"), true);
+    w.seed(
+        request("r-1", "team-a", "50000"),
+        &[block("cr-1", "r-1")],
+        RequestStatus::Active,
+        open(),
+    )
+    .await;
+    w.workloads.fail_next(
+        capacity_pilot::fakes::WorkloadsOp::TerminateInstances,
+        capacity_pilot::ports::PortError::Transient {
+            service: "ec2",
+            code: "InternalError".into(),
+            message: "try again".into(),
+        },
+    );
+    // WHEN cleanup runs and its stop fails
+    w.clock.set(end() - Duration::minutes(45));
+    let first = w.cleaner().handle(scheduled("tick-1")).await;
+    // THEN the window was marked first: nothing can be launched or replaced into it, and the
+    // drain is announced, though the instance still runs
+    assert!(first.is_err());
+    assert_eq!(w.status("r-1").await, RequestStatus::Draining);
+    let rec = w.record("r-1").await;
+    assert_eq!(
+        rec.windows[0].state,
+        capacity_pilot::domain::window::WindowState::Stopping
+    );
+    assert_eq!(w.state_of("i-1"), InstanceState::Running);
+    assert!(w.events.published_of(DRAINED).is_empty());
+    // AND the next run finishes the drain, once
+    w.tick_at(end() - Duration::minutes(44), "tick-2").await;
+    assert_eq!(w.state_of("i-1"), InstanceState::Terminated);
+    assert_eq!(
+        w.record("r-1").await.windows[0].state,
+        capacity_pilot::domain::window::WindowState::Draining
+    );
+    assert_eq!(w.events.published_of(DRAINED).len(), 1);
+    assert_eq!(w.events.published_of(EXPIRING).len(), 1);
 }
