@@ -31,9 +31,9 @@ use capacity_pilot::domain::window;
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, CancelNote, CapacityMarket, Cause, Clock,
-    Debit, Doubt, EventSink, KeepCancellation, Lease, LeaseWriteOutcome, PortError, PurchaseSpec,
-    RecordReservation, Refund, ReleaseUnbought, RequestRecord, Store, TOMBSTONE_KEPT, Tombstone,
-    TombstoneOutcome, Transition, WriteOutcome,
+    Debit, Doubt, EventSink, KeepCancellation, Lease, LeaseWriteOutcome, OutboundEvent, PortError,
+    PurchaseSpec, RecordReservation, Refund, ReleaseUnbought, RequestRecord, Store, TOMBSTONE_KEPT,
+    Tombstone, TombstoneOutcome, Transition, WriteOutcome,
 };
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
@@ -210,13 +210,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     }
                 }
             };
-            let reason = format!(
-                "cancelled by the requester{}",
-                c.reason
-                    .as_deref()
-                    .map(|r| format!(": {r}"))
-                    .unwrap_or_default()
-            );
+            let reason = requester_reason(c);
             if !rec.status.is_cancellable() {
                 match self.keep_cancel(&rec, &reason, cause, now, out).await? {
                     Kept::Yes => return Ok(()),
@@ -231,24 +225,16 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     .refuse_cancel(id.as_str(), Some(rec.status), why, cause, out)
                     .await;
             }
-            let version = rec.version + 1;
-            let applied = CancellationApplied {
-                event_key: event_key(id.as_str(), "cancellation-applied", version),
-                request_id: id.to_string(),
-                status_before: Some(rec.status),
-                reason: reason.clone(),
-            };
-            let failed = events::RequestFailed {
-                event_key: event_key(id.as_str(), "cancelled", version),
-                request_id: id.to_string(),
-                status_before: rec.status,
-                reason: reason.clone(),
-                // A split's kept block stays bought: what is kept, and what stays spent.
-                reservation_ids: self.kept(&id).await?,
-                spent_usd: rec.spent.to_usd(),
-            };
+            // A split's kept block stays bought: what is kept, and what stays spent.
+            let answers = ending_events(
+                &rec,
+                RequestStatus::Cancelled,
+                &reason,
+                self.kept(&id).await?,
+                rec.spent,
+            );
             let t = Transition::of(&rec, RequestStatus::Cancelled, &reason, None, now, cause)
-                .with_outbox(vec![outbound(&applied), outbound(&failed)]);
+                .with_outbox(answers);
             match self.store.transition(t).await? {
                 WriteOutcome::Applied { .. } => {
                     out.decisions.push(Decision::new(&id, "cancelled", reason));
@@ -278,13 +264,10 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         now: DateTime<Utc>,
         out: &mut Outcome,
     ) -> Result<TombstoneOutcome, PortError> {
+        let requester = requester_reason(c);
         let reason = format!(
-            "cancelled by the requester{} before request {id} was recorded; a submission of \
-             it from {source} until {} is recorded cancelled",
-            c.reason
-                .as_deref()
-                .map(|r| format!(": {r}"))
-                .unwrap_or_default(),
+            "{requester} before request {id} was recorded; a submission of it from {source} \
+             until {} is recorded cancelled",
             now + TOMBSTONE_KEPT
         );
         let applied = CancellationApplied {
@@ -296,13 +279,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         let t = Tombstone {
             request_id: id.clone(),
             source: source.to_string(),
-            reason: format!(
-                "cancelled by the requester{}",
-                c.reason
-                    .as_deref()
-                    .map(|r| format!(": {r}"))
-                    .unwrap_or_default()
-            ),
+            reason: requester,
             at: now,
             event_id: cause.event_id.clone(),
         };
@@ -1371,36 +1348,20 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 reason: reason.clone(),
             }));
         }
-        if to == RequestStatus::Cancelled {
-            outbox.push(outbound(&CancellationApplied {
-                event_key: event_key(id.as_str(), "cancellation-applied", version),
-                request_id: id.to_string(),
-                status_before: Some(rec.status),
-                reason: reason.clone(),
-            }));
-        }
         if to.is_terminal() {
-            outbox.push(outbound(&events::RequestFailed {
-                event_key: event_key(
-                    id.as_str(),
-                    if to == RequestStatus::Cancelled {
-                        "cancelled"
-                    } else {
-                        "failed"
-                    },
-                    version,
-                ),
-                request_id: id.to_string(),
-                status_before: rec.status,
-                reason: reason.clone(),
-                // What is kept: the live ones (a lost one's debit went back above).
-                reservation_ids: held
-                    .iter()
-                    .filter(|r| r.state.is_live() && !gone(r))
-                    .map(|r| r.id.clone())
-                    .collect(),
-                spent_usd: MicroUsd(rec.spent.0 - returned.0).to_usd(),
-            }));
+            // What is kept: the live ones (a lost one's debit went back above).
+            let kept = held
+                .iter()
+                .filter(|r| r.state.is_live() && !gone(r))
+                .map(|r| r.id.clone())
+                .collect();
+            outbox.extend(ending_events(
+                &rec,
+                to,
+                &reason,
+                kept,
+                MicroUsd(rec.spent.0 - returned.0),
+            ));
         }
         // Their windows never opened: nothing to launch, drain or clean up in them.
         let mut windows = rec.windows.clone();
@@ -1704,35 +1665,11 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             };
             let mut outbox = vec![];
             if to.is_terminal() {
-                let spent = now_rec.as_ref().map_or(rec.spent, |r| {
-                    MicroUsd(r.spent.0 - r.open_debit.map_or(0, |d| d.0))
-                });
+                // As the table has the request now (Purchasing), without its open debit.
+                let now_rec = now_rec.as_ref().unwrap_or(rec);
+                let spent = MicroUsd(now_rec.spent.0 - now_rec.open_debit.map_or(0, |d| d.0));
                 let kept = self.kept(id).await?;
-                let version = now_rec.as_ref().map_or(rec.version + 1, |r| r.version) + 1;
-                if to == RequestStatus::Cancelled {
-                    outbox.push(outbound(&CancellationApplied {
-                        event_key: event_key(id.as_str(), "cancellation-applied", version),
-                        request_id: id.to_string(),
-                        status_before: Some(RequestStatus::Purchasing),
-                        reason: reason.clone(),
-                    }));
-                }
-                outbox.push(outbound(&events::RequestFailed {
-                    event_key: event_key(
-                        id.as_str(),
-                        if to == RequestStatus::Cancelled {
-                            "cancelled"
-                        } else {
-                            "failed"
-                        },
-                        version,
-                    ),
-                    request_id: id.to_string(),
-                    status_before: RequestStatus::Purchasing,
-                    reason: reason.clone(),
-                    reservation_ids: kept,
-                    spent_usd: spent.to_usd(),
-                }));
+                outbox = ending_events(now_rec, to, &reason, kept, spent);
             }
             let w = self
                 .store
@@ -1797,6 +1734,49 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
 const PAYMENT_NOTE: &str = "; payment: ";
 
 /// A `Reserved` request's reason without its last payment note.
+/// "cancelled by the requester", with the requester's reason when it gave one.
+fn requester_reason(c: &CancelRequest) -> String {
+    format!(
+        "cancelled by the requester{}",
+        c.reason
+            .as_deref()
+            .map(|r| format!(": {r}"))
+            .unwrap_or_default()
+    )
+}
+
+/// The answers of `rec` ending in `to` (`Cancelled` or `Failed`) with the write that makes
+/// its next version: a cancellation's `Capacity Cancellation Applied`, then `Capacity
+/// Request Failed` with what it keeps and what stays spent.
+fn ending_events(
+    rec: &RequestRecord,
+    to: RequestStatus,
+    reason: &str,
+    kept: Vec<String>,
+    spent: MicroUsd,
+) -> Vec<OutboundEvent> {
+    let (id, version) = (rec.request_id.as_str(), rec.version + 1);
+    let cancelled = to == RequestStatus::Cancelled;
+    let mut out = Vec::new();
+    if cancelled {
+        out.push(outbound(&CancellationApplied {
+            event_key: event_key(id, "cancellation-applied", version),
+            request_id: id.to_string(),
+            status_before: Some(rec.status),
+            reason: reason.to_string(),
+        }));
+    }
+    out.push(outbound(&events::RequestFailed {
+        event_key: event_key(id, if cancelled { "cancelled" } else { "failed" }, version),
+        request_id: id.to_string(),
+        status_before: rec.status,
+        reason: reason.to_string(),
+        reservation_ids: kept,
+        spent_usd: spent.to_usd(),
+    }));
+    out
+}
+
 /// What [`Purchaser::keep_cancel`] did.
 enum Kept {
     Yes,

@@ -474,12 +474,13 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
                 .take(CANDIDATES_KEPT)
                 .cloned()
                 .collect();
+            let (rejections, rejections_omitted) = events::bounded_rejections(&planning.rejections);
             t.outbox = vec![outbound(&OfferingsFound {
                 event_key: event_key(id.as_str(), "offerings-found", version),
                 request_id: id.to_string(),
                 plans: kept.iter().map(PlanSummary::from).collect(),
-                rejections: events::bounded_rejections(&planning.rejections).0,
-                rejections_omitted: events::bounded_rejections(&planning.rejections).1,
+                rejections,
+                rejections_omitted,
             })];
             t.candidates = Some(kept);
         } else if now >= deadline {
@@ -528,14 +529,16 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
             );
             // Announce once; later retries only move the next look.
             if rec.status != RequestStatus::NotFound {
+                let (rejections, rejections_omitted) =
+                    events::bounded_rejections(&planning.rejections);
                 t.outbox = vec![outbound(&NotFound {
                     event_key: event_key(id.as_str(), "not-found", version),
                     request_id: id.to_string(),
                     reason: t.reason.clone(),
                     next_search_at: next,
                     search_deadline: deadline,
-                    rejections: events::bounded_rejections(&planning.rejections).0,
-                    rejections_omitted: events::bounded_rejections(&planning.rejections).1,
+                    rejections,
+                    rejections_omitted,
                 })];
             }
         }

@@ -42,6 +42,7 @@ pub enum StoreOp {
     RecordReservation,
     ReleaseUnbought,
     KeepCancellation,
+    PutTombstone,
     UpdateWindows,
     Reservations,
     BudgetSpent,
@@ -63,6 +64,7 @@ impl StoreOp {
                 | StoreOp::RecordReservation
                 | StoreOp::ReleaseUnbought
                 | StoreOp::KeepCancellation
+                | StoreOp::PutTombstone
                 | StoreOp::UpdateWindows
                 | StoreOp::PutWorkload
                 | StoreOp::MarkSent
@@ -1024,7 +1026,7 @@ impl Store for InMemoryStore {
     ) -> Result<TombstoneOutcome, PortError> {
         check_outbox(&outbox)?;
         self.pause().await;
-        let after = self.begin(StoreOp::KeepCancellation)?;
+        let after = self.begin(StoreOp::PutTombstone)?;
         let outcome = lock(&self.state).put_tombstone(t, &outbox);
         finish(after, Ok(outcome))
     }

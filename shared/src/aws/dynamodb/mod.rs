@@ -316,12 +316,7 @@ fn condition_version_and_status(e: &mut Expr, version: u64, status: RequestStatu
 /// The ledger update of a debit: `spent + amount <= cap`, written as `spent <= cap - amount`
 /// because condition expressions have no arithmetic.
 fn ledger_debit(table: &str, d: &Debit, at: DateTime<Utc>) -> Result<TransactWriteItem, PortError> {
-    let mut e = Expr::new();
-    e.set(attr::KIND, s(kind::LEDGER))
-        .set(attr::TEAM, s(d.team.as_str()))
-        .set(attr::MONTH, s(d.month.0.clone()))
-        .set(attr::UPDATED_AT, time(at))
-        .add(attr::SPENT_MICROS, n(d.amount.0));
+    let mut e = ledger_charge(d.team.as_str(), &d.month, d.amount.0, at);
     let spent = e.name(attr::SPENT_MICROS);
     let limit = e.value(n(d.team_cap.0 - d.amount.0));
     e.condition(format!(
@@ -334,7 +329,18 @@ fn ledger_debit(table: &str, d: &Debit, at: DateTime<Utc>) -> Result<TransactWri
     )
 }
 
-/// Adds the request's side of a debit to a META update: `spent + amount <= request cap`.
+/// The ledger update adding `amount` to the team's `month` (creating the ledger item), with
+/// no condition: [`ledger_debit`] adds the cap's.
+fn ledger_charge(team: &str, month: &BudgetMonth, amount: i64, at: DateTime<Utc>) -> Expr {
+    let mut e = Expr::new();
+    e.set(attr::KIND, s(kind::LEDGER))
+        .set(attr::TEAM, s(team))
+        .set(attr::MONTH, s(month.0.clone()))
+        .set(attr::UPDATED_AT, time(at))
+        .add(attr::SPENT_MICROS, n(amount));
+    e
+}
+
 /// `amount` back to the team's `month` ledger (a released or refunded debit), conditional
 /// on the ledger holding at least that much.
 fn ledger_credit(
@@ -396,18 +402,14 @@ fn stray_ledgers(
                 r.at,
             )?);
         } else if amount > 0 {
-            let mut l = Expr::new();
-            l.set(attr::KIND, s(kind::LEDGER))
-                .set(attr::TEAM, s(team.clone()))
-                .set(attr::MONTH, s(month.0.clone()))
-                .set(attr::UPDATED_AT, time(r.at))
-                .add(attr::SPENT_MICROS, n(amount));
+            let l = ledger_charge(&team, &month, amount, r.at);
             out.push(update(table, key(budget_pk(&team, &month), LEDGER_SK), &l)?);
         }
     }
     Ok(out)
 }
 
+/// Adds the request's side of a debit to a META update: `spent + amount <= request cap`.
 fn request_debit(e: &mut Expr, d: &Debit) {
     e.add(attr::SPENT_MICROS, n(d.amount.0));
     let spent = e.name(attr::SPENT_MICROS);
