@@ -503,6 +503,42 @@ pub struct CancelNote {
     pub at: DateTime<Utc>,
     /// The cancellation event's id.
     pub event_id: String,
+    /// The status it found, when it is applied later than it came (an on-demand run is
+    /// stopped and settled first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub found: Option<RequestStatus>,
+}
+
+/// An `on-demand-first` request's run on demand or spot (ARCHITECTURE §4, §8.3): which
+/// attempt its held estimate is for, and since when. The estimate stays the request's open
+/// debit while anything may run, and is settled once, when the run ends, by the hours it ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OnDemandRun {
+    /// `on-demand` or `spot`: the attempt the open debit is the estimate of.
+    pub attempt: String,
+    pub held_at: DateTime<Utc>,
+    /// When its launch was seen done; none while it is starting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<DateTime<Utc>>,
+}
+
+impl OnDemandRun {
+    /// What of `estimate` (for a run of `hours` hours) stays spent when the run ends at
+    /// `ended`: whole hours from its start, or from the hold when it never started (billing
+    /// may begin while it is placed), at least one and at most `hours`. The harsher reading
+    /// of per-second billing: an hour begun is an hour spent.
+    pub fn spent(&self, estimate: MicroUsd, hours: u32, ended: DateTime<Utc>) -> MicroUsd {
+        let from = self.started_at.unwrap_or(self.held_at);
+        let secs = u64::try_from((ended - from).num_seconds()).unwrap_or(0);
+        let ran = u32::try_from(secs.div_ceil(3600))
+            .unwrap_or(u32::MAX)
+            .clamp(1, hours.max(1));
+        let (Ok(whole), true) = (u128::try_from(estimate.0), ran < hours) else {
+            return estimate;
+        };
+        let part = (whole * u128::from(ran)).div_ceil(u128::from(hours));
+        MicroUsd(i64::try_from(part).unwrap_or(estimate.0))
+    }
 }
 
 /// A request as stored.
@@ -532,6 +568,9 @@ pub struct RequestRecord {
     /// The outstanding purchase debit, released only when reconciliation shows no
     /// reservation exists.
     pub open_debit: Option<MicroUsd>,
+    /// Its run on demand or spot, from the estimate's hold on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<OnDemandRun>,
     /// Everything this request has been debited and kept (purchases and on-demand spend).
     pub spent: MicroUsd,
     /// The ranked plans from the last search.
@@ -627,6 +666,11 @@ pub struct Transition {
     pub settle: Option<Settle>,
     /// Replaces the request's window records when `Some`.
     pub windows: Option<Vec<WindowRecord>>,
+    /// Replaces the request's on-demand run record when `Some`.
+    pub run: Option<OnDemandRun>,
+    /// Keeps this cancellation on the request when `Some`: it is applied by the function
+    /// the new status belongs to (an on-demand run's, once stopped and settled).
+    pub cancel: Option<CancelNote>,
     /// Recorded reservations as they are now (a state AWS reported after the purchase),
     /// each replacing the record with its id.
     pub reservations: Vec<Reservation>,
@@ -645,10 +689,21 @@ pub struct Refund {
 /// The fate of a held debit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Settle {
-    /// The money is spent: it stays on the ledger and in `spent`.
-    Keep,
     /// Nothing was launched: it goes back to the ledger and out of `spent`.
     Release,
+    /// This much of it was spent (what a run actually ran) and stays; the rest goes back.
+    /// More than is held keeps all of it.
+    Spend(MicroUsd),
+}
+
+impl Settle {
+    /// What of `open` goes back to the ledger.
+    pub fn released(self, open: MicroUsd) -> MicroUsd {
+        match self {
+            Settle::Release => MicroUsd(open.0.max(0)),
+            Settle::Spend(kept) => MicroUsd((open.0 - kept.0.max(0)).max(0)),
+        }
+    }
 }
 
 impl Transition {
@@ -676,6 +731,8 @@ impl Transition {
             hold: false,
             settle: None,
             windows: None,
+            run: None,
+            cancel: None,
             reservations: vec![],
             refund: None,
         }
@@ -691,6 +748,19 @@ impl Transition {
     pub fn holding(mut self, debit: Debit) -> Transition {
         self.debit = Some(debit);
         self.hold = true;
+        self
+    }
+
+    /// The same transition, recording the request's on-demand run as `run`.
+    pub fn with_run(mut self, run: OnDemandRun) -> Transition {
+        self.run = Some(run);
+        self
+    }
+
+    /// The same transition, keeping `note` on the request for the new status's function
+    /// to apply.
+    pub fn keeping_cancel(mut self, note: CancelNote) -> Transition {
+        self.cancel = Some(note);
         self
     }
 
@@ -787,6 +857,8 @@ impl WindowUpdate {
             hold: false,
             settle: None,
             windows: Some(self.windows.clone()),
+            run: None,
+            cancel: None,
             reservations: vec![],
             refund: None,
         })
@@ -1140,4 +1212,46 @@ pub trait Store: Send + Sync {
 /// Money helper for callers building debits.
 pub fn debit_amount(fee: Usd) -> MicroUsd {
     fee.to_micros_ceil()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(h: i64, m: i64) -> DateTime<Utc> {
+        "2026-12-01T10:00:00Z".parse::<DateTime<Utc>>().unwrap()
+            + chrono::Duration::hours(h)
+            + chrono::Duration::minutes(m)
+    }
+
+    #[test]
+    fn a_run_keeps_the_hours_begun_at_least_one_at_most_the_estimate() {
+        let run = OnDemandRun {
+            attempt: "on-demand".into(),
+            held_at: at(-1, 0),
+            started_at: Some(at(0, 0)),
+        };
+        let estimate = MicroUsd(48_000_001);
+        // 2 h 30 min: 3 of 48 hours, rounded up to the micro-dollar.
+        assert_eq!(run.spent(estimate, 48, at(2, 30)), MicroUsd(3_000_001));
+        assert_eq!(run.spent(estimate, 48, at(0, 0)), MicroUsd(1_000_001));
+        assert_eq!(run.spent(estimate, 48, at(-2, 0)), MicroUsd(1_000_001));
+        assert_eq!(run.spent(estimate, 48, at(47, 1)), estimate);
+        assert_eq!(run.spent(estimate, 48, at(90, 0)), estimate);
+        // Never started: counted from the hold.
+        let placing = OnDemandRun {
+            started_at: None,
+            ..run
+        };
+        assert_eq!(placing.spent(estimate, 48, at(0, 30)), MicroUsd(2_000_001));
+    }
+
+    #[test]
+    fn a_settlement_releases_what_it_does_not_keep() {
+        let open = MicroUsd(100);
+        assert_eq!(Settle::Release.released(open), open);
+        assert_eq!(Settle::Spend(MicroUsd(30)).released(open), MicroUsd(70));
+        assert_eq!(Settle::Spend(MicroUsd(300)).released(open), MicroUsd(0));
+        assert_eq!(Settle::Spend(MicroUsd(-5)).released(open), open);
+    }
 }

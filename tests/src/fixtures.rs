@@ -151,6 +151,8 @@ pub fn transition(
         debit: None,
         hold: false,
         settle: None,
+        run: None,
+        cancel: None,
         reservations: vec![],
         refund: None,
     }

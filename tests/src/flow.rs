@@ -426,6 +426,21 @@ impl Flow {
         r
     }
 
+    /// The requester's `Capacity Request Cancelled` for `id`, delivered to purchase-capacity.
+    pub async fn cancel(&self, id: &str, event_id: &str) {
+        self.invoke(
+            Function::Purchase,
+            envelope(
+                "Capacity Request Cancelled",
+                SOURCE,
+                event_id,
+                json!({"request_id": id, "reason": "the work was called off"}),
+            ),
+        )
+        .await
+        .expect("purchase runs");
+    }
+
     /// Submits a request on our bus from the allowed source and delivers it.
     pub async fn submit(&self, request: Value) {
         self.invoke(

@@ -7,14 +7,14 @@ use capacity_pilot::aws::dynamodb::DynamoStore;
 use capacity_pilot::domain::money::MicroUsd;
 use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus::{
-    self, Accepted, Cancelled, OfferingsFound, Purchasing, Reserved, RunningOnDemand, Searching,
-    TryingOnDemand,
+    self, Accepted, Cancelled, Draining, Ended, OfferingsFound, Purchasing, Reserved,
+    RunningOnDemand, Searching, TryingOnDemand,
 };
 use capacity_pilot::domain::window::{self, DrainLead, WindowRecord, WindowState};
 use capacity_pilot::ports::{
     BeginPurchaseOutcome, BudgetMonth, CancelNote, Cause, CreateOutcome, DueItem, KeepCancellation,
-    LeaseWriteOutcome, RequestRecord, Store, Tombstone, TombstoneOutcome, WindowUpdate,
-    WriteOutcome, outbox_seq,
+    LeaseWriteOutcome, OnDemandRun, RequestRecord, Settle, Store, Tombstone, TombstoneOutcome,
+    WindowUpdate, WriteOutcome, outbox_seq,
 };
 use chrono::Duration;
 use integration_tests::TestTable;
@@ -1223,6 +1223,7 @@ async fn a_cancellation_kept_during_a_purchase_refuses_a_release_that_would_pass
             reason: "cancelled by the requester".into(),
             at: t0(),
             event_id: event.into(),
+            found: None,
         }),
         reason: "buying; cancellation kept".into(),
         next_action_at: Some(t0() + Duration::minutes(15)),
@@ -2140,4 +2141,66 @@ async fn the_doubt_recorded_with_the_lease_survives_a_takeover_and_ends_with_the
         .unwrap();
     let r = get(&store, "d1").await;
     assert_eq!((r.status, r.doubt), (Reserved, None));
+}
+
+#[tokio::test]
+async fn a_held_run_estimate_is_settled_by_what_ran_exactly_once() {
+    // Issue 15 item 4, against a real DynamoDB wire. GIVEN an on-demand run holding its
+    // $96 estimate, its run recorded with the launch
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let id = "od-settle";
+    store
+        .create_request(new_request(id, "web", None))
+        .await
+        .unwrap();
+    let mut t = transition(id, 1, Accepted, TryingOnDemand, "try");
+    t.debit = Some(debit(
+        "web",
+        usd("96").to_micros_ceil(),
+        usd("1000").to_micros_ceil(),
+    ));
+    t.hold = true;
+    store.transition(t).await.unwrap();
+    let run = OnDemandRun {
+        attempt: "on-demand".into(),
+        held_at: t0(),
+        started_at: Some(t0()),
+    };
+    let mut t = transition(id, 2, TryingOnDemand, RunningOnDemand, "run");
+    t.run = Some(run.clone());
+    store.transition(t).await.unwrap();
+    let r = get(&store, id).await;
+    assert_eq!(r.run.as_ref(), Some(&run));
+    assert_eq!(r.open_debit, Some(usd("96").to_micros_ceil()));
+
+    // WHEN the run ends having spent $12 of it, and the same write comes again (a duplicate
+    // event), then a second settlement is attempted under the next version
+    let settle = |version, event: &str| {
+        let mut t = transition(id, version, RunningOnDemand, Draining, event);
+        t.settle = Some(Settle::Spend(usd("12").to_micros_ceil()));
+        t
+    };
+    let first = store.transition(settle(3, "drain")).await.unwrap();
+    let again = store.transition(settle(3, "drain")).await.unwrap();
+
+    // THEN $12 stays spent, on the request and the ledger, and $84 went back once
+    assert_eq!(first, WriteOutcome::Applied { version: 4 });
+    assert_eq!(again, WriteOutcome::DuplicateEvent);
+    let r = get(&store, id).await;
+    assert_eq!(
+        (r.status, r.spent, r.open_debit),
+        (Draining, usd("12").to_micros_ceil(), None)
+    );
+    let mut end = transition(id, 4, Draining, Ended, "end");
+    end.settle = Some(Settle::Spend(MicroUsd(0)));
+    store.transition(end).await.unwrap();
+    assert_eq!(get(&store, id).await.spent, usd("12").to_micros_ceil());
+    assert_eq!(
+        store
+            .budget_spent(&team("web"), &BudgetMonth::of(t0()))
+            .await
+            .unwrap(),
+        usd("12").to_micros_ceil()
+    );
 }

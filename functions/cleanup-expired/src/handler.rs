@@ -16,19 +16,21 @@ use capacity_pilot::config::Config;
 use capacity_pilot::decision;
 pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{
-    ReservationEnded, ReservationExpiring, WorkloadDrained, event_key, outbound,
+    ReservationEnded, ReservationExpiring, WorkloadDrained, ending_events, event_key, outbound,
 };
+use capacity_pilot::domain::money::MicroUsd;
 use capacity_pilot::domain::naming::{DEPLOYMENT_TAG, MANAGED_TAG, REQUEST_TAG};
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::status::RequestStatus;
+use capacity_pilot::domain::time_rules::LAUNCH_FUNCTION_TIMEOUT;
 use capacity_pilot::domain::window::{
     self, DrainLead, FOLLOWS_WINDOWS, HOLDS_WINDOWS, WindowState,
 };
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
-    CapacityMarket, Cause, Clock, EventSink, InstanceFilter, PortError, RequestRecord, Store,
-    Transition, WindowUpdate, Workloads, WriteOutcome,
+    CapacityMarket, Cause, Clock, EventSink, InstanceFilter, PortError, RequestRecord, Settle,
+    Store, Transition, WindowUpdate, Workloads, WriteOutcome,
 };
 use capacity_pilot::workload::ec2_instances::ours;
 use capacity_pilot::workload::{self, DrainTarget};
@@ -557,6 +559,12 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let id = &rec.request_id;
+        if rec.status == RequestStatus::Draining
+            && rec.cancel.is_some()
+            && (rec.run.is_some() || rec.open_debit.is_some())
+        {
+            return self.cancel_run(rec, base, now, out).await;
+        }
         let windows = run_windows(rec, self.config.default_drain_minutes);
         if rec.status == RequestStatus::Draining {
             return self.end_if_over(rec, &windows, base, now, out).await;
@@ -583,6 +591,9 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             ));
             return Ok(());
         }
+        // Nothing launches into an on-demand run once it runs (replace-unhealthy watches
+        // reserved windows only), so it is stopped first and then settled: the hours it ran
+        // are counted to after the stop.
         let stopped = self.stop(rec, w).await?;
         let (expiring, drained, reason) = drain_record(
             id,
@@ -592,6 +603,8 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             "the drain start was reached",
             now,
         );
+        let (settle, settled) = run_settlement(rec, now);
+        let reason = format!("{reason}{settled}");
         let t = Transition::of(
             rec,
             RequestStatus::Draining,
@@ -601,6 +614,10 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             &Cause::new(format!("{base}#drain")),
         )
         .with_outbox(vec![outbound(&expiring), outbound(&drained)]);
+        let t = match settle {
+            Some(how) => t.settling(how),
+            None => t,
+        };
         let written = self.store.transition(t).await?;
         out.decisions.push(Decision::new(
             id,
@@ -665,16 +682,19 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         };
         let orphans = self.sweep_request(rec, &regions, None, &cleaned).await?;
         cleaned.extend(orphans);
+        // An estimate still held (its drain was written before runs were settled) is
+        // settled now.
+        let (settle, settled) = run_settlement(rec, now);
         let ended = ReservationEnded {
             event_key: event_key(id.as_str(), "ended", rec.version + 1),
             request_id: id.to_string(),
             reservation_ids: vec![],
             ended_at: now,
             cleaned_up: cleaned.clone(),
-            spent_usd: rec.spent.to_usd(),
+            spent_usd: after_settling(rec, settle).to_usd(),
         };
         let reason = format!(
-            "the run ended; cleaned up: {}",
+            "the run ended; cleaned up: {}{settled}",
             if cleaned.is_empty() {
                 "nothing left".to_string()
             } else {
@@ -690,10 +710,92 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             &Cause::new(format!("{base}#end")),
         )
         .with_outbox(vec![outbound(&ended)]);
+        let t = match settle {
+            Some(how) => t.settling(how),
+            None => t,
+        };
         let written = self.store.transition(t).await?;
         out.decisions.push(Decision::new(
             id,
             decision::written(&written, "ended"),
+            reason,
+        ));
+        Ok(())
+    }
+
+    /// ARCHITECTURE §8.3: a cancelled on-demand or spot run (or attempt): stops whatever
+    /// runs for it, found by tag and name (a launch may have run without being recorded);
+    /// then, once every launch begun before the cancellation has ended
+    /// ([`LAUNCH_FUNCTION_TIMEOUT`] after it, stopping again then), settles the hours it ran
+    /// and answers. Until then it waits, due, for the next tick.
+    async fn cancel_run(
+        &self,
+        rec: &RequestRecord,
+        base: &str,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let id = &rec.request_id;
+        let Some(note) = &rec.cancel else {
+            return Ok(());
+        };
+        let target = DrainTarget {
+            reservation_ids: vec![],
+            regions: rec.request.regions.clone(),
+            segment: 0,
+            instance_type: rec
+                .request
+                .instance_types
+                .first()
+                .cloned()
+                .unwrap_or_default(),
+            on_demand: true,
+        };
+        let mut stopped =
+            workload::drain(&self.workloads, &self.store, &self.config, rec, &target).await?;
+        let settle_from = note.at + LAUNCH_FUNCTION_TIMEOUT;
+        if now < settle_from {
+            out.decisions.push(Decision::new(
+                id,
+                "waiting",
+                format!(
+                    "cancelled: stopped {}; a launch begun before the cancellation may still \
+                     be in flight, so it is stopped again and settled from {settle_from}",
+                    listed(&stopped)
+                ),
+            ));
+            return Ok(());
+        }
+        let orphans = self
+            .sweep_request(rec, &rec.request.regions, None, &stopped)
+            .await?;
+        stopped.extend(orphans);
+        let (settle, settled) = run_settlement(rec, now);
+        let reason = format!("{}; stopped {}{settled}", note.reason, listed(&stopped));
+        let answers = ending_events(
+            rec,
+            RequestStatus::Cancelled,
+            &reason,
+            vec![],
+            after_settling(rec, settle),
+        );
+        let t = Transition::of(
+            rec,
+            RequestStatus::Cancelled,
+            &reason,
+            None,
+            now,
+            &Cause::new(format!("{base}#cancel")),
+        )
+        .with_outbox(answers);
+        let t = match settle {
+            Some(how) => t.settling(how),
+            None => t,
+        };
+        let written = self.store.transition(t).await?;
+        out.decisions.push(Decision::new(
+            id,
+            decision::written(&written, "cancelled"),
             reason,
         ));
         Ok(())
@@ -710,6 +812,48 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             &w.drain_target(),
         )
         .await
+    }
+}
+
+/// How an on-demand run's held estimate is settled if it ends now (ARCHITECTURE §4, §8.3):
+/// the hours it ran stay spent, the rest goes back; and the reason's words for it. Nothing
+/// when no estimate is held.
+fn run_settlement(rec: &RequestRecord, now: DateTime<Utc>) -> (Option<Settle>, String) {
+    let Some(open) = rec.open_debit else {
+        return (None, String::new());
+    };
+    let hours = rec.request.duration_hours;
+    let kept = rec
+        .run
+        .as_ref()
+        .map_or(open, |run| run.spent(open, hours, now));
+    let how = Settle::Spend(kept);
+    let back = how.released(open);
+    (
+        Some(how),
+        format!(
+            "; the run is settled by the hours it ran: ${} of the ${} estimate for {hours} h \
+             stays spent, ${} goes back",
+            kept.min(open).to_usd(),
+            open.to_usd(),
+            back.to_usd()
+        ),
+    )
+}
+
+/// The request's `spent` once `settle` is written.
+fn after_settling(rec: &RequestRecord, settle: Option<Settle>) -> MicroUsd {
+    match (settle, rec.open_debit) {
+        (Some(how), Some(open)) => MicroUsd(rec.spent.0 - how.released(open).0),
+        _ => rec.spent,
+    }
+}
+
+fn listed(what: &[String]) -> String {
+    if what.is_empty() {
+        "nothing still running".to_string()
+    } else {
+        what.join(", ")
     }
 }
 
@@ -737,9 +881,14 @@ pub fn run_windows(rec: &RequestRecord, default_drain_minutes: u32) -> Vec<Windo
         return vec![];
     }
     // On demand there is no forced termination: the run ends after its duration.
+    let started = rec
+        .run
+        .as_ref()
+        .and_then(|r| r.started_at)
+        .unwrap_or(rec.updated_at);
     let end = match rec.status {
         RequestStatus::Draining => rec.next_action_at.unwrap_or(rec.updated_at),
-        _ => rec.updated_at + rec.request.duration(),
+        _ => started + rec.request.duration(),
     };
     let drain = Duration::minutes(i64::from(drain.max(default_drain_minutes)));
     vec![Window {

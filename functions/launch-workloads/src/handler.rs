@@ -26,8 +26,8 @@ use capacity_pilot::domain::window::{
 };
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
-    BudgetMonth, Cause, Clock, Debit, EventSink, LaunchMarket, PortError, RequestRecord, Settle,
-    Store, Transition, WindowUpdate, Workloads, WriteOutcome,
+    BudgetMonth, Cause, Clock, Debit, EventSink, LaunchMarket, OnDemandRun, PortError,
+    RequestRecord, Settle, Store, Transition, WindowUpdate, Workloads, WriteOutcome,
 };
 use capacity_pilot::workload::{self, Launch, Target};
 use chrono::{DateTime, Duration, Utc};
@@ -327,80 +327,39 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         }
         let mut why_not = Vec::new();
         let mut rec = rec.clone();
-        for (label, price) in attempts {
-            let Some(price) = price else {
-                why_not.push(format!(
-                    "no {label} price is configured for {instance_type}, so its spend cannot be estimated"
-                ));
-                continue;
-            };
-            let cost = Usd::new(price.amount() * hours);
-            // The estimate is held against the caps before anything launches (ARCHITECTURE 4).
-            // An estimate already held is an earlier run's for this attempt (the attempts'
-            // estimates tell them apart); one held for an earlier attempt was released.
-            match rec.open_debit {
-                Some(held) if held == cost.to_micros_ceil() => {}
-                Some(_) => continue,
-                None => {
-                    // Both caps are checked by the conditional write itself.
-                    let Some(team_cap) = self.config.team_budgets.cap_for(&rec.team) else {
+        // The attempt whose estimate is held: an earlier run held it and may have launched, so
+        // it goes on whatever the price table says now (the earlier attempts were tried and
+        // released). A hold recorded before runs were (no record) is the first attempt's.
+        let held = rec.open_debit.map(|_| {
+            rec.run
+                .as_ref()
+                .and_then(|r| attempts.iter().position(|(l, _)| *l == r.attempt))
+                .unwrap_or(0)
+        });
+        for (i, (label, price)) in attempts.into_iter().enumerate() {
+            let cost = match (held, rec.open_debit) {
+                (Some(h), _) if i < h => continue,
+                (Some(h), Some(open)) if i == h => open.to_usd(),
+                _ => {
+                    let Some(price) = price else {
                         why_not.push(format!(
-                            "{label}: team {} has no budget configured",
-                            rec.team
+                            "no {label} price is configured for {instance_type}, so its spend \
+                             cannot be estimated"
                         ));
                         continue;
                     };
-                    let debit = Debit::of(&rec, team_cap, cost.to_micros_ceil(), now);
-                    let reason = format!(
-                        "on-demand-first: holding the {label} estimate ${cost} against team {}'s \
-                         cap before launching",
-                        rec.team
-                    );
-                    let t = Transition::of(
-                        &rec,
-                        RequestStatus::TryingOnDemand,
-                        &reason,
-                        Some(now),
-                        now,
-                        &cause.step(&format!("hold-{label}")),
-                    )
-                    .holding(debit);
-                    match self.store.transition(t).await? {
-                        WriteOutcome::Applied { .. } => {
-                            rec = self.reread(&rec).await?;
-                            out.decisions.push(Decision::new(id, "held", reason));
-                        }
-                        WriteOutcome::OverTeamBudget { spent, cap } => {
-                            why_not.push(format!(
-                                "{label}: the estimate ${cost} would exceed team {}'s cap for \
-                                 {}: spent ${} of ${}",
-                                rec.team,
-                                BudgetMonth::of(now).0,
-                                spent.to_usd(),
-                                cap.to_usd()
-                            ));
+                    let cost = Usd::new(price.amount() * hours);
+                    match self.hold(&rec, label, cost, cause, now, out).await? {
+                        Held::Yes(r) => rec = *r,
+                        Held::No(why) => {
+                            why_not.push(why);
                             continue;
                         }
-                        WriteOutcome::OverRequestBudget { spent, cap } => {
-                            why_not.push(format!(
-                                "{label}: the estimate ${cost} would exceed the request's \
-                                 max_upfront_usd ${} (spent ${})",
-                                cap.to_usd(),
-                                spent.to_usd()
-                            ));
-                            continue;
-                        }
-                        w @ (WriteOutcome::Conflict | WriteOutcome::DuplicateEvent) => {
-                            out.decisions.push(Decision::new(
-                                id,
-                                decision::written(&w, "held"),
-                                "another run moved the request on",
-                            ));
-                            return Ok(());
-                        }
+                        Held::MovedOn => return Ok(()),
                     }
+                    cost
                 }
-            }
+            };
             let target = Target {
                 reservation_id: label.to_string(),
                 token_base: format!("{id}:{label}"),
@@ -479,6 +438,75 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             .await
     }
 
+    /// Holds `label`'s estimate `cost` against the caps before anything launches
+    /// (ARCHITECTURE §4): both caps are checked by the conditional write itself, which also
+    /// records which attempt the hold is for.
+    async fn hold(
+        &self,
+        rec: &RequestRecord,
+        label: &str,
+        cost: Usd,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<Held, PortError> {
+        let id = &rec.request_id;
+        let Some(team_cap) = self.config.team_budgets.cap_for(&rec.team) else {
+            return Ok(Held::No(format!(
+                "{label}: team {} has no budget configured",
+                rec.team
+            )));
+        };
+        let debit = Debit::of(rec, team_cap, cost.to_micros_ceil(), now);
+        let reason = format!(
+            "on-demand-first: holding the {label} estimate ${cost} against team {}'s cap \
+             before launching",
+            rec.team
+        );
+        let t = Transition::of(
+            rec,
+            RequestStatus::TryingOnDemand,
+            &reason,
+            Some(now),
+            now,
+            &cause.step(&format!("hold-{label}")),
+        )
+        .holding(debit)
+        .with_run(OnDemandRun {
+            attempt: label.to_string(),
+            held_at: now,
+            started_at: None,
+        });
+        Ok(match self.store.transition(t).await? {
+            WriteOutcome::Applied { .. } => {
+                out.decisions.push(Decision::new(id, "held", reason));
+                Held::Yes(Box::new(self.reread(rec).await?))
+            }
+            WriteOutcome::OverTeamBudget { spent, cap } => Held::No(format!(
+                "{label}: the estimate ${cost} would exceed team {}'s cap for {}: spent ${} of \
+                 ${}",
+                rec.team,
+                BudgetMonth::of(now).0,
+                spent.to_usd(),
+                cap.to_usd()
+            )),
+            WriteOutcome::OverRequestBudget { spent, cap } => Held::No(format!(
+                "{label}: the estimate ${cost} would exceed the request's max_upfront_usd ${} \
+                 (spent ${})",
+                cap.to_usd(),
+                spent.to_usd()
+            )),
+            w @ (WriteOutcome::Conflict | WriteOutcome::DuplicateEvent) => {
+                out.decisions.push(Decision::new(
+                    id,
+                    decision::written(&w, "held"),
+                    "another run moved the request on",
+                ));
+                Held::MovedOn
+            }
+        })
+    }
+
     /// The record as the store has it now (after one of our own writes).
     async fn reread(&self, rec: &RequestRecord) -> Result<RequestRecord, PortError> {
         self.store
@@ -525,9 +553,11 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             estimated_cost_usd: Some(cost),
         };
         let reason = format!(
-            "on-demand-first: launched {} {} x {} in {}; the estimate ${cost} held against team {} is spent",
+            "on-demand-first: launched {} {} x {} in {}; the estimate ${cost} stays held against \
+             team {} while it runs, and is settled by the hours it ran when it ends",
             t.reservation_id, t.instance_count, t.instance_type, t.region, rec.team
         );
+        let held_at = rec.run.as_ref().map_or(now, |r| r.held_at);
         let tr = Transition::of(
             rec,
             to,
@@ -537,7 +567,11 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             &cause.step("launch"),
         )
         .with_outbox(vec![outbound(&ev)])
-        .settling(Settle::Keep);
+        .with_run(OnDemandRun {
+            attempt: t.reservation_id.clone(),
+            held_at,
+            started_at: Some(now),
+        });
         let w = self.store.transition(tr).await?;
         out.decisions
             .push(Decision::new(id, decision::written(&w, "launched"), reason));
@@ -560,7 +594,18 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
              starts no sooner than {earliest}: a start delay of at least {} min after the desired {desired}",
             delay.num_minutes()
         );
-        // An estimate still held (the attempt could not be settled as it ran) goes back.
+        // Each attempt released its own estimate after undoing its launch; one still held
+        // may be running, so it is never released here (the review's L3).
+        if rec.open_debit.is_some() {
+            return Err(PortError::Transient {
+                service: "dynamodb",
+                code: "EstimateHeld".into(),
+                message: format!(
+                    "{}: an on-demand estimate is still held; not falling back over it",
+                    rec.request_id
+                ),
+            });
+        }
         let t = Transition::of(
             rec,
             RequestStatus::Searching,
@@ -568,8 +613,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             Some(now),
             now,
             &cause.step("fall-back"),
-        )
-        .settling(Settle::Release);
+        );
         let written = self.store.transition(t).await?;
         out.decisions.push(Decision::new(
             &rec.request_id,
@@ -623,6 +667,16 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         ));
         Ok(())
     }
+}
+
+/// What [`Launcher::hold`] came to.
+enum Held {
+    /// Held; the record after the hold.
+    Yes(Box<RequestRecord>),
+    /// Not held, for this reason: the next attempt is tried.
+    No(String),
+    /// Another run moved the request on.
+    MovedOn,
 }
 
 #[cfg(test)]

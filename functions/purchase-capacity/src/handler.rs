@@ -14,7 +14,8 @@ pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{
     self, ApprovalRefused, AwaitingApproval, CancelRequest, CancellationApplied,
     CancellationRefused, EventDetail, PaymentFailed, PlanSummary, PurchaseDecision,
-    ReservationUnrecorded, Reserved, awaiting_approval_key, event_key, inbound, outbound,
+    ReservationUnrecorded, Reserved, awaiting_approval_key, ending_events, event_key, inbound,
+    outbound,
 };
 use capacity_pilot::domain::money::{MicroUsd, Usd};
 use capacity_pilot::domain::naming::{plan_name, resource_tags};
@@ -31,9 +32,9 @@ use capacity_pilot::domain::window;
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, CancelNote, CapacityMarket, Cause, Clock,
-    Debit, Doubt, EventSink, KeepCancellation, Lease, LeaseWriteOutcome, OutboundEvent, PortError,
-    PurchaseSpec, RecordReservation, Refund, ReleaseUnbought, RequestRecord, Store, TOMBSTONE_KEPT,
-    Tombstone, TombstoneOutcome, Transition, WriteOutcome,
+    Debit, Doubt, EventSink, KeepCancellation, Lease, LeaseWriteOutcome, PortError, PurchaseSpec,
+    RecordReservation, Refund, ReleaseUnbought, RequestRecord, Store, TOMBSTONE_KEPT, Tombstone,
+    TombstoneOutcome, Transition, WriteOutcome,
 };
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
@@ -211,6 +212,12 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 }
             };
             let reason = requester_reason(c);
+            if let Some(done) = self.cancel_run(&rec, &reason, cause, now, out).await? {
+                if done {
+                    return Ok(());
+                }
+                continue;
+            }
             if !rec.status.is_cancellable() {
                 match self.keep_cancel(&rec, &reason, cause, now, out).await? {
                     Kept::Yes => return Ok(()),
@@ -250,6 +257,51 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             code: "Contended".into(),
             message: format!("{id}: the request kept changing under its cancellation"),
         })
+    }
+
+    /// ARCHITECTURE §8.3: a cancellation of an on-demand or spot run, or of an attempt that
+    /// holds its estimate (so something may be starting), stops what runs and settles the
+    /// hours it ran before it is answered. This writes `Draining` with the cancellation kept;
+    /// cleanup-expired stops the run, and once no launch begun before the cancellation can
+    /// still be in flight, settles and answers. `None` when the request has no such run;
+    /// `Some(false)` when it moved on meanwhile.
+    async fn cancel_run(
+        &self,
+        rec: &RequestRecord,
+        reason: &str,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<Option<bool>, PortError> {
+        let running = match rec.status {
+            RequestStatus::RunningOnDemand | RequestStatus::RunningSpot => true,
+            RequestStatus::TryingOnDemand => rec.open_debit.is_some() || rec.run.is_some(),
+            _ => false,
+        };
+        if !running {
+            return Ok(None);
+        }
+        let note = CancelNote {
+            reason: reason.to_string(),
+            at: now,
+            event_id: cause.event_id.clone(),
+            found: Some(rec.status),
+        };
+        let why = format!(
+            "{reason}: stopping what runs on demand, then settling the hours it ran; the \
+             answer follows the settlement"
+        );
+        let t = Transition::of(rec, RequestStatus::Draining, &why, Some(now), now, cause)
+            .keeping_cancel(note);
+        Ok(Some(match self.store.transition(t).await? {
+            WriteOutcome::Applied { .. } => {
+                out.decisions
+                    .push(Decision::new(&rec.request_id, "cancel-kept", why));
+                true
+            }
+            WriteOutcome::DuplicateEvent => true,
+            _ => false,
+        }))
     }
 
     /// ARCHITECTURE §8.3: a cancellation for an id no request holds is kept as a tombstone
@@ -335,6 +387,11 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     ),
                 )
             }
+            // A cancelled on-demand run being stopped and settled.
+            RequestStatus::Draining if rec.run.is_some() && rec.cancel.is_some() => (
+                "the on-demand run is being stopped and settled".to_string(),
+                rec.next_action_at,
+            ),
             _ => return Ok(Kept::No),
         };
         if let Some(kept) = &rec.cancel {
@@ -357,6 +414,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 reason: reason.to_string(),
                 at: now,
                 event_id: cause.event_id.clone(),
+                found: None,
             }),
             reason: format!("{}; {reason}, kept: {what}", rec.reason),
             next_action_at: next,
@@ -1743,38 +1801,6 @@ fn requester_reason(c: &CancelRequest) -> String {
             .map(|r| format!(": {r}"))
             .unwrap_or_default()
     )
-}
-
-/// The answers of `rec` ending in `to` (`Cancelled` or `Failed`) with the write that makes
-/// its next version: a cancellation's `Capacity Cancellation Applied`, then `Capacity
-/// Request Failed` with what it keeps and what stays spent.
-fn ending_events(
-    rec: &RequestRecord,
-    to: RequestStatus,
-    reason: &str,
-    kept: Vec<String>,
-    spent: MicroUsd,
-) -> Vec<OutboundEvent> {
-    let (id, version) = (rec.request_id.as_str(), rec.version + 1);
-    let cancelled = to == RequestStatus::Cancelled;
-    let mut out = Vec::new();
-    if cancelled {
-        out.push(outbound(&CancellationApplied {
-            event_key: event_key(id, "cancellation-applied", version),
-            request_id: id.to_string(),
-            status_before: Some(rec.status),
-            reason: reason.to_string(),
-        }));
-    }
-    out.push(outbound(&events::RequestFailed {
-        event_key: event_key(id, if cancelled { "cancelled" } else { "failed" }, version),
-        request_id: id.to_string(),
-        status_before: rec.status,
-        reason: reason.to_string(),
-        reservation_ids: kept,
-        spent_usd: spent.to_usd(),
-    }));
-    out
 }
 
 /// What [`Purchaser::keep_cancel`] did.

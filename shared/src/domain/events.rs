@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::money::Usd;
+use super::money::{MicroUsd, Usd};
 use super::offering::Product;
 use super::planner::{Plan, Rejection};
 use super::request::{FieldError, Strategy, WorkloadKind};
@@ -473,6 +473,44 @@ pub fn check_size(e: &crate::ports::OutboundEvent) -> Result<(), crate::ports::P
         });
     }
     Ok(())
+}
+
+/// The answers of `rec` ending in `to` (`Cancelled` or `Failed`) with the write that makes
+/// its next version: a cancellation's `Capacity Cancellation Applied`, then `Capacity
+/// Request Failed` with what it keeps and what stays spent.
+pub fn ending_events(
+    rec: &crate::ports::RequestRecord,
+    to: RequestStatus,
+    reason: &str,
+    kept: Vec<String>,
+    spent: MicroUsd,
+) -> Vec<crate::ports::OutboundEvent> {
+    let (id, version) = (rec.request_id.as_str(), rec.version + 1);
+    // A cancellation applied later than it came answers with the status it found.
+    let before = rec
+        .cancel
+        .as_ref()
+        .and_then(|c| c.found)
+        .unwrap_or(rec.status);
+    let cancelled = to == RequestStatus::Cancelled;
+    let mut out = Vec::new();
+    if cancelled {
+        out.push(outbound(&CancellationApplied {
+            event_key: event_key(id, "cancellation-applied", version),
+            request_id: id.to_string(),
+            status_before: Some(before),
+            reason: reason.to_string(),
+        }));
+    }
+    out.push(outbound(&RequestFailed {
+        event_key: event_key(id, if cancelled { "cancelled" } else { "failed" }, version),
+        request_id: id.to_string(),
+        status_before: before,
+        reason: reason.to_string(),
+        reservation_ids: kept,
+        spent_usd: spent.to_usd(),
+    }));
+    out
 }
 
 /// A stable, unique key for an event caused by the write that produces `version`.

@@ -107,14 +107,18 @@ impl RequestStatus {
             // Active -> Reserved: between the segments of a split plan.
             Active => &[Draining, Reserved, Ended, Failed],
             // Draining -> Active: the next window opened before the drained one ended.
-            Draining => &[Active, Reserved, Ended, Failed],
+            // Draining -> Cancelled: a cancelled on-demand run, stopped and settled.
+            Draining => &[Active, Reserved, Ended, Cancelled, Failed],
             // TryingOnDemand -> Searching: no on-demand capacity; fall back to a reservation.
             // TryingOnDemand -> TryingOnDemand holds or releases an on-demand estimate.
+            // TryingOnDemand -> Draining: cancelled while an estimate is held (something may
+            // be starting), so it is stopped and settled before the answer.
             TryingOnDemand => &[
                 TryingOnDemand,
                 RunningOnDemand,
                 RunningSpot,
                 Searching,
+                Draining,
                 Cancelled,
                 Failed,
             ],
@@ -222,10 +226,10 @@ mod tests {
             Active.transition(Cancelled).is_err(),
             "no cancel once launched"
         );
-        assert!(
-            Draining.transition(Cancelled).is_err(),
-            "no cancel while draining"
-        );
+        // Draining -> Cancelled only settles a cancelled on-demand run (cleanup-expired
+        // writes it for a request without reservations, with the cancellation kept).
+        assert!(RunningOnDemand.transition(Cancelled).is_err());
+        assert!(RunningSpot.transition(Cancelled).is_err());
         assert_eq!(OfferingsFound.transition(Purchasing), Ok(Purchasing));
     }
 
@@ -239,8 +243,9 @@ mod tests {
     #[test]
     fn cancellation_is_honoured_until_purchase_and_after_if_the_purchase_or_payment_fails() {
         for s in RequestStatus::ALL {
-            // Purchasing and Reserved only by a kept cancellation (ARCHITECTURE 8.3).
-            let kept = matches!(s, Purchasing | Reserved);
+            // Purchasing and Reserved only by a kept cancellation, Draining only by a
+            // cancelled on-demand run's settlement (ARCHITECTURE 8.3).
+            let kept = matches!(s, Purchasing | Reserved | Draining);
             assert_eq!(s.can_become(Cancelled), s.is_cancellable() || kept, "{s}");
         }
     }

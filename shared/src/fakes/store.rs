@@ -22,7 +22,7 @@ use crate::domain::window;
 use crate::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
     KeepCancellation, LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, PortError,
-    RecordReservation, ReleaseUnbought, RequestRecord, Settle, Store, Tombstone, TombstoneOutcome,
+    RecordReservation, ReleaseUnbought, RequestRecord, Store, Tombstone, TombstoneOutcome,
     Transition, WindowUpdate, WorkloadRecord, WriteOutcome, outbox_seq,
 };
 
@@ -558,6 +558,7 @@ impl State {
             doubt: None,
             cancel: None,
             open_debit: None,
+            run: None,
             spent: MicroUsd(0),
             candidates: Vec::new(),
             created_at: new.at,
@@ -640,9 +641,7 @@ impl State {
             let stored = self.requests.get_mut(&t.request_id).expect("checked above");
             let open = stored.record.open_debit.take().filter(|d| d.0 > 0);
             let ledger = stored.open_debit_ledger.take();
-            if how == Settle::Release
-                && let Some(amount) = open
-            {
+            if let Some(amount) = open.map(|o| how.released(o)).filter(|a| a.0 > 0) {
                 let Some(key) = ledger else {
                     return Err(errors::permanent(
                         SERVICE,
@@ -698,6 +697,12 @@ impl State {
         }
         if let Some(windows) = t.windows {
             record.windows = windows;
+        }
+        if let Some(run) = t.run {
+            record.run = Some(run);
+        }
+        if let Some(note) = t.cancel {
+            record.cancel = Some(note);
         }
         follow_windows(record);
         self.commit(&t.request_id, &t.caused_by, t.at, &t.outbox);

@@ -61,6 +61,7 @@ fn record(req: CapacityRequest) -> RequestRecord {
         doubt: None,
         cancel: None,
         open_debit: None,
+        run: None,
         spent: MicroUsd(0),
         candidates: vec![],
         created_at: t0(),

@@ -1005,3 +1005,77 @@ pub(crate) async fn a_launch_invoked_within_its_timeout_of_the_drain_starts_noth
     assert!(instances_for(&f, id).is_empty());
     assert!(f.bus_for("Capacity Workload Launched", id).is_empty());
 }
+
+#[tokio::test]
+pub(crate) async fn an_on_demand_run_cancelled_mid_run_is_stopped_settled_by_its_hours_and_answered()
+ {
+    // Issue 15 item 4 (ARCHITECTURE §8.3). GIVEN an on-demand-first request running 4
+    // p5.48xlarge on demand for 48 h, its estimate held against team-a's cap
+    let f = Flow::start().await;
+    let id = "life-od-cancel";
+    f.cloud.with_world(|w| {
+        w.market
+            .types
+            .iter_mut()
+            .find(|t| t.name == "p5.48xlarge")
+            .unwrap()
+            .on_demand_pool = 8
+    });
+    let mut request = f.ec2_request(id);
+    request["strategy"] = json!("on-demand-first");
+    request["budget"] = json!({"max_upfront_usd": "20000"});
+    let desired: DateTime<Utc> = time_of(&request["earliest_start"]);
+    f.submit(request).await;
+    f.cloud.advance_to(desired);
+    f.tick(Function::Launch).await.unwrap();
+    let rec = f.record(id).await;
+    assert_eq!(rec.status, RequestStatus::RunningOnDemand, "{}", rec.reason);
+    assert_eq!(live_for(&f, id).len(), 4);
+    let held = rec
+        .open_debit
+        .expect("the estimate stays held while it runs");
+    assert_eq!(f.team_spent("team-a", t0()).await, held);
+
+    // WHEN the requester cancels 2 h 30 min into the run
+    f.cloud.advance_to(desired + TimeDelta::minutes(150));
+    f.cancel(id, "cancel-1").await;
+
+    // THEN it is kept, not refused (before the fix: "Capacity Cancellation Refused", and the
+    // four instances ran their 48 h), and no answer comes before the run is stopped
+    assert_eq!(f.status(id).await, RequestStatus::Draining);
+    assert!(f.bus_for("Capacity Cancellation Refused", id).is_empty());
+    assert!(f.bus_for("Capacity Cancellation Applied", id).is_empty());
+
+    // WHEN cleanup runs at once, and again after the launch timeout
+    f.tick(Function::Cleanup).await.unwrap();
+    assert!(live_for(&f, id).is_empty(), "stopped at the first run");
+    f.cloud.step(TimeDelta::minutes(2));
+    f.tick(Function::Cleanup).await.unwrap();
+
+    // THEN the request is Cancelled and answered once, and only the 3 hours begun (of 48)
+    // stay spent: on the request, the ledger and the answer
+    let rec = f.record(id).await;
+    assert_eq!(rec.status, RequestStatus::Cancelled, "{}", rec.reason);
+    assert_eq!(rec.open_debit, None);
+    let kept = MicroUsd((held.0 * 3 + 47) / 48);
+    assert_eq!(rec.spent, kept);
+    assert_eq!(f.team_spent("team-a", t0()).await, kept);
+    let applied = f.bus_for("Capacity Cancellation Applied", id);
+    assert_eq!(applied.len(), 1);
+    assert_eq!(applied[0]["detail"]["status_before"], "RunningOnDemand");
+    let failed = f.bus_for("Capacity Request Failed", id);
+    assert_eq!(failed.len(), 1);
+    assert_eq!(
+        failed[0]["detail"]["spent_usd"],
+        json!(kept.to_usd().to_string())
+    );
+
+    // WHEN every schedule runs again and a duplicate cancellation comes
+    f.tick_all().await;
+    f.cancel(id, "cancel-2").await;
+    f.tick_all().await;
+
+    // THEN nothing is settled twice
+    assert_eq!(f.team_spent("team-a", t0()).await, kept);
+    assert_eq!(f.bus_for("Capacity Cancellation Applied", id).len(), 1);
+}

@@ -800,3 +800,52 @@ pub(crate) async fn an_on_demand_training_job_that_fails_for_capacity_falls_back
         fee(&plan).to_micros_ceil()
     );
 }
+
+#[tokio::test]
+pub(crate) async fn a_cancel_while_an_on_demand_job_is_placed_stops_it_and_settles_from_the_hold() {
+    // Issue 15 item 4 (review H6). GIVEN an on-demand-first training request whose on-demand
+    // job SageMaker has accepted but not yet placed: the request is TryingOnDemand, its
+    // estimate held
+    let f = Flow::start().await;
+    let id = "tp-od-cancel";
+    let mut request = training_request(id, 48, "2026-12-01T10:00:00Z", "2026-12-20T11:30:00Z");
+    request["strategy"] = json!("on-demand-first");
+    request["budget"] = json!({"max_upfront_usd": "40000"});
+    f.submit(request).await;
+    f.cloud.advance_to("2026-12-01T10:00:00Z".parse().unwrap());
+    tick(&f, Function::Launch).await;
+    let od = format!("cp-{id}-s0-od");
+    assert!(job(&f, &od).is_some(), "the on-demand job was created");
+    let rec = f.record(id).await;
+    assert_eq!(rec.status, RequestStatus::TryingOnDemand, "{}", rec.reason);
+    let held = rec.open_debit.expect("the estimate is held");
+
+    // WHEN the requester cancels (before the fix: Cancelled at once, the job left to run its
+    // 48 h MaxRuntime, and the whole estimate left open on the ended record)
+    f.cancel(id, "cancel-1").await;
+    assert_eq!(f.status(id).await, RequestStatus::Draining);
+
+    // AND cleanup runs, and again once no launch begun before the cancellation can be in
+    // flight
+    tick(&f, Function::Cleanup).await;
+    f.cloud.step(TimeDelta::minutes(2));
+    tick(&f, Function::Cleanup).await;
+
+    // THEN the job is stopped, the request Cancelled and answered, and one hour (begun at the
+    // hold; billing may start while it is placed) of the 48 stays spent
+    let j = job(&f, &od).unwrap();
+    assert!(
+        matches!(j.status.as_str(), "Stopping" | "Stopped"),
+        "{}",
+        j.status
+    );
+    let rec = f.record(id).await;
+    assert_eq!(rec.status, RequestStatus::Cancelled, "{}", rec.reason);
+    let kept = MicroUsd((held.0 + 47) / 48);
+    assert_eq!(rec.spent, kept);
+    assert_eq!(rec.open_debit, None);
+    assert_eq!(f.team_spent("team-b", t0()).await, kept);
+    let applied = f.bus_for("Capacity Cancellation Applied", id);
+    assert_eq!(applied.len(), 1);
+    assert_eq!(applied[0]["detail"]["status_before"], "TryingOnDemand");
+}

@@ -108,6 +108,7 @@ impl World {
             doubt: None,
             cancel: None,
             open_debit: None,
+            run: None,
             spent: MicroUsd(0),
             candidates: vec![],
             created_at: t0(),
@@ -830,4 +831,90 @@ async fn a_window_is_marked_draining_before_anything_is_stopped_and_a_cut_short_
     );
     assert_eq!(w.events.published_of(DRAINED).len(), 1);
     assert_eq!(w.events.published_of(EXPIRING).len(), 1);
+}
+
+#[tokio::test]
+async fn a_launch_landing_after_a_cancellations_first_stop_is_stopped_before_the_settlement() {
+    // Issue 15 item 4, the guard's adversary: a launch-workloads run that read TryingOnDemand
+    // before the cancellation is still in RunInstances when cleanup first stops the run.
+    // GIVEN an on-demand attempt holding its estimate since t0, cancelled at t0 + 10 min
+    use capacity_pilot::ports::{BudgetMonth, CancelNote, Debit, OnDemandRun, Transition};
+    let w = World::new();
+    let mut req = request("r-1", "team-a", "50000");
+    req.strategy = capacity_pilot::domain::request::Strategy::OnDemandFirst;
+    let hours = req.duration_hours;
+    let mut rec = w.seed(req, &[], RequestStatus::TryingOnDemand, t0()).await;
+    rec.spent = MicroUsd(0);
+    w.store.insert_record(rec.clone());
+    let estimate = MicroUsd(48_000_000_000);
+    let debit = Debit::of(&rec, Usd::parse("100000").unwrap(), estimate, t0());
+    let hold = Transition::of(
+        &rec,
+        RequestStatus::TryingOnDemand,
+        "held",
+        Some(t0()),
+        t0(),
+        &Cause::new("hold"),
+    )
+    .holding(debit)
+    .with_run(OnDemandRun {
+        attempt: "on-demand".into(),
+        held_at: t0(),
+        started_at: None,
+    });
+    w.store.transition(hold).await.unwrap();
+    let cancelled_at = t0() + Duration::minutes(10);
+    let rec = w.record("r-1").await;
+    let cancel = Transition::of(
+        &rec,
+        RequestStatus::Draining,
+        "cancelled by the requester; stopping",
+        Some(cancelled_at),
+        cancelled_at,
+        &Cause::new("cancel"),
+    )
+    .keeping_cancel(CancelNote {
+        reason: "cancelled by the requester".into(),
+        at: cancelled_at,
+        event_id: "cancel".into(),
+        found: Some(RequestStatus::TryingOnDemand),
+    });
+    w.store.transition(cancel).await.unwrap();
+    w.instance("i-1", "r-1", None, true);
+
+    // WHEN cleanup runs at once
+    w.tick_at(cancelled_at, "c1").await;
+
+    // THEN it stops what runs but neither settles nor answers yet
+    assert_eq!(w.state_of("i-1"), InstanceState::Terminated);
+    assert_eq!(w.status("r-1").await, RequestStatus::Draining);
+    assert!(
+        w.events
+            .published_of("Capacity Cancellation Applied")
+            .is_empty()
+    );
+
+    // WHEN the in-flight launch lands an instance, and cleanup runs after the launch timeout
+    w.instance("i-2", "r-1", None, true);
+    w.tick_at(cancelled_at + Duration::minutes(2), "c2").await;
+
+    // THEN the late instance is stopped too, and only then is the estimate settled: the one
+    // hour begun since the hold stays spent, the rest goes back, once
+    assert_eq!(w.state_of("i-2"), InstanceState::Terminated);
+    let rec = w.record("r-1").await;
+    assert_eq!(rec.status, RequestStatus::Cancelled, "{}", rec.reason);
+    let kept = MicroUsd((estimate.0 + i64::from(hours) - 1) / i64::from(hours));
+    assert_eq!(rec.spent, kept);
+    assert_eq!(
+        w.store
+            .budget_spent(&rec.team, &BudgetMonth::of(t0()))
+            .await
+            .unwrap(),
+        kept
+    );
+    let applied = w.events.published_of("Capacity Cancellation Applied");
+    assert_eq!(applied.len(), 1);
+    assert_eq!(applied[0].detail["status_before"], "TryingOnDemand");
+    w.tick_at(cancelled_at + Duration::minutes(7), "c3").await;
+    assert_eq!(w.record("r-1").await.spent, kept);
 }

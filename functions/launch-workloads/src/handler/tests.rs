@@ -54,7 +54,12 @@ impl World {
     }
 
     fn launcher(&self) -> L {
-        let env: Vec<(&str, String)> = vec![
+        self.launcher_with(&[])
+    }
+
+    /// The launcher, with `extra` set in its environment.
+    fn launcher_with(&self, extra: &[(&'static str, &str)]) -> L {
+        let mut env: Vec<(&str, String)> = vec![
             ("TABLE_NAME", "t".into()),
             ("EVENT_BUS_NAME", "capacity-pilot".into()),
             ("ALLOWED_REGIONS", "us-east-1".into()),
@@ -66,8 +71,13 @@ impl World {
                 "arn:aws:iam::123456789012:role/sm".into(),
             ),
         ];
+        env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
         let config = Config::from_lookup(&move |k| {
-            env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+            // Later pairs override earlier ones.
+            env.iter()
+                .rev()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.clone())
         })
         .unwrap();
         Launcher {
@@ -93,6 +103,7 @@ impl World {
             doubt: None,
             cancel: None,
             open_debit: None,
+            run: None,
             spent: MicroUsd(0),
             candidates: vec![],
             created_at: t0(),
@@ -537,7 +548,8 @@ async fn the_on_demand_estimate_is_held_before_launching_and_a_crash_in_between_
     // WHEN the next tick comes
     w.launcher().handle(tick("t2")).await.unwrap();
 
-    // THEN it launches under the same hold: debited once, and the hold is now kept
+    // THEN it launches under the same hold: debited once, and the hold stays open while it
+    // runs (settled by the hours it ran when it ends)
     let rec = w
         .store
         .get_request(&request_id("r1"))
@@ -545,9 +557,98 @@ async fn the_on_demand_estimate_is_held_before_launching_and_a_crash_in_between_
         .unwrap()
         .unwrap();
     assert_eq!(rec.status, RequestStatus::RunningOnDemand);
-    assert_eq!(rec.open_debit, None);
+    assert_eq!(rec.open_debit, Some(held));
+    let run = rec.run.expect("the run is recorded");
+    assert_eq!(
+        (run.attempt.as_str(), run.started_at),
+        ("on-demand", Some(t0()))
+    );
     assert_eq!(rec.spent, held);
     assert_eq!(w.spent(), held);
+    assert_eq!(w.workloads.instances().len(), 2);
+}
+
+/// GIVEN an on-demand-first request whose estimate is held and whose instances run, but whose
+/// run was never recorded: tick 1 holds and dies in RunInstances, tick 2 launches and dies
+/// before its write. Returns the held estimate.
+async fn launched_but_unrecorded(w: &World, req: CapacityRequest) -> MicroUsd {
+    w.record(req, RequestStatus::TryingOnDemand, t0());
+    let crash = PortError::Transient {
+        service: "ec2",
+        code: "InternalError".into(),
+        message: "crash".into(),
+    };
+    w.workloads
+        .fail_next(WorkloadsOp::LaunchInstances, crash.clone());
+    assert!(w.launcher().handle(tick("t1")).await.is_err());
+    w.store
+        .fail_next(capacity_pilot::fakes::StoreOp::Transition, crash);
+    assert!(w.launcher().handle(tick("t2")).await.is_err());
+    let rec = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.status, RequestStatus::TryingOnDemand);
+    assert_eq!(w.workloads.instances().len(), 2);
+    rec.open_debit.expect("the estimate is held")
+}
+
+#[tokio::test]
+async fn a_held_estimate_is_never_released_while_its_instances_run_when_prices_change() {
+    // Issue 15 item 4 (review L3). GIVEN on-demand instances running under a held estimate,
+    // unrecorded, and the deployment's price table changed since the hold
+    let w = World::new();
+    let held = launched_but_unrecorded(&w, on_demand_first("r1")).await;
+    let repriced = w.launcher_with(&[(
+        "ON_DEMAND_PRICES_USD",
+        r#"{"p5.48xlarge": {"on_demand": "60.00", "spot": "20.00"}}"#,
+    )]);
+
+    // WHEN the next tick runs under the new prices
+    repriced.handle(tick("t3")).await.unwrap();
+
+    // THEN it finds the same instances and records the run under the estimate it held (before
+    // the fix: the hold's amount no longer matched, so it fell back and released the hold
+    // while the two instances ran, undebited)
+    let rec = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.status, RequestStatus::RunningOnDemand, "{}", rec.reason);
+    assert_eq!(rec.open_debit, Some(held));
+    assert_eq!(w.spent(), held);
+    assert_eq!(w.workloads.instances().len(), 2);
+}
+
+#[tokio::test]
+async fn an_interruptible_request_with_a_held_estimate_does_not_stick_on_a_second_hold() {
+    // Issue 15 item 4 (review L3, spot). GIVEN the same, for a request that allows spot
+    let w = World::new();
+    let mut req = on_demand_first("r1");
+    req.interruptible = true;
+    let held = launched_but_unrecorded(&w, req).await;
+    let repriced = w.launcher_with(&[(
+        "ON_DEMAND_PRICES_USD",
+        r#"{"p5.48xlarge": {"on_demand": "60.00", "spot": "20.00"}}"#,
+    )]);
+
+    // WHEN the next tick runs (before the fix: the on-demand attempt was skipped, and the spot
+    // hold failed on DebitAlreadyOpen every tick, stuck in TryingOnDemand)
+    repriced.handle(tick("t3")).await.unwrap();
+
+    // THEN the on-demand run is recorded under its hold, and no spot instance starts
+    let rec = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.status, RequestStatus::RunningOnDemand, "{}", rec.reason);
+    assert_eq!(rec.open_debit, Some(held));
     assert_eq!(w.workloads.instances().len(), 2);
 }
 

@@ -101,6 +101,7 @@ impl World {
             doubt: None,
             cancel: None,
             open_debit: None,
+            run: None,
             spent: MicroUsd(0),
             candidates: planning.plans,
             created_at: t0(),

@@ -90,6 +90,7 @@ impl World {
             doubt: None,
             cancel: None,
             open_debit: None,
+            run: None,
             spent: MicroUsd(0),
             candidates: vec![],
             created_at: t0(),

@@ -526,6 +526,7 @@ fn kept_first_half(w: &World, id: &str) {
         doubt: None,
         cancel: None,
         open_debit: None,
+        run: None,
         spent: Usd::parse("3000").unwrap().to_micros_ceil(),
         candidates: vec![],
         created_at: t0(),

@@ -74,6 +74,8 @@ pub(super) mod attr {
     /// The purchase under way (`ports::Doubt`), as JSON.
     pub const DOUBT: &str = "doubt";
     pub const CANCEL: &str = "cancel";
+    /// An on-demand run's record (JSON).
+    pub const RUN: &str = "run";
     pub const OPEN_DEBIT_MICROS: &str = "open_debit_micros";
     pub const OPEN_DEBIT_TEAM: &str = "open_debit_team";
     pub const OPEN_DEBIT_MONTH: &str = "open_debit_month";
@@ -342,6 +344,10 @@ pub(super) fn read_meta(item: &Item) -> Result<Meta, PortError> {
             None => None,
         },
         open_debit,
+        run: match r.opt_str(attr::RUN)? {
+            Some(_) => Some(r.json(attr::RUN)?),
+            None => None,
+        },
         spent: MicroUsd(r.opt_int(attr::SPENT_MICROS)?.unwrap_or(0)),
         candidates: Vec::new(),
         created_at: r.time(attr::CREATED_AT)?,

@@ -35,7 +35,7 @@ use crate::domain::window::{self, WindowRecord};
 use crate::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
     KeepCancellation, LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, PortError,
-    RecordReservation, ReleaseUnbought, RequestRecord, Settle, Store, TOMBSTONE_KEPT, Tombstone,
+    RecordReservation, ReleaseUnbought, RequestRecord, Store, TOMBSTONE_KEPT, Tombstone,
     TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord, WriteOutcome, outbox_seq,
 };
 
@@ -892,6 +892,12 @@ impl Store for DynamoStore {
                     .set(attr::OPEN_DEBIT_MONTH, s(d.month.0.clone()));
             }
         }
+        if let Some(run) = &t.run {
+            e.set(attr::RUN, json("run", run)?);
+        }
+        if let Some(note) = &t.cancel {
+            e.set(attr::CANCEL, json("cancel", note)?);
+        }
         // Settling the open debit: it was read with the version this write is conditional on.
         let mut release = None;
         if let Some(how) = t.settle {
@@ -902,8 +908,11 @@ impl Store for DynamoStore {
             ] {
                 e.remove(a);
             }
-            if how == Settle::Release
-                && let Some(amount) = meta.record.open_debit.filter(|d| d.0 > 0)
+            if let Some(amount) = meta
+                .record
+                .open_debit
+                .map(|d| how.released(d))
+                .filter(|d| d.0 > 0)
             {
                 let Some((team, month)) = &meta.open_debit_ledger else {
                     return Err(self::error::corrupt(format!(

@@ -52,6 +52,8 @@ fn transition(rid: &str, version: u64, from: RequestStatus, to: RequestStatus) -
         debit: None,
         hold: false,
         settle: None,
+        run: None,
+        cancel: None,
         reservations: vec![],
         refund: None,
     }
