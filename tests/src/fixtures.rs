@@ -49,6 +49,7 @@ pub fn capacity_request(id: &str, team_name: &str, max_upfront: &str) -> Capacit
         regions: vec!["us-east-1".into()],
         allow_split: false,
         strategy: Strategy::Reserve,
+        prefer: None,
         interruptible: false,
         products: vec![Product::CapacityBlock],
         budget: Budget {

@@ -154,6 +154,9 @@ pub struct Ec2State {
     pub launches: BTreeMap<String, Launch>,
     pub client_tokens: HashMap<(String, String), (String, String)>,
     pub offerings: HashMap<String, BlockOffering>,
+    /// Every `DescribeCapacityBlockOfferings` answer, in order: when, and the offering ids
+    /// returned (what the runner checks a purchase's choice against).
+    pub offered: Vec<(DateTime<Utc>, Vec<String>)>,
     pub consumed_offerings: HashSet<String>,
     pub extension_offerings: HashMap<String, ExtensionOffering>,
 }
@@ -328,6 +331,9 @@ impl World {
         for o in &offerings {
             self.ec2.offerings.insert(o.id.clone(), o.clone());
         }
+        self.ec2
+            .offered
+            .push((self.now, offerings.iter().map(|o| o.id.clone()).collect()));
         let (page, next) = paginate(
             offerings,
             q.int("MaxResults")?,

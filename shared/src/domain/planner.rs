@@ -3,8 +3,9 @@
 //!
 //! A plan is one offering, or (with `allow_split`) two Capacity Block offerings of the
 //! same type, count and region that do not overlap and together cover the duration while
-//! neither does alone. Best means the lowest upfront fee, then the earlier start, then
-//! fewer segments, then the more preferred instance type.
+//! neither does alone. Best follows the request's objective (ARCHITECTURE §8.1):
+//! `cheapest` means the lowest upfront fee, then the earlier start; `earliest` the earlier
+//! start, then the lowest fee; then fewer segments, then the more preferred instance type.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -17,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::catalog::PriceTable;
 use super::money::Usd;
 use super::offering::{Offering, Product};
-use super::request::CapacityRequest;
+use super::request::{CapacityRequest, Prefer};
 use super::time_rules::PURCHASE_LEAD;
 
 /// A way to satisfy a request, with the reason it ranks where it does.
@@ -76,6 +77,8 @@ impl Planning {
 /// The ranking key: lower is better. Offering ids make the order total and deterministic.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct RankKey {
+    /// The start, when the objective is `earliest` (so it ranks first); none otherwise.
+    pub earliest: Option<DateTime<Utc>>,
     pub upfront_fee: Usd,
     pub start: DateTime<Utc>,
     pub segments: usize,
@@ -147,9 +150,31 @@ pub fn plan(
         .enumerate()
         .map(|(rank, (_, idx))| {
             let os: Vec<Offering> = idx.iter().map(|&i| offerings[i].clone()).collect();
-            build_plan(os, prices, rank, total)
+            build_plan(os, prices, rank, total, request.objective())
         })
         .collect();
+    // The objective's trade-off, in words, when the other objective would choose another
+    // plan: "earliest: 2 December, $X; cheapest: 15 December, $Y".
+    let cheapest = out
+        .iter()
+        .min_by(|a, b| (a.upfront_fee, a.start).cmp(&(b.upfront_fee, b.start)));
+    let earliest = out
+        .iter()
+        .min_by(|a, b| (a.start, a.upfront_fee).cmp(&(b.start, b.upfront_fee)));
+    if let (Some(c), Some(e)) = (cheapest.cloned(), earliest.cloned())
+        && (c.start, c.upfront_fee) != (e.start, e.upfront_fee)
+        && let Some(best) = out.first_mut()
+    {
+        let day = |p: &Plan| p.start.format("%-d %B %H:%MZ").to_string();
+        best.reason = format!(
+            "{}; the trade-off: earliest: {}, ${}; cheapest: {}, ${}",
+            best.reason,
+            day(&e),
+            e.upfront_fee.to_cents(),
+            day(&c),
+            c.upfront_fee.to_cents()
+        );
+    }
     if let Some(best) = out.first().cloned() {
         for p in out.iter_mut().skip(1) {
             p.reason = format!(
@@ -280,6 +305,7 @@ fn rank_key(request: &CapacityRequest, os: &[&Offering]) -> RankKey {
         .position(|t| *t == os[0].instance_type)
         .unwrap_or(usize::MAX);
     RankKey {
+        earliest: (request.objective() == Prefer::Earliest).then(|| os[0].start()),
         upfront_fee: os.iter().map(|o| o.upfront_fee).sum(),
         start: os[0].start(),
         segments: os.iter().map(|o| o.segments.len()).sum(),
@@ -297,7 +323,13 @@ pub fn plan_rank_key(request: &CapacityRequest, p: &Plan) -> RankKey {
     rank_key(request, &os)
 }
 
-fn build_plan(offerings: Vec<Offering>, prices: &PriceTable, rank: usize, total: usize) -> Plan {
+fn build_plan(
+    offerings: Vec<Offering>,
+    prices: &PriceTable,
+    rank: usize,
+    total: usize,
+    objective: Prefer,
+) -> Plan {
     let first = &offerings[0];
     let upfront_fee: Usd = offerings.iter().map(|o| o.upfront_fee).sum();
     let covered_minutes: i64 = offerings.iter().map(Offering::covered_minutes).sum();
@@ -332,7 +364,14 @@ fn build_plan(offerings: Vec<Offering>, prices: &PriceTable, rank: usize, total:
         _ => ", no on-demand price known to compare".to_string(),
     };
     let reason = if rank == 0 {
-        format!("chosen: the lowest upfront fee of {total} feasible plan(s); {what}{versus}")
+        let by = match objective {
+            Prefer::Cheapest => "the lowest upfront fee",
+            Prefer::Earliest => "the earliest start",
+        };
+        format!(
+            "chosen ({} first): {by} of {total} feasible plan(s); {what}{versus}",
+            objective.as_str()
+        )
     } else {
         format!("{what}{versus}")
     };
@@ -356,6 +395,15 @@ fn build_plan(offerings: Vec<Offering>, prices: &PriceTable, rank: usize, total:
 
 /// Why `p` ranks below `best`, in words.
 fn compare(p: &Plan, best: &Plan) -> String {
+    if best.start < p.start && best.upfront_fee > p.upfront_fee {
+        return format!(
+            "starts later ({} vs {}) though it costs less (${} vs ${})",
+            p.start.format("%Y-%m-%dT%H:%MZ"),
+            best.start.format("%Y-%m-%dT%H:%MZ"),
+            p.upfront_fee.to_cents(),
+            best.upfront_fee.to_cents()
+        );
+    }
     match p.upfront_fee.cmp(&best.upfront_fee) {
         Ordering::Greater => format!(
             "costs ${} vs ${} for the chosen plan",

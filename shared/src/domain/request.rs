@@ -67,6 +67,11 @@ pub struct RequestDetail {
     pub allow_split: bool,
     #[serde(default)]
     pub strategy: Strategy,
+    /// What "best" means among feasible reservations (ARCHITECTURE §8.1): `cheapest`
+    /// (default) or `earliest`; an `on-demand-first` request's fall-back uses `earliest`
+    /// unless it says otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefer: Option<Prefer>,
     /// The work checkpoints and resumes, so spot is acceptable.
     #[serde(default)]
     pub interruptible: bool,
@@ -90,6 +95,25 @@ pub enum Strategy {
     Reserve,
     /// Launch on demand (or spot when interruptible) now; reserve only if there is no capacity.
     OnDemandFirst,
+}
+
+/// The objective among feasible reservations (ARCHITECTURE §8.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Prefer {
+    /// The lowest upfront fee, then the earliest start, then the request's type order.
+    Cheapest,
+    /// The earliest start, then the lowest fee, then the request's type order.
+    Earliest,
+}
+
+impl Prefer {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Prefer::Cheapest => "cheapest",
+            Prefer::Earliest => "earliest",
+        }
+    }
 }
 
 /// A product named in a request's `products`.
@@ -324,6 +348,9 @@ pub struct CapacityRequest {
     pub regions: Vec<String>,
     pub allow_split: bool,
     pub strategy: Strategy,
+    /// As asked; [`CapacityRequest::objective`] is what applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefer: Option<Prefer>,
     pub interruptible: bool,
     /// The products this request may use, in the order the framework prefers them.
     pub products: Vec<Product>,
@@ -334,6 +361,15 @@ pub struct CapacityRequest {
 }
 
 impl CapacityRequest {
+    /// What ranks feasible reservations: as asked, else `earliest` for `on-demand-first`
+    /// (its reservation is a fall-back for capacity wanted now) and `cheapest` otherwise.
+    pub fn objective(&self) -> Prefer {
+        self.prefer.unwrap_or(match self.strategy {
+            Strategy::OnDemandFirst => Prefer::Earliest,
+            Strategy::Reserve => Prefer::Cheapest,
+        })
+    }
+
     pub fn workload_kind(&self) -> WorkloadKind {
         kind_of(&self.workload)
     }
@@ -474,7 +510,7 @@ fn money_member(
     }
 }
 
-const TOP_LEVEL_FIELDS: [&str; 18] = [
+const TOP_LEVEL_FIELDS: [&str; 19] = [
     "schema_version",
     "request_id",
     "team",
@@ -486,6 +522,7 @@ const TOP_LEVEL_FIELDS: [&str; 18] = [
     "regions",
     "allow_split",
     "strategy",
+    "prefer",
     "interruptible",
     "products",
     "budget",
@@ -545,6 +582,7 @@ pub fn parse_request(
 
     let interruptible = member::<bool>(map, "interruptible", false, &mut p).unwrap_or(false);
     let strategy = member::<Strategy>(map, "strategy", false, &mut p).unwrap_or_default();
+    let prefer = member::<Prefer>(map, "prefer", false, &mut p);
     let allow_split = member::<bool>(map, "allow_split", false, &mut p).unwrap_or(false);
     let products = kind.and_then(|k| parse_products(map, k, interruptible, strategy, &mut p));
 
@@ -667,6 +705,7 @@ pub fn parse_request(
             regions,
             allow_split,
             strategy,
+            prefer,
             interruptible,
             products,
             budget,

@@ -44,6 +44,7 @@ pub fn request(id: &str, team_name: &str, max_upfront_usd: &str) -> CapacityRequ
         regions: vec!["us-east-1".into()],
         allow_split: false,
         strategy: Strategy::Reserve,
+        prefer: None,
         interruptible: false,
         products: vec![Product::CapacityBlock],
         budget: Budget {

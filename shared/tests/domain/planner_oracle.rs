@@ -11,8 +11,8 @@ use capacity_pilot::domain::money::Usd;
 use capacity_pilot::domain::offering::{Offering, Product, Segment, TargetResource};
 use capacity_pilot::domain::planner::{plan, plan_rank_key};
 use capacity_pilot::domain::request::{
-    Budget, CapacityRequest, RequestId, Strategy as ReqStrategy, Team, TrainingJobTemplate, Window,
-    WorkloadDetail,
+    Budget, CapacityRequest, Prefer, RequestId, Strategy as ReqStrategy, Team, TrainingJobTemplate,
+    Window, WorkloadDetail,
 };
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use proptest::prelude::*;
@@ -52,62 +52,66 @@ fn request_strategy() -> impl Strategy<Value = CapacityRequest> {
         proptest::sample::subsequence(vec![0usize, 1, 2], 1..=3), // regions
         proptest::bool::weighted(0.7), // allow_split
         1_000u32..=20_000, // max upfront
+        proptest::sample::select(vec![None, Some(Prefer::Cheapest), Some(Prefer::Earliest)]),
     )
-        .prop_map(|(sm, types, count, days, e, slack, regions, split, max)| {
-            let names = if sm { ML_TYPES } else { EC2_TYPES };
-            let earliest = now() + Duration::minutes(30 * e);
-            let duration_hours = days * 24;
-            let latest = earliest
-                + Duration::hours(i64::from(duration_hours))
-                + Duration::minutes(30 * slack);
-            let workload = if sm {
-                WorkloadDetail::TrainingJob(TrainingJobTemplate {
-                    training_image: "img".into(),
-                    output_s3_uri: "s3://b/o".into(),
-                    volume_size_gb: 100,
-                    hyper_parameters: BTreeMap::new(),
-                })
-            } else {
-                WorkloadDetail::Ec2Instances {
-                    launch_template: None,
-                    subnet_ids: vec![],
-                    instance_platform: None,
-                }
-            };
-            let products = if sm {
-                vec![
-                    Product::TrainingPlan {
-                        target: TargetResource::TrainingJob,
+        .prop_map(
+            |(sm, types, count, days, e, slack, regions, split, max, prefer)| {
+                let names = if sm { ML_TYPES } else { EC2_TYPES };
+                let earliest = now() + Duration::minutes(30 * e);
+                let duration_hours = days * 24;
+                let latest = earliest
+                    + Duration::hours(i64::from(duration_hours))
+                    + Duration::minutes(30 * slack);
+                let workload = if sm {
+                    WorkloadDetail::TrainingJob(TrainingJobTemplate {
+                        training_image: "img".into(),
+                        output_s3_uri: "s3://b/o".into(),
+                        volume_size_gb: 100,
+                        hyper_parameters: BTreeMap::new(),
+                    })
+                } else {
+                    WorkloadDetail::Ec2Instances {
+                        launch_template: None,
+                        subnet_ids: vec![],
+                        instance_platform: None,
+                    }
+                };
+                let products = if sm {
+                    vec![
+                        Product::TrainingPlan {
+                            target: TargetResource::TrainingJob,
+                        },
+                        Product::OnDemand,
+                    ]
+                } else {
+                    vec![Product::CapacityBlock, Product::OnDemand]
+                };
+                CapacityRequest {
+                    id: RequestId::parse("prop-1").unwrap(),
+                    team: Team::parse("team-a").unwrap(),
+                    instance_types: types.iter().map(|&i| names[i].to_string()).collect(),
+                    instance_count: count,
+                    duration_hours,
+                    window: Window {
+                        earliest_start: earliest,
+                        latest_end: latest,
                     },
-                    Product::OnDemand,
-                ]
-            } else {
-                vec![Product::CapacityBlock, Product::OnDemand]
-            };
-            CapacityRequest {
-                id: RequestId::parse("prop-1").unwrap(),
-                team: Team::parse("team-a").unwrap(),
-                instance_types: types.iter().map(|&i| names[i].to_string()).collect(),
-                instance_count: count,
-                duration_hours,
-                window: Window {
-                    earliest_start: earliest,
-                    latest_end: latest,
-                },
-                regions: regions.iter().map(|&i| REGIONS[i].to_string()).collect(),
-                allow_split: split,
-                strategy: ReqStrategy::Reserve,
-                interruptible: false,
-                products,
-                budget: Budget {
-                    max_upfront: Usd::parse(&max.to_string()).unwrap(),
-                    approval_above: None,
-                },
-                workload,
-                drain_minutes: 0,
-                tags: BTreeMap::new(),
-            }
-        })
+                    regions: regions.iter().map(|&i| REGIONS[i].to_string()).collect(),
+                    allow_split: split,
+                    strategy: ReqStrategy::Reserve,
+                    prefer,
+                    interruptible: false,
+                    products,
+                    budget: Budget {
+                        max_upfront: Usd::parse(&max.to_string()).unwrap(),
+                        approval_above: None,
+                    },
+                    workload,
+                    drain_minutes: 0,
+                    tags: BTreeMap::new(),
+                }
+            },
+        )
 }
 
 fn offering_strategy(
@@ -277,6 +281,15 @@ fn oracle_key(req: &CapacityRequest, os: &[&Offering]) -> OracleKey {
     (fee, start, segs, pref)
 }
 
+/// The key in the request's objective's order: `earliest` ranks the start before the fee.
+fn objective_order(
+    req: &CapacityRequest,
+    (fee, start, segs, pref): OracleKey,
+) -> (Option<DateTime<Utc>>, Usd, DateTime<Utc>, usize, usize) {
+    let earliest = req.prefer == Some(Prefer::Earliest);
+    (earliest.then_some(start), fee, start, segs, pref)
+}
+
 /// Every feasible plan, as offering-id lists, with its key.
 fn oracle(req: &CapacityRequest, offerings: &[Offering]) -> Vec<(Vec<String>, OracleKey)> {
     let need = i64::from(req.duration_hours) * 60;
@@ -327,7 +340,7 @@ proptest! {
         let expected = oracle(&case.request, &case.offerings)
             .into_iter()
             .map(|(_, k)| k)
-            .min();
+            .min_by_key(|k| objective_order(&case.request, *k));
         let got = planning.best().map(|p| planner_key(&case.request, p));
         prop_assert_eq!(got, expected);
     }
@@ -414,6 +427,7 @@ fn ec2_request(split: bool) -> CapacityRequest {
         regions: vec!["us-east-1".into()],
         allow_split: split,
         strategy: ReqStrategy::Reserve,
+        prefer: None,
         interruptible: false,
         products: vec![Product::CapacityBlock, Product::OnDemand],
         budget: Budget {
@@ -601,4 +615,67 @@ fn a_plan_costing_exactly_the_max_upfront_is_within_budget() {
     // THEN both are feasible, and the single block wins the tie on fewer segments
     let ids: Vec<Vec<&str>> = planning.plans.iter().map(|p| p.offering_ids()).collect();
     assert_eq!(ids, [vec!["exact"], vec!["half-1", "half-2"]]);
+}
+
+#[test]
+fn prefer_earliest_takes_the_earliest_start_and_states_the_trade_off() {
+    // Issue 16: team D's case. GIVEN an early expensive block and a later cheap one
+    let offerings = [
+        block("early", 24, 48, "8000", "p5.48xlarge"),
+        block("late", 24 * 7, 48, "6644.74", "p5.48xlarge"),
+    ];
+    let mut req = ec2_request(false);
+
+    // WHEN the request prefers the earliest start (asked, or as on-demand-first's fall-back)
+    for prefer in [Some(Prefer::Earliest), None] {
+        req.prefer = prefer;
+        req.strategy = if prefer.is_none() {
+            ReqStrategy::OnDemandFirst
+        } else {
+            ReqStrategy::Reserve
+        };
+        let planning = plan(&req, &offerings, &PriceTable::default(), now());
+
+        // THEN the early block is chosen, and the decision names both sides of the trade-off
+        let best = planning.best().unwrap();
+        assert_eq!(best.offering_ids(), ["early"]);
+        assert!(
+            best.reason.contains("chosen (earliest first)"),
+            "{}",
+            best.reason
+        );
+        assert!(
+            best.reason
+                .contains("earliest: 2 December 00:00Z, $8000.00")
+                && best
+                    .reason
+                    .contains("cheapest: 8 December 00:00Z, $6644.74"),
+            "{}",
+            best.reason
+        );
+        assert!(
+            planning.rejections[0]
+                .reason
+                .contains("though it costs less"),
+            "{}",
+            planning.rejections[0].reason
+        );
+    }
+
+    // AND cheapest (the default for reserve) takes the cheap one, stating the same trade-off
+    req.prefer = None;
+    req.strategy = ReqStrategy::Reserve;
+    let planning = plan(&req, &offerings, &PriceTable::default(), now());
+    let best = planning.best().unwrap();
+    assert_eq!(best.offering_ids(), ["late"]);
+    assert!(
+        best.reason.contains("chosen (cheapest first)"),
+        "{}",
+        best.reason
+    );
+    assert!(
+        best.reason.contains("the trade-off: earliest: 2 December"),
+        "{}",
+        best.reason
+    );
 }

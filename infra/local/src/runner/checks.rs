@@ -494,6 +494,51 @@ pub fn judge(o: &Observed) -> Vec<Check> {
                 ok,
                 notes.join("; "),
             );
+
+            // Its fall-back takes the earliest feasible reservation (ARCHITECTURE §8.1): the
+            // bought start is the earliest among the feasible offerings the emulator
+            // returned to any search up to the purchase, as the emulator saw them.
+            let bought_at = reserved.first().and_then(|r| time(&r["time"]));
+            let earliest = bought_at.and_then(|bought_at| {
+                let hours = detail["duration_hours"].as_i64().unwrap_or(0);
+                let count = detail["instance_count"].as_i64().unwrap_or(0);
+                let types: Vec<&str> = detail["instance_types"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                let latest = time(&detail["latest_end"])?;
+                let max_fee = money(&detail["budget"]["max_upfront_usd"])?;
+                o.cloud.with_world(|w| {
+                    w.ec2
+                        .offered
+                        .iter()
+                        .filter(|(at, _)| *at <= bought_at)
+                        .flat_map(|(at, ids)| ids.iter().map(move |i| (*at, i)))
+                        .filter_map(|(at, i)| w.ec2.offerings.get(i).map(|o| (at, o)))
+                        .filter(|(at, o)| {
+                            types.contains(&o.instance_type.as_str())
+                                && o.instance_count == count
+                                && (o.end - o.start).num_minutes() >= hours * 60
+                                && o.start >= *at + chrono::TimeDelta::minutes(30)
+                                && desired.is_none_or(|d| o.start >= d)
+                                && o.end <= latest
+                                && o.upfront_fee <= max_fee
+                        })
+                        .map(|(_, o)| o.start)
+                        .min()
+                })
+            });
+            check(
+                "fell back to the earliest feasible block",
+                id,
+                start.is_some() && start == earliest,
+                format!(
+                    "bought a block starting {}; the earliest feasible start among the offerings \
+                     returned was {}",
+                    start.map_or("never".into(), |s| s.format("%m-%d %H:%M").to_string()),
+                    earliest.map_or("none".into(), |s| s.format("%m-%d %H:%M").to_string()),
+                ),
+            );
         }
 
         if let Some(fields) = &e.rejected_fields {
