@@ -7,6 +7,7 @@ pub mod domain;
 pub mod lambda;
 pub mod outbox;
 pub mod ports;
+pub mod search;
 pub mod workload;
 
 #[cfg(feature = "test-util")]

@@ -571,6 +571,9 @@ pub struct RequestRecord {
     /// Its run on demand or spot, from the estimate's hold on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<OnDemandRun>,
+    /// Its search round: each query's outcome until it decides (ARCHITECTURE §8.8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search: Option<crate::search::SearchRound>,
     /// Everything this request has been debited and kept (purchases and on-demand spend).
     pub spent: MicroUsd,
     /// The ranked plans from the last search.
@@ -668,6 +671,8 @@ pub struct Transition {
     pub windows: Option<Vec<WindowRecord>>,
     /// Replaces the request's on-demand run record when `Some`.
     pub run: Option<OnDemandRun>,
+    /// Replaces the request's search round when `Some`; an empty round clears it.
+    pub search: Option<crate::search::SearchRound>,
     /// Keeps this cancellation on the request when `Some`: it is applied by the function
     /// the new status belongs to (an on-demand run's, once stopped and settled).
     pub cancel: Option<CancelNote>,
@@ -732,6 +737,7 @@ impl Transition {
             settle: None,
             windows: None,
             run: None,
+            search: None,
             cancel: None,
             reservations: vec![],
             refund: None,
@@ -748,6 +754,12 @@ impl Transition {
     pub fn holding(mut self, debit: Debit) -> Transition {
         self.debit = Some(debit);
         self.hold = true;
+        self
+    }
+
+    /// The same transition, recording the request's search round as `round`.
+    pub fn with_search(mut self, round: crate::search::SearchRound) -> Transition {
+        self.search = Some(round);
         self
     }
 
@@ -858,6 +870,7 @@ impl WindowUpdate {
             settle: None,
             windows: Some(self.windows.clone()),
             run: None,
+            search: None,
             cancel: None,
             reservations: vec![],
             refund: None,

@@ -153,6 +153,7 @@ pub fn transition(
         hold: false,
         settle: None,
         run: None,
+        search: None,
         cancel: None,
         reservations: vec![],
         refund: None,

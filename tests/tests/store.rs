@@ -2204,3 +2204,39 @@ async fn a_held_run_estimate_is_settled_by_what_ran_exactly_once() {
         usd("12").to_micros_ceil()
     );
 }
+
+#[tokio::test]
+async fn a_search_round_is_kept_on_the_request_and_cleared_by_an_empty_one() {
+    use capacity_pilot::search::{QueryOutcome, SearchRound};
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let id = "round";
+    store
+        .create_request(new_request(id, "web", None))
+        .await
+        .unwrap();
+    let mut round = SearchRound::default();
+    round.started_at = Some(t0());
+    round.outcomes.insert(
+        "capacity-block/us-east-2/p5.48xlarge/4x/48h".into(),
+        QueryOutcome::Refused {
+            reason: "not supported for Capacity Blocks in 'us-east-2'".into(),
+        },
+    );
+    round.outcomes.insert(
+        "capacity-block/us-east-1/p5.48xlarge/4x/48h".into(),
+        QueryOutcome::Failing {
+            ticks: 2,
+            error: "throttled".into(),
+        },
+    );
+    let mut t = transition(id, 1, Accepted, Searching, "search-1");
+    t.search = Some(round.clone());
+    store.transition(t).await.unwrap();
+    assert_eq!(get(&store, id).await.search, Some(round));
+
+    let mut t = transition(id, 2, Searching, Searching, "search-2");
+    t.search = Some(SearchRound::default());
+    store.transition(t).await.unwrap();
+    assert_eq!(get(&store, id).await.search, None);
+}

@@ -27,6 +27,7 @@ use capacity_pilot::ports::{
     CapacityMarket, Cause, Clock, CreateOutcome, EventSink, NewRequest, OfferingQuery, PortError,
     RequestRecord, Store, Transition, Workloads, WriteOutcome,
 };
+use capacity_pilot::search::{self, SearchRound};
 use capacity_pilot::workload;
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
@@ -329,60 +330,124 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
             }
         }
         let searching = kept_ok;
-        // One AWS call per distinct query.
+        // Each request's round (ARCHITECTURE §8.8), and what it asks this tick: at most
+        // MAX_QUERIES_PER_REQUEST_TICK of what has no answer or refusal yet. Requests asking
+        // the same question share one AWS call.
+        let mut rounds = Vec::new();
         let mut queries: BTreeMap<OfferingQuery, Vec<usize>> = BTreeMap::new();
-        for (i, need) in needs.iter().enumerate() {
-            for q in queries_for(need, now) {
-                queries.entry(q).or_default().push(i);
+        for (i, ((rec, _), need)) in searching.iter().zip(&needs).enumerate() {
+            let all = queries_for(need, now);
+            let round = rec.search.clone().unwrap_or_default().for_queries(&all);
+            let asked = round.to_ask(&all);
+            for q in &asked {
+                queries.entry(q.clone()).or_default().push(i);
             }
+            rounds.push((all, round, asked));
         }
-        let mut found: Vec<Vec<Offering>> = vec![Vec::new(); searching.len()];
-        let mut failed: Vec<Option<PortError>> = vec![None; searching.len()];
-        for (q, users) in &queries {
-            out.searches += 1;
-            match self.market.search(q).await {
-                Ok(offerings) => {
-                    for &i in users {
-                        found[i].extend(offerings.iter().cloned());
-                    }
-                }
-                Err(e) => {
-                    warn!(region = %q.region, instance_type = %q.instance_type, error = %e, "search failed");
-                    for &i in users {
-                        failed[i].get_or_insert(e.clone());
-                    }
-                }
-            }
-        }
-        for (i, ((rec, kept), need)) in searching.into_iter().zip(needs).enumerate() {
-            if let Some(e) = failed[i].take() {
-                // Nothing is decided on partial results; the next tick tries again.
-                out.decisions.push(Decision::new(
-                    &rec.request_id,
-                    "search-failed",
-                    format!("a search failed ({e}); trying again on the next schedule"),
-                ));
-                errors.push(e);
+        let mut answers: BTreeMap<OfferingQuery, Result<Vec<Offering>, PortError>> =
+            BTreeMap::new();
+        // A region whose describe limit says "rate" backs off for the rest of the tick: what
+        // it would have asked counts as failing, and is asked again next tick.
+        let mut backing_off: BTreeSet<String> = BTreeSet::new();
+        for q in queries.keys() {
+            let blocks = q.product == Product::CapacityBlock;
+            if blocks && backing_off.contains(&q.region) {
+                answers.insert(
+                    q.clone(),
+                    Err(PortError::Throttled {
+                        service: "ec2",
+                        code: "Deferred".into(),
+                        message: format!(
+                            "deferred: {} is backing off its Capacity Block describe limit",
+                            q.region
+                        ),
+                    }),
+                );
                 continue;
             }
-            let mut offerings = std::mem::take(&mut found[i]);
-            let mut seen = BTreeSet::new();
-            offerings.retain(|o| seen.insert((o.region.clone(), o.id.clone())));
-            // A replacement segment must not overlap what is already bought.
-            offerings.retain(|o| {
-                !o.segments.iter().any(|s| {
-                    kept.iter()
-                        .flat_map(|r| &r.segments)
-                        .any(|k| s.start < k.end && k.start < s.end)
-                })
-            });
-            if let Err(e) = self
-                .record(&rec, &need, &kept, &offerings, cause, now, out)
+            out.searches += 1;
+            let result = self.market.search(q).await;
+            if let Err(e) = &result {
+                warn!(region = %q.region, instance_type = %q.instance_type, error = %e, "search failed");
+                if blocks && matches!(search::read_failure(e), search::Failure::RateLimited(_)) {
+                    backing_off.insert(q.region.clone());
+                }
+            }
+            answers.insert(q.clone(), result);
+        }
+        for ((rec, kept), need) in searching.into_iter().zip(needs) {
+            let (all, mut round, asked) = rounds.remove(0);
+            for q in &asked {
+                if let Some(result) = answers.get(q) {
+                    round.record(&all, q, result, now);
+                }
+            }
+            let deadline = search_deadline(need.window.latest_end, need.duration_hours);
+            let result = if round.decides(&all, now, deadline) {
+                let mut offerings = round.offerings();
+                let mut seen = BTreeSet::new();
+                offerings.retain(|o| seen.insert((o.region.clone(), o.id.clone())));
+                // A replacement segment must not overlap what is already bought.
+                offerings.retain(|o| {
+                    !o.segments.iter().any(|s| {
+                        kept.iter()
+                            .flat_map(|r| &r.segments)
+                            .any(|k| s.start < k.end && k.start < s.end)
+                    })
+                });
+                self.record(
+                    &rec,
+                    &need,
+                    &kept,
+                    &offerings,
+                    (&round, &all),
+                    cause,
+                    now,
+                    out,
+                )
                 .await
-            {
+            } else {
+                self.wait(&rec, round, &all, cause, now, out).await
+            };
+            if let Err(e) = result {
                 errors.push(e);
             }
         }
+    }
+
+    /// The round is not decided yet: records what each query came to, and looks again on
+    /// the next tick.
+    async fn wait(
+        &self,
+        rec: &RequestRecord,
+        round: SearchRound,
+        all: &[OfferingQuery],
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let reason = format!(
+            "searching: {} of {} queries answered or refused; waiting on {}",
+            round.settled(all),
+            all.len(),
+            round.gaps(all).join("; ")
+        );
+        let t = Transition::of(
+            rec,
+            rec.status,
+            &reason,
+            Some(now),
+            now,
+            &Cause::new(format!("{}#search", cause.event_id)),
+        )
+        .with_search(round);
+        let w = self.store.transition(t).await?;
+        out.decisions.push(Decision::new(
+            &rec.request_id,
+            decision::written(&w, "searching"),
+            reason,
+        ));
+        Ok(())
     }
 
     /// Accepted requests start searching (or go on demand); others are returned as they are.
@@ -445,11 +510,18 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
         req: &CapacityRequest,
         kept: &[Reservation],
         offerings: &[Offering],
+        (round, all): (&SearchRound, &[OfferingQuery]),
         cause: &Cause,
         now: DateTime<Utc>,
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let id = &rec.request_id;
+        let gaps = round.gaps(all);
+        let missing = if gaps.is_empty() {
+            String::new()
+        } else {
+            format!("; decided without: {}", gaps.join("; "))
+        };
         let (usable, unusable) = workload::usable(&self.workloads, req, offerings).await?;
         let mut planning = plan(req, &usable, &self.config.prices, now);
         planning.rejections.extend(unusable);
@@ -463,11 +535,13 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
             Some(now),
             now,
             &step,
-        );
+        )
+        .with_search(round.next_round());
         let action;
+        let refused = round.all_refused(all);
         if let Some(best) = planning.best() {
             action = "offerings-found";
-            t.reason = best.reason.clone();
+            t.reason = format!("{}{missing}", best.reason);
             let kept: Vec<_> = planning
                 .plans
                 .iter()
@@ -483,13 +557,17 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
                 rejections_omitted,
             })];
             t.candidates = Some(kept);
-        } else if now >= deadline {
+        } else if now >= deadline || refused {
             action = "failed";
             t.to = RequestStatus::Failed;
             t.next_action_at = None;
+            let when = if refused {
+                "and every search was refused, so none can be".to_string()
+            } else {
+                format!("before the search deadline {deadline}")
+            };
             t.reason = format!(
-                "no feasible {} was found before the search deadline {deadline} \
-                 ({} offerings seen{}){}",
+                "no feasible {} was found {when} ({} offerings seen{}){}{missing}",
                 if kept.is_empty() {
                     "offering"
                 } else {
@@ -523,7 +601,8 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
             t.to = RequestStatus::NotFound;
             t.next_action_at = Some(next);
             t.reason = format!(
-                "no feasible offering yet ({} offerings seen{}); searching again at {next}",
+                "no feasible offering yet ({} offerings seen{}{missing}); searching again at \
+                 {next}",
                 offerings.len(),
                 summarize(&planning.rejections)
             );

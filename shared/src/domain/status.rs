@@ -88,7 +88,8 @@ impl RequestStatus {
     pub fn successors(self) -> &'static [RequestStatus] {
         match self {
             Accepted => &[Searching, TryingOnDemand, Cancelled, Failed],
-            Searching => &[OfferingsFound, NotFound, Cancelled, Failed],
+            // Searching -> Searching: a search round waiting on some of its queries.
+            Searching => &[Searching, OfferingsFound, NotFound, Cancelled, Failed],
             // NotFound -> NotFound: a retry that found nothing again, with a new next look.
             NotFound => &[NotFound, Searching, OfferingsFound, Cancelled, Failed],
             // Back to Searching when the chosen offering has gone.

@@ -87,6 +87,9 @@ struct State {
     purchases: BTreeMap<String, u32>,
     next_id: u64,
     faults: Faults<MarketOp>,
+    /// Standing answers to searches of a region (and type, when given): every matching
+    /// search fails with the error, until cleared.
+    search_errors: Vec<(String, Option<String>, PortError)>,
     calls: Vec<MarketCall>,
 }
 
@@ -120,6 +123,7 @@ impl FakeMarket {
                 purchases: BTreeMap::new(),
                 next_id: 1,
                 faults: Faults::default(),
+                search_errors: Vec::new(),
                 calls: Vec::new(),
             })),
         }
@@ -238,8 +242,21 @@ impl FakeMarket {
         self.fail_next(op, errors::throttled("market"));
     }
 
+    /// Every search of `region` (and `instance_type`, when given) fails with `error` until
+    /// [`FakeMarket::clear_faults`]: a type AWS does not sell there, a missing quota, a
+    /// region that keeps failing.
+    pub fn fail_searches(&self, region: &str, instance_type: Option<&str>, error: PortError) {
+        lock(&self.state).search_errors.push((
+            region.to_string(),
+            instance_type.map(str::to_string),
+            error,
+        ));
+    }
+
     pub fn clear_faults(&self) {
-        lock(&self.state).faults.clear();
+        let mut s = lock(&self.state);
+        s.faults.clear();
+        s.search_errors.clear();
     }
 
     // ---- assertions --------------------------------------------------------------------
@@ -400,6 +417,11 @@ impl CapacityMarket for FakeMarket {
             Some(Fault::ApplyThenFail(e)) => Some(e),
             None => None,
         };
+        if let Some((_, _, e)) = s.search_errors.iter().find(|(region, ty, _)| {
+            *region == query.region && ty.as_ref().is_none_or(|t| *t == query.instance_type)
+        }) {
+            return Err(e.clone());
+        }
         let found: Vec<Offering> = match s.per_query.get(query) {
             Some(list) => list.clone(),
             None => s

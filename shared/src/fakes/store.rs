@@ -559,6 +559,7 @@ impl State {
             cancel: None,
             open_debit: None,
             run: None,
+            search: None,
             spent: MicroUsd(0),
             candidates: Vec::new(),
             created_at: new.at,
@@ -700,6 +701,9 @@ impl State {
         }
         if let Some(run) = t.run {
             record.run = Some(run);
+        }
+        if let Some(round) = t.search {
+            record.search = (round != Default::default()).then_some(round);
         }
         if let Some(note) = t.cancel {
             record.cancel = Some(note);

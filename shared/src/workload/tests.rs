@@ -62,6 +62,7 @@ fn record(req: CapacityRequest) -> RequestRecord {
         cancel: None,
         open_debit: None,
         run: None,
+        search: None,
         spent: MicroUsd(0),
         candidates: vec![],
         created_at: t0(),

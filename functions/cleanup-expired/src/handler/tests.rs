@@ -109,6 +109,7 @@ impl World {
             cancel: None,
             open_debit: None,
             run: None,
+            search: None,
             spent: MicroUsd(0),
             candidates: vec![],
             created_at: t0(),

@@ -102,6 +102,7 @@ impl World {
             cancel: None,
             open_debit: None,
             run: None,
+            search: None,
             spent: MicroUsd(0),
             candidates: planning.plans,
             created_at: t0(),

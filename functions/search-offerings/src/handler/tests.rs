@@ -280,11 +280,11 @@ async fn identical_queries_across_requests_share_one_search() {
             message: "slow down".into(),
         },
     );
-    assert!(
-        s.handle(submitted(SOURCE, "e1", detail("r1")))
-            .await
-            .is_err()
-    );
+    // A failed query is recorded on the request and asked again next tick (ARCHITECTURE
+    // §8.8), not an invocation error.
+    s.handle(submitted(SOURCE, "e1", detail("r1")))
+        .await
+        .unwrap();
     w.market.fail_next(
         MarketOp::Search,
         PortError::Throttled {
@@ -293,11 +293,9 @@ async fn identical_queries_across_requests_share_one_search() {
             message: "slow down".into(),
         },
     );
-    assert!(
-        s.handle(submitted(SOURCE, "e2", detail("r2")))
-            .await
-            .is_err()
-    );
+    s.handle(submitted(SOURCE, "e2", detail("r2")))
+        .await
+        .unwrap();
     assert_eq!(
         w.status("r1").await,
         RequestStatus::Searching,
@@ -527,6 +525,7 @@ fn kept_first_half(w: &World, id: &str) {
         cancel: None,
         open_debit: None,
         run: None,
+        search: None,
         spent: Usd::parse("3000").unwrap().to_micros_ceil(),
         candidates: vec![],
         created_at: t0(),
@@ -746,4 +745,190 @@ async fn a_submission_after_its_cancellation_from_the_same_source_is_recorded_ca
     let accepted = w.events.published_of("Capacity Request Accepted");
     assert_eq!(accepted.len(), 1);
     assert_eq!(accepted[0].detail["request_id"], "r2");
+}
+
+// ---- issue 16: per-query outcomes (ARCHITECTURE §8.8) ---------------------------------
+
+fn unsupported(region: &str) -> PortError {
+    PortError::Permanent {
+        service: "ec2",
+        code: "InvalidParameterValue".into(),
+        message: format!(
+            "The instance type 'p5.48xlarge' is not supported for Capacity Blocks in '{region}'"
+        ),
+    }
+}
+
+fn describe_limit(message: &str) -> PortError {
+    PortError::Throttled {
+        service: "ec2",
+        code: "CapacityBlockDescribeLimitExceeded".into(),
+        message: message.into(),
+    }
+}
+
+fn two_regions(id: &str) -> Value {
+    let mut d = detail(id);
+    d["regions"] = json!(["us-east-1", "us-east-2"]);
+    d
+}
+
+async fn record(w: &World, id: &str) -> capacity_pilot::ports::RequestRecord {
+    w.store.get_request(&request_id(id)).await.unwrap().unwrap()
+}
+
+#[tokio::test]
+async fn a_permanently_refused_query_is_dropped_and_the_others_still_decide() {
+    // GIVEN a request for two regions; us-east-2 does not sell p5.48xlarge as blocks
+    let w = World::new();
+    w.market.list(block("cb-1", day(3), 48, "6644.74"));
+    w.market
+        .fail_searches("us-east-2", None, unsupported("us-east-2"));
+
+    // WHEN it is submitted (before the fix: the whole search was discarded, every tick)
+    w.searcher()
+        .handle(submitted(SOURCE, "e1", two_regions("r1")))
+        .await
+        .unwrap();
+
+    // THEN it decides on us-east-1's answer, naming the refusal
+    let rec = record(&w, "r1").await;
+    assert_eq!(rec.status, RequestStatus::OfferingsFound, "{}", rec.reason);
+    assert!(
+        rec.reason.contains("us-east-2")
+            && rec.reason.contains("not supported for Capacity Blocks"),
+        "{}",
+        rec.reason
+    );
+    assert_eq!(rec.candidates[0].offering_ids(), ["cb-1"]);
+}
+
+#[tokio::test]
+async fn a_request_whose_every_query_is_refused_fails_at_once_with_the_reasons() {
+    let w = World::new();
+    for region in ["us-east-1", "us-east-2"] {
+        w.market.fail_searches(region, None, unsupported(region));
+    }
+    w.searcher()
+        .handle(submitted(SOURCE, "e1", two_regions("r1")))
+        .await
+        .unwrap();
+    let rec = record(&w, "r1").await;
+    assert_eq!(rec.status, RequestStatus::Failed, "{}", rec.reason);
+    let failed = &w.events.published_of("Capacity Request Failed")[0].detail;
+    let reason = failed["reason"].as_str().unwrap();
+    assert!(reason.contains("every search was refused"), "{reason}");
+    assert!(
+        reason.contains("'us-east-1'") && reason.contains("'us-east-2'"),
+        "{reason}"
+    );
+}
+
+#[tokio::test]
+async fn a_request_whose_queries_keep_failing_fails_at_its_deadline() {
+    // GIVEN every search of the request failing, tick after tick
+    let w = World::new();
+    let s = w.searcher();
+    w.market.fail_searches(
+        "us-east-1",
+        None,
+        PortError::Transient {
+            service: "ec2",
+            code: "ServiceUnavailable".into(),
+            message: "try later".into(),
+        },
+    );
+    s.handle(submitted(SOURCE, "e1", detail("r1")))
+        .await
+        .unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::Searching);
+
+    // WHEN the schedule runs every 5 minutes until past the search deadline (before the
+    // fix: searched every 5 minutes for ever, never failed)
+    let deadline: DateTime<Utc> = "2026-12-07T11:00:00Z".parse().unwrap();
+    let mut ticks = 0;
+    while w.status("r1").await != RequestStatus::Failed && w.clock.get() <= deadline {
+        w.clock.advance(Duration::minutes(5));
+        s.handle(tick(&format!("t{ticks}"))).await.unwrap();
+        ticks += 1;
+    }
+
+    // THEN it failed at its deadline, naming what kept failing
+    let rec = record(&w, "r1").await;
+    assert_eq!(rec.status, RequestStatus::Failed, "{}", rec.reason);
+    assert!(w.clock.get() >= deadline);
+    assert!(
+        rec.reason.contains("search deadline") && rec.reason.contains("ServiceUnavailable"),
+        "{}",
+        rec.reason
+    );
+}
+
+#[tokio::test]
+async fn the_account_limit_reading_marks_the_family_and_region_unavailable_and_the_rest_go_on() {
+    // GIVEN a request for p5 or p4d, and an account with no Capacity Block quota for p5
+    let w = World::new();
+    let mut d = detail("r1");
+    d["instance_types"] = json!(["p5.48xlarge", "p4d.24xlarge"]);
+    let mut p4d = block("cb-p4d", day(3), 48, "3000");
+    p4d.instance_type = "p4d.24xlarge".into();
+    w.market.list(p4d);
+    w.market.fail_searches(
+        "us-east-1",
+        Some("p5.48xlarge"),
+        describe_limit(
+            "Your existing service limits for this AWS account are not sufficient to use EC2 \
+             Capacity Blocks",
+        ),
+    );
+
+    // WHEN it is searched (before the fix: a throttle, the whole search retried for ever)
+    w.searcher()
+        .handle(submitted(SOURCE, "e1", d))
+        .await
+        .unwrap();
+
+    // THEN p5 in us-east-1 is dropped with the reason, and the p4d block is found
+    let rec = record(&w, "r1").await;
+    assert_eq!(rec.status, RequestStatus::OfferingsFound, "{}", rec.reason);
+    assert_eq!(rec.candidates[0].offering_ids(), ["cb-p4d"]);
+    assert!(
+        rec.reason
+            .contains("no Capacity Block quota for p5 in us-east-1"),
+        "{}",
+        rec.reason
+    );
+}
+
+#[tokio::test]
+async fn the_rate_reading_backs_the_region_off_and_loses_nothing() {
+    // GIVEN two p5 and p4d queries in us-east-1, the first refused by the rate limit once
+    let w = World::new();
+    let s = w.searcher();
+    let mut d = detail("r1");
+    d["instance_types"] = json!(["p5.48xlarge", "p4d.24xlarge"]);
+    w.market.list(block("cb-1", day(3), 48, "6644.74"));
+    w.market.fail_next(
+        MarketOp::Search,
+        describe_limit("You've reached the limit for this account."),
+    );
+
+    // WHEN it is submitted
+    s.handle(submitted(SOURCE, "e1", d)).await.unwrap();
+
+    // THEN the region backed off: one call made, the other query deferred, nothing decided
+    assert_eq!(w.market.calls_of(MarketOp::Search), 1);
+    let rec = record(&w, "r1").await;
+    assert_eq!(rec.status, RequestStatus::Searching, "{}", rec.reason);
+    assert!(rec.reason.contains("backing off"), "{}", rec.reason);
+
+    // WHEN the next tick comes, the limit lifted
+    w.clock.advance(Duration::minutes(5));
+    s.handle(tick("t1")).await.unwrap();
+
+    // THEN both are asked and it decides
+    assert_eq!(w.market.calls_of(MarketOp::Search), 3);
+    let rec = record(&w, "r1").await;
+    assert_eq!(rec.status, RequestStatus::OfferingsFound, "{}", rec.reason);
+    assert_eq!(rec.candidates[0].offering_ids(), ["cb-1"]);
 }

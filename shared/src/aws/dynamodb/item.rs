@@ -76,6 +76,8 @@ pub(super) mod attr {
     pub const CANCEL: &str = "cancel";
     /// An on-demand run's record (JSON).
     pub const RUN: &str = "run";
+    /// A request's search round (JSON).
+    pub const SEARCH: &str = "search_round";
     pub const OPEN_DEBIT_MICROS: &str = "open_debit_micros";
     pub const OPEN_DEBIT_TEAM: &str = "open_debit_team";
     pub const OPEN_DEBIT_MONTH: &str = "open_debit_month";
@@ -346,6 +348,10 @@ pub(super) fn read_meta(item: &Item) -> Result<Meta, PortError> {
         open_debit,
         run: match r.opt_str(attr::RUN)? {
             Some(_) => Some(r.json(attr::RUN)?),
+            None => None,
+        },
+        search: match r.opt_str(attr::SEARCH)? {
+            Some(_) => Some(r.json(attr::SEARCH)?),
             None => None,
         },
         spent: MicroUsd(r.opt_int(attr::SPENT_MICROS)?.unwrap_or(0)),

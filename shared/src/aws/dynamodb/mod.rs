@@ -895,6 +895,15 @@ impl Store for DynamoStore {
         if let Some(run) = &t.run {
             e.set(attr::RUN, json("run", run)?);
         }
+        match &t.search {
+            Some(round) if *round == Default::default() => {
+                e.remove(attr::SEARCH);
+            }
+            Some(round) => {
+                e.set(attr::SEARCH, json("search", round)?);
+            }
+            None => {}
+        }
         if let Some(note) = &t.cancel {
             e.set(attr::CANCEL, json("cancel", note)?);
         }

@@ -53,6 +53,7 @@ fn transition(rid: &str, version: u64, from: RequestStatus, to: RequestStatus) -
         hold: false,
         settle: None,
         run: None,
+        search: None,
         cancel: None,
         reservations: vec![],
         refund: None,

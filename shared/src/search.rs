@@ -1,0 +1,283 @@
+//! A request's search round (ARCHITECTURE §8.8): what each of its queries came to, kept on
+//! the request across ticks until it decides.
+//!
+//! A query is answered, refused (permanently: an unsupported type in a region, an account
+//! without Capacity Block quota for a family there), or failing (throttled, unavailable,
+//! deferred by pacing). A request decides once every query has an answer or a refusal, or
+//! has failed for [`FAILING_TICKS`] ticks, or when its search deadline is within
+//! [`DECIDE_BEFORE_DEADLINE`]: it never waits on one query for ever. A round ends with the
+//! decision; the next round asks everything again except what was refused.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::domain::offering::{Offering, Product};
+use crate::ports::{OfferingQuery, PortError};
+
+/// At most this many queries per request per tick; the rest wait their turn.
+pub const MAX_QUERIES_PER_REQUEST_TICK: usize = 8;
+/// A query failing this many ticks in a row no longer holds the decision back.
+pub const FAILING_TICKS: u32 = 3;
+/// From this long before the search deadline, a request decides on what it has.
+pub const DECIDE_BEFORE_DEADLINE: Duration = Duration::hours(2);
+/// At most this many offerings of one answer are kept on the request (AWS answers a
+/// Capacity Block search with at most a handful).
+pub const OFFERINGS_KEPT_PER_QUERY: usize = 12;
+/// EC2's code for the describe limit, and the words of its account-limit reading.
+pub const DESCRIBE_LIMIT: &str = "CapacityBlockDescribeLimitExceeded";
+const ACCOUNT_LIMIT_WORDS: &str = "limits for this AWS account are not sufficient";
+
+/// What one query came to in the current round.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "kebab-case")]
+pub enum QueryOutcome {
+    Answered {
+        at: DateTime<Utc>,
+        offerings: Vec<Offering>,
+    },
+    /// Asking again cannot help, in this round or the next.
+    Refused { reason: String },
+    /// Failed (or deferred) `ticks` ticks in a row; `error` is the last.
+    Failing { ticks: u32, error: String },
+}
+
+/// A request's round: each query's outcome, by [`key`].
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SearchRound {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub outcomes: BTreeMap<String, QueryOutcome>,
+}
+
+/// A query's identity within a round: its product, region, type, count and duration (its
+/// date range follows the clock, so it is not part of it).
+pub fn key(q: &OfferingQuery) -> String {
+    format!(
+        "{}/{}/{}/{}x/{}h",
+        q.product, q.region, q.instance_type, q.instance_count, q.duration_hours
+    )
+}
+
+/// An instance type's family, as EC2's per-family quotas count it: `p5` of `p5.48xlarge`.
+pub fn family(instance_type: &str) -> &str {
+    instance_type.split('.').next().unwrap_or(instance_type)
+}
+
+/// How a failed query reads (ARCHITECTURE §8.8).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// Dropped for the request, with the reason.
+    Refused(String),
+    /// The account has no Capacity Block quota for this family in this region: every
+    /// query of the family there is refused for the request.
+    NoQuota(String),
+    /// A rate limit: the region backs off, and the query counts as failing.
+    RateLimited(String),
+    /// Anything else worth asking again.
+    Transient(String),
+}
+
+/// The reading of `e` for a search query.
+pub fn read_failure(e: &PortError) -> Failure {
+    match e {
+        PortError::Throttled { code, message, .. } if code == DESCRIBE_LIMIT => {
+            if message.contains(ACCOUNT_LIMIT_WORDS) {
+                Failure::NoQuota(format!("{code}: {message}"))
+            } else {
+                Failure::RateLimited(format!("{code}: {message}"))
+            }
+        }
+        PortError::Throttled { .. } => Failure::RateLimited(e.to_string()),
+        PortError::Permanent { .. } | PortError::OfferingGone { .. } => {
+            Failure::Refused(e.to_string())
+        }
+        PortError::NoCapacity { .. }
+        | PortError::Transient { .. }
+        | PortError::OutcomeUnknown { .. } => Failure::Transient(e.to_string()),
+    }
+}
+
+impl SearchRound {
+    /// The round as it applies to `queries`: outcomes of queries no longer asked are gone.
+    pub fn for_queries(mut self, queries: &[OfferingQuery]) -> SearchRound {
+        let keys: Vec<String> = queries.iter().map(key).collect();
+        self.outcomes.retain(|k, _| keys.contains(k));
+        self
+    }
+
+    /// The queries to ask this tick: those without an answer or a refusal, failing ones
+    /// first by fewest failed ticks (so none waits behind the others for ever), at most
+    /// [`MAX_QUERIES_PER_REQUEST_TICK`].
+    pub fn to_ask(&self, queries: &[OfferingQuery]) -> Vec<OfferingQuery> {
+        let mut open: Vec<(u32, &OfferingQuery)> = queries
+            .iter()
+            .filter_map(|q| match self.outcomes.get(&key(q)) {
+                None => Some((0, q)),
+                Some(QueryOutcome::Failing { ticks, .. }) => Some((*ticks, q)),
+                Some(_) => None,
+            })
+            .collect();
+        // Never asked first, then the least failed; stable within each.
+        open.sort_by_key(|(ticks, _)| *ticks);
+        open.into_iter()
+            .take(MAX_QUERIES_PER_REQUEST_TICK)
+            .map(|(_, q)| q.clone())
+            .collect()
+    }
+
+    /// Records what asking `q` came to at `now`.
+    pub fn record(
+        &mut self,
+        queries: &[OfferingQuery],
+        q: &OfferingQuery,
+        result: &Result<Vec<Offering>, PortError>,
+        now: DateTime<Utc>,
+    ) {
+        self.started_at.get_or_insert(now);
+        match result {
+            Ok(offerings) => {
+                let mut kept = offerings.clone();
+                kept.truncate(OFFERINGS_KEPT_PER_QUERY);
+                self.outcomes.insert(
+                    key(q),
+                    QueryOutcome::Answered {
+                        at: now,
+                        offerings: kept,
+                    },
+                );
+            }
+            Err(e) => match read_failure(e) {
+                Failure::Refused(reason) => {
+                    self.outcomes
+                        .insert(key(q), QueryOutcome::Refused { reason });
+                }
+                Failure::NoQuota(why) => {
+                    let reason = format!(
+                        "the account has no Capacity Block quota for {} in {} ({why})",
+                        family(&q.instance_type),
+                        q.region
+                    );
+                    for other in queries.iter().filter(|o| {
+                        o.product == Product::CapacityBlock
+                            && o.region == q.region
+                            && family(&o.instance_type) == family(&q.instance_type)
+                    }) {
+                        self.outcomes.insert(
+                            key(other),
+                            QueryOutcome::Refused {
+                                reason: reason.clone(),
+                            },
+                        );
+                    }
+                }
+                Failure::RateLimited(error) | Failure::Transient(error) => {
+                    self.failed(q, error, now);
+                }
+            },
+        }
+    }
+
+    /// Records that `q` failed (or was deferred) this tick.
+    pub fn failed(&mut self, q: &OfferingQuery, error: String, now: DateTime<Utc>) {
+        self.started_at.get_or_insert(now);
+        let ticks = match self.outcomes.get(&key(q)) {
+            Some(QueryOutcome::Failing { ticks, .. }) => ticks + 1,
+            _ => 1,
+        };
+        self.outcomes
+            .insert(key(q), QueryOutcome::Failing { ticks, error });
+    }
+
+    /// Whether the request decides now: every query answered, refused or failing for
+    /// [`FAILING_TICKS`], or its deadline near.
+    pub fn decides(
+        &self,
+        queries: &[OfferingQuery],
+        now: DateTime<Utc>,
+        deadline: DateTime<Utc>,
+    ) -> bool {
+        now >= deadline - DECIDE_BEFORE_DEADLINE
+            || queries.iter().all(|q| match self.outcomes.get(&key(q)) {
+                None => false,
+                Some(QueryOutcome::Failing { ticks, .. }) => *ticks >= FAILING_TICKS,
+                Some(_) => true,
+            })
+    }
+
+    /// Every offering answered in the round.
+    pub fn offerings(&self) -> Vec<Offering> {
+        self.outcomes
+            .values()
+            .filter_map(|o| match o {
+                QueryOutcome::Answered { offerings, .. } => Some(offerings.iter().cloned()),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    /// Whether every query was refused: asking again cannot find anything.
+    pub fn all_refused(&self, queries: &[OfferingQuery]) -> bool {
+        !queries.is_empty()
+            && queries.iter().all(|q| {
+                matches!(
+                    self.outcomes.get(&key(q)),
+                    Some(QueryOutcome::Refused { .. })
+                )
+            })
+    }
+
+    /// What the decision lacks, in words: each refused query with its reason, each failing
+    /// or unasked one with its last error. Empty when every query was answered.
+    pub fn gaps(&self, queries: &[OfferingQuery]) -> Vec<String> {
+        queries
+            .iter()
+            .filter_map(|q| {
+                let k = key(q);
+                match self.outcomes.get(&k) {
+                    Some(QueryOutcome::Answered { .. }) => None,
+                    Some(QueryOutcome::Refused { reason }) => {
+                        Some(format!("{k} refused: {reason}"))
+                    }
+                    Some(QueryOutcome::Failing { ticks, error }) => {
+                        Some(format!("{k} failing for {ticks} tick(s): {error}"))
+                    }
+                    None => Some(format!("{k} not asked in time")),
+                }
+            })
+            .collect()
+    }
+
+    /// The round after a decision: answers and failures are asked again, refusals stand
+    /// (a refused query is dropped for the request).
+    pub fn next_round(&self) -> SearchRound {
+        SearchRound {
+            started_at: None,
+            outcomes: self
+                .outcomes
+                .iter()
+                .filter(|(_, o)| matches!(o, QueryOutcome::Refused { .. }))
+                .map(|(k, o)| (k.clone(), o.clone()))
+                .collect(),
+        }
+    }
+
+    /// How many queries have an answer or a refusal.
+    pub fn settled(&self, queries: &[OfferingQuery]) -> usize {
+        queries
+            .iter()
+            .filter(|q| {
+                matches!(
+                    self.outcomes.get(&key(q)),
+                    Some(QueryOutcome::Answered { .. } | QueryOutcome::Refused { .. })
+                )
+            })
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests;
