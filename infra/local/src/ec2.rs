@@ -157,6 +157,8 @@ pub struct Ec2State {
     /// Every `DescribeCapacityBlockOfferings` answer, in order: when, and the offering ids
     /// returned (what the runner checks a purchase's choice against).
     pub offered: Vec<(DateTime<Utc>, Vec<String>)>,
+    /// The describe limit's bucket per region: tokens left and when last refilled.
+    pub describe_tokens: HashMap<String, (u32, DateTime<Utc>)>,
     pub consumed_offerings: HashSet<String>,
     pub extension_offerings: HashMap<String, ExtensionOffering>,
 }
@@ -317,8 +319,55 @@ impl World {
         }
     }
 
+    /// aws-reference §11.1: `CapacityBlockDescribeLimitExceeded` is an account limit, both
+    /// for a family without Capacity Block quota and for bursts of calls (a bucket per
+    /// account and region, [`crate::world::Settings::describe_limit_burst`]).
+    fn describe_limit(&mut self, region: &str, instance_type: &str) -> Result<(), ApiError> {
+        const CODE: &str = "CapacityBlockDescribeLimitExceeded";
+        let burst = self.settings.describe_limit_burst;
+        if burst > 0 {
+            let every = self.settings.describe_limit_refill_seconds.max(1);
+            let now = self.now;
+            let (tokens, at) = self
+                .ec2
+                .describe_tokens
+                .entry(region.to_string())
+                .or_insert((burst, now));
+            let refills = (now - *at).num_seconds().max(0) / every;
+            if refills > 0 {
+                *tokens =
+                    burst.min(tokens.saturating_add(u32::try_from(refills).unwrap_or(u32::MAX)));
+                *at += TimeDelta::seconds(refills * every);
+            }
+            if *tokens == 0 {
+                return Err(ApiError::new(
+                    400,
+                    CODE,
+                    "You've reached the limit for this account. Try again later.",
+                ));
+            }
+            *tokens -= 1;
+        }
+        let family = instance_type.split('.').next().unwrap_or(instance_type);
+        if self
+            .settings
+            .no_block_quota
+            .iter()
+            .any(|(f, r)| f == family && r == region)
+        {
+            return Err(ApiError::new(
+                400,
+                CODE,
+                "Your existing service limits for this AWS account are not sufficient to use \
+                 EC2 Capacity Blocks",
+            ));
+        }
+        Ok(())
+    }
+
     fn describe_block_offerings(&mut self, region: &str, q: &Query) -> Result<Vec<El>, ApiError> {
         dry_run(q)?;
+        self.describe_limit(region, q.get("InstanceType").unwrap_or_default())?;
         let search = BlockSearch {
             region: region.to_string(),
             instance_type: q.req("InstanceType")?.to_string(),

@@ -42,7 +42,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub use error::ApiError;
-pub use world::{BlockInitialState, Fault, FaultKind, Settings, World};
+pub use world::{BlockInitialState, Fault, FaultKind, PlanUnsupported, Settings, World};
 
 /// How to start an emulator.
 #[derive(Debug, Clone)]

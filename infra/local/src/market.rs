@@ -242,7 +242,34 @@ pub struct Market {
     pub seed: u64,
     pub regions: Vec<RegionSpec>,
     pub types: Vec<TypeSpec>,
+    /// (EC2 type, region) pairs not sold as Capacity Blocks or training plans there
+    /// (aws-reference §11.1 "Block instance types are regional"); a region outside
+    /// `regions` sells neither.
+    pub unsupported: BTreeSet<(String, String)>,
     used: HashMap<(Pool, String, String, String, i64), u32>,
+}
+
+/// The default regional catalogue's gaps. The sources give two pairs (c7i.4xlarge in
+/// us-west-2, trn2.3xlarge in us-east-2) of types this table does not hold; these are the
+/// same kind of gap for the types it does, chosen so each default region lacks something.
+pub fn default_unsupported() -> BTreeSet<(String, String)> {
+    [
+        ("trn2.48xlarge", "us-east-2"),
+        ("trn1.32xlarge", "eu-west-1"),
+        ("p5.48xlarge", "eu-west-1"),
+        ("p5en.48xlarge", "us-west-2"),
+        ("p5.4xlarge", "ap-northeast-1"),
+        ("p6-b300.48xlarge", "us-east-2"),
+        ("p6-b300.48xlarge", "eu-west-1"),
+        ("p6-b300.48xlarge", "ap-northeast-1"),
+        ("p6e-gb200.36xlarge", "us-east-2"),
+        ("p6e-gb200.36xlarge", "us-west-2"),
+        ("p6e-gb200.36xlarge", "eu-west-1"),
+        ("p6e-gb200.36xlarge", "ap-northeast-1"),
+    ]
+    .into_iter()
+    .map(|(t, r)| (t.to_string(), r.to_string()))
+    .collect()
 }
 
 impl Market {
@@ -252,8 +279,18 @@ impl Market {
             seed,
             regions: default_regions(),
             types: default_types(),
+            unsupported: default_unsupported(),
             used: HashMap::new(),
         }
+    }
+
+    /// Whether `instance_type` (EC2 or `ml.` name) is sold as blocks and plans in `region`.
+    pub fn sold_in(&self, instance_type: &str, region: &str) -> bool {
+        let ec2 = instance_type.strip_prefix("ml.").unwrap_or(instance_type);
+        self.regions.iter().any(|r| r.name == region)
+            && !self
+                .unsupported
+                .contains(&(ec2.to_string(), region.to_string()))
     }
 
     /// A region's zones; unknown regions get three zones so any region can be used.
@@ -450,11 +487,14 @@ impl Market {
             )));
         }
         match self.type_spec(&q.instance_type) {
-            Some(s) if s.capacity_block && !q.instance_type.starts_with("ml.") => {}
+            Some(s)
+                if s.capacity_block
+                    && !q.instance_type.starts_with("ml.")
+                    && self.sold_in(&q.instance_type, &q.region) => {}
             _ => {
                 return Err(ApiError::invalid(format!(
-                    "The instance type {} is not supported for Capacity Blocks",
-                    q.instance_type
+                    "The instance type '{}' is not supported for Capacity Blocks in '{}'",
+                    q.instance_type, q.region
                 )));
             }
         }

@@ -339,6 +339,17 @@ impl World {
             end_before: time(input, "EndTimeBefore")?,
             target: targets[0].to_string(),
         };
+        if self.market.type_spec(&q.instance_type).is_some()
+            && !self.market.sold_in(&q.instance_type, region)
+        {
+            return match self.settings.plan_unsupported {
+                crate::world::PlanUnsupported::Empty => Ok(json!({"TrainingPlanOfferings": []})),
+                crate::world::PlanUnsupported::Error => Err(ApiError::validation(format!(
+                    "The instance type {} is not supported for training plans in {region}",
+                    q.instance_type
+                ))),
+            };
+        }
         let offerings = self.market.search_plans(self.now, &q)?;
         let out: Vec<Value> = offerings
             .iter()

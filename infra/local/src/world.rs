@@ -71,6 +71,28 @@ pub struct Settings {
     pub endpoint_create_minutes: i64,
     /// How many training plans an account may hold (`ResourceLimitExceeded` beyond).
     pub max_training_plans: usize,
+    /// What `SearchTrainingPlanOfferings` answers for a type the region does not sell
+    /// ([`crate::market::Market::unsupported`]): no source says, so both readings exist and
+    /// the harsher, an error, is the default (ARCHITECTURE §8.10).
+    pub plan_unsupported: PlanUnsupported,
+    /// `DescribeCapacityBlockOfferings` calls per account and region: a bucket of this many,
+    /// refilling one every `describe_limit_refill_seconds` (ARCHITECTURE §8.10: 5, 1 a
+    /// minute). 0: no limit.
+    pub describe_limit_burst: u32,
+    pub describe_limit_refill_seconds: i64,
+    /// (instance family, region) pairs for which the account has no Capacity Block quota:
+    /// their searches answer the describe limit with its account-limit message.
+    pub no_block_quota: Vec<(String, String)>,
+}
+
+/// [`Settings::plan_unsupported`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlanUnsupported {
+    /// `ValidationException` naming the type and region.
+    Error,
+    /// An empty list of offerings.
+    Empty,
 }
 
 impl Default for Settings {
@@ -98,6 +120,10 @@ impl Default for Settings {
             cluster_transition_minutes: 3,
             endpoint_create_minutes: 5,
             max_training_plans: 50,
+            plan_unsupported: PlanUnsupported::Error,
+            describe_limit_burst: 5,
+            describe_limit_refill_seconds: 60,
+            no_block_quota: Vec::new(),
         }
     }
 }

@@ -849,3 +849,41 @@ pub(crate) async fn a_cancel_while_an_on_demand_job_is_placed_stops_it_and_settl
     assert_eq!(applied.len(), 1);
     assert_eq!(applied[0]["detail"]["status_before"], "TryingOnDemand");
 }
+
+#[tokio::test]
+pub(crate) async fn a_region_that_does_not_sell_the_type_as_plans_is_dropped_under_either_reading()
+{
+    // Issue 16: whether SageMaker answers an unsupported (type, region) with an empty list
+    // or a ValidationException is not documented; the product decides on the other region
+    // under both.
+    for reading in [
+        local_cloud::PlanUnsupported::Error,
+        local_cloud::PlanUnsupported::Empty,
+    ] {
+        let f = Flow::start_with(11, &[("ALLOWED_REGIONS", "us-east-1,eu-west-1")]).await;
+        f.cloud
+            .with_world(|w| w.settings.plan_unsupported = reading);
+        let id = "tp-regional";
+        let mut request = training_request(id, 48, "2026-12-02T00:00:00Z", "2026-12-20T11:30:00Z");
+        request["regions"] = json!(["us-east-1", "eu-west-1"]);
+        f.submit(request).await;
+        let rec = f.record(id).await;
+        assert_eq!(
+            rec.status,
+            RequestStatus::OfferingsFound,
+            "{reading:?}: {}",
+            rec.reason
+        );
+        assert!(
+            rec.candidates.iter().all(|p| p.region == REGION),
+            "{reading:?}"
+        );
+        if reading == local_cloud::PlanUnsupported::Error {
+            assert!(
+                rec.reason.contains("eu-west-1") && rec.reason.contains("refused"),
+                "{}",
+                rec.reason
+            );
+        }
+    }
+}

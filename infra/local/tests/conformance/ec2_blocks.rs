@@ -7,7 +7,7 @@ use aws_sdk_ec2::types::{
     ResourceType, Tag, TagSpecification,
 };
 use chrono::{TimeDelta, Timelike};
-use local_cloud::Options;
+use local_cloud::{Options, Settings};
 
 use crate::helpers::*;
 
@@ -102,7 +102,18 @@ async fn offerings_report_every_field_a_planner_reads_and_obey_the_block_rules()
 
 #[tokio::test]
 async fn offerings_respect_the_date_range_and_paginate() {
-    let env = env().await;
+    // Paging makes more calls than the describe limit's burst allows; the limit has its own
+    // test.
+    let env = env_with(Options {
+        seed: 42,
+        start: Some(t0()),
+        settings: Settings {
+            describe_limit_burst: 0,
+            ..Settings::default()
+        },
+        ..Options::default()
+    })
+    .await;
     let start = at("2026-09-10T00:00:00Z");
     let end = at("2026-09-20T00:00:00Z");
     let all = env
@@ -934,4 +945,121 @@ async fn without_listing_lag_a_new_block_is_described_at_once() {
     assert_eq!(by_tag.capacity_reservations().len(), 1);
     let blocks = env.ec2.describe_capacity_blocks().send().await.unwrap();
     assert_eq!(blocks.capacity_blocks().len(), 1);
+}
+
+#[tokio::test]
+async fn block_types_are_regional_and_an_unsupported_pair_is_an_error_not_an_empty_list() {
+    // aws-reference §11.1 "Block instance types are regional".
+    let env = env_in(
+        Options {
+            seed: 42,
+            start: Some(t0()),
+            ..Options::default()
+        },
+        "eu-west-1",
+    )
+    .await;
+    let err = env
+        .ec2
+        .describe_capacity_block_offerings()
+        .instance_type("p5.48xlarge")
+        .instance_count(4)
+        .capacity_duration_hours(48)
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("InvalidParameterValue"));
+    assert_eq!(
+        err.message(),
+        Some("The instance type 'p5.48xlarge' is not supported for Capacity Blocks in 'eu-west-1'")
+    );
+    // Another type is sold there.
+    let ok = env
+        .ec2
+        .describe_capacity_block_offerings()
+        .instance_type("p4d.24xlarge")
+        .instance_count(4)
+        .capacity_duration_hours(48)
+        .send()
+        .await
+        .unwrap();
+    assert!(!ok.capacity_block_offerings().is_empty());
+}
+
+#[tokio::test]
+async fn the_describe_limit_is_a_bucket_per_account_region_refilling_one_a_minute() {
+    // aws-reference §11.1 "`CapacityBlockDescribeLimitExceeded` is an account limit";
+    // ARCHITECTURE §8.10: a bucket of 5, refilling 1 a minute.
+    let env = env().await;
+    let search = || {
+        env.ec2
+            .describe_capacity_block_offerings()
+            .instance_type("p5.48xlarge")
+            .instance_count(4)
+            .capacity_duration_hours(48)
+            .send()
+    };
+    for _ in 0..5 {
+        search().await.unwrap();
+    }
+    let err = search().await.unwrap_err();
+    assert_eq!(err.code(), Some("CapacityBlockDescribeLimitExceeded"));
+    assert!(
+        !err.message().unwrap_or_default().contains("not sufficient"),
+        "the rate reading"
+    );
+    // Another region has its own bucket.
+    let other = sdk_config(&env.cloud.url(), "us-west-2", false).await;
+    aws_sdk_ec2::Client::new(&other)
+        .describe_capacity_block_offerings()
+        .instance_type("p5.48xlarge")
+        .instance_count(4)
+        .capacity_duration_hours(48)
+        .send()
+        .await
+        .unwrap();
+    // One token a minute.
+    env.cloud.step(TimeDelta::minutes(1));
+    search().await.unwrap();
+    assert!(search().await.is_err());
+}
+
+#[tokio::test]
+async fn an_account_without_quota_for_a_family_answers_the_describe_limit_with_its_message() {
+    let env = env_with(Options {
+        seed: 42,
+        start: Some(t0()),
+        settings: Settings {
+            no_block_quota: vec![("p5".into(), "us-east-1".into())],
+            ..Settings::default()
+        },
+        ..Options::default()
+    })
+    .await;
+    let err = env
+        .ec2
+        .describe_capacity_block_offerings()
+        .instance_type("p5.48xlarge")
+        .instance_count(4)
+        .capacity_duration_hours(48)
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("CapacityBlockDescribeLimitExceeded"));
+    assert_eq!(
+        err.message(),
+        Some(
+            "Your existing service limits for this AWS account are not sufficient to use EC2 \
+             Capacity Blocks"
+        )
+    );
+    // Another family is unaffected.
+    env.ec2
+        .describe_capacity_block_offerings()
+        .instance_type("p4d.24xlarge")
+        .instance_count(4)
+        .capacity_duration_hours(48)
+        .send()
+        .await
+        .unwrap();
 }

@@ -908,3 +908,63 @@ async fn without_listing_lag_a_new_plan_is_described_at_once() {
     let all = env.sm.list_training_plans().send().await.unwrap();
     assert_eq!(all.training_plan_summaries().len(), 1);
 }
+
+#[tokio::test]
+async fn a_type_a_region_does_not_sell_as_plans_answers_either_reading() {
+    // aws-reference §11.2: no source says whether an unsupported (type, region) answers an
+    // empty list or a ValidationException; the harsher (the error) is the default, and the
+    // other is a setting.
+    for (reading, expect_error) in [
+        (local_cloud::PlanUnsupported::Error, true),
+        (local_cloud::PlanUnsupported::Empty, false),
+    ] {
+        let env = env_in(
+            local_cloud::Options {
+                seed: 42,
+                start: Some(t0()),
+                settings: local_cloud::Settings {
+                    plan_unsupported: reading,
+                    ..local_cloud::Settings::default()
+                },
+                ..local_cloud::Options::default()
+            },
+            "eu-west-1",
+        )
+        .await;
+        let got = env
+            .sm
+            .search_training_plan_offerings()
+            .instance_type(ReservedCapacityInstanceType::from("ml.p5.48xlarge"))
+            .instance_count(2)
+            .duration_hours(48)
+            .target_resources(SageMakerResourceName::TrainingJob)
+            .send()
+            .await;
+        match got {
+            Err(e) => {
+                assert!(expect_error, "{reading:?}");
+                assert_eq!(e.code(), Some("ValidationException"));
+                assert!(
+                    e.message()
+                        .unwrap_or_default()
+                        .contains("not supported for training plans in eu-west-1"),
+                    "{e:?}"
+                );
+            }
+            Ok(out) => {
+                assert!(!expect_error, "{reading:?}");
+                assert!(out.training_plan_offerings().is_empty());
+            }
+        }
+        // A type it sells there answers offerings either way.
+        let sold = plan_offerings(
+            &env,
+            "ml.p4d.24xlarge",
+            2,
+            48,
+            SageMakerResourceName::TrainingJob,
+        )
+        .await;
+        assert!(!sold.is_empty(), "{reading:?}");
+    }
+}
