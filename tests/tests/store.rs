@@ -2215,8 +2215,10 @@ async fn a_search_round_is_kept_on_the_request_and_cleared_by_an_empty_one() {
         .create_request(new_request(id, "web", None))
         .await
         .unwrap();
-    let mut round = SearchRound::default();
-    round.started_at = Some(t0());
+    let mut round = SearchRound {
+        started_at: Some(t0()),
+        ..SearchRound::default()
+    };
     round.outcomes.insert(
         "capacity-block/us-east-2/p5.48xlarge/4x/48h".into(),
         QueryOutcome::Refused {
