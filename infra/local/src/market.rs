@@ -518,11 +518,19 @@ impl Market {
         let region = self.region(&q.region);
         let mut found: Vec<(bool, BlockOffering)> = Vec::new();
         for az in &region.azs {
-            // a block starting at the earliest moment: whole days plus the partial first day
+            // a block starting at the earliest moment: whole days plus the partial first day;
+            // and one a day shorter, so shorter than asked (aws-reference §11.1: a 24 h
+            // search has returned 8 h, 24 h and 32 h offerings)
             if earliest.time() != crate::util::end_of_day_time() {
                 let end = next_1130_after(earliest) + TimeDelta::days(days);
                 if let Some(o) = self.block_if_free(q, az, earliest, end) {
                     found.push((true, o));
+                }
+                if days == 1 || valid_block_hours((days - 1) * 24) {
+                    let end = next_1130_after(earliest) + TimeDelta::days(days - 1);
+                    if let Some(o) = self.block_if_free(q, az, earliest, end) {
+                        found.push((false, o));
+                    }
                 }
             }
             let mut durations = vec![days];
@@ -559,10 +567,21 @@ impl Market {
                 .then(a.start.cmp(&b.start))
                 .then(a.availability_zone.cmp(&b.availability_zone))
         });
+        // The earliest blocks (a partial first day, shorter and longer than asked) follow the
+        // cheapest of the requested duration, so the six answered mix lengths as AWS's do.
+        let mut ordered: Vec<BlockOffering> = Vec::new();
+        let mut rest: Vec<BlockOffering> = Vec::new();
+        for (i, (_, o)) in found.into_iter().enumerate() {
+            if i == 0 || o.start == earliest {
+                ordered.push(o);
+            } else {
+                rest.push(o);
+            }
+        }
+        ordered.extend(rest);
         let mut seen = BTreeSet::new();
-        Ok(found
+        Ok(ordered
             .into_iter()
-            .map(|(_, o)| o)
             .filter(|o| seen.insert(o.id.clone()))
             .take(MAX_BLOCK_OFFERINGS)
             .collect())

@@ -1063,3 +1063,30 @@ async fn an_account_without_quota_for_a_family_answers_the_describe_limit_with_i
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_search_answers_blocks_shorter_and_longer_than_asked() {
+    // aws-reference §11.1 "Offerings can be shorter or longer than asked": a 24 h search has
+    // returned 8 h, 24 h and 32 h offerings.
+    let env = env().await;
+    let out = env
+        .ec2
+        .describe_capacity_block_offerings()
+        .instance_type("p5.48xlarge")
+        .instance_count(1)
+        .capacity_duration_hours(24)
+        .send()
+        .await
+        .unwrap();
+    let minutes: Vec<i64> = out
+        .capacity_block_offerings()
+        .iter()
+        .map(|o| {
+            i64::from(o.capacity_block_duration_hours().unwrap()) * 60
+                + i64::from(o.capacity_block_duration_minutes().unwrap_or(0))
+        })
+        .collect();
+    assert!(minutes.iter().any(|&m| m < 24 * 60), "{minutes:?}");
+    assert!(minutes.iter().any(|&m| m == 24 * 60), "{minutes:?}");
+    assert!(minutes.iter().any(|&m| m > 24 * 60), "{minutes:?}");
+}
