@@ -1097,6 +1097,28 @@ pub struct WorkloadRecord {
     pub updated_at: DateTime<Utc>,
 }
 
+/// The pace of the searches AWS limits per account and region (ARCHITECTURE §8.8): every
+/// invocation of every function draws on one allowance per region, kept where they all see
+/// it (the table, in production).
+pub trait Pacing: Send + Sync {
+    /// Takes up to `wanted` Capacity Block searches of `region`'s allowance at `now`; how
+    /// many may be made (none while the region backs off).
+    fn take_searches(
+        &self,
+        region: &str,
+        wanted: u32,
+        now: DateTime<Utc>,
+    ) -> impl Future<Output = Result<u32, PortError>> + Send;
+
+    /// `region` answered a search with its rate limit: none until `until`.
+    fn back_off(
+        &self,
+        region: &str,
+        until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+}
+
 pub trait Store: Send + Sync {
     /// Records a new request (status `Accepted`, or `Cancelled` with `cancelled`) with its
     /// outbox, once per request id; refused as `Tombstoned` when a tombstone from its source

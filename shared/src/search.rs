@@ -29,6 +29,74 @@ pub const OFFERINGS_KEPT_PER_QUERY: usize = 12;
 pub const DESCRIBE_LIMIT: &str = "CapacityBlockDescribeLimitExceeded";
 const ACCOUNT_LIMIT_WORDS: &str = "limits for this AWS account are not sufficient";
 
+/// How long a region backs off after answering with its rate limit: one search tick.
+pub const RATE_BACK_OFF: Duration = Duration::minutes(5);
+
+/// The pace a region's Capacity Block searches are kept to (ARCHITECTURE §8.8, §8.10): a
+/// bucket of `burst` calls refilling one every `refill`. AWS does not publish the limit;
+/// this is the low reading the emulator models too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pace {
+    pub burst: u32,
+    pub refill: Duration,
+}
+
+pub const DESCRIBE_PACE: Pace = Pace {
+    burst: 5,
+    refill: Duration::minutes(1),
+};
+
+/// A region's allowance of Capacity Block searches, as the pacing store keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allowance {
+    pub tokens: u32,
+    /// When the tokens were last counted.
+    pub at: DateTime<Utc>,
+    /// No calls before this (the region answered with its rate limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<DateTime<Utc>>,
+}
+
+impl Allowance {
+    /// A region never paced: a full bucket.
+    pub fn fresh(pace: Pace, now: DateTime<Utc>) -> Allowance {
+        Allowance {
+            tokens: pace.burst,
+            at: now,
+            until: None,
+        }
+    }
+
+    /// Takes up to `wanted` calls at `now`: the allowance after, and how many may be made.
+    pub fn take(self, pace: Pace, wanted: u32, now: DateTime<Utc>) -> (Allowance, u32) {
+        let every = pace.refill.num_seconds().max(1);
+        let refills = (now - self.at).num_seconds().max(0) / every;
+        let mut a = self;
+        if refills > 0 {
+            a.tokens = pace.burst.min(
+                a.tokens
+                    .saturating_add(u32::try_from(refills).unwrap_or(u32::MAX)),
+            );
+            a.at += Duration::seconds(refills * every);
+        }
+        if a.until.is_some_and(|u| now < u) {
+            return (a, 0);
+        }
+        let granted = wanted.min(a.tokens);
+        a.tokens -= granted;
+        (a, granted)
+    }
+
+    /// After a rate-limit answer: nothing left, and no calls until `until`.
+    pub fn backed_off(self, until: DateTime<Utc>) -> Allowance {
+        Allowance {
+            tokens: 0,
+            until: Some(self.until.map_or(until, |u| u.max(until))),
+            ..self
+        }
+    }
+}
+
 /// What one query came to in the current round.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "kebab-case")]

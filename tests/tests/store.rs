@@ -2242,3 +2242,43 @@ async fn a_search_round_is_kept_on_the_request_and_cleared_by_an_empty_one() {
     store.transition(t).await.unwrap();
     assert_eq!(get(&store, id).await.search, None);
 }
+
+#[tokio::test]
+async fn the_search_allowance_is_one_bucket_per_region_shared_by_concurrent_takers() {
+    // Issue 16 (ARCHITECTURE §8.8): the pacing port's production adapter. GIVEN a fresh
+    // region, whose bucket holds 5 searches and refills 1 a minute
+    use capacity_pilot::ports::Pacing;
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+
+    // WHEN four invocations each want 3 at once
+    let (a, b, c, d) = tokio::join!(
+        store.take_searches("us-east-1", 3, t0()),
+        store.take_searches("us-east-1", 3, t0()),
+        store.take_searches("us-east-1", 3, t0()),
+        store.take_searches("us-east-1", 3, t0()),
+    );
+
+    // THEN 5 are granted between them, never more; another region has its own bucket
+    let granted: u32 = [a, b, c, d].into_iter().map(|g| g.unwrap_or(0)).sum();
+    assert_eq!(granted, 5);
+    assert_eq!(store.take_searches("us-west-2", 9, t0()).await.unwrap(), 5);
+    // one a minute comes back
+    let later = t0() + Duration::minutes(2);
+    assert_eq!(store.take_searches("us-east-1", 9, later).await.unwrap(), 2);
+
+    // WHEN the region answers with its rate limit
+    store
+        .back_off("us-east-1", later + Duration::minutes(5), later)
+        .await
+        .unwrap();
+
+    // THEN nothing is granted until the back-off ends, then what refilled meanwhile
+    let during = later + Duration::minutes(4);
+    assert_eq!(
+        store.take_searches("us-east-1", 9, during).await.unwrap(),
+        0
+    );
+    let after = later + Duration::minutes(5);
+    assert_eq!(store.take_searches("us-east-1", 9, after).await.unwrap(), 5);
+}

@@ -24,8 +24,8 @@ use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::time_rules::{PURCHASE_LEAD, search_deadline};
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
-    CapacityMarket, Cause, Clock, CreateOutcome, EventSink, NewRequest, OfferingQuery, PortError,
-    RequestRecord, Store, Transition, Workloads, WriteOutcome,
+    CapacityMarket, Cause, Clock, CreateOutcome, EventSink, NewRequest, OfferingQuery, Pacing,
+    PortError, RequestRecord, Store, Transition, Workloads, WriteOutcome,
 };
 use capacity_pilot::search::{self, SearchRound};
 use capacity_pilot::workload;
@@ -61,7 +61,9 @@ pub struct Searcher<S, M, W, E, C> {
     pub config: Arc<Config>,
 }
 
-impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher<S, M, W, E, C> {
+impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
+    Searcher<S, M, W, E, C>
+{
     pub async fn handle(&self, ev: EventBridgeEvent<Value>) -> Result<Outcome, HandlerError> {
         let now = self.clock.now().await?;
         let event_id = ev.id.clone().unwrap_or_else(|| format!("{now}"));
@@ -344,37 +346,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
             }
             rounds.push((all, round, asked));
         }
-        let mut answers: BTreeMap<OfferingQuery, Result<Vec<Offering>, PortError>> =
-            BTreeMap::new();
-        // A region whose describe limit says "rate" backs off for the rest of the tick: what
-        // it would have asked counts as failing, and is asked again next tick.
-        let mut backing_off: BTreeSet<String> = BTreeSet::new();
-        for q in queries.keys() {
-            let blocks = q.product == Product::CapacityBlock;
-            if blocks && backing_off.contains(&q.region) {
-                answers.insert(
-                    q.clone(),
-                    Err(PortError::Throttled {
-                        service: "ec2",
-                        code: "Deferred".into(),
-                        message: format!(
-                            "deferred: {} is backing off its Capacity Block describe limit",
-                            q.region
-                        ),
-                    }),
-                );
-                continue;
-            }
-            out.searches += 1;
-            let result = self.market.search(q).await;
-            if let Err(e) = &result {
-                warn!(region = %q.region, instance_type = %q.instance_type, error = %e, "search failed");
-                if blocks && matches!(search::read_failure(e), search::Failure::RateLimited(_)) {
-                    backing_off.insert(q.region.clone());
-                }
-            }
-            answers.insert(q.clone(), result);
-        }
+        let answers = self.ask(&queries, &rounds, now, out).await;
         for ((rec, kept), need) in searching.into_iter().zip(needs) {
             let (all, mut round, asked) = rounds.remove(0);
             for q in &asked {
@@ -413,6 +385,101 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Searcher
                 errors.push(e);
             }
         }
+    }
+
+    /// Asks each distinct query once, Capacity Block searches paced per region (ARCHITECTURE
+    /// §8.8): the region's allowance says how many go this tick, those deferred longest
+    /// first; the rest, and the rest of a region that answers with its rate limit (which
+    /// backs it off), count as failing and are asked again next tick.
+    async fn ask(
+        &self,
+        queries: &BTreeMap<OfferingQuery, Vec<usize>>,
+        rounds: &[(Vec<OfferingQuery>, SearchRound, Vec<OfferingQuery>)],
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> BTreeMap<OfferingQuery, Result<Vec<Offering>, PortError>> {
+        let deferred = |why: String| PortError::Throttled {
+            service: "ec2",
+            code: "Deferred".into(),
+            message: why,
+        };
+        // How long each query has waited: the most failed ticks among its requests.
+        let waited = |q: &OfferingQuery, users: &[usize]| {
+            users
+                .iter()
+                .filter_map(|&i| match rounds[i].1.outcomes.get(&search::key(q)) {
+                    Some(search::QueryOutcome::Failing { ticks, .. }) => Some(*ticks),
+                    _ => None,
+                })
+                .max()
+                .unwrap_or(0)
+        };
+        let mut order: Vec<(&OfferingQuery, u32)> =
+            queries.iter().map(|(q, u)| (q, waited(q, u))).collect();
+        order.sort_by_key(|(_, waited)| std::cmp::Reverse(*waited));
+        let mut wanted: BTreeMap<&str, u32> = BTreeMap::new();
+        for (q, _) in &order {
+            if q.product == Product::CapacityBlock {
+                *wanted.entry(q.region.as_str()).or_default() += 1;
+            }
+        }
+        let mut allowed: BTreeMap<String, u32> = BTreeMap::new();
+        for (region, n) in wanted {
+            let granted = match self.store.take_searches(region, n, now).await {
+                Ok(g) => g,
+                Err(e) => {
+                    warn!(region, error = %e, "the search allowance could not be read; deferring the region's searches");
+                    0
+                }
+            };
+            allowed.insert(region.to_string(), granted);
+        }
+        let mut answers = BTreeMap::new();
+        let mut backing_off: BTreeSet<String> = BTreeSet::new();
+        for (q, _) in order {
+            let blocks = q.product == Product::CapacityBlock;
+            if blocks {
+                if backing_off.contains(&q.region) {
+                    answers.insert(
+                        q.clone(),
+                        Err(deferred(format!(
+                            "deferred: {} is backing off its Capacity Block describe limit",
+                            q.region
+                        ))),
+                    );
+                    continue;
+                }
+                let left = allowed.entry(q.region.clone()).or_default();
+                if *left == 0 {
+                    answers.insert(
+                        q.clone(),
+                        Err(deferred(format!(
+                            "deferred: {}'s Capacity Block search allowance is spent for now",
+                            q.region
+                        ))),
+                    );
+                    continue;
+                }
+                *left -= 1;
+            }
+            out.searches += 1;
+            let result = self.market.search(q).await;
+            if let Err(e) = &result {
+                warn!(region = %q.region, instance_type = %q.instance_type, error = %e, "search failed");
+                if blocks && matches!(search::read_failure(e), search::Failure::RateLimited(_)) {
+                    backing_off.insert(q.region.clone());
+                    if let Err(e) = self
+                        .store
+                        .back_off(&q.region, now + search::RATE_BACK_OFF, now)
+                        .await
+                    {
+                        warn!(region = %q.region, error = %e, "the back-off could not be recorded");
+                    }
+                }
+            }
+            answers.insert(q.clone(), result);
+        }
+        answers
     }
 
     /// The round is not decided yet: records what each query came to, and looks again on

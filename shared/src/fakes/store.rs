@@ -21,10 +21,11 @@ use crate::domain::status::RequestStatus;
 use crate::domain::window;
 use crate::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
-    KeepCancellation, LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, PortError,
+    KeepCancellation, LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, Pacing, PortError,
     RecordReservation, ReleaseUnbought, RequestRecord, Store, Tombstone, TombstoneOutcome,
     Transition, WindowUpdate, WorkloadRecord, WriteOutcome, outbox_seq,
 };
+use crate::search::{Allowance, DESCRIBE_PACE};
 
 /// How long an ended request (and a processed-event record, and a sent outbox item) is
 /// kept before archival removes it; the DynamoDB adapter's TTL is the same.
@@ -101,6 +102,8 @@ struct State {
     outbox: BTreeMap<(String, String), OutboxEntry>,
     ledger: BTreeMap<(Team, BudgetMonth), i64>,
     tombstones: BTreeMap<RequestId, Tombstone>,
+    /// Each region's Capacity Block search allowance ([`Pacing`]).
+    allowances: BTreeMap<String, Allowance>,
     retention: Duration,
     told: Option<DateTime<Utc>>,
     clock: Option<ManualClock>,
@@ -964,6 +967,43 @@ fn check_outbox(outbox: &[OutboundEvent]) -> Result<(), PortError> {
     outbox
         .iter()
         .try_for_each(crate::domain::events::check_size)
+}
+
+impl Pacing for InMemoryStore {
+    async fn take_searches(
+        &self,
+        region: &str,
+        wanted: u32,
+        now: DateTime<Utc>,
+    ) -> Result<u32, PortError> {
+        self.pause().await;
+        let mut s = lock(&self.state);
+        let a = s
+            .allowances
+            .get(region)
+            .copied()
+            .unwrap_or_else(|| Allowance::fresh(DESCRIBE_PACE, now));
+        let (a, granted) = a.take(DESCRIBE_PACE, wanted, now);
+        s.allowances.insert(region.to_string(), a);
+        Ok(granted)
+    }
+
+    async fn back_off(
+        &self,
+        region: &str,
+        until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<(), PortError> {
+        self.pause().await;
+        let mut s = lock(&self.state);
+        let a = s
+            .allowances
+            .get(region)
+            .copied()
+            .unwrap_or_else(|| Allowance::fresh(DESCRIBE_PACE, now));
+        s.allowances.insert(region.to_string(), a.backed_off(until));
+        Ok(())
+    }
 }
 
 impl Store for InMemoryStore {

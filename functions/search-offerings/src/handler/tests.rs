@@ -271,7 +271,8 @@ async fn a_resubmitted_request_is_a_no_op_and_a_reused_id_is_rejected() {
 async fn identical_queries_across_requests_share_one_search() {
     let w = World::new();
     let s = w.searcher();
-    // Two requests asking the same question, recorded while the market is down.
+    // Two requests asking the same question, recorded while EC2 throttles the region: the
+    // first search is throttled, and the region backs off, so the second is not even made.
     w.market.fail_next(
         MarketOp::Search,
         PortError::Throttled {
@@ -285,17 +286,10 @@ async fn identical_queries_across_requests_share_one_search() {
     s.handle(submitted(SOURCE, "e1", detail("r1")))
         .await
         .unwrap();
-    w.market.fail_next(
-        MarketOp::Search,
-        PortError::Throttled {
-            service: "ec2",
-            code: "RequestLimitExceeded".into(),
-            message: "slow down".into(),
-        },
-    );
     s.handle(submitted(SOURCE, "e2", detail("r2")))
         .await
         .unwrap();
+    assert_eq!(w.market.calls_of(MarketOp::Search), 1, "backing off");
     assert_eq!(
         w.status("r1").await,
         RequestStatus::Searching,
@@ -304,6 +298,8 @@ async fn identical_queries_across_requests_share_one_search() {
 
     w.market.list(block("cb-1", day(3), 48, "6644.74"));
     let before = w.market.calls_of(MarketOp::Search);
+    // The throttled region backs off until the next search tick.
+    w.clock.advance(capacity_pilot::search::RATE_BACK_OFF);
     let out = s.handle(tick("t1")).await.unwrap();
 
     assert_eq!(out.searches, 1);
@@ -931,4 +927,43 @@ async fn the_rate_reading_backs_the_region_off_and_loses_nothing() {
     let rec = record(&w, "r1").await;
     assert_eq!(rec.status, RequestStatus::OfferingsFound, "{}", rec.reason);
     assert_eq!(rec.candidates[0].offering_ids(), ["cb-1"]);
+}
+
+#[tokio::test]
+async fn searches_are_paced_per_region_and_the_deferred_go_first_next_tick() {
+    // GIVEN a request needing 7 Capacity Block searches in us-east-1 (7 types), and the
+    // region's allowance of 5 searches refilling 1 a minute
+    let w = World::new();
+    let s = w.searcher();
+    let types = [
+        "p5.48xlarge",
+        "p5e.48xlarge",
+        "p5en.48xlarge",
+        "p4d.24xlarge",
+        "p4de.24xlarge",
+        "trn1.32xlarge",
+        "trn2.48xlarge",
+    ];
+    let mut d = detail("r1");
+    d["instance_types"] = json!(types);
+    w.market.list(block("cb-1", day(3), 48, "6644.74"));
+
+    // WHEN it is submitted
+    s.handle(submitted(SOURCE, "e1", d)).await.unwrap();
+
+    // THEN 5 searches are made, 2 deferred, and nothing is decided on part of the answers
+    assert_eq!(w.market.calls_of(MarketOp::Search), 5);
+    let rec = record(&w, "r1").await;
+    assert_eq!(rec.status, RequestStatus::Searching, "{}", rec.reason);
+    assert!(rec.reason.contains("allowance is spent"), "{}", rec.reason);
+
+    // WHEN the next tick comes 5 minutes later
+    w.clock.advance(Duration::minutes(5));
+    s.handle(tick("t1")).await.unwrap();
+
+    // THEN only the two deferred are asked, and it decides on all seven answers
+    assert_eq!(w.market.calls_of(MarketOp::Search), 7);
+    let rec = record(&w, "r1").await;
+    assert_eq!(rec.status, RequestStatus::OfferingsFound, "{}", rec.reason);
+    assert!(!rec.reason.contains("decided without"), "{}", rec.reason);
 }

@@ -118,6 +118,8 @@ pub(super) mod kind {
     pub const OUTBOX: &str = "outbox";
     pub const LEDGER: &str = "ledger";
     pub const TOMBSTONE: &str = "tombstone";
+    /// A region's search allowance (`PACE#<region>`).
+    pub const PACE: &str = "pace";
 }
 
 pub(super) const META_SK: &str = "META";

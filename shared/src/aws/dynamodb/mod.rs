@@ -9,7 +9,7 @@ mod error;
 mod expr;
 mod item;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::{
@@ -34,10 +34,11 @@ use crate::domain::status::RequestStatus;
 use crate::domain::window::{self, WindowRecord};
 use crate::ports::{
     BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
-    KeepCancellation, LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, PortError,
+    KeepCancellation, LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, Pacing, PortError,
     RecordReservation, ReleaseUnbought, RequestRecord, Store, TOMBSTONE_KEPT, Tombstone,
     TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord, WriteOutcome, outbox_seq,
 };
+use crate::search::{Allowance, DESCRIBE_PACE};
 
 /// DynamoDB's limit on the items of one transaction.
 const MAX_TRANSACTION_ITEMS: usize = 100;
@@ -654,6 +655,117 @@ impl DynamoStore {
 // =======================================================================================
 // The port.
 // =======================================================================================
+
+/// A region's search allowance item (ARCHITECTURE §8.8): one per region, shared by every
+/// invocation, written by conditional put on the version it was read at.
+fn pace_key(region: &str) -> Item {
+    key(format!("PACE#{region}"), "PACE")
+}
+
+/// How many times a pacing write is tried against other invocations' writes.
+const PACE_ATTEMPTS: usize = 5;
+
+impl DynamoStore {
+    /// Reads `region`'s allowance and its version (0: none yet).
+    async fn allowance(
+        &self,
+        region: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(Allowance, i64), PortError> {
+        Ok(match self.get(pace_key(region)).await? {
+            Some(item) => {
+                let r = Read::new(&item);
+                (r.json(attr::DATA)?, r.int(attr::VERSION)?)
+            }
+            None => (Allowance::fresh(DESCRIBE_PACE, now), 0),
+        })
+    }
+
+    /// Writes `a` as the version after `version`; false when another invocation wrote first.
+    async fn put_allowance(
+        &self,
+        region: &str,
+        a: &Allowance,
+        version: i64,
+    ) -> Result<bool, PortError> {
+        let mut item = pace_key(region);
+        item.insert(attr::KIND.into(), s(kind::PACE));
+        item.insert(attr::DATA.into(), json("allowance", a)?);
+        item.insert(attr::VERSION.into(), n(version + 1));
+        let (condition, values) = if version == 0 {
+            ("attribute_not_exists(#v)".to_string(), None)
+        } else {
+            (
+                "#v = :v".to_string(),
+                Some(HashMap::from([(":v".to_string(), n(version))])),
+            )
+        };
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .condition_expression(condition)
+            .expression_attribute_names("#v", attr::VERSION)
+            .set_expression_attribute_values(values)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(err)
+                if err
+                    .as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Ok(false)
+            }
+            Err(err) => Err(sdk_error("PutItem", err, Call::Write)),
+        }
+    }
+
+    /// Applies `change` to `region`'s allowance, retrying lost races.
+    async fn change_allowance<T>(
+        &self,
+        region: &str,
+        now: DateTime<Utc>,
+        change: impl Fn(Allowance) -> (Allowance, T),
+    ) -> Result<T, PortError> {
+        for _ in 0..PACE_ATTEMPTS {
+            let (a, version) = self.allowance(region, now).await?;
+            let (after, out) = change(a);
+            if after == a || self.put_allowance(region, &after, version).await? {
+                return Ok(out);
+            }
+        }
+        Err(PortError::Transient {
+            service: "dynamodb",
+            code: "Contended".into(),
+            message: format!("{region}'s search allowance kept changing"),
+        })
+    }
+}
+
+impl Pacing for DynamoStore {
+    async fn take_searches(
+        &self,
+        region: &str,
+        wanted: u32,
+        now: DateTime<Utc>,
+    ) -> Result<u32, PortError> {
+        self.change_allowance(region, now, |a| a.take(DESCRIBE_PACE, wanted, now))
+            .await
+    }
+
+    async fn back_off(
+        &self,
+        region: &str,
+        until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<(), PortError> {
+        self.change_allowance(region, now, |a| (a.backed_off(until), ()))
+            .await
+    }
+}
 
 impl Store for DynamoStore {
     async fn create_request(&self, new: NewRequest) -> Result<CreateOutcome, PortError> {
