@@ -197,8 +197,16 @@ pub struct Segment {
 }
 
 impl Segment {
+    /// Whole hours (`DurationHours`).
     pub fn hours(&self) -> i64 {
         (self.end - self.start).num_hours()
+    }
+    /// The minutes beyond the whole hours (`DurationMinutes`).
+    pub fn extra_minutes(&self) -> i64 {
+        (self.end - self.start).num_minutes() % 60
+    }
+    pub fn minutes(&self) -> i64 {
+        (self.end - self.start).num_minutes()
     }
 }
 
@@ -224,8 +232,16 @@ impl PlanOffering {
     pub fn end(&self) -> DateTime<Utc> {
         self.segments[self.segments.len() - 1].end
     }
+    pub fn total_minutes(&self) -> i64 {
+        self.segments.iter().map(Segment::minutes).sum()
+    }
+    /// Whole hours over all segments (`DurationHours`).
     pub fn total_hours(&self) -> i64 {
-        self.segments.iter().map(Segment::hours).sum()
+        self.total_minutes() / 60
+    }
+    /// The minutes beyond them (`DurationMinutes`).
+    pub fn extra_minutes(&self) -> i64 {
+        self.total_minutes() % 60
     }
 }
 
@@ -695,6 +711,40 @@ impl Market {
                 contiguous.push(vec![seg]);
             }
         }
+        // aws-reference §11.2: plans start at least 30 min out and end at 11:30, so a search
+        // starting off 11:30 also answers the partial first day: a 15 h search has returned
+        // 15 h 51 min, 39 h 51 min and 24 h. Per zone, the partial day plus the days asked
+        // and plus a day less (which may be only the partial day), when free.
+        let partial_start = round_up_5min(earliest);
+        if partial_start != day_start(market_day(partial_start)) {
+            let first_end = next_1130_after(partial_start);
+            for az in &region.azs {
+                for extra in [days, days - 1] {
+                    let end = first_end + TimeDelta::days(extra);
+                    if extra < 0 || q.end_before.is_some_and(|e| end > e) {
+                        continue;
+                    }
+                    let free = self.free_between(
+                        Pool::TrainingPlan,
+                        &q.region,
+                        az,
+                        &q.instance_type,
+                        partial_start,
+                        end,
+                    );
+                    if i64::from(free) >= q.instance_count {
+                        contiguous.push(vec![Segment {
+                            availability_zone: az.to_string(),
+                            start: partial_start,
+                            end,
+                        }]);
+                    }
+                }
+                if contiguous.iter().any(|c| c[0].start == partial_start) {
+                    break;
+                }
+            }
+        }
         let mut options = contiguous;
         if options.is_empty() && days >= 2 {
             let mut splits = vec![days / 2, (days / 3).max(1), days - (days / 3).max(1)];
@@ -742,9 +792,11 @@ impl Market {
             .take(MAX_PLAN_OFFERINGS)
             .map(|segments| {
                 let hourly = self.plan_hourly(&q.region, &segments, &q.instance_type);
-                let hours: i64 = segments.iter().map(Segment::hours).sum();
-                let upfront =
-                    (hourly * Decimal::from(hours) * Decimal::from(q.instance_count)).round_dp(2);
+                let minutes: i64 = segments.iter().map(Segment::minutes).sum();
+                let hours = minutes / 60;
+                let upfront = (hourly * Decimal::from(minutes) * Decimal::from(q.instance_count)
+                    / Decimal::from(60))
+                .round_dp(2);
                 let key: Vec<String> = segments
                     .iter()
                     .map(|s| format!("{}@{}", s.availability_zone, s.start.timestamp()))

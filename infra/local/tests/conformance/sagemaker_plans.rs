@@ -124,12 +124,21 @@ async fn plan_offerings_carry_their_segments_and_price() {
     for o in &offers {
         assert!(o.training_plan_offering_id().unwrap().starts_with("tpo-"));
         assert_eq!(o.target_resources(), [SageMakerResourceName::TrainingJob]);
-        assert_eq!(o.duration_hours(), Some(72));
+        // 72 h, or (starting off 11:30, aws-reference §11.2) the partial first day with 72 h
+        // or 48 h after it
+        let minutes = o.duration_hours().unwrap() * 60 + o.duration_minutes().unwrap_or(0);
+        let start = chrono_of(o.reserved_capacity_offerings()[0].start_time().unwrap());
+        let partial = (start.hour(), start.minute()) != (11, 30);
+        assert!(
+            minutes == 72 * 60 || (partial && 48 * 60 < minutes && minutes < 96 * 60),
+            "{minutes}"
+        );
         assert_eq!(o.currency_code(), Some("USD"));
         let fee: rust_decimal::Decimal = o.upfront_fee().unwrap().parse().unwrap();
         // 70-75% below SageMaker on-demand (55.04 * 1.15 per instance-hour)
         let od = "63.296".parse::<rust_decimal::Decimal>().unwrap()
-            * rust_decimal::Decimal::from(8 * 72);
+            * rust_decimal::Decimal::from(8 * minutes)
+            / rust_decimal::Decimal::from(60);
         assert!(
             fee >= od * "0.249".parse::<rust_decimal::Decimal>().unwrap(),
             "{fee}"
@@ -146,10 +155,9 @@ async fn plan_offerings_carry_their_segments_and_price() {
             assert!(s.availability_zone().unwrap().starts_with("us-east-1"));
             let end = chrono_of(s.end_time().unwrap());
             assert_eq!((end.hour(), end.minute()), (11, 30));
-            assert_eq!(
-                s.duration_hours().unwrap(),
-                (end - chrono_of(s.start_time().unwrap())).num_hours()
-            );
+            let length = end - chrono_of(s.start_time().unwrap());
+            assert_eq!(s.duration_hours().unwrap(), length.num_hours());
+            assert_eq!(s.duration_minutes().unwrap_or(0), length.num_minutes() % 60);
         }
     }
     let err = env
@@ -966,5 +974,33 @@ async fn a_type_a_region_does_not_sell_as_plans_answers_either_reading() {
         )
         .await;
         assert!(!sold.is_empty(), "{reading:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_plan_search_answers_the_partial_first_day_shorter_and_longer_than_asked() {
+    // aws-reference §11.2 "Training plan durations": plans start at least 30 min out and end
+    // at 11:30 UTC, so lengths vary (a 15 h search: 15 h 51 min, 39 h 51 min and 24 h).
+    let env = env().await;
+    let offers = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        2,
+        24,
+        SageMakerResourceName::TrainingJob,
+    )
+    .await;
+    let minutes: Vec<i64> = offers
+        .iter()
+        .map(|o| o.duration_hours().unwrap() * 60 + o.duration_minutes().unwrap_or(0))
+        .collect();
+    assert!(minutes.iter().any(|&m| m < 24 * 60), "{minutes:?}");
+    assert!(minutes.iter().any(|&m| m > 24 * 60), "{minutes:?}");
+    // each segment still ends at 11:30
+    for o in &offers {
+        for s in o.reserved_capacity_offerings() {
+            let end = chrono_of(s.end_time().unwrap());
+            assert_eq!((end.hour(), end.minute()), (11, 30));
+        }
     }
 }
