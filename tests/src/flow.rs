@@ -426,6 +426,15 @@ impl Flow {
         r
     }
 
+    /// How long after its start the emulator activates a Capacity Block (ARCHITECTURE
+    /// §8.10): a launch into it succeeds from then.
+    pub fn activation(&self) -> chrono::TimeDelta {
+        chrono::TimeDelta::seconds(
+            self.cloud
+                .with_world(|w| w.settings.block_activation_seconds),
+        )
+    }
+
     /// The requester's `Capacity Request Cancelled` for `id`, delivered to purchase-capacity.
     pub async fn cancel(&self, id: &str, event_id: &str) {
         self.invoke(

@@ -213,7 +213,9 @@ async fn a_bought_block_is_tagged_found_by_request_and_moves_through_its_states(
         d.instance_count, 1,
         "a scheduled block's count comes from its tag"
     );
-    env.cloud.advance_to(offer.start());
+    // Active once EC2 activates it, which lags the start (ARCHITECTURE §8.10: 5 min).
+    env.cloud
+        .advance_to(offer.start() + chrono::TimeDelta::minutes(5));
     let d = env
         .market
         .describe(Product::CapacityBlock, REGION, &r.id)
@@ -333,7 +335,8 @@ async fn instances_in_a_block_report_state_health_and_impairment_and_terminate_i
             .unwrap(),
         None
     );
-    env.cloud.advance_to(offer.start());
+    env.cloud
+        .advance_to(offer.start() + chrono::TimeDelta::minutes(5));
     let spec = LaunchSpec {
         region: REGION.into(),
         market: LaunchMarket::CapacityBlock {

@@ -20,7 +20,9 @@ use capacity_pilot::domain::money::{MicroUsd, Usd};
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::status::RequestStatus;
-use capacity_pilot::domain::time_rules::{LAUNCH_FUNCTION_TIMEOUT, PURCHASE_LEAD};
+use capacity_pilot::domain::time_rules::{
+    ACTIVATION_BOUND, LAUNCH_FUNCTION_TIMEOUT, PURCHASE_LEAD,
+};
 use capacity_pilot::domain::window::{
     self, DrainLead, FOLLOWS_WINDOWS, HOLDS_WINDOWS, Window, WindowState,
 };
@@ -223,6 +225,8 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                     planned_start: w.start(),
                     launched_at: now,
                     estimated_cost_usd: None,
+                    start_delay_minutes: ((now - w.start()) > ACTIVATION_BOUND)
+                        .then(|| (now - w.start()).num_minutes()),
                 };
                 let reason = format!(
                     "launched {} in {} (segment {}, window opened {}, {} min ago); drain starts at {}",
@@ -551,6 +555,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             planned_start: rec.request.window.earliest_start,
             launched_at: now,
             estimated_cost_usd: Some(cost),
+            start_delay_minutes: None,
         };
         let reason = format!(
             "on-demand-first: launched {} {} x {} in {}; the estimate ${cost} stays held against \

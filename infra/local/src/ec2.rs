@@ -1563,7 +1563,9 @@ impl World {
                 }
                 cr.state = "scheduled".to_string();
                 let cr = cr.clone();
-                self.schedule(cr.start.max(self.now), Action::BlockActivate(cr_id));
+                let active_at =
+                    cr.start + TimeDelta::seconds(self.settings.block_activation_seconds);
+                self.schedule(active_at.max(self.now), Action::BlockActivate(cr_id));
                 self.schedule_block_end(&cr);
             }
             Action::BlockActivate(cr_id) => {

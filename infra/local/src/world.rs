@@ -47,6 +47,11 @@ pub struct Settings {
     /// DescribeTrainingPlan (`ResourceNotFound`). Everything else sees it at once. 0: no lag.
     /// ARCHITECTURE §8.10: default 2 min, bound 10 min (aws-reference §11.3).
     pub listing_lag_seconds: i64,
+    /// Seconds after a Capacity Block's start that it becomes `active` (and its Delivered
+    /// event is sent); until then it stays `scheduled` and RunInstances into it answers
+    /// `InvalidCapacityReservationState.PendingActivation`. ARCHITECTURE §8.10: default 5 min,
+    /// bound 15 min (aws-reference §11.1 "Activation can lag the start"). 0: at the start.
+    pub block_activation_seconds: i64,
     /// Seconds an instance stays `pending`.
     pub instance_launch_seconds: i64,
     /// Seconds an instance stays `shutting-down`.
@@ -108,6 +113,7 @@ impl Default for Settings {
             payment_minutes: 5,
             block_initial_state: BlockInitialState::Pending,
             listing_lag_seconds: 120,
+            block_activation_seconds: 300,
             instance_launch_seconds: 30,
             instance_shutdown_seconds: 60,
             slot_return_minutes: 10,

@@ -43,7 +43,11 @@ const OFFERING_GONE: &[&str] = &[
     "InvalidCapacityBlockOfferingIdMalformed",
 ];
 
+/// No capacity to launch into now. A Capacity Block not yet active (its activation can lag
+/// its start by minutes, aws-reference §11.1) is capacity not there yet: the launch waits for
+/// the next tick instead of failing a paid request.
 const NO_CAPACITY: &[&str] = &[
+    "InvalidCapacityReservationState.PendingActivation",
     "InsufficientInstanceCapacity",
     "ReservationCapacityExceeded",
     "InsufficientCapacity",
@@ -319,6 +323,13 @@ mod tests {
             ),
             ("InsufficientInstanceCapacity", 500, Retryable, "NoCapacity"),
             ("ReservationCapacityExceeded", 400, Retryable, "NoCapacity"),
+            // A block not active yet: wait, never fail the paid request (issue 17).
+            (
+                "InvalidCapacityReservationState.PendingActivation",
+                400,
+                Retryable,
+                "NoCapacity",
+            ),
             ("InternalError", 500, Retryable, "Transient"),
             ("InternalError", 500, Purchase, "OutcomeUnknown"),
             ("Whatever", 503, Purchase, "OutcomeUnknown"),

@@ -228,6 +228,10 @@ pub struct WorkloadLaunched {
     /// Estimated spend debited for on-demand and spot launches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated_cost_usd: Option<Usd>,
+    /// Minutes between the planned start and the launch, when more than the activation
+    /// bound (15 min, ARCHITECTURE §8.10): the block became usable late.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_delay_minutes: Option<i64>,
 }
 detail!(WorkloadLaunched, "Capacity Workload Launched");
 

@@ -19,6 +19,11 @@ pub const PURCHASE_LEAD: Duration = Duration::minutes(30);
 /// window's drain starts, so nothing it starts can outlive the drain (ARCHITECTURE §8.4).
 pub const LAUNCH_FUNCTION_TIMEOUT: Duration = Duration::seconds(60);
 
+/// How late after its start a Capacity Block may become active before the delay is
+/// reported (`start_delay_minutes` on `Capacity Workload Launched`): ARCHITECTURE §8.10's
+/// bound for the activation lag (aws-reference §11.1 "Activation can lag the start").
+pub const ACTIVATION_BOUND: Duration = Duration::minutes(15);
+
 /// How long a new reservation may be missing from AWS's Describe* answers, by id as well as
 /// by filter (aws-reference §11.3: "a new instance or reservation can be missing for a
 /// while"; the emulator's lag defaults to 2 minutes, bounded by 10: ARCHITECTURE §8.10).

@@ -165,7 +165,7 @@ pub(crate) async fn a_second_deployment_in_the_account_neither_sweeps_nor_adopts
         .await
         .unwrap()[0]
         .start();
-    f.cloud.advance_to(start);
+    f.cloud.advance_to(start + f.activation());
     f.deliver().await;
     tick(&f, Function::Launch).await;
     assert_eq!(live_in(&f, &own_block), 4);

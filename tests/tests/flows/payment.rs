@@ -102,7 +102,7 @@ pub(crate) async fn a_block_whose_payment_fails_gives_its_debit_back_and_is_boug
     );
 
     // AND when its window opens, the workload runs in the new block, none in the failed one
-    f.cloud.advance_to(new.start());
+    f.cloud.advance_to(new.start() + f.activation());
     f.deliver().await;
     tick(&f, Function::Launch).await;
     assert_eq!(live_in(&f, &cr2), 4);

@@ -152,7 +152,7 @@ pub(crate) async fn a_splits_kept_first_block_launches_at_its_own_start_while_a_
     assert_eq!(rec.due_at(), Some(kept.start()));
 
     // WHEN the kept block opens and EC2 announces it
-    f.cloud.advance_to(kept.start());
+    f.cloud.advance_to(kept.start() + f.activation());
     f.deliver().await;
 
     // THEN its instances run in it, and its launch is announced as segment 0
@@ -181,7 +181,7 @@ pub(crate) async fn a_splits_kept_first_block_launches_at_its_own_start_while_a_
     f.deliver().await;
     f.tick(Function::Cleanup).await.unwrap();
     assert_eq!(f.status(id).await, RequestStatus::Reserved);
-    f.cloud.advance_to(replacement.start());
+    f.cloud.advance_to(replacement.start() + f.activation());
     f.deliver().await;
     assert_eq!(live_in(&f, &replacement.id), 4);
     f.cloud.advance_to(drain(replacement.end()));

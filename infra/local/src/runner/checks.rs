@@ -44,6 +44,9 @@ pub struct Window {
     pub end: DateTime<Utc>,
     /// When AWS stops the workload itself, by the emulator's settings.
     pub forced: DateTime<Utc>,
+    /// When a launch into it can first succeed: a block's activation (its start plus the
+    /// emulator's activation lag), a plan segment's start.
+    pub usable: DateTime<Utc>,
     pub fee: Decimal,
     pub kind: String,
 }
@@ -114,6 +117,7 @@ impl Observed<'_> {
                     start: cr.start,
                     end: cr.end,
                     forced: cr.end - TimeDelta::minutes(lead),
+                    usable: cr.start + TimeDelta::seconds(w.settings.block_activation_seconds),
                     fee: cr.upfront_fee
                         + cr.extensions
                             .iter()
@@ -144,6 +148,7 @@ impl Observed<'_> {
                         start: s.start,
                         end: s.end,
                         forced: s.end - TimeDelta::minutes(lead),
+                        usable: s.start,
                         // the plan's fee, once, on its first segment
                         fee: if i == 0 {
                             p.offering.upfront_fee
@@ -245,14 +250,15 @@ pub fn judge(o: &Observed) -> Vec<Check> {
                         let (f, rate) = o
                             .publisher_rate(l)
                             .unwrap_or(("?".into(), TimeDelta::zero()));
-                        let late = at - w.start;
+                        let late = at - w.usable;
                         let on_time = late <= rate;
                         ok &= on_time;
                         notes.push(format!(
-                            "{} segment {}: opened {}, launched {} ({} s later; {f} ticks every {} s)",
+                            "{} segment {}: opened {}, usable {}, launched {} ({} s later; {f} ticks every {} s)",
                             short(&w.reservation_id),
                             w.segment,
                             w.start.format("%m-%d %H:%M"),
+                            w.usable.format("%m-%d %H:%M"),
                             at.format("%m-%d %H:%M:%S"),
                             late.num_seconds(),
                             rate.num_seconds()
@@ -264,7 +270,7 @@ pub fn judge(o: &Observed) -> Vec<Check> {
                 notes.push("no window was bought".into());
             }
             check(
-                "launched within one tick of the window opening",
+                "launched within one tick of the window becoming usable",
                 id,
                 ok,
                 notes.join("; "),

@@ -53,7 +53,9 @@ async fn the_clock_is_read_and_stepped_only_through_the_control_api() {
     .await;
     assert_eq!(body["now"], "2026-09-01T09:35:00Z");
     assert_eq!(body["transitions"], 1);
-    let start = chrono_of(offer.start_date().unwrap());
+    // the next transition is the block's activation, 5 min after its start (ARCHITECTURE
+    // §8.10)
+    let start = chrono_of(offer.start_date().unwrap()) + chrono::TimeDelta::minutes(5);
     assert_eq!(body["next"], start.format("%Y-%m-%dT%H:%M:%SZ").to_string());
     let (_, body) = http(
         &url,

@@ -298,8 +298,12 @@ async fn a_block_goes_from_pending_to_expired_with_its_events_on_time() {
     assert_eq!(quantity(&scheduled).as_deref(), Some("2"));
     assert!(events_of(&env.cloud, "Capacity Block Delivered").is_empty());
 
-    // the runner can step straight to the start
-    assert_eq!(env.cloud.next_transition(), Some(start));
+    // the runner can step straight to the activation, which lags the start (ARCHITECTURE
+    // §8.10: 5 min)
+    assert_eq!(
+        env.cloud.next_transition(),
+        Some(start + TimeDelta::minutes(5))
+    );
     env.cloud.step_to_next();
     let active = describe(&env, &id).await;
     assert_eq!(active.state().unwrap().as_str(), "active");
@@ -312,7 +316,11 @@ async fn a_block_goes_from_pending_to_expired_with_its_events_on_time() {
     assert_eq!(ev["version"], "0");
     assert_eq!(ev["account"], "123456789012");
     assert_eq!(ev["region"], "us-east-1");
-    assert_eq!(ev["time"], start.format("%Y-%m-%dT%H:%M:%SZ").to_string());
+    let activated = start + TimeDelta::minutes(5);
+    assert_eq!(
+        ev["time"],
+        activated.format("%Y-%m-%dT%H:%M:%SZ").to_string()
+    );
     assert_eq!(ev["detail"]["capacity-reservation-id"], id.as_str());
     assert_eq!(
         ev["detail"]["end-date"],
@@ -684,7 +692,7 @@ async fn payment_clears_no_later_than_ten_minutes_before_the_start() {
     assert_eq!(late.state().unwrap().as_str(), "pending");
     let late = late.capacity_reservation_id().unwrap().to_string();
     assert_eq!(state_of(&env, &late).await, "scheduled");
-    env.cloud.advance_to(start);
+    env.cloud.advance_to(start + TimeDelta::minutes(5));
     assert_eq!(state_of(&env, &late).await, "active");
 }
 
@@ -825,7 +833,7 @@ async fn a_forced_payment_failure_fails_the_next_blocks_bought_for_a_request_at_
     assert_eq!(state_of(&env, &other).await, "scheduled");
     // the failed block's capacity is back in the market, and it is never delivered
     assert_eq!(free(&env), before - 2);
-    env.cloud.advance_to(start);
+    env.cloud.advance_to(start + TimeDelta::minutes(5));
     let delivered: Vec<String> = events_of(&env.cloud, "Capacity Block Delivered")
         .iter()
         .map(|e| {

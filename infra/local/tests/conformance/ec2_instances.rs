@@ -117,7 +117,24 @@ async fn instances_launch_into_an_active_block_and_are_terminated_before_its_end
 
     let start = chrono_of(offer.start_date().unwrap());
     let end = chrono_of(offer.end_date().unwrap());
+    // Activation lags the start (aws-reference §11.1; ARCHITECTURE §8.10: 5 min): at the
+    // start the block is still not active, and no Delivered event has come.
     env.cloud.advance_to(start);
+    let err = launch(1, "at-start").await.unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some("InvalidCapacityReservationState.PendingActivation")
+    );
+    let delivered = |env: &Env| {
+        env.cloud
+            .events("default")
+            .into_iter()
+            .filter(|e| e["detail-type"] == "Capacity Block Delivered")
+            .count()
+    };
+    assert_eq!(delivered(&env), 0);
+    env.cloud.advance_to(start + TimeDelta::minutes(5));
+    assert_eq!(delivered(&env), 1, "Delivered comes with the activation");
     let out = launch(2, "slot-a").await.unwrap();
     assert!(out.reservation_id().unwrap().starts_with("r-"));
     let ids: Vec<String> = out
@@ -265,7 +282,8 @@ async fn a_terminated_instance_returns_its_slot_after_ten_minutes() {
     let cr = buy(&env, &offer, "slots").await;
     let cr_id = cr.capacity_reservation_id().unwrap().to_string();
     let subnet = subnet_in(&env, offer.availability_zone().unwrap()).await;
-    env.cloud.advance_to(chrono_of(offer.start_date().unwrap()));
+    env.cloud
+        .advance_to(chrono_of(offer.start_date().unwrap()) + TimeDelta::minutes(5));
     let (market, target) = into_block(&cr_id);
     let launch = |token: &str| {
         env.ec2
