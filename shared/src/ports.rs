@@ -776,9 +776,10 @@ impl Transition {
         self
     }
 
-    /// The same transition, keeping or releasing the request's open debit.
-    pub fn settling(mut self, settle: Settle) -> Transition {
-        self.settle = Some(settle);
+    /// The same transition, settling the request's open debit as `settle` says (nothing
+    /// when `None`).
+    pub fn settling(mut self, settle: impl Into<Option<Settle>>) -> Transition {
+        self.settle = settle.into();
         self
     }
 

@@ -613,11 +613,8 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             now,
             &Cause::new(format!("{base}#drain")),
         )
-        .with_outbox(vec![outbound(&expiring), outbound(&drained)]);
-        let t = match settle {
-            Some(how) => t.settling(how),
-            None => t,
-        };
+        .with_outbox(vec![outbound(&expiring), outbound(&drained)])
+        .settling(settle);
         let written = self.store.transition(t).await?;
         out.decisions.push(Decision::new(
             id,
@@ -709,11 +706,8 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             now,
             &Cause::new(format!("{base}#end")),
         )
-        .with_outbox(vec![outbound(&ended)]);
-        let t = match settle {
-            Some(how) => t.settling(how),
-            None => t,
-        };
+        .with_outbox(vec![outbound(&ended)])
+        .settling(settle);
         let written = self.store.transition(t).await?;
         out.decisions.push(Decision::new(
             id,
@@ -739,20 +733,11 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         let Some(note) = &rec.cancel else {
             return Ok(());
         };
-        let target = DrainTarget {
-            reservation_ids: vec![],
-            regions: rec.request.regions.clone(),
-            segment: 0,
-            instance_type: rec
-                .request
-                .instance_types
-                .first()
-                .cloned()
-                .unwrap_or_default(),
-            on_demand: true,
-        };
-        let mut stopped =
-            workload::drain(&self.workloads, &self.store, &self.config, rec, &target).await?;
+        // The run's window, as a drain sees it: every region of the request, on demand.
+        let mut stopped = Vec::new();
+        for w in run_windows(rec, self.config.default_drain_minutes) {
+            stopped.extend(self.stop(rec, &w).await?);
+        }
         let settle_from = note.at + LAUNCH_FUNCTION_TIMEOUT;
         if now < settle_from {
             out.decisions.push(Decision::new(
@@ -787,11 +772,8 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             now,
             &Cause::new(format!("{base}#cancel")),
         )
-        .with_outbox(answers);
-        let t = match settle {
-            Some(how) => t.settling(how),
-            None => t,
-        };
+        .with_outbox(answers)
+        .settling(settle);
         let written = self.store.transition(t).await?;
         out.decisions.push(Decision::new(
             id,

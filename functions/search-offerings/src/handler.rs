@@ -347,8 +347,9 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
             rounds.push((all, round, asked));
         }
         let answers = self.ask(&queries, &rounds, now, out).await;
-        for ((rec, kept), need) in searching.into_iter().zip(needs) {
-            let (all, mut round, asked) = rounds.remove(0);
+        for (((rec, kept), need), (all, mut round, asked)) in
+            searching.into_iter().zip(needs).zip(rounds)
+        {
             for q in &asked {
                 if let Some(result) = answers.get(q) {
                     round.record(&all, q, result, now);
@@ -439,28 +440,25 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
         for (q, _) in order {
             let blocks = q.product == Product::CapacityBlock;
             if blocks {
-                if backing_off.contains(&q.region) {
-                    answers.insert(
-                        q.clone(),
-                        Err(deferred(format!(
-                            "deferred: {} is backing off its Capacity Block describe limit",
-                            q.region
-                        ))),
-                    );
-                    continue;
-                }
                 let left = allowed.entry(q.region.clone()).or_default();
-                if *left == 0 {
-                    answers.insert(
-                        q.clone(),
-                        Err(deferred(format!(
-                            "deferred: {}'s Capacity Block search allowance is spent for now",
-                            q.region
-                        ))),
-                    );
+                let why = if backing_off.contains(&q.region) {
+                    Some(format!(
+                        "{} is backing off its Capacity Block describe limit",
+                        q.region
+                    ))
+                } else if *left == 0 {
+                    Some(format!(
+                        "{}'s Capacity Block search allowance is spent for now",
+                        q.region
+                    ))
+                } else {
+                    *left -= 1;
+                    None
+                };
+                if let Some(why) = why {
+                    answers.insert(q.clone(), Err(deferred(format!("deferred: {why}"))));
                     continue;
                 }
-                *left -= 1;
             }
             out.searches += 1;
             let result = self.market.search(q).await;

@@ -692,19 +692,24 @@ pub(crate) async fn an_event_lost_between_commit_and_publish_is_published_once_b
     );
 }
 
-#[tokio::test]
-pub(crate) async fn on_demand_first_without_on_demand_capacity_falls_back_to_one_reservation() {
-    // GIVEN an on-demand-first request, and no on-demand p5.48xlarge capacity anywhere
-    let f = Flow::start().await;
-    let id = "life-odf";
+/// Sets the emulator's free on-demand p5.48xlarge capacity per zone.
+fn on_demand_pool(f: &Flow, instances: u32) {
     f.cloud.with_world(|w| {
         w.market
             .types
             .iter_mut()
             .find(|t| t.name == "p5.48xlarge")
             .unwrap()
-            .on_demand_pool = 0
+            .on_demand_pool = instances
     });
+}
+
+#[tokio::test]
+pub(crate) async fn on_demand_first_without_on_demand_capacity_falls_back_to_one_reservation() {
+    // GIVEN an on-demand-first request, and no on-demand p5.48xlarge capacity anywhere
+    let f = Flow::start().await;
+    let id = "life-odf";
+    on_demand_pool(&f, 0);
     let mut request = f.ec2_request(id);
     request["strategy"] = json!("on-demand-first");
     let desired: DateTime<Utc> = time_of(&request["earliest_start"]);
@@ -772,14 +777,7 @@ pub(crate) async fn on_demand_capacity_for_only_part_of_the_request_is_released_
     // GIVEN an on-demand-first request for 4 instances, and on-demand room for only 2
     let f = Flow::start().await;
     let id = "life-odf-part";
-    f.cloud.with_world(|w| {
-        w.market
-            .types
-            .iter_mut()
-            .find(|t| t.name == "p5.48xlarge")
-            .unwrap()
-            .on_demand_pool = 2
-    });
+    on_demand_pool(&f, 2);
     let mut request = f.ec2_request(id);
     request["strategy"] = json!("on-demand-first");
     request["workload"]["subnet_ids"] = json!([request["workload"]["subnet_ids"][0].clone()]);
@@ -1026,14 +1024,7 @@ pub(crate) async fn an_on_demand_run_cancelled_mid_run_is_stopped_settled_by_its
     // p5.48xlarge on demand for 48 h, its estimate held against team-a's cap
     let f = Flow::start().await;
     let id = "life-od-cancel";
-    f.cloud.with_world(|w| {
-        w.market
-            .types
-            .iter_mut()
-            .find(|t| t.name == "p5.48xlarge")
-            .unwrap()
-            .on_demand_pool = 8
-    });
+    on_demand_pool(&f, 8);
     let mut request = f.ec2_request(id);
     request["strategy"] = json!("on-demand-first");
     request["budget"] = json!({"max_upfront_usd": "20000"});

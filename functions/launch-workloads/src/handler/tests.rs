@@ -596,16 +596,21 @@ async fn launched_but_unrecorded(w: &World, req: CapacityRequest) -> MicroUsd {
     rec.open_debit.expect("the estimate is held")
 }
 
+/// The launcher after the deployment's price table changed since the hold.
+fn repriced(w: &World) -> L {
+    w.launcher_with(&[(
+        "ON_DEMAND_PRICES_USD",
+        r#"{"p5.48xlarge": {"on_demand": "60.00", "spot": "20.00"}}"#,
+    )])
+}
+
 #[tokio::test]
 async fn a_held_estimate_is_never_released_while_its_instances_run_when_prices_change() {
     // Issue 15 item 4 (review L3). GIVEN on-demand instances running under a held estimate,
     // unrecorded, and the deployment's price table changed since the hold
     let w = World::new();
     let held = launched_but_unrecorded(&w, on_demand_first("r1")).await;
-    let repriced = w.launcher_with(&[(
-        "ON_DEMAND_PRICES_USD",
-        r#"{"p5.48xlarge": {"on_demand": "60.00", "spot": "20.00"}}"#,
-    )]);
+    let repriced = repriced(&w);
 
     // WHEN the next tick runs under the new prices
     repriced.handle(tick("t3")).await.unwrap();
@@ -632,10 +637,7 @@ async fn an_interruptible_request_with_a_held_estimate_does_not_stick_on_a_secon
     let mut req = on_demand_first("r1");
     req.interruptible = true;
     let held = launched_but_unrecorded(&w, req).await;
-    let repriced = w.launcher_with(&[(
-        "ON_DEMAND_PRICES_USD",
-        r#"{"p5.48xlarge": {"on_demand": "60.00", "spot": "20.00"}}"#,
-    )]);
+    let repriced = repriced(&w);
 
     // WHEN the next tick runs (before the fix: the on-demand attempt was skipped, and the spot
     // hold failed on DebitAlreadyOpen every tick, stuck in TryingOnDemand)
