@@ -12,6 +12,7 @@ use serde_json::Value;
 use crate::aws::wiring::Adapters;
 use crate::config::Config;
 use crate::decision::HandlerError;
+use crate::ports::WallDeadline;
 
 /// Logging (JSON when `AWS_LAMBDA_LOG_FORMAT=JSON`, as the template sets), the configuration
 /// (a bad variable stops the cold start, named) and every adapter, once.
@@ -31,9 +32,24 @@ where
     O: Serialize,
 {
     let handle = &handle;
+    serve_by(move |event, _| handle(event)).await
+}
+
+/// [`serve`], also handing `handle` the invocation's deadline, from the runtime's
+/// `Lambda-Runtime-Deadline-Ms`.
+pub async fn serve_by<F, Fut, O>(handle: F) -> Result<(), Error>
+where
+    F: Fn(EventBridgeEvent<Value>, WallDeadline) -> Fut,
+    Fut: Future<Output = Result<O, HandlerError>>,
+    O: Serialize,
+{
+    let handle = &handle;
     lambda_runtime::run(service_fn(
         move |event: LambdaEvent<EventBridgeEvent<Value>>| async move {
-            handle(event.payload).await.map_err(Diagnostic::from)
+            let deadline = WallDeadline::at_epoch_ms(event.context.deadline);
+            handle(event.payload, deadline)
+                .await
+                .map_err(Diagnostic::from)
         },
     ))
     .await

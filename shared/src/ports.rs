@@ -343,6 +343,13 @@ pub trait Workloads: Send + Sync {
         instance_ids: &[String],
     ) -> impl Future<Output = Result<(), PortError>> + Send;
 
+    /// Those of `subnet_ids` that are in `region`, in their order, each with its zone.
+    fn subnet_zones(
+        &self,
+        region: &str,
+        subnet_ids: &[String],
+    ) -> impl Future<Output = Result<Vec<(String, String)>, PortError>> + Send;
+
     /// The first of `subnet_ids` in `availability_zone`, if any.
     fn subnet_in_zone(
         &self,
@@ -436,6 +443,41 @@ pub trait EventSink: Send + Sync {
 
 pub trait Clock: Send + Sync {
     fn now(&self) -> impl Future<Output = Result<DateTime<Utc>, PortError>> + Send;
+}
+
+/// How much wall-clock time the invocation has left: the Lambda deadline, handed to the
+/// handler by the runtime. Work that takes seconds per call (RunInstances for GPU types,
+/// aws-reference §11.1) stops while there is time left to record it, and the next tick
+/// carries on where it stopped.
+pub trait Deadline: Send + Sync {
+    fn remaining(&self) -> std::time::Duration;
+}
+
+/// A deadline at a fixed instant of the wall clock.
+#[derive(Debug, Clone, Copy)]
+pub struct WallDeadline(pub std::time::Instant);
+
+impl WallDeadline {
+    /// `timeout` from now.
+    pub fn after(timeout: std::time::Duration) -> WallDeadline {
+        WallDeadline(std::time::Instant::now() + timeout)
+    }
+
+    /// Lambda's deadline: milliseconds since the Unix epoch (`Lambda-Runtime-Deadline-Ms`).
+    pub fn at_epoch_ms(deadline_ms: u64) -> WallDeadline {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        WallDeadline::after(std::time::Duration::from_millis(
+            deadline_ms.saturating_sub(now_ms),
+        ))
+    }
+}
+
+impl Deadline for WallDeadline {
+    fn remaining(&self) -> std::time::Duration {
+        self.0.saturating_duration_since(std::time::Instant::now())
+    }
 }
 
 // =======================================================================================

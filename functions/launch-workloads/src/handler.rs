@@ -18,7 +18,7 @@ pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{self, WorkloadLaunched, event_key, outbound};
 use capacity_pilot::domain::money::{MicroUsd, Usd};
 use capacity_pilot::domain::offering::Product;
-use capacity_pilot::domain::request::RequestId;
+use capacity_pilot::domain::request::{CapacityRequest, RequestId, WorkloadDetail};
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::time_rules::{
     ACTIVATION_BOUND, LAUNCH_FUNCTION_TIMEOUT, PURCHASE_LEAD,
@@ -28,9 +28,10 @@ use capacity_pilot::domain::window::{
 };
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
-    BudgetMonth, Cause, Clock, Debit, EventSink, LaunchMarket, OnDemandRun, PortError,
-    RequestRecord, Settle, Store, Transition, WindowUpdate, Workloads, WriteOutcome,
+    BudgetMonth, Cause, Clock, Deadline, Debit, EventSink, LaunchMarket, OnDemandRun, PortError,
+    RequestRecord, Settle, Store, Transition, WallDeadline, WindowUpdate, Workloads, WriteOutcome,
 };
+use capacity_pilot::workload::refusal::{self, Placement};
 use capacity_pilot::workload::{self, Launch, Target};
 use chrono::{DateTime, Duration, Utc};
 use rust_decimal::Decimal;
@@ -74,7 +75,18 @@ pub struct Launcher<S, W, E, C> {
 }
 
 impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
+    /// Handles `ev` as if the invocation had the whole of its template timeout left.
     pub async fn handle(&self, ev: EventBridgeEvent<Value>) -> Result<Outcome, HandlerError> {
+        let timeout = LAUNCH_FUNCTION_TIMEOUT.to_std().unwrap_or_default();
+        self.handle_by(ev, &WallDeadline::after(timeout)).await
+    }
+
+    /// Handles `ev`, launching only while `deadline` leaves time to record what it launched.
+    pub async fn handle_by(
+        &self,
+        ev: EventBridgeEvent<Value>,
+        deadline: &dyn Deadline,
+    ) -> Result<Outcome, HandlerError> {
         let now = self.clock.now().await?;
         let cause = Cause::new(ev.id.clone().unwrap_or_else(|| format!("{now}")));
         let mut out = Outcome::default();
@@ -102,7 +114,10 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         if wake {
             let due = self.store.due(&due_statuses(), now).await?;
             for item in due {
-                if let Err(e) = self.process(&item.request_id, &cause, now, &mut out).await {
+                if let Err(e) = self
+                    .process(&item.request_id, &cause, now, deadline, &mut out)
+                    .await
+                {
                     warn!(request_id = %item.request_id, error = %e, "launch step failed; the next tick retries");
                     errors.push(e);
                 }
@@ -118,14 +133,19 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         id: &RequestId,
         cause: &Cause,
         now: DateTime<Utc>,
+        deadline: &dyn Deadline,
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let Some(rec) = self.store.get_request(id).await? else {
             return Ok(());
         };
         match rec.status {
-            RequestStatus::TryingOnDemand => self.try_on_demand(&rec, cause, now, out).await,
-            s if HOLDS_WINDOWS.contains(&s) => self.launch_windows(&rec, cause, now, out).await,
+            RequestStatus::TryingOnDemand => {
+                self.try_on_demand(&rec, cause, now, deadline, out).await
+            }
+            s if HOLDS_WINDOWS.contains(&s) => {
+                self.launch_windows(&rec, cause, now, deadline, out).await
+            }
             other => {
                 out.decisions.push(Decision::new(
                     id,
@@ -146,6 +166,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         rec: &RequestRecord,
         cause: &Cause,
         now: DateTime<Utc>,
+        deadline: &dyn Deadline,
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let id = &rec.request_id;
@@ -197,6 +218,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             instance_type: r.instance_type.clone(),
             instance_count: r.instance_count,
             availability_zone: w.segment.availability_zone.clone(),
+            subnet_id: None,
             segment: w.number,
             must_end_by: w.forced_at,
         };
@@ -207,6 +229,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             rec,
             &target,
             now,
+            deadline,
         )
         .await?
         {
@@ -255,7 +278,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 ));
                 Ok(())
             }
-            Launch::NoCapacity(why) | Launch::Starting(why) => {
+            Launch::NoCapacity { why, .. } | Launch::Starting(why) => {
                 let reason = format!("{why}; trying again on the next tick");
                 if w.state == WindowState::Pending {
                     // The launch has begun: the window says so until it runs.
@@ -297,6 +320,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         rec: &RequestRecord,
         cause: &Cause,
         now: DateTime<Utc>,
+        deadline: &dyn Deadline,
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let id = &rec.request_id;
@@ -312,18 +336,29 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             ));
             return Ok(());
         }
-        let (Some(instance_type), Some(region)) = (req.instance_types.first(), req.regions.first())
-        else {
+        let Some(instance_type) = req.instance_types.first() else {
             return self
                 .fail(
                     rec,
-                    "the request names no instance type or region".into(),
+                    "the request names no instance type".into(),
                     cause,
                     now,
                     out,
                 )
                 .await;
         };
+        let placements = self.placements(req).await?;
+        if placements.is_empty() {
+            let why = match &req.workload {
+                WorkloadDetail::Ec2Instances { subnet_ids, .. } => format!(
+                    "on-demand-first: none of the request's subnets ({}) is in its regions ({})",
+                    subnet_ids.join(", "),
+                    req.regions.join(", ")
+                ),
+                _ => "on-demand-first: the request names no region".to_string(),
+            };
+            return self.fail(rec, why, cause, now, out).await;
+        }
         let hours = Decimal::from(req.duration_hours) * Decimal::from(req.instance_count);
         let mut attempts = vec![(ON_DEMAND, self.config.prices.on_demand(instance_type))];
         if workload::spot_allowed(req) {
@@ -364,82 +399,123 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                     cost
                 }
             };
-            let target = Target {
-                reservation_id: label.to_string(),
-                token_base: format!("{id}:{label}"),
-                market: if label == SPOT {
-                    LaunchMarket::Spot
-                } else {
-                    LaunchMarket::OnDemand
-                },
-                plan_arn: None,
-                region: region.clone(),
-                instance_type: instance_type.clone(),
-                instance_count: req.instance_count,
-                availability_zone: None,
-                segment: 0,
-                must_end_by: now + req.duration(),
-            };
-            // A crash from here on is repaired by the next tick: the estimate is held, and the
-            // launch returns the same instances (same client tokens).
-            match workload::launch(
-                &self.workloads,
-                &self.store,
-                &self.config,
-                &rec,
-                &target,
-                now,
-            )
-            .await?
-            {
-                Launch::Done(resource_ids) => {
-                    return self
-                        .run(&rec, &target, resource_ids, cost, cause, now, out)
-                        .await;
+            // Each placement in turn, skipping those an earlier refusal's scope covers
+            // (`workload::refusal`): another zone, then another region.
+            let mut refused: Vec<(refusal::Scope, Placement)> = Vec::new();
+            let mut tried = Vec::new();
+            for (n, p) in placements.iter().enumerate() {
+                if refused.iter().any(|(scope, at)| p.covered_by(*scope, at)) {
+                    continue;
                 }
-                Launch::NoCapacity(why) => {
-                    workload::undo(&self.workloads, &self.store, &rec, &target, now).await?;
-                    let reason = format!(
-                        "on-demand-first: {label}: {why}; the held estimate ${cost} is released"
-                    );
-                    let t = Transition::of(
-                        &rec,
-                        RequestStatus::TryingOnDemand,
-                        &reason,
-                        Some(now),
-                        now,
-                        &cause.step(&format!("release-{label}")),
-                    )
-                    .settling(Settle::Release);
-                    let w = self.store.transition(t).await?;
-                    if !matches!(w, WriteOutcome::Applied { .. }) {
+                let target = Target {
+                    reservation_id: label.to_string(),
+                    // The first placement keeps the tokens runs before placements had.
+                    token_base: match (n, &p.subnet) {
+                        (0, _) => format!("{id}:{label}"),
+                        (_, Some((subnet, _))) => format!("{id}:{label}@{}/{subnet}", p.region),
+                        (_, None) => format!("{id}:{label}@{}", p.region),
+                    },
+                    market: if label == SPOT {
+                        LaunchMarket::Spot
+                    } else {
+                        LaunchMarket::OnDemand
+                    },
+                    plan_arn: None,
+                    region: p.region.clone(),
+                    instance_type: instance_type.clone(),
+                    instance_count: req.instance_count,
+                    availability_zone: None,
+                    subnet_id: p.subnet.as_ref().map(|(s, _)| s.clone()),
+                    segment: 0,
+                    must_end_by: now + req.duration(),
+                };
+                // A crash from here on is repaired by the next tick: the estimate is held, and
+                // the launch returns the same instances (same client tokens).
+                match workload::launch(
+                    &self.workloads,
+                    &self.store,
+                    &self.config,
+                    &rec,
+                    &target,
+                    now,
+                    deadline,
+                )
+                .await?
+                {
+                    Launch::Done(resource_ids) => {
+                        return self
+                            .run(&rec, &target, resource_ids, cost, cause, now, out)
+                            .await;
+                    }
+                    Launch::NoCapacity { code, why } => {
+                        workload::undo(&self.workloads, &self.store, &rec, &target, now).await?;
+                        let scope = refusal::of(&code).scope;
+                        tried.push(format!("{} in {}: {why}", label, p.describe()));
+                        refused.push((scope, p.clone()));
+                    }
+                    Launch::Refuse(why) => {
+                        workload::undo(&self.workloads, &self.store, &rec, &target, now).await?;
+                        return self.fail(&rec, why, cause, now, out).await;
+                    }
+                    Launch::Starting(why) => {
+                        // Stays TryingOnDemand (still due): the next tick looks again.
                         out.decisions.push(Decision::new(
                             id,
-                            decision::written(&w, "released"),
-                            "another run moved the request on",
+                            "waiting",
+                            format!("on-demand-first: {why}; looking again on the next tick"),
                         ));
                         return Ok(());
                     }
-                    rec = self.reread(&rec).await?;
-                    why_not.push(format!("{label}: {why}"));
-                }
-                Launch::Refuse(why) => {
-                    workload::undo(&self.workloads, &self.store, &rec, &target, now).await?;
-                    return self.fail(&rec, why, cause, now, out).await;
-                }
-                Launch::Starting(why) => {
-                    // Stays TryingOnDemand (still due): the next tick sees it placed or failed.
-                    out.decisions.push(Decision::new(
-                        id,
-                        "waiting",
-                        format!("on-demand-first: {why}; looking again on the next tick"),
-                    ));
-                    return Ok(());
                 }
             }
+            let why = tried.join("; ");
+            let reason =
+                format!("on-demand-first: {why}; the held {label} estimate ${cost} is released");
+            let t = Transition::of(
+                &rec,
+                RequestStatus::TryingOnDemand,
+                &reason,
+                Some(now),
+                now,
+                &cause.step(&format!("release-{label}")),
+            )
+            .settling(Settle::Release);
+            let w = self.store.transition(t).await?;
+            if !matches!(w, WriteOutcome::Applied { .. }) {
+                out.decisions.push(Decision::new(
+                    id,
+                    decision::written(&w, "released"),
+                    "another run moved the request on",
+                ));
+                return Ok(());
+            }
+            rec = self.reread(&rec).await?;
+            why_not.push(why);
         }
         self.fall_back(&rec, why_not.join("; "), cause, now, out)
             .await
+    }
+
+    /// Where on-demand or spot may launch, in the order tried: each of the request's regions
+    /// in turn, and in each, for EC2 instances, each of the request's subnets there.
+    async fn placements(&self, req: &CapacityRequest) -> Result<Vec<Placement>, PortError> {
+        let mut out = Vec::new();
+        for region in &req.regions {
+            match &req.workload {
+                WorkloadDetail::Ec2Instances { subnet_ids, .. } => {
+                    let found = self.workloads.subnet_zones(region, subnet_ids).await?;
+                    out.extend(found.into_iter().map(|subnet| Placement {
+                        region: region.clone(),
+                        subnet: Some(subnet),
+                    }));
+                }
+                _ => out.push(Placement {
+                    region: region.clone(),
+                    subnet: None,
+                }),
+            }
+        }
+        Ok(out)
     }
 
     /// Holds `label`'s estimate `cost` against the caps before anything launches

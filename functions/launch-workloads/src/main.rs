@@ -3,7 +3,7 @@
 
 #![recursion_limit = "256"]
 
-use capacity_pilot::lambda::{cold_start, serve};
+use capacity_pilot::lambda::{cold_start, serve_by};
 use lambda_runtime::Error;
 use launch_workloads::handler::Launcher;
 
@@ -17,5 +17,6 @@ async fn main() -> Result<(), Error> {
         clock: a.clock,
         config,
     };
-    serve(|event| handler.handle(event)).await
+    let handler = &handler;
+    serve_by(|event, deadline| async move { handler.handle_by(event, &deadline).await }).await
 }

@@ -144,6 +144,14 @@ impl Workloads for AwsWorkloads {
         self.ec2.terminate_instances(region, instance_ids).await
     }
 
+    async fn subnet_zones(
+        &self,
+        region: &str,
+        subnet_ids: &[String],
+    ) -> Result<Vec<(String, String)>, PortError> {
+        self.ec2.subnet_zones(region, subnet_ids).await
+    }
+
     async fn subnet_in_zone(
         &self,
         region: &str,

@@ -685,9 +685,24 @@ impl Ec2Adapter {
         subnet_ids: &[String],
         availability_zone: &str,
     ) -> Result<Option<String>, PortError> {
+        Ok(self
+            .subnet_zones(region, subnet_ids)
+            .await?
+            .into_iter()
+            .find(|(_, zone)| zone == availability_zone)
+            .map(|(id, _)| id))
+    }
+
+    /// Those of `subnet_ids` in `region`, in their order, with their zones: a filter, so ids
+    /// of other regions are simply not found.
+    pub async fn subnet_zones(
+        &self,
+        region: &str,
+        subnet_ids: &[String],
+    ) -> Result<Vec<(String, String)>, PortError> {
         const OP: &str = "DescribeSubnets";
         if subnet_ids.is_empty() {
-            return Ok(None);
+            return Ok(vec![]);
         }
         let mut pages = self
             .client(region)
@@ -701,14 +716,17 @@ impl Ec2Adapter {
             .into_paginator()
             .items()
             .send();
-        let mut in_zone = Vec::new();
+        let mut zones = std::collections::BTreeMap::new();
         while let Some(s) = pages.next().await {
             let s = s.map_err(err(OP, Call::Retryable))?;
-            if s.availability_zone() == Some(availability_zone) {
-                in_zone.extend(s.subnet_id().map(str::to_string));
+            if let (Some(id), Some(zone)) = (s.subnet_id(), s.availability_zone()) {
+                zones.insert(id.to_string(), zone.to_string());
             }
         }
-        Ok(subnet_ids.iter().find(|id| in_zone.contains(id)).cloned())
+        Ok(subnet_ids
+            .iter()
+            .filter_map(|id| zones.get(id).map(|z| (id.clone(), z.clone())))
+            .collect())
     }
 }
 

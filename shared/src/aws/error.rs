@@ -54,6 +54,18 @@ const NO_CAPACITY: &[&str] = &[
     "InsufficientCapacityError",
 ];
 
+/// Launches AWS refuses for the account or the zone, not for the request: an account limit,
+/// a type the zone does not offer (aws-reference §11.3, §11.2 "On-demand refusals"). Read as
+/// no capacity for a launch, so the launcher tries its next placement
+/// (`workload::refusal`); a purchase that hits a limit is refused as before.
+const LAUNCH_REFUSED: &[&str] = &[
+    "VcpuLimitExceeded",
+    "InstanceLimitExceeded",
+    "Unsupported",
+    "MaxSpotInstanceCountExceeded",
+    "ResourceLimitExceeded",
+];
+
 /// Server-side failures; the outcome is unknown for a purchase.
 const SERVER: &[&str] = &[
     "InternalError",
@@ -181,7 +193,7 @@ impl Failure {
                 };
             }
         }
-        if NO_CAPACITY.contains(&c) {
+        if NO_CAPACITY.contains(&c) || (call == Call::Retryable && LAUNCH_REFUSED.contains(&c)) {
             return PortError::NoCapacity { code, message };
         }
         if c == "ConstructionFailure" {
@@ -338,6 +350,12 @@ mod tests {
             ("ResourceInUse", 400, Purchase, "OutcomeUnknown"),
             ("ResourceInUse", 400, Retryable, "Permanent"),
             ("ResourceLimitExceeded", 400, Purchase, "Permanent"),
+            // Limits and a zone without the type: the launcher's next placement (issue 17).
+            ("VcpuLimitExceeded", 400, Retryable, "NoCapacity"),
+            ("InstanceLimitExceeded", 400, Retryable, "NoCapacity"),
+            ("Unsupported", 400, Retryable, "NoCapacity"),
+            ("MaxSpotInstanceCountExceeded", 400, Retryable, "NoCapacity"),
+            ("ResourceLimitExceeded", 400, Retryable, "NoCapacity"),
             (
                 "InvalidCapacityReservationId.NotFound",
                 400,

@@ -19,6 +19,11 @@ pub const PURCHASE_LEAD: Duration = Duration::minutes(30);
 /// window's drain starts, so nothing it starts can outlive the drain (ARCHITECTURE §8.4).
 pub const LAUNCH_FUNCTION_TIMEOUT: Duration = Duration::seconds(60);
 
+/// What a launch keeps of the invocation's remaining time for recording what it launched
+/// (the window's write, the outbox's publish): a further RunInstances is begun only while the
+/// time left exceeds this plus twice the slowest RunInstances of the invocation so far.
+pub const LAUNCH_RESERVE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// How late after its start a Capacity Block may become active before the delay is
 /// reported (`start_delay_minutes` on `Capacity Workload Launched`): ARCHITECTURE §8.10's
 /// bound for the activation lag (aws-reference §11.1 "Activation can lag the start").

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use chrono::{DateTime, Duration, Utc};
 
 use super::lock;
-use crate::ports::{Clock, PortError};
+use crate::ports::{Clock, Deadline, PortError};
 
 /// Always the same instant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,5 +118,39 @@ mod tests {
         assert_eq!(clock.now().await.unwrap(), t0());
         assert_eq!(clock.now().await.unwrap(), t0() + Duration::seconds(1));
         assert_eq!(clock.get(), t0() + Duration::seconds(2));
+    }
+}
+
+/// A deadline that loses `step` at every look, so the time a call takes (measured by looking
+/// before and after it) is `step`, without a wall clock; clones share it.
+#[derive(Debug, Clone)]
+pub struct StepDeadline {
+    left: Arc<Mutex<std::time::Duration>>,
+    step: std::time::Duration,
+}
+
+impl StepDeadline {
+    pub fn new(left: std::time::Duration, step: std::time::Duration) -> StepDeadline {
+        StepDeadline {
+            left: Arc::new(Mutex::new(left)),
+            step,
+        }
+    }
+
+    /// Plenty of time: one hour, losing nothing.
+    pub fn plenty() -> StepDeadline {
+        StepDeadline::new(
+            std::time::Duration::from_secs(3600),
+            std::time::Duration::ZERO,
+        )
+    }
+}
+
+impl Deadline for StepDeadline {
+    fn remaining(&self) -> std::time::Duration {
+        let mut left = lock(&self.left);
+        let now = *left;
+        *left = left.saturating_sub(self.step);
+        now
     }
 }

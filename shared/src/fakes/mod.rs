@@ -22,7 +22,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use crate::ports::PortError;
 
-pub use clock::{FixedClock, ManualClock};
+pub use clock::{FixedClock, ManualClock, StepDeadline};
 pub use events::RecordingEvents;
 pub use market::{FakeMarket, MarketCall, MarketOp};
 pub use store::{DEFAULT_RETENTION, InMemoryStore, StoreOp};

@@ -21,6 +21,7 @@ pub enum WorkloadsOp {
     DescribeInstances,
     TerminateInstances,
     SubnetInZone,
+    SubnetZones,
     StartTrainingJob,
     DescribeTrainingJob,
     StopTrainingJob,
@@ -66,6 +67,10 @@ pub enum WorkloadsCall {
         subnet_ids: Vec<String>,
         availability_zone: String,
     },
+    SubnetZones {
+        region: String,
+        subnet_ids: Vec<String>,
+    },
     StartTrainingJob(TrainingJobSpec),
     DescribeTrainingJob {
         region: String,
@@ -100,6 +105,7 @@ impl WorkloadsCall {
             WorkloadsCall::DescribeInstances { .. } => WorkloadsOp::DescribeInstances,
             WorkloadsCall::TerminateInstances { .. } => WorkloadsOp::TerminateInstances,
             WorkloadsCall::SubnetInZone { .. } => WorkloadsOp::SubnetInZone,
+            WorkloadsCall::SubnetZones { .. } => WorkloadsOp::SubnetZones,
             WorkloadsCall::StartTrainingJob(_) => WorkloadsOp::StartTrainingJob,
             WorkloadsCall::DescribeTrainingJob { .. } => WorkloadsOp::DescribeTrainingJob,
             WorkloadsCall::StopTrainingJob { .. } => WorkloadsOp::StopTrainingJob,
@@ -138,6 +144,10 @@ struct State {
     subnets: BTreeMap<Key, String>,
     reservations: BTreeMap<String, ReservationSlots>,
     no_capacity: BTreeSet<LaunchKind>,
+    /// Launches of a kind in a region (and zone, when given) refused with a code.
+    refusals: Vec<(LaunchKind, String, Option<String>, String)>,
+    /// At most this many live instances of a kind in a zone.
+    zone_capacity: BTreeMap<(LaunchKind, String), usize>,
     launch_state: (InstanceState, InstanceHealth),
     jobs: BTreeMap<Key, (TrainingJobSpec, JobInfo)>,
     clusters: BTreeMap<Key, Cluster>,
@@ -171,6 +181,8 @@ impl FakeWorkloads {
                 subnets: BTreeMap::new(),
                 reservations: BTreeMap::new(),
                 no_capacity: BTreeSet::new(),
+                refusals: Vec::new(),
+                zone_capacity: BTreeMap::new(),
                 launch_state: (InstanceState::Pending, InstanceHealth::Unknown),
                 jobs: BTreeMap::new(),
                 clusters: BTreeMap::new(),
@@ -191,6 +203,26 @@ impl FakeWorkloads {
     }
 
     // ---- the world ---------------------------------------------------------------------
+
+    /// Every launch of `kind` in `region` (in `zone`, when given) is refused with `code`, as
+    /// EC2 refuses for an account limit or a zone that does not offer the type.
+    pub fn refuse(&self, kind: LaunchKind, region: &str, zone: Option<&str>, code: &str) {
+        lock(&self.state).refusals.push((
+            kind,
+            region.to_string(),
+            zone.map(str::to_string),
+            code.to_string(),
+        ));
+    }
+
+    /// At most `n` live instances of `kind` in `zone` (on-demand and spot counted together);
+    /// a launch past them answers
+    /// `InsufficientInstanceCapacity`.
+    pub fn zone_capacity(&self, kind: LaunchKind, zone: &str, n: usize) {
+        lock(&self.state)
+            .zone_capacity
+            .insert((kind, zone.to_string()), n);
+    }
 
     pub fn add_subnet(&self, region: &str, subnet_id: &str, availability_zone: &str) {
         lock(&self.state)
@@ -557,6 +589,31 @@ impl State {
             ));
         };
         let kind = LaunchKind::of(&spec.market);
+        if let Some((.., code)) = self.refusals.iter().find(|(k, region, z, _)| {
+            *k == kind && *region == spec.region && z.as_ref().is_none_or(|z| *z == zone)
+        }) {
+            return Err(PortError::NoCapacity {
+                code: code.clone(),
+                message: format!("{kind:?} {} refused in {zone}", spec.instance_type),
+            });
+        }
+        if let Some(n) = self.zone_capacity.get(&(kind, zone.clone())) {
+            let live = self
+                .instances
+                .values()
+                .filter(|i| {
+                    i.state.is_live()
+                        && i.availability_zone == zone
+                        && (kind == LaunchKind::CapacityBlock) == i.reservation_id.is_some()
+                })
+                .count();
+            if live + spec.count as usize > *n {
+                return Err(PortError::NoCapacity {
+                    code: "InsufficientInstanceCapacity".into(),
+                    message: format!("no more {kind:?} {} in {zone}", spec.instance_type),
+                });
+            }
+        }
         if self.no_capacity.contains(&kind) {
             return Err(PortError::NoCapacity {
                 code: "InsufficientInstanceCapacity".into(),
@@ -674,6 +731,27 @@ impl Workloads for FakeWorkloads {
             }
         }
         finish(after, Ok(()))
+    }
+
+    async fn subnet_zones(
+        &self,
+        region: &str,
+        subnet_ids: &[String],
+    ) -> Result<Vec<(String, String)>, PortError> {
+        let after = self.begin(WorkloadsCall::SubnetZones {
+            region: region.to_string(),
+            subnet_ids: subnet_ids.to_vec(),
+        })?;
+        let s = lock(&self.state);
+        let found = subnet_ids
+            .iter()
+            .filter_map(|id| {
+                s.subnets
+                    .get(&k(region, id))
+                    .map(|z| (id.clone(), z.clone()))
+            })
+            .collect();
+        finish(after, Ok(found))
     }
 
     async fn subnet_in_zone(

@@ -3,6 +3,7 @@
 //! carry our tags before anything here touches it.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tracing::info;
@@ -13,6 +14,7 @@ use crate::domain::offering::{Offering, Product};
 use crate::domain::planner::Rejection;
 use crate::domain::request::{LaunchTemplateRef, RequestId, WorkloadDetail};
 use crate::domain::reservation::Reservation;
+use crate::domain::time_rules::LAUNCH_RESERVE;
 use crate::ports::{
     InstanceFilter, InstanceInfo, LaunchMarket, LaunchSpec, PortError, RequestRecord, Store,
     WorkloadRecord, Workloads,
@@ -92,18 +94,43 @@ pub(super) async fn launch<W: Workloads, S: Store>(
                 )));
             }
         },
-        None => match subnet_ids.first() {
+        None => match t.subnet_id.as_ref().or(subnet_ids.first()) {
             Some(s) => s.clone(),
             None => return Ok(Launch::Refuse("the request names no subnet".into())),
         },
     };
     let mut ids = Vec::new();
+    // The slowest RunInstances of this invocation, measured on the deadline itself.
+    let mut slowest = Duration::ZERO;
     // One RunInstances per slot, so each slot has its own client token and a retry after a
     // partial failure finds exactly the instances already started.
     for slot in 0..t.instance_count {
+        let mut generation = 0;
         if let Some(w) = l.recorded.get(&slot) {
-            ids.push(w.resource_id.clone());
-            continue;
+            // An on-demand or spot slot undone after a refusal elsewhere is launched anew, at
+            // the next generation (a new client token: the old one answers the terminated
+            // instance). A block's dead slot is replace-unhealthy's.
+            let undone =
+                w.state == "terminated" && !matches!(t.market, LaunchMarket::CapacityBlock { .. });
+            if !undone {
+                ids.push(w.resource_id.clone());
+                continue;
+            }
+            generation = w.generation + 1;
+        }
+        let left = l.deadline.remaining();
+        if left < LAUNCH_RESERVE + slowest * 2 {
+            // Each launched slot is recorded already: the next tick starts at this one.
+            return Ok(Launch::Starting(format!(
+                "{} of {} instances of {} are launched; {} ms of this invocation are left, \
+                 too few for another RunInstances (the slowest took {} ms) and the record of it, \
+                 so the rest are launched on the next tick",
+                ids.len(),
+                t.instance_count,
+                t.reservation_id,
+                left.as_millis(),
+                slowest.as_millis()
+            )));
         }
         let spec = LaunchSpec {
             region: t.region.clone(),
@@ -112,10 +139,12 @@ pub(super) async fn launch<W: Workloads, S: Store>(
             count: 1,
             subnet_id: subnet.clone(),
             launch_template: template.clone(),
-            client_token: client_token(&t.token_base, slot, 0),
+            client_token: client_token(&t.token_base, slot, generation),
             tags: l.tags.clone(),
         };
-        let launched = match l.workloads.launch_instances(&spec).await {
+        let launched = l.workloads.launch_instances(&spec).await;
+        slowest = slowest.max(left.saturating_sub(l.deadline.remaining()));
+        let launched = match launched {
             Ok(launched) => launched,
             Err(e) => {
                 return settle(
@@ -139,9 +168,9 @@ pub(super) async fn launch<W: Workloads, S: Store>(
             subnet_id = %subnet,
             "launched an instance for an opened window"
         );
-        l.store
-            .put_workload(l.record(slot, instance.instance_id.clone(), instance.state.as_str()))
-            .await?;
+        let mut record = l.record(slot, instance.instance_id.clone(), instance.state.as_str());
+        record.generation = generation;
+        l.store.put_workload(record).await?;
         ids.push(instance.instance_id);
     }
     Ok(Launch::Done(ids))

@@ -6,6 +6,7 @@
 pub mod ec2_instances;
 pub mod hyperpod_cluster;
 pub mod inference_endpoint;
+pub mod refusal;
 pub mod training_job;
 
 #[cfg(all(test, feature = "test-util"))]
@@ -20,7 +21,9 @@ use crate::domain::naming::resource_tags;
 use crate::domain::offering::Offering;
 use crate::domain::planner::Rejection;
 use crate::domain::request::{CapacityRequest, FieldError, WorkloadDetail};
-use crate::ports::{LaunchMarket, PortError, RequestRecord, Store, WorkloadRecord, Workloads};
+use crate::ports::{
+    Deadline, LaunchMarket, PortError, RequestRecord, Store, WorkloadRecord, Workloads,
+};
 use hyperpod_cluster::Group;
 
 /// Where and how one launch runs: in a reservation's window, or on demand or spot.
@@ -37,6 +40,8 @@ pub struct Target {
     pub instance_type: String,
     pub instance_count: u32,
     pub availability_zone: Option<String>,
+    /// The subnet to launch EC2 instances in, when no zone decides it.
+    pub subnet_id: Option<String>,
     pub segment: u32,
     /// When the workload must be gone; a training job's max runtime stops it by then.
     pub must_end_by: DateTime<Utc>,
@@ -46,21 +51,30 @@ pub struct Target {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Launch {
     Done(Vec<String>),
-    /// No capacity (yet): a block wait for the next tick; on-demand falls back.
-    NoCapacity(String),
+    /// No capacity (yet), or AWS refused for the account or the zone (`code`, see
+    /// [`refusal`]): a block waits for the next tick; on-demand tries its next placement.
+    NoCapacity {
+        code: String,
+        why: String,
+    },
     /// Retrying cannot help: the request fails with this reason.
     Refuse(String),
-    /// Accepted, but not yet placed: SageMaker finds on-demand capacity for a training job
-    /// (or fails it) asynchronously, so nothing is committed until the next tick looks.
+    /// Begun, not finished: SageMaker finds on-demand capacity for a training job (or fails
+    /// it) asynchronously, or the invocation's time ran out part-way through a block's
+    /// instances; nothing is committed until the next tick looks again.
     Starting(String),
 }
 
 /// A failed launch call, classified for [`Launch`]; anything else is retried next tick.
 pub fn settle(e: PortError, what: &str) -> Result<Launch, PortError> {
     match e {
-        PortError::NoCapacity { code, message } => Ok(Launch::NoCapacity(format!(
-            "no capacity for {what} ({code}: {message})"
-        ))),
+        PortError::NoCapacity { code, message } => Ok(Launch::NoCapacity {
+            why: format!(
+                "no capacity for {what}: {} ({code}: {message})",
+                refusal::of(&code).means
+            ),
+            code,
+        }),
         e @ PortError::Permanent { .. } => Ok(Launch::Refuse(format!("{what} was refused: {e}"))),
         e => Err(e),
     }
@@ -152,8 +166,10 @@ pub fn spot_allowed(req: &CapacityRequest) -> bool {
     req.interruptible && runs_instances(req)
 }
 
-/// Launches what the request's workload needs in `target`, skipping what is recorded. An
-/// on-demand training job is `Done` only once SageMaker has placed it.
+/// Launches what the request's workload needs in `target`, skipping what is recorded, within
+/// the invocation's `deadline`. An on-demand training job is `Done` only once SageMaker has
+/// placed it.
+#[allow(clippy::too_many_arguments)]
 pub async fn launch<W: Workloads, S: Store>(
     workloads: &W,
     store: &S,
@@ -161,6 +177,7 @@ pub async fn launch<W: Workloads, S: Store>(
     rec: &RequestRecord,
     target: &Target,
     now: DateTime<Utc>,
+    deadline: &dyn Deadline,
 ) -> Result<Launch, PortError> {
     let recorded: BTreeMap<u32, WorkloadRecord> = store
         .workloads(&rec.request_id)
@@ -178,6 +195,7 @@ pub async fn launch<W: Workloads, S: Store>(
         now,
         tags: resource_tags(&rec.request.tags, &rec.request_id, &config.deployment_id),
         recorded,
+        deadline,
     };
     match &rec.request.workload {
         WorkloadDetail::Ec2Instances {
@@ -271,6 +289,8 @@ struct Launching<'a, W, S> {
     /// What earlier runs already launched in the target, by slot (or segment): a retry
     /// finds these instead of starting new ones.
     recorded: BTreeMap<u32, WorkloadRecord>,
+    /// The invocation's time left.
+    deadline: &'a dyn Deadline,
 }
 
 impl<W, S> Launching<'_, W, S> {

@@ -13,7 +13,7 @@ use crate::domain::offering::{Offering, Product, Segment, TargetResource};
 use crate::domain::request::{CapacityRequest, TrainingJobTemplate, WorkloadDetail};
 use crate::domain::status::RequestStatus;
 use crate::fakes::fixtures::{request, t0};
-use crate::fakes::{FakeWorkloads, InMemoryStore, WorkloadsCall, WorkloadsOp};
+use crate::fakes::{FakeWorkloads, InMemoryStore, StepDeadline, WorkloadsCall, WorkloadsOp};
 use crate::ports::{InstanceState, JobState, LaunchMarket, RequestRecord, Store, WorkloadRecord};
 
 const REGION: &str = "us-east-1";
@@ -114,6 +114,7 @@ fn on_demand(region: &str) -> Target {
         instance_type: "p5.48xlarge".into(),
         instance_count: 2,
         availability_zone: None,
+        subnet_id: None,
         segment: 0,
         must_end_by: t0() + Duration::hours(24),
     }
@@ -232,12 +233,28 @@ async fn a_second_launch_of_ec2_instances_finds_the_recorded_slots_and_starts_no
     let rec = record(request("req-1", "team-a", "50000"));
     let target = on_demand(REGION);
 
-    let first = launch(&workloads, &store, &config(), &rec, &target, t0())
-        .await
-        .unwrap();
-    let again = launch(&workloads, &store, &config(), &rec, &target, t0())
-        .await
-        .unwrap();
+    let first = launch(
+        &workloads,
+        &store,
+        &config(),
+        &rec,
+        &target,
+        t0(),
+        &StepDeadline::plenty(),
+    )
+    .await
+    .unwrap();
+    let again = launch(
+        &workloads,
+        &store,
+        &config(),
+        &rec,
+        &target,
+        t0(),
+        &StepDeadline::plenty(),
+    )
+    .await
+    .unwrap();
 
     let Launch::Done(ids) = first else {
         panic!("the first launch is done: {first:?}");
@@ -245,6 +262,50 @@ async fn a_second_launch_of_ec2_instances_finds_the_recorded_slots_and_starts_no
     assert_eq!(ids.len(), 2);
     assert_eq!(again, Launch::Done(ids));
     assert_eq!(workloads.calls_of(WorkloadsOp::LaunchInstances).len(), 2);
+}
+
+#[tokio::test]
+async fn a_launch_stops_while_the_deadline_leaves_time_to_record_it_and_the_next_finishes() {
+    let (workloads, store) = world();
+    let mut req = request("req-1", "team-a", "50000");
+    req.instance_count = 4;
+    let rec = record(req);
+    let mut target = on_demand(REGION);
+    target.instance_count = 4;
+    // 3 s left, each RunInstances taking 0.5 s: a second launch begins with 2 s left (the
+    // 1 s reserve plus twice the slowest), a third would begin with 1 s.
+    let short = StepDeadline::new(
+        std::time::Duration::from_millis(3000),
+        std::time::Duration::from_millis(500),
+    );
+
+    let first = launch(&workloads, &store, &config(), &rec, &target, t0(), &short)
+        .await
+        .unwrap();
+    let second = launch(
+        &workloads,
+        &store,
+        &config(),
+        &rec,
+        &target,
+        t0(),
+        &StepDeadline::plenty(),
+    )
+    .await
+    .unwrap();
+
+    let Launch::Starting(why) = first else {
+        panic!("the first invocation runs out of time: {first:?}");
+    };
+    assert!(why.contains("2 of 4 instances"), "{why}");
+    assert!(why.contains("the slowest took 500 ms"), "{why}");
+    let Launch::Done(ids) = second else {
+        panic!("the next invocation finishes: {second:?}");
+    };
+    assert_eq!(ids.len(), 4);
+    let calls = workloads.calls_of(WorkloadsOp::LaunchInstances);
+    assert_eq!(calls.len(), 4, "no slot is launched twice: {calls:?}");
+    assert_eq!(store.workloads(&rec.request_id).await.unwrap().len(), 4);
 }
 
 #[tokio::test]
@@ -264,6 +325,7 @@ async fn ec2_instances_without_a_launch_template_are_refused_before_anything_lau
         &record(req),
         &on_demand(REGION),
         t0(),
+        &StepDeadline::plenty(),
     )
     .await
     .unwrap();
@@ -284,13 +346,29 @@ async fn an_on_demand_training_job_is_starting_until_sagemaker_places_it() {
     let target = on_demand(REGION);
     let name = "cp-req-1-s0-od";
 
-    let first = launch(&workloads, &store, &config(), &rec, &target, t0())
-        .await
-        .unwrap();
+    let first = launch(
+        &workloads,
+        &store,
+        &config(),
+        &rec,
+        &target,
+        t0(),
+        &StepDeadline::plenty(),
+    )
+    .await
+    .unwrap();
     workloads.set_job_state(REGION, name, JobState::InProgress, "Training", None);
-    let placed = launch(&workloads, &store, &config(), &rec, &target, t0())
-        .await
-        .unwrap();
+    let placed = launch(
+        &workloads,
+        &store,
+        &config(),
+        &rec,
+        &target,
+        t0(),
+        &StepDeadline::plenty(),
+    )
+    .await
+    .unwrap();
 
     assert_eq!(
         first,
@@ -321,10 +399,17 @@ async fn undo_of_a_partial_ec2_launch_terminates_what_started() {
     let (workloads, store) = world();
     let rec = record(request("req-1", "team-a", "50000"));
     let target = on_demand(REGION);
-    let Launch::Done(ids) = launch(&workloads, &store, &config(), &rec, &target, t0())
-        .await
-        .unwrap()
-    else {
+    let Launch::Done(ids) = launch(
+        &workloads,
+        &store,
+        &config(),
+        &rec,
+        &target,
+        t0(),
+        &StepDeadline::plenty(),
+    )
+    .await
+    .unwrap() else {
         panic!("the launch is done");
     };
 
@@ -388,6 +473,7 @@ async fn drain_of_ec2_instances_terminates_only_our_live_instances() {
         &rec,
         &on_demand(REGION),
         t0(),
+        &StepDeadline::plenty(),
     )
     .await
     .unwrap() else {
@@ -465,6 +551,7 @@ fn plan_target() -> Target {
         instance_type: "ml.p5.48xlarge".into(),
         instance_count: 1,
         availability_zone: None,
+        subnet_id: None,
         segment: 0,
         must_end_by: t0() + Duration::hours(24),
     }
@@ -520,9 +607,17 @@ async fn a_launch_into_an_endpoint_name_taken_since_submission_is_refused_and_ad
     endpoint(&mut req);
     let rec = record(req);
 
-    let got = launch(&workloads, &store, &config(), &rec, &plan_target(), t0())
-        .await
-        .unwrap();
+    let got = launch(
+        &workloads,
+        &store,
+        &config(),
+        &rec,
+        &plan_target(),
+        t0(),
+        &StepDeadline::plenty(),
+    )
+    .await
+    .unwrap();
 
     assert!(
         matches!(&got, Launch::Refuse(why) if why.contains("not capacity-pilot's")),
@@ -586,9 +681,17 @@ async fn a_hyperpod_group_our_table_does_not_record_is_neither_resized_nor_scale
     let rec = record(req);
 
     // WHEN a launch and a drain come for a request naming it
-    let got = launch(&workloads, &store, &config(), &rec, &plan_target(), t0())
-        .await
-        .unwrap();
+    let got = launch(
+        &workloads,
+        &store,
+        &config(),
+        &rec,
+        &plan_target(),
+        t0(),
+        &StepDeadline::plenty(),
+    )
+    .await
+    .unwrap();
     let acted = drain(&workloads, &store, &config(), &rec, &window("tp-1"))
         .await
         .unwrap();
@@ -618,13 +721,30 @@ async fn a_hyperpod_launch_that_died_after_its_call_finds_the_group_ours_on_the_
             message: "connection reset".into(),
         },
     );
-    let _ = launch(&workloads, &store, &config(), &rec, &plan_target(), t0()).await;
+    let _ = launch(
+        &workloads,
+        &store,
+        &config(),
+        &rec,
+        &plan_target(),
+        t0(),
+        &StepDeadline::plenty(),
+    )
+    .await;
     workloads.set_instance_group(REGION, "research", "gpu", 1, 1, "InService");
 
     // WHEN the next tick launches again
-    let got = launch(&workloads, &store, &config(), &rec, &plan_target(), t0())
-        .await
-        .unwrap();
+    let got = launch(
+        &workloads,
+        &store,
+        &config(),
+        &rec,
+        &plan_target(),
+        t0(),
+        &StepDeadline::plenty(),
+    )
+    .await
+    .unwrap();
 
     // THEN the group is ours by its record, and the launch completes
     assert_eq!(got, Launch::Done(vec!["research/gpu".into()]));

@@ -70,9 +70,10 @@ async fn placed<W: Workloads>(
     };
     let reason = job.failure_reason.unwrap_or_default();
     Ok(match job.state {
-        JobState::Failed if reason.contains("CapacityError") => Launch::NoCapacity(format!(
-            "SageMaker failed training job {name} for capacity ({reason})"
-        )),
+        JobState::Failed if reason.contains("CapacityError") => Launch::NoCapacity {
+            code: "CapacityError".into(),
+            why: format!("SageMaker failed training job {name} for capacity ({reason})"),
+        },
         JobState::Failed => Launch::Refuse(format!("training job {name} failed: {reason}")),
         JobState::Stopping | JobState::Stopped => Launch::Refuse(format!(
             "training job {name} was stopped before it was placed"

@@ -483,6 +483,166 @@ async fn no_on_demand_capacity_falls_back_to_searching_without_a_kept_debit() {
     assert!(w.workloads.live_in_reservation("on-demand").is_empty());
 }
 
+/// An on-demand-first request naming a subnet in each of two zones of us-east-1 and one in
+/// us-west-2, as the launcher allowing both regions sees it.
+fn two_regions(w: &World, id: &str) -> (CapacityRequest, L) {
+    w.workloads
+        .add_subnet("us-west-2", "subnet-w", "us-west-2a");
+    let mut req = on_demand_first(id);
+    req.regions = vec!["us-east-1".into(), "us-west-2".into()];
+    if let WorkloadDetail::Ec2Instances { subnet_ids, .. } = &mut req.workload {
+        subnet_ids.push("subnet-w".into());
+    }
+    (
+        req,
+        w.launcher_with(&[("ALLOWED_REGIONS", "us-east-1,us-west-2")]),
+    )
+}
+
+/// Where the request's live instances are, as (region, zone) per instance.
+fn placed(w: &World) -> Vec<(String, String)> {
+    w.workloads
+        .instances()
+        .into_iter()
+        .filter(|i| i.state.is_live())
+        .map(|i| (i.region, i.availability_zone))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_zone_that_does_not_offer_the_type_sends_on_demand_to_the_next_zone() {
+    let w = World::new();
+    let (req, l) = two_regions(&w, "r1");
+    w.record(req, RequestStatus::TryingOnDemand, t0());
+    w.workloads.refuse(
+        LaunchKind::OnDemand,
+        "us-east-1",
+        Some("us-east-1a"),
+        "Unsupported",
+    );
+
+    l.handle(tick("t1")).await.unwrap();
+
+    assert_eq!(w.status("r1").await, RequestStatus::RunningOnDemand);
+    assert_eq!(
+        placed(&w),
+        vec![("us-east-1".to_string(), "us-east-1b".to_string()); 2]
+    );
+    // One estimate held, for the one attempt that ran.
+    assert_eq!(w.spent(), MicroUsd(2_641_920_000));
+}
+
+#[tokio::test]
+async fn an_account_limit_skips_the_regions_other_zones_and_launches_in_the_next_region() {
+    let w = World::new();
+    let (req, l) = two_regions(&w, "r1");
+    w.record(req, RequestStatus::TryingOnDemand, t0());
+    w.workloads
+        .refuse(LaunchKind::OnDemand, "us-east-1", None, "VcpuLimitExceeded");
+
+    l.handle(tick("t1")).await.unwrap();
+
+    assert_eq!(w.status("r1").await, RequestStatus::RunningOnDemand);
+    assert_eq!(
+        placed(&w),
+        vec![("us-west-2".to_string(), "us-west-2a".to_string()); 2]
+    );
+    // The limit is the region's: subnet-b in us-east-1 was never tried.
+    let subnets: Vec<String> = w
+        .workloads
+        .calls_of(WorkloadsOp::LaunchInstances)
+        .into_iter()
+        .filter_map(|c| match c {
+            WorkloadsCall::LaunchInstances(spec) => Some(spec.subnet_id),
+            _ => None,
+        })
+        .collect();
+    assert!(!subnets.contains(&"subnet-b".to_string()), "{subnets:?}");
+}
+
+#[tokio::test]
+async fn limits_on_demand_everywhere_send_an_interruptible_request_to_spot_then_the_reservation() {
+    let w = World::new();
+    let (mut req, l) = two_regions(&w, "r1");
+    req.interruptible = true;
+    w.record(req.clone(), RequestStatus::TryingOnDemand, t0());
+    for region in ["us-east-1", "us-west-2"] {
+        w.workloads
+            .refuse(LaunchKind::OnDemand, region, None, "InstanceLimitExceeded");
+    }
+
+    l.handle(tick("t1")).await.unwrap();
+
+    assert_eq!(w.status("r1").await, RequestStatus::RunningSpot);
+
+    // AND with spot's own limit reached in both regions too, the request falls back.
+    let w = World::new();
+    let (_, l) = two_regions(&w, "r2");
+    let mut req2 = req;
+    req2.id = request_id("r2");
+    w.record(req2, RequestStatus::TryingOnDemand, t0());
+    for region in ["us-east-1", "us-west-2"] {
+        w.workloads
+            .refuse(LaunchKind::OnDemand, region, None, "VcpuLimitExceeded");
+        w.workloads.refuse(
+            LaunchKind::Spot,
+            region,
+            None,
+            "MaxSpotInstanceCountExceeded",
+        );
+    }
+
+    l.handle(tick("t1")).await.unwrap();
+
+    let rec = w
+        .store
+        .get_request(&request_id("r2"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.status, RequestStatus::Searching);
+    assert_eq!(rec.spent, MicroUsd(0), "both held estimates were released");
+    for said in [
+        "VcpuLimitExceeded",
+        "MaxSpotInstanceCountExceeded",
+        "us-west-2",
+        "falling back",
+    ] {
+        assert!(rec.reason.contains(said), "{said}: {}", rec.reason);
+    }
+    assert!(placed(&w).is_empty());
+}
+
+#[tokio::test]
+async fn a_partial_launch_undone_in_one_zone_launches_anew_in_the_next_without_reusing_a_token() {
+    let w = World::new();
+    let (req, l) = two_regions(&w, "r1");
+    w.record(req, RequestStatus::TryingOnDemand, t0());
+    // GIVEN subnet-a's zone launches the first slot, then has no capacity for the second
+    w.workloads
+        .zone_capacity(LaunchKind::OnDemand, "us-east-1a", 1);
+
+    l.handle(tick("t1")).await.unwrap();
+
+    assert_eq!(w.status("r1").await, RequestStatus::RunningOnDemand);
+    let live = placed(&w);
+    assert_eq!(live.len(), 2, "{live:?}");
+    assert!(live.iter().all(|(_, z)| z == "us-east-1b"), "{live:?}");
+    let tokens: Vec<String> = w
+        .workloads
+        .calls_of(WorkloadsOp::LaunchInstances)
+        .into_iter()
+        .filter_map(|c| match c {
+            WorkloadsCall::LaunchInstances(spec) => Some(spec.client_token),
+            _ => None,
+        })
+        .collect();
+    let mut distinct = tokens.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), tokens.len(), "{tokens:?}");
+}
+
 #[tokio::test]
 async fn a_launch_failing_mid_way_is_retried_by_the_next_tick_without_duplicates() {
     let w = World::new();
