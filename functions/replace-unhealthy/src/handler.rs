@@ -23,7 +23,7 @@ use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG};
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::reservation::Reservation;
-use capacity_pilot::domain::time_rules::LAUNCH_FUNCTION_TIMEOUT;
+use capacity_pilot::domain::time_rules::{LAUNCH_FUNCTION_TIMEOUT, LISTING_LAG_BOUND};
 use capacity_pilot::domain::window::{self, DrainLead, WindowState};
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
@@ -257,7 +257,29 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                 Verdict::Pending
             } else {
                 match seen.get(&slot.resource_id) {
-                    None => Verdict::Unhealthy("EC2 no longer reports it".into()),
+                    // Describe* lags new instances (aws-reference §11.3): one recorded less
+                    // than the listing-lag bound ago may be there unlisted.
+                    None if now - slot.updated_at < LISTING_LAG_BOUND => {
+                        out.decisions.push(Decision::new(
+                            id,
+                            "waiting",
+                            format!(
+                                "{} in slot {} of {} is not listed by EC2 yet; it was recorded \
+                                 at {}, less than the listing lag's {} min bound ago, so it is \
+                                 not replaced",
+                                slot.resource_id,
+                                slot.slot,
+                                slot.reservation_id,
+                                slot.updated_at,
+                                LISTING_LAG_BOUND.num_minutes()
+                            ),
+                        ));
+                        Verdict::Healthy
+                    }
+                    None => Verdict::Unhealthy(format!(
+                        "EC2 has not listed it in the {} min since it was recorded",
+                        LISTING_LAG_BOUND.num_minutes()
+                    )),
                     Some(i) if !is_managed(i) => Verdict::Healthy,
                     Some(i) if flagged.contains(&i.instance_id) => {
                         Verdict::Unhealthy("an AWS Health event names it".into())

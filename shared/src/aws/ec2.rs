@@ -11,7 +11,8 @@ use aws_sdk_ec2::types::{CapacityBlockOffering, InstanceType as Ec2InstanceType}
 use aws_sdk_ec2::types::{
     CapacityReservation, CapacityReservationInstancePlatform, CapacityReservationSpecification,
     CapacityReservationTarget, Filter, Instance, InstanceInterruptionBehavior,
-    InstanceMarketOptionsRequest, InstanceStatus, LaunchTemplateSpecification, MarketType,
+    InstanceMarketOptionsRequest, InstanceNetworkInterfaceSpecification, InstanceStatus,
+    LaunchTemplateInstanceNetworkInterfaceSpecification, LaunchTemplateSpecification, MarketType,
     ResourceType, SpotInstanceType, SpotMarketOptions, Tag, TagSpecification,
 };
 use chrono::{DateTime, Utc};
@@ -22,7 +23,7 @@ use crate::domain::catalog::PriceTable;
 use crate::domain::money::Usd;
 use crate::domain::naming::{DEPLOYMENT_TAG, MANAGED_TAG, REQUEST_TAG};
 use crate::domain::offering::{Offering, Product, Segment};
-use crate::domain::request::RequestId;
+use crate::domain::request::{LaunchTemplateRef, RequestId};
 use crate::domain::reservation::{Reservation, ReservationState};
 use crate::ports::{
     InstanceFilter, InstanceHealth, InstanceInfo, InstanceState, LaunchMarket, LaunchSpec,
@@ -465,6 +466,7 @@ impl Ec2Adapter {
         let mut tags = spec.tags.clone();
         tags.entry(MANAGED_TAG.to_string())
             .or_insert_with(|| "true".to_string());
+        let interfaces = self.template_interfaces(&spec.region, lt).await?;
         let mut req = self
             .client(&spec.region)
             .run_instances()
@@ -472,9 +474,22 @@ impl Ec2Adapter {
             .instance_type(Ec2InstanceType::from(spec.instance_type.as_str()))
             .min_count(n)
             .max_count(n)
-            .subnet_id(&spec.subnet_id)
             .client_token(&spec.client_token)
             .tag_specifications(tag_spec(ResourceType::Instance, &tags));
+        // A template with network interfaces (EFA: several) takes the subnet in each of them:
+        // beside them an instance-level SubnetId is InvalidParameterCombination, and an
+        // override replaces the template's whole list, so every interface is copied
+        // (aws-reference §11.1 "Launch templates with network interfaces").
+        req = if interfaces.is_empty() {
+            req.subnet_id(&spec.subnet_id)
+        } else {
+            req.set_network_interfaces(Some(
+                interfaces
+                    .iter()
+                    .map(|i| with_subnet(i, &spec.subnet_id))
+                    .collect(),
+            ))
+        };
         match &spec.market {
             LaunchMarket::CapacityBlock { reservation_id } => {
                 req = req
@@ -523,6 +538,37 @@ impl Ec2Adapter {
             .iter()
             .map(|i| instance_info(&spec.region, i, InstanceHealth::Unknown))
             .collect()
+    }
+
+    /// The network interfaces of the launch template's version the launch uses (`$Default`
+    /// unless the request names one), from DescribeLaunchTemplateVersions.
+    async fn template_interfaces(
+        &self,
+        region: &str,
+        lt: &LaunchTemplateRef,
+    ) -> Result<Vec<LaunchTemplateInstanceNetworkInterfaceSpecification>, PortError> {
+        const OP: &str = "DescribeLaunchTemplateVersions";
+        let mut req = self
+            .client(region)
+            .describe_launch_template_versions()
+            .versions(lt.version.clone().unwrap_or_else(|| "$Default".to_string()));
+        if let Some(id) = &lt.id {
+            req = req.launch_template_id(id);
+        } else if let Some(name) = &lt.name {
+            req = req.launch_template_name(name);
+        }
+        let out = req.send().await.map_err(err(OP, Call::Retryable))?;
+        let version = out.launch_template_versions().first().ok_or_else(|| {
+            malformed(
+                SERVICE,
+                OP,
+                format!("no version of launch template {lt:?} was returned"),
+            )
+        })?;
+        Ok(version
+            .launch_template_data()
+            .map(|d| d.network_interfaces().to_vec())
+            .unwrap_or_default())
     }
 
     /// DescribeInstances over every page, merged with DescribeInstanceStatus
@@ -728,6 +774,28 @@ impl Ec2Adapter {
             .filter_map(|id| zones.get(id).map(|z| (id.clone(), z.clone())))
             .collect())
     }
+}
+
+/// A launch template's network interface as a RunInstances override in `subnet_id`: every
+/// setting an instance's interface can take is copied; the subnet is ours. Not copied: a
+/// fixed `NetworkInterfaceId` or private address (one instance only can have them) and
+/// prefix delegation, which EFA templates do not use.
+fn with_subnet(
+    i: &LaunchTemplateInstanceNetworkInterfaceSpecification,
+    subnet_id: &str,
+) -> InstanceNetworkInterfaceSpecification {
+    InstanceNetworkInterfaceSpecification::builder()
+        .set_device_index(i.device_index())
+        .set_network_card_index(i.network_card_index())
+        .set_interface_type(i.interface_type().map(str::to_string))
+        .set_groups((!i.groups().is_empty()).then(|| i.groups().to_vec()))
+        .set_delete_on_termination(i.delete_on_termination())
+        .set_associate_public_ip_address(i.associate_public_ip_address())
+        .set_description(i.description().map(str::to_string))
+        .set_secondary_private_ip_address_count(i.secondary_private_ip_address_count())
+        .set_ipv6_address_count(i.ipv6_address_count())
+        .subnet_id(subnet_id)
+        .build()
 }
 
 fn instance_info(

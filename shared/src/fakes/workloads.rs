@@ -148,6 +148,8 @@ struct State {
     refusals: Vec<(LaunchKind, String, Option<String>, String)>,
     /// At most this many live instances of a kind in a zone.
     zone_capacity: BTreeMap<(LaunchKind, String), usize>,
+    /// Instances DescribeInstances does not list (yet): EC2's listing lag.
+    unlisted: BTreeSet<String>,
     launch_state: (InstanceState, InstanceHealth),
     jobs: BTreeMap<Key, (TrainingJobSpec, JobInfo)>,
     clusters: BTreeMap<Key, Cluster>,
@@ -183,6 +185,7 @@ impl FakeWorkloads {
                 no_capacity: BTreeSet::new(),
                 refusals: Vec::new(),
                 zone_capacity: BTreeMap::new(),
+                unlisted: BTreeSet::new(),
                 launch_state: (InstanceState::Pending, InstanceHealth::Unknown),
                 jobs: BTreeMap::new(),
                 clusters: BTreeMap::new(),
@@ -222,6 +225,17 @@ impl FakeWorkloads {
         lock(&self.state)
             .zone_capacity
             .insert((kind, zone.to_string()), n);
+    }
+
+    /// DescribeInstances stops listing `instance_id` (or, with `false`, lists it again), as
+    /// EC2's Describe* lag a new instance (aws-reference §11.3).
+    pub fn set_listed(&self, instance_id: &str, listed: bool) {
+        let mut s = lock(&self.state);
+        if listed {
+            s.unlisted.remove(instance_id);
+        } else {
+            s.unlisted.insert(instance_id.to_string());
+        }
     }
 
     pub fn add_subnet(&self, region: &str, subnet_id: &str, availability_zone: &str) {
@@ -704,10 +718,11 @@ impl Workloads for FakeWorkloads {
             region: region.to_string(),
             filter: filter.clone(),
         })?;
-        let found = lock(&self.state)
+        let s = lock(&self.state);
+        let found = s
             .instances
             .values()
-            .filter(|i| matches_filter(i, region, filter))
+            .filter(|i| matches_filter(i, region, filter) && !s.unlisted.contains(&i.instance_id))
             .cloned()
             .collect();
         finish(after, Ok(found))

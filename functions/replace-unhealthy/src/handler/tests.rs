@@ -304,6 +304,35 @@ async fn an_impaired_instance_is_replaced_once_with_a_new_client_token() {
 }
 
 #[tokio::test]
+async fn an_instance_not_listed_yet_is_replaced_only_past_the_listing_lag_bound() {
+    // GIVEN slot 1's instance was recorded a minute ago and EC2 does not list it yet
+    let w = World::new(4).await;
+    let mut slot = w.slots().await[1].clone();
+    let unlisted = slot.resource_id.clone();
+    slot.updated_at = w.clock.get() - Duration::minutes(1);
+    w.store.put_workload(slot).await.unwrap();
+    w.workloads.set_listed(&unlisted, false);
+    // WHEN the schedule polls
+    let out = w.tick("tick-1").await;
+    // THEN nothing is replaced, and the decision says why
+    assert!(w.launches().len() == 4, "{:?}", w.launches());
+    assert!(
+        out.decisions
+            .iter()
+            .any(|d| d.action == "waiting" && d.reason.contains("not listed by EC2 yet")),
+        "{:?}",
+        out.decisions
+    );
+    // AND still unlisted ten minutes after it was recorded, it is replaced (here its slot is
+    // still taken, as it would be by an instance that runs unlisted: the launch waits)
+    w.clock.advance(Duration::minutes(9));
+    let out = w.tick("tick-2").await;
+    assert_eq!(w.launches().len(), 5, "{:?}", out.decisions);
+    let slot = w.slots().await.into_iter().find(|s| s.slot == 1).unwrap();
+    assert_eq!(slot.generation, 1);
+}
+
+#[tokio::test]
 async fn a_replacement_waiting_for_the_slot_is_retried_on_the_next_tick() {
     // GIVEN four instances, one stopped unexpectedly, and a block whose slot is not back yet
     let w = World::new(4).await;
