@@ -22,7 +22,7 @@ use capacity_pilot::config::Config;
 use capacity_pilot::domain::money::MicroUsd;
 use capacity_pilot::domain::request::{RequestId, Team};
 use capacity_pilot::domain::status::RequestStatus;
-use capacity_pilot::ports::{BudgetMonth, RequestRecord, Store};
+use capacity_pilot::ports::{BudgetMonth, RequestRecord, Store, WallDeadline};
 use chrono::{DateTime, Utc};
 use cleanup_expired::handler::Cleaner;
 use launch_workloads::handler::Launcher;
@@ -36,6 +36,9 @@ use serde_json::{Value, json};
 use crate::moto::workspace_root;
 use crate::recorder::{Calls, Operation};
 use crate::table::TestTable;
+
+/// How [`Flow::invoke`]'s error starts when the invocation outlived its function timeout.
+pub const TIMED_OUT: &str = "Task timed out";
 
 /// Our custom bus; AWS's events and schedules are on `default`.
 pub const BUS: &str = "capacity-pilot";
@@ -133,6 +136,9 @@ pub struct Flow {
     /// How many events of each bus [`Flow::deliver`] has handed on.
     delivered: Mutex<(usize, usize)>,
     ticks: Mutex<u64>,
+    /// launch-workloads' function timeout, enforced as Lambda does: the invocation is cut
+    /// off at its deadline. The template's 60 s unless a test shortens it.
+    launch_timeout: Mutex<std::time::Duration>,
 }
 
 /// The configuration every flow starts from; `overrides` replace or add variables.
@@ -254,7 +260,13 @@ impl Flow {
             cleaner,
             delivered: Mutex::new((0, 0)),
             ticks: Mutex::new(0),
+            launch_timeout: Mutex::new(std::time::Duration::from_secs(60)),
         }
+    }
+
+    /// Gives launch-workloads this function timeout from now on.
+    pub fn set_launch_timeout(&self, timeout: std::time::Duration) {
+        *self.launch_timeout.lock().unwrap() = timeout;
     }
 
     /// Runs one function on `ev`; the error, if any, is returned as text (Lambda would retry).
@@ -272,12 +284,15 @@ impl Flow {
                 .await
                 .map(drop)
                 .map_err(|e| e.to_string()),
-            Function::Launch => self
-                .launcher
-                .handle(ev)
-                .await
-                .map(drop)
-                .map_err(|e| e.to_string()),
+            Function::Launch => {
+                let timeout = *self.launch_timeout.lock().unwrap();
+                let deadline = WallDeadline::after(timeout);
+                let run = self.launcher.handle_by(ev, &deadline);
+                match tokio::time::timeout(timeout, run).await {
+                    Ok(r) => r.map(drop).map_err(|e| e.to_string()),
+                    Err(_) => Err(format!("{TIMED_OUT} after {timeout:?}")),
+                }
+            }
             Function::Replace => self
                 .replacer
                 .handle(ev)

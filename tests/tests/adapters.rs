@@ -372,13 +372,26 @@ async fn instances_in_a_block_report_state_health_and_impairment_and_terminate_i
         ids
     };
     assert_eq!(ids(&again), ids(&launched));
-    // THEN once running they are healthy
-    env.cloud.step(TimeDelta::minutes(1));
+    // AND EC2 does not list them yet (Describe* lag new instances): absent, not an error
     let by_reservation = InstanceFilter {
         reservation_id: Some(r.id.clone()),
         managed_only: true,
         ..InstanceFilter::default()
     };
+    let by_id = InstanceFilter {
+        instance_ids: ids(&launched),
+        ..InstanceFilter::default()
+    };
+    for filter in [&by_reservation, &by_id] {
+        let early = env.workloads.describe_instances(REGION, filter).await;
+        assert_eq!(early.unwrap(), vec![], "{filter:?}");
+    }
+    // THEN once listed and running they are healthy
+    let lag = env
+        .cloud
+        .with_world(|w| w.settings.instance_listing_lag_seconds);
+    env.cloud
+        .step(TimeDelta::seconds(lag) + TimeDelta::minutes(1));
     let seen = env
         .workloads
         .describe_instances(REGION, &by_reservation)

@@ -23,7 +23,7 @@ use capacity_pilot::domain::naming::{DEPLOYMENT_TAG, MANAGED_TAG, REQUEST_TAG};
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::status::RequestStatus;
-use capacity_pilot::domain::time_rules::LAUNCH_FUNCTION_TIMEOUT;
+use capacity_pilot::domain::time_rules::{LAUNCH_FUNCTION_TIMEOUT, LISTING_LAG_BOUND};
 use capacity_pilot::domain::window::{
     self, DrainLead, FOLLOWS_WINDOWS, HOLDS_WINDOWS, WindowState,
 };
@@ -466,8 +466,25 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             cleaned_up: cleaned.clone(),
             spent_usd: rec.spent.to_usd(),
         };
+        // A window nothing was ever launched in (a block that never became active, capacity
+        // that never came back) says so: its end is not a workload's end.
+        let launched = self
+            .store
+            .workloads(id)
+            .await?
+            .iter()
+            .any(|r| v.reservation_ids.contains(&r.reservation_id));
+        let never = if launched {
+            String::new()
+        } else {
+            format!(
+                "nothing was ever launched in segment {}: it never became usable before its \
+                 drain at {} (a block not yet active, or no capacity to launch into); ",
+                w.number, w.drain_at
+            )
+        };
         let reason = format!(
-            "{} ended{}; cleaned up: {}",
+            "{never}{} ended{}; cleaned up: {}",
             if reservation_ids.is_empty() {
                 format!("segment {}", w.number)
             } else {
@@ -719,9 +736,9 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
 
     /// ARCHITECTURE §8.3: a cancelled on-demand or spot run (or attempt): stops whatever
     /// runs for it, found by tag and name (a launch may have run without being recorded);
-    /// then, once every launch begun before the cancellation has ended
-    /// ([`LAUNCH_FUNCTION_TIMEOUT`] after it, stopping again then), settles the hours it ran
-    /// and answers. Until then it waits, due, for the next tick.
+    /// then, once every launch begun before the cancellation has ended and EC2 lists what it
+    /// started ([`LAUNCH_FUNCTION_TIMEOUT`] and [`LISTING_LAG_BOUND`] after it, stopping again
+    /// meanwhile), settles the hours it ran (to now, so never less than it ran) and answers. Until then it waits, due, for the next tick.
     async fn cancel_run(
         &self,
         rec: &RequestRecord,
@@ -738,7 +755,17 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         for w in run_windows(rec, self.config.default_drain_minutes) {
             stopped.extend(self.stop(rec, &w).await?);
         }
-        let settle_from = note.at + LAUNCH_FUNCTION_TIMEOUT;
+        // Every launch begun before the cancellation has ended a function timeout after it,
+        // and an instance it started is listed by EC2 within the listing-lag bound (Describe*
+        // lag new instances, aws-reference §11.3): the last sweep comes after both, so it sees
+        // an instance launched just before the cancel took hold. SageMaker's are found by
+        // name.
+        let settle_from = note.at
+            + if workload::runs_instances(&rec.request) {
+                LAUNCH_FUNCTION_TIMEOUT.max(LISTING_LAG_BOUND)
+            } else {
+                LAUNCH_FUNCTION_TIMEOUT
+            };
         if now < settle_from {
             out.decisions.push(Decision::new(
                 id,

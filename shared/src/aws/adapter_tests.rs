@@ -260,6 +260,94 @@ fn launch(market: LaunchMarket) -> LaunchSpec {
     }
 }
 
+/// DescribeLaunchTemplateVersions answering one version of template `gpu` with `interfaces`.
+fn template_version(
+    interfaces: Vec<aws_sdk_ec2::types::LaunchTemplateInstanceNetworkInterfaceSpecification>,
+) -> Rule {
+    mock!(aws_sdk_ec2::Client::describe_launch_template_versions)
+        .match_requests(|r| {
+            r.launch_template_name() == Some("gpu") && r.versions() == ["$Default".to_string()]
+        })
+        .then_output(move || {
+            aws_sdk_ec2::operation::describe_launch_template_versions::DescribeLaunchTemplateVersionsOutput::builder()
+                .launch_template_versions(
+                    aws_sdk_ec2::types::LaunchTemplateVersion::builder()
+                        .launch_template_name("gpu")
+                        .version_number(1)
+                        .default_version(true)
+                        .launch_template_data(
+                            aws_sdk_ec2::types::ResponseLaunchTemplateData::builder()
+                                .set_network_interfaces(Some(interfaces.clone()))
+                                .build(),
+                        )
+                        .build(),
+                )
+                .build()
+        })
+}
+
+#[tokio::test]
+async fn a_template_with_efa_interfaces_launches_with_each_copied_into_the_subnet_and_no_instance_subnet()
+ {
+    use aws_sdk_ec2::types::LaunchTemplateInstanceNetworkInterfaceSpecification as Nic;
+    let nic = |card: i32, device: i32| {
+        Nic::builder()
+            .network_card_index(card)
+            .device_index(device)
+            .interface_type("efa")
+            .groups("sg-1")
+            .delete_on_termination(true)
+            .build()
+    };
+    let template = template_version(vec![nic(0, 0), nic(1, 1), nic(2, 1), nic(3, 1)]);
+    let run = mock!(aws_sdk_ec2::Client::run_instances)
+        .match_requests(|r| {
+            let nics = r.network_interfaces();
+            r.subnet_id().is_none()
+                && nics.len() == 4
+                && nics.iter().enumerate().all(|(i, n)| {
+                    n.subnet_id() == Some("subnet-1")
+                        && n.network_card_index() == Some(i as i32)
+                        && n.device_index() == Some(if i == 0 { 0 } else { 1 })
+                        && n.interface_type() == Some("efa")
+                        && n.groups() == ["sg-1".to_string()]
+                        && n.delete_on_termination() == Some(true)
+                })
+        })
+        .then_output(|| {
+            aws_sdk_ec2::operation::run_instances::RunInstancesOutput::builder().build()
+        });
+
+    ec2(&[&template, &run], false)
+        .launch_instances(&launch(LaunchMarket::OnDemand))
+        .await
+        .unwrap();
+
+    assert_eq!(template.num_calls(), 1);
+    assert_eq!(
+        run.num_calls(),
+        1,
+        "RunInstances carried every interface in the subnet"
+    );
+}
+
+#[tokio::test]
+async fn a_template_without_interfaces_launches_in_the_instance_level_subnet() {
+    let template = template_version(vec![]);
+    let run = mock!(aws_sdk_ec2::Client::run_instances)
+        .match_requests(|r| r.subnet_id() == Some("subnet-1") && r.network_interfaces().is_empty())
+        .then_output(|| {
+            aws_sdk_ec2::operation::run_instances::RunInstancesOutput::builder().build()
+        });
+
+    ec2(&[&template, &run], false)
+        .launch_instances(&launch(LaunchMarket::OnDemand))
+        .await
+        .unwrap();
+
+    assert_eq!(run.num_calls(), 1);
+}
+
 #[tokio::test]
 async fn missing_capacity_on_launch_is_no_capacity() {
     for (status, code) in [
@@ -270,10 +358,12 @@ async fn missing_capacity_on_launch_is_no_capacity() {
             .sequence()
             .http_status(status, ec2_error(code, "not enough capacity"))
             .build();
-        let err = ec2(&[&rule], false)
+        // With the SDK's retries on: no capacity is answered at once, not retried.
+        let err = ec2(&[&template_version(vec![]), &rule], true)
             .launch_instances(&launch(LaunchMarket::OnDemand))
             .await
             .unwrap_err();
+        assert_eq!(rule.num_calls(), 1, "{code} is not retried");
         assert!(
             matches!(err, PortError::NoCapacity { .. }),
             "{code}: {err:?}"
@@ -307,7 +397,7 @@ async fn a_launch_into_a_block_names_the_market_the_reservation_the_token_and_ou
         .then_output(|| {
             aws_sdk_ec2::operation::run_instances::RunInstancesOutput::builder().build()
         });
-    let out = ec2(&[&rule], false)
+    let out = ec2(&[&template_version(vec![]), &rule], false)
         .launch_instances(&launch(LaunchMarket::CapacityBlock {
             reservation_id: "cr-1".into(),
         }))

@@ -533,7 +533,17 @@ impl Ec2Adapter {
             client_token = %spec.client_token,
             "launching instances"
         );
-        let out = req.send().await.map_err(err(OP, Call::Retryable))?;
+        // EC2 answers no capacity with HTTP 500 (InsufficientInstanceCapacity), which the SDK
+        // would retry with backoff, seconds per zone, before the launcher's next placement and
+        // out of the invocation's time budget: not retried. Throttling and server errors are.
+        let out = req
+            .customize()
+            .config_override(
+                aws_sdk_ec2::config::Builder::default().retry_classifier(NoCapacityIsFinal),
+            )
+            .send()
+            .await
+            .map_err(err(OP, Call::Retryable))?;
         out.instances()
             .iter()
             .map(|i| instance_info(&spec.region, i, InstanceHealth::Unknown))
@@ -773,6 +783,37 @@ impl Ec2Adapter {
             .iter()
             .filter_map(|id| zones.get(id).map(|z| (id.clone(), z.clone())))
             .collect())
+    }
+}
+
+/// Forbids the SDK's retry of a launch that found no capacity (see `launch_instances`).
+#[derive(Debug)]
+struct NoCapacityIsFinal;
+
+impl aws_sdk_ec2::config::retry::ClassifyRetry for NoCapacityIsFinal {
+    fn classify_retry(
+        &self,
+        ctx: &aws_sdk_ec2::config::interceptors::InterceptorContext,
+    ) -> aws_sdk_ec2::config::retry::RetryAction {
+        use aws_sdk_ec2::error::ProvideErrorMetadata;
+        let code = ctx
+            .output_or_error()
+            .and_then(Result::err)
+            .and_then(|e| e.as_operation_error())
+            .and_then(|e| {
+                e.downcast_ref::<aws_sdk_ec2::operation::run_instances::RunInstancesError>()
+            })
+            .and_then(|e| e.code());
+        match code {
+            Some("InsufficientInstanceCapacity") => {
+                aws_sdk_ec2::config::retry::RetryAction::RetryForbidden
+            }
+            _ => aws_sdk_ec2::config::retry::RetryAction::NoActionIndicated,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        "no retry of a launch without capacity"
     }
 }
 

@@ -14,7 +14,7 @@ use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use capacity_pilot::domain::money::{MicroUsd, Usd};
 use capacity_pilot::domain::status::RequestStatus;
 use chrono::{DateTime, TimeDelta, Utc};
-use integration_tests::flow::{Flow, Function, REGION, envelope, t0};
+use integration_tests::flow::{Flow, Function, REGION, TIMED_OUT, envelope, t0};
 use local_cloud::ec2::{Instance, Lifecycle};
 use local_cloud::{Fault, FaultKind};
 use serde_json::{Value, json};
@@ -574,7 +574,12 @@ pub(crate) async fn an_impaired_instance_is_replaced_in_the_same_block_once_its_
     let reserved = reserve_and_open(&f, id).await;
     let cr = reservation_of(&reserved);
     f.deliver().await;
-    f.cloud.step(TimeDelta::minutes(1));
+    // ... listed by EC2 by now (Describe* lag new instances: ARCHITECTURE 8.10)
+    let lag = f
+        .cloud
+        .with_world(|w| w.settings.instance_listing_lag_seconds);
+    f.cloud
+        .step(TimeDelta::seconds(lag) + TimeDelta::minutes(1));
     f.deliver().await;
     let live = live_for(&f, id);
     assert_eq!(live.len(), 4);
@@ -1050,10 +1055,11 @@ pub(crate) async fn an_on_demand_run_cancelled_mid_run_is_stopped_settled_by_its
     assert!(f.bus_for("Capacity Cancellation Refused", id).is_empty());
     assert!(f.bus_for("Capacity Cancellation Applied", id).is_empty());
 
-    // WHEN cleanup runs at once, and again after the launch timeout
+    // WHEN cleanup runs at once, and again once no launch begun before the cancellation can
+    // be in flight or unlisted (the listing-lag bound)
     f.tick(Function::Cleanup).await.unwrap();
     assert!(live_for(&f, id).is_empty(), "stopped at the first run");
-    f.cloud.step(TimeDelta::minutes(2));
+    f.cloud.step(TimeDelta::minutes(10));
     f.tick(Function::Cleanup).await.unwrap();
 
     // THEN the request is Cancelled and answered once, and only the 3 hours begun (of 48)
@@ -1114,4 +1120,188 @@ pub(crate) async fn a_block_activating_past_the_bound_launches_late_and_says_by_
     assert!(f.bus_for("Capacity Request Failed", id).is_empty());
     assert_eq!(f.status(id).await, RequestStatus::Active);
     assert!(!cr.is_empty());
+}
+
+#[tokio::test]
+pub(crate) async fn a_block_that_never_activates_ends_saying_so_and_fails_nothing() {
+    // Issue 17: GIVEN a bought block that does not activate before it ends
+    let f = Flow::start().await;
+    f.cloud
+        .with_world(|w| w.settings.block_activation_seconds = 30 * 24 * 3600);
+    let id = "life-never";
+    let reserved = reserve(&f, id).await;
+    let start = time_of(&reserved["detail"]["start"]);
+    let end = time_of(&reserved["detail"]["end"]);
+
+    // WHEN every schedule runs every 30 minutes from its start to an hour past its end
+    let mut at = start;
+    while at <= end + TimeDelta::hours(1) {
+        f.cloud.advance_to(at);
+        f.tick_all().await;
+        f.deliver().await;
+        at += TimeDelta::minutes(30);
+    }
+
+    // THEN nothing launched, the request was never failed, and it ended saying why
+    assert!(f.bus_for("Capacity Workload Launched", id).is_empty());
+    assert!(f.bus_for("Capacity Request Failed", id).is_empty());
+    assert!(live_for(&f, id).is_empty());
+    assert_eq!(f.status(id).await, RequestStatus::Ended);
+    let reason = f.record(id).await.reason;
+    assert!(reason.contains("nothing was ever launched"), "{reason}");
+}
+
+#[tokio::test]
+pub(crate) async fn a_16_instance_block_launches_over_several_short_invocations_without_a_duplicate()
+ {
+    // Issue 17: RunInstances for GPU types takes seconds; a function launching a whole block
+    // in a row outlives its timeout. GIVEN a 2 s launch timeout, 200 ms per RunInstances and a
+    // 16-instance block (16 x 200 ms cannot fit one invocation)
+    let f = Flow::start().await;
+    f.cloud
+        .with_world(|w| w.settings.run_instances_latency_ms = 200);
+    f.set_launch_timeout(std::time::Duration::from_secs(2));
+    let id = "life-16";
+    let mut req = f.ec2_request(id);
+    req["instance_count"] = json!(16);
+    req["duration_hours"] = json!(24);
+    req["budget"]["max_upfront_usd"] = json!("100000");
+    f.submit(req).await;
+    f.deliver().await;
+    assert_eq!(f.status(id).await, RequestStatus::Reserved);
+    let reserved = reserved(&f, id);
+    let usable = time_of(&reserved["detail"]["start"]) + f.activation();
+    f.cloud.advance_to(usable);
+
+    // WHEN the launch schedule runs, tick after tick
+    let mut ticks = 0;
+    while f.bus_for("Capacity Workload Launched", id).is_empty() && ticks < 40 {
+        let run = f.tick(Function::Launch).await;
+        // THEN no invocation outlives its timeout ...
+        if let Err(e) = &run {
+            assert!(!e.starts_with(TIMED_OUT), "tick {ticks}: {e}");
+        }
+        ticks += 1;
+    }
+
+    // ... the block's 16 instances run, each launched once, over more than one invocation
+    assert_eq!(f.bus_for("Capacity Workload Launched", id).len(), 1);
+    assert_eq!(live_for(&f, id).len(), 16);
+    let launched = f.cloud.with_world(|w| {
+        w.ec2
+            .instances
+            .values()
+            .filter(|i| i.tags.get("capacity-pilot:request-id").map(String::as_str) == Some(id))
+            .count()
+    });
+    assert_eq!(launched, 16, "no slot was launched twice");
+    assert!(
+        ticks > 1,
+        "16 launches of 200 ms cannot fit one 2 s invocation"
+    );
+}
+
+#[tokio::test]
+pub(crate) async fn a_launch_template_with_efa_interfaces_launches_with_every_interface_in_the_blocks_subnet()
+ {
+    // Issue 17: p5 templates carry several EFA interfaces; an instance-level SubnetId beside
+    // them is refused, and an override must repeat every one. GIVEN the seeded EFA template
+    let f = Flow::start().await;
+    let id = "life-efa";
+    let efa = f.cloud.with_world(|w| {
+        w.launch_templates(REGION)
+            .into_iter()
+            .find(|t| t.name == "capacity-pilot-efa")
+            .expect("the seeded EFA template")
+            .id
+    });
+    let mut req = f.ec2_request(id);
+    req["workload"]["launch_template"] = json!({ "id": efa });
+    f.submit(req).await;
+    f.deliver().await;
+    let reserved = reserved(&f, id);
+    f.cloud
+        .advance_to(time_of(&reserved["detail"]["start"]) + f.activation());
+
+    // WHEN the window opens
+    f.tick(Function::Launch).await.unwrap();
+
+    // THEN every instance runs, each launched once
+    assert_eq!(f.bus_for("Capacity Workload Launched", id).len(), 1);
+    assert!(f.bus_for("Capacity Request Failed", id).is_empty());
+    assert_eq!(live_for(&f, id).len(), 4);
+}
+
+#[tokio::test]
+pub(crate) async fn an_account_vcpu_limit_on_demand_falls_back_to_a_reservation_instead_of_failing()
+{
+    // Issue 17: GIVEN the account's on-demand vCPU limit for p5 in the region is 0, and a
+    // zone that does not offer the type
+    let f = Flow::start().await;
+    let id = "life-vcpu";
+    f.cloud.with_world(|w| {
+        let zone = w.subnets(REGION)[0].availability_zone.clone();
+        w.settings.refusals = vec![
+            local_cloud::world::Refusal {
+                code: local_cloud::world::RefusalCode::Unsupported,
+                region: REGION.into(),
+                zone: Some(zone),
+                instance_type: None,
+                market: local_cloud::world::RefusalMarket::OnDemand,
+            },
+            local_cloud::world::Refusal {
+                code: local_cloud::world::RefusalCode::VcpuLimitExceeded,
+                region: REGION.into(),
+                zone: None,
+                instance_type: Some("p5.48xlarge".into()),
+                market: local_cloud::world::RefusalMarket::OnDemand,
+            },
+        ];
+    });
+    let mut request = f.ec2_request(id);
+    request["strategy"] = json!("on-demand-first");
+    let desired: DateTime<Utc> = time_of(&request["earliest_start"]);
+    f.submit(request).await;
+
+    // WHEN launch-workloads runs at the desired start
+    f.cloud.advance_to(desired);
+    f.tick(Function::Launch).await.unwrap();
+
+    // THEN the request is not failed: it falls back to a reservation, naming the refusals
+    let rec = f.record(id).await;
+    assert_eq!(rec.status, RequestStatus::Searching, "{}", rec.reason);
+    for said in ["Unsupported", "VcpuLimitExceeded", "falling back"] {
+        assert!(rec.reason.contains(said), "{said}: {}", rec.reason);
+    }
+    assert!(instances_for(&f, id).is_empty());
+    assert_eq!(f.team_spent("team-a", t0()).await, MicroUsd(0));
+    assert!(f.bus_for("Capacity Request Failed", id).is_empty());
+}
+
+#[tokio::test]
+pub(crate) async fn at_the_lenient_readings_a_new_instance_is_watched_and_replaced_at_once() {
+    // ARCHITECTURE 8.10: each harsh default also gets a product test at the lenient reading.
+    // GIVEN EC2 lists new instances at once and answers RunInstances at once
+    let f = Flow::start().await;
+    f.cloud.with_world(|w| {
+        w.settings.instance_listing_lag_seconds = 0;
+        w.settings.run_instances_latency_ms = 0;
+    });
+    let id = "life-lenient";
+    reserve_and_open(&f, id).await;
+    f.tick(Function::Launch).await.unwrap();
+    f.cloud.step(TimeDelta::minutes(1));
+    let live = live_for(&f, id);
+    assert_eq!(live.len(), 4);
+
+    // WHEN one fails its status checks a minute after its launch
+    let sick = live[0].id.clone();
+    f.cloud
+        .with_world(|w| w.impair_instance(&sick, true))
+        .unwrap();
+    f.tick(Function::Replace).await.unwrap();
+
+    // THEN it is seen and terminated at once, with no wait for a listing lag
+    let state = f.cloud.with_world(|w| w.ec2.instances[&sick].state.clone());
+    assert_eq!(state, "shutting-down");
 }

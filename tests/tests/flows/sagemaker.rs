@@ -595,6 +595,20 @@ pub(crate) async fn a_managed_hyperpod_cluster_gets_its_instance_group_on_the_pl
     assert_eq!(c.status, "InService");
     assert_eq!(c.nodes.len(), 2);
 
+    // AND a second request naming the group, now there, is rejected for it (DescribeCluster
+    // leaves CurrentCount out, ARCHITECTURE 8.10's harsh reading: the nodes are counted with
+    // ListClusterNodes)
+    f.submit(hyperpod_request("tp-hyperpod-2", "team-f-research"))
+        .await;
+    let rejected = f.bus_for("Capacity Request Rejected", "tp-hyperpod-2");
+    assert_eq!(rejected.len(), 1);
+    assert!(
+        rejected[0]["detail"]
+            .to_string()
+            .contains("instance_group_name"),
+        "{rejected:?}"
+    );
+
     // WHEN cleanup ticks just before the drain start (end - 1 h - 20 min), then at it
     f.cloud
         .advance_to(hyperpod_drain_at(&seg) - TimeDelta::minutes(1));
@@ -886,4 +900,47 @@ pub(crate) async fn a_region_that_does_not_sell_the_type_as_plans_is_dropped_und
             );
         }
     }
+}
+
+#[tokio::test]
+pub(crate) async fn with_current_count_sent_a_request_for_an_existing_group_is_rejected_for_it() {
+    // ARCHITECTURE 8.10's lenient reading of DescribeCluster (CurrentCount sent). GIVEN a
+    // managed cluster that already has a group of the request's name
+    let f = Flow::start().await;
+    f.cloud
+        .with_world(|w| w.settings.cluster_omit_current_count = false);
+    f.cloud
+        .with_world(|w| {
+            w.sagemaker_call(
+                REGION,
+                "CreateCluster",
+                &json!({
+                    "ClusterName": "team-f-busy",
+                    "Tags": [{"Key": "capacity-pilot:managed", "Value": "true"}],
+                    "InstanceGroups": [{
+                        "InstanceGroupName": "finetune", "InstanceType": "ml.p5.48xlarge",
+                        "InstanceCount": 1,
+                        "ExecutionRole": "arn:aws:iam::123456789012:role/sm",
+                        "LifeCycleConfig": {"SourceS3Uri": "s3://x/", "OnCreate": "on_create.sh"}
+                    }]
+                }),
+            )
+        })
+        .expect("CreateCluster");
+    f.cloud.step(TimeDelta::minutes(5));
+
+    // WHEN a request names it
+    let id = "tp-hyperpod-busy";
+    f.submit(hyperpod_request(id, "team-f-busy")).await;
+
+    // THEN it is rejected for the group, and nothing is bought
+    let rejected = f.bus_for("Capacity Request Rejected", id);
+    assert_eq!(rejected.len(), 1);
+    assert!(
+        rejected[0]["detail"]
+            .to_string()
+            .contains("instance_group_name"),
+        "{rejected:?}"
+    );
+    assert!(f.bus_for("Capacity Reserved", id).is_empty());
 }

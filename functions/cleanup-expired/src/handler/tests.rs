@@ -895,9 +895,18 @@ async fn a_launch_landing_after_a_cancellations_first_stop_is_stopped_before_the
             .is_empty()
     );
 
-    // WHEN the in-flight launch lands an instance, and cleanup runs after the launch timeout
+    // WHEN the in-flight launch lands an instance EC2 does not list yet, and cleanup runs
+    // after the launch timeout
     w.instance("i-2", "r-1", None, true);
+    w.workloads.set_listed("i-2", false);
     w.tick_at(cancelled_at + Duration::minutes(2), "c2").await;
+
+    // THEN it still waits: what a late launch started may be unlisted for the listing lag
+    assert_eq!(w.status("r-1").await, RequestStatus::Draining);
+
+    // WHEN EC2 lists it, and cleanup runs past the listing-lag bound
+    w.workloads.set_listed("i-2", true);
+    w.tick_at(cancelled_at + Duration::minutes(10), "c3").await;
 
     // THEN the late instance is stopped too, and only then is the estimate settled: the one
     // hour begun since the hold stays spent, the rest goes back, once
