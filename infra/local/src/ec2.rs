@@ -15,7 +15,8 @@ use crate::market::{BlockOffering, BlockSearch, Pool, valid_block_hours};
 use crate::query::{Query, filter_matches};
 use crate::util::{ec2_time, hex_id};
 use crate::world::{
-    Action, EXTENSION_PAYMENT_LEAD_MINUTES, PAYMENT_LEAD_MINUTES, REQUEST_TAG, World,
+    Action, EXTENSION_PAYMENT_LEAD_MINUTES, PAYMENT_LEAD_MINUTES, REQUEST_TAG, RefusalCode,
+    RefusalMarket, World,
 };
 use crate::xml::{El, el, set};
 
@@ -127,6 +128,52 @@ pub struct Instance {
     pub state_reason: Option<(String, String)>,
     pub scheduled_events: Vec<ScheduledEvent>,
     pub launch_index: i64,
+    /// The interfaces it was launched with (from the template or `NetworkInterface.N`); empty
+    /// for a launch without any.
+    pub network_interfaces: Vec<AttachedInterface>,
+}
+
+/// A network interface of a launch template or of a RunInstances `NetworkInterface.N`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NetworkInterface {
+    pub network_card_index: i64,
+    pub device_index: i64,
+    /// `efa`, `efa-only`, `interface`; absent: a plain ENA interface (`interface`).
+    pub interface_type: Option<String>,
+    pub groups: Vec<String>,
+    pub delete_on_termination: Option<bool>,
+    pub subnet_id: Option<String>,
+    pub associate_public_ip_address: Option<bool>,
+}
+
+impl NetworkInterface {
+    /// The interface type as EC2 reports it.
+    pub fn kind(&self) -> &str {
+        self.interface_type.as_deref().unwrap_or("interface")
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "NetworkCardIndex {} DeviceIndex {} (InterfaceType {})",
+            self.network_card_index,
+            self.device_index,
+            self.kind()
+        )
+    }
+}
+
+/// An interface attached to a launched instance.
+#[derive(Debug, Clone, Serialize)]
+pub struct AttachedInterface {
+    pub id: String,
+    pub attachment_id: String,
+    pub subnet_id: String,
+    pub vpc_id: String,
+    pub network_card_index: i64,
+    pub device_index: i64,
+    pub interface_type: String,
+    pub groups: Vec<String>,
+    pub delete_on_termination: bool,
 }
 
 /// A scheduled event on an instance (`DescribeInstanceStatus` `eventsSet`).
@@ -181,14 +228,19 @@ pub struct Subnet {
     pub cidr: String,
 }
 
-/// A seeded launch template.
+/// A seeded launch template (one version, `1`, the default and the latest).
 #[derive(Debug, Clone)]
 pub struct LaunchTemplate {
     pub id: String,
     pub name: &'static str,
     pub image_id: String,
     pub instance_type: Option<&'static str>,
+    pub network_interfaces: Vec<NetworkInterface>,
 }
+
+/// The seeded EFA template: how many network cards its interfaces span (one EFA interface
+/// on each, as p5.48xlarge-class launches need several).
+pub const EFA_TEMPLATE_CARDS: i64 = 4;
 
 const STATE_CODES: [(&str, i64); 6] = [
     ("pending", 0),
@@ -276,21 +328,171 @@ impl World {
             .collect()
     }
 
-    /// The seeded launch templates in a region.
+    /// The seeded VPC's security group in a region (the one the EFA template's interfaces use).
+    pub fn security_group(&self, region: &str) -> String {
+        hex_id("sg-", &[&self.market.seed.to_string(), region])
+    }
+
+    /// The seeded launch templates in a region: `capacity-pilot-gpu` (no instance type),
+    /// `capacity-pilot-cpu` (`m5.large`), and `capacity-pilot-efa` (no instance type, no subnet,
+    /// [`EFA_TEMPLATE_CARDS`] EFA interfaces: card 0 device 0, cards 1.. device 1, each in the
+    /// seeded security group, deleted on termination).
     pub fn launch_templates(&self, region: &str) -> Vec<LaunchTemplate> {
         let seed = self.market.seed.to_string();
+        let sg = self.security_group(region);
+        let efa: Vec<NetworkInterface> = (0..EFA_TEMPLATE_CARDS)
+            .map(|card| NetworkInterface {
+                network_card_index: card,
+                device_index: i64::from(card > 0),
+                interface_type: Some("efa".to_string()),
+                groups: vec![sg.clone()],
+                delete_on_termination: Some(true),
+                subnet_id: None,
+                associate_public_ip_address: None,
+            })
+            .collect();
         [
-            ("capacity-pilot-gpu", None),
-            ("capacity-pilot-cpu", Some("m5.large")),
+            ("capacity-pilot-gpu", None, Vec::new()),
+            ("capacity-pilot-cpu", Some("m5.large"), Vec::new()),
+            ("capacity-pilot-efa", None, efa),
         ]
         .into_iter()
-        .map(|(name, ty)| LaunchTemplate {
+        .map(|(name, ty, network_interfaces)| LaunchTemplate {
             id: hex_id("lt-", &[&seed, region, name]),
             name,
             image_id: hex_id("ami-", &[&seed, region, name]),
             instance_type: ty,
+            network_interfaces,
         })
         .collect()
+    }
+
+    /// The template a request names by id (preferred) or name, if it names one.
+    fn find_template(
+        &self,
+        region: &str,
+        id: Option<&str>,
+        name: Option<&str>,
+    ) -> Result<Option<LaunchTemplate>, ApiError> {
+        let all = self.launch_templates(region);
+        match (id, name) {
+            (None, None) => Ok(None),
+            (Some(id), _) => all.into_iter().find(|t| t.id == id).map(Some).ok_or_else(|| {
+                ApiError::ec2(
+                    400,
+                    "InvalidLaunchTemplateId.NotFound",
+                    format!(
+                        "The specified launch template, with template ID {id}, does not exist."
+                    ),
+                )
+            }),
+            (None, Some(name)) => {
+                all.into_iter()
+                    .find(|t| t.name == name)
+                    .map(Some)
+                    .ok_or_else(|| {
+                        ApiError::ec2(
+                            400,
+                            "InvalidLaunchTemplateName.NotFoundException",
+                            format!(
+                                "The specified launch template, with template name {name}, does not exist."
+                            ),
+                        )
+                    })
+            }
+        }
+    }
+
+    fn describe_launch_template_versions(
+        &mut self,
+        region: &str,
+        q: &Query,
+    ) -> Result<Vec<El>, ApiError> {
+        dry_run(q)?;
+        let versions = q.list("LaunchTemplateVersion");
+        let templates = match self.find_template(
+            region,
+            q.get("LaunchTemplateId"),
+            q.get("LaunchTemplateName"),
+        )? {
+            Some(t) => {
+                if let Some(v) = versions
+                    .iter()
+                    .find(|v| !matches!(v.as_str(), "$Latest" | "$Default" | "1"))
+                {
+                    return Err(ApiError::ec2(
+                        400,
+                        "InvalidLaunchTemplateId.VersionNotFound",
+                        format!(
+                            "Could not find the specified version {v} for the launch template with ID {}.",
+                            t.id
+                        ),
+                    ));
+                }
+                vec![t]
+            }
+            None => {
+                if versions.is_empty()
+                    || versions
+                        .iter()
+                        .any(|v| !matches!(v.as_str(), "$Latest" | "$Default"))
+                {
+                    return Err(ApiError::ec2(
+                        400,
+                        "MissingParameter",
+                        "To describe the launch template data for all your launch templates, for \
+                         'Versions' specify '$Latest', '$Default', or both, and omit \
+                         'LaunchTemplateId', 'LaunchTemplateName', and version numbers in \
+                         'Versions'.",
+                    ));
+                }
+                self.launch_templates(region)
+            }
+        };
+        let in_range = q.int("MinVersion")?.is_none_or(|m| m <= 1)
+            && q.int("MaxVersion")?.is_none_or(|m| m >= 1);
+        let filters = q.filters();
+        let items: Vec<El> = templates
+            .iter()
+            .filter(|_| in_range)
+            .filter(|t| {
+                filters.iter().all(|f| match f.name.as_str() {
+                    "is-default-version" => filter_matches(&f.values, "true"),
+                    "image-id" => filter_matches(&f.values, &t.image_id),
+                    "instance-type" => t
+                        .instance_type
+                        .is_some_and(|ty| filter_matches(&f.values, ty)),
+                    _ => false,
+                })
+            })
+            .map(|t| {
+                let mut data = el("launchTemplateData")
+                    .v("imageId", &t.image_id)
+                    .opt("instanceType", t.instance_type);
+                if !t.network_interfaces.is_empty() {
+                    data = data.list(
+                        "networkInterfaceSet",
+                        t.network_interfaces.iter().map(template_interface_el),
+                    );
+                }
+                el("item")
+                    .v("launchTemplateId", &t.id)
+                    .v("launchTemplateName", t.name)
+                    .v("versionNumber", 1)
+                    .v(
+                        "createdBy",
+                        format!("arn:aws:iam::{}:root", self.settings.account_id),
+                    )
+                    .v("defaultVersion", true)
+                    .child(data)
+            })
+            .collect();
+        let (page, next) = paginate(items, q.int("MaxResults")?, q.get("NextToken"), (1, 200))?;
+        let mut out = vec![set("launchTemplateVersionSet", page)];
+        if let Some(n) = next {
+            out.push(El::leaf("nextToken", n));
+        }
+        Ok(out)
     }
 
     /// Routes one EC2 action.
@@ -306,6 +508,7 @@ impl World {
             }
             "PurchaseCapacityBlockExtension" => self.purchase_extension(region, q),
             "DescribeSubnets" => self.describe_subnets(region, q),
+            "DescribeLaunchTemplateVersions" => self.describe_launch_template_versions(region, q),
             "RunInstances" => self.run_instances(region, q),
             "DescribeInstances" => self.describe_instances(region, q),
             "DescribeInstanceStatus" => self.describe_instance_status(region, q),
@@ -914,37 +1117,11 @@ impl World {
                 return Ok(self.launch_response(&rid));
             }
         }
-        // launch template
-        let template = match (
+        let template = self.find_template(
+            region,
             q.get("LaunchTemplate.LaunchTemplateId"),
             q.get("LaunchTemplate.LaunchTemplateName"),
-        ) {
-            (None, None) => None,
-            (Some(id), _) => Some(
-                self.launch_templates(region)
-                    .into_iter()
-                    .find(|t| t.id == id)
-                    .ok_or_else(|| {
-                        ApiError::ec2(
-                            400,
-                            "InvalidLaunchTemplateId.NotFound",
-                            format!("The specified launch template, with template ID {id}, does not exist."),
-                        )
-                    })?,
-            ),
-            (None, Some(name)) => Some(
-                self.launch_templates(region)
-                    .into_iter()
-                    .find(|t| t.name == name)
-                    .ok_or_else(|| {
-                        ApiError::ec2(
-                            400,
-                            "InvalidLaunchTemplateName.NotFoundException",
-                            format!("The specified launch template, with template name {name}, does not exist."),
-                        )
-                    })?,
-            ),
-        };
+        )?;
         let image_id = match (q.get("ImageId"), &template) {
             (Some(i), _) => i.to_string(),
             (None, Some(t)) => t.image_id.clone(),
@@ -970,19 +1147,106 @@ impl World {
                 ));
             }
         };
+        let market_type = q.get("InstanceMarketOptions.MarketType");
+        let refusal_market = match market_type {
+            None => Some(RefusalMarket::OnDemand),
+            Some("spot") => Some(RefusalMarket::Spot),
+            Some(_) => None,
+        };
+        // network interfaces: the request's `NetworkInterface.N` replace the template's list
+        let overrides = request_interfaces(q)?;
+        let template_interfaces = template
+            .as_ref()
+            .map(|t| t.network_interfaces.clone())
+            .unwrap_or_default();
+        let with_interfaces = !overrides.is_empty() || !template_interfaces.is_empty();
+        if with_interfaces && q.get("SubnetId").is_some() {
+            return Err(ApiError::ec2(
+                400,
+                "InvalidParameterCombination",
+                "Network interfaces and an instance-level subnet ID may not be specified on the same request",
+            ));
+        }
+        if with_interfaces
+            && !(q.list("SecurityGroupId").is_empty() && q.list("SecurityGroup").is_empty())
+        {
+            return Err(ApiError::ec2(
+                400,
+                "InvalidParameterCombination",
+                "Network interfaces and an instance-level security groups may not be specified on the same request",
+            ));
+        }
+        if self.settings.refuse_dropped_interfaces
+            && !overrides.is_empty()
+            && let Some(t) = &template
+        {
+            for ti in &t.network_interfaces {
+                let kept = overrides.iter().find(|o| {
+                    o.network_card_index == ti.network_card_index
+                        && o.device_index == ti.device_index
+                });
+                let why = match kept {
+                    None => "has no interface on that card and device",
+                    Some(o) if o.kind() != ti.kind() => "changes its InterfaceType",
+                    Some(_) => continue,
+                };
+                return Err(ApiError::ec2(
+                    400,
+                    "InvalidParameterCombination",
+                    format!(
+                        "The NetworkInterface list of the request drops the network interface \
+                         {} of launch template {} ({}): the request {why}, so the instance would \
+                         launch with fewer interfaces than the template has. Repeat every \
+                         interface of the template when overriding them.",
+                        ti.describe(),
+                        t.name,
+                        t.id
+                    ),
+                ));
+            }
+        }
+        let interfaces = if overrides.is_empty() {
+            template_interfaces
+        } else {
+            overrides
+        };
         let subnets = self.subnets(region);
-        let subnet = match q.get("SubnetId") {
-            Some(id) => subnets
+        let find_subnet = |id: &str| {
+            subnets.iter().find(|s| s.id == id).cloned().ok_or_else(|| {
+                ApiError::ec2(
+                    400,
+                    "InvalidSubnetID.NotFound",
+                    format!("The subnet ID '{id}' does not exist"),
+                )
+            })
+        };
+        let requested_subnet = if with_interfaces {
+            let mut seen = HashSet::new();
+            for i in &interfaces {
+                if !seen.insert((i.network_card_index, i.device_index)) {
+                    return Err(ApiError::invalid(format!(
+                        "Two network interfaces have NetworkCardIndex {} and DeviceIndex {}",
+                        i.network_card_index, i.device_index
+                    )));
+                }
+                if let Some(id) = &i.subnet_id {
+                    find_subnet(id)?;
+                }
+            }
+            let primary = interfaces
                 .iter()
-                .find(|s| s.id == id)
-                .cloned()
+                .find(|i| i.network_card_index == 0 && i.device_index == 0)
                 .ok_or_else(|| {
-                    ApiError::ec2(
-                        400,
-                        "InvalidSubnetID.NotFound",
-                        format!("The subnet ID '{id}' does not exist"),
+                    ApiError::invalid(
+                        "The primary network interface (NetworkCardIndex 0, DeviceIndex 0) is missing",
                     )
-                })?,
+                })?;
+            primary.subnet_id.clone()
+        } else {
+            q.get("SubnetId").map(str::to_string)
+        };
+        let subnet = match requested_subnet.as_deref() {
+            Some(id) => find_subnet(id)?,
             None => match q.get("Placement.AvailabilityZone") {
                 Some(az) => subnets
                     .iter()
@@ -991,7 +1255,17 @@ impl World {
                     .ok_or_else(|| {
                         ApiError::invalid(format!("Invalid availability zone: [{az}]"))
                     })?,
-                None => subnets[0].clone(),
+                // EC2 picks a zone itself: one where the type is not refused as unsupported
+                None => subnets
+                    .iter()
+                    .find(|s| {
+                        refusal_market.is_none_or(|m| {
+                            self.refusal(m, region, Some(&s.availability_zone), &instance_type)
+                                .is_none_or(|r| r.code != RefusalCode::Unsupported)
+                        })
+                    })
+                    .unwrap_or(&subnets[0])
+                    .clone(),
             },
         };
         if let Some(az) = q.get("Placement.AvailabilityZone")
@@ -1002,7 +1276,27 @@ impl World {
                 subnet.id
             )));
         }
-        let market_type = q.get("InstanceMarketOptions.MarketType");
+        for i in &interfaces {
+            if let Some(id) = &i.subnet_id {
+                let other = find_subnet(id)?;
+                if other.availability_zone != subnet.availability_zone {
+                    return Err(ApiError::ec2(
+                        400,
+                        "InvalidParameterCombination",
+                        format!(
+                            "The network interfaces of an instance must be in one Availability \
+                             Zone: subnet {} ({}) of the interface on NetworkCardIndex {} \
+                             DeviceIndex {} is not in {}",
+                            other.id,
+                            other.availability_zone,
+                            i.network_card_index,
+                            i.device_index,
+                            subnet.availability_zone
+                        ),
+                    ));
+                }
+            }
+        }
         let target_cr = q.get(
             "CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationId",
         );
@@ -1082,6 +1376,16 @@ impl World {
                 } else {
                     Lifecycle::OnDemand
                 };
+                if let Some(r) = refusal_market.and_then(|m| {
+                    self.refusal(m, region, Some(&subnet.availability_zone), &instance_type)
+                }) {
+                    return Err(self.refusal_error(
+                        r,
+                        Some(&subnet.availability_zone),
+                        &instance_type,
+                        max,
+                    ));
+                }
                 let total = self.market.on_demand_total(
                     region,
                     &subnet.availability_zone,
@@ -1115,6 +1419,25 @@ impl World {
         let mut ids = Vec::new();
         for n in 0..launch_count {
             let id = self.next_id("i-");
+            let mut attached = Vec::new();
+            for i in &interfaces {
+                let on = match &i.subnet_id {
+                    Some(sid) => subnets.iter().find(|s| &s.id == sid).unwrap_or(&subnet),
+                    None => &subnet,
+                };
+                attached.push(AttachedInterface {
+                    id: self.next_id("eni-"),
+                    attachment_id: self.next_id("eni-attach-"),
+                    subnet_id: on.id.clone(),
+                    vpc_id: on.vpc_id.clone(),
+                    network_card_index: i.network_card_index,
+                    device_index: i.device_index,
+                    interface_type: i.kind().to_string(),
+                    groups: i.groups.clone(),
+                    // EC2 deletes an interface it created for the launch unless told otherwise
+                    delete_on_termination: i.delete_on_termination.unwrap_or(true),
+                });
+            }
             let inst = Instance {
                 id: id.clone(),
                 region: region.to_string(),
@@ -1137,6 +1460,7 @@ impl World {
                 state_reason: None,
                 scheduled_events: Vec::new(),
                 launch_index: n,
+                network_interfaces: attached,
             };
             self.ec2.instances.insert(id.clone(), inst);
             self.instance_event(&id);
@@ -1218,6 +1542,33 @@ impl World {
         if let Some((code, msg)) = &i.state_reason {
             e = e.child(el("stateReason").v("code", code).v("message", msg));
         }
+        if !i.network_interfaces.is_empty() {
+            e = e.list(
+                "networkInterfaceSet",
+                i.network_interfaces.iter().map(|n| {
+                    el("item")
+                        .child(
+                            el("attachment")
+                                .v("attachTime", ec2_time(i.launch_time))
+                                .v("attachmentId", &n.attachment_id)
+                                .v("deleteOnTermination", n.delete_on_termination)
+                                .v("deviceIndex", n.device_index)
+                                .v("status", "attached")
+                                .v("networkCardIndex", n.network_card_index),
+                        )
+                        .list(
+                            "groupSet",
+                            n.groups.iter().map(|g| el("item").v("groupId", g)),
+                        )
+                        .v("networkInterfaceId", &n.id)
+                        .v("ownerId", &self.settings.account_id)
+                        .v("status", "in-use")
+                        .v("subnetId", &n.subnet_id)
+                        .v("vpcId", &n.vpc_id)
+                        .v("interfaceType", &n.interface_type)
+                }),
+            );
+        }
         if let Some(cr) = &i.capacity_reservation_id {
             e = e.child(
                 el("capacityReservationSpecification")
@@ -1233,7 +1584,14 @@ impl World {
             .is_none_or(|t| self.now - t < TimeDelta::hours(1))
     }
 
-    fn check_instance_ids(&self, region: &str, ids: &[String]) -> Result<(), ApiError> {
+    /// Checks ids' format and existence; with `listed`, an instance still inside the listing
+    /// lag ([`crate::world::Settings::instance_listing_lag_seconds`]) counts as unknown.
+    fn check_instance_ids(
+        &self,
+        region: &str,
+        ids: &[String],
+        listed: bool,
+    ) -> Result<(), ApiError> {
         for id in ids {
             let ok_format = id.starts_with("i-")
                 && (id.len() == 10 || id.len() == 19)
@@ -1249,13 +1607,20 @@ impl World {
         let missing: Vec<&String> = ids
             .iter()
             .filter(|id| {
-                !self
-                    .ec2
-                    .instances
-                    .get(*id)
-                    .is_some_and(|i| i.region == region && self.visible(i))
+                !self.ec2.instances.get(*id).is_some_and(|i| {
+                    i.region == region
+                        && self.visible(i)
+                        && (!listed || self.instance_listed(i.launch_time))
+                })
             })
             .collect();
+        if let [id] = missing.as_slice() {
+            return Err(ApiError::ec2(
+                400,
+                "InvalidInstanceID.NotFound",
+                format!("The instance ID '{id}' does not exist"),
+            ));
+        }
         if !missing.is_empty() {
             let list: Vec<&str> = missing.iter().map(|s| s.as_str()).collect();
             return Err(ApiError::ec2(
@@ -1277,13 +1642,14 @@ impl World {
                 "The parameter instancesSet cannot be used with the parameter maxResults",
             ));
         }
-        self.check_instance_ids(region, &ids)?;
+        self.check_instance_ids(region, &ids, true)?;
         let filters = q.filters();
         let matching: Vec<&Instance> = self
             .ec2
             .instances
             .values()
             .filter(|i| i.region == region && self.visible(i))
+            .filter(|i| self.instance_listed(i.launch_time))
             .filter(|i| ids.is_empty() || ids.contains(&i.id))
             .filter(|i| instance_matches(i, &filters))
             .collect();
@@ -1328,7 +1694,7 @@ impl World {
                 "The parameter instancesSet cannot be used with the parameter maxResults",
             ));
         }
-        self.check_instance_ids(region, &ids)?;
+        self.check_instance_ids(region, &ids, true)?;
         let all = q.bool("IncludeAllInstances");
         let filters = q.filters();
         let matching: Vec<&Instance> = self
@@ -1336,6 +1702,7 @@ impl World {
             .instances
             .values()
             .filter(|i| i.region == region && self.visible(i))
+            .filter(|i| self.instance_listed(i.launch_time))
             .filter(|i| ids.is_empty() || ids.contains(&i.id))
             .filter(|i| all || i.state == "running")
             .filter(|i| {
@@ -1424,7 +1791,7 @@ impl World {
         if ids.len() > 1000 {
             return Err(ApiError::invalid("At most 1000 instance IDs may be given"));
         }
-        self.check_instance_ids(region, &ids)?;
+        self.check_instance_ids(region, &ids, false)?;
         dry_run(q)?;
         let mut items = Vec::new();
         for id in &ids {
@@ -1978,6 +2345,58 @@ fn instance_matches(i: &Instance, filters: &[crate::query::Filter]) -> bool {
             },
         }
     })
+}
+
+/// `NetworkInterface.N.*` of a RunInstances request, in order.
+fn request_interfaces(q: &Query) -> Result<Vec<NetworkInterface>, ApiError> {
+    let flag = |key: &str| match q.get(key) {
+        None => Ok(None),
+        Some("true") => Ok(Some(true)),
+        Some("false") => Ok(Some(false)),
+        Some(v) => Err(ApiError::invalid(format!(
+            "Value ({v}) for parameter {key} is invalid. Expected a boolean."
+        ))),
+    };
+    (1..=q.count("NetworkInterface"))
+        .map(|n| {
+            let p = format!("NetworkInterface.{n}");
+            if q.get(&format!("{p}.NetworkInterfaceId")).is_some() {
+                return Err(ApiError::invalid(format!(
+                    "{p}.NetworkInterfaceId: attaching an existing network interface is not supported by local-cloud"
+                )));
+            }
+            let device_index = q.int(&format!("{p}.DeviceIndex"))?.ok_or_else(|| {
+                ApiError::invalid("Each network interface requires a device index.")
+            })?;
+            Ok(NetworkInterface {
+                network_card_index: q.int(&format!("{p}.NetworkCardIndex"))?.unwrap_or(0),
+                device_index,
+                interface_type: q.get(&format!("{p}.InterfaceType")).map(str::to_string),
+                groups: q.list(&format!("{p}.SecurityGroupId")),
+                delete_on_termination: flag(&format!("{p}.DeleteOnTermination"))?,
+                subnet_id: q.get(&format!("{p}.SubnetId")).map(str::to_string),
+                associate_public_ip_address: flag(&format!("{p}.AssociatePublicIpAddress"))?,
+            })
+        })
+        .collect()
+}
+
+/// A template interface as DescribeLaunchTemplateVersions answers it
+/// (`LaunchTemplateInstanceNetworkInterfaceSpecification`; its `groupSet` holds `groupId`
+/// elements, not `item`s).
+fn template_interface_el(i: &NetworkInterface) -> El {
+    let mut groups = el("groupSet");
+    for g in &i.groups {
+        groups = groups.v("groupId", g);
+    }
+    el("item")
+        .opt("associatePublicIpAddress", i.associate_public_ip_address)
+        .opt("deleteOnTermination", i.delete_on_termination)
+        .v("deviceIndex", i.device_index)
+        .child(groups)
+        .opt("interfaceType", i.interface_type.as_ref())
+        .opt("subnetId", i.subnet_id.as_ref())
+        .v("networkCardIndex", i.network_card_index)
 }
 
 /// The parameters that identify a `RunInstances` request for idempotency.

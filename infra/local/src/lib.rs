@@ -42,7 +42,10 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub use error::ApiError;
-pub use world::{BlockInitialState, Fault, FaultKind, PlanUnsupported, Settings, World};
+pub use world::{
+    BlockInitialState, Fault, FaultKind, InactivePlan, PlanUnsupported, Refusal, RefusalCode,
+    RefusalMarket, Settings, World,
+};
 
 /// How to start an emulator.
 #[derive(Debug, Clone)]

@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 use crate::error::ApiError;
 use crate::market::{PlanOffering, PlanSearch, Pool};
 use crate::util::epoch;
-use crate::world::{Action, PAYMENT_LEAD_MINUTES, REQUEST_TAG, World};
+use crate::world::{Action, InactivePlan, PAYMENT_LEAD_MINUTES, REQUEST_TAG, RefusalMarket, World};
 
 /// A purchased training plan.
 #[derive(Debug, Clone, Serialize)]
@@ -61,7 +61,14 @@ pub struct InstanceGroup {
     pub instance_type: String,
     pub target: i64,
     pub plan_arn: Option<String>,
+    /// The `ClusterInstanceGroupSpecification` CreateCluster / UpdateCluster accepted: the
+    /// desired settings, reported by DescribeCluster under the `ClusterInstanceGroupDetails`
+    /// names.
     pub request: Value,
+    /// The specification in effect: none while the cluster is `Creating` or the group is
+    /// being added, the one before the update while `Updating`, else `request`. DescribeCluster
+    /// reports its `Current*` fields (`CurrentImageId`, `CurrentLabels`, …) from it.
+    pub current: Option<Value>,
 }
 
 /// A HyperPod node.
@@ -118,6 +125,19 @@ pub struct Endpoint {
     pub status: String,
     pub failure_reason: Option<String>,
     pub variants: Vec<Variant>,
+    /// When a `Deleting` endpoint is gone.
+    pub delete_at: Option<DateTime<Utc>>,
+    /// The status it had when DeleteEndpoint was called: an endpoint deleted `InService`
+    /// keeps its instances until it is gone.
+    pub deleted_from: Option<String>,
+}
+
+impl Endpoint {
+    /// Whether the endpoint's instances are in use (its plan's or the on-demand pool's).
+    fn holds_instances(&self) -> bool {
+        self.status == "InService"
+            || (self.status == "Deleting" && self.deleted_from.as_deref() == Some("InService"))
+    }
 }
 
 type Key = (String, String);
@@ -273,6 +293,107 @@ fn page(
     let out: Vec<Value> = items.into_iter().skip(start).take(max).collect();
     let next = (start + out.len() < total).then(|| format!("lc1-{}", start + out.len()));
     Ok((out, next))
+}
+
+/// A `ClusterInstanceGroupDetails` from the accepted `ClusterInstanceGroupSpecification`
+/// (`spec`, the desired settings) and the one in effect (`current`), under DescribeCluster's
+/// names (botocore `sagemaker` model; aws-reference §11.2 "map each field"). Counts, name,
+/// type, plan and status are the caller's.
+fn group_details(spec: &Value, current: Option<&Value>) -> Map<String, Value> {
+    let mut d = Map::new();
+    let get = |v: Option<&Value>, path: &[&str]| -> Option<Value> {
+        let mut v = v?;
+        for k in path {
+            v = v.get(*k)?;
+        }
+        (!v.is_null()).then(|| v.clone())
+    };
+    let spec = Some(spec);
+    for k in [
+        "LifeCycleConfig",
+        "ExecutionRole",
+        "ThreadsPerCore",
+        "InstanceStorageConfigs",
+        "OnStartDeepHealthChecks",
+        "OverrideVpcConfig",
+        "ScheduledUpdateConfig",
+        "SlurmConfig",
+        "CapacityRequirements",
+        "NetworkInterface",
+    ] {
+        if let Some(v) = get(spec, &[k]) {
+            d.insert(k.into(), v);
+        }
+    }
+    let put = |d: &mut Map<String, Value>, name: &str, v: Option<Value>| {
+        if let Some(v) = v {
+            d.insert(name.into(), v);
+        }
+    };
+    put(&mut d, "MinCount", get(spec, &["MinInstanceCount"]));
+    put(&mut d, "DesiredImageId", get(spec, &["ImageId"]));
+    put(&mut d, "CurrentImageId", get(current, &["ImageId"]));
+    put(
+        &mut d,
+        "DesiredImageReleaseVersion",
+        get(spec, &["ImageReleaseVersion"]),
+    );
+    put(
+        &mut d,
+        "CurrentImageReleaseVersion",
+        get(current, &["ImageReleaseVersion"]),
+    );
+    let nested = |pairs: &[(&str, Option<&Value>, &[&str])]| -> Option<Value> {
+        let m: Map<String, Value> = pairs
+            .iter()
+            .filter_map(|(name, from, path)| Some((name.to_string(), get(*from, path)?)))
+            .collect();
+        (!m.is_empty()).then_some(Value::Object(m))
+    };
+    let k8s = nested(&[
+        ("CurrentLabels", current, &["KubernetesConfig", "Labels"]),
+        ("DesiredLabels", spec, &["KubernetesConfig", "Labels"]),
+        ("CurrentTaints", current, &["KubernetesConfig", "Taints"]),
+        ("DesiredTaints", spec, &["KubernetesConfig", "Taints"]),
+    ]);
+    put(&mut d, "KubernetesConfig", k8s);
+    let types = nested(&[
+        (
+            "CurrentInstanceTypes",
+            current,
+            &["InstanceRequirements", "InstanceTypes"],
+        ),
+        (
+            "DesiredInstanceTypes",
+            spec,
+            &["InstanceRequirements", "InstanceTypes"],
+        ),
+    ]);
+    put(&mut d, "InstanceRequirements", types);
+    let patch = nested(&[
+        (
+            "PatchingStrategy",
+            spec,
+            &["AutoPatchConfig", "PatchingStrategy"],
+        ),
+        (
+            "CurrentPatchSchedule",
+            current,
+            &["AutoPatchConfig", "PatchSchedule"],
+        ),
+        (
+            "DesiredPatchSchedule",
+            spec,
+            &["AutoPatchConfig", "PatchSchedule"],
+        ),
+        (
+            "DeploymentConfig",
+            spec,
+            &["AutoPatchConfig", "DeploymentConfig"],
+        ),
+    ]);
+    put(&mut d, "AutoPatchConfig", patch);
+    d
 }
 
 impl World {
@@ -615,7 +736,7 @@ impl World {
             .sm
             .endpoints
             .values()
-            .filter(|e| e.status == "InService")
+            .filter(|e| e.holds_instances())
             .flat_map(|e| e.variants.iter())
             .filter(|v| v.plan_arn.as_deref() == Some(arn))
             .map(|v| v.count)
@@ -745,7 +866,7 @@ impl World {
             .sm
             .endpoints
             .values()
-            .filter(|e| e.region == region && e.status == "InService")
+            .filter(|e| e.region == region && e.holds_instances())
             .flat_map(|e| e.variants.iter())
             .filter(|v| v.plan_arn.is_none() && v.instance_type == ty)
             .map(|v| v.count)
@@ -844,6 +965,16 @@ impl World {
             )));
         }
         let plan_arn = s(rc, "TrainingPlanArn").map(str::to_string);
+        if plan_arn.is_none()
+            && let Some(r) = self.refusal(
+                RefusalMarket::SagemakerTraining,
+                region,
+                None,
+                &instance_type,
+            )
+        {
+            return Err(self.refusal_error(r, None, &instance_type, count));
+        }
         if let Some(pa) = &plan_arn {
             let p = self.check_plan(region, pa, "training-job", &instance_type)?;
             let st = plan_status(&p, self.now);
@@ -993,6 +1124,7 @@ impl World {
                 target,
                 plan_arn,
                 request: g.clone(),
+                current: None,
             });
         }
         Ok(out)
@@ -1054,18 +1186,59 @@ impl World {
     fn update_cluster(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
         let name = req(input, "ClusterName")?.to_string();
         let updates = self.parse_groups(region, input)?;
-        let until = self.minutes(self.settings.cluster_transition_minutes);
+        let until = self.minutes(self.settings.cluster_update_minutes);
+        let strict = self.settings.refuse_partial_cluster_updates;
         let c = self.cluster_mut(region, &name)?;
         if c.status != "InService" {
+            // our wording: AWS's text is not published
             return Err(ApiError::new(
                 400,
                 "ConflictException",
-                format!("Cluster {name} is {} and cannot be updated", c.status),
+                format!(
+                    "Cluster {} is in status {}. Please wait until the cluster is InService to update it.",
+                    c.name, c.status
+                ),
             ));
         }
-        for u in updates {
+        if strict {
+            // whether AWS keeps omitted groups or fields is UNVERIFIED (aws-reference §11.2):
+            // the harsher reading refuses an update that might remove or rewrite another group
+            let omitted: Vec<&str> = c
+                .groups
+                .iter()
+                .filter(|g| !updates.iter().any(|u| u.name == g.name))
+                .map(|g| g.name.as_str())
+                .collect();
+            if !omitted.is_empty() {
+                return Err(ApiError::validation(format!(
+                    "The update of cluster {} omits instance group(s) {}. List every instance group of the cluster with its settings.",
+                    c.name,
+                    omitted.join(", ")
+                )));
+            }
+            let changed: Vec<&str> = updates
+                .iter()
+                .filter(|u| {
+                    c.groups
+                        .iter()
+                        .any(|g| g.name == u.name && g.request != u.request)
+                })
+                .map(|u| u.name.as_str())
+                .collect();
+            if changed.len() > 1 {
+                return Err(ApiError::validation(format!(
+                    "The update of cluster {} changes instance groups {}. An update can change one instance group only; send the others with their current settings.",
+                    c.name,
+                    changed.join(", ")
+                )));
+            }
+        }
+        for mut u in updates {
             match c.groups.iter_mut().find(|g| g.name == u.name) {
-                Some(g) => *g = u,
+                Some(g) => {
+                    u.current = g.current.take();
+                    *g = u;
+                }
                 None => c.groups.push(u),
             }
         }
@@ -1094,18 +1267,23 @@ impl World {
                 let plan_status = g.plan_arn.as_ref().map_or("NotApplicable".to_string(), |pa| {
                     self.sm.plans.values().find(|p| &p.arn == pa).map_or("NotApplicable".to_string(), |p| plan_status(p, self.now).to_string())
                 });
-                json!({
-                    "InstanceGroupName": g.name,
-                    "InstanceType": g.instance_type,
-                    "CurrentCount": current,
-                    "TargetCount": g.target,
-                    "LifeCycleConfig": g.request.get("LifeCycleConfig"),
-                    "ExecutionRole": g.request.get("ExecutionRole"),
-                    "ThreadsPerCore": g.request.get("ThreadsPerCore"),
-                    "TrainingPlanArn": g.plan_arn,
-                    "TrainingPlanStatus": plan_status,
-                    "Status": if c.status == "Creating" { "Creating" } else if c.status == "Updating" { "Updating" } else { "InService" },
-                })
+                let mut d = group_details(&g.request, g.current.as_ref());
+                d.insert("InstanceGroupName".into(), json!(g.name));
+                d.insert("InstanceType".into(), json!(g.instance_type));
+                // "`CurrentCount` is optional" (aws-reference §11.2)
+                if !self.settings.cluster_omit_current_count {
+                    d.insert("CurrentCount".into(), json!(current));
+                }
+                d.insert("TargetCount".into(), json!(g.target));
+                d.insert("TrainingPlanArn".into(), json!(g.plan_arn));
+                d.insert("TrainingPlanStatus".into(), json!(plan_status));
+                let status = match c.status.as_str() {
+                    "Creating" => "Creating",
+                    "Updating" => "Updating",
+                    _ => "InService",
+                };
+                d.insert("Status".into(), json!(status));
+                Value::Object(d)
             }).collect::<Vec<_>>(),
         })
     }
@@ -1235,6 +1413,21 @@ impl World {
                     )
                 ))
             })?;
+        if self.settings.endpoint_inactive_plan == InactivePlan::Refuse
+            && let Some(p) = config
+                .variants
+                .iter()
+                .find_map(|v| v.plan_arn.as_ref())
+                .and_then(|pa| self.sm.plans.values().find(|p| &p.arn == pa))
+            && plan_status(p, self.now) != "Active"
+        {
+            // "The training plan must be in the Active status to be used by an inference
+            // endpoint" (aws-reference §11.2); the wording is ours
+            return Err(ApiError::validation(format!(
+                "The training plan {} is not in Active status; an endpoint can use a training plan only when it is Active.",
+                p.arn
+            )));
+        }
         let ready_at = self.minutes(self.settings.endpoint_create_minutes);
         self.sm.endpoints.insert(
             key,
@@ -1249,6 +1442,8 @@ impl World {
                 status: "Creating".to_string(),
                 failure_reason: None,
                 variants: config.variants,
+                delete_at: None,
+                deleted_from: None,
             },
         );
         self.put_tags(&arn, tags);
@@ -1298,6 +1493,9 @@ impl World {
         }))
     }
 
+    /// DeleteEndpoint: `Deleting` for `endpoint_delete_minutes`, then gone (aws-reference
+    /// §11.2 "DeleteEndpoint is asynchronous"). Meanwhile the name stays taken and a second
+    /// DeleteEndpoint succeeds without a second event.
     fn delete_endpoint(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
         let name = req(input, "EndpointName")?.to_string();
         let key = (region.to_string(), name.clone());
@@ -1306,20 +1504,21 @@ impl World {
             region,
             &format!("endpoint/{}", name.to_lowercase()),
         );
-        if self.sm.endpoints.remove(&key).is_none() {
+        let now = self.now;
+        let gone_at = now + TimeDelta::minutes(self.settings.endpoint_delete_minutes.max(0));
+        let Some(e) = self.sm.endpoints.get_mut(&key) else {
             return Err(ApiError::validation(format!(
                 "Could not find endpoint \"{arn}\"."
             )));
+        };
+        if e.status == "Deleting" {
+            return Ok(json!({}));
         }
-        self.sm.tags.remove(&arn);
-        let region_s = region.to_string();
-        self.emit(
-            &region_s,
-            "aws.sagemaker",
-            "SageMaker Endpoint State Change",
-            vec![arn.clone()],
-            json!({"EndpointName": name, "EndpointArn": arn, "EndpointStatus": "DELETING", "Tags": {}}),
-        );
+        e.deleted_from = Some(std::mem::replace(&mut e.status, "Deleting".to_string()));
+        e.modified = now;
+        e.delete_at = Some(gone_at);
+        self.schedule(gone_at, Action::SageMakerSync);
+        self.endpoint_event(region, &name);
         Ok(json!({}))
     }
 
@@ -1685,6 +1884,9 @@ impl World {
         let mut changed = false;
         if (c.status == "Creating" || c.status == "Updating") && now >= c.status_until {
             c.status = "InService".to_string();
+            for g in &mut c.groups {
+                g.current = Some(g.request.clone());
+            }
             changed = true;
         }
         if c.status != "Creating" {
@@ -1754,6 +1956,14 @@ impl World {
             .iter()
             .find_map(|v| v.plan_arn.clone())
             .and_then(|pa| self.sm.plans.values().find(|p| p.arn == pa).cloned());
+        if e.status == "Deleting" {
+            if e.delete_at.is_some_and(|t| now >= t) {
+                // gone: no event at the removal (only `DELETING` at the delete)
+                self.sm.endpoints.remove(key);
+                self.sm.tags.remove(&e.arn);
+            }
+            return;
+        }
         let before = e.status.clone();
         if e.status == "Creating" && now >= e.ready_at {
             match &plan {
@@ -1784,6 +1994,14 @@ impl World {
                     }
                 }
             }
+            // a scenario's forced failures (`endpoint_failures`), our wording
+            if e.status == "InService" && self.settings.endpoint_failures > 0 {
+                self.settings.endpoint_failures -= 1;
+                e.status = "Failed".to_string();
+                e.failure_reason = Some(
+                    "Unable to provision requested ML compute capacity due to InsufficientCapacityError".to_string(),
+                );
+            }
         } else if e.status == "InService"
             && let Some(p) = &plan
             && plan_status(p, now) != "Active"
@@ -1805,6 +2023,27 @@ impl World {
             self.endpoint_event(&region, &name);
         }
     }
+}
+
+/// SageMaker's `TagKey` and `TagValue` pattern (botocore `sagemaker` model; aws-reference
+/// §11.2 "Tags"), narrower than EC2's.
+const TAG_PATTERN: &str = r"([\p{L}\p{Z}\p{N}_.:/=+\-@]*)";
+
+/// One character of [`TAG_PATTERN`]. `\p{L}` is taken as Rust's `is_alphabetic` less the
+/// marks it also counts (general category M is refused, as SageMaker's pattern refuses it),
+/// `\p{N}` as `is_numeric`, `\p{Z}` as the Unicode separators listed.
+fn tag_char(c: char) -> bool {
+    let separator = matches!(
+        c,
+        '\u{20}' | '\u{A0}' | '\u{1680}' | '\u{2000}'
+            ..='\u{200A}' | '\u{2028}' | '\u{2029}' | '\u{202F}' | '\u{205F}' | '\u{3000}'
+    );
+    // Combining marks that `is_alphabetic` passes (Other_Alphabetic): the common blocks.
+    let mark = matches!(c, '\u{300}'..='\u{36F}' | '\u{483}'..='\u{489}' | '\u{591}'..='\u{5C7}'
+        | '\u{610}'..='\u{61A}' | '\u{64B}'..='\u{65F}' | '\u{900}'..='\u{903}'
+        | '\u{93A}'..='\u{94F}' | '\u{1AB0}'..='\u{1AFF}' | '\u{1DC0}'..='\u{1DFF}'
+        | '\u{20D0}'..='\u{20FF}' | '\u{FE20}'..='\u{FE2F}');
+    (c.is_alphabetic() && !mark) || c.is_numeric() || separator || "_.:/=+-@".contains(c)
 }
 
 /// SageMaker allows at most this many tags on a resource.
@@ -1837,6 +2076,14 @@ fn parse_tags(input: &Value) -> Result<Vec<(String, String)>, ApiError> {
             return Err(ApiError::validation(
                 "1 validation error detected: Value at 'tags.member.value' failed to satisfy constraint: Member must have length less than or equal to 256",
             ));
+        }
+        for (what, text) in [("key", key), ("value", value)] {
+            if !text.chars().all(tag_char) {
+                return Err(ApiError::validation(format!(
+                    "1 validation error detected: Value '{text}' at 'tags.{}.member.{what}' failed to satisfy constraint: Member must satisfy regular expression pattern: {TAG_PATTERN}",
+                    out.len() + 1
+                )));
+            }
         }
         if key.to_ascii_lowercase().starts_with("aws:") {
             return Err(ApiError::validation(format!(

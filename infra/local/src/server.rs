@@ -171,15 +171,26 @@ async fn aws(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respons
             return render_error(protocol, &e, &request_id);
         }
     }
-    let result = {
+    let (result, latency_ms) = {
         let mut w = app.lock();
-        match protocol {
+        let latency_ms = if protocol == Protocol::Ec2 && op == "RunInstances" {
+            w.settings.run_instances_latency_ms
+        } else {
+            0
+        };
+        let result = match protocol {
             Protocol::Ec2 => w.ec2_call(&region, &op, &query).map(Ok),
             Protocol::SageMaker => w.sagemaker_call(&region, &op, &input).map(Err),
             Protocol::Events => w.events_call(&region, &op, &input).map(Err),
-        }
+        };
+        (result, latency_ms)
     };
     tracing::debug!(op, region, ok = result.is_ok(), "request");
+    // RunInstances' own latency (ARCHITECTURE §8.10): the call is done, the world is free for
+    // other requests, and only this answer waits.
+    if latency_ms > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(latency_ms)).await;
+    }
     if lose_response {
         return render_error(protocol, &internal(protocol), &request_id);
     }

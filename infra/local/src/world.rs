@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::ec2::Ec2State;
+use crate::error::ApiError;
 use crate::market::Market;
 use crate::sagemaker::SageMakerState;
 use crate::util::{event_time, hex_id};
@@ -70,10 +71,28 @@ pub struct Settings {
     pub training_job_termination_lead_minutes: i64,
     /// Minutes before a reserved capacity's end that HyperPod nodes are terminated.
     pub hyperpod_termination_lead_minutes: i64,
-    /// Minutes a cluster spends `Creating` / `Updating`.
+    /// Minutes a cluster spends `Creating`.
     pub cluster_transition_minutes: i64,
+    /// Minutes a cluster spends `Updating` after UpdateCluster (ARCHITECTURE §8.10: 5 min).
+    pub cluster_update_minutes: i64,
+    /// UpdateCluster must list every instance group of the cluster and may change only one
+    /// existing group (a group omitting a field it had changes it); else `ValidationException`.
+    /// Whether AWS keeps omitted groups or fields is UNVERIFIED (aws-reference §11.2): the
+    /// harsher reading. false: omitted groups are kept and a named group is replaced whole.
+    pub refuse_partial_cluster_updates: bool,
     /// Minutes an endpoint spends `Creating`.
     pub endpoint_create_minutes: i64,
+    /// Minutes an endpoint spends `Deleting` after DeleteEndpoint before it is gone
+    /// (ARCHITECTURE §8.10: 2 min). 0: gone at once.
+    pub endpoint_delete_minutes: i64,
+    /// What CreateEndpoint does with a config whose training plan is not `Active`: accept and
+    /// fail the endpoint when it would be ready (the default), or refuse at once. Whether
+    /// AWS's refusal is synchronous is not published (aws-reference §11.2).
+    pub endpoint_inactive_plan: InactivePlan,
+    /// The next this many endpoints that would reach `InService` end `Failed` (insufficient
+    /// capacity) after `endpoint_create_minutes` instead; counts down as they fail. For
+    /// scenarios that test a product's retry. Default 0.
+    pub endpoint_failures: u32,
     /// How many training plans an account may hold (`ResourceLimitExceeded` beyond).
     pub max_training_plans: usize,
     /// What `SearchTrainingPlanOfferings` answers for a type the region does not sell
@@ -88,6 +107,81 @@ pub struct Settings {
     /// (instance family, region) pairs for which the account has no Capacity Block quota:
     /// their searches answer the describe limit with its account-limit message.
     pub no_block_quota: Vec<(String, String)>,
+    /// Seconds after RunInstances (simulated time) that a new instance is missing from
+    /// DescribeInstances and DescribeInstanceStatus (an id asked for answers
+    /// `InvalidInstanceID.NotFound`). RunInstances' answer, client-token replays,
+    /// TerminateInstances, CreateTags and the emulator's own bookkeeping see it at once.
+    /// 0: no lag. ARCHITECTURE §8.10: default 2 min, bound 10 min (aws-reference §11.3).
+    pub instance_listing_lag_seconds: i64,
+    /// RunInstances with `NetworkInterface.N` overrides that drop an interface of the launch
+    /// template (a (NetworkCardIndex, DeviceIndex) pair missing, or its `InterfaceType`
+    /// changed) answers `InvalidParameterCombination`. AWS launches with fewer interfaces;
+    /// the harsher reading refuses (false: launch with the override's list as AWS does).
+    pub refuse_dropped_interfaces: bool,
+    /// Launches refused with an account or zone limit (`VcpuLimitExceeded`, …) before any
+    /// capacity check. Capacity Block launches are never refused this way. Default: none.
+    pub refusals: Vec<Refusal>,
+    /// Real (wall-clock) milliseconds every RunInstances answer waits, without holding the
+    /// world: other calls proceed meanwhile. ARCHITECTURE §8.10: 50 ms. 0: at once.
+    pub run_instances_latency_ms: u64,
+    /// DescribeCluster omits `CurrentCount` from every instance group ("`CurrentCount` is
+    /// optional", aws-reference §11.2): the harsher reading, so nodes must be counted with
+    /// ListClusterNodes. false: sent.
+    pub cluster_omit_current_count: bool,
+}
+
+/// One entry of [`Settings::refusals`]: launches of `market` in `region` (and `zone`,
+/// `instance_type` when set) answer `code` with AWS's message for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Refusal {
+    pub code: RefusalCode,
+    pub region: String,
+    /// The EC2 zone (`us-east-1a`); a SageMaker launch has no zone, so a refusal with one
+    /// never matches it.
+    #[serde(default)]
+    pub zone: Option<String>,
+    /// The type as the launch names it (`p5.48xlarge`, `ml.p5.48xlarge`).
+    #[serde(default)]
+    pub instance_type: Option<String>,
+    pub market: RefusalMarket,
+}
+
+/// The error codes a [`Refusal`] answers (aws-reference §11.2, §11.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RefusalCode {
+    /// EC2, account and region: the vCPU quota of the type's bucket is 0.
+    VcpuLimitExceeded,
+    /// EC2, account and region: the instance quota of the type is 0.
+    InstanceLimitExceeded,
+    /// EC2, per zone: the type is not offered in the zone.
+    Unsupported,
+    /// EC2 spot, account and region.
+    MaxSpotInstanceCountExceeded,
+    /// SageMaker, account and region: the training job quota of the type is 0.
+    ResourceLimitExceeded,
+}
+
+/// Which launches a [`Refusal`] applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RefusalMarket {
+    /// EC2 RunInstances without `InstanceMarketOptions`.
+    OnDemand,
+    /// EC2 RunInstances with `MarketType` `spot`.
+    Spot,
+    /// SageMaker CreateTrainingJob without a training plan.
+    SagemakerTraining,
+}
+
+/// [`Settings::endpoint_inactive_plan`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InactivePlan {
+    /// Accepted; the endpoint is `Failed` when it would be ready (asynchronous, harsher).
+    FailLater,
+    /// CreateEndpoint answers `ValidationException`.
+    Refuse,
 }
 
 /// [`Settings::plan_unsupported`].
@@ -124,12 +218,22 @@ impl Default for Settings {
             training_job_termination_lead_minutes: 30,
             hyperpod_termination_lead_minutes: 60,
             cluster_transition_minutes: 3,
+            cluster_update_minutes: 5,
+            refuse_partial_cluster_updates: true,
             endpoint_create_minutes: 5,
+            endpoint_delete_minutes: 2,
+            endpoint_inactive_plan: InactivePlan::FailLater,
+            endpoint_failures: 0,
             max_training_plans: 50,
             plan_unsupported: PlanUnsupported::Error,
             describe_limit_burst: 5,
             describe_limit_refill_seconds: 60,
             no_block_quota: Vec::new(),
+            instance_listing_lag_seconds: 120,
+            refuse_dropped_interfaces: true,
+            refusals: Vec::new(),
+            run_instances_latency_ms: 50,
+            cluster_omit_current_count: true,
         }
     }
 }
@@ -411,6 +515,95 @@ impl World {
         self.now >= created + TimeDelta::seconds(self.settings.listing_lag_seconds.max(0))
     }
 
+    /// Whether an instance launched at `launched` is listed by DescribeInstances and
+    /// DescribeInstanceStatus yet ([`Settings::instance_listing_lag_seconds`]).
+    pub fn instance_listed(&self, launched: DateTime<Utc>) -> bool {
+        self.now >= launched + TimeDelta::seconds(self.settings.instance_listing_lag_seconds.max(0))
+    }
+
+    /// The first refusal matching a launch (`zone` None for SageMaker), if any.
+    pub fn refusal(
+        &self,
+        market: RefusalMarket,
+        region: &str,
+        zone: Option<&str>,
+        instance_type: &str,
+    ) -> Option<&Refusal> {
+        self.settings.refusals.iter().find(|r| {
+            r.market == market
+                && r.region == region
+                && r.zone.as_deref().is_none_or(|z| Some(z) == zone)
+                && r.instance_type
+                    .as_deref()
+                    .is_none_or(|t| t == instance_type)
+        })
+    }
+
+    /// The error a matching [`Refusal`] answers, with AWS's message for its code. `count` is
+    /// the number of instances asked for.
+    pub fn refusal_error(
+        &self,
+        r: &Refusal,
+        zone: Option<&str>,
+        instance_type: &str,
+        count: i64,
+    ) -> ApiError {
+        const ADJUST: &str = "Please visit http://aws.amazon.com/contact-us/ec2-request to request an adjustment to this limit.";
+        let message = match r.code {
+            RefusalCode::VcpuLimitExceeded => format!(
+                "You have requested more vCPU capacity than your current vCPU limit of 0 allows \
+                 for the instance bucket that the specified instance type belongs to. {ADJUST}"
+            ),
+            RefusalCode::InstanceLimitExceeded => format!(
+                "You have requested more instances ({count}) than your current instance limit of \
+                 0 allows for the specified instance type. {ADJUST}"
+            ),
+            RefusalCode::Unsupported => {
+                let zone = zone.unwrap_or_default();
+                let others: Vec<String> = self
+                    .market
+                    .region(&r.region)
+                    .azs
+                    .into_iter()
+                    .filter(|z| {
+                        *z != zone
+                            && self
+                                .refusal(r.market, &r.region, Some(z), instance_type)
+                                .is_none_or(|o| o.code != RefusalCode::Unsupported)
+                    })
+                    .collect();
+                let retry = if others.is_empty() {
+                    "Please retry your request by not specifying an Availability Zone.".to_string()
+                } else {
+                    format!(
+                        "Please retry your request by not specifying an Availability Zone or \
+                         choosing {}.",
+                        others.join(", ")
+                    )
+                };
+                format!(
+                    "Your requested instance type ({instance_type}) is not supported in your \
+                     requested Availability Zone ({zone}). {retry}"
+                )
+            }
+            RefusalCode::MaxSpotInstanceCountExceeded => "Max spot instance count exceeded".into(),
+            RefusalCode::ResourceLimitExceeded => format!(
+                "The account-level service limit '{instance_type} for training job usage' is 0 \
+                 Instances, with current utilization of 0 Instances and a request delta of \
+                 {count} Instances. Please use AWS Service Quotas to request an increase for \
+                 this quota."
+            ),
+        };
+        let code = match r.code {
+            RefusalCode::VcpuLimitExceeded => "VcpuLimitExceeded",
+            RefusalCode::InstanceLimitExceeded => "InstanceLimitExceeded",
+            RefusalCode::Unsupported => "Unsupported",
+            RefusalCode::MaxSpotInstanceCountExceeded => "MaxSpotInstanceCountExceeded",
+            RefusalCode::ResourceLimitExceeded => "ResourceLimitExceeded",
+        };
+        ApiError::new(400, code, message)
+    }
+
     /// A JSON picture of everything, for debugging and scenario reports.
     pub fn snapshot(&self) -> Value {
         json!({
@@ -434,5 +627,69 @@ impl World {
 
     pub fn minutes(&self, m: i64) -> DateTime<Utc> {
         self.now + TimeDelta::minutes(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scenario_can_set_refusals_and_the_new_settings() {
+        // scenario files give settings as YAML, merged over the defaults as JSON
+        let v: Value = serde_yaml_ng::from_str(
+            "refusals:\n\
+             - {code: VcpuLimitExceeded, region: us-east-1, instance_type: p5.48xlarge, market: on-demand}\n\
+             - {code: Unsupported, region: us-east-1, zone: us-east-1a, market: spot}\n\
+             - {code: ResourceLimitExceeded, region: us-west-2, market: sagemaker-training}\n\
+             instance_listing_lag_seconds: 0\n\
+             run_instances_latency_ms: 0\n\
+             refuse_dropped_interfaces: false\n\
+             cluster_omit_current_count: false\n\
+             endpoint_inactive_plan: refuse\n\
+             endpoint_failures: 2\n\
+             refuse_partial_cluster_updates: false\n",
+        )
+        .expect("yaml");
+        let s: Settings = serde_json::from_value(v).expect("settings");
+        assert_eq!(s.refusals.len(), 3);
+        assert_eq!(s.refusals[0].code, RefusalCode::VcpuLimitExceeded);
+        assert_eq!(s.refusals[0].market, RefusalMarket::OnDemand);
+        assert_eq!(s.refusals[0].zone, None);
+        assert_eq!(s.refusals[1].zone.as_deref(), Some("us-east-1a"));
+        assert_eq!(s.refusals[2].market, RefusalMarket::SagemakerTraining);
+        assert_eq!(s.instance_listing_lag_seconds, 0);
+        assert!(!s.refuse_dropped_interfaces && !s.cluster_omit_current_count);
+        assert_eq!(s.endpoint_inactive_plan, InactivePlan::Refuse);
+        assert_eq!(s.endpoint_failures, 2);
+        assert!(!s.refuse_partial_cluster_updates);
+        let d = Settings::default();
+        assert!(
+            d.refusals.is_empty() && d.refuse_dropped_interfaces && d.cluster_omit_current_count
+        );
+        assert_eq!(
+            (d.instance_listing_lag_seconds, d.run_instances_latency_ms),
+            (120, 50)
+        );
+        assert_eq!(
+            (
+                d.cluster_transition_minutes,
+                d.cluster_update_minutes,
+                d.endpoint_delete_minutes,
+                d.endpoint_failures,
+            ),
+            (3, 5, 2, 0)
+        );
+        assert_eq!(d.endpoint_inactive_plan, InactivePlan::FailLater);
+        assert!(d.refuse_partial_cluster_updates);
+        assert_eq!(
+            json!(InactivePlan::FailLater),
+            json!("fail-later"),
+            "the scenario spelling"
+        );
+        let bad = serde_json::from_value::<Settings>(json!({
+            "refusals": [{"code": "NoSuchCode", "region": "us-east-1", "market": "on-demand"}]
+        }));
+        assert!(bad.is_err());
     }
 }

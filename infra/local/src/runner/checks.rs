@@ -148,7 +148,13 @@ impl Observed<'_> {
                         start: s.start,
                         end: s.end,
                         forced: s.end - TimeDelta::minutes(lead),
-                        usable: s.start,
+                        // An endpoint's window runs once it is InService: SageMaker's
+                        // `Creating` after the plan is usable at its start.
+                        usable: if p.offering.target == "endpoint" {
+                            s.start + TimeDelta::minutes(w.settings.endpoint_create_minutes)
+                        } else {
+                            s.start
+                        },
                         // the plan's fee, once, on its first segment
                         fee: if i == 0 {
                             p.offering.upfront_fee

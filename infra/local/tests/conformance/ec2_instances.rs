@@ -7,6 +7,7 @@ use aws_sdk_ec2::types::{
     InstanceMarketOptionsRequest, LaunchTemplateSpecification, MarketType, Tag,
 };
 use chrono::TimeDelta;
+use local_cloud::Settings;
 
 use crate::ec2_blocks::{buy, describe, offerings};
 use crate::helpers::*;
@@ -163,7 +164,8 @@ async fn instances_launch_into_an_active_block_and_are_terminated_before_its_end
     let err = launch(1, "slot-c").await.unwrap_err();
     assert_eq!(err.code(), Some("ReservationCapacityExceeded"));
 
-    env.cloud.step(TimeDelta::seconds(30));
+    // running after 30 s; listed by DescribeInstances after the listing lag (2 min)
+    env.cloud.step(TimeDelta::minutes(2));
     let running = env
         .ec2
         .describe_instances()
@@ -455,6 +457,8 @@ async fn describe_instances_filters_by_tag_and_paginates() {
         }
         ids.push(id);
     }
+    // new instances are listed once the listing lag (2 min) has passed
+    env.cloud.step(TimeDelta::minutes(2));
     let tagged = env
         .ec2
         .describe_instances()
@@ -527,7 +531,12 @@ async fn describe_instances_filters_by_tag_and_paginates() {
 
 #[tokio::test]
 async fn status_checks_show_impairment_and_scheduled_retirement() {
-    let env = env().await;
+    // pending instances are asserted right after the launch: no listing lag
+    let env = env_with_settings(Settings {
+        instance_listing_lag_seconds: 0,
+        ..Settings::default()
+    })
+    .await;
     let out = env
         .ec2
         .run_instances()
@@ -785,4 +794,205 @@ async fn dry_runs_and_parameter_combinations_get_ec2_codes() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Some("InvalidPaginationToken"));
+}
+
+#[tokio::test]
+async fn a_new_instance_is_missing_from_describe_until_the_listing_lag_has_passed() {
+    let env = env().await;
+    let run = || {
+        env.ec2
+            .run_instances()
+            .min_count(1)
+            .max_count(1)
+            .instance_type("m5.large".into())
+            .image_id("ami-1")
+            .client_token("lagged")
+            .send()
+    };
+    let out = run().await.unwrap();
+    let id = out.instances()[0].instance_id().unwrap().to_string();
+    assert_eq!(
+        out.instances()[0].state().unwrap().name().unwrap().as_str(),
+        "pending",
+        "RunInstances' own answer shows it"
+    );
+    // tagging works at once; a replay by client token answers the same instance
+    env.ec2
+        .create_tags()
+        .resources(&id)
+        .tags(Tag::builder().key("team").value("a").build())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        run().await.unwrap().instances()[0].instance_id(),
+        Some(id.as_str())
+    );
+    let listed = |env: &Env| {
+        let ec2 = env.ec2.clone();
+        async move {
+            let all = ec2.describe_instances().send().await.unwrap();
+            let tagged = ec2
+                .describe_instances()
+                .filters(Filter::builder().name("tag:team").values("a").build())
+                .send()
+                .await
+                .unwrap();
+            let status = ec2
+                .describe_instance_status()
+                .include_all_instances(true)
+                .send()
+                .await
+                .unwrap();
+            (
+                all.reservations().len(),
+                tagged.reservations().len(),
+                status.instance_statuses().len(),
+            )
+        }
+    };
+    for step in [TimeDelta::zero(), TimeDelta::seconds(119)] {
+        env.cloud.step(step);
+        assert_eq!(listed(&env).await, (0, 0, 0));
+        let err = env
+            .ec2
+            .describe_instances()
+            .instance_ids(&id)
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Some("InvalidInstanceID.NotFound"));
+        assert_eq!(
+            err.message(),
+            Some(format!("The instance ID '{id}' does not exist").as_str())
+        );
+        let err = env
+            .ec2
+            .describe_instance_status()
+            .instance_ids(&id)
+            .include_all_instances(true)
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Some("InvalidInstanceID.NotFound"));
+    }
+    env.cloud.step(TimeDelta::seconds(1));
+    assert_eq!(listed(&env).await, (1, 1, 1));
+    let d = env
+        .ec2
+        .describe_instances()
+        .instance_ids(&id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        d.reservations()[0].instances()[0]
+            .state()
+            .unwrap()
+            .name()
+            .unwrap()
+            .as_str(),
+        "running"
+    );
+
+    // TerminateInstances sees a new instance at once
+    let fresh = env
+        .ec2
+        .run_instances()
+        .min_count(1)
+        .max_count(1)
+        .instance_type("m5.large".into())
+        .image_id("ami-1")
+        .send()
+        .await
+        .unwrap();
+    let fresh_id = fresh.instances()[0].instance_id().unwrap();
+    let term = env
+        .ec2
+        .terminate_instances()
+        .instance_ids(fresh_id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        term.terminating_instances()[0]
+            .current_state()
+            .unwrap()
+            .name()
+            .unwrap()
+            .as_str(),
+        "shutting-down"
+    );
+}
+
+#[tokio::test]
+async fn without_listing_lag_a_new_instance_is_described_at_once() {
+    let env = env_with_settings(Settings {
+        instance_listing_lag_seconds: 0,
+        ..Settings::default()
+    })
+    .await;
+    let out = env
+        .ec2
+        .run_instances()
+        .min_count(1)
+        .max_count(1)
+        .instance_type("m5.large".into())
+        .image_id("ami-1")
+        .send()
+        .await
+        .unwrap();
+    let id = out.instances()[0].instance_id().unwrap();
+    let d = env
+        .ec2
+        .describe_instances()
+        .instance_ids(id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(d.reservations()[0].instances()[0].instance_id(), Some(id));
+}
+
+#[tokio::test]
+async fn run_instances_answers_after_its_latency_without_blocking_other_calls() {
+    use std::time::{Duration, Instant};
+    let env = env_with_settings(Settings {
+        run_instances_latency_ms: 300,
+        ..Settings::default()
+    })
+    .await;
+    let run = || {
+        env.ec2
+            .run_instances()
+            .min_count(1)
+            .max_count(1)
+            .instance_type("m5.large".into())
+            .image_id("ami-1")
+            .send()
+    };
+    let t = Instant::now();
+    run().await.unwrap();
+    assert!(
+        t.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        t.elapsed()
+    );
+
+    // a DescribeInstances sent while a RunInstances waits answers first
+    env.cloud
+        .with_world(|w| w.settings.run_instances_latency_ms = 1000);
+    let launch = async {
+        run().await.unwrap();
+        Instant::now()
+    };
+    let describe = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        env.ec2.describe_instances().send().await.unwrap();
+        Instant::now()
+    };
+    let (launched, described) = tokio::join!(launch, describe);
+    assert!(
+        described < launched,
+        "DescribeInstances waited for RunInstances"
+    );
 }

@@ -5,7 +5,7 @@ use aws_config::BehaviorVersion;
 use aws_config::retry::RetryConfig;
 use aws_sdk_ec2::config::{Credentials, Region};
 use chrono::{DateTime, Utc};
-use local_cloud::{LocalCloud, Options};
+use local_cloud::{LocalCloud, Options, Settings};
 use serde_json::Value;
 
 /// Every test starts its clock here unless it says otherwise.
@@ -51,6 +51,17 @@ pub async fn env() -> Env {
     env_with(Options {
         seed: 42,
         start: Some(t0()),
+        ..Options::default()
+    })
+    .await
+}
+
+/// The default environment with these settings.
+pub async fn env_with_settings(settings: Settings) -> Env {
+    env_with(Options {
+        seed: 42,
+        start: Some(t0()),
+        settings,
         ..Options::default()
     })
     .await

@@ -4,10 +4,12 @@
 mod control;
 mod ec2_blocks;
 mod ec2_instances;
+mod ec2_launch_templates;
 mod eventbridge;
 mod faults;
 mod helpers;
 mod properties;
+mod refusals;
 mod sagemaker_endpoints;
 mod sagemaker_hyperpod;
 mod sagemaker_plans;

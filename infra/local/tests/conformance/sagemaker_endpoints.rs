@@ -7,6 +7,7 @@ use aws_sdk_sagemaker::types::{
     ProductionVariantInstanceType, SageMakerResourceName,
 };
 use chrono::TimeDelta;
+use local_cloud::{InactivePlan, Settings};
 
 use crate::helpers::*;
 use crate::sagemaker_plans::{buy_plan, plan_offerings};
@@ -130,6 +131,9 @@ async fn an_endpoint_on_an_active_plan_serves_until_the_plan_expires() {
         .send()
         .await
         .unwrap();
+    // `Deleting` for `endpoint_delete_minutes` (2), then gone
+    assert_eq!(status(&env, "ep").await, "Deleting");
+    env.cloud.step(TimeDelta::minutes(2));
     let gone = env
         .sm
         .describe_endpoint()
@@ -272,4 +276,227 @@ async fn endpoint_names_and_plan_types_are_validated() {
         "InService",
         "on-demand endpoints need no plan"
     );
+}
+
+#[tokio::test]
+async fn a_deleted_endpoint_is_deleting_for_two_minutes_keeping_its_name_and_instances() {
+    let env = env().await;
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        1,
+        24,
+        SageMakerResourceName::Endpoint,
+    )
+    .await
+    .remove(0);
+    let arn = buy_plan(&env, "del-plan", &offer).await;
+    let seg = &offer.reserved_capacity_offerings()[0];
+    env.cloud.advance_to(chrono_of(seg.start_time().unwrap()));
+    env.sm
+        .create_endpoint_config()
+        .endpoint_config_name("cfg")
+        .production_variants(variant("ml.p5.48xlarge", Some(&arn)))
+        .send()
+        .await
+        .unwrap();
+    let create = || {
+        env.sm
+            .create_endpoint()
+            .endpoint_name("Del-Ep")
+            .endpoint_config_name("cfg")
+            .send()
+    };
+    create().await.unwrap();
+    env.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(status(&env, "Del-Ep").await, "InService");
+    let in_use = || async {
+        env.sm
+            .describe_training_plan()
+            .training_plan_name("del-plan")
+            .send()
+            .await
+            .unwrap()
+            .in_use_instance_count()
+    };
+    assert_eq!(in_use().await, Some(1));
+
+    env.sm
+        .delete_endpoint()
+        .endpoint_name("Del-Ep")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(status(&env, "Del-Ep").await, "Deleting");
+    // the name stays taken, with the duplicate-create message
+    let taken = create().await.unwrap_err();
+    assert_eq!(taken.code(), Some("ValidationException"));
+    assert_eq!(
+        taken.message(),
+        Some(
+            "Cannot create already existing endpoint \"arn:aws:sagemaker:us-east-1:123456789012:endpoint/del-ep\"."
+        )
+    );
+    // a second delete succeeds and sends no second event
+    env.sm
+        .delete_endpoint()
+        .endpoint_name("Del-Ep")
+        .send()
+        .await
+        .unwrap();
+    // the instances are released only when it is gone
+    assert_eq!(in_use().await, Some(1));
+    env.cloud.step(TimeDelta::minutes(1));
+    assert_eq!(status(&env, "Del-Ep").await, "Deleting");
+    env.cloud.step(TimeDelta::minutes(1));
+    let gone = env
+        .sm
+        .describe_endpoint()
+        .endpoint_name("Del-Ep")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), Some("ValidationException"));
+    assert_eq!(
+        gone.message(),
+        Some(
+            "Could not find endpoint \"arn:aws:sagemaker:us-east-1:123456789012:endpoint/del-ep\"."
+        )
+    );
+    assert_eq!(in_use().await, Some(0));
+    let statuses: Vec<String> = events_of(&env.cloud, "SageMaker Endpoint State Change")
+        .iter()
+        .map(|e| e["detail"]["EndpointStatus"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(statuses, ["CREATING", "IN_SERVICE", "DELETING"]);
+    // the name is free again
+    create().await.unwrap();
+    assert_eq!(status(&env, "Del-Ep").await, "Creating");
+}
+
+#[tokio::test]
+async fn an_endpoint_on_a_plan_that_is_not_active_is_refused_when_set() {
+    let env = env_with_settings(Settings {
+        endpoint_inactive_plan: InactivePlan::Refuse,
+        ..Settings::default()
+    })
+    .await;
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        1,
+        24,
+        SageMakerResourceName::Endpoint,
+    )
+    .await
+    .remove(0);
+    let arn = buy_plan(&env, "refuse-plan", &offer).await;
+    env.sm
+        .create_endpoint_config()
+        .endpoint_config_name("cfg")
+        .production_variants(variant("ml.p5.48xlarge", Some(&arn)))
+        .send()
+        .await
+        .unwrap();
+    let create = || {
+        env.sm
+            .create_endpoint()
+            .endpoint_name("ep")
+            .endpoint_config_name("cfg")
+            .send()
+    };
+    let refused = create().await.unwrap_err();
+    assert_eq!(refused.code(), Some("ValidationException"));
+    assert_eq!(
+        refused.message().unwrap(),
+        format!(
+            "The training plan {arn} is not in Active status; an endpoint can use a training plan only when it is Active."
+        )
+    );
+    let missing = env
+        .sm
+        .describe_endpoint()
+        .endpoint_name("ep")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        missing.code(),
+        Some("ValidationException"),
+        "nothing created"
+    );
+    let seg = &offer.reserved_capacity_offerings()[0];
+    env.cloud.advance_to(chrono_of(seg.start_time().unwrap()));
+    create().await.unwrap();
+    env.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(status(&env, "ep").await, "InService");
+}
+
+#[tokio::test]
+async fn forced_endpoint_failures_fail_the_next_endpoints_that_would_serve() {
+    let env = env_with_settings(Settings {
+        endpoint_failures: 1,
+        ..Settings::default()
+    })
+    .await;
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        1,
+        24,
+        SageMakerResourceName::Endpoint,
+    )
+    .await
+    .remove(0);
+    let arn = buy_plan(&env, "early-plan", &offer).await;
+    env.sm
+        .create_endpoint_config()
+        .endpoint_config_name("on-plan")
+        .production_variants(variant("ml.p5.48xlarge", Some(&arn)))
+        .send()
+        .await
+        .unwrap();
+    env.sm
+        .create_endpoint_config()
+        .endpoint_config_name("on-demand")
+        .production_variants(variant("ml.m5.large", None))
+        .send()
+        .await
+        .unwrap();
+    let create = |name: &'static str, cfg: &'static str| {
+        env.sm
+            .create_endpoint()
+            .endpoint_name(name)
+            .endpoint_config_name(cfg)
+            .send()
+    };
+    let describe = |name: &'static str| env.sm.describe_endpoint().endpoint_name(name).send();
+    // an endpoint that fails anyway (its plan is not Active) does not use up the forced failure
+    create("inactive", "on-plan").await.unwrap();
+    create("first", "on-demand").await.unwrap();
+    env.cloud.step(TimeDelta::minutes(4));
+    assert_eq!(status(&env, "first").await, "Creating");
+    env.cloud.step(TimeDelta::minutes(1));
+    let d = describe("inactive").await.unwrap();
+    assert_eq!(d.endpoint_status().unwrap().as_str(), "Failed");
+    assert!(d.failure_reason().unwrap().contains("training plan"));
+    let d = describe("first").await.unwrap();
+    assert_eq!(d.endpoint_status().unwrap().as_str(), "Failed");
+    assert_eq!(
+        d.failure_reason(),
+        Some("Unable to provision requested ML compute capacity due to InsufficientCapacityError")
+    );
+    // the retry serves: the one forced failure is used up
+    create("retry", "on-demand").await.unwrap();
+    env.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(status(&env, "retry").await, "InService");
+    let (code, settings) = http(&env.cloud.url(), "GET", "/_local/settings", None).await;
+    assert_eq!(code, 200);
+    assert_eq!(settings["endpoint_failures"], 0);
+    let failed: Vec<_> = events_of(&env.cloud, "SageMaker Endpoint State Change")
+        .into_iter()
+        .filter(|e| e["detail"]["EndpointName"] == "first")
+        .map(|e| e["detail"]["EndpointStatus"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(failed, ["CREATING", "FAILED"]);
 }

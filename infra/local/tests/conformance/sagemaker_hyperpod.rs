@@ -3,10 +3,16 @@
 
 use aws_sdk_sagemaker::error::ProvideErrorMetadata;
 use aws_sdk_sagemaker::types::{
-    ClusterInstanceGroupSpecification, ClusterInstanceType, ClusterLifeCycleConfig,
-    SageMakerResourceName,
+    ClusterAutoPatchConfig, ClusterCapacityRequirements, ClusterEbsVolumeConfig,
+    ClusterInstanceGroupSpecification, ClusterInstanceRequirements, ClusterInstanceStorageConfig,
+    ClusterInstanceType, ClusterInterfaceType, ClusterKubernetesConfig, ClusterKubernetesTaint,
+    ClusterKubernetesTaintEffect, ClusterLifeCycleConfig, ClusterNetworkInterface,
+    ClusterOnDemandOptions, ClusterPatchSchedule, ClusterPatchingStrategy, ClusterSlurmConfig,
+    ClusterSlurmNodeType, DeepHealthCheckType, SageMakerResourceName, ScheduledUpdateConfig,
+    VpcConfig,
 };
 use chrono::TimeDelta;
+use local_cloud::Settings;
 
 use crate::helpers::*;
 use crate::sagemaker_plans::{buy_plan, plan_offerings};
@@ -34,7 +40,12 @@ fn group(
 
 #[tokio::test]
 async fn hyperpod_nodes_follow_the_plan_and_leave_an_hour_before_its_end() {
-    let env = env().await;
+    // counts the nodes by DescribeCluster's `CurrentCount`, which AWS may omit (the default)
+    let env = env_with_settings(Settings {
+        cluster_omit_current_count: false,
+        ..Settings::default()
+    })
+    .await;
     let offer = plan_offerings(
         &env,
         "ml.p5.48xlarge",
@@ -198,7 +209,11 @@ async fn hyperpod_nodes_follow_the_plan_and_leave_an_hour_before_its_end() {
 
 #[tokio::test]
 async fn clusters_update_and_report_errors() {
-    let env = env().await;
+    let env = env_with_settings(Settings {
+        cluster_omit_current_count: false,
+        ..Settings::default()
+    })
+    .await;
     env.sm
         .create_cluster()
         .cluster_name("cpu-pod")
@@ -224,6 +239,12 @@ async fn clusters_update_and_report_errors() {
         .await
         .unwrap_err();
     assert_eq!(early.code(), Some("ConflictException"));
+    assert_eq!(
+        early.message(),
+        Some(
+            "Cluster cpu-pod is in status Creating. Please wait until the cluster is InService to update it."
+        )
+    );
     env.cloud.step(TimeDelta::minutes(3));
     env.sm
         .update_cluster()
@@ -240,7 +261,32 @@ async fn clusters_update_and_report_errors() {
         .await
         .unwrap();
     assert_eq!(d.cluster_status().unwrap().as_str(), "Updating");
+    // `Updating` lasts `cluster_update_minutes` (5), not the 3 minutes of `Creating`
     env.cloud.step(TimeDelta::minutes(3));
+    let d = env
+        .sm
+        .describe_cluster()
+        .cluster_name("cpu-pod")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(d.cluster_status().unwrap().as_str(), "Updating");
+    let busy = env
+        .sm
+        .update_cluster()
+        .cluster_name("cpu-pod")
+        .instance_groups(group("workers", "ml.m5.large", 4, None))
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(busy.code(), Some("ConflictException"));
+    assert_eq!(
+        busy.message(),
+        Some(
+            "Cluster cpu-pod is in status Updating. Please wait until the cluster is InService to update it."
+        )
+    );
+    env.cloud.step(TimeDelta::minutes(2));
     let d = env
         .sm
         .describe_cluster()
@@ -266,4 +312,422 @@ async fn clusters_update_and_report_errors() {
         .await
         .unwrap_err();
     assert!(missing.as_service_error().unwrap().is_resource_not_found());
+}
+
+#[tokio::test]
+async fn describe_cluster_omits_current_count_by_default_and_list_cluster_nodes_counts() {
+    let create = |env: &Env| {
+        env.sm
+            .create_cluster()
+            .cluster_name("count-pod")
+            .instance_groups(group("workers", "ml.m5.large", 3, None))
+            .instance_groups(group("ctrl", "ml.m5.large", 1, None))
+            .send()
+    };
+    let describe = |env: &Env| env.sm.describe_cluster().cluster_name("count-pod").send();
+    let env = env().await;
+    create(&env).await.unwrap();
+    env.cloud.step(TimeDelta::minutes(3));
+    let d = describe(&env).await.unwrap();
+    assert_eq!(d.cluster_status().unwrap().as_str(), "InService");
+    for g in d.instance_groups() {
+        assert_eq!(g.current_count(), None, "CurrentCount is optional");
+        assert!(g.target_count().is_some());
+    }
+    let nodes = env
+        .sm
+        .list_cluster_nodes()
+        .cluster_name("count-pod")
+        .send()
+        .await
+        .unwrap();
+    let workers = nodes
+        .cluster_node_summaries()
+        .iter()
+        .filter(|n| n.instance_group_name() == Some("workers"))
+        .count();
+    assert_eq!(workers, 3);
+    assert_eq!(nodes.cluster_node_summaries().len(), 4);
+
+    let sent = env_with_settings(Settings {
+        cluster_omit_current_count: false,
+        ..Settings::default()
+    })
+    .await;
+    create(&sent).await.unwrap();
+    sent.cloud.step(TimeDelta::minutes(3));
+    let d = describe(&sent).await.unwrap();
+    let counts: Vec<Option<i32>> = d
+        .instance_groups()
+        .iter()
+        .map(|g| g.current_count())
+        .collect();
+    assert_eq!(counts, [Some(3), Some(1)]);
+}
+
+/// A group carrying most of the specification's optional settings.
+fn rich_group(name: &str, count: i32) -> ClusterInstanceGroupSpecification {
+    let base = group(name, "ml.m5.large", count, None);
+    ClusterInstanceGroupSpecification::builder()
+        .instance_group_name(base.instance_group_name().unwrap())
+        .instance_type(base.instance_type().unwrap().clone())
+        .instance_count(count)
+        .min_instance_count(1)
+        .execution_role(base.execution_role().unwrap())
+        .life_cycle_config(base.life_cycle_config().unwrap().clone())
+        .threads_per_core(1)
+        .instance_storage_configs(ClusterInstanceStorageConfig::EbsVolumeConfig(
+            ClusterEbsVolumeConfig::builder()
+                .volume_size_in_gb(500)
+                .build(),
+        ))
+        .on_start_deep_health_checks(DeepHealthCheckType::InstanceStress)
+        .on_start_deep_health_checks(DeepHealthCheckType::InstanceConnectivity)
+        .override_vpc_config(
+            VpcConfig::builder()
+                .security_group_ids("sg-0123456789abcdef0")
+                .subnets("subnet-0123456789abcdef0")
+                .build(),
+        )
+        .scheduled_update_config(
+            ScheduledUpdateConfig::builder()
+                .schedule_expression("cron(0 3 ? * SUN *)")
+                .build(),
+        )
+        .image_id("ami-0123456789abcdef0")
+        .kubernetes_config(
+            ClusterKubernetesConfig::builder()
+                .labels("team", "research")
+                .taints(
+                    ClusterKubernetesTaint::builder()
+                        .key("gpu")
+                        .value("true")
+                        .effect(ClusterKubernetesTaintEffect::NoSchedule)
+                        .build()
+                        .unwrap(),
+                )
+                .build(),
+        )
+        .capacity_requirements(
+            ClusterCapacityRequirements::builder()
+                .on_demand(ClusterOnDemandOptions::builder().build())
+                .build(),
+        )
+        .network_interface(
+            ClusterNetworkInterface::builder()
+                .interface_type(ClusterInterfaceType::Efa)
+                .build(),
+        )
+        .build()
+}
+
+#[tokio::test]
+async fn describe_cluster_reports_every_group_setting_under_its_describe_name() {
+    let env = env().await;
+    let slurm = ClusterInstanceGroupSpecification::builder()
+        .instance_group_name("login")
+        .instance_type(ClusterInstanceType::from("ml.m5.large"))
+        .instance_count(1)
+        .execution_role("arn:aws:iam::123456789012:role/login")
+        .threads_per_core(2)
+        .instance_requirements(
+            ClusterInstanceRequirements::builder()
+                .instance_types(ClusterInstanceType::from("ml.m5.large"))
+                .instance_types(ClusterInstanceType::from("ml.m5.xlarge"))
+                .build(),
+        )
+        .slurm_config(
+            ClusterSlurmConfig::builder()
+                .node_type(ClusterSlurmNodeType::Login)
+                .partition_names("dev")
+                .build()
+                .unwrap(),
+        )
+        .auto_patch_config(
+            ClusterAutoPatchConfig::builder()
+                .patching_strategy(ClusterPatchingStrategy::WhenIdle)
+                .patch_schedule(
+                    ClusterPatchSchedule::builder()
+                        .next_patch_date(smithy_of(at("2026-09-06T03:00:00Z")))
+                        .build(),
+                )
+                .build()
+                .unwrap(),
+        )
+        .image_release_version("2026.08.1")
+        .build();
+    env.sm
+        .create_cluster()
+        .cluster_name("rich-pod")
+        .instance_groups(rich_group("workers", 2))
+        .instance_groups(slurm)
+        .send()
+        .await
+        .unwrap();
+    let describe = || env.sm.describe_cluster().cluster_name("rich-pod").send();
+    // while `Creating` nothing is current yet: only the desired settings
+    let d = describe().await.unwrap();
+    let w = &d.instance_groups()[0];
+    assert_eq!(w.desired_image_id(), Some("ami-0123456789abcdef0"));
+    assert_eq!(w.current_image_id(), None);
+    env.cloud.step(TimeDelta::minutes(3));
+    let d = describe().await.unwrap();
+    assert_eq!(d.cluster_status().unwrap().as_str(), "InService");
+    let groups = d.instance_groups();
+    assert_eq!(groups.len(), 2);
+    let w = &groups[0];
+    assert_eq!(w.instance_group_name(), Some("workers"));
+    assert_eq!(w.instance_type().unwrap().as_str(), "ml.m5.large");
+    assert_eq!(w.target_count(), Some(2));
+    assert_eq!(w.current_count(), None, "omitted by default");
+    assert_eq!(w.min_count(), Some(1));
+    assert_eq!(
+        w.execution_role(),
+        Some("arn:aws:iam::123456789012:role/hyperpod")
+    );
+    assert_eq!(
+        w.life_cycle_config().unwrap().on_create(),
+        Some("on_create.sh")
+    );
+    assert_eq!(w.threads_per_core(), Some(1));
+    let storage = w.instance_storage_configs();
+    assert_eq!(storage.len(), 1);
+    assert_eq!(
+        storage[0]
+            .as_ebs_volume_config()
+            .unwrap()
+            .volume_size_in_gb(),
+        Some(500)
+    );
+    assert_eq!(
+        w.on_start_deep_health_checks(),
+        [
+            DeepHealthCheckType::InstanceStress,
+            DeepHealthCheckType::InstanceConnectivity
+        ]
+    );
+    let vpc = w.override_vpc_config().unwrap();
+    assert_eq!(vpc.security_group_ids(), ["sg-0123456789abcdef0"]);
+    assert_eq!(vpc.subnets(), ["subnet-0123456789abcdef0"]);
+    assert_eq!(
+        w.scheduled_update_config().unwrap().schedule_expression(),
+        Some("cron(0 3 ? * SUN *)")
+    );
+    assert_eq!(w.current_image_id(), Some("ami-0123456789abcdef0"));
+    assert_eq!(w.desired_image_id(), Some("ami-0123456789abcdef0"));
+    let k8s = w.kubernetes_config().unwrap();
+    for labels in [k8s.current_labels(), k8s.desired_labels()] {
+        assert_eq!(
+            labels.unwrap().get("team").map(String::as_str),
+            Some("research")
+        );
+    }
+    for taints in [k8s.current_taints(), k8s.desired_taints()] {
+        assert_eq!(taints.len(), 1);
+        assert_eq!(taints[0].key(), "gpu");
+        assert_eq!(taints[0].effect().as_str(), "NoSchedule");
+    }
+    assert!(w.capacity_requirements().unwrap().on_demand().is_some());
+    assert_eq!(
+        w.network_interface().unwrap().interface_type(),
+        Some(&ClusterInterfaceType::Efa)
+    );
+    assert_eq!(w.training_plan_status(), Some("NotApplicable"));
+
+    let l = &groups[1];
+    assert_eq!(l.instance_group_name(), Some("login"));
+    assert_eq!(l.threads_per_core(), Some(2));
+    assert_eq!(
+        l.execution_role(),
+        Some("arn:aws:iam::123456789012:role/login")
+    );
+    let types = l.instance_requirements().unwrap();
+    for t in [
+        types.current_instance_types(),
+        types.desired_instance_types(),
+    ] {
+        let t: Vec<&str> = t.iter().map(|t| t.as_str()).collect();
+        assert_eq!(t, ["ml.m5.large", "ml.m5.xlarge"]);
+    }
+    let slurm = l.slurm_config().unwrap();
+    assert_eq!(slurm.node_type().as_str(), "Login");
+    assert_eq!(slurm.partition_names(), ["dev"]);
+    let patch = l.auto_patch_config().unwrap();
+    assert_eq!(
+        patch.patching_strategy(),
+        Some(&ClusterPatchingStrategy::WhenIdle)
+    );
+    for sched in [
+        patch.current_patch_schedule(),
+        patch.desired_patch_schedule(),
+    ] {
+        assert_eq!(
+            chrono_of(sched.unwrap().next_patch_date().unwrap()),
+            at("2026-09-06T03:00:00Z")
+        );
+    }
+    assert_eq!(l.current_image_release_version(), Some("2026.08.1"));
+    assert_eq!(l.desired_image_release_version(), Some("2026.08.1"));
+    assert!(l.override_vpc_config().is_none() && l.kubernetes_config().is_none());
+}
+
+#[tokio::test]
+async fn an_update_must_list_every_group_and_change_only_one_by_default() {
+    let env = env().await;
+    let ctrl = || {
+        let g = group("ctrl", "ml.m5.large", 1, None);
+        ClusterInstanceGroupSpecification::builder()
+            .instance_group_name("ctrl")
+            .instance_type(g.instance_type().unwrap().clone())
+            .instance_count(1)
+            .execution_role(g.execution_role().unwrap())
+            .life_cycle_config(g.life_cycle_config().unwrap().clone())
+            .threads_per_core(2)
+    };
+    env.sm
+        .create_cluster()
+        .cluster_name("strict-pod")
+        .instance_groups(rich_group("workers", 2))
+        .instance_groups(ctrl().build())
+        .send()
+        .await
+        .unwrap();
+    env.cloud.step(TimeDelta::minutes(3));
+    let update = || env.sm.update_cluster().cluster_name("strict-pod");
+
+    // (a) a group left out might be removed: refused, naming it
+    let omitted = update()
+        .instance_groups(rich_group("workers", 3))
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(omitted.code(), Some("ValidationException"));
+    assert_eq!(
+        omitted.message(),
+        Some(
+            "The update of cluster strict-pod omits instance group(s) ctrl. List every instance group of the cluster with its settings."
+        )
+    );
+    // (b) resizing workers while rewriting ctrl's role changes two groups
+    let two = update()
+        .instance_groups(rich_group("workers", 3))
+        .instance_groups(
+            ctrl()
+                .execution_role("arn:aws:iam::123456789012:role/other")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(two.code(), Some("ValidationException"));
+    assert_eq!(
+        two.message(),
+        Some(
+            "The update of cluster strict-pod changes instance groups workers, ctrl. An update can change one instance group only; send the others with their current settings."
+        )
+    );
+    // (c) ctrl sent without the ThreadsPerCore it had: that changes it too
+    let dropped = update()
+        .instance_groups(rich_group("workers", 3))
+        .instance_groups(group("ctrl", "ml.m5.large", 1, None))
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(dropped.code(), Some("ValidationException"));
+    assert!(dropped.message().unwrap().contains("workers, ctrl"));
+    let d = env
+        .sm
+        .describe_cluster()
+        .cluster_name("strict-pod")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(d.cluster_status().unwrap().as_str(), "InService");
+
+    // one group changed, every other sent as it is, and a new group added: accepted
+    update()
+        .instance_groups(rich_group("workers", 3))
+        .instance_groups(ctrl().build())
+        .instance_groups(group("extra", "ml.m5.large", 1, None))
+        .send()
+        .await
+        .unwrap();
+    env.cloud.step(TimeDelta::minutes(5));
+    let d = env
+        .sm
+        .describe_cluster()
+        .cluster_name("strict-pod")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(d.cluster_status().unwrap().as_str(), "InService");
+    let targets: Vec<(Option<&str>, Option<i32>, Option<i32>)> = d
+        .instance_groups()
+        .iter()
+        .map(|g| {
+            (
+                g.instance_group_name(),
+                g.target_count(),
+                g.threads_per_core(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        targets,
+        [
+            (Some("workers"), Some(3), Some(1)),
+            (Some("ctrl"), Some(1), Some(2)),
+            (Some("extra"), Some(1), None)
+        ]
+    );
+
+    // lenient: omitted groups are kept and the named group is replaced whole
+    let lenient = env_with_settings(Settings {
+        refuse_partial_cluster_updates: false,
+        ..Settings::default()
+    })
+    .await;
+    lenient
+        .sm
+        .create_cluster()
+        .cluster_name("loose-pod")
+        .instance_groups(rich_group("workers", 2))
+        .instance_groups(ctrl().build())
+        .send()
+        .await
+        .unwrap();
+    lenient.cloud.step(TimeDelta::minutes(3));
+    lenient
+        .sm
+        .update_cluster()
+        .cluster_name("loose-pod")
+        .instance_groups(group("workers", "ml.m5.large", 3, None))
+        .send()
+        .await
+        .unwrap();
+    let d = lenient
+        .sm
+        .describe_cluster()
+        .cluster_name("loose-pod")
+        .send()
+        .await
+        .unwrap();
+    let targets: Vec<(Option<&str>, Option<i32>, Option<i32>)> = d
+        .instance_groups()
+        .iter()
+        .map(|g| {
+            (
+                g.instance_group_name(),
+                g.target_count(),
+                g.threads_per_core(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        targets,
+        [
+            (Some("workers"), Some(3), None),
+            (Some("ctrl"), Some(1), Some(2))
+        ]
+    );
 }

@@ -224,3 +224,38 @@ async fn plans_and_endpoints_carry_their_tags_until_deleted() {
         .unwrap_err();
     assert_eq!(err.code(), Some("ValidationException"));
 }
+
+#[tokio::test]
+async fn tag_characters_follow_sagemakers_narrower_pattern() {
+    // aws-reference §11.2: TagKey/TagValue pattern ([\p{L}\p{Z}\p{N}_.:/=+\-@]*), narrower
+    // than EC2's: '&', '#', '!' or a combining mark are refused, any script's letters pass.
+    let env = env().await;
+    for (k, v) in [
+        ("owner", "ml&search"),
+        ("cost#center", "cc"),
+        ("team", "re\u{301}search"),
+    ] {
+        let err = env
+            .sm
+            .create_cluster()
+            .cluster_name("bad-tags")
+            .tags(tag(k, v))
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Some("ValidationException"), "{k}={v}");
+        assert!(
+            err.message()
+                .unwrap_or_default()
+                .contains("Member must satisfy regular expression pattern"),
+            "{err:?}"
+        );
+    }
+    env.sm
+        .create_cluster()
+        .cluster_name("good-tags")
+        .tags(tag("équipe", "recherche 東京 ٣ _.:/=+-@"))
+        .send()
+        .await
+        .expect("letters, numbers, spaces and _.:/=+-@ of any script are allowed");
+}
