@@ -389,6 +389,16 @@ pub trait Workloads: Send + Sync {
         spec: &InstanceGroupSpec,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
 
+    /// The state of a training plan (DescribeTrainingPlan), `None` when SageMaker does not
+    /// know it: an endpoint can use a plan only while it is `Active` (aws-reference §11.2).
+    fn plan_state(
+        &self,
+        region: &str,
+        plan_arn: &str,
+    ) -> impl Future<
+        Output = Result<Option<crate::domain::reservation::ReservationState>, PortError>,
+    > + Send;
+
     /// Creates the endpoint config and the endpoint; existing ones of those names are success.
     fn create_endpoint(
         &self,

@@ -612,3 +612,171 @@ fn every_capacity_reservation_state_is_known_and_only_the_final_ones_are_not_liv
     // AND a state no model lists yet counts as live: never bought again, never refunded
     assert!(reservation_state("some-new-state").is_live());
 }
+
+/// A cluster with a group of another team's (its own role and settings) and, when
+/// `ours_at` is given, our group `finetune` at that count on plan `plan-1`.
+fn two_groups(ours_at: Option<i32>) -> Rule {
+    use aws_sdk_sagemaker::types::{
+        ClusterInstanceStorageConfig, ClusterKubernetesConfigDetails, DeepHealthCheckType,
+        VpcConfig,
+    };
+    mock!(aws_sdk_sagemaker::Client::describe_cluster).then_output(move || {
+        let other = ClusterInstanceGroupDetails::builder()
+            .instance_group_name("controller")
+            .instance_type("ml.m5.xlarge".into())
+            .target_count(1)
+            .min_count(1)
+            .execution_role("arn:aws:iam::1:role/theirs")
+            .threads_per_core(1)
+            .instance_storage_configs(ClusterInstanceStorageConfig::EbsVolumeConfig(
+                aws_sdk_sagemaker::types::ClusterEbsVolumeConfig::builder()
+                    .volume_size_in_gb(500)
+                    .build(),
+            ))
+            .on_start_deep_health_checks(DeepHealthCheckType::InstanceStress)
+            .override_vpc_config(
+                VpcConfig::builder()
+                    .security_group_ids("sg-1")
+                    .subnets("subnet-1")
+                    .build(),
+            )
+            .current_image_id("ami-old")
+            .desired_image_id("ami-new")
+            .kubernetes_config(
+                ClusterKubernetesConfigDetails::builder()
+                    .current_labels("team", "infra")
+                    .build(),
+            )
+            .life_cycle_config(
+                aws_sdk_sagemaker::types::ClusterLifeCycleConfig::builder()
+                    .source_s3_uri("s3://theirs/")
+                    .on_create("on_create.sh")
+                    .build(),
+            )
+            .build();
+        let mut out = DescribeClusterOutput::builder()
+            .cluster_arn("arn:aws:sagemaker:us-east-1:1:cluster/abc")
+            .cluster_name("c")
+            .instance_groups(other);
+        if let Some(n) = ours_at {
+            out = out.instance_groups(
+                ClusterInstanceGroupDetails::builder()
+                    .instance_group_name("finetune")
+                    .instance_type("ml.p5.48xlarge".into())
+                    .target_count(n)
+                    .execution_role("arn:aws:iam::1:role/ours-then")
+                    .training_plan_arn("plan-1")
+                    .build(),
+            );
+        }
+        out.build()
+    })
+}
+
+fn group_spec(count: u32) -> crate::ports::InstanceGroupSpec {
+    crate::ports::InstanceGroupSpec {
+        region: REGION.into(),
+        cluster_name: "c".into(),
+        instance_group_name: "finetune".into(),
+        instance_type: "ml.p5.48xlarge".into(),
+        instance_count: count,
+        training_plan_arn: Some("plan-1".into()),
+        execution_role_arn: "arn:aws:iam::1:role/ours".into(),
+        life_cycle_source_s3_uri: Some("s3://ours/".into()),
+        life_cycle_on_create: Some("on_create.sh".into()),
+    }
+}
+
+#[tokio::test]
+async fn update_cluster_sends_every_group_back_with_its_own_settings_and_changes_only_ours() {
+    let update = mock!(aws_sdk_sagemaker::Client::update_cluster)
+        .match_requests(|r| {
+            let groups = r.instance_groups();
+            let other = groups
+                .iter()
+                .find(|g| g.instance_group_name() == Some("controller"));
+            let ours = groups
+                .iter()
+                .find(|g| g.instance_group_name() == Some("finetune"));
+            let (Some(other), Some(ours)) = (other, ours) else {
+                return false;
+            };
+            groups.len() == 2
+                // theirs, as described, under the update's names
+                && other.execution_role() == Some("arn:aws:iam::1:role/theirs")
+                && other.instance_count() == Some(1)
+                && other.min_instance_count() == Some(1)
+                && other.threads_per_core() == Some(1)
+                && other.instance_storage_configs().len() == 1
+                && other.on_start_deep_health_checks().len() == 1
+                && other.override_vpc_config().is_some()
+                && other.image_id() == Some("ami-new")
+                && other
+                    .kubernetes_config()
+                    .and_then(|k| k.labels())
+                    .and_then(|l| l.get("team"))
+                    .map(String::as_str)
+                    == Some("infra")
+                && other.life_cycle_config().and_then(|l| l.source_s3_uri()) == Some("s3://theirs/")
+                && other.training_plan_arn().is_none()
+                // ours: the count changes, its own role stays
+                && ours.instance_count() == Some(0)
+                && ours.training_plan_arn() == Some("plan-1")
+                && ours.execution_role() == Some("arn:aws:iam::1:role/ours-then")
+        })
+        .then_output(|| {
+            aws_sdk_sagemaker::operation::update_cluster::UpdateClusterOutput::builder()
+                .cluster_arn("arn:aws:sagemaker:us-east-1:1:cluster/abc")
+                .build()
+        });
+    let describe = two_groups(Some(2));
+
+    sagemaker(&[&describe, &update], false)
+        .put_instance_group(&group_spec(0))
+        .await
+        .unwrap();
+
+    assert_eq!(update.num_calls(), 1, "one UpdateCluster, matching");
+    assert!(super::hyperpod_update::UNMAPPED.is_empty());
+}
+
+#[tokio::test]
+async fn a_new_group_is_added_beside_the_others_and_an_update_already_done_is_not_sent_again() {
+    let update = mock!(aws_sdk_sagemaker::Client::update_cluster)
+        .match_requests(|r| {
+            let groups = r.instance_groups();
+            groups.len() == 2
+                && groups.iter().any(|g| {
+                    g.instance_group_name() == Some("finetune")
+                        && g.instance_count() == Some(2)
+                        && g.execution_role() == Some("arn:aws:iam::1:role/ours")
+                        && g.life_cycle_config().and_then(|l| l.source_s3_uri())
+                            == Some("s3://ours/")
+                })
+        })
+        .then_output(|| {
+            aws_sdk_sagemaker::operation::update_cluster::UpdateClusterOutput::builder()
+                .cluster_arn("arn:aws:sagemaker:us-east-1:1:cluster/abc")
+                .build()
+        });
+    let without = two_groups(None);
+    sagemaker(&[&without, &update], false)
+        .put_instance_group(&group_spec(2))
+        .await
+        .unwrap();
+    assert_eq!(update.num_calls(), 1);
+
+    // AND when the group already is at its count on the plan (an update whose answer was
+    // lost went through), nothing is sent
+    let done = two_groups(Some(2));
+    let never = mock!(aws_sdk_sagemaker::Client::update_cluster).then_output(|| {
+        aws_sdk_sagemaker::operation::update_cluster::UpdateClusterOutput::builder()
+            .cluster_arn("x")
+            .build()
+    });
+    sagemaker(&[&done, &never], false)
+        .put_instance_group(&group_spec(2))
+        .await
+        .unwrap();
+    assert_eq!(never.num_calls(), 0);
+}

@@ -163,6 +163,18 @@ impl Workloads for AwsWorkloads {
             .await
     }
 
+    async fn plan_state(
+        &self,
+        region: &str,
+        plan_arn: &str,
+    ) -> Result<Option<crate::domain::reservation::ReservationState>, PortError> {
+        Ok(self
+            .sagemaker
+            .describe_plan(region, plan_arn)
+            .await?
+            .map(|r| r.state))
+    }
+
     async fn start_training_job(&self, spec: &TrainingJobSpec) -> Result<(), PortError> {
         self.sagemaker.start_training_job(spec).await
     }

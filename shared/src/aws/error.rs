@@ -66,6 +66,10 @@ const LAUNCH_REFUSED: &[&str] = &[
     "ResourceLimitExceeded",
 ];
 
+/// The resource is busy with another change (a HyperPod cluster `Updating` or
+/// `SystemUpdating`, aws-reference §11.2): the same call may succeed later.
+const BUSY: &[&str] = &["ConflictException"];
+
 /// Server-side failures; the outcome is unknown for a purchase.
 const SERVER: &[&str] = &[
     "InternalError",
@@ -195,6 +199,13 @@ impl Failure {
         }
         if NO_CAPACITY.contains(&c) || (call == Call::Retryable && LAUNCH_REFUSED.contains(&c)) {
             return PortError::NoCapacity { code, message };
+        }
+        if call == Call::Retryable && BUSY.contains(&c) {
+            return PortError::Transient {
+                service,
+                code,
+                message,
+            };
         }
         if c == "ConstructionFailure" {
             // Nothing was sent.
@@ -356,6 +367,8 @@ mod tests {
             ("Unsupported", 400, Retryable, "NoCapacity"),
             ("MaxSpotInstanceCountExceeded", 400, Retryable, "NoCapacity"),
             ("ResourceLimitExceeded", 400, Retryable, "NoCapacity"),
+            // A cluster Updating: try again later, never fail the request (issue 18).
+            ("ConflictException", 400, Retryable, "Transient"),
             (
                 "InvalidCapacityReservationId.NotFound",
                 400,

@@ -6,6 +6,7 @@ pub mod dynamodb;
 pub mod ec2;
 pub mod error;
 pub mod eventbridge;
+pub mod hyperpod_update;
 pub mod regional;
 pub mod sagemaker;
 pub mod wiring;

@@ -13,15 +13,17 @@ use aws_config::SdkConfig;
 use aws_sdk_sagemaker::Client;
 use aws_sdk_sagemaker::config::retry::RetryConfig;
 use aws_sdk_sagemaker::types::{
-    AlgorithmSpecification, CapacityReservationPreference, ClusterInstanceGroupSpecification,
-    ClusterInstanceType, ClusterLifeCycleConfig, OutputDataConfig, ProductionVariant,
-    ProductionVariantCapacityReservationConfig, ProductionVariantInstanceType,
-    ReservedCapacityInstanceType, ReservedCapacitySummary, ResourceConfig, SageMakerResourceName,
-    StoppingCondition, Tag, TrainingInputMode, TrainingInstanceType, TrainingPlanOffering,
+    AlgorithmSpecification, CapacityReservationPreference, ClusterInstanceGroupDetails,
+    ClusterInstanceGroupSpecification, ClusterInstanceType, ClusterLifeCycleConfig,
+    OutputDataConfig, ProductionVariant, ProductionVariantCapacityReservationConfig,
+    ProductionVariantInstanceType, ReservedCapacityInstanceType, ReservedCapacitySummary,
+    ResourceConfig, SageMakerResourceName, StoppingCondition, Tag, TrainingInputMode,
+    TrainingInstanceType, TrainingPlanOffering,
 };
 use chrono::{DateTime, Utc};
 
 use super::error::{Call, Failure, classify, malformed, to_chrono, to_smithy};
+use super::hyperpod_update;
 use super::regional::Regional;
 use crate::domain::catalog::PriceTable;
 use crate::domain::money::Usd;
@@ -779,30 +781,55 @@ impl SageMakerAdapter {
             .send()
             .await
             .map_err(err("DescribeCluster", Call::Retryable))?;
-        let existing = current
-            .instance_groups()
-            .iter()
-            .find(|g| g.instance_group_name() == Some(spec.instance_group_name.as_str()));
-        let life_cycle = match (&spec.life_cycle_source_s3_uri, &spec.life_cycle_on_create) {
-            (Some(src), Some(on_create)) => Some(
-                ClusterLifeCycleConfig::builder()
-                    .source_s3_uri(src)
-                    .on_create(on_create)
-                    .build(),
-            ),
-            _ => existing.and_then(|g| g.life_cycle_config().cloned()),
+        let count = i32_of(OP, "InstanceCount", spec.instance_count)?;
+        let ours = |g: &&ClusterInstanceGroupDetails| {
+            g.instance_group_name() == Some(spec.instance_group_name.as_str())
         };
-        let mut group = ClusterInstanceGroupSpecification::builder()
-            .instance_group_name(&spec.instance_group_name)
-            .instance_type(ClusterInstanceType::from(spec.instance_type.as_str()))
-            .instance_count(i32_of(OP, "InstanceCount", spec.instance_count)?)
-            .execution_role(&spec.execution_role_arn)
-            .set_life_cycle_config(life_cycle);
-        if let Some(arn) = &spec.training_plan_arn {
-            group = group.training_plan_arn(arn);
+        // An update that went through (its answer lost, or an SDK retry refused as a conflict
+        // after it) is settled here: the group already is what we want.
+        if let Some(g) = current.instance_groups().iter().find(ours)
+            && hyperpod_update::already(g, count, spec.training_plan_arn.as_deref())
+        {
+            tracing::info!(
+                cluster_name = %spec.cluster_name,
+                instance_group_name = %spec.instance_group_name,
+                "the instance group already has its count and plan; no update sent"
+            );
+            return Ok(());
         }
-        if let Some(t) = existing.and_then(|g| g.threads_per_core()) {
-            group = group.threads_per_core(t);
+        // Every group goes back with its own settings; ours changes only in count and plan
+        // (a new one is made from the request).
+        let mut groups: Vec<ClusterInstanceGroupSpecification> = Vec::new();
+        let mut found = false;
+        for g in current.instance_groups() {
+            let mut s = hyperpod_update::unchanged(g);
+            if ours(&g) {
+                found = true;
+                s.instance_count = Some(count);
+                s.training_plan_arn = spec.training_plan_arn.clone();
+            }
+            groups.push(s);
+        }
+        if !found {
+            let life_cycle = match (&spec.life_cycle_source_s3_uri, &spec.life_cycle_on_create) {
+                (Some(src), Some(on_create)) => Some(
+                    ClusterLifeCycleConfig::builder()
+                        .source_s3_uri(src)
+                        .on_create(on_create)
+                        .build(),
+                ),
+                _ => None,
+            };
+            groups.push(
+                ClusterInstanceGroupSpecification::builder()
+                    .instance_group_name(&spec.instance_group_name)
+                    .instance_type(ClusterInstanceType::from(spec.instance_type.as_str()))
+                    .instance_count(count)
+                    .execution_role(&spec.execution_role_arn)
+                    .set_life_cycle_config(life_cycle)
+                    .set_training_plan_arn(spec.training_plan_arn.clone())
+                    .build(),
+            );
         }
         tracing::info!(
             region = %spec.region,
@@ -810,12 +837,13 @@ impl SageMakerAdapter {
             instance_group_name = %spec.instance_group_name,
             instance_count = spec.instance_count,
             training_plan_arn = ?spec.training_plan_arn,
+            groups = groups.len(),
             "updating hyperpod instance group"
         );
         client
             .update_cluster()
             .cluster_name(&spec.cluster_name)
-            .instance_groups(group.build())
+            .set_instance_groups(Some(groups))
             .send()
             .await
             .map_err(err(OP, Call::Retryable))?;

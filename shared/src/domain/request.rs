@@ -655,6 +655,15 @@ pub fn parse_request(
         .unwrap_or(0);
 
     let tags = parse_tags(map, &mut p);
+    // SageMaker's tag characters are narrower than EC2's: a request whose workload or plan
+    // SageMaker creates is refused here, not at purchase or launch (aws-reference §11.2).
+    let in_sagemaker = matches!(&workload, Some(w) if !matches!(w, WorkloadDetail::Ec2Instances { .. }))
+        || products
+            .as_ref()
+            .is_some_and(|ps| ps.iter().any(|p| matches!(p, Product::TrainingPlan { .. })));
+    if let (Some(tags), true) = (&tags, in_sagemaker) {
+        sagemaker_tag_problems(tags, &mut p);
+    }
 
     if !p.0.is_empty() {
         // In the order of the schema, so the message reads like the request.
@@ -1029,6 +1038,39 @@ fn parse_tags(map: &Map<String, Value>, p: &mut Problems) -> Option<BTreeMap<Str
         }
     }
     (p.0.len() == before).then_some(tags)
+}
+
+/// SageMaker's `TagKey`/`TagValue` pattern `([\p{L}\p{Z}\p{N}_.:/=+\-@]*)`, keys of at most
+/// 128 characters (aws-reference §11.2). Letters are Rust's `is_alphabetic`, which also passes
+/// the few combining marks Unicode counts as alphabetic (SageMaker's `\p{L}` would not).
+pub fn sagemaker_tag_char(c: char) -> bool {
+    c.is_alphabetic()
+        || c.is_numeric()
+        || matches!(
+            c,
+            '\u{20}' | '\u{A0}' | '\u{1680}' | '\u{2000}'
+                ..='\u{200A}' | '\u{2028}' | '\u{2029}' | '\u{202F}' | '\u{205F}' | '\u{3000}'
+        )
+        || "_.:/=+-@".contains(c)
+}
+
+fn sagemaker_tag_problems(tags: &BTreeMap<String, String>, p: &mut Problems) {
+    for (k, v) in tags {
+        let bad: Vec<char> = k
+            .chars()
+            .chain(v.chars())
+            .filter(|c| !sagemaker_tag_char(*c))
+            .collect();
+        if let Some(c) = bad.first() {
+            p.add(
+                format!("tags.{k}"),
+                format!(
+                    "SageMaker creates this request's workload or plan, and its tags allow only \
+                     letters, numbers, spaces and _ . : / = + - @; {c:?} is not allowed"
+                ),
+            );
+        }
+    }
 }
 
 fn parse_workload(map: &Map<String, Value>, p: &mut Problems) -> Option<WorkloadDetail> {

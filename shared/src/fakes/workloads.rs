@@ -22,6 +22,7 @@ pub enum WorkloadsOp {
     TerminateInstances,
     SubnetInZone,
     SubnetZones,
+    PlanState,
     StartTrainingJob,
     DescribeTrainingJob,
     StopTrainingJob,
@@ -71,6 +72,10 @@ pub enum WorkloadsCall {
         region: String,
         subnet_ids: Vec<String>,
     },
+    PlanState {
+        region: String,
+        plan_arn: String,
+    },
     StartTrainingJob(TrainingJobSpec),
     DescribeTrainingJob {
         region: String,
@@ -106,6 +111,7 @@ impl WorkloadsCall {
             WorkloadsCall::TerminateInstances { .. } => WorkloadsOp::TerminateInstances,
             WorkloadsCall::SubnetInZone { .. } => WorkloadsOp::SubnetInZone,
             WorkloadsCall::SubnetZones { .. } => WorkloadsOp::SubnetZones,
+            WorkloadsCall::PlanState { .. } => WorkloadsOp::PlanState,
             WorkloadsCall::StartTrainingJob(_) => WorkloadsOp::StartTrainingJob,
             WorkloadsCall::DescribeTrainingJob { .. } => WorkloadsOp::DescribeTrainingJob,
             WorkloadsCall::StopTrainingJob { .. } => WorkloadsOp::StopTrainingJob,
@@ -150,6 +156,8 @@ struct State {
     zone_capacity: BTreeMap<(LaunchKind, String), usize>,
     /// Instances DescribeInstances does not list (yet): EC2's listing lag.
     unlisted: BTreeSet<String>,
+    /// Training plans' states; a plan not set here is `Active`.
+    plan_states: BTreeMap<String, crate::domain::reservation::ReservationState>,
     launch_state: (InstanceState, InstanceHealth),
     jobs: BTreeMap<Key, (TrainingJobSpec, JobInfo)>,
     clusters: BTreeMap<Key, Cluster>,
@@ -186,6 +194,7 @@ impl FakeWorkloads {
                 refusals: Vec::new(),
                 zone_capacity: BTreeMap::new(),
                 unlisted: BTreeSet::new(),
+                plan_states: BTreeMap::new(),
                 launch_state: (InstanceState::Pending, InstanceHealth::Unknown),
                 jobs: BTreeMap::new(),
                 clusters: BTreeMap::new(),
@@ -236,6 +245,17 @@ impl FakeWorkloads {
         } else {
             s.unlisted.insert(instance_id.to_string());
         }
+    }
+
+    /// The plan reports `state` (unset plans are `Active`).
+    pub fn set_plan_state(
+        &self,
+        plan_arn: &str,
+        state: crate::domain::reservation::ReservationState,
+    ) {
+        lock(&self.state)
+            .plan_states
+            .insert(plan_arn.to_string(), state);
     }
 
     pub fn add_subnet(&self, region: &str, subnet_id: &str, availability_zone: &str) {
@@ -898,6 +918,23 @@ impl Workloads for FakeWorkloads {
             }
         };
         finish(after, result)
+    }
+
+    async fn plan_state(
+        &self,
+        region: &str,
+        plan_arn: &str,
+    ) -> Result<Option<crate::domain::reservation::ReservationState>, PortError> {
+        let after = self.begin(WorkloadsCall::PlanState {
+            region: region.to_string(),
+            plan_arn: plan_arn.to_string(),
+        })?;
+        let state = lock(&self.state)
+            .plan_states
+            .get(plan_arn)
+            .copied()
+            .unwrap_or(crate::domain::reservation::ReservationState::Active);
+        finish(after, Ok(Some(state)))
     }
 
     async fn create_endpoint(&self, spec: &EndpointSpec) -> Result<(), PortError> {

@@ -213,6 +213,15 @@ pub(super) async fn launch<W: Workloads, S: Store>(
             t.plan_arn.clone(),
         );
         if let Err(e) = l.workloads.put_instance_group(&spec).await {
+            if e.code() == Some("ConflictException") {
+                // The cluster is Updating: maybe with this very update, whose answer was lost
+                // and whose SDK retry was refused. The next tick describes it and sees.
+                return Ok(Launch::Starting(format!(
+                    "HyperPod cluster {cluster_name} is being updated ({e}); instance group {} \
+                     is set on the plan once it is InService",
+                    g.instance_group_name
+                )));
+            }
             return settle(e, &format!("instance group {resource}"));
         }
         info!(request_id = %id, reservation_id = %t.reservation_id, instance_group = %resource, "set the instance group on the plan");

@@ -749,3 +749,54 @@ async fn a_hyperpod_launch_that_died_after_its_call_finds_the_group_ours_on_the_
     // THEN the group is ours by its record, and the launch completes
     assert_eq!(got, Launch::Done(vec!["research/gpu".into()]));
 }
+
+#[tokio::test]
+async fn a_hyperpod_cluster_that_is_updating_makes_the_launch_wait_not_fail() {
+    // GIVEN a managed cluster that answers UpdateCluster with ConflictException (it is
+    // Updating: another change, or this very update whose answer was lost)
+    let (workloads, store) = world();
+    workloads.add_cluster(REGION, "research", true);
+    let mut req = request("req-1", "team-a", "50000");
+    hyperpod(&mut req);
+    let rec = record(req);
+    workloads.fail_next(
+        WorkloadsOp::PutInstanceGroup,
+        crate::ports::PortError::Transient {
+            service: "sagemaker",
+            code: "ConflictException".into(),
+            message: "Cluster research is Updating".into(),
+        },
+    );
+
+    // WHEN the launch runs
+    let got = launch(
+        &workloads,
+        &store,
+        &config(),
+        &rec,
+        &plan_target(),
+        t0(),
+        &StepDeadline::plenty(),
+    )
+    .await
+    .unwrap();
+
+    // THEN it waits for the next tick instead of failing the request
+    let Launch::Starting(why) = got else {
+        panic!("the launch waits: {got:?}");
+    };
+    assert!(why.contains("is being updated"), "{why}");
+    // AND the next tick sets the group
+    let again = launch(
+        &workloads,
+        &store,
+        &config(),
+        &rec,
+        &plan_target(),
+        t0(),
+        &StepDeadline::plenty(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(again, Launch::Done(vec!["research/gpu".into()]));
+}

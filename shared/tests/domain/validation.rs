@@ -496,3 +496,26 @@ fn tags_may_not_use_reserved_prefixes_or_exceed_aws_limits() {
         ["tags.aws:owner", "tags.capacity-pilot:managed", "tags.ok"]
     );
 }
+
+#[test]
+fn tags_sagemaker_refuses_are_named_at_submission_for_sagemaker_workloads_only() {
+    // Issue 18: SageMaker's tag pattern ([\p{L}\p{Z}\p{N}_.:/=+\-@]*) is narrower than EC2's.
+    let mut job = training();
+    job["tags"] = json!({"owner": "ml&search", "cost-center": "cc 42/a=b+c@d.e:f_g-h"});
+    assert_eq!(fields(&job), vec!["tags.owner"]);
+    assert!(
+        message(&job, "tags.owner").contains("'&'"),
+        "{}",
+        message(&job, "tags.owner")
+    );
+
+    // AND the same tags are fine on EC2 instances bought as a Capacity Block
+    let mut ec2 = ec2();
+    ec2["tags"] = json!({"owner": "ml&search"});
+    assert!(parse(&ec2).is_ok());
+
+    // AND letters and numbers of any script pass
+    let mut job = training();
+    job["tags"] = json!({"équipe": "recherche-東京-٣"});
+    assert!(parse(&job).is_ok(), "{:?}", parse(&job));
+}

@@ -421,6 +421,12 @@ pub(crate) async fn an_endpoint_is_created_on_its_active_plan_and_deleted_with_i
     assert_eq!(v.count, 1);
     let e = endpoint(&f).expect("the endpoint exists");
     assert_eq!(e.config_name, config_name);
+    // AND the window runs only once the endpoint is InService (issue 18)
+    assert_eq!(f.status(id).await, RequestStatus::Reserved);
+    assert!(f.bus_for("Capacity Workload Launched", id).is_empty());
+    f.cloud.step(TimeDelta::minutes(10));
+    assert_eq!(endpoint(&f).unwrap().status, "InService");
+    tick(&f, Function::Launch).await;
     assert_eq!(f.status(id).await, RequestStatus::Active);
     let launched = f.bus_for("Capacity Workload Launched", id);
     assert_eq!(launched.len(), 1);
@@ -428,9 +434,6 @@ pub(crate) async fn an_endpoint_is_created_on_its_active_plan_and_deleted_with_i
         launched[0]["detail"]["resource_ids"],
         json!(["workshop-llm"])
     );
-    // AND it comes into service on the plan
-    f.cloud.step(TimeDelta::minutes(10));
-    assert_eq!(endpoint(&f).unwrap().status, "InService");
 
     // WHEN cleanup ticks just before the drain start, then at it
     f.cloud.advance_to(drain_at(&seg) - TimeDelta::minutes(1));
@@ -439,9 +442,11 @@ pub(crate) async fn an_endpoint_is_created_on_its_active_plan_and_deleted_with_i
     f.cloud.advance_to(drain_at(&seg));
     tick(&f, Function::Cleanup).await;
 
-    // THEN the endpoint and its config are both gone from SageMaker
-    assert!(endpoint(&f).is_none(), "the endpoint is deleted");
+    // THEN the endpoint is being deleted (gone two minutes later) and its config is gone
+    assert_eq!(endpoint(&f).unwrap().status, "Deleting");
     assert!(config(&f).is_none(), "the endpoint config is deleted");
+    f.cloud.step(TimeDelta::minutes(3));
+    assert!(endpoint(&f).is_none(), "the endpoint is deleted");
     assert_eq!(f.status(id).await, RequestStatus::Draining);
     let drained = f.bus_for("Capacity Workload Drained", id);
     assert_eq!(drained.len(), 1);
@@ -943,4 +948,216 @@ pub(crate) async fn with_current_count_sent_a_request_for_an_existing_group_is_r
         "{rejected:?}"
     );
     assert!(f.bus_for("Capacity Reserved", id).is_empty());
+}
+
+#[tokio::test]
+pub(crate) async fn an_endpoint_that_fails_is_deleted_waited_out_and_created_again_in_its_window() {
+    // Issue 18: GIVEN an endpoint request bought as a plan, and SageMaker failing the first
+    // endpoint it creates (asynchronously, after Creating)
+    let f = Flow::start().await;
+    let id = "tp-endpoint-retry";
+    assert_eq!(
+        submit_and_buy(&f, endpoint_request(id)).await,
+        RequestStatus::Reserved
+    );
+    let seg = the_plan(&f, id).offering.segments[0].clone();
+    f.cloud.with_world(|w| w.settings.endpoint_failures = 1);
+    let status = |f: &Flow| {
+        f.cloud.with_world(|w| {
+            w.sm.endpoints
+                .get(&(REGION.to_string(), "workshop-llm".to_string()))
+                .map(|e| e.status.clone())
+        })
+    };
+
+    // WHEN launch ticks every minute from the plan's start for half an hour
+    f.cloud.advance_to(seg.start);
+    let mut seen = Vec::new();
+    for _ in 0..30 {
+        tick(&f, Function::Launch).await;
+        if let Some(s) = status(&f)
+            && seen.last() != Some(&s)
+        {
+            seen.push(s);
+        }
+        f.cloud.step(TimeDelta::minutes(1));
+    }
+
+    // THEN the failed endpoint was deleted, its deletion waited out, and a new one serves;
+    // the window runs once, and nothing failed
+    // (the tick that finds it Failed deletes it at once, so between ticks it shows Deleting)
+    assert_eq!(seen, ["Creating", "Deleting", "Creating", "InService"]);
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+    assert_eq!(f.bus_for("Capacity Workload Launched", id).len(), 1);
+    assert!(f.bus_for("Capacity Request Failed", id).is_empty());
+}
+
+#[tokio::test]
+pub(crate) async fn a_shared_cluster_keeps_its_other_group_whole_and_an_update_under_way_is_waited_out()
+ {
+    // Issue 18: GIVEN a managed cluster that already runs another team's group, with settings
+    // of its own (its role, threads, storage, health checks, labels)
+    let f = Flow::start().await;
+    let controller = json!({
+        "InstanceGroupName": "controller", "InstanceType": "ml.m5.xlarge", "InstanceCount": 1,
+        "ExecutionRole": "arn:aws:iam::123456789012:role/infra-team",
+        "LifeCycleConfig": {"SourceS3Uri": "s3://infra/lifecycle/", "OnCreate": "setup.sh"},
+        "ThreadsPerCore": 1,
+        "InstanceStorageConfigs": [{"EbsVolumeConfig": {"VolumeSizeInGB": 500}}],
+        "OnStartDeepHealthChecks": ["InstanceStress"],
+        "KubernetesConfig": {"Labels": {"team": "infra"}}
+    });
+    f.cloud
+        .with_world(|w| {
+            w.sagemaker_call(
+                REGION,
+                "CreateCluster",
+                &json!({
+                    "ClusterName": "shared",
+                    "Tags": [{"Key": "capacity-pilot:managed", "Value": "true"}],
+                    "InstanceGroups": [controller.clone()]
+                }),
+            )
+        })
+        .expect("CreateCluster");
+    f.cloud.step(TimeDelta::minutes(5));
+    let id = "tp-hyperpod-shared";
+    assert_eq!(
+        submit_and_buy(&f, hyperpod_request(id, "shared")).await,
+        RequestStatus::Reserved
+    );
+    let seg = the_plan(&f, id).offering.segments[0].clone();
+    let group = |name: &str| {
+        cluster(&f, "shared")
+            .groups
+            .into_iter()
+            .find(|g| g.name == name)
+    };
+    let theirs = group("controller").unwrap().request;
+
+    // WHEN the other team updates the cluster just as the plan starts, and launch ticks
+    f.cloud.advance_to(seg.start);
+    f.cloud
+        .with_world(|w| {
+            let mut c = controller.clone();
+            c["InstanceCount"] = json!(2);
+            w.sagemaker_call(
+                REGION,
+                "UpdateCluster",
+                &json!({"ClusterName": "shared", "InstanceGroups": [c]}),
+            )
+        })
+        .expect("their UpdateCluster");
+    tick(&f, Function::Launch).await;
+
+    // THEN the launch waits for the update (ConflictException), failing nothing
+    assert!(group("finetune").is_none());
+    assert!(f.bus_for("Capacity Request Failed", id).is_empty());
+
+    // WHEN it is done and launch ticks again
+    f.cloud.step(TimeDelta::minutes(6));
+    tick(&f, Function::Launch).await;
+
+    // THEN our group is added on the plan, and theirs is exactly as they left it
+    let ours = group("finetune").expect("our group");
+    assert_eq!(ours.target, 2);
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+    let mut now_theirs = theirs.clone();
+    now_theirs["InstanceCount"] = json!(2);
+    assert_eq!(group("controller").unwrap().request, now_theirs);
+
+    // WHEN the drain scales ours to zero
+    f.cloud.step(TimeDelta::minutes(6));
+    f.cloud.advance_to(hyperpod_drain_at(&seg));
+    tick(&f, Function::Cleanup).await;
+
+    // THEN theirs is still untouched
+    assert_eq!(group("finetune").unwrap().target, 0);
+    assert_eq!(group("controller").unwrap().request, now_theirs);
+    assert_eq!(f.status(id).await, RequestStatus::Draining);
+}
+
+#[tokio::test]
+pub(crate) async fn an_update_cluster_whose_answer_is_lost_is_settled_by_describing_the_cluster() {
+    // Issue 18: GIVEN a managed cluster and a bought plan, and UpdateCluster's answer lost at
+    // the plan's start (the update went through; the SDK's retry then finds the cluster
+    // Updating and is refused with ConflictException)
+    let f = Flow::start().await;
+    create_cluster(
+        &f,
+        "team-f-lost",
+        json!([{"Key": "capacity-pilot:managed", "Value": "true"}]),
+    );
+    let id = "tp-hyperpod-lost";
+    assert_eq!(
+        submit_and_buy(&f, hyperpod_request(id, "team-f-lost")).await,
+        RequestStatus::Reserved
+    );
+    let plan = the_plan(&f, id);
+    let seg = plan.offering.segments[0].clone();
+    f.cloud.advance_to(seg.start);
+    f.cloud.inject(local_cloud::Fault {
+        operation: "UpdateCluster".into(),
+        kind: local_cloud::FaultKind::LostResponse,
+        count: Some(1),
+    });
+
+    // WHEN launch ticks
+    tick(&f, Function::Launch).await;
+
+    // THEN the request is not failed (before the fix: Failed on the conflict), it waits
+    assert!(f.bus_for("Capacity Request Failed", id).is_empty());
+    assert_eq!(f.status(id).await, RequestStatus::Reserved);
+
+    // WHEN the update is done and launch ticks again
+    f.cloud.step(TimeDelta::minutes(6));
+    tick(&f, Function::Launch).await;
+
+    // THEN DescribeCluster shows the group on the plan: the launch is done, once, with no
+    // second update
+    let g = cluster(&f, "team-f-lost").groups[0].clone();
+    assert_eq!((g.name.as_str(), g.target), ("finetune", 2));
+    assert_eq!(g.plan_arn.as_deref(), Some(plan.arn.as_str()));
+    assert_eq!(cluster(&f, "team-f-lost").status, "InService");
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+    assert_eq!(f.bus_for("Capacity Workload Launched", id).len(), 1);
+}
+
+#[tokio::test]
+pub(crate) async fn under_the_refusing_reading_an_endpoint_still_waits_for_its_plan() {
+    // ARCHITECTURE 8.10: CreateEndpoint on a plan that is not Active may be refused at once
+    // (the other reading fails it later); the product works under both. And DeleteEndpoint
+    // at its lenient reading: gone at once.
+    let f = Flow::start().await;
+    f.cloud.with_world(|w| {
+        w.settings.endpoint_inactive_plan = local_cloud::InactivePlan::Refuse;
+        w.settings.endpoint_delete_minutes = 0;
+    });
+    let id = "tp-endpoint-refuse";
+    assert_eq!(
+        submit_and_buy(&f, endpoint_request(id)).await,
+        RequestStatus::Reserved
+    );
+    let seg = the_plan(&f, id).offering.segments[0].clone();
+
+    // WHEN launch ticks from just before the plan's start, every minute for 15 minutes
+    f.cloud.advance_to(seg.start - TimeDelta::minutes(2));
+    for _ in 0..15 {
+        tick(&f, Function::Launch).await;
+        f.cloud.step(TimeDelta::minutes(1));
+    }
+
+    // THEN it served from its plan's start, and nothing failed
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+    assert!(f.bus_for("Capacity Request Failed", id).is_empty());
+
+    // AND the drain deletes it at once
+    f.cloud.advance_to(drain_at(&seg));
+    tick(&f, Function::Cleanup).await;
+    let gone = f.cloud.with_world(|w| {
+        !w.sm
+            .endpoints
+            .contains_key(&(REGION.to_string(), "workshop-llm".to_string()))
+    });
+    assert!(gone);
 }

@@ -405,7 +405,140 @@ async fn a_training_job_and_an_endpoint_launch_with_the_plan_arn() {
     let ep = w.workloads.endpoint_spec("us-east-1", "ep").unwrap();
     assert_eq!(ep.ml_reservation_arn.as_deref(), Some(arn.as_str()));
     assert_eq!(w.status("r1").await, RequestStatus::Active);
+    // The endpoint's window runs only once it is InService (issue 18)
+    assert_eq!(w.status("r2").await, RequestStatus::Reserved);
+    w.workloads
+        .set_endpoint_status("us-east-1", "ep", "InService", None);
+    w.launcher().handle(tick("t2")).await.unwrap();
     assert_eq!(w.status("r2").await, RequestStatus::Active);
+    assert_eq!(
+        w.events
+            .published_of("Capacity Workload Launched")
+            .iter()
+            .filter(|e| e.detail["request_id"] == "r2")
+            .count(),
+        1
+    );
+}
+
+fn endpoint_request(id: &str) -> CapacityRequest {
+    let mut endpoint = request(id, "team-a", "5000");
+    endpoint.workload = WorkloadDetail::InferenceEndpoint {
+        model_name: "m".into(),
+        endpoint_name: "ep".into(),
+        variant_name: "v".into(),
+    };
+    endpoint
+}
+
+#[tokio::test]
+async fn an_endpoint_waits_for_its_plan_to_be_active_before_it_is_created() {
+    // GIVEN an endpoint's window opens while its plan is still Scheduled
+    let w = World::new();
+    w.reserved(
+        endpoint_request("r2"),
+        plan(TargetResource::Endpoint),
+        opens(),
+    )
+    .await;
+    w.clock.set(opens());
+    let arn = plan(TargetResource::Endpoint).id;
+    w.workloads
+        .set_plan_state(&arn, ReservationState::Scheduled);
+
+    // WHEN launch ticks
+    w.launcher().handle(tick("t1")).await.unwrap();
+
+    // THEN nothing is created, and nothing fails
+    assert!(w.workloads.calls_of(WorkloadsOp::CreateEndpoint).is_empty());
+    assert_eq!(w.status("r2").await, RequestStatus::Reserved);
+
+    // WHEN the plan is Active
+    w.workloads.set_plan_state(&arn, ReservationState::Active);
+    w.launcher().handle(tick("t2")).await.unwrap();
+
+    // THEN the endpoint is created, once
+    assert_eq!(w.workloads.calls_of(WorkloadsOp::CreateEndpoint).len(), 1);
+}
+
+#[tokio::test]
+async fn a_failed_endpoint_is_deleted_and_created_again_then_the_request_fails_with_the_reason() {
+    let w = World::new();
+    w.reserved(
+        endpoint_request("r2"),
+        plan(TargetResource::Endpoint),
+        opens(),
+    )
+    .await;
+    w.clock.set(opens());
+    let reason = "Unable to provision requested ML compute capacity";
+    for n in 1..=capacity_pilot::workload::inference_endpoint::ENDPOINT_ATTEMPTS {
+        // WHEN the endpoint is created and ends Failed
+        w.launcher()
+            .handle(tick(&format!("create-{n}")))
+            .await
+            .unwrap();
+        assert_eq!(
+            w.workloads.calls_of(WorkloadsOp::CreateEndpoint).len(),
+            n as usize
+        );
+        w.workloads
+            .set_endpoint_status("us-east-1", "ep", "Failed", Some(reason));
+        w.launcher()
+            .handle(tick(&format!("follow-{n}")))
+            .await
+            .unwrap();
+    }
+
+    // THEN it was deleted and created again each time but the last, and then the request
+    // failed naming the reason
+    assert_eq!(
+        w.workloads.calls_of(WorkloadsOp::DeleteEndpoint).len(),
+        (capacity_pilot::workload::inference_endpoint::ENDPOINT_ATTEMPTS - 1) as usize
+    );
+    let rec = w
+        .store
+        .get_request(&request_id("r2"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.status, RequestStatus::Failed);
+    assert!(rec.reason.contains(reason), "{}", rec.reason);
+}
+
+#[tokio::test]
+async fn an_endpoint_name_still_deleting_is_waited_out_not_taken_for_created() {
+    // GIVEN our endpoint of the name is Deleting (an earlier attempt's, or a drain's)
+    let w = World::new();
+    w.reserved(
+        endpoint_request("r2"),
+        plan(TargetResource::Endpoint),
+        opens(),
+    )
+    .await;
+    w.clock.set(opens());
+    w.launcher().handle(tick("t1")).await.unwrap();
+    w.workloads
+        .set_endpoint_status("us-east-1", "ep", "Deleting", None);
+    w.store
+        .put_workload(capacity_pilot::ports::WorkloadRecord {
+            request_id: request_id("r2"),
+            reservation_id: plan(TargetResource::Endpoint).id,
+            slot: 0,
+            generation: 1,
+            resource_id: "ep".into(),
+            state: "Retrying".into(),
+            updated_at: opens(),
+        })
+        .await
+        .unwrap();
+
+    // WHEN launch ticks
+    w.launcher().handle(tick("t2")).await.unwrap();
+
+    // THEN it waits: no create, and the window does not run
+    assert_eq!(w.workloads.calls_of(WorkloadsOp::CreateEndpoint).len(), 1);
+    assert_eq!(w.status("r2").await, RequestStatus::Reserved);
 }
 
 #[tokio::test]
