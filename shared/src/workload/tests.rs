@@ -14,10 +14,31 @@ use crate::domain::request::{CapacityRequest, TrainingJobTemplate, WorkloadDetai
 use crate::domain::status::RequestStatus;
 use crate::fakes::fixtures::{request, t0};
 use crate::fakes::{FakeWorkloads, InMemoryStore, StepDeadline, WorkloadsCall, WorkloadsOp};
-use crate::ports::{InstanceState, JobState, LaunchMarket, RequestRecord, Store, WorkloadRecord};
+use crate::ports::{
+    InstanceState, JobState, LaunchMarket, PortError, RequestRecord, Store, WorkloadRecord,
+};
 
 const REGION: &str = "us-east-1";
 const DEPLOYMENT: &str = crate::config::DEFAULT_DEPLOYMENT_ID;
+
+/// [`launch`] with the test config at [`t0`] and all the time it wants.
+async fn launch_now(
+    workloads: &FakeWorkloads,
+    store: &InMemoryStore,
+    rec: &RequestRecord,
+    target: &Target,
+) -> Result<Launch, PortError> {
+    launch(
+        workloads,
+        store,
+        &config(),
+        rec,
+        target,
+        t0(),
+        &StepDeadline::plenty(),
+    )
+    .await
+}
 
 fn config() -> Config {
     let env = [
@@ -233,28 +254,8 @@ async fn a_second_launch_of_ec2_instances_finds_the_recorded_slots_and_starts_no
     let rec = record(request("req-1", "team-a", "50000"));
     let target = on_demand(REGION);
 
-    let first = launch(
-        &workloads,
-        &store,
-        &config(),
-        &rec,
-        &target,
-        t0(),
-        &StepDeadline::plenty(),
-    )
-    .await
-    .unwrap();
-    let again = launch(
-        &workloads,
-        &store,
-        &config(),
-        &rec,
-        &target,
-        t0(),
-        &StepDeadline::plenty(),
-    )
-    .await
-    .unwrap();
+    let first = launch_now(&workloads, &store, &rec, &target).await.unwrap();
+    let again = launch_now(&workloads, &store, &rec, &target).await.unwrap();
 
     let Launch::Done(ids) = first else {
         panic!("the first launch is done: {first:?}");
@@ -282,17 +283,7 @@ async fn a_launch_stops_while_the_deadline_leaves_time_to_record_it_and_the_next
     let first = launch(&workloads, &store, &config(), &rec, &target, t0(), &short)
         .await
         .unwrap();
-    let second = launch(
-        &workloads,
-        &store,
-        &config(),
-        &rec,
-        &target,
-        t0(),
-        &StepDeadline::plenty(),
-    )
-    .await
-    .unwrap();
+    let second = launch_now(&workloads, &store, &rec, &target).await.unwrap();
 
     let Launch::Starting(why) = first else {
         panic!("the first invocation runs out of time: {first:?}");
@@ -318,17 +309,9 @@ async fn ec2_instances_without_a_launch_template_are_refused_before_anything_lau
         instance_platform: None,
     };
 
-    let got = launch(
-        &workloads,
-        &store,
-        &config(),
-        &record(req),
-        &on_demand(REGION),
-        t0(),
-        &StepDeadline::plenty(),
-    )
-    .await
-    .unwrap();
+    let got = launch_now(&workloads, &store, &record(req), &on_demand(REGION))
+        .await
+        .unwrap();
 
     assert_eq!(
         got,
@@ -346,29 +329,9 @@ async fn an_on_demand_training_job_is_starting_until_sagemaker_places_it() {
     let target = on_demand(REGION);
     let name = "cp-req-1-s0-od";
 
-    let first = launch(
-        &workloads,
-        &store,
-        &config(),
-        &rec,
-        &target,
-        t0(),
-        &StepDeadline::plenty(),
-    )
-    .await
-    .unwrap();
+    let first = launch_now(&workloads, &store, &rec, &target).await.unwrap();
     workloads.set_job_state(REGION, name, JobState::InProgress, "Training", None);
-    let placed = launch(
-        &workloads,
-        &store,
-        &config(),
-        &rec,
-        &target,
-        t0(),
-        &StepDeadline::plenty(),
-    )
-    .await
-    .unwrap();
+    let placed = launch_now(&workloads, &store, &rec, &target).await.unwrap();
 
     assert_eq!(
         first,
@@ -399,17 +362,7 @@ async fn undo_of_a_partial_ec2_launch_terminates_what_started() {
     let (workloads, store) = world();
     let rec = record(request("req-1", "team-a", "50000"));
     let target = on_demand(REGION);
-    let Launch::Done(ids) = launch(
-        &workloads,
-        &store,
-        &config(),
-        &rec,
-        &target,
-        t0(),
-        &StepDeadline::plenty(),
-    )
-    .await
-    .unwrap() else {
+    let Launch::Done(ids) = launch_now(&workloads, &store, &rec, &target).await.unwrap() else {
         panic!("the launch is done");
     };
 
@@ -466,17 +419,10 @@ async fn drain_of_a_hyperpod_group_on_a_managed_cluster_scales_it_to_zero_on_the
 async fn drain_of_ec2_instances_terminates_only_our_live_instances() {
     let (workloads, store) = world();
     let rec = record(request("req-1", "team-a", "50000"));
-    let Launch::Done(ids) = launch(
-        &workloads,
-        &store,
-        &config(),
-        &rec,
-        &on_demand(REGION),
-        t0(),
-        &StepDeadline::plenty(),
-    )
-    .await
-    .unwrap() else {
+    let Launch::Done(ids) = launch_now(&workloads, &store, &rec, &on_demand(REGION))
+        .await
+        .unwrap()
+    else {
         panic!("the launch is done");
     };
     let mut stranger = workloads.instance(&ids[0]).unwrap();
@@ -607,17 +553,9 @@ async fn a_launch_into_an_endpoint_name_taken_since_submission_is_refused_and_ad
     endpoint(&mut req);
     let rec = record(req);
 
-    let got = launch(
-        &workloads,
-        &store,
-        &config(),
-        &rec,
-        &plan_target(),
-        t0(),
-        &StepDeadline::plenty(),
-    )
-    .await
-    .unwrap();
+    let got = launch_now(&workloads, &store, &rec, &plan_target())
+        .await
+        .unwrap();
 
     assert!(
         matches!(&got, Launch::Refuse(why) if why.contains("not capacity-pilot's")),
@@ -681,17 +619,9 @@ async fn a_hyperpod_group_our_table_does_not_record_is_neither_resized_nor_scale
     let rec = record(req);
 
     // WHEN a launch and a drain come for a request naming it
-    let got = launch(
-        &workloads,
-        &store,
-        &config(),
-        &rec,
-        &plan_target(),
-        t0(),
-        &StepDeadline::plenty(),
-    )
-    .await
-    .unwrap();
+    let got = launch_now(&workloads, &store, &rec, &plan_target())
+        .await
+        .unwrap();
     let acted = drain(&workloads, &store, &config(), &rec, &window("tp-1"))
         .await
         .unwrap();
@@ -721,30 +651,13 @@ async fn a_hyperpod_launch_that_died_after_its_call_finds_the_group_ours_on_the_
             message: "connection reset".into(),
         },
     );
-    let _ = launch(
-        &workloads,
-        &store,
-        &config(),
-        &rec,
-        &plan_target(),
-        t0(),
-        &StepDeadline::plenty(),
-    )
-    .await;
+    let _ = launch_now(&workloads, &store, &rec, &plan_target()).await;
     workloads.set_instance_group(REGION, "research", "gpu", 1, 1, "InService");
 
     // WHEN the next tick launches again
-    let got = launch(
-        &workloads,
-        &store,
-        &config(),
-        &rec,
-        &plan_target(),
-        t0(),
-        &StepDeadline::plenty(),
-    )
-    .await
-    .unwrap();
+    let got = launch_now(&workloads, &store, &rec, &plan_target())
+        .await
+        .unwrap();
 
     // THEN the group is ours by its record, and the launch completes
     assert_eq!(got, Launch::Done(vec!["research/gpu".into()]));
@@ -769,17 +682,9 @@ async fn a_hyperpod_cluster_that_is_updating_makes_the_launch_wait_not_fail() {
     );
 
     // WHEN the launch runs
-    let got = launch(
-        &workloads,
-        &store,
-        &config(),
-        &rec,
-        &plan_target(),
-        t0(),
-        &StepDeadline::plenty(),
-    )
-    .await
-    .unwrap();
+    let got = launch_now(&workloads, &store, &rec, &plan_target())
+        .await
+        .unwrap();
 
     // THEN it waits for the next tick instead of failing the request
     let Launch::Starting(why) = got else {
@@ -787,16 +692,8 @@ async fn a_hyperpod_cluster_that_is_updating_makes_the_launch_wait_not_fail() {
     };
     assert!(why.contains("is being updated"), "{why}");
     // AND the next tick sets the group
-    let again = launch(
-        &workloads,
-        &store,
-        &config(),
-        &rec,
-        &plan_target(),
-        t0(),
-        &StepDeadline::plenty(),
-    )
-    .await
-    .unwrap();
+    let again = launch_now(&workloads, &store, &rec, &plan_target())
+        .await
+        .unwrap();
     assert_eq!(again, Launch::Done(vec!["research/gpu".into()]));
 }

@@ -431,10 +431,8 @@ fn endpoint_request(id: &str) -> CapacityRequest {
     endpoint
 }
 
-#[tokio::test]
-async fn an_endpoint_waits_for_its_plan_to_be_active_before_it_is_created() {
-    // GIVEN an endpoint's window opens while its plan is still Scheduled
-    let w = World::new();
+/// GIVEN endpoint request r2 reserved on an endpoint plan, its window open now.
+async fn endpoint_window_open(w: &World) {
     w.reserved(
         endpoint_request("r2"),
         plan(TargetResource::Endpoint),
@@ -442,6 +440,13 @@ async fn an_endpoint_waits_for_its_plan_to_be_active_before_it_is_created() {
     )
     .await;
     w.clock.set(opens());
+}
+
+#[tokio::test]
+async fn an_endpoint_waits_for_its_plan_to_be_active_before_it_is_created() {
+    // GIVEN an endpoint's window opens while its plan is still Scheduled
+    let w = World::new();
+    endpoint_window_open(&w).await;
     let arn = plan(TargetResource::Endpoint).id;
     w.workloads
         .set_plan_state(&arn, ReservationState::Scheduled);
@@ -464,13 +469,7 @@ async fn an_endpoint_waits_for_its_plan_to_be_active_before_it_is_created() {
 #[tokio::test]
 async fn a_failed_endpoint_is_deleted_and_created_again_then_the_request_fails_with_the_reason() {
     let w = World::new();
-    w.reserved(
-        endpoint_request("r2"),
-        plan(TargetResource::Endpoint),
-        opens(),
-    )
-    .await;
-    w.clock.set(opens());
+    endpoint_window_open(&w).await;
     let reason = "Unable to provision requested ML compute capacity";
     for n in 1..=capacity_pilot::workload::inference_endpoint::ENDPOINT_ATTEMPTS {
         // WHEN the endpoint is created and ends Failed
@@ -510,13 +509,7 @@ async fn a_failed_endpoint_is_deleted_and_created_again_then_the_request_fails_w
 async fn an_endpoint_name_still_deleting_is_waited_out_not_taken_for_created() {
     // GIVEN our endpoint of the name is Deleting (an earlier attempt's, or a drain's)
     let w = World::new();
-    w.reserved(
-        endpoint_request("r2"),
-        plan(TargetResource::Endpoint),
-        opens(),
-    )
-    .await;
-    w.clock.set(opens());
+    endpoint_window_open(&w).await;
     w.launcher().handle(tick("t1")).await.unwrap();
     w.workloads
         .set_endpoint_status("us-east-1", "ep", "Deleting", None);
@@ -632,6 +625,18 @@ fn two_regions(w: &World, id: &str) -> (CapacityRequest, L) {
     )
 }
 
+/// Every RunInstances the launcher made, in order.
+fn launches(w: &World) -> Vec<capacity_pilot::ports::LaunchSpec> {
+    w.workloads
+        .calls_of(WorkloadsOp::LaunchInstances)
+        .into_iter()
+        .filter_map(|c| match c {
+            WorkloadsCall::LaunchInstances(spec) => Some(spec),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Where the request's live instances are, as (region, zone) per instance.
 fn placed(w: &World) -> Vec<(String, String)> {
     w.workloads
@@ -681,14 +686,9 @@ async fn an_account_limit_skips_the_regions_other_zones_and_launches_in_the_next
         vec![("us-west-2".to_string(), "us-west-2a".to_string()); 2]
     );
     // The limit is the region's: subnet-b in us-east-1 was never tried.
-    let subnets: Vec<String> = w
-        .workloads
-        .calls_of(WorkloadsOp::LaunchInstances)
+    let subnets: Vec<String> = launches(&w)
         .into_iter()
-        .filter_map(|c| match c {
-            WorkloadsCall::LaunchInstances(spec) => Some(spec.subnet_id),
-            _ => None,
-        })
+        .map(|spec| spec.subnet_id)
         .collect();
     assert!(!subnets.contains(&"subnet-b".to_string()), "{subnets:?}");
 }
@@ -761,14 +761,9 @@ async fn a_partial_launch_undone_in_one_zone_launches_anew_in_the_next_without_r
     let live = placed(&w);
     assert_eq!(live.len(), 2, "{live:?}");
     assert!(live.iter().all(|(_, z)| z == "us-east-1b"), "{live:?}");
-    let tokens: Vec<String> = w
-        .workloads
-        .calls_of(WorkloadsOp::LaunchInstances)
+    let tokens: Vec<String> = launches(&w)
         .into_iter()
-        .filter_map(|c| match c {
-            WorkloadsCall::LaunchInstances(spec) => Some(spec.client_token),
-            _ => None,
-        })
+        .map(|spec| spec.client_token)
         .collect();
     let mut distinct = tokens.clone();
     distinct.sort();
