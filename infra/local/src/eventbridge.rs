@@ -61,11 +61,7 @@ impl World {
             match self.check_entry(entry) {
                 Ok(detail) => {
                     let id = self.next_event_id();
-                    let bus = entry
-                        .get("EventBusName")
-                        .and_then(Value::as_str)
-                        .map(|b| b.rsplit('/').next().unwrap_or(b).to_string())
-                        .unwrap_or_else(|| "default".to_string());
+                    let (bus_region, bus) = bus_of(region, entry.get("EventBusName"));
                     let time = entry
                         .get("Time")
                         .and_then(Value::as_f64)
@@ -82,7 +78,7 @@ impl World {
                         "resources": entry.get("Resources").cloned().unwrap_or_else(|| json!([])),
                         "detail": detail,
                     });
-                    self.buses.entry(bus).or_default().push(envelope);
+                    self.record(&bus_region, &bus, envelope);
                     results.push(json!({"EventId": id}));
                 }
                 Err((code, message)) => {
@@ -94,6 +90,7 @@ impl World {
         Ok(json!({"FailedEntryCount": failed, "Entries": results}))
     }
 
+    /// The check of one entry: its Detail as an object, or the per-entry error.
     fn check_entry(&self, e: &Value) -> Result<Value, (&'static str, String)> {
         let field = |k: &str| e.get(k).and_then(Value::as_str).filter(|s| !s.is_empty());
         for k in ["Source", "DetailType", "Detail"] {
@@ -139,5 +136,67 @@ impl World {
             Ok(v @ Value::Object(_)) => Ok(v),
             _ => Err(("MalformedDetail", "Detail is malformed.".to_string())),
         }
+    }
+}
+
+/// The (region, name) of the bus an entry's `EventBusName` names: an ARN
+/// (`arn:aws:events:<region>:<account>:event-bus/<name>`) names its region, a bare name is the
+/// calling region's bus, and none is the calling region's `default`.
+pub fn bus_of(call_region: &str, name: Option<&Value>) -> (String, String) {
+    let Some(name) = name.and_then(Value::as_str).filter(|n| !n.is_empty()) else {
+        return (call_region.to_string(), "default".to_string());
+    };
+    if let Some(rest) = name.strip_prefix("arn:") {
+        // partition:events:region:account:event-bus/name
+        let parts: Vec<&str> = rest.splitn(5, ':').collect();
+        if let [_, _, region, _, resource] = parts.as_slice() {
+            let bus = resource.rsplit('/').next().unwrap_or(resource);
+            let region = if region.is_empty() {
+                call_region
+            } else {
+                region
+            };
+            return (region.to_string(), bus.to_string());
+        }
+    }
+    (
+        call_region.to_string(),
+        name.rsplit('/').next().unwrap_or(name).to_string(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_event_bus_arn_names_its_region_and_a_bare_name_the_callers() {
+        assert_eq!(
+            bus_of("us-east-1", None),
+            ("us-east-1".into(), "default".into())
+        );
+        assert_eq!(
+            bus_of("us-west-2", Some(&json!("capacity-pilot"))),
+            ("us-west-2".into(), "capacity-pilot".into())
+        );
+        assert_eq!(
+            bus_of(
+                "us-west-2",
+                Some(&json!(
+                    "arn:aws:events:us-east-1:123456789012:event-bus/default"
+                ))
+            ),
+            ("us-east-1".into(), "default".into())
+        );
+        assert_eq!(
+            bus_of(
+                "us-east-1",
+                Some(&json!(
+                    "arn:aws:events:eu-west-1:123456789012:event-bus/capacity-pilot"
+                ))
+            ),
+            ("eu-west-1".into(), "capacity-pilot".into())
+        );
     }
 }

@@ -156,14 +156,22 @@ impl LocalCloud {
         Some(w.now)
     }
 
-    /// Events recorded on a bus (`default` holds AWS's own events), oldest first.
+    /// Events recorded on a bus of the home region ([`Settings::home_region`], default
+    /// `us-east-1`), oldest first: `default` holds AWS's own events of that region (and any a
+    /// rule forwarded to it), another name a custom bus.
     pub fn events(&self, bus: &str) -> Vec<Value> {
-        self.shared
-            .lock()
-            .buses
-            .get(bus)
-            .cloned()
-            .unwrap_or_default()
+        self.shared.lock().home_events(bus).to_vec()
+    }
+
+    /// Events recorded on bus `bus` of `region`, oldest first: AWS's own events reach the
+    /// `default` bus of the region where they happen, and no other (aws-reference §11.4).
+    pub fn events_in(&self, region: &str, bus: &str) -> Vec<Value> {
+        self.shared.lock().events(region, bus).to_vec()
+    }
+
+    /// The home region ([`Settings::home_region`]).
+    pub fn home_region(&self) -> String {
+        self.shared.lock().settings.home_region.clone()
     }
 
     /// Injects a fault.

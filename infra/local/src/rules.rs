@@ -1,9 +1,12 @@
-//! The EventBridge wiring of `infra/template.yaml`, read from the template itself (there is no
-//! second copy): each function's `EventBridgeRule` events (pattern and bus) and `Schedule`
-//! events (rate), with the patterns matched by `quamina` as EventBridge matches them.
+//! The EventBridge wiring of a CloudFormation template, read from the template itself (there is
+//! no second copy): each SAM function's `EventBridgeRule` events (pattern and bus) and
+//! `Schedule` events (rate), and each plain `AWS::Events::Rule` (its `EventPattern` or
+//! `ScheduleExpression`, its `EventBusName`, and whether its target is a function of the
+//! template or an event bus, as `infra/region-forwarder.yaml`'s are), with the patterns matched
+//! by `quamina` as EventBridge matches them.
 //!
-//! The flow tests route the buses' events with it, and the local runner delivers events and
-//! fires schedules with it.
+//! The flow tests route the buses' events with it, and the local runner delivers events, fires
+//! schedules and forwards other regions' events with it.
 
 use std::path::Path;
 
@@ -29,17 +32,29 @@ pub enum Trigger {
     Every(TimeDelta),
 }
 
-/// One event source of one function.
+/// Where a rule sends what matches.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Target {
+    /// A function of the template: its crate is [`Rule::function`].
+    Function,
+    /// An event bus: the target's `Arn` as written (e.g. a `Fn::Sub` naming the home region's
+    /// `event-bus/default`).
+    EventBus(Value),
+}
+
+/// One event source of one function, or one plain `AWS::Events::Rule`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rule {
-    /// The function's crate (and binary) name, from its `CodeUri`.
+    /// The function's crate (and binary) name, from its `CodeUri`; empty when the target is
+    /// an event bus.
     pub function: String,
-    /// The function's logical id in the template.
+    /// The function's logical id in the template (a plain rule's own logical id).
     pub logical_id: String,
-    /// The event's name under the function's `Events`.
+    /// The event's name under the function's `Events` (a plain rule's target `Id`).
     pub name: String,
     pub bus: Bus,
     pub trigger: Trigger,
+    pub target: Target,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -70,19 +85,28 @@ impl Rules {
         let resources = template["Resources"]
             .as_object()
             .ok_or_else(|| RulesError::Template("the template has no Resources".into()))?;
+        let crate_of = |logical_id: &str| -> Result<String, RulesError> {
+            resources
+                .get(logical_id)
+                .filter(|r| r["Type"] == "AWS::Serverless::Function")
+                .and_then(|r| r["Properties"]["CodeUri"].as_str())
+                .and_then(|uri| uri.trim_end_matches('/').rsplit('/').next())
+                .map(str::to_string)
+                .ok_or_else(|| {
+                    RulesError::Template(format!("{logical_id} has no CodeUri naming its binary"))
+                })
+        };
         let mut rules = Vec::new();
         for (logical_id, resource) in resources {
+            if resource["Type"] == "AWS::Events::Rule" {
+                rules.extend(plain_rule(logical_id, &resource["Properties"], &crate_of)?);
+                continue;
+            }
             if resource["Type"] != "AWS::Serverless::Function" {
                 continue;
             }
             let props = &resource["Properties"];
-            let function = props["CodeUri"]
-                .as_str()
-                .and_then(|uri| uri.trim_end_matches('/').rsplit('/').next())
-                .ok_or_else(|| {
-                    RulesError::Template(format!("{logical_id} has no CodeUri naming its binary"))
-                })?
-                .to_string();
+            let function = crate_of(logical_id)?;
             let Some(events) = props["Events"].as_object() else {
                 continue;
             };
@@ -118,6 +142,7 @@ impl Rules {
                     name: name.clone(),
                     bus,
                     trigger,
+                    target: Target::Function,
                 });
             }
         }
@@ -157,6 +182,7 @@ impl Rules {
         let mut fs: Vec<String> = self
             .matching(bus, event)
             .into_iter()
+            .filter(|r| r.target == Target::Function)
             .map(|r| r.function.clone())
             .collect();
         fs.sort();
@@ -164,16 +190,107 @@ impl Rules {
         fs
     }
 
+    /// The rules on `bus` that send `event` on to an event bus (a forwarder's), in template
+    /// order.
+    pub fn forwarding(&self, bus: Bus, event: &Value) -> Vec<&Rule> {
+        self.matching(bus, event)
+            .into_iter()
+            .filter(|r| matches!(r.target, Target::EventBus(_)))
+            .collect()
+    }
+
     /// Each schedule: the function it invokes and how often.
     pub fn schedules(&self) -> Vec<(&str, TimeDelta)> {
         self.rules
             .iter()
+            .filter(|r| r.target == Target::Function)
             .filter_map(|r| match r.trigger {
                 Trigger::Every(every) => Some((r.function.as_str(), every)),
                 Trigger::Pattern(_) => None,
             })
             .collect()
     }
+}
+
+/// A plain CloudFormation `AWS::Events::Rule`: one [`Rule`] per target (none when it is
+/// `DISABLED`). Its bus is `EventBusName` (absent or `default`: the default bus); its trigger
+/// its `EventPattern` or `ScheduleExpression`; a target is a function of the template
+/// (`Fn::GetAtt: [Function, Arn]`, `Ref`) or an event bus (an ARN with `:event-bus/`).
+fn plain_rule(
+    logical_id: &str,
+    p: &Value,
+    crate_of: &dyn Fn(&str) -> Result<String, RulesError>,
+) -> Result<Vec<Rule>, RulesError> {
+    if p["State"].as_str().is_some_and(|s| s != "ENABLED") {
+        return Ok(Vec::new());
+    }
+    let bus = match &p["EventBusName"] {
+        Value::Null => Bus::Default,
+        Value::String(name) if name == "default" || name.ends_with(":event-bus/default") => {
+            Bus::Default
+        }
+        _ => Bus::Custom,
+    };
+    let trigger = match (&p["EventPattern"], p["ScheduleExpression"].as_str()) {
+        (Value::Null, Some(expr)) => Trigger::Every(rate(expr).ok_or_else(|| {
+            RulesError::Template(format!(
+                "{logical_id}: schedule {expr:?} is not a rate(...) expression"
+            ))
+        })?),
+        (Value::Null, None) => {
+            return Err(RulesError::Template(format!(
+                "{logical_id}: a rule needs an EventPattern or a ScheduleExpression"
+            )));
+        }
+        // CloudFormation also takes the pattern as a JSON string.
+        (Value::String(text), _) => {
+            Trigger::Pattern(serde_json::from_str(text).map_err(|e| RulesError::Pattern {
+                rule: logical_id.to_string(),
+                message: e.to_string(),
+            })?)
+        }
+        (pattern, _) => Trigger::Pattern(pattern.clone()),
+    };
+    let targets = p["Targets"].as_array().cloned().unwrap_or_default();
+    if targets.is_empty() {
+        return Err(RulesError::Template(format!("{logical_id} has no Targets")));
+    }
+    targets
+        .iter()
+        .map(|t| {
+            let arn = &t["Arn"];
+            let function = arn["Fn::GetAtt"][0]
+                .as_str()
+                .or_else(|| arn["Ref"].as_str());
+            let (function, target) = if let Some(f) = function {
+                (crate_of(f)?, Target::Function)
+            } else if arn_text(arn).is_some_and(|a| a.contains(":event-bus/")) {
+                (String::new(), Target::EventBus(arn.clone()))
+            } else {
+                return Err(RulesError::Template(format!(
+                    "{logical_id}: target {arn} is neither a function of the template nor an \
+                     event bus"
+                )));
+            };
+            Ok(Rule {
+                function,
+                logical_id: logical_id.to_string(),
+                name: t["Id"].as_str().unwrap_or(logical_id).to_string(),
+                bus,
+                trigger: trigger.clone(),
+                target,
+            })
+        })
+        .collect()
+}
+
+/// An ARN as written: a string, or the string of a `Fn::Sub`.
+fn arn_text(arn: &Value) -> Option<&str> {
+    arn.as_str().or_else(|| {
+        arn["Fn::Sub"]
+            .as_str()
+            .or_else(|| arn["Fn::Sub"][0].as_str())
+    })
 }
 
 /// `rate(1 minute)`, `rate(5 minutes)`, `rate(2 hours)`, `rate(1 day)`.
@@ -251,6 +368,97 @@ Resources:
                 .is_empty()
         );
         assert_eq!(rules.schedules(), [("a-fn", TimeDelta::minutes(5))]);
+    }
+
+    #[test]
+    fn plain_rules_read_their_bus_pattern_and_target() {
+        let rules = Rules::from_yaml(
+            r#"
+Resources:
+  AFunction:
+    Type: AWS::Serverless::Function
+    Properties:
+      CodeUri: ../target/lambda/a-fn/
+  ToFunction:
+    Type: AWS::Events::Rule
+    Properties:
+      EventPattern: '{"source": ["aws.ec2"]}'
+      Targets: [{Id: f, Arn: {"Fn::GetAtt": [AFunction, Arn]}}]
+  Forward:
+    Type: AWS::Events::Rule
+    Properties:
+      EventBusName: default
+      EventPattern: {"source": ["aws.health"]}
+      Targets:
+        - Id: home
+          Arn: {"Fn::Sub": "arn:${AWS::Partition}:events:${HomeRegion}:${AWS::AccountId}:event-bus/default"}
+  Off:
+    Type: AWS::Events::Rule
+    Properties:
+      State: DISABLED
+      EventPattern: {"source": ["aws.ec2"]}
+      Targets: [{Id: f, Arn: {"Fn::GetAtt": [AFunction, Arn]}}]
+  Tick:
+    Type: AWS::Events::Rule
+    Properties:
+      ScheduleExpression: rate(1 minute)
+      Targets: [{Id: f, Arn: {"Fn::GetAtt": [AFunction, Arn]}}]
+"#,
+        )
+        .unwrap();
+        assert_eq!(rules.all().len(), 3, "the disabled rule is not loaded");
+        let ec2 = ev("aws.ec2", "X");
+        assert_eq!(rules.functions_for(Bus::Default, &ec2), ["a-fn"]);
+        assert!(rules.forwarding(Bus::Default, &ec2).is_empty());
+        let health = ev("aws.health", "X");
+        assert!(rules.functions_for(Bus::Default, &health).is_empty());
+        let fwd = rules.forwarding(Bus::Default, &health);
+        assert_eq!(fwd.len(), 1);
+        assert_eq!(fwd[0].logical_id, "Forward");
+        assert!(rules.forwarding(Bus::Custom, &health).is_empty());
+        assert_eq!(rules.schedules(), [("a-fn", TimeDelta::minutes(1))]);
+        let bad = "Resources:\n  R:\n    Type: AWS::Events::Rule\n    Properties:\n      \
+                   EventPattern: {\"source\": [\"x\"]}\n      Targets: [{Id: t, Arn: arn:aws:sqs:us-east-1:1:q}]\n";
+        assert!(
+            Rules::from_yaml(bad).is_err(),
+            "an SQS target is not one the wiring knows"
+        );
+    }
+
+    /// The forwarder (`infra/region-forwarder.yaml`, ARCHITECTURE §8.9) loads: its rules sit
+    /// on the default bus, target the home region's default bus, and carry our AWS-event
+    /// patterns (a Capacity Block Delivered event matches; a Scheduled Event does not).
+    #[test]
+    fn the_region_forwarders_rules_load_and_forward_our_aws_events_only() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../region-forwarder.yaml");
+        let rules = Rules::from_template(&path).expect("the forwarder's rules");
+        assert!(rules.all().len() >= 4, "{:?}", rules.all());
+        for r in rules.all() {
+            assert_eq!(r.bus, Bus::Default, "{}", r.logical_id);
+            match &r.target {
+                Target::EventBus(arn) => {
+                    let arn = arn_text(arn).unwrap_or_default();
+                    assert!(arn.ends_with(":event-bus/default"), "{arn}");
+                    assert!(arn.contains("${HomeRegion}"), "{arn}");
+                }
+                Target::Function => panic!("{} targets a function", r.logical_id),
+            }
+        }
+        assert!(rules.schedules().is_empty());
+        let mut delivered = ev("aws.ec2", "Capacity Block Delivered");
+        delivered["region"] = json!("us-west-2");
+        delivered["detail"] = json!({"capacity-reservation-id": "cr-0123456789abcdef0"});
+        let fwd = rules.forwarding(Bus::Default, &delivered);
+        assert_eq!(fwd.len(), 1, "{fwd:?}");
+        assert_eq!(fwd[0].logical_id, "ForwardDelivered");
+        let mut terminated = ev("aws.ec2", "EC2 Instance State-change Notification");
+        terminated["detail"] = json!({"instance-id": "i-1", "state": "terminated"});
+        assert_eq!(rules.forwarding(Bus::Default, &terminated).len(), 1);
+        terminated["detail"]["state"] = json!("running");
+        assert!(rules.forwarding(Bus::Default, &terminated).is_empty());
+        let scheduled = ev("aws.events", "Scheduled Event");
+        assert!(rules.forwarding(Bus::Default, &scheduled).is_empty());
+        assert!(rules.matching(Bus::Default, &scheduled).is_empty());
     }
 
     #[test]

@@ -66,6 +66,7 @@ pub fn router(app: App) -> Router {
         )
         .route("/_local/events", get(events_all))
         .route("/_local/events/{bus}", get(events_bus))
+        .route("/_local/events/{region}/{bus}", get(events_region_bus))
         .route("/_local/state", get(state_get))
         .route("/_local/settings", get(settings_get).patch(settings_patch))
         .with_state(app)
@@ -438,13 +439,22 @@ async fn payment_failures_add(State(app): State<App>, body: Bytes) -> Response {
     }
 }
 
+/// Every bus: the home region's by name, the others' as `<region>/<name>`.
 async fn events_all(State(app): State<App>) -> Json<Value> {
-    Json(json!(app.lock().buses))
+    Json(json!(app.lock().buses_by_label()))
 }
 
+/// A bus of the home region.
 async fn events_bus(State(app): State<App>, Path(bus): Path<String>) -> Json<Value> {
-    let w = app.lock();
-    Json(json!({"events": w.buses.get(&bus).cloned().unwrap_or_default()}))
+    Json(json!({"events": app.lock().home_events(&bus)}))
+}
+
+/// A bus of any region.
+async fn events_region_bus(
+    State(app): State<App>,
+    Path((region, bus)): Path<(String, String)>,
+) -> Json<Value> {
+    Json(json!({"events": app.lock().events(&region, &bus)}))
 }
 
 async fn state_get(State(app): State<App>) -> Json<Value> {

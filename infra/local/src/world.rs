@@ -21,6 +21,10 @@ use crate::util::{event_time, hex_id};
 pub struct Settings {
     /// The account id in ARNs and event envelopes.
     pub account_id: String,
+    /// The region whose buses [`crate::LocalCloud::events`], [`World::home_events`] and
+    /// `GET /_local/events/{bus}` read (where the product runs). Every region has its own
+    /// buses (aws-reference §11.4); this only names the one read without a region.
+    pub home_region: String,
     /// Offerings can be bought once only (default: purchasable while capacity lasts).
     pub single_use_offerings: bool,
     /// Emit `Capacity Block Reservation Delivered` / `... Reservation Expiration Warning`.
@@ -198,6 +202,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             account_id: "123456789012".to_string(),
+            home_region: "us-east-1".to_string(),
             single_use_offerings: false,
             reservation_event_names: false,
             block_warning_lead_minutes: 40,
@@ -334,8 +339,9 @@ pub struct World {
     pub market: Market,
     pub ec2: Ec2State,
     pub sm: SageMakerState,
-    /// Recorded events per bus name; AWS's own go to `default`.
-    pub buses: BTreeMap<String, Vec<Value>>,
+    /// Recorded events per bus, keyed by (region, bus name): AWS's own go to the `default` bus
+    /// of the region where they happen (aws-reference §11.4). Read them with [`World::events`].
+    pub buses: BTreeMap<(String, String), Vec<Value>>,
     pub faults: Vec<Fault>,
     /// Forced payment failures: how many of the next reservations (blocks or plans) bought
     /// with the tag [`REQUEST_TAG`] = the key will fail their payment.
@@ -430,7 +436,9 @@ impl World {
         }
     }
 
-    /// Records an AWS service event on the default bus with the standard envelope.
+    /// Records an AWS service event, with the standard envelope, on the `default` bus of
+    /// `region`, the region where it happened: AWS events are regional and reach no other
+    /// region's bus unless a rule forwards them (aws-reference §11.4).
     pub fn emit(
         &mut self,
         region: &str,
@@ -452,10 +460,44 @@ impl World {
             "detail": detail,
         });
         tracing::debug!(detail_type, source, region, "event emitted");
+        self.record(region, "default", envelope);
+    }
+
+    /// Appends an envelope, as it is, to bus `name` of `region` (an event a rule forwarded
+    /// from another region's bus keeps its own `region`).
+    pub fn record(&mut self, region: &str, name: &str, envelope: Value) {
         self.buses
-            .entry("default".to_string())
+            .entry((region.to_string(), name.to_string()))
             .or_default()
             .push(envelope);
+    }
+
+    /// The events recorded on bus `name` of `region`, oldest first.
+    pub fn events(&self, region: &str, name: &str) -> &[Value] {
+        self.buses
+            .get(&(region.to_string(), name.to_string()))
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// The events recorded on bus `name` of the home region ([`Settings::home_region`]).
+    pub fn home_events(&self, name: &str) -> &[Value] {
+        self.events(&self.settings.home_region, name)
+    }
+
+    /// Every bus's events, keyed by its name for the home region's buses and by
+    /// `<region>/<name>` for the others' (a bus name has no `/`).
+    pub fn buses_by_label(&self) -> BTreeMap<String, &[Value]> {
+        self.buses
+            .iter()
+            .map(|((region, name), events)| {
+                let label = if *region == self.settings.home_region {
+                    name.clone()
+                } else {
+                    format!("{region}/{name}")
+                };
+                (label, events.as_slice())
+            })
+            .collect()
     }
 
     /// Takes the first fault matching an operation, counting it down.
@@ -612,7 +654,7 @@ impl World {
             "settings": self.settings,
             "ec2": self.ec2.snapshot(),
             "sagemaker": self.sm.snapshot(),
-            "event_counts": self.buses.iter().map(|(k, v)| (k.clone(), v.len())).collect::<HashMap<_, _>>(),
+            "event_counts": self.buses_by_label().into_iter().map(|(k, v)| (k, v.len())).collect::<HashMap<_, _>>(),
             "faults": self.faults,
             "payment_failures": self.payment_failures,
         })

@@ -1,5 +1,6 @@
-//! The local runner plays the default scenario (`infra/local/scenarios/default.yaml`) with the
-//! real function binaries, moto's DynamoDB and the emulator, and every expected outcome holds.
+//! The local runner plays the default scenario (`infra/local/scenarios/default.yaml`) and the
+//! realism scenario (`infra/local/scenarios/realism.yaml`) with the real function binaries,
+//! moto's DynamoDB and the emulator, and every expected outcome holds.
 //!
 //! It runs the binaries `cargo build --workspace --bins` left in cargo's target directory
 //! (`make test` builds them, through `--all-targets`); it fails naming the missing binary
@@ -74,4 +75,70 @@ async fn the_default_scenario_plays_with_the_real_binaries_and_every_check_passe
         assert!(f.invocations > 0, "{} never ran: {text}", f.name);
         assert!(f.peak_rss_kb > 0, "{} has no peak memory: {text}", f.name);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_realism_scenario_plays_every_harsh_behaviour_together_and_every_check_passes() {
+    // GIVEN the built binaries and the realism scenario: two allowed regions (the forwarder in
+    // us-west-2), a quota refusal, EFA with slow RunInstances, a failed payment, HyperPod with
+    // another group, a failing endpoint, a tag SageMaker refuses
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("the workspace root");
+    let out_dir = target_dir(&root)
+        .expect("cargo metadata")
+        .join("capacity-pilot-test-realism");
+
+    // WHEN the runner plays it to its end
+    let result = run(RunOptions {
+        scenario: root.join("infra/local/scenarios/realism.yaml"),
+        root,
+        bin_dir: None,
+        out_dir: Some(out_dir),
+        every_tick: false,
+        print: false,
+    })
+    .await
+    .expect("the scenario plays");
+
+    // THEN every check passes, about every request
+    let text = report::render(&result);
+    assert!(result.passed(), "{text}");
+    for id in result.scenario.expect.keys() {
+        assert!(
+            result.checks.iter().any(|c| &c.subject == id),
+            "no check about {id}: {text}"
+        );
+    }
+    // ... us-west-2's AWS events reached the home region only through the forwarder: some
+    // were forwarded and some (those no home rule wants) were not
+    assert_eq!(result.forwarded.len(), 1, "{:?}", result.forwarded);
+    let (region, seen, forwarded) = &result.forwarded[0];
+    assert_eq!(region, "us-west-2");
+    assert!(*forwarded > 0 && forwarded < seen, "{:?}", result.forwarded);
+    let west_delivered: Vec<_> = result
+        .default_events
+        .iter()
+        .filter(|e| e["detail-type"] == "Capacity Block Delivered" && e["region"] == "us-west-2")
+        .collect();
+    assert_eq!(west_delivered.len(), 1, "{text}");
+    assert!(
+        result
+            .invocations
+            .iter()
+            .any(|i| i.function == "launch-workloads"
+                && i.trigger == "Capacity Block Delivered"
+                && i.decisions
+                    .iter()
+                    .any(|d| d["request_id"] == "team-w-west" && d["action"] == "launched")),
+        "team W was not launched by its forwarded Delivered event: {text}"
+    );
+    // ... and no event on the home default bus says a region other than the two allowed
+    assert!(
+        result
+            .default_events
+            .iter()
+            .all(|e| e["region"] == "us-east-1" || e["region"] == "us-west-2")
+    );
 }

@@ -1,7 +1,10 @@
-//! The local EventBridge: the emulator records every event (AWS's own on `default`, the
-//! functions' `PutEvents` on the custom bus); this hands each new one to the functions whose
-//! rules in the template match it, and builds the `Scheduled Event`s of the template's
-//! `Schedule` rules on the simulated clock. The wiring is `crate::rules` (no second copy).
+//! The local EventBridge: the emulator records every event (AWS's own on the default bus of the
+//! region where it happens, the functions' `PutEvents` on the custom bus); this forwards the
+//! events of each other allowed region's default bus that `infra/region-forwarder.yaml`'s
+//! rules match to the home region's default bus (ARCHITECTURE §8.9), hands each new event of
+//! the home region's buses to the functions whose rules in the template match it, and builds
+//! the `Scheduled Event`s of the template's `Schedule` rules on the simulated clock. The wiring
+//! is `crate::rules` (no second copy).
 
 use chrono::{DateTime, TimeDelta, Utc};
 use serde_json::{Value, json};
@@ -18,12 +21,24 @@ pub struct Delivery {
     pub targets: Vec<String>,
 }
 
+/// One other region's default bus, forwarded by the forwarder's rules.
+struct Remote {
+    region: String,
+    seen: usize,
+    forwarded: usize,
+}
+
 pub struct LocalBus {
     pub rules: Rules,
     /// The custom bus's name (what `EVENT_BUS_NAME` says).
     pub custom: String,
+    /// The home region: where the functions run and their buses are.
     pub region: String,
     pub account_id: String,
+    /// The region forwarder's rules (`infra/region-forwarder.yaml`), deployed to each region
+    /// of `remotes`.
+    forwarder: Option<Rules>,
+    remotes: Vec<Remote>,
     seen_default: usize,
     seen_custom: usize,
     ticks: u64,
@@ -36,17 +51,74 @@ impl LocalBus {
             custom: custom.to_string(),
             region: region.to_string(),
             account_id: account_id.to_string(),
+            forwarder: None,
+            remotes: Vec::new(),
             seen_default: 0,
             seen_custom: 0,
             ticks: 0,
         }
     }
 
-    /// Every event recorded on either bus since the last call, AWS's first, each with the
-    /// functions it reaches (possibly none).
+    /// Deploys the region forwarder's `rules` to each of `regions` (the home region is
+    /// skipped: its events would arrive twice).
+    pub fn with_forwarder(mut self, rules: Rules, regions: &[String]) -> LocalBus {
+        self.remotes = regions
+            .iter()
+            .filter(|r| **r != self.region)
+            .map(|r| Remote {
+                region: r.clone(),
+                seen: 0,
+                forwarded: 0,
+            })
+            .collect();
+        self.forwarder = Some(rules);
+        self
+    }
+
+    /// Each region the forwarder is deployed to: (region, events seen on its default bus,
+    /// events forwarded from it).
+    pub fn forwarded_counts(&self) -> Vec<(String, usize, usize)> {
+        self.remotes
+            .iter()
+            .map(|r| (r.region.clone(), r.seen, r.forwarded))
+            .collect()
+    }
+
+    /// Puts every new event of each forwarded region's default bus that a forwarder rule
+    /// matches on the home region's default bus, unchanged (its `region` stays its own);
+    /// returns how many. An event no rule matches stays where it is.
+    pub fn forward(&mut self, cloud: &LocalCloud) -> usize {
+        let Some(forwarder) = &self.forwarder else {
+            return 0;
+        };
+        let home = self.region.clone();
+        let mut n = 0;
+        for remote in &mut self.remotes {
+            let events = events_since(cloud, &remote.region, "default", remote.seen);
+            remote.seen += events.len();
+            let matched: Vec<Value> = events
+                .into_iter()
+                .filter(|e| !forwarder.forwarding(Bus::Default, e).is_empty())
+                .collect();
+            n += matched.len();
+            remote.forwarded += matched.len();
+            if !matched.is_empty() {
+                cloud.with_world(|w| {
+                    for e in matched {
+                        w.record(&home, "default", e);
+                    }
+                });
+            }
+        }
+        n
+    }
+
+    /// Every event recorded on either home bus since the last call (other regions' forwarded
+    /// first), AWS's first, each with the functions it reaches (possibly none).
     pub fn take_new(&mut self, cloud: &LocalCloud) -> Vec<Delivery> {
-        let default = events_since(cloud, "default", self.seen_default);
-        let custom = events_since(cloud, &self.custom, self.seen_custom);
+        self.forward(cloud);
+        let default = events_since(cloud, &self.region, "default", self.seen_default);
+        let custom = events_since(cloud, &self.region, &self.custom, self.seen_custom);
         let mut out = Vec::new();
         for (bus, events, seen) in [
             (Bus::Default, default, &mut self.seen_default),
@@ -91,20 +163,19 @@ impl LocalBus {
     }
 }
 
-/// The events recorded on `bus` after the first `seen` (a copy of those only).
-pub fn events_since(cloud: &LocalCloud, bus: &str, seen: usize) -> Vec<Value> {
+/// The events recorded on `bus` of `region` after the first `seen` (a copy of those only).
+pub fn events_since(cloud: &LocalCloud, region: &str, bus: &str, seen: usize) -> Vec<Value> {
     cloud.with_world(|w| {
-        w.buses
-            .get(bus)
-            .and_then(|events| events.get(seen..))
+        w.events(region, bus)
+            .get(seen..)
             .map(<[Value]>::to_vec)
             .unwrap_or_default()
     })
 }
 
-/// How many events `bus` has recorded.
-pub fn event_count(cloud: &LocalCloud, bus: &str) -> usize {
-    cloud.with_world(|w| w.buses.get(bus).map_or(0, Vec::len))
+/// How many events `bus` of `region` has recorded.
+pub fn event_count(cloud: &LocalCloud, region: &str, bus: &str) -> usize {
+    cloud.with_world(|w| w.events(region, bus).len())
 }
 
 /// The first tick of a `every` schedule strictly after `after` (ticks sit on multiples of

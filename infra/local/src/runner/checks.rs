@@ -51,6 +51,15 @@ pub struct Window {
     pub kind: String,
 }
 
+impl Window {
+    /// Whether an event's `segment` names this window: a plan's segment by its index; a
+    /// Capacity Block is one window with no segments (EC2 has none), so any.
+    pub fn is_segment(&self, detail: &Value) -> bool {
+        self.kind == "capacity-block"
+            || detail["segment"].as_u64().unwrap_or(0) as usize == self.segment
+    }
+}
+
 impl Observed<'_> {
     /// Our events about `id` of `detail_type`, repeats of an event key dropped.
     pub fn ours(&self, id: &str, detail_type: &str) -> Vec<&Value> {
@@ -170,6 +179,35 @@ impl Observed<'_> {
         })
     }
 
+    /// How much later than its window's `usable` an endpoint could first be `InService` because
+    /// SageMaker failed the request's earlier endpoints in the window before `until` (a
+    /// scenario's `endpoint_failures`): each failure costs its deletion and a new creation. Zero
+    /// for every other window.
+    pub fn endpoint_retries(&self, id: &str, w: &Window, until: DateTime<Utc>) -> TimeDelta {
+        if w.kind != "training-plan/endpoint" {
+            return TimeDelta::zero();
+        }
+        let name = self.scenario.requests()[id]["workload"]["endpoint_name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let region = w.reservation_id.split(':').nth(3).unwrap_or_default();
+        let (events, per) = self.cloud.with_world(|world| {
+            (
+                world.events(region, "default").to_vec(),
+                world.settings.endpoint_create_minutes + world.settings.endpoint_delete_minutes,
+            )
+        });
+        let failed = events
+            .iter()
+            .filter(|e| e["detail-type"] == "SageMaker Endpoint State Change")
+            .filter(|e| e["detail"]["EndpointStatus"] == "FAILED")
+            .filter(|e| name.is_empty() || e["detail"]["EndpointName"] == name.as_str())
+            .filter(|e| time(&e["time"]).is_some_and(|t| t >= w.start && t < until))
+            .count();
+        TimeDelta::minutes(per * failed as i64)
+    }
+
     /// The schedule rate of the function that published `ev` (found from the invocations).
     fn publisher_rate(&self, ev: &Value) -> Option<(String, TimeDelta)> {
         let inv = self
@@ -241,7 +279,7 @@ pub fn judge(o: &Observed) -> Vec<Check> {
                 let hit = launched.iter().find(|l| {
                     l["detail"]["reservation_id"] == w.reservation_id.as_str()
                         && time(&l["time"]).is_some_and(|t| t >= w.start && t < w.end)
-                        && l["detail"]["segment"].as_u64().unwrap_or(0) as usize == w.segment
+                        && w.is_segment(&l["detail"])
                 });
                 match hit {
                     None => {
@@ -256,7 +294,17 @@ pub fn judge(o: &Observed) -> Vec<Check> {
                         let (f, rate) = o
                             .publisher_rate(l)
                             .unwrap_or(("?".into(), TimeDelta::zero()));
-                        let late = at - w.usable;
+                        let retried = o.endpoint_retries(id, w, at);
+                        let usable = w.usable + retried;
+                        if retried > TimeDelta::zero() {
+                            notes.push(format!(
+                                "{} segment {}: SageMaker failed its endpoint, so a new one could be InService {} min later",
+                                short(&w.reservation_id),
+                                w.segment,
+                                retried.num_minutes()
+                            ));
+                        }
+                        let late = at - usable;
                         let on_time = late <= rate;
                         ok &= on_time;
                         notes.push(format!(
@@ -264,7 +312,7 @@ pub fn judge(o: &Observed) -> Vec<Check> {
                             short(&w.reservation_id),
                             w.segment,
                             w.start.format("%m-%d %H:%M"),
-                            w.usable.format("%m-%d %H:%M"),
+                            usable.format("%m-%d %H:%M"),
                             at.format("%m-%d %H:%M:%S"),
                             late.num_seconds(),
                             rate.num_seconds()
@@ -336,7 +384,7 @@ pub fn judge(o: &Observed) -> Vec<Check> {
             for w in &windows {
                 let d = drained.iter().find(|d| {
                     d["detail"]["reservation_id"] == w.reservation_id.as_str()
-                        && d["detail"]["segment"].as_u64().unwrap_or(0) as usize == w.segment
+                        && w.is_segment(&d["detail"])
                 });
                 match d.and_then(|d| time(&d["time"])) {
                     Some(t) => {
@@ -520,6 +568,19 @@ pub fn judge(o: &Observed) -> Vec<Check> {
                     .unwrap_or_default();
                 let latest = time(&detail["latest_end"])?;
                 let max_fee = money(&detail["budget"]["max_upfront_usd"])?;
+                // the request's regions, or the deployment's when it names none
+                let mut regions: Vec<String> = detail["regions"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(Value::as_str)
+                            .map(str::to_string)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if regions.is_empty() {
+                    regions = o.scenario.allowed_regions();
+                }
                 o.cloud.with_world(|w| {
                     w.ec2
                         .offered
@@ -529,6 +590,9 @@ pub fn judge(o: &Observed) -> Vec<Check> {
                         .filter_map(|(at, i)| w.ec2.offerings.get(i).map(|o| (at, o)))
                         .filter(|(at, o)| {
                             types.contains(&o.instance_type.as_str())
+                                && regions.contains(&o.region)
+                                // one that has started by the purchase can no longer be bought
+                                && o.start > bought_at
                                 && o.instance_count == count
                                 && (o.end - o.start).num_minutes() >= hours * 60
                                 && o.start >= *at + chrono::TimeDelta::minutes(30)

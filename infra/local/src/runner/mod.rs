@@ -91,8 +91,12 @@ pub struct RunResult {
     pub timeline: Timeline,
     /// (request id, instance id, when) for each instance the scenario impaired or failed.
     pub broken: Vec<(String, String, DateTime<Utc>)>,
+    /// The home region's default bus (AWS's events there and those forwarded to it).
     pub default_events: Vec<Value>,
     pub custom_events: Vec<Value>,
+    /// Each region the forwarder was deployed to, with how many of its default bus's events
+    /// the run saw there and how many it forwarded to the home region's default bus.
+    pub forwarded: Vec<(String, usize, usize)>,
     pub schedule_rates: BTreeMap<String, TimeDelta>,
     pub wall: Duration,
     pub steps: u64,
@@ -138,6 +142,16 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunResult> {
     let template: Value = serde_yaml_ng::from_str(&template_text)
         .with_context(|| format!("parsing {}", template_path.display()))?;
     let rules = Rules::from_yaml(&template_text)?;
+    // ARCHITECTURE §8.9: the region forwarder, deployed to each allowed region but the home
+    // one, forwards our AWS-event patterns from that region's default bus to the home one's.
+    // (Read only when the scenario allows another region.)
+    let forwarded = scenario.forwarded_regions();
+    let forwarder = if forwarded.is_empty() {
+        None
+    } else {
+        let path = opts.root.join("infra/region-forwarder.yaml");
+        Some(Rules::from_template(&path).with_context(|| format!("reading {}", path.display()))?)
+    };
     let (bin_dir, out_dir) = match (&opts.bin_dir, &opts.out_dir) {
         (Some(b), Some(o)) => (b.clone(), o.clone()),
         (b, o) => {
@@ -160,6 +174,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunResult> {
         }
         settings = serde_json::from_value(s).context("the scenario's settings")?;
     }
+    // The home region is the scenario's: the functions run there and their buses are there.
+    settings.home_region = scenario.region.clone();
     let account_id = settings.account_id.clone();
     let cloud = LocalCloud::start(Options {
         seed: scenario.seed,
@@ -219,7 +235,11 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunResult> {
         moto,
         table: table.to_string(),
         template,
-        bus: LocalBus::new(rules, bus_name, &scenario.region, &account_id),
+        bus: match forwarder {
+            Some(f) => LocalBus::new(rules, bus_name, &scenario.region, &account_id)
+                .with_forwarder(f, &forwarded),
+            None => LocalBus::new(rules, bus_name, &scenario.region, &account_id),
+        },
         functions,
         invocations: Vec::new(),
         timeline: Timeline::new(opts.print),
@@ -262,6 +282,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunResult> {
     let schedule_rates: BTreeMap<String, TimeDelta> = bus.schedules().into_iter().collect();
     let default_events = cloud.events("default");
     let custom_events = cloud.events(bus_name);
+    let forwarded = bus.forwarded_counts();
     let obs = checks::Observed {
         scenario: &scenario,
         cloud: &cloud,
@@ -284,6 +305,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunResult> {
         broken,
         default_events,
         custom_events,
+        forwarded,
         schedule_rates,
         wall: wall.elapsed(),
         steps,
@@ -323,12 +345,6 @@ struct Player {
 
 impl Player {
     async fn play(&mut self, scenario: &Scenario) -> anyhow::Result<()> {
-        let subnets: Vec<String> = self.cloud.with_world(|w| {
-            w.subnets(&scenario.region)
-                .into_iter()
-                .map(|s| s.id)
-                .collect()
-        });
         let mut done = vec![false; scenario.actions.len()];
         loop {
             let now = self.cloud.now();
@@ -339,7 +355,7 @@ impl Player {
                 }
                 if self.action_time(a).is_some_and(|t| t <= now) {
                     done[i] = true;
-                    self.act(&a.what, scenario, &subnets)?;
+                    self.act(&a.what, scenario)?;
                     self.deliver().await?;
                 }
             }
@@ -394,7 +410,7 @@ impl Player {
         }
         let after = a.after.as_ref()?;
         let t: DateTime<Utc> = self.cloud.with_world(|w| {
-            w.buses.get(&self.bus.custom)?.iter().find(|e| {
+            w.home_events(&self.bus.custom).iter().find(|e| {
                 e["detail-type"] == "Capacity Workload Launched"
                     && e["detail"]["request_id"] == after.launched.as_str()
             })?["time"]
@@ -405,12 +421,16 @@ impl Player {
         Some(t + after.offset())
     }
 
-    fn act(&mut self, what: &What, scenario: &Scenario, subnets: &[String]) -> anyhow::Result<()> {
+    fn act(&mut self, what: &What, scenario: &Scenario) -> anyhow::Result<()> {
         let now = self.cloud.now();
         match what {
             What::Submit(s) => {
                 let mut detail = s.detail.clone();
-                substitute(&mut detail, subnets);
+                let cloud = &self.cloud;
+                substitute(&mut detail, &|region| {
+                    let region = region.unwrap_or(&scenario.region);
+                    cloud.with_world(|w| w.subnets(region).into_iter().map(|s| s.id).collect())
+                });
                 let entry = json!({"Entries": [{
                     "Source": s.source, "DetailType": s.detail_type,
                     "Detail": detail.to_string(), "EventBusName": self.bus.custom,
@@ -491,6 +511,27 @@ impl Player {
                 self.timeline
                     .action(now, &format!("changes the market for {}", m.instance_type));
             }
+            What::CreateCluster(c) => {
+                let region = c.region.as_deref().unwrap_or(&scenario.region);
+                let tags: Vec<Value> = c
+                    .tags
+                    .iter()
+                    .map(|(k, v)| json!({"Key": k, "Value": v}))
+                    .collect();
+                let input = json!({"ClusterName": c.name, "Tags": tags,
+                                   "InstanceGroups": c.instance_groups});
+                self.cloud
+                    .with_world(|w| w.sagemaker_call(region, "CreateCluster", &input))
+                    .map_err(|e| anyhow!("CreateCluster {} in {region}: {e:?}", c.name))?;
+                self.timeline.action(
+                    now,
+                    &format!(
+                        "creates HyperPod cluster {} in {region} ({} group(s))",
+                        c.name,
+                        c.instance_groups.len()
+                    ),
+                );
+            }
             What::FailPayments { request_id, count } => {
                 self.cloud
                     .with_world(|w| w.force_payment_failures(request_id, *count));
@@ -514,7 +555,10 @@ impl Player {
             }
             for d in new {
                 let at = event_time(&d.event).unwrap_or_else(|| self.cloud.now());
-                self.timeline.event(at, d.bus, &d.event, &d.targets);
+                let from = d.event["region"]
+                    .as_str()
+                    .filter(|r| d.bus == Bus::Default && *r != self.bus.region);
+                self.timeline.event(at, d.bus, &d.event, &d.targets, from);
                 for f in &d.targets {
                     let trigger = d.event["detail-type"].as_str().unwrap_or("?").to_string();
                     self.invoke(f, &d.event, &trigger).await?;
@@ -527,12 +571,12 @@ impl Player {
     /// retries an asynchronous invocation.
     async fn invoke(&mut self, function: &str, event: &Value, trigger: &str) -> anyhow::Result<()> {
         for _attempt in 0..3 {
-            let before = event_count(&self.cloud, &self.bus.custom);
+            let before = event_count(&self.cloud, &self.bus.region, &self.bus.custom);
             let f = self.functions.get_mut(function).ok_or_else(|| {
                 anyhow!("the template routes to {function}, which the runner did not start")
             })?;
             let inv = f.invoke(event).await;
-            let published = events_since(&self.cloud, &self.bus.custom, before);
+            let published = events_since(&self.cloud, &self.bus.region, &self.bus.custom, before);
             let (ok, error, decisions) = match &inv.answer {
                 Answer::Response(v) => (
                     true,

@@ -57,16 +57,26 @@ impl Timeline {
         });
     }
 
-    pub fn event(&mut self, at: DateTime<Utc>, bus: Bus, ev: &Value, targets: &[String]) {
+    /// An event on a home bus; `forwarded_from` names the region whose default bus the region
+    /// forwarder took it from.
+    pub fn event(
+        &mut self,
+        at: DateTime<Utc>,
+        bus: Bus,
+        ev: &Value,
+        targets: &[String],
+        forwarded_from: Option<&str>,
+    ) {
         let to = if targets.is_empty() {
             String::new()
         } else {
             format!("  -> {}", targets.join(", "))
         };
+        let from = forwarded_from.map_or(String::new(), |r| format!(" (forwarded from {r})"));
         self.push(Line {
             at,
             who: format!("bus:{}", bus_label(bus)),
-            what: format!("{}{to}", describe_event(ev)),
+            what: format!("{}{from}{to}", describe_event(ev)),
             request_id: ev["detail"]["request_id"].as_str().map(str::to_string),
         });
     }
@@ -493,6 +503,12 @@ pub fn render(r: &RunResult) -> String {
         r.wall.as_secs_f64(),
         r.out_dir.join("logs").display()
     );
+    for (region, seen, forwarded) in &r.forwarded {
+        let _ = writeln!(
+            s,
+            "region forwarder in {region}: {forwarded} of the {seen} events on its default bus forwarded to the home region's"
+        );
+    }
     let _ = writeln!(s, "\n== checks ==");
     for c in &r.checks {
         let _ = writeln!(

@@ -102,6 +102,10 @@ pub enum What {
     Fault(Fault),
     ClearFaults {},
     Market(MarketChange),
+    /// Create a HyperPod cluster (SageMaker `CreateCluster`) in the home region or `region`,
+    /// as a team would before asking for an instance group in it: `tags` as a map, and
+    /// `instance_groups` in SageMaker's own shape (the groups it already has).
+    CreateCluster(CreateCluster),
     /// Make the payments of the next `count` reservations (Capacity Blocks or training plans)
     /// bought for a request (tag `capacity-pilot:request-id`) fail at their payment time: a
     /// block goes `payment-failed`, a plan `Failed`, and the capacity returns to the market
@@ -128,6 +132,18 @@ pub struct Submit {
 
 fn submitted() -> String {
     "Capacity Request Submitted".to_string()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateCluster {
+    pub name: String,
+    #[serde(default)]
+    pub region: Option<String>,
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    #[serde(default)]
+    pub instance_groups: Vec<Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -188,6 +204,31 @@ impl Scenario {
         Ok(s)
     }
 
+    /// The template parameter `AllowedRegions`, as a list (the home region when absent).
+    pub fn allowed_regions(&self) -> Vec<String> {
+        match self.parameters.get("AllowedRegions") {
+            Some(list) => list
+                .split(',')
+                .map(str::trim)
+                .filter(|r| !r.is_empty())
+                .map(str::to_string)
+                .collect(),
+            None => vec![self.region.clone()],
+        }
+    }
+
+    /// The allowed regions but the home one: where the region forwarder is deployed
+    /// (ARCHITECTURE §8.9), each once, in order.
+    pub fn forwarded_regions(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for r in self.allowed_regions() {
+            if r != self.region && !out.contains(&r) {
+                out.push(r);
+            }
+        }
+        out
+    }
+
     /// Every submitted request's detail, by request id.
     pub fn requests(&self) -> BTreeMap<String, Value> {
         self.actions
@@ -206,20 +247,26 @@ impl Scenario {
     }
 }
 
-/// Replaces every string `${subnet_ids}` in `v` with the list of subnet ids.
-pub fn substitute(v: &mut Value, subnet_ids: &[String]) {
+/// Replaces every string `${subnet_ids}` in `v` with the list of the home region's subnet ids,
+/// and every `${subnet_ids:<region>}` with that region's (`subnets` gives a region's, `None`
+/// the home region's).
+pub fn substitute(v: &mut Value, subnets: &dyn Fn(Option<&str>) -> Vec<String>) {
     match v {
         Value::String(s) if s == "${subnet_ids}" => {
-            *v = Value::from(subnet_ids.to_vec());
+            *v = Value::from(subnets(None));
+        }
+        Value::String(s) if s.starts_with("${subnet_ids:") && s.ends_with('}') => {
+            let region = s["${subnet_ids:".len()..s.len() - 1].to_string();
+            *v = Value::from(subnets(Some(&region)));
         }
         Value::Array(a) => {
             for x in a {
-                substitute(x, subnet_ids);
+                substitute(x, subnets);
             }
         }
         Value::Object(o) => {
             for x in o.values_mut() {
-                substitute(x, subnet_ids);
+                substitute(x, subnets);
             }
         }
         _ => {}
@@ -229,6 +276,37 @@ pub fn substitute(v: &mut Value, subnet_ids: &[String]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn subnets_are_the_home_regions_or_a_named_regions() {
+        let mut v = serde_json::json!({"a": "${subnet_ids}", "b": ["${subnet_ids:us-west-2}"]});
+        substitute(&mut v, &|r| vec![format!("subnet-{}", r.unwrap_or("home"))]);
+        assert_eq!(
+            v,
+            serde_json::json!({"a": ["subnet-home"], "b": [["subnet-us-west-2"]]})
+        );
+    }
+
+    #[test]
+    fn a_scenario_can_create_a_cluster_and_names_its_forwarded_regions() {
+        let s: Scenario = serde_yaml_ng::from_str(
+            "name: x\nseed: 1\nstart: 2026-12-01T09:00:00Z\nend: 2026-12-02T09:00:00Z\n\
+             parameters: {AllowedRegions: 'us-east-1, us-west-2,us-east-1'}\n\
+             actions:\n\
+             - at: 2026-12-01T09:00:00Z\n  create_cluster: {name: c, tags: {k: v}, \
+             instance_groups: [{InstanceGroupName: g}]}\n",
+        )
+        .expect("parses");
+        assert_eq!(s.forwarded_regions(), ["us-west-2"]);
+        match &s.actions[0].what {
+            What::CreateCluster(c) => {
+                assert_eq!((c.name.as_str(), c.region.as_deref()), ("c", None));
+                assert_eq!(c.tags["k"], "v");
+                assert_eq!(c.instance_groups.len(), 1);
+            }
+            other => panic!("not create_cluster: {other:?}"),
+        }
+    }
 
     #[test]
     fn a_scenario_can_force_the_payment_of_a_request_to_fail() {
