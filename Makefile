@@ -15,8 +15,9 @@ CARGO_LAMBDA_VERSION := 1.9.2
 # checkov's pins conflict with moto's, so the IaC tools get their own environment in $(VENV).
 IAC := $(VENV)/iac
 TEMPLATE := infra/template.yaml
+FORWARDER := infra/region-forwarder.yaml
 
-.PHONY: test lint lint-rust lint-iac fmt run venv venv-iac schemas build deploy
+.PHONY: test lint lint-rust lint-iac fmt run venv venv-iac schemas build deploy deploy-forwarders
 
 ## test: every test, lint included (what CI runs)
 test: lint venv
@@ -25,7 +26,7 @@ test: lint venv
 	$(CARGO) test --workspace --all-targets
 	$(CARGO) test --workspace --doc
 
-## lint: Rust formatting and clippy with warnings as errors, cfn-lint and checkov on the template
+## lint: Rust formatting and clippy with warnings as errors, cfn-lint and checkov on both templates
 lint: lint-rust lint-iac
 
 lint-rust:
@@ -34,8 +35,8 @@ lint-rust:
 
 # A check is suppressed only in the template, beside the resource, with its reason.
 lint-iac: venv-iac
-	$(IAC)/bin/cfn-lint $(TEMPLATE)
-	$(IAC)/bin/checkov --quiet --compact --skip-download --framework cloudformation -f $(TEMPLATE)
+	$(IAC)/bin/cfn-lint $(TEMPLATE) $(FORWARDER)
+	$(IAC)/bin/checkov --quiet --compact --skip-download --framework cloudformation -f $(TEMPLATE) -f $(FORWARDER)
 
 ## build: the five Lambda binaries for arm64 (cargo-lambda), where infra/template.yaml expects them
 build: $(IAC)/.cargo-lambda
@@ -46,6 +47,28 @@ build: $(IAC)/.cargo-lambda
 deploy: build
 	@command -v sam >/dev/null || { echo "make deploy needs the AWS SAM CLI: https://docs.aws.amazon.com/serverless-application-model/latest/developerguide/install-sam-cli.html" >&2; exit 1; }
 	sam deploy $(if $(GUIDED),--guided)
+
+## deploy-forwarders: the region forwarder (infra/region-forwarder.yaml, ARCHITECTURE 8.9) as
+## stack capacity-pilot-forwarder in each region of REGIONS (comma list, default the template's
+## AllowedRegions default) except HOME_REGION (default us-east-1), sent to HOME_REGION's default
+## bus; `CONFIRM=1` asks before each change set. Builds nothing. It reads no settings of the
+## main stack's: it runs under the samconfig.toml environment `forwarder` (absent, so none).
+HOME_REGION ?= us-east-1
+REGIONS ?= us-east-1,us-east-2,us-west-2
+FORWARDER_STACK := capacity-pilot-forwarder
+comma := ,
+FORWARD_FROM = $(filter-out $(strip $(HOME_REGION)),$(subst $(comma), ,$(REGIONS)))
+deploy-forwarders:
+	@command -v sam >/dev/null || { echo "make deploy-forwarders needs the AWS SAM CLI: https://docs.aws.amazon.com/serverless-application-model/latest/developerguide/install-sam-cli.html" >&2; exit 1; }
+	@test -n "$(strip $(HOME_REGION))" || { echo "make deploy-forwarders needs HOME_REGION, the main stack's region" >&2; exit 1; }
+	@$(if $(FORWARD_FROM),,echo "no region in REGIONS=$(REGIONS) other than HOME_REGION=$(HOME_REGION): nothing to forward")
+	@set -e; for region in $(FORWARD_FROM); do \
+		echo "forwarder: $$region -> $(strip $(HOME_REGION))"; \
+		sam deploy --config-env forwarder \
+			--template-file $(FORWARDER) --stack-name $(FORWARDER_STACK) --region "$$region" \
+			--parameter-overrides HomeRegion=$(strip $(HOME_REGION)) --capabilities CAPABILITY_IAM \
+			--no-fail-on-empty-changeset $(if $(filter 1 yes true,$(CONFIRM)),--confirm-changeset,--no-confirm-changeset); \
+	done
 
 fmt:
 	$(CARGO) fmt --all

@@ -104,6 +104,12 @@ static RULES: LazyLock<Rules> = LazyLock::new(|| {
         .expect("the template's rules")
 });
 
+/// The rules of `infra/region-forwarder.yaml`, deployed in every allowed region but home.
+static FORWARDER: LazyLock<Rules> = LazyLock::new(|| {
+    Rules::from_template(&workspace_root().join("infra/region-forwarder.yaml"))
+        .expect("the forwarder's rules")
+});
+
 /// Every flow's recorders, by function, for [`observed`].
 static RECORDED: Mutex<Vec<(Function, Calls)>> = Mutex::new(Vec::new());
 
@@ -133,8 +139,8 @@ pub struct Flow {
     pub launcher: Launcher<DynamoStore, AwsWorkloads, EventBridgeSink, ConfiguredClock>,
     pub replacer: Replacer<DynamoStore, AwsWorkloads, EventBridgeSink, ConfiguredClock>,
     pub cleaner: Cleaner<DynamoStore, AwsMarket, AwsWorkloads, EventBridgeSink, ConfiguredClock>,
-    /// How many events of each bus [`Flow::deliver`] has handed on.
-    delivered: Mutex<(usize, usize)>,
+    /// How many events of each (region, bus) [`Flow::deliver`] has looked at.
+    delivered: Mutex<BTreeMap<(String, String), usize>>,
     ticks: Mutex<u64>,
     /// launch-workloads' function timeout, enforced as Lambda does: the invocation is cut
     /// off at its deadline. The template's 60 s unless a test shortens it.
@@ -258,7 +264,7 @@ impl Flow {
             launcher,
             replacer,
             cleaner,
-            delivered: Mutex::new((0, 0)),
+            delivered: Mutex::new(BTreeMap::new()),
             ticks: Mutex::new(0),
             launch_timeout: Mutex::new(std::time::Duration::from_secs(60)),
         }
@@ -334,25 +340,44 @@ impl Flow {
     }
 
     /// Hands every event that reached either bus since the last call to the function whose
-    /// rule matches it, until no new event arrives. Returns how many were delivered.
+    /// rule matches it, until no new event arrives. Returns how many were delivered. AWS's
+    /// events of the other allowed regions reach the home default bus only through the region
+    /// forwarder's rules (ARCHITECTURE §8.9), as the deployment's `make deploy-forwarders`
+    /// sets them up; the rest stay in their region.
     pub async fn deliver(&self) -> usize {
+        let home = self.cloud.home_region();
+        let others: Vec<String> = self
+            .config
+            .allowed_regions
+            .iter()
+            .filter(|r| **r != home)
+            .cloned()
+            .collect();
         let mut total = 0;
         loop {
-            let (seen_custom, seen_default) = *self.delivered.lock().unwrap();
-            let custom = self.cloud.events(BUS);
-            let default = self.cloud.events("default");
-            *self.delivered.lock().unwrap() = (custom.len(), default.len());
-            let new: Vec<(&str, Value)> = custom
-                .into_iter()
-                .skip(seen_custom)
-                .map(|e| (BUS, e))
-                .chain(
-                    default
-                        .into_iter()
-                        .skip(seen_default)
-                        .map(|e| ("default", e)),
-                )
-                .collect();
+            let mut new: Vec<(&str, Value)> = Vec::new();
+            {
+                let mut seen = self.delivered.lock().unwrap();
+                let mut take = |region: &str, bus: &str| {
+                    let events = self.cloud.events_in(region, bus);
+                    let n = seen
+                        .entry((region.to_string(), bus.to_string()))
+                        .or_default();
+                    let fresh = events.into_iter().skip(*n).collect::<Vec<_>>();
+                    *n += fresh.len();
+                    fresh
+                };
+                new.extend(take(&home, BUS).into_iter().map(|e| (BUS, e)));
+                new.extend(take(&home, "default").into_iter().map(|e| ("default", e)));
+                for region in &others {
+                    new.extend(
+                        take(region, "default")
+                            .into_iter()
+                            .filter(|e| !FORWARDER.forwarding(Bus::Default, e).is_empty())
+                            .map(|e| ("default", e)),
+                    );
+                }
+            }
             if new.is_empty() {
                 return total;
             }

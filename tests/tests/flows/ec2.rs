@@ -1305,3 +1305,56 @@ pub(crate) async fn at_the_lenient_readings_a_new_instance_is_watched_and_replac
     let state = f.cloud.with_world(|w| w.ec2.instances[&sick].state.clone());
     assert_eq!(state, "shutting-down");
 }
+
+#[tokio::test]
+pub(crate) async fn a_block_bought_in_another_region_is_launched_from_its_forwarded_delivered_event()
+ {
+    // Issue 19: AWS events are regional (aws-reference 11.4). GIVEN a deployment allowing
+    // us-west-2 beside its home us-east-1, and a request for a block in us-west-2 only
+    let west = "us-west-2";
+    let f = Flow::start_with(11, &[("ALLOWED_REGIONS", "us-east-1,us-west-2")]).await;
+    let id = "life-west";
+    let (template, subnets) = f.cloud.with_world(|w| {
+        let template = w
+            .launch_templates(west)
+            .into_iter()
+            .find(|t| t.name == "capacity-pilot-gpu")
+            .expect("the seeded GPU template")
+            .id;
+        let subnets: Vec<String> = w.subnets(west).into_iter().map(|s| s.id).collect();
+        (template, subnets)
+    });
+    let mut req = integration_tests::flow::ec2_request(id);
+    req["regions"] = json!([west]);
+    req["workload"]["launch_template"] = json!({ "id": template });
+    req["workload"]["subnet_ids"] = json!(subnets);
+    f.submit(req).await;
+    f.deliver().await;
+    assert_eq!(f.status(id).await, RequestStatus::Reserved);
+    let reserved = reserved(&f, id);
+    let cr = reservation_of(&reserved);
+
+    // WHEN the block becomes usable and only events are delivered (no launch schedule runs)
+    f.cloud
+        .advance_to(time_of(&reserved["detail"]["start"]) + f.activation());
+    f.deliver().await;
+
+    // THEN EC2's Delivered event came on us-west-2's default bus, not the home one; the
+    // forwarder brought it home, and launch-workloads launched the block's instances there
+    let delivered = |region: &str| {
+        f.cloud
+            .events_in(region, "default")
+            .into_iter()
+            .filter(|e| {
+                e["detail-type"] == "Capacity Block Delivered"
+                    && e["detail"]["capacity-reservation-id"] == cr.as_str()
+            })
+            .count()
+    };
+    assert_eq!(delivered(west), 1);
+    assert_eq!(delivered(REGION), 0);
+    assert_eq!(f.bus_for("Capacity Workload Launched", id).len(), 1);
+    let live = live_for(&f, id);
+    assert_eq!(live.len(), 4);
+    assert!(live.iter().all(|i| i.region == west));
+}

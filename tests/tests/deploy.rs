@@ -1,0 +1,560 @@
+//! What deploying needs that no flow exercises: alarms that reach someone (ARCHITECTURE 8.11:
+//! every SNS topic under the stack's customer-managed KMS key, which CloudWatch and
+//! EventBridge may use, and a topic policy letting both publish), the region forwarder
+//! (ARCHITECTURE 8.9: exactly the home rules' AWS-event patterns, to the home default bus,
+//! with a role that may do nothing else), and `make deploy-forwarders` run against a stub
+//! `sam`. Nothing here touches the network or AWS.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::{Map, Value, json};
+
+/// The services that publish alarms and notices.
+const PUBLISHERS: [&str; 2] = ["cloudwatch.amazonaws.com", "events.amazonaws.com"];
+const HOME_DEFAULT_BUS: &str =
+    "arn:${AWS::Partition}:events:${HomeRegion}:${AWS::AccountId}:event-bus/default";
+const FORWARDER: &str = "infra/region-forwarder.yaml";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn yaml(path: &str) -> Value {
+    let text = std::fs::read_to_string(root().join(path)).unwrap();
+    serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn resources(template: &Value) -> &Map<String, Value> {
+    template["Resources"].as_object().expect("Resources")
+}
+
+fn of_type<'a>(template: &'a Value, kind: &str) -> Vec<(&'a String, &'a Value)> {
+    resources(template)
+        .iter()
+        .filter(|(_, r)| r["Type"] == kind)
+        .collect()
+}
+
+/// A string or a list of strings, as IAM writes Action, Principal.Service and the like.
+fn strings(v: &Value) -> Vec<String> {
+    match v {
+        Value::Null => vec![],
+        Value::String(s) => vec![s.clone()],
+        Value::Array(all) => all
+            .iter()
+            .map(|s| {
+                s.as_str()
+                    .unwrap_or_else(|| panic!("not a string: {s}"))
+                    .to_string()
+            })
+            .collect(),
+        other => panic!("neither a string nor a list: {other}"),
+    }
+}
+
+/// A value or a list of values (Resource, Topics).
+fn one_or_many(v: &Value) -> Vec<&Value> {
+    match v {
+        Value::Array(all) => all.iter().collect(),
+        Value::Null => vec![],
+        one => vec![one],
+    }
+}
+
+/// The logical id a `Ref` or `Fn::GetAtt` points at.
+fn referenced(v: &Value) -> Option<&str> {
+    if let Some(name) = v.get("Ref").and_then(Value::as_str) {
+        return Some(name);
+    }
+    match v.get("Fn::GetAtt")? {
+        Value::Array(parts) => parts.first()?.as_str(),
+        Value::String(dotted) => dotted.split('.').next(),
+        _ => None,
+    }
+}
+
+fn statements(document: &Value) -> Vec<&Value> {
+    one_or_many(&document["Statement"])
+}
+
+/// Statements allowing `service` the `action`, exactly as written (no wildcard reading).
+fn allowing<'a>(document: &'a Value, service: &str, action: &str) -> Vec<&'a Value> {
+    statements(document)
+        .into_iter()
+        .filter(|s| s["Effect"] == "Allow")
+        .filter(|s| {
+            strings(&s["Principal"]["Service"])
+                .iter()
+                .any(|p| p == service)
+        })
+        .filter(|s| strings(&s["Action"]).iter().any(|a| a == action))
+        .collect()
+}
+
+/// The statement is conditioned on the caller acting for this stack's account.
+fn for_this_account(statement: &Value) -> bool {
+    statement["Condition"]["StringEquals"]["aws:SourceAccount"] == json!({"Ref": "AWS::AccountId"})
+}
+
+#[test]
+fn every_topic_is_under_the_stacks_key_which_alarms_and_rules_may_use() {
+    let template = yaml("infra/template.yaml");
+    let topics = of_type(&template, "AWS::SNS::Topic");
+    assert!(!topics.is_empty(), "the alarm topic is gone");
+    let mut keys = BTreeSet::new();
+    for (name, topic) in &topics {
+        let key_id = &topic["Properties"]["KmsMasterKeyId"];
+        let key = referenced(key_id).unwrap_or_else(|| {
+            panic!(
+                "{name}: KmsMasterKeyId {key_id} is not the template's KMS key (CloudWatch and \
+                 EventBridge cannot publish to a topic under an AWS-managed key such as \
+                 alias/aws/sns)"
+            )
+        });
+        assert_eq!(
+            resources(&template)[key]["Type"],
+            "AWS::KMS::Key",
+            "{name}: KmsMasterKeyId names {key}, not an AWS::KMS::Key of the template"
+        );
+        keys.insert(key.to_string());
+    }
+    assert_eq!(
+        keys.len(),
+        1,
+        "one key for every topic (8.11), not {keys:?}"
+    );
+
+    let key_name = keys.first().unwrap();
+    let key = &resources(&template)[key_name.as_str()]["Properties"];
+    assert_eq!(key["EnableKeyRotation"], true, "{key_name}: rotation on");
+    assert_ne!(key["Enabled"], false, "{key_name}: enabled");
+    let policy = &key["KeyPolicy"];
+    assert!(
+        statements(policy).iter().all(|s| s["Effect"] == "Allow"),
+        "{key_name}: a Deny would need its own reading here"
+    );
+    for service in PUBLISHERS {
+        for action in ["kms:Decrypt", "kms:GenerateDataKey*"] {
+            let grants = allowing(policy, service, action);
+            assert!(
+                !grants.is_empty(),
+                "{key_name}'s key policy does not let {service} {action}"
+            );
+            assert!(
+                grants.iter().all(|s| for_this_account(s)),
+                "{key_name}: {service} {action} only for this account (aws:SourceAccount)"
+            );
+        }
+    }
+    // The account keeps the key manageable (without it the key could not be changed again).
+    let account = statements(policy).into_iter().any(|s| {
+        s["Principal"]["AWS"]
+            == json!({"Fn::Sub": "arn:${AWS::Partition}:iam::${AWS::AccountId}:root"})
+            && strings(&s["Action"]).iter().any(|a| a == "kms:*")
+    });
+    assert!(account, "{key_name}: the account root administers the key");
+}
+
+#[test]
+fn alarms_and_rules_may_publish_to_every_topic() {
+    let template = yaml("infra/template.yaml");
+    let policies = of_type(&template, "AWS::SNS::TopicPolicy");
+    for (topic, _) in of_type(&template, "AWS::SNS::Topic") {
+        let reference = json!({"Ref": topic});
+        let covering: Vec<_> = policies
+            .iter()
+            .filter(|(_, p)| one_or_many(&p["Properties"]["Topics"]).contains(&&reference))
+            .collect();
+        assert!(
+            !covering.is_empty(),
+            "no AWS::SNS::TopicPolicy covers {topic}"
+        );
+        for service in PUBLISHERS {
+            let grants: Vec<&Value> = covering
+                .iter()
+                .flat_map(|(_, p)| {
+                    allowing(&p["Properties"]["PolicyDocument"], service, "sns:Publish")
+                })
+                .filter(|s| {
+                    one_or_many(&s["Resource"])
+                        .iter()
+                        .any(|r| **r == reference || **r == "*")
+                })
+                .collect();
+            assert!(
+                !grants.is_empty(),
+                "no topic policy lets {service} sns:Publish to {topic}"
+            );
+            assert!(
+                grants.iter().all(|s| for_this_account(s)),
+                "{topic}: {service} publishes only for this account (aws:SourceAccount)"
+            );
+        }
+    }
+}
+
+/// A pattern with its object keys sorted, to compare patterns as values.
+fn canonical(v: &Value) -> String {
+    fn sorted(v: &Value) -> Value {
+        match v {
+            Value::Object(m) => {
+                let m: BTreeMap<&String, Value> = m.iter().map(|(k, v)| (k, sorted(v))).collect();
+                Value::Object(m.into_iter().map(|(k, v)| (k.clone(), v)).collect())
+            }
+            Value::Array(all) => Value::Array(all.iter().map(sorted).collect()),
+            other => other.clone(),
+        }
+    }
+    serde_json::to_string(&sorted(v)).unwrap()
+}
+
+fn on_default_bus(bus: &Value) -> bool {
+    bus.is_null() || *bus == "default"
+}
+
+fn matches_aws_events(pattern: &Value) -> bool {
+    one_or_many(&pattern["source"])
+        .iter()
+        .any(|s| s.as_str().is_some_and(|s| s.starts_with("aws.")))
+}
+
+/// The patterns of the home stack's rules for AWS events on the default bus: the functions'
+/// SAM EventBridgeRule events, and any plain AWS::Events::Rule.
+fn home_aws_patterns() -> BTreeMap<String, String> {
+    let template = yaml("infra/template.yaml");
+    let mut out = BTreeMap::new();
+    for (name, resource) in resources(&template) {
+        let props = &resource["Properties"];
+        let mut rules = Vec::new();
+        if resource["Type"] == "AWS::Serverless::Function" {
+            for (event, e) in props["Events"].as_object().into_iter().flatten() {
+                if e["Type"] == "EventBridgeRule" {
+                    let p = &e["Properties"];
+                    rules.push((format!("{name}.{event}"), &p["EventBusName"], &p["Pattern"]));
+                }
+            }
+        } else if resource["Type"] == "AWS::Events::Rule" && !props["EventPattern"].is_null() {
+            rules.push((name.clone(), &props["EventBusName"], &props["EventPattern"]));
+        }
+        for (rule, bus, pattern) in rules {
+            if on_default_bus(bus) && matches_aws_events(pattern) {
+                out.insert(canonical(pattern), rule);
+            }
+        }
+    }
+    assert!(!out.is_empty(), "no home rule for AWS events found");
+    out
+}
+
+#[test]
+fn the_forwarder_forwards_exactly_the_aws_events_the_home_rules_consume() {
+    let forwarder = yaml(FORWARDER);
+    let mut forwarded = BTreeMap::new();
+    for (name, rule) in of_type(&forwarder, "AWS::Events::Rule") {
+        let props = &rule["Properties"];
+        assert!(
+            on_default_bus(&props["EventBusName"]),
+            "{name}: AWS events arrive on the default bus only"
+        );
+        assert_eq!(props["State"], "ENABLED", "{name}");
+        forwarded.insert(canonical(&props["EventPattern"]), name.clone());
+    }
+    let home = home_aws_patterns();
+    let missing: Vec<_> = home
+        .iter()
+        .filter(|(p, _)| !forwarded.contains_key(*p))
+        .map(|(p, rule)| format!("{rule}: {p}"))
+        .collect();
+    let extra: Vec<_> = forwarded
+        .iter()
+        .filter(|(p, _)| !home.contains_key(*p))
+        .map(|(p, rule)| format!("{rule}: {p}"))
+        .collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "{FORWARDER} must carry each home AWS-event pattern unchanged;\n\
+         not forwarded: {missing:#?}\nforwarded but consumed by no home rule: {extra:#?}"
+    );
+}
+
+#[test]
+fn each_forwarder_rule_targets_the_home_default_bus_with_a_role_that_may_only_put_there() {
+    let forwarder = yaml(FORWARDER);
+    let home_bus = json!({"Fn::Sub": HOME_DEFAULT_BUS});
+    let rules = of_type(&forwarder, "AWS::Events::Rule");
+    assert!(!rules.is_empty());
+    let mut roles = BTreeSet::new();
+    for (name, rule) in rules {
+        let targets = rule["Properties"]["Targets"].as_array().expect("Targets");
+        assert_eq!(targets.len(), 1, "{name}: one target, the home default bus");
+        let target = &targets[0];
+        assert_eq!(target["Arn"], home_bus, "{name}: target");
+        let role = referenced(&target["RoleArn"])
+            .unwrap_or_else(|| panic!("{name}: RoleArn is not a role of the template"));
+        assert_eq!(
+            target["RoleArn"]["Fn::GetAtt"],
+            json!([role, "Arn"]),
+            "{name}: RoleArn is the role's Arn"
+        );
+        roles.insert(role.to_string());
+    }
+    for role in roles {
+        let resource = &resources(&forwarder)[role.as_str()];
+        assert_eq!(resource["Type"], "AWS::IAM::Role", "{role}");
+        let props = &resource["Properties"];
+        assert!(
+            props["ManagedPolicyArns"].is_null(),
+            "{role}: no managed policies, only its inline one"
+        );
+        let trust = statements(&props["AssumeRolePolicyDocument"]);
+        assert!(
+            trust.iter().all(|s| s["Effect"] == "Allow"
+                && strings(&s["Principal"]["Service"]) == ["events.amazonaws.com"]
+                && strings(&s["Action"]) == ["sts:AssumeRole"]
+                && for_this_account(s)
+                && s["Principal"]["AWS"].is_null()),
+            "{role}: only EventBridge, for this account, assumes it"
+        );
+        // Inline policies, and any policy resource attached to the role.
+        let mut documents: Vec<&Value> = one_or_many(&props["Policies"])
+            .into_iter()
+            .map(|p| &p["PolicyDocument"])
+            .collect();
+        for (name, policy) in resources(&forwarder) {
+            let kind = policy["Type"].as_str().unwrap_or_default();
+            if kind == "AWS::IAM::Policy" || kind == "AWS::IAM::ManagedPolicy" {
+                let attached = one_or_many(&policy["Properties"]["Roles"])
+                    .iter()
+                    .any(|r| referenced(r) == Some(role.as_str()));
+                assert!(!attached, "{role}: {name} attaches more to it");
+            }
+            if kind == "AWS::IAM::RolePolicy" {
+                assert_ne!(
+                    policy["Properties"]["RoleName"],
+                    json!({"Ref": role}),
+                    "{role}: {name} attaches more to it"
+                );
+            }
+        }
+        documents.retain(|d| !d.is_null());
+        assert!(!documents.is_empty(), "{role}: no policy");
+        for statement in documents.into_iter().flat_map(statements) {
+            assert_eq!(statement["Effect"], "Allow", "{role}: {statement}");
+            assert_eq!(
+                strings(&statement["Action"]),
+                ["events:PutEvents"],
+                "{role}: events:PutEvents only"
+            );
+            assert!(
+                one_or_many(&statement["Resource"])
+                    .iter()
+                    .all(|r| **r == home_bus),
+                "{role}: on the home default bus only, not {}",
+                statement["Resource"]
+            );
+            assert!(statement["NotAction"].is_null() && statement["NotResource"].is_null());
+        }
+    }
+}
+
+// `make deploy-forwarders` against a stub `sam` that records its arguments.
+
+/// A fresh directory holding an executable `sam` that appends each call's arguments, one a
+/// line, then `--`, to `calls` beside it.
+fn stub_sam(test: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "deploy-{test}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sam = dir.join("sam");
+    std::fs::write(
+        &sam,
+        "#!/bin/sh\n\
+         calls=\"$(dirname \"$0\")/calls\"\n\
+         for a in \"$@\"; do printf '%s\\n' \"$a\" >> \"$calls\"; done\n\
+         printf '%s\\n' -- >> \"$calls\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&sam, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+/// Runs `make -s deploy-forwarders <vars>` in the repository root with `path` as PATH, and
+/// none of the target's variables or an outer make's flags from the environment.
+fn make_deploy_forwarders(path: &str, vars: &[&str]) -> Output {
+    let make = ["/usr/bin/make", "/bin/make"]
+        .into_iter()
+        .find(|m| Path::new(m).exists())
+        .unwrap_or("make");
+    Command::new(make)
+        .current_dir(root())
+        .args(["-s", "deploy-forwarders"])
+        .args(vars)
+        .env("PATH", path)
+        .env_remove("MAKEFLAGS")
+        .env_remove("MFLAGS")
+        .env_remove("MAKELEVEL")
+        .env_remove("REGIONS")
+        .env_remove("HOME_REGION")
+        .env_remove("CONFIRM")
+        .output()
+        .expect("make")
+}
+
+/// Each recorded `sam` call's arguments.
+fn calls(dir: &Path) -> Vec<Vec<String>> {
+    let text = std::fs::read_to_string(dir.join("calls")).unwrap_or_default();
+    let mut out = vec![];
+    let mut call = vec![];
+    for line in text.lines() {
+        if line == "--" {
+            out.push(std::mem::take(&mut call));
+        } else {
+            call.push(line.to_string());
+        }
+    }
+    assert!(call.is_empty(), "an unfinished call: {call:?}");
+    out
+}
+
+/// The value following `flag` in a call, when it occurs once.
+fn option<'a>(call: &'a [String], flag: &str) -> Option<&'a str> {
+    let at: Vec<usize> = (0..call.len()).filter(|&i| call[i] == flag).collect();
+    assert!(at.len() <= 1, "{flag} given twice: {call:?}");
+    at.first()
+        .and_then(|&i| call.get(i + 1))
+        .map(String::as_str)
+}
+
+fn with_stub_path(dir: &Path) -> String {
+    format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// Every deploy, as (region, call); each checked for what every forwarder deploy needs.
+fn forwarder_deploys(dir: &Path, home: &str) -> Vec<(String, Vec<String>)> {
+    let mut out = vec![];
+    for call in calls(dir) {
+        assert_eq!(call.first().map(String::as_str), Some("deploy"), "{call:?}");
+        assert_eq!(
+            option(&call, "--template-file"),
+            Some(FORWARDER),
+            "{call:?}"
+        );
+        assert_eq!(
+            option(&call, "--stack-name"),
+            Some("capacity-pilot-forwarder"),
+            "{call:?}"
+        );
+        let home_region = format!("HomeRegion={home}");
+        assert_eq!(
+            option(&call, "--parameter-overrides"),
+            Some(home_region.as_str()),
+            "{call:?}"
+        );
+        assert_eq!(
+            option(&call, "--capabilities"),
+            Some("CAPABILITY_IAM"),
+            "{call:?}"
+        );
+        assert!(
+            call.iter().any(|a| a == "--no-fail-on-empty-changeset"),
+            "{call:?}"
+        );
+        // Not the main stack's samconfig.toml [default] settings: an environment it lacks.
+        let env = option(&call, "--config-env").unwrap_or("default");
+        assert_ne!(env, "default", "reads the main stack's settings: {call:?}");
+        let samconfig = std::fs::read_to_string(root().join("samconfig.toml")).unwrap();
+        assert!(
+            !samconfig
+                .lines()
+                .any(|l| l.trim_start().starts_with(&format!("[{env}."))
+                    || l.trim() == format!("[{env}]")),
+            "samconfig.toml defines the environment {env} the forwarder deploys under: check \
+             that none of its settings is the main stack's, then update this test"
+        );
+        assert!(!call.iter().any(|a| a == "--guided"), "{call:?}");
+        let region = option(&call, "--region").expect("--region").to_string();
+        out.push((region, call));
+    }
+    out
+}
+
+#[test]
+fn deploy_forwarders_deploys_to_every_region_but_home() {
+    let dir = stub_sam("regions");
+    let out = make_deploy_forwarders(
+        &with_stub_path(&dir),
+        &[
+            "REGIONS=us-east-1,us-east-2,us-west-2",
+            "HOME_REGION=us-east-1",
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let deploys = forwarder_deploys(&dir, "us-east-1");
+    let regions: Vec<&str> = deploys.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(regions, ["us-east-2", "us-west-2"]);
+    for (region, call) in &deploys {
+        assert!(
+            call.iter().any(|a| a == "--no-confirm-changeset"),
+            "{region}: without CONFIRM it does not ask: {call:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn deploy_forwarders_defaults_to_the_templates_allowed_regions_and_confirms_on_request() {
+    let dir = stub_sam("defaults");
+    let out = make_deploy_forwarders(&with_stub_path(&dir), &["CONFIRM=1"]);
+    assert!(out.status.success(), "{out:?}");
+    let template = yaml("infra/template.yaml");
+    let allowed = template["Parameters"]["AllowedRegions"]["Default"]
+        .as_str()
+        .unwrap();
+    let want: Vec<&str> = allowed
+        .split(',')
+        .map(str::trim)
+        .filter(|r| *r != "us-east-1")
+        .collect();
+    let deploys = forwarder_deploys(&dir, "us-east-1");
+    let regions: Vec<&str> = deploys.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(
+        regions, want,
+        "REGIONS defaults to AllowedRegions' {allowed}"
+    );
+    for (region, call) in &deploys {
+        assert!(
+            call.iter().any(|a| a == "--confirm-changeset")
+                && !call.iter().any(|a| a == "--no-confirm-changeset"),
+            "{region}: CONFIRM=1 asks: {call:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn deploy_forwarders_without_sam_says_what_it_needs() {
+    // An empty PATH: no sam (and nothing else the recipe could reach for).
+    let dir = stub_sam("no-sam");
+    std::fs::remove_file(dir.join("sam")).unwrap();
+    let out = make_deploy_forwarders(&dir.display().to_string(), &[]);
+    assert!(!out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("needs the AWS SAM CLI"),
+        "a clear message, not {stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
