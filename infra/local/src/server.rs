@@ -143,7 +143,17 @@ async fn aws(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respons
             Err(e) => return render_error(Protocol::Ec2, &e, &request_id),
         },
     };
-    let fault = app.lock().take_fault(&op);
+    let fault = {
+        let mut w = app.lock();
+        // Every AWS call that reached the emulator, per service, for the runner's counts.
+        let service = match protocol {
+            Protocol::Ec2 => "ec2",
+            Protocol::SageMaker => "sagemaker",
+            Protocol::Events => "events",
+        };
+        *w.calls.entry(service.to_string()).or_default() += 1;
+        w.take_fault(&op)
+    };
     let mut lose_response = false;
     match fault {
         None => {}

@@ -346,6 +346,8 @@ pub struct World {
     /// Forced payment failures: how many of the next reservations (blocks or plans) bought
     /// with the tag [`REQUEST_TAG`] = the key will fail their payment.
     pub payment_failures: BTreeMap<String, u32>,
+    /// AWS API calls served, per service (`ec2`, `sagemaker`, `events`), since the start.
+    pub calls: BTreeMap<String, u64>,
     agenda: BTreeMap<(DateTime<Utc>, u64), Action>,
     seq: u64,
     ids: u64,
@@ -363,6 +365,7 @@ impl World {
             buses: BTreeMap::new(),
             faults: Vec::new(),
             payment_failures: BTreeMap::new(),
+            calls: BTreeMap::new(),
             agenda: BTreeMap::new(),
             seq: 0,
             ids: 0,

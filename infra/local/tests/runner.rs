@@ -75,6 +75,24 @@ async fn the_default_scenario_plays_with_the_real_binaries_and_every_check_passe
         assert!(f.invocations > 0, "{} never ran: {text}", f.name);
         assert!(f.peak_rss_kb > 0, "{} has no peak memory: {text}", f.name);
     }
+    // ... and each invocation's AWS calls are counted per service: every one reads the table
+    // (its due work, the outbox), and replace-unhealthy asks EC2 on every tick
+    for i in &result.invocations {
+        assert!(
+            i.calls_of("dynamodb") > 0,
+            "{} at {} made no DynamoDB call: {:?}",
+            i.function,
+            i.at,
+            i.aws_calls
+        );
+    }
+    assert!(
+        result
+            .invocations
+            .iter()
+            .filter(|i| i.function == "replace-unhealthy" && i.trigger == "Scheduled Event")
+            .all(|i| i.calls_of("ec2") > 0)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -66,6 +66,20 @@ pub struct InvocationRecord {
     pub published: Vec<Value>,
     pub duration: Duration,
     pub peak_rss_kb: u64,
+    /// The AWS calls it made, per service (`dynamodb`, `ec2`, `sagemaker`, `events`).
+    pub aws_calls: BTreeMap<String, u64>,
+}
+
+impl InvocationRecord {
+    /// Whether it did nothing: no decision, nothing published, no error.
+    pub fn quiet(&self) -> bool {
+        self.ok && self.decisions.is_empty() && self.published.is_empty()
+    }
+
+    /// Its calls of `service`.
+    pub fn calls_of(&self, service: &str) -> u64 {
+        self.aws_calls.get(service).copied().unwrap_or(0)
+    }
 }
 
 /// A function's figures for the run.
@@ -572,11 +586,17 @@ impl Player {
     async fn invoke(&mut self, function: &str, event: &Value, trigger: &str) -> anyhow::Result<()> {
         for _attempt in 0..3 {
             let before = event_count(&self.cloud, &self.bus.region, &self.bus.custom);
+            let calls_before = self.aws_calls();
             let f = self.functions.get_mut(function).ok_or_else(|| {
                 anyhow!("the template routes to {function}, which the runner did not start")
             })?;
             let inv = f.invoke(event).await;
             let published = events_since(&self.cloud, &self.bus.region, &self.bus.custom, before);
+            let mut aws_calls = self.aws_calls();
+            for (service, n) in aws_calls.iter_mut() {
+                *n -= calls_before.get(service).copied().unwrap_or(0);
+            }
+            aws_calls.retain(|_, n| *n > 0);
             let (ok, error, decisions) = match &inv.answer {
                 Answer::Response(v) => (
                     true,
@@ -595,6 +615,7 @@ impl Player {
                 published,
                 duration: inv.duration,
                 peak_rss_kb: inv.peak_rss_kb,
+                aws_calls,
             };
             self.timeline.invocation(&rec);
             self.invocations.push(rec);
@@ -603,6 +624,15 @@ impl Player {
             }
         }
         Ok(())
+    }
+
+    /// Every AWS call the functions have made so far, per service: DynamoDB's counted by the
+    /// relay in front of moto, the others by the emulator. Invocations run one at a time, so
+    /// the difference across one is its own.
+    fn aws_calls(&self) -> BTreeMap<String, u64> {
+        let mut calls = self.cloud.with_world(|w| w.calls.clone());
+        calls.insert("dynamodb".to_string(), self.moto.calls());
+        calls
     }
 
     /// Whether any managed instance is pending or running (a poller has work).

@@ -53,6 +53,8 @@ pub struct Moto {
     relay: JoinHandle<()>,
     /// Requests through the relay that may have written.
     writes: Arc<AtomicU64>,
+    /// Every request through the relay: the functions' DynamoDB calls.
+    calls: Arc<AtomicU64>,
     /// The last `due` scan: (writes counted before it, its answer).
     due: Mutex<Option<(u64, Option<DateTime<Utc>>)>>,
     pub log: PathBuf,
@@ -84,9 +86,10 @@ impl Moto {
             .with_context(|| format!("starting {} {}", python.display(), launcher.display()))?;
         let stdin = child.stdin.take();
         let writes = Arc::new(AtomicU64::new(0));
+        let calls = Arc::new(AtomicU64::new(0));
         let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
         let relay_url = format!("http://{}", listener.local_addr()?);
-        let relay = tokio::spawn(relay(listener, port, writes.clone()));
+        let relay = tokio::spawn(relay(listener, port, writes.clone(), calls.clone()));
         let moto = Moto {
             child,
             stdin,
@@ -94,6 +97,7 @@ impl Moto {
             relay_url,
             relay,
             writes,
+            calls,
             due: Mutex::new(None),
             log,
         };
@@ -113,6 +117,11 @@ impl Moto {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// The functions' DynamoDB calls so far (every request through the relay).
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
     }
 
     /// Where the functions reach DynamoDB (the relay).
@@ -244,9 +253,15 @@ impl Moto {
 }
 
 /// Accepts the functions' connections and relays each to moto on `port`.
-async fn relay(listener: tokio::net::TcpListener, port: u16, writes: Arc<AtomicU64>) {
+async fn relay(
+    listener: tokio::net::TcpListener,
+    port: u16,
+    writes: Arc<AtomicU64>,
+    calls: Arc<AtomicU64>,
+) {
     while let Ok((client, _)) = listener.accept().await {
         let writes = writes.clone();
+        let calls = calls.clone();
         tokio::spawn(async move {
             let Ok(upstream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).await else {
                 return;
@@ -267,6 +282,7 @@ async fn relay(listener: tokio::net::TcpListener, port: u16, writes: Arc<AtomicU
                     if may_write(&window) {
                         writes.fetch_add(1, Ordering::SeqCst);
                     }
+                    calls.fetch_add(count_requests(&mut window), Ordering::SeqCst);
                     // Keep a tail long enough to hold a header line cut by this read.
                     let keep = window.len().min(CARRY);
                     window.drain(..window.len() - keep);
@@ -287,6 +303,25 @@ async fn relay(listener: tokio::net::TcpListener, port: u16, writes: Arc<AtomicU
 
 /// How much of the request stream the relay keeps between reads.
 const CARRY: usize = 256;
+
+/// Counts the complete `X-Amz-Target` headers in `window`, one per DynamoDB request, and
+/// drops the bytes up to each, so the tail kept for a header cut by a read never counts twice.
+fn count_requests(window: &mut Vec<u8>) -> u64 {
+    const NAME: &[u8] = b"x-amz-target:";
+    let mut n = 0;
+    while let Some(i) = window
+        .windows(NAME.len())
+        .position(|w| w.eq_ignore_ascii_case(NAME))
+    {
+        let start = i + NAME.len();
+        let Some(end) = window[start..].windows(2).position(|w| w == b"\r\n") else {
+            break;
+        };
+        n += 1;
+        window.drain(..start + end);
+    }
+    n
+}
 
 /// Whether `bytes` hold a complete `X-Amz-Target` header naming an operation that may
 /// write. A header seen twice (in the carried tail) only costs one more scan.
@@ -314,6 +349,24 @@ fn may_write(bytes: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_request_is_counted_once_even_when_a_read_cuts_its_header() {
+        let req = |op: &str| {
+            format!("POST / HTTP/1.1\r\nx-amz-target: DynamoDB_20120810.{op}\r\n\r\n{{}}")
+        };
+        let stream = format!("{}{}{}", req("Query"), req("GetItem"), req("PutItem"));
+        // Fed in pieces that cut a header, with the relay's carried tail kept between reads.
+        let mut window = Vec::new();
+        let mut counted = 0;
+        for piece in stream.as_bytes().chunks(7) {
+            window.extend_from_slice(piece);
+            counted += count_requests(&mut window);
+            let keep = window.len().min(CARRY);
+            window.drain(..window.len() - keep);
+        }
+        assert_eq!(counted, 3);
+    }
 
     #[test]
     fn only_targets_that_are_not_reads_count_as_writes() {

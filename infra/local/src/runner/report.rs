@@ -446,7 +446,7 @@ pub fn render(r: &RunResult) -> String {
     let _ = writeln!(s, "\n== functions (real binaries under the Lambda host) ==");
     let _ = writeln!(
         s,
-        "{:<18} {:>6} {:>9} {:>8} {:>6} {:>7} {:>13} {:>10} {:>10} {:>12}",
+        "{:<18} {:>6} {:>9} {:>8} {:>6} {:>7} {:>13} {:>10} {:>10} {:>12} {:>8} {:>9} {:>8}",
         "function",
         "memory",
         "init ms",
@@ -456,7 +456,10 @@ pub fn render(r: &RunResult) -> String {
         "peak RSS MiB",
         "max ms",
         "mean ms",
-        "recommend MB"
+        "recommend MB",
+        "ddb/inv",
+        "ddb/quiet",
+        "aws/inv"
     );
     for f in &r.functions {
         let mean = if f.invocations > 0 {
@@ -464,25 +467,23 @@ pub fn render(r: &RunResult) -> String {
         } else {
             0.0
         };
+        let calls = calls_of(r, &f.name);
         let _ = writeln!(
             s,
-            "{:<18} {:>6} {:>9} {:>8} {:>6} {:>7} {:>13.1} {:>10} {:>10.1} {:>12}",
+            "{:<18} {:>6} {:>9} {:>8} {:>6} {:>7} {:>13.1} {:>10} {:>10.1} {:>12} {:>8.1} {:>9} {:>8.1}",
             f.name,
             f.memory_mb,
             f.init.as_millis(),
             f.invocations,
-            r.invocations
-                .iter()
-                .filter(|i| i.function == f.name
-                    && i.ok
-                    && i.decisions.is_empty()
-                    && i.published.is_empty())
-                .count(),
+            calls.quiet,
             f.errors,
             f.peak_rss_kb as f64 / 1024.0,
             f.max_duration.as_millis(),
             mean,
-            recommended_memory_mb(f.peak_rss_kb)
+            recommended_memory_mb(f.peak_rss_kb),
+            calls.dynamodb_mean,
+            calls.quiet_dynamodb_max,
+            calls.other_mean
         );
     }
     let release = r.bin_dir.ends_with("release");
@@ -756,11 +757,12 @@ pub fn html(r: &RunResult) -> String {
             esc(&c.detail)
         );
     }
-    h.push_str("</table><h2>Functions</h2><table><tr><th>function</th><th>memory MB</th><th>init ms</th><th>invocations</th><th>errors</th><th>peak RSS MiB</th><th>max ms</th><th>recommended MemorySize</th></tr>");
+    h.push_str("</table><h2>Functions</h2><table><tr><th>function</th><th>memory MB</th><th>init ms</th><th>invocations</th><th>errors</th><th>peak RSS MiB</th><th>max ms</th><th>recommended MemorySize</th><th>DynamoDB calls per invocation</th><th>most DynamoDB calls of a quiet one</th><th>other AWS calls per invocation</th></tr>");
     for f in &r.functions {
+        let calls = calls_of(r, &f.name);
         let _ = write!(
             h,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{}</td><td>{:.1}</td></tr>",
             esc(&f.name),
             f.memory_mb,
             f.init.as_millis(),
@@ -768,7 +770,10 @@ pub fn html(r: &RunResult) -> String {
             f.errors,
             f.peak_rss_kb as f64 / 1024.0,
             f.max_duration.as_millis(),
-            recommended_memory_mb(f.peak_rss_kb)
+            recommended_memory_mb(f.peak_rss_kb),
+            calls.dynamodb_mean,
+            calls.quiet_dynamodb_max,
+            calls.other_mean
         );
     }
     h.push_str("</table><h2>Every event and decision</h2><pre>");
@@ -785,8 +790,48 @@ pub fn html(r: &RunResult) -> String {
     h
 }
 
+/// A function's AWS calls over the run.
+struct Calls {
+    /// Invocations that did nothing.
+    quiet: usize,
+    /// DynamoDB calls per invocation.
+    dynamodb_mean: f64,
+    /// The most DynamoDB calls a quiet invocation made.
+    quiet_dynamodb_max: u64,
+    /// Calls of the other services per invocation.
+    other_mean: f64,
+}
+
+fn calls_of(r: &RunResult, function: &str) -> Calls {
+    let mine: Vec<_> = r
+        .invocations
+        .iter()
+        .filter(|i| i.function == function)
+        .collect();
+    let per = |n: u64| {
+        if mine.is_empty() {
+            0.0
+        } else {
+            n as f64 / mine.len() as f64
+        }
+    };
+    let dynamodb: u64 = mine.iter().map(|i| i.calls_of("dynamodb")).sum();
+    let all: u64 = mine.iter().flat_map(|i| i.aws_calls.values()).sum();
+    Calls {
+        quiet: mine.iter().filter(|i| i.quiet()).count(),
+        dynamodb_mean: per(dynamodb),
+        quiet_dynamodb_max: mine
+            .iter()
+            .filter(|i| i.quiet())
+            .map(|i| i.calls_of("dynamodb"))
+            .max()
+            .unwrap_or(0),
+        other_mean: per(all - dynamodb),
+    }
+}
+
 /// One JSON line per invocation: when, which function, on what, what it decided and published,
-/// how long it took and its peak memory.
+/// how long it took, its peak memory and its AWS calls per service.
 pub fn invocations_jsonl(r: &RunResult) -> String {
     let mut out = String::new();
     for i in &r.invocations {
@@ -800,6 +845,7 @@ pub fn invocations_jsonl(r: &RunResult) -> String {
             "published": i.published.iter().map(|e| e["detail-type"].clone()).collect::<Vec<_>>(),
             "duration_ms": i.duration.as_secs_f64() * 1000.0,
             "peak_rss_kb": i.peak_rss_kb,
+            "aws_calls": i.aws_calls,
         });
         out.push_str(&line.to_string());
         out.push('\n');
