@@ -9,6 +9,7 @@ use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use chrono::{DateTime, Utc};
 
 use crate::ports::PortError;
+use crate::workload::refusal;
 
 /// What a failed call could have done, which decides what an unanswered call means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,18 +53,6 @@ const NO_CAPACITY: &[&str] = &[
     "ReservationCapacityExceeded",
     "InsufficientCapacity",
     "InsufficientCapacityError",
-];
-
-/// Launches AWS refuses for the account or the zone, not for the request: an account limit,
-/// a type the zone does not offer (aws-reference §11.3, §11.2 "On-demand refusals"). Read as
-/// no capacity for a launch, so the launcher tries its next placement
-/// (`workload::refusal`); a purchase that hits a limit is refused as before.
-const LAUNCH_REFUSED: &[&str] = &[
-    "VcpuLimitExceeded",
-    "InstanceLimitExceeded",
-    "Unsupported",
-    "MaxSpotInstanceCountExceeded",
-    "ResourceLimitExceeded",
 ];
 
 /// The resource is busy with another change (a HyperPod cluster `Updating` or
@@ -197,7 +186,11 @@ impl Failure {
                 };
             }
         }
-        if NO_CAPACITY.contains(&c) || (call == Call::Retryable && LAUNCH_REFUSED.contains(&c)) {
+        // A launch AWS refuses for the account or the zone, not for the request (an account
+        // limit, a type the zone does not offer: aws-reference §11.3, §11.2) is no capacity
+        // there, so the launcher tries its next placement; `workload::refusal` is the one
+        // list. A purchase that hits a limit is refused as before.
+        if NO_CAPACITY.contains(&c) || (call == Call::Retryable && refusal::is_listed(c)) {
             return PortError::NoCapacity { code, message };
         }
         if call == Call::Retryable && BUSY.contains(&c) {

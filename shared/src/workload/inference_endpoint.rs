@@ -135,15 +135,12 @@ pub(super) async fn launch<W: Workloads, S: Store>(
                  name is free"
             )));
         }
-        Some(status) if created => {
-            return Ok(Launch::Starting(format!(
-                "endpoint {endpoint_name} is {status}; the window runs once it is InService"
-            )));
-        }
-        // Ours and there, but not recorded as created by this attempt (a crash after the
-        // create): followed from here.
         Some(status) => {
-            l.store.put_workload(record(CREATING, attempt)).await?;
+            if !created {
+                // Ours and there, but not recorded as created by this attempt (a crash after
+                // the create): followed from here.
+                l.store.put_workload(record(CREATING, attempt)).await?;
+            }
             return Ok(Launch::Starting(format!(
                 "endpoint {endpoint_name} is {status}; the window runs once it is InService"
             )));

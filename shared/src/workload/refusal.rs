@@ -75,6 +75,11 @@ pub const REFUSALS: &[Refusal] = &[
     },
 ];
 
+/// Whether a row names `code`.
+pub fn is_listed(code: &str) -> bool {
+    REFUSALS.iter().any(|r| r.code == code)
+}
+
 /// The row for `code`; a code no row names reaches as far as its region.
 pub fn of(code: &str) -> Refusal {
     REFUSALS
