@@ -6,7 +6,7 @@ use tracing::warn;
 
 use crate::domain::events::{RequestRejected, outbound};
 use crate::domain::request::FieldError;
-use crate::ports::{EventSink, OutboundEvent, PortError, Store};
+use crate::ports::{Agenda, EventSink, OutboundEvent, PortError, Store};
 
 /// How many unsent items one run publishes at most.
 pub const FLUSH_LIMIT: usize = 100;
@@ -15,11 +15,51 @@ pub const FLUSH_LIMIT: usize = 100;
 /// a run that dies mid-publish leaves them to the next run after this.
 pub const CLAIM_FOR: chrono::Duration = chrono::Duration::minutes(5);
 
+/// What a run has read of the outbox, and how many writes its store had made when it
+/// started: [`flush`] reads the outbox again only when the run may have added to it.
+#[derive(Debug, Clone, Copy)]
+pub struct Run<'a> {
+    writes_before: u64,
+    agenda: Option<&'a Agenda>,
+}
+
+impl<'a> Run<'a> {
+    /// A run starting now, before any write.
+    pub fn start<S: Store>(store: &S) -> Run<'static> {
+        Run {
+            writes_before: store.outbox_writes(),
+            agenda: None,
+        }
+    }
+
+    /// The run read `agenda` (which holds the unsent outbox as of then).
+    pub fn with_agenda(self, agenda: Option<&'a Agenda>) -> Run<'a> {
+        Run {
+            writes_before: self.writes_before,
+            agenda,
+        }
+    }
+}
+
 /// Publishes unsent outbox items and marks the accepted ones sent. Returns how many went.
 /// Each item is claimed first, so two runs flushing at once do not both publish it; an item
 /// whose publish fails is given back for the next run.
-pub async fn flush<S: Store, E: EventSink>(store: &S, sink: &E) -> Result<usize, PortError> {
-    let unsent = store.unsent_outbox(FLUSH_LIMIT).await?;
+///
+/// A run that wrote reads the outbox again (what it wrote is in it); one that did not
+/// publishes what its agenda showed, with no read; one that neither wrote nor read an agenda
+/// (an event it had nothing to do for) leaves the outbox to the next scheduled run.
+pub async fn flush<S: Store, E: EventSink>(
+    store: &S,
+    sink: &E,
+    run: Run<'_>,
+) -> Result<usize, PortError> {
+    let unsent = if store.outbox_writes() != run.writes_before {
+        store.unsent_outbox(FLUSH_LIMIT).await?
+    } else if let Some(a) = run.agenda {
+        a.outbox.iter().take(FLUSH_LIMIT).cloned().collect()
+    } else {
+        Vec::new()
+    };
     if unsent.is_empty() {
         return Ok(0);
     }

@@ -1132,6 +1132,89 @@ pub struct DueItem {
     pub request_id: RequestId,
     pub status: RequestStatus,
     pub next_action_at: DateTime<Utc>,
+    /// The status's own next action (a search, a lease's expiry, a payment check), beside
+    /// its windows': the function owning the status reads the request only when this is due.
+    #[serde(default)]
+    pub own_action_at: Option<DateTime<Utc>>,
+    /// The earliest of its windows' next actions (a launch, a drain, an end).
+    #[serde(default)]
+    pub window_action_at: Option<DateTime<Utc>>,
+}
+
+impl DueItem {
+    /// Whether the function owning its status has work now (as the index shows it; the
+    /// request read decides).
+    pub fn own_action_due(&self, now: DateTime<Utc>) -> bool {
+        self.own_action_at.is_some_and(|t| t <= now)
+    }
+
+    /// Whether one of its windows is due (launch and cleanup's work).
+    pub fn window_due(&self, now: DateTime<Utc>) -> bool {
+        self.window_action_at.is_some_and(|t| t <= now)
+    }
+}
+
+/// A request whose workloads may be running ([`crate::domain::window::may_be_running`]), as
+/// a tick's one read shows it: for noticing what to look at, not for deciding (a decision
+/// reads the request with a consistent read).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveRequest {
+    pub request_id: RequestId,
+    pub status: RequestStatus,
+    pub windows: Vec<WindowRecord>,
+    pub workloads: Vec<WorkloadRecord>,
+}
+
+/// What one scheduled tick reads in one call (the README's state section): the requests due
+/// at `now`, whatever their status; the requests whose workloads may be running; and the
+/// unsent outbox items.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Agenda {
+    /// Earliest first.
+    pub due: Vec<DueItem>,
+    pub live: Vec<LiveRequest>,
+    /// Oldest first ([`outbox_seq`]).
+    pub outbox: Vec<OutboxItem>,
+}
+
+impl Agenda {
+    /// The due requests in one of `statuses`, earliest first.
+    pub fn due_in(&self, statuses: &[RequestStatus]) -> Vec<DueItem> {
+        self.due
+            .iter()
+            .filter(|d| statuses.contains(&d.status))
+            .cloned()
+            .collect()
+    }
+
+    /// A request's status as the read showed it, when it was due or live.
+    pub fn status_of(&self, id: &RequestId) -> Option<RequestStatus> {
+        self.due
+            .iter()
+            .find(|d| &d.request_id == id)
+            .map(|d| d.status)
+            .or_else(|| {
+                self.live
+                    .iter()
+                    .find(|l| &l.request_id == id)
+                    .map(|l| l.status)
+            })
+    }
+}
+
+/// One state change of a request, as its history keeps it: written in the same transaction
+/// as the change, archived with the request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryEntry {
+    /// The version the change made.
+    pub version: u64,
+    /// `None` for the request's creation.
+    pub from: Option<RequestStatus>,
+    pub to: RequestStatus,
+    pub reason: String,
+    /// The id of the event (and step) that caused it.
+    pub cause: String,
+    pub at: DateTime<Utc>,
 }
 
 /// A launched instance, job, group or endpoint, recorded under its reservation.
@@ -1289,12 +1372,27 @@ pub trait Store: Send + Sync {
         event_key: &str,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
 
-    /// Every request in one of `statuses` whose `next_action_at <= now`, across all pages.
+    /// A tick's whole read, in one call while it fits a page ([`Agenda`]).
+    fn agenda(&self, now: DateTime<Utc>) -> impl Future<Output = Result<Agenda, PortError>> + Send;
+
+    /// Every request in one of `statuses` whose `next_action_at <= now` (the agenda's).
     fn due(
         &self,
         statuses: &[RequestStatus],
         now: DateTime<Utc>,
-    ) -> impl Future<Output = Result<Vec<DueItem>, PortError>> + Send;
+    ) -> impl Future<Output = Result<Vec<DueItem>, PortError>> + Send {
+        async move { Ok(self.agenda(now).await?.due_in(statuses)) }
+    }
+
+    /// How many writes that may have added outbox items this store (and its clones) has
+    /// committed: a run whose count did not move has nothing of its own to publish.
+    fn outbox_writes(&self) -> u64;
+
+    /// The request's state changes, oldest first (also once it is archived, until its TTL).
+    fn history(
+        &self,
+        request_id: &RequestId,
+    ) -> impl Future<Output = Result<Vec<HistoryEntry>, PortError>> + Send;
 }
 
 /// Money helper for callers building debits.

@@ -20,11 +20,20 @@ pub type Operation = (String, String);
 
 /// The operations seen, shared by every client built with [`Calls::http_client`].
 #[derive(Clone, Debug, Default)]
-pub struct Calls(Arc<Mutex<BTreeSet<Operation>>>);
+pub struct Calls {
+    seen: Arc<Mutex<BTreeSet<Operation>>>,
+    /// Every call, in order.
+    log: Arc<Mutex<Vec<Operation>>>,
+}
 
 impl Calls {
     pub fn seen(&self) -> BTreeSet<Operation> {
-        self.0.lock().unwrap().clone()
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Every call so far, in the order made.
+    pub fn log(&self) -> Vec<Operation> {
+        self.log.lock().unwrap().clone()
     }
 
     /// A plain-HTTP SDK client (the stand-ins speak HTTP) that records into these calls.
@@ -64,7 +73,8 @@ struct RecordingConnector {
 impl HttpConnector for RecordingConnector {
     fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
         if let Some(op) = operation_of(&request) {
-            self.calls.0.lock().unwrap().insert(op);
+            self.calls.seen.lock().unwrap().insert(op.clone());
+            self.calls.log.lock().unwrap().push(op);
         }
         self.inner.call(request)
     }

@@ -42,6 +42,19 @@ async fn request_with_offerings(store: &DynamoStore, id: &str, team_name: &str) 
     3
 }
 
+/// The due items as (request, status, due time).
+fn due_keys(
+    due: Vec<DueItem>,
+) -> Vec<(
+    capacity_pilot::domain::request::RequestId,
+    RequestStatus,
+    chrono::DateTime<chrono::Utc>,
+)> {
+    due.into_iter()
+        .map(|d| (d.request_id, d.status, d.next_action_at))
+        .collect()
+}
+
 async fn status_of(store: &DynamoStore, id: &str) -> RequestStatus {
     store
         .get_request(&request_id(id))
@@ -1644,12 +1657,8 @@ async fn a_splits_replacement_block_is_numbered_after_the_kept_block_and_the_req
         .unwrap();
     assert!(just_before.is_empty(), "{just_before:?}");
     assert_eq!(
-        store.due(&[Reserved], a.start()).await.unwrap(),
-        vec![DueItem {
-            request_id: request_id(id),
-            status: Reserved,
-            next_action_at: a.start(),
-        }]
+        due_keys(store.due(&[Reserved], a.start()).await.unwrap()),
+        vec![(request_id(id), Reserved, a.start())]
     );
 }
 
@@ -1696,12 +1705,8 @@ async fn a_window_update_while_searching_or_purchasing_changes_only_the_windows_
     assert_eq!(rec.next_action_at, Some(lease_expiry));
     assert_eq!(rec.due_at(), Some(lease_expiry.min(a.start())));
     assert_eq!(
-        store.due(&[Purchasing], lease_expiry).await.unwrap(),
-        vec![DueItem {
-            request_id: request_id(id),
-            status: Purchasing,
-            next_action_at: lease_expiry,
-        }]
+        due_keys(store.due(&[Purchasing], lease_expiry).await.unwrap()),
+        vec![(request_id(id), Purchasing, lease_expiry)]
     );
 
     // GIVEN the rest of the purchase released: Searching, next looking after A is over
@@ -1765,12 +1770,8 @@ async fn a_window_update_while_searching_or_purchasing_changes_only_the_windows_
         .unwrap();
     assert!(just_before.is_empty(), "{just_before:?}");
     assert_eq!(
-        store.due(&[Searching], drain).await.unwrap(),
-        vec![DueItem {
-            request_id: request_id(id),
-            status: Searching,
-            next_action_at: drain,
-        }]
+        due_keys(store.due(&[Searching], drain).await.unwrap()),
+        vec![(request_id(id), Searching, drain)]
     );
 }
 
@@ -1826,12 +1827,8 @@ async fn a_reserved_requests_windows_move_it_to_active_and_to_ended_and_stale_or
         (Active, 6, None, Some(drain))
     );
     assert_eq!(
-        store.due(&[Active], drain).await.unwrap(),
-        vec![DueItem {
-            request_id: request_id(id),
-            status: Active,
-            next_action_at: drain,
-        }]
+        due_keys(store.due(&[Active], drain).await.unwrap()),
+        vec![(request_id(id), Active, drain)]
     );
     assert!(store.due(&[Reserved], drain).await.unwrap().is_empty());
 
@@ -1970,12 +1967,8 @@ async fn a_request_written_before_windows_existed_reads_with_no_windows_and_its_
         .unwrap();
     assert!(just_before.is_empty(), "{just_before:?}");
     assert_eq!(
-        store.due(&[Searching], next_look).await.unwrap(),
-        vec![DueItem {
-            request_id: request_id(id),
-            status: Searching,
-            next_action_at: next_look,
-        }]
+        due_keys(store.due(&[Searching], next_look).await.unwrap()),
+        vec![(request_id(id), Searching, next_look)]
     );
 }
 
@@ -1991,10 +1984,219 @@ fn the_state_table_is_on_demand_with_ttl_point_in_time_recovery_and_encryption()
         true
     );
     assert_eq!(p["SSESpecification"]["SSEEnabled"], true);
-    let due = &p["GlobalSecondaryIndexes"][0];
-    assert_eq!(due["IndexName"], "due");
-    assert_eq!(due["KeySchema"][0]["AttributeName"], "gsi_status");
-    assert_eq!(due["KeySchema"][1]["AttributeName"], "gsi_due");
+    let work = &p["GlobalSecondaryIndexes"][0];
+    assert_eq!(work["IndexName"], "work");
+    assert_eq!(work["KeySchema"][0]["AttributeName"], "gsi_part");
+    assert_eq!(work["KeySchema"][1]["AttributeName"], "gsi_due");
+    let projected = work["Projection"]["NonKeyAttributes"].as_array().unwrap();
+    for a in ["status", "next_action_at", "windows", "slots", "event"] {
+        assert!(projected.iter().any(|p| p == a), "{a} is not projected");
+    }
+}
+
+#[tokio::test]
+async fn a_tick_reads_what_is_due_what_runs_and_what_is_unsent_in_one_query() {
+    use capacity_pilot::ports::WorkloadRecord;
+    use integration_tests::recorder::Calls;
+    // GIVEN a request due a minute ago, one due in an hour, one with nothing to do, one whose
+    // block runs (two instances recorded), each with its acceptance unsent
+    let table = TestTable::fresh().await.unwrap();
+    let calls = Calls::default();
+    let store = table.store_with(calls.http_client());
+    let now = t0() + Duration::days(3) + Duration::hours(13);
+    let mut due = new_request("due-now", "ml", Some(now - Duration::minutes(1)));
+    due.outbox = vec![event("due-now:accepted")];
+    store.create_request(due).await.unwrap();
+    store
+        .create_request(new_request(
+            "due-later",
+            "ml",
+            Some(now + Duration::hours(1)),
+        ))
+        .await
+        .unwrap();
+    store
+        .create_request(new_request("idle", "ml", None))
+        .await
+        .unwrap();
+    let id = "runs";
+    let a = block("cr-runs", "4000.00", 3, 2);
+    request_with_offerings(&store, id, "ml").await;
+    store
+        .begin_purchase(begin_purchase(id, 3, OfferingsFound, "w", t0(), None))
+        .await
+        .unwrap();
+    store
+        .record_reservation(record_reservation(id, "w", a.clone(), t0()))
+        .await
+        .unwrap();
+    let run = window_update(
+        &store,
+        id,
+        "cr-runs#0",
+        WindowState::Running,
+        a.start(),
+        "run",
+    )
+    .await;
+    store.update_windows(run).await.unwrap();
+    let slot = |n: u32| WorkloadRecord {
+        request_id: request_id(id),
+        reservation_id: "cr-runs".into(),
+        slot: n,
+        generation: 0,
+        resource_id: format!("i-{n}"),
+        state: "running".into(),
+        updated_at: a.start(),
+    };
+    for n in 0..2 {
+        store.put_workload(slot(n)).await.unwrap();
+    }
+    let before = calls.log().len();
+
+    // WHEN a tick reads its work
+    let agenda = store.agenda(now).await.unwrap();
+
+    // THEN one Query answered it: the due request, the running one with its slots as
+    // recorded, and every unsent item; nothing due later or idle
+    let made = &calls.log()[before..];
+    assert_eq!(made, [("dynamodb".to_string(), "Query".to_string())]);
+    let due: Vec<&str> = agenda.due.iter().map(|d| d.request_id.as_str()).collect();
+    assert_eq!(due, ["due-now"]);
+    assert_eq!(agenda.live.len(), 1);
+    let live = &agenda.live[0];
+    assert_eq!(
+        (live.request_id.as_str(), live.status),
+        (id, RequestStatus::Active)
+    );
+    assert_eq!(live.workloads, vec![slot(0), slot(1)]);
+    assert!(live.windows.iter().any(|w| w.state == WindowState::Running));
+    let unsent: Vec<&str> = agenda
+        .outbox
+        .iter()
+        .map(|o| o.event.event_key.as_str())
+        .collect();
+    assert_eq!(
+        unsent,
+        [
+            "due-later-accepted",
+            "due-now:accepted",
+            "idle-accepted",
+            "runs-accepted"
+        ]
+    );
+    assert_eq!(
+        agenda.status_of(&request_id(id)),
+        Some(RequestStatus::Active)
+    );
+    assert_eq!(agenda.status_of(&request_id("due-later")), None);
+
+    // ... and once its drain begins the request stays in every tick's read until it ends,
+    // and leaves it then
+    let drain = drain_at(&store, id, "cr-runs#0").await;
+    let stop = window_update(
+        &store,
+        id,
+        "cr-runs#0",
+        WindowState::Draining,
+        drain,
+        "drain",
+    )
+    .await;
+    store.update_windows(stop).await.unwrap();
+    let later = store.agenda(drain + Duration::minutes(1)).await.unwrap();
+    assert_eq!(later.live.len(), 1, "a draining window may still run");
+    let end = a.end() + Duration::minutes(1);
+    let ended = window_update(&store, id, "cr-runs#0", WindowState::Ended, end, "end").await;
+    store.update_windows(ended).await.unwrap();
+    let after = store.agenda(end).await.unwrap();
+    assert!(after.live.is_empty(), "{after:?}");
+    assert!(after.due.iter().all(|d| d.request_id.as_str() != id));
+}
+
+#[tokio::test]
+async fn every_state_change_leaves_a_history_item_read_back_in_order_and_archived_with_the_request()
+{
+    // GIVEN a request accepted, searched, found offerings, bought and a window run
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let id = "hist-1";
+    let a = block("cr-hist", "4000.00", 3, 2);
+    request_with_offerings(&store, id, "ml").await;
+    store
+        .begin_purchase(begin_purchase(id, 3, OfferingsFound, "w", t0(), None))
+        .await
+        .unwrap();
+    store
+        .record_reservation(record_reservation(id, "w", a.clone(), t0()))
+        .await
+        .unwrap();
+    let run = window_update(
+        &store,
+        id,
+        "cr-hist#0",
+        WindowState::Running,
+        a.start(),
+        "run",
+    )
+    .await;
+    store.update_windows(run).await.unwrap();
+    // ... and a stale write refused (it must leave no history)
+    let stale = transition(id, 2, Accepted, Searching, "stale");
+    assert_eq!(
+        store.transition(stale).await.unwrap(),
+        WriteOutcome::Conflict
+    );
+
+    // WHEN its history is read back
+    let h = store.history(&request_id(id)).await.unwrap();
+
+    // THEN each committed change is there once, oldest first, with from, to, reason, cause
+    let steps: Vec<(u64, Option<RequestStatus>, RequestStatus)> =
+        h.iter().map(|e| (e.version, e.from, e.to)).collect();
+    assert_eq!(
+        steps,
+        vec![
+            (1, None, Accepted),
+            (2, Some(Accepted), Searching),
+            (3, Some(Searching), OfferingsFound),
+            (4, Some(OfferingsFound), Purchasing),
+            (5, Some(Purchasing), Reserved),
+            (6, Some(Reserved), RequestStatus::Active),
+        ]
+    );
+    let last = h.last().unwrap();
+    assert_eq!(last.cause, "run");
+    assert_eq!(last.reason, "cr-hist#0 running");
+    assert_eq!(last.at, a.start());
+    assert!(
+        h.iter()
+            .all(|e| !e.reason.is_empty() && !e.cause.is_empty())
+    );
+
+    // ... and when the request ends, its history is archived with it
+    let end = a.end() + Duration::minutes(1);
+    let ended = window_update(&store, id, "cr-hist#0", WindowState::Ended, end, "end").await;
+    store.update_windows(ended).await.unwrap();
+    assert_eq!(status_of(&store, id).await, Ended);
+    let h = store.history(&request_id(id)).await.unwrap();
+    assert_eq!(
+        h.last().map(|e| (e.from, e.to)),
+        Some((Some(RequestStatus::Active), Ended))
+    );
+    for e in &h {
+        let item = raw_item(
+            &table,
+            &format!("REQ#{id}"),
+            &format!("HIST#{:010}", e.version),
+        )
+        .await;
+        assert!(
+            item.contains_key("expires_at"),
+            "history {} is not archived",
+            e.version
+        );
+    }
 }
 
 #[tokio::test]

@@ -29,8 +29,8 @@ use capacity_pilot::domain::window::{
 };
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
-    CapacityMarket, Cause, Clock, EventSink, InstanceFilter, PortError, RequestRecord, Settle,
-    Store, Transition, WindowUpdate, Workloads, WriteOutcome,
+    Agenda, CapacityMarket, Cause, Clock, DueItem, EventSink, InstanceFilter, PortError,
+    RequestRecord, Settle, Store, Transition, WindowUpdate, Workloads, WriteOutcome,
 };
 use capacity_pilot::workload::ec2_instances::ours;
 use capacity_pilot::workload::{self, DrainTarget};
@@ -103,6 +103,7 @@ pub struct Cleaner<S, M, W, E, C> {
 impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<S, M, W, E, C> {
     pub async fn handle(&self, ev: EventBridgeEvent<Value>) -> Result<Outcome, HandlerError> {
         let now = self.clock.now().await?;
+        let run = outbox::Run::start(&self.store);
         let base = ev.id.clone().unwrap_or_else(|| format!("{now}"));
         let mut out = Outcome::default();
         let mut errors: Vec<PortError> = Vec::new();
@@ -141,8 +142,19 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                 false
             }
         };
+        let mut agenda = None;
         if wake {
-            for item in self.store.due(&due_statuses(), now).await? {
+            let a = agenda.insert(self.store.agenda(now).await?);
+            // A request searching or buying is ours only for a window it holds.
+            let mine = |d: &DueItem| {
+                FOLLOWS_WINDOWS.contains(&d.status)
+                    || matches!(
+                        d.status,
+                        RequestStatus::RunningOnDemand | RequestStatus::RunningSpot
+                    )
+                    || d.window_due(now)
+            };
+            for item in a.due_in(&due_statuses()).into_iter().filter(mine) {
                 if done.contains(&item.request_id) {
                     continue;
                 }
@@ -157,13 +169,14 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         }
         if scheduled {
             for region in &self.config.allowed_regions {
-                if let Err(e) = self.sweep(region, &mut out).await {
+                if let Err(e) = self.sweep(region, agenda.as_ref(), &mut out).await {
                     warn!(region, error = %e, "sweeping orphaned instances failed");
                     errors.push(e);
                 }
             }
         }
-        out.published = outbox::flush(&self.store, &self.events).await?;
+        out.published =
+            outbox::flush(&self.store, &self.events, run.with_agenda(agenda.as_ref())).await?;
         decision::log(&out.decisions);
         decision::finish(out, errors)
     }
@@ -175,7 +188,12 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
     /// deployment (ARCHITECTURE §8.7): another stack's requests are not in this table, and
     /// an instance from before deployments were tagged may be another stack's. One failed
     /// terminate does not stop the sweep of the rest.
-    async fn sweep(&self, region: &str, out: &mut Outcome) -> Result<(), PortError> {
+    async fn sweep(
+        &self,
+        region: &str,
+        agenda: Option<&Agenda>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
         let found = self
             .workloads
             .describe_instances(
@@ -199,8 +217,13 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             let st = match status.get(&owner) {
                 Some(s) => *s,
                 None => {
+                    // The tick's read shows every request whose workloads may be running;
+                    // only an owner it does not show is read.
                     let s = match RequestId::parse(&owner) {
-                        Ok(id) => self.store.get_request(&id).await?.map(|r| r.status),
+                        Ok(id) => match agenda.and_then(|a| a.status_of(&id)) {
+                            Some(s) => Some(s),
+                            None => self.store.get_request(&id).await?.map(|r| r.status),
+                        },
                         Err(_) => None,
                     };
                     status.insert(owner.clone(), s);

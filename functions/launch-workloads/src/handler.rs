@@ -28,8 +28,9 @@ use capacity_pilot::domain::window::{
 };
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
-    BudgetMonth, Cause, Clock, Deadline, Debit, EventSink, LaunchMarket, OnDemandRun, PortError,
-    RequestRecord, Settle, Store, Transition, WallDeadline, WindowUpdate, Workloads, WriteOutcome,
+    BudgetMonth, Cause, Clock, Deadline, Debit, DueItem, EventSink, LaunchMarket, OnDemandRun,
+    PortError, RequestRecord, Settle, Store, Transition, WallDeadline, WindowUpdate, Workloads,
+    WriteOutcome,
 };
 use capacity_pilot::workload::refusal::{self, Placement};
 use capacity_pilot::workload::{self, Launch, Target};
@@ -88,6 +89,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         deadline: &dyn Deadline,
     ) -> Result<Outcome, HandlerError> {
         let now = self.clock.now().await?;
+        let run = outbox::Run::start(&self.store);
         let cause = Cause::new(ev.id.clone().unwrap_or_else(|| format!("{now}")));
         let mut out = Outcome::default();
         let mut errors = Vec::new();
@@ -111,9 +113,15 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 false
             }
         };
+        let mut agenda = None;
         if wake {
-            let due = self.store.due(&due_statuses(), now).await?;
-            for item in due {
+            let a = agenda.insert(self.store.agenda(now).await?);
+            // A window's launch, or an on-demand try: nothing else of a due request is ours.
+            let mine = |d: &DueItem| match d.status {
+                RequestStatus::TryingOnDemand => d.own_action_due(now),
+                _ => d.window_due(now),
+            };
+            for item in a.due_in(&due_statuses()).into_iter().filter(mine) {
                 if let Err(e) = self
                     .process(&item.request_id, &cause, now, deadline, &mut out)
                     .await
@@ -123,7 +131,8 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 }
             }
         }
-        out.published = outbox::flush(&self.store, &self.events).await?;
+        out.published =
+            outbox::flush(&self.store, &self.events, run.with_agenda(agenda.as_ref())).await?;
         decision::log(&out.decisions);
         decision::finish(out, errors)
     }

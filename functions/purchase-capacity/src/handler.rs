@@ -73,23 +73,21 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         let detail_type = ev.detail_type.clone();
         let source = ev.source.clone();
         let mut errors = Vec::new();
+        let run = outbox::Run::start(&self.store);
+        let mut agenda = None;
 
         match detail_type.as_str() {
             "Scheduled Event" if source == "aws.events" => {
-                let due = self
-                    .store
-                    .due(
-                        &[
-                            RequestStatus::OfferingsFound,
-                            RequestStatus::AwaitingApproval,
-                            RequestStatus::Purchasing,
-                            // Bought, until AWS reports each reservation scheduled.
-                            RequestStatus::Reserved,
-                        ],
-                        now,
-                    )
-                    .await?;
-                for item in due {
+                let a = agenda.insert(self.store.agenda(now).await?);
+                let due = a.due_in(&[
+                    RequestStatus::OfferingsFound,
+                    RequestStatus::AwaitingApproval,
+                    RequestStatus::Purchasing,
+                    // Bought, until AWS reports each reservation scheduled.
+                    RequestStatus::Reserved,
+                ]);
+                // Due for one of its windows only (launch and cleanup's): not read.
+                for item in due.into_iter().filter(|d| d.own_action_due(now)) {
                     let rec = match self.store.get_request(&item.request_id).await {
                         Ok(Some(rec)) => rec,
                         Ok(None) => continue,
@@ -157,7 +155,8 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 );
             }
         }
-        out.published = outbox::flush(&self.store, &self.events).await?;
+        out.published =
+            outbox::flush(&self.store, &self.events, run.with_agenda(agenda.as_ref())).await?;
         decision::log(&out.decisions);
         let errors = errors.into_iter().map(HandlerError::into_port).collect();
         decision::finish(out, errors)

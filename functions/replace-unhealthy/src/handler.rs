@@ -23,12 +23,13 @@ use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG};
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::reservation::Reservation;
+use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::time_rules::{LAUNCH_FUNCTION_TIMEOUT, LISTING_LAG_BOUND};
 use capacity_pilot::domain::window::{self, DrainLead, WindowState};
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
-    Clock, EventSink, InstanceFilter, InstanceHealth, InstanceInfo, PortError, RequestRecord,
-    Store, WorkloadRecord, Workloads,
+    Clock, EventSink, InstanceFilter, InstanceHealth, InstanceInfo, LiveRequest, PortError,
+    RequestRecord, Store, WorkloadRecord, Workloads,
 };
 use capacity_pilot::workload;
 use capacity_pilot::workload::ec2_instances::{self, Replacement};
@@ -62,6 +63,8 @@ pub struct Replacer<S, W, E, C> {
 /// Why a slot needs a new instance.
 enum Verdict {
     Healthy,
+    /// Not listed by EC2, but recorded less than the listing lag's bound ago: left alone.
+    Unlisted,
     Unhealthy(String),
     /// Already terminated by us; the launch is still to succeed.
     Pending,
@@ -70,25 +73,14 @@ enum Verdict {
 impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
     pub async fn handle(&self, ev: EventBridgeEvent<Value>) -> Result<Outcome, HandlerError> {
         let now = self.clock.now().await?;
+        let run = outbox::Run::start(&self.store);
         let mut out = Outcome::default();
-        // Request -> instance ids an AWS Health event names.
-        let mut targets: BTreeMap<RequestId, BTreeSet<String>> = BTreeMap::new();
+        // Which requests to look at: every live one on a tick, the owners an event names
+        // (with the instances a Health event names).
+        let mut named: Option<BTreeMap<RequestId, BTreeSet<String>>> = None;
         let region = ev.region.clone().unwrap_or_default();
         match (ev.detail_type.as_str(), ev.source.as_str()) {
-            ("Scheduled Event", "aws.events") => {
-                // Status checks come only from polling (aws-reference.md section 6.3).
-                for region in &self.config.allowed_regions {
-                    let filter = InstanceFilter {
-                        managed_only: true,
-                        ..Default::default()
-                    };
-                    for i in self.workloads.describe_instances(region, &filter).await? {
-                        if let Some(id) = managed_request(&i) {
-                            targets.entry(id).or_default();
-                        }
-                    }
-                }
-            }
+            ("Scheduled Event", "aws.events") => {}
             (STATE_CHANGE, "aws.ec2") => {
                 let instance_id = ev
                     .detail
@@ -97,6 +89,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                     .unwrap_or_default();
                 let state = ev.detail.get("state").and_then(Value::as_str);
                 info!(instance_id, state, "instance state change");
+                let targets = named.insert(BTreeMap::new());
                 if !instance_id.is_empty() {
                     for id in self.owners(&region, &[instance_id.to_string()]).await? {
                         targets.entry(id).or_default();
@@ -111,6 +104,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                 let relevant = service == Some("EC2")
                     && matches!(category, Some("issue" | "scheduledChange"))
                     && status != Some("closed");
+                let targets = named.insert(BTreeMap::new());
                 if relevant {
                     let ids = health_instance_ids(&ev);
                     let region = d
@@ -137,18 +131,83 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                     detail_type = other,
                     source, "ignoring an event this function does not handle"
                 );
+                named = Some(BTreeMap::new());
             }
         }
+        if named.as_ref().is_some_and(BTreeMap::is_empty) {
+            out.published += outbox::flush(&self.store, &self.events, run).await?;
+            decision::log(&out.decisions);
+            return decision::finish(out, Vec::new());
+        }
+        // The tick's one read: the requests whose workloads may run, with their slots.
+        let agenda = self.store.agenda(now).await?;
         let mut errors = Vec::new();
-        for (id, flagged) in &targets {
-            if let Err(e) = self.process(id, flagged, now, &mut out).await {
-                warn!(request_id = %id, error = %e, "replacement step failed");
+        let mut listing: Option<BTreeMap<String, InstanceInfo>> = None;
+        let none = BTreeSet::new();
+        for live in &agenda.live {
+            let flagged = match &named {
+                None => &none,
+                Some(n) => match n.get(&live.request_id) {
+                    Some(f) => f,
+                    None => continue,
+                },
+            };
+            let watched = watched_slots(live, now);
+            if watched.is_empty() {
+                if named.is_some() {
+                    out.decisions.push(ignored(&live.request_id, live.status));
+                }
+                continue;
+            }
+            // Status checks come only from polling (aws-reference.md section 6.3): one
+            // listing of the managed instances per region serves every request.
+            let seen = match &mut listing {
+                Some(l) => &*l,
+                None => listing.insert(self.listing().await?),
+            };
+            let suspect = watched
+                .iter()
+                .any(|s| !matches!(verdict(s, seen, flagged, now).0, Verdict::Healthy));
+            if !suspect {
+                continue;
+            }
+            if let Err(e) = self
+                .process(&live.request_id, flagged, seen, now, &mut out)
+                .await
+            {
+                warn!(request_id = %live.request_id, error = %e, "replacement step failed");
                 errors.push(e);
             }
         }
-        out.published += outbox::flush(&self.store, &self.events).await?;
+        for id in named.iter().flat_map(BTreeMap::keys) {
+            if !agenda.live.iter().any(|l| &l.request_id == id) {
+                out.decisions.push(Decision::new(
+                    id,
+                    "ignored",
+                    "instances are replaced only in a running window before its drain; the \
+                     request has nothing running",
+                ));
+            }
+        }
+        out.published +=
+            outbox::flush(&self.store, &self.events, run.with_agenda(Some(&agenda))).await?;
         decision::log(&out.decisions);
         decision::finish(out, errors)
+    }
+
+    /// Every managed instance in the allowed regions, by id.
+    async fn listing(&self) -> Result<BTreeMap<String, InstanceInfo>, PortError> {
+        let mut seen = BTreeMap::new();
+        for region in &self.config.allowed_regions {
+            let filter = InstanceFilter {
+                managed_only: true,
+                ..Default::default()
+            };
+            for i in self.workloads.describe_instances(region, &filter).await? {
+                seen.insert(i.instance_id.clone(), i);
+            }
+        }
+        Ok(seen)
     }
 
     async fn describe_managed(
@@ -180,10 +239,13 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             .collect())
     }
 
+    /// A request the tick's read shows a suspect slot of: decided on what a consistent read
+    /// of it says now.
     async fn process(
         &self,
         id: &RequestId,
         flagged: &BTreeSet<String>,
+        seen: &BTreeMap<String, InstanceInfo>,
         now: DateTime<Utc>,
         out: &mut Outcome,
     ) -> Result<(), PortError> {
@@ -212,14 +274,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             .map(|w| w.reservation.id)
             .collect();
         if running.is_empty() {
-            out.decisions.push(Decision::new(
-                id,
-                "ignored",
-                format!(
-                    "instances are replaced only in a running window before its drain; none is (the request is {})",
-                    rec.status
-                ),
-            ));
+            out.decisions.push(ignored(id, rec.status));
             return Ok(());
         }
         let reservations: BTreeMap<String, Reservation> = held
@@ -238,67 +293,17 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         if slots.is_empty() {
             return Ok(());
         }
-        let regions: BTreeSet<&str> = reservations.values().map(|r| r.region.as_str()).collect();
-        let mut seen: BTreeMap<String, InstanceInfo> = BTreeMap::new();
-        for region in regions {
-            let filter = InstanceFilter {
-                request_id: Some(id.clone()),
-                managed_only: true,
-                ..Default::default()
-            };
-            for i in self.workloads.describe_instances(region, &filter).await? {
-                seen.insert(i.instance_id.clone(), i);
-            }
-        }
-
         let mut work: Vec<(WorkloadRecord, Verdict)> = Vec::new();
         for slot in slots {
-            let verdict = if slot.state == REPLACING {
-                Verdict::Pending
-            } else {
-                match seen.get(&slot.resource_id) {
-                    // Describe* lags new instances (aws-reference §11.3): one recorded less
-                    // than the listing-lag bound ago may be there unlisted.
-                    None if now - slot.updated_at < LISTING_LAG_BOUND => {
-                        out.decisions.push(Decision::new(
-                            id,
-                            "waiting",
-                            format!(
-                                "{} in slot {} of {} is not listed by EC2 yet; it was recorded \
-                                 at {}, less than the listing lag's {} min bound ago, so it is \
-                                 not replaced",
-                                slot.resource_id,
-                                slot.slot,
-                                slot.reservation_id,
-                                slot.updated_at,
-                                LISTING_LAG_BOUND.num_minutes()
-                            ),
-                        ));
-                        Verdict::Healthy
-                    }
-                    None => Verdict::Unhealthy(format!(
-                        "EC2 has not listed it in the {} min since it was recorded",
-                        LISTING_LAG_BOUND.num_minutes()
-                    )),
-                    Some(i) if !is_managed(i) => Verdict::Healthy,
-                    Some(i) if flagged.contains(&i.instance_id) => {
-                        Verdict::Unhealthy("an AWS Health event names it".into())
-                    }
-                    Some(i) if !i.state.is_live() => {
-                        Verdict::Unhealthy(format!("it is unexpectedly {}", i.state.as_str()))
-                    }
-                    Some(i) if i.health == InstanceHealth::Impaired => {
-                        Verdict::Unhealthy("its status checks are impaired".into())
-                    }
-                    Some(_) => Verdict::Healthy,
-                }
-            };
-            work.push((slot, verdict));
+            let (v, note) = verdict(&slot, seen, flagged, now);
+            out.decisions
+                .extend(note.map(|n| Decision::new(id, "waiting", n)));
+            work.push((slot, v));
         }
         let total = work.len();
         let bad = work
             .iter()
-            .filter(|(_, v)| !matches!(v, Verdict::Healthy))
+            .filter(|(_, v)| !matches!(v, Verdict::Healthy | Verdict::Unlisted))
             .count();
         if bad == 0 {
             return Ok(());
@@ -321,7 +326,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         for (slot, verdict) in work {
             let reservation = &reservations[&slot.reservation_id];
             match verdict {
-                Verdict::Healthy => {}
+                Verdict::Healthy | Verdict::Unlisted => {}
                 Verdict::Pending => {
                     let zone = seen
                         .get(&slot.resource_id)
@@ -481,6 +486,83 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         ));
         Ok(())
     }
+}
+
+fn ignored(id: &RequestId, status: RequestStatus) -> Decision {
+    Decision::new(
+        id,
+        "ignored",
+        format!(
+            "instances are replaced only in a running window before its drain; none is (the \
+             request is {status})"
+        ),
+    )
+}
+
+/// What EC2's listing `seen` says of a slot, and a note when it is left alone unlisted.
+fn verdict(
+    slot: &WorkloadRecord,
+    seen: &BTreeMap<String, InstanceInfo>,
+    flagged: &BTreeSet<String>,
+    now: DateTime<Utc>,
+) -> (Verdict, Option<String>) {
+    if slot.state == REPLACING {
+        return (Verdict::Pending, None);
+    }
+    let v = match seen.get(&slot.resource_id) {
+        // Describe* lags new instances (aws-reference §11.3): one recorded less than the
+        // listing-lag bound ago may be there unlisted.
+        None if now - slot.updated_at < LISTING_LAG_BOUND => {
+            return (
+                Verdict::Unlisted,
+                Some(format!(
+                    "{} in slot {} of {} is not listed by EC2 yet; it was recorded at {}, less \
+                     than the listing lag's {} min bound ago, so it is not replaced",
+                    slot.resource_id,
+                    slot.slot,
+                    slot.reservation_id,
+                    slot.updated_at,
+                    LISTING_LAG_BOUND.num_minutes()
+                )),
+            );
+        }
+        None => Verdict::Unhealthy(format!(
+            "EC2 has not listed it in the {} min since it was recorded",
+            LISTING_LAG_BOUND.num_minutes()
+        )),
+        Some(i) if !is_managed(i) => Verdict::Healthy,
+        Some(i) if flagged.contains(&i.instance_id) => {
+            Verdict::Unhealthy("an AWS Health event names it".into())
+        }
+        Some(i) if !i.state.is_live() => {
+            Verdict::Unhealthy(format!("it is unexpectedly {}", i.state.as_str()))
+        }
+        Some(i) if i.health == InstanceHealth::Impaired => {
+            Verdict::Unhealthy("its status checks are impaired".into())
+        }
+        Some(_) => Verdict::Healthy,
+    };
+    (v, None)
+}
+
+/// The instance slots of a live request's running windows whose drain a replacement started
+/// now would not reach, as the tick's read shows them.
+fn watched_slots(live: &LiveRequest, now: DateTime<Utc>) -> Vec<WorkloadRecord> {
+    let running: BTreeSet<&str> = live
+        .windows
+        .iter()
+        .filter(|w| {
+            w.state == WindowState::Running
+                && w.next_action_at
+                    .is_some_and(|drain| now + LAUNCH_FUNCTION_TIMEOUT < drain)
+        })
+        .map(|w| w.key.rsplit_once('#').map_or(w.key.as_str(), |(r, _)| r))
+        .collect();
+    live.workloads
+        .iter()
+        .filter(|w| running.contains(w.reservation_id.as_str()) && w.resource_id.starts_with("i-"))
+        .cloned()
+        .collect()
 }
 
 fn is_managed(i: &InstanceInfo) -> bool {

@@ -70,22 +70,20 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
         let cause = Cause::new(event_id.clone());
         let mut out = Outcome::default();
         let mut errors = Vec::new();
+        let run = outbox::Run::start(&self.store);
+        let mut agenda = None;
 
         match (ev.detail_type.as_str(), ev.source.as_str()) {
             ("Scheduled Event", "aws.events") => {
-                let due = self
-                    .store
-                    .due(
-                        &[
-                            RequestStatus::Accepted,
-                            RequestStatus::Searching,
-                            RequestStatus::NotFound,
-                        ],
-                        now,
-                    )
-                    .await?;
+                let a = agenda.insert(self.store.agenda(now).await?);
+                let due = a.due_in(&[
+                    RequestStatus::Accepted,
+                    RequestStatus::Searching,
+                    RequestStatus::NotFound,
+                ]);
                 let mut records = Vec::new();
-                for item in due {
+                // Due for one of its windows only (launch and cleanup's): not read.
+                for item in due.into_iter().filter(|d| d.own_action_due(now)) {
                     if let Some(r) = self.store.get_request(&item.request_id).await?
                         // Due for one of its windows (launch and cleanup's), not for a search.
                         && r.own_action_due(now)
@@ -109,7 +107,8 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
                 );
             }
         }
-        out.published = outbox::flush(&self.store, &self.events).await?;
+        out.published =
+            outbox::flush(&self.store, &self.events, run.with_agenda(agenda.as_ref())).await?;
         decision::log(&out.decisions);
         decision::finish(out, errors)
     }

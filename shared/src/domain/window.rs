@@ -383,6 +383,26 @@ pub fn summary(records: &[WindowRecord]) -> Option<RequestStatus> {
 
 /// When the request is due: the earliest of its own next action (its search, its lease) and
 /// its windows'.
+/// Whether what a request in `status` with these windows launched may be running now: a
+/// window launching, running, stopping or draining, or an on-demand or spot run. Such a
+/// request is in every tick's read (ARCHITECTURE §8.14), so replace-unhealthy sees its
+/// workloads and cleanup's sweep its status without reading it.
+pub fn may_be_running(status: RequestStatus, records: &[WindowRecord]) -> bool {
+    !status.is_terminal()
+        && (matches!(
+            status,
+            RequestStatus::RunningOnDemand | RequestStatus::RunningSpot
+        ) || records.iter().any(|r| {
+            matches!(
+                r.state,
+                WindowState::Launching
+                    | WindowState::Running
+                    | WindowState::Stopping
+                    | WindowState::Draining
+            )
+        }))
+}
+
 pub fn next_action_at(
     own: Option<DateTime<Utc>>,
     records: &[WindowRecord],

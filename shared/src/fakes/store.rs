@@ -20,10 +20,11 @@ use crate::domain::reservation::Reservation;
 use crate::domain::status::RequestStatus;
 use crate::domain::window;
 use crate::ports::{
-    BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
-    KeepCancellation, LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, Pacing, PortError,
-    RecordReservation, ReleaseUnbought, RequestRecord, Store, Tombstone, TombstoneOutcome,
-    Transition, WindowUpdate, WorkloadRecord, WriteOutcome, outbox_seq,
+    Agenda, BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
+    HistoryEntry, KeepCancellation, LeaseWriteOutcome, LiveRequest, NewRequest, OutboundEvent,
+    OutboxItem, Pacing, PortError, RecordReservation, ReleaseUnbought, RequestRecord, Store,
+    Tombstone, TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord, WriteOutcome,
+    outbox_seq,
 };
 use crate::search::{Allowance, DESCRIBE_PACE};
 
@@ -53,6 +54,8 @@ pub enum StoreOp {
     MarkSent,
     ClaimOutbox,
     Due,
+    Agenda,
+    History,
 }
 
 impl StoreOp {
@@ -80,6 +83,8 @@ struct Stored {
     open_debit_ledger: Option<(Team, BudgetMonth)>,
     /// Set by a transition into a terminal status.
     expires_at: Option<DateTime<Utc>>,
+    /// The status before the write being committed, for its history entry.
+    changed_from: Option<RequestStatus>,
 }
 
 #[derive(Debug, Clone)]
@@ -102,6 +107,9 @@ struct State {
     outbox: BTreeMap<(String, String), OutboxEntry>,
     ledger: BTreeMap<(Team, BudgetMonth), i64>,
     tombstones: BTreeMap<RequestId, Tombstone>,
+    history: BTreeMap<RequestId, Vec<HistoryEntry>>,
+    /// Committed writes of requests ([`Store::outbox_writes`]).
+    writes: u64,
     /// Each region's Capacity Block search allowance ([`Pacing`]).
     allowances: BTreeMap<String, Allowance>,
     retention: Duration,
@@ -231,6 +239,7 @@ impl InMemoryStore {
                 record,
                 open_debit_ledger,
                 expires_at,
+                changed_from: None,
             },
         );
     }
@@ -473,6 +482,27 @@ impl State {
     ) {
         self.events
             .insert((id.clone(), cause.event_id.clone()), at + self.retention);
+        self.writes += 1;
+        if let Some(stored) = self.requests.get_mut(id) {
+            let r = &stored.record;
+            let entry = HistoryEntry {
+                version: r.version,
+                from: if r.version == 1 {
+                    None
+                } else {
+                    stored.changed_from
+                },
+                to: r.status,
+                reason: r.reason.clone(),
+                cause: cause.event_id.clone(),
+                at,
+            };
+            let log = self.history.entry(id.clone()).or_default();
+            // A tombstone's commit writes no version of the request.
+            if log.last().is_none_or(|l| l.version < entry.version) {
+                log.push(entry);
+            }
+        }
         let version = self.requests.get(id).map_or(0, |r| r.record.version);
         for (i, ev) in outbox.iter().enumerate() {
             let seq = outbox_seq(version, i);
@@ -507,6 +537,7 @@ impl State {
             .requests
             .get_mut(id)
             .expect("the caller checked the request exists");
+        stored.changed_from = Some(stored.record.status);
         let r = &mut stored.record;
         r.status = to;
         r.version += 1;
@@ -574,6 +605,7 @@ impl State {
                 record,
                 open_debit_ledger: None,
                 expires_at: status.is_terminal().then(|| new.at + self.retention),
+                changed_from: None,
             },
         );
         self.commit(&id, &new.caused_by, new.at, &new.outbox);
@@ -731,6 +763,7 @@ impl State {
             return Ok(WriteOutcome::Conflict);
         }
         let stored = self.requests.get_mut(&u.request_id).expect("checked above");
+        stored.changed_from = Some(stored.record.status);
         let r = &mut stored.record;
         r.version += 1;
         r.reason = u.reason;
@@ -1212,6 +1245,68 @@ impl Store for InMemoryStore {
         finish(after, Ok(()))
     }
 
+    async fn agenda(&self, now: DateTime<Utc>) -> Result<Agenda, PortError> {
+        self.pause().await;
+        let after = self.begin(StoreOp::Agenda)?;
+        let mut s = lock(&self.state);
+        s.observe(now);
+        let mut a = Agenda::default();
+        for r in s.requests.values().filter(|r| !s.expired(r.expires_at)) {
+            let rec = &r.record;
+            if let Some(at) = rec.due_at()
+                && at <= now
+            {
+                a.due.push(DueItem {
+                    request_id: rec.request_id.clone(),
+                    status: rec.status,
+                    next_action_at: at,
+                    own_action_at: rec.next_action_at,
+                    window_action_at: window::next_action_at(None, &rec.windows),
+                });
+            }
+            if window::may_be_running(rec.status, &rec.windows) {
+                a.live.push(LiveRequest {
+                    request_id: rec.request_id.clone(),
+                    status: rec.status,
+                    windows: rec.windows.clone(),
+                    workloads: s
+                        .workloads
+                        .get(&rec.request_id)
+                        .map(|m| m.values().cloned().collect())
+                        .unwrap_or_default(),
+                });
+            }
+        }
+        a.due.sort_by(|x, y| {
+            (x.next_action_at, &x.request_id).cmp(&(y.next_action_at, &y.request_id))
+        });
+        a.outbox = s
+            .outbox
+            .values()
+            .filter(|e| !e.sent && !s.expired(e.expires_at))
+            .map(|e| e.item.clone())
+            .collect();
+        a.outbox
+            .sort_by(|x, y| outbox_order(x).cmp(&outbox_order(y)));
+        finish(after, Ok(a))
+    }
+
+    fn outbox_writes(&self) -> u64 {
+        lock(&self.state).writes
+    }
+
+    async fn history(&self, request_id: &RequestId) -> Result<Vec<HistoryEntry>, PortError> {
+        self.pause().await;
+        let after = self.begin(StoreOp::History)?;
+        let s = lock(&self.state);
+        let found = if s.children_visible(request_id) {
+            s.history.get(request_id).cloned().unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        finish(after, Ok(found))
+    }
+
     async fn due(
         &self,
         statuses: &[RequestStatus],
@@ -1232,6 +1327,8 @@ impl Store for InMemoryStore {
                     request_id: r.record.request_id.clone(),
                     status: r.record.status,
                     next_action_at: at,
+                    own_action_at: r.record.next_action_at,
+                    window_action_at: window::next_action_at(None, &r.record.windows),
                 })
             })
             .collect();

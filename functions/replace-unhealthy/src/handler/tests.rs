@@ -120,6 +120,9 @@ impl World {
             .into_iter()
             .map(|mut x| {
                 x.state = WindowState::Running;
+                // A running window is next due at its drain (`Window::next_action_in`),
+                // well before the block's end at +26 h.
+                x.next_action_at = Some(t0() + Duration::hours(24));
                 x
             })
             .collect();

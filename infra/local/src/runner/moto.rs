@@ -181,9 +181,12 @@ impl Moto {
         Ok(())
     }
 
-    /// The earliest due time on the table's `due` index (the sparse index every function's
-    /// schedule reads its work from), if any item carries one. For scheduling only. The
-    /// index is scanned again only after a request that may have written.
+    /// The earliest due time on the table's work index (the sparse index every function's
+    /// schedule reads its work from), if any item carries one: a request's exact
+    /// `next_action_at` (a live request sits in the index earlier, at its last write, so
+    /// every tick reads it), else the index's own time (an unsent outbox item's is 0: due
+    /// now). For scheduling only. The index is scanned again only after a request that may
+    /// have written.
     pub async fn earliest_due(
         &self,
         table: &str,
@@ -220,19 +223,23 @@ impl Moto {
             let mut input = json!({
                 "TableName": table,
                 "IndexName": index_name,
-                "ProjectionExpression": "#d",
-                "ExpressionAttributeNames": {"#d": due_attr},
+                "ProjectionExpression": "#d, #n",
+                "ExpressionAttributeNames": {"#d": due_attr, "#n": "next_action_at"},
             });
             if let Some(k) = start.take() {
                 input["ExclusiveStartKey"] = k;
             }
             let out = self.call("Scan", &input).await?;
             for item in out["Items"].as_array().into_iter().flatten() {
-                if let Some(n) = item[due_attr]["N"]
+                let exact = item["next_action_at"]["S"]
+                    .as_str()
+                    .and_then(|t| t.parse::<DateTime<Utc>>().ok())
+                    .map(|t| t.timestamp());
+                let indexed = item[due_attr]["N"]
                     .as_str()
                     .and_then(|n| n.parse::<f64>().ok())
-                {
-                    let n = n as i64;
+                    .map(|n| n as i64);
+                if let Some(n) = exact.or(indexed) {
                     earliest = Some(earliest.map_or(n, |e| e.min(n)));
                 }
             }

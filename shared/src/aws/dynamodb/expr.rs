@@ -34,6 +34,20 @@ impl Expr {
         placeholder
     }
 
+    /// The placeholder of a name that is data, not one of ours (a map key): numbered, since
+    /// the name may hold characters a placeholder may not.
+    pub(super) fn data_name(&mut self, name: &str) -> String {
+        let placeholder = format!("#k{}", self.names.len());
+        self.names.insert(placeholder.clone(), name.to_string());
+        placeholder
+    }
+
+    /// `SET path = value`, both already placeholders (a map entry: `#map.#key`).
+    pub(super) fn set_path(&mut self, path: String, value: String) -> &mut Expr {
+        self.sets.push(format!("{path} = {value}"));
+        self
+    }
+
     pub(super) fn set(&mut self, attr: &str, v: AttributeValue) -> &mut Expr {
         let (n, p) = (self.name(attr), self.value(v));
         self.sets.push(format!("{n} = {p}"));

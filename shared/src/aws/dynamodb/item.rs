@@ -6,15 +6,25 @@
 //! | `REQ#<id>`                | `META`                             | the request              |
 //! | `REQ#<id>`                | `OFFER#<nnnn>`                     | a candidate plan         |
 //! | `REQ#<id>`                | `RES#<reservation>`                | a reservation            |
-//! | `REQ#<id>`                | `RES#<reservation>#SLOT#<nnnnn>`   | an instance/job/...      |
+//! | `REQ#<id>`                | `SLOT#<reservation>#<nnnnn>`       | an instance/job/...      |
+//! | `REQ#<id>`                | `HIST#<nnnnnnnnnn>`                | a state change (version) |
 //! | `REQ#<id>`                | `EVENT#<event id>`                 | a processed event        |
 //! | `REQ#<id>`                | `OUTBOX#<event key>`               | an event to publish      |
 //! | `BUDGET#<team>#<yyyy-mm>` | `LEDGER`                           | a team's monthly spend   |
 //!
 //! The request's windows (`domain::window`) live on its META item, as JSON in `windows`, so a
-//! window's step and the status it implies are one conditional write. `next_action_at` and
-//! the `due` index hold when the request is due: the earliest of its status's own next
-//! action (kept in `own_next_action_at` once it has windows) and its windows'.
+//! window's step and the status it implies are one conditional write. `next_action_at` holds
+//! when the request is due: the earliest of its status's own next action (kept in
+//! `own_next_action_at` once it has windows) and its windows'. META also keeps `slots`, a
+//! copy of each workload record (a map from `<reservation>#<slot>` to its JSON) written in
+//! the same transaction as the record, so the index row shows what runs.
+//!
+//! The `work` index has one partition (`gsi_part = WORK`) ordered by `gsi_due` (epoch
+//! seconds): a request with a next action is in it at that time, a request whose workloads
+//! may be running (a launching, running, stopping or draining window, an on-demand or spot
+//! run) at the time of its last write, so it is in every later tick's range, and an unsent
+//! outbox item at its creation. One Query `gsi_part = WORK AND gsi_due <= now` is a tick's
+//! whole read; what is due is filtered in code by the exact `next_action_at`.
 //!
 //! Money is a decimal string inside the JSON documents, and integer micro-USD (`N`) in the
 //! ledger and the request's debit attributes. Times are RFC 3339 strings; epoch numbers sit
@@ -39,10 +49,10 @@ pub(super) type Item = HashMap<String, AttributeValue>;
 /// How long ended items stay before DynamoDB's TTL removes them.
 pub const ARCHIVE_AFTER: TimeDelta = TimeDelta::days(90);
 
-/// The sparse index serving due work and unsent outbox items.
-pub(super) const DUE_INDEX: &str = "due";
-/// The index partition of unsent outbox items (no request status is spelled so).
-pub(super) const OUTBOX_PARTITION: &str = "OUTBOX";
+/// The sparse index serving a tick: due and running requests and unsent outbox items.
+pub(super) const WORK_INDEX: &str = "work";
+/// The index's one partition.
+pub(super) const WORK_PARTITION: &str = "WORK";
 
 pub(super) mod attr {
     pub const PK: &str = "pk";
@@ -64,7 +74,8 @@ pub(super) mod attr {
     pub const OWN_NEXT_ACTION_AT: &str = "own_next_action_at";
     /// The request's window records (`domain::window::WindowRecord`), as JSON.
     pub const WINDOWS: &str = "windows";
-    pub const GSI_STATUS: &str = "gsi_status";
+    /// The `work` index's partition key: [`WORK_PARTITION`](super::WORK_PARTITION) while in it.
+    pub const GSI_PART: &str = "gsi_part";
     /// Epoch seconds.
     pub const GSI_DUE: &str = "gsi_due";
     pub const LEASE_TOKEN: &str = "lease_token";
@@ -107,6 +118,12 @@ pub(super) mod attr {
     pub const SLOT: &str = "slot";
     pub const GENERATION: &str = "generation";
     pub const RESOURCE_ID: &str = "resource_id";
+    /// On META: each workload record's JSON by `<reservation>#<slot>` (a map).
+    pub const SLOTS: &str = "slots";
+    /// A history item's statuses and cause.
+    pub const FROM: &str = "from";
+    pub const TO: &str = "to";
+    pub const CAUSE: &str = "cause";
 }
 
 pub(super) mod kind {
@@ -118,6 +135,7 @@ pub(super) mod kind {
     pub const OUTBOX: &str = "outbox";
     pub const LEDGER: &str = "ledger";
     pub const TOMBSTONE: &str = "tombstone";
+    pub const HISTORY: &str = "history";
     /// A region's search allowance (`PACE#<region>`).
     pub const PACE: &str = "pace";
 }
@@ -130,6 +148,8 @@ pub(super) const TOMBSTONE_SK: &str = "TOMBSTONE";
 /// candidates in one query.
 pub(super) const AFTER_OFFERS: &str = "OFFER$";
 pub(super) const RES_PREFIX: &str = "RES#";
+pub(super) const SLOT_PREFIX: &str = "SLOT#";
+pub(super) const HIST_PREFIX: &str = "HIST#";
 
 pub(super) fn request_pk(id: &str) -> String {
     format!("REQ#{id}")
@@ -141,7 +161,14 @@ pub(super) fn reservation_sk(reservation_id: &str) -> String {
     format!("{RES_PREFIX}{reservation_id}")
 }
 pub(super) fn workload_sk(reservation_id: &str, slot: u32) -> String {
-    format!("{RES_PREFIX}{reservation_id}#SLOT#{slot:05}")
+    format!("{SLOT_PREFIX}{}", slot_key(reservation_id, slot))
+}
+/// A workload's key in META's `slots` map.
+pub(super) fn slot_key(reservation_id: &str, slot: u32) -> String {
+    format!("{reservation_id}#{slot:05}")
+}
+pub(super) fn history_sk(version: u64) -> String {
+    format!("{HIST_PREFIX}{version:010}")
 }
 pub(super) fn event_sk(event_id: &str) -> String {
     format!("EVENT#{event_id}")

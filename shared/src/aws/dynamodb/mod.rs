@@ -10,6 +10,8 @@ mod expr;
 mod item;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::{
@@ -22,9 +24,10 @@ pub use item::ARCHIVE_AFTER;
 use self::error::{Call, Committed, permanent, sdk_error, transaction_result, transient};
 use self::expr::Expr;
 use self::item::{
-    AFTER_OFFERS, DUE_INDEX, Item, LEDGER_SK, META_SK, Meta, OUTBOX_PARTITION, RES_PREFIX, Read,
-    TOMBSTONE_SK, archive_at, attr, budget_pk, epoch_micros, event_sk, is_expired, json, key, kind,
-    n, offer_sk, outbox_sk, read_meta, request_pk, reservation_sk, s, time, workload_sk,
+    AFTER_OFFERS, HIST_PREFIX, Item, LEDGER_SK, META_SK, Meta, RES_PREFIX, Read, SLOT_PREFIX,
+    TOMBSTONE_SK, WORK_INDEX, WORK_PARTITION, archive_at, attr, budget_pk, epoch_micros, event_sk,
+    history_sk, is_expired, json, key, kind, n, offer_sk, outbox_sk, read_meta, request_pk,
+    reservation_sk, s, slot_key, time, workload_sk,
 };
 use crate::domain::money::MicroUsd;
 use crate::domain::planner::Plan;
@@ -33,10 +36,11 @@ use crate::domain::reservation::Reservation;
 use crate::domain::status::RequestStatus;
 use crate::domain::window::{self, WindowRecord};
 use crate::ports::{
-    BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
-    KeepCancellation, LeaseWriteOutcome, NewRequest, OutboundEvent, OutboxItem, Pacing, PortError,
-    RecordReservation, ReleaseUnbought, RequestRecord, Store, TOMBSTONE_KEPT, Tombstone,
-    TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord, WriteOutcome, outbox_seq,
+    Agenda, BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
+    HistoryEntry, KeepCancellation, LeaseWriteOutcome, LiveRequest, NewRequest, OutboundEvent,
+    OutboxItem, Pacing, PortError, RecordReservation, ReleaseUnbought, RequestRecord, Store,
+    TOMBSTONE_KEPT, Tombstone, TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord,
+    WriteOutcome, outbox_seq,
 };
 use crate::search::{Allowance, DESCRIBE_PACE};
 
@@ -51,6 +55,8 @@ pub struct DynamoStore {
     client: Client,
     table: String,
     page_size: Option<i32>,
+    /// Committed writes that may have added outbox items ([`Store::outbox_writes`]).
+    writes: Arc<AtomicU64>,
 }
 
 impl DynamoStore {
@@ -91,6 +97,7 @@ impl DynamoStore {
             client,
             table: table_name.into(),
             page_size: None,
+            writes: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -198,15 +205,47 @@ fn outbox_items(
             item.insert(attr::EVENT.into(), json("outbound event", ev)?);
             item.insert(attr::CREATED_AT.into(), time(at));
             item.insert(attr::OUTBOX_SEQ.into(), n(seq));
-            item.insert(attr::GSI_STATUS.into(), s(OUTBOX_PARTITION));
-            item.insert(attr::GSI_DUE.into(), n(at.timestamp()));
+            // Due from the start of time: every tick's read holds it until it is sent.
+            item.insert(attr::GSI_PART.into(), s(WORK_PARTITION));
+            item.insert(attr::GSI_DUE.into(), n(OUTBOX_DUE));
             put(table, item, None)
         })
         .collect()
 }
 
-/// Sets the windows, the status's own next action, and the due index (the earliest of
-/// both) together. A status that summarises its windows has no next action of its own
+/// The `gsi_due` of an unsent outbox item: before every request's, so a read of the
+/// outbox alone is `gsi_due <= OUTBOX_DUE`.
+const OUTBOX_DUE: i64 = 0;
+
+/// A history item: the change that made `version` (ARCHITECTURE §8.14).
+#[allow(clippy::too_many_arguments)]
+fn history_item(
+    table: &str,
+    pk: &str,
+    version: u64,
+    from: Option<RequestStatus>,
+    to: RequestStatus,
+    reason: &str,
+    cause: &Cause,
+    at: DateTime<Utc>,
+) -> Result<TransactWriteItem, PortError> {
+    let mut item = key(pk.to_string(), history_sk(version));
+    item.insert(attr::KIND.into(), s(kind::HISTORY));
+    item.insert(attr::VERSION.into(), n(version));
+    if let Some(f) = from {
+        item.insert(attr::FROM.into(), s(f.as_str()));
+    }
+    item.insert(attr::TO.into(), s(to.as_str()));
+    item.insert(attr::REASON.into(), s(reason));
+    item.insert(attr::CAUSE.into(), s(cause.event_id.clone()));
+    item.insert(attr::CREATED_AT.into(), time(at));
+    if to.is_terminal() {
+        item.insert(attr::EXPIRES_AT.into(), archive_at(at));
+    }
+    put(table, item, None)
+}
+
+/// Sets the windows, the status's own next action, and the index entry together. A status that summarises its windows has no next action of its own
 /// (but `Reserved` has while its payments are checked: `window::keeps_own_action`).
 ///
 /// `next_action_at` holds the due time, exactly (the index holds whole seconds, and it is
@@ -217,6 +256,7 @@ fn set_next_action(
     status: RequestStatus,
     own: Option<DateTime<Utc>>,
     windows: &[WindowRecord],
+    at: DateTime<Utc>,
 ) -> Result<(), PortError> {
     let own = own.filter(|_| window::keeps_own_action(status) || windows.is_empty());
     if windows.is_empty() {
@@ -228,19 +268,36 @@ fn set_next_action(
             None => e.remove(attr::OWN_NEXT_ACTION_AT),
         };
     }
-    match window::next_action_at(own, windows) {
+    let due = window::next_action_at(own, windows);
+    match due {
+        Some(t) => e.set(attr::NEXT_ACTION_AT, time(t)),
+        None => e.remove(attr::NEXT_ACTION_AT),
+    };
+    match index_due(status, windows, due, at) {
         Some(t) => {
-            e.set(attr::NEXT_ACTION_AT, time(t))
-                .set(attr::GSI_STATUS, s(status.as_str()))
+            e.set(attr::GSI_PART, s(WORK_PARTITION))
                 .set(attr::GSI_DUE, n(t.timestamp()));
         }
         None => {
-            e.remove(attr::NEXT_ACTION_AT)
-                .remove(attr::GSI_STATUS)
-                .remove(attr::GSI_DUE);
+            e.remove(attr::GSI_PART).remove(attr::GSI_DUE);
         }
     }
     Ok(())
+}
+
+/// Where a request sits in the `work` index: at its due time, or, while what it launched may
+/// be running, at the time of this write, so every later tick's read holds it.
+fn index_due(
+    status: RequestStatus,
+    windows: &[WindowRecord],
+    due: Option<DateTime<Utc>>,
+    at: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    if window::may_be_running(status, windows) {
+        Some(due.map_or(at, |t| t.min(at)))
+    } else {
+        due
+    }
 }
 
 /// The common part of every META update: status, version, reason, times, windows, archival.
@@ -257,7 +314,7 @@ fn meta_update(
         .set(attr::VERSION, n(version))
         .set(attr::REASON, s(reason))
         .set(attr::UPDATED_AT, time(at));
-    set_next_action(&mut e, status, next, windows)?;
+    set_next_action(&mut e, status, next, windows, at)?;
     if status.is_terminal() {
         e.set(attr::EXPIRES_AT, archive_at(at));
     }
@@ -475,7 +532,11 @@ impl DynamoStore {
             .send()
             .await
             .map(|_| ());
-        transaction_result(result)
+        let committed = transaction_result(result)?;
+        if committed == Committed::Yes {
+            self.writes.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(committed)
     }
 
     async fn get(&self, key: Item) -> Result<Option<Item>, PortError> {
@@ -615,7 +676,7 @@ impl DynamoStore {
         for item in items {
             let r = Read::new(&item);
             let unsent_outbox =
-                item.contains_key(attr::GSI_STATUS) && r.str(attr::KIND)? == kind::OUTBOX;
+                item.contains_key(attr::GSI_PART) && r.str(attr::KIND)? == kind::OUTBOX;
             if item.contains_key(attr::EXPIRES_AT) || unsent_outbox {
                 continue;
             }
@@ -785,7 +846,7 @@ impl Store for DynamoStore {
         meta.insert(attr::TEAM.into(), s(new.request.team.as_str()));
         meta.insert(attr::STATUS.into(), s(status.as_str()));
         meta.insert(attr::VERSION.into(), n(1));
-        meta.insert(attr::REASON.into(), s(reason));
+        meta.insert(attr::REASON.into(), s(reason.clone()));
         meta.insert(attr::SOURCE.into(), s(new.source.clone()));
         if status.is_terminal() {
             meta.insert(attr::EXPIRES_AT.into(), archive_at(new.at));
@@ -795,9 +856,10 @@ impl Store for DynamoStore {
         meta.insert(attr::SPENT_MICROS.into(), n(0));
         meta.insert(attr::CREATED_AT.into(), time(new.at));
         meta.insert(attr::UPDATED_AT.into(), time(new.at));
+        meta.insert(attr::SLOTS.into(), AttributeValue::M(HashMap::new()));
         if let Some(t) = next_action_at {
             meta.insert(attr::NEXT_ACTION_AT.into(), time(t));
-            meta.insert(attr::GSI_STATUS.into(), s(status.as_str()));
+            meta.insert(attr::GSI_PART.into(), s(WORK_PARTITION));
             meta.insert(attr::GSI_DUE.into(), n(t.timestamp()));
         }
         // An archived request past its TTL may still be on disk: its id is free again.
@@ -829,6 +891,16 @@ impl Store for DynamoStore {
             )?);
         }
         items.extend(outbox_items(&self.table, &id, &new.outbox, 1, new.at)?);
+        items.push(history_item(
+            &self.table,
+            &pk,
+            1,
+            None,
+            status,
+            &reason,
+            &new.caused_by,
+            new.at,
+        )?);
         Ok(match self.transact(items).await? {
             Committed::Yes => {
                 tracing::info!(request_id = %id, %status, "request recorded");
@@ -1103,6 +1175,16 @@ impl Store for DynamoStore {
         items.extend(refund);
         items.extend(plan_items);
         items.extend(outbox_items(&self.table, id, &t.outbox, version, t.at)?);
+        items.push(history_item(
+            &self.table,
+            &pk,
+            version,
+            Some(t.from),
+            t.to,
+            &t.reason,
+            &t.caused_by,
+            t.at,
+        )?);
 
         let committed = self.transact(items).await?;
         if committed == Committed::Yes {
@@ -1180,13 +1262,29 @@ impl Store for DynamoStore {
         e.set(attr::VERSION, n(version))
             .set(attr::REASON, s(u.reason.as_str()))
             .set(attr::UPDATED_AT, time(u.at));
-        set_next_action(&mut e, u.status, meta.record.next_action_at, &u.windows)?;
+        set_next_action(
+            &mut e,
+            u.status,
+            meta.record.next_action_at,
+            &u.windows,
+            u.at,
+        )?;
         condition_version_and_status(&mut e, u.expected_version, u.status);
         let mut items = vec![
             event_record(&self.table, &pk, &u.caused_by, u.at)?,
             update(&self.table, key(pk.clone(), META_SK), &e)?,
         ];
         items.extend(outbox_items(&self.table, id, &u.outbox, version, u.at)?);
+        items.push(history_item(
+            &self.table,
+            &pk,
+            version,
+            Some(u.status),
+            u.status,
+            &u.reason,
+            &u.caused_by,
+            u.at,
+        )?);
         Ok(match self.transact(items).await? {
             Committed::Yes => {
                 tracing::info!(request_id = id, status = %u.status, reason = %u.reason, "windows updated");
@@ -1284,6 +1382,16 @@ impl Store for DynamoStore {
             items.push(ledger_debit(&self.table, d, b.at)?);
         }
         items.extend(outbox_items(&self.table, id, &b.outbox, version, b.at)?);
+        items.push(history_item(
+            &self.table,
+            &pk,
+            version,
+            Some(b.from),
+            Purchasing,
+            &b.reason,
+            &b.caused_by,
+            b.at,
+        )?);
 
         let committed = self.transact(items).await?;
         if committed == Committed::Yes {
@@ -1423,6 +1531,16 @@ impl Store for DynamoStore {
             ];
             items.extend(ledgers);
             items.extend(outbox_items(&self.table, id, &r.outbox, version, r.at)?);
+            items.push(history_item(
+                &self.table,
+                &pk,
+                version,
+                Some(Purchasing),
+                r.to,
+                &r.reason,
+                &r.caused_by,
+                r.at,
+            )?);
             match self.transact(items).await? {
                 Committed::Yes => {
                     tracing::info!(
@@ -1484,6 +1602,16 @@ impl Store for DynamoStore {
             update(&self.table, key(pk.clone(), META_SK), &e)?,
         ];
         items.extend(outbox_items(&self.table, id, &k.outbox, version, k.at)?);
+        items.push(history_item(
+            &self.table,
+            &pk,
+            version,
+            Some(k.status),
+            k.status,
+            &k.reason,
+            &k.caused_by,
+            k.at,
+        )?);
         match self.transact(items).await? {
             Committed::Yes => Ok(WriteOutcome::Applied { version }),
             c if c.failed(EVENT_ITEM) => Ok(WriteOutcome::DuplicateEvent),
@@ -1562,6 +1690,16 @@ impl Store for DynamoStore {
                 items.push(update(&self.table, key(pk.clone(), META_SK), &e)?);
             }
             items.extend(outbox_items(&self.table, id, &r.outbox, version, r.at)?);
+            items.push(history_item(
+                &self.table,
+                &pk,
+                version,
+                Some(Purchasing),
+                r.to,
+                &r.reason,
+                &r.caused_by,
+                r.at,
+            )?);
             match self.transact(items).await? {
                 Committed::Yes => {
                     tracing::info!(
@@ -1618,19 +1756,32 @@ impl Store for DynamoStore {
         item.insert(attr::STATE.into(), s(w.state.clone()));
         item.insert(attr::UPDATED_AT.into(), time(w.updated_at));
         item.insert(attr::DATA.into(), json("workload", &w)?);
-        self.client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .send()
-            .await
-            .map_err(|e| sdk_error("PutItem", e, Call::Write))?;
-        Ok(())
+        // Its copy on META, in the same transaction: the tick's read shows what runs.
+        let mut e = Expr::new();
+        let (slots, slot) = (
+            e.name(attr::SLOTS),
+            e.data_name(&slot_key(&w.reservation_id, w.slot)),
+        );
+        let v = e.value(json("workload", &w)?);
+        let pk = e.name(attr::PK);
+        e.condition(format!("attribute_exists({pk})"));
+        e.set_path(format!("{slots}.{slot}"), v);
+        let items = vec![
+            put(&self.table, item, None)?,
+            update(&self.table, key(request_pk(id), META_SK), &e)?,
+        ];
+        match self.transact(items).await? {
+            Committed::Yes => Ok(()),
+            _ => Err(permanent(
+                "NoSuchRequest",
+                format!("{id}: a workload is recorded only under a recorded request"),
+            )),
+        }
     }
 
     async fn workloads(&self, request_id: &RequestId) -> Result<Vec<WorkloadRecord>, PortError> {
         let now = Utc::now();
-        self.query_prefix(request_id.as_str(), RES_PREFIX)
+        self.query_prefix(request_id.as_str(), SLOT_PREFIX)
             .await?
             .iter()
             .filter(|i| !is_expired(i, now))
@@ -1643,40 +1794,8 @@ impl Store for DynamoStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let mut e = Expr::new();
-        let (gs, gv) = (e.name(attr::GSI_STATUS), e.value(s(OUTBOX_PARTITION)));
-        let cond = format!("{gs} = {gv}");
-        // The index orders by whole seconds: read on past the `limit`-th item only while
-        // the page could still hold items of that same second.
-        let enough = |items: &[Item]| {
-            let due = |i: &Item| Read::new(i).opt_int(attr::GSI_DUE).ok().flatten();
-            items.len() >= limit && due(&items[limit - 1]) < items.last().and_then(due)
-        };
-        let items = self
-            .query_while(Some(DUE_INDEX), e, cond, |items| !enough(items))
-            .await?;
-        let now = Utc::now();
-        let mut out = Vec::new();
-        for i in items.iter().filter(|i| !is_expired(i, now)) {
-            let r = Read::new(i);
-            out.push(OutboxItem {
-                request_id: r.str(attr::REQUEST_ID)?.to_string(),
-                event: r.json(attr::EVENT)?,
-                created_at: r.time(attr::CREATED_AT)?,
-                seq: r
-                    .opt_int(attr::OUTBOX_SEQ)?
-                    .and_then(|n| u32::try_from(n).ok())
-                    .unwrap_or(0),
-            });
-        }
-        out.sort_by(|a, b| {
-            (a.created_at, &a.request_id, a.seq, &a.event.event_key).cmp(&(
-                b.created_at,
-                &b.request_id,
-                b.seq,
-                &b.event.event_key,
-            ))
-        });
+        // Every unsent item sits at `OUTBOX_DUE`, before any request.
+        let mut out = self.read_work(OUTBOX_DUE).await?.outbox;
         out.truncate(limit);
         Ok(out)
     }
@@ -1724,7 +1843,7 @@ impl Store for DynamoStore {
         let mut e = Expr::new();
         e.set(attr::SENT_AT, time(now))
             .set(attr::EXPIRES_AT, archive_at(now))
-            .remove(attr::GSI_STATUS)
+            .remove(attr::GSI_PART)
             .remove(attr::GSI_DUE);
         let pk = e.name(attr::PK);
         e.condition(format!("attribute_exists({pk})"));
@@ -1734,38 +1853,127 @@ impl Store for DynamoStore {
             .map(drop)
     }
 
-    async fn due(
-        &self,
-        statuses: &[RequestStatus],
-        now: DateTime<Utc>,
-    ) -> Result<Vec<DueItem>, PortError> {
-        let wall = Utc::now();
+    async fn agenda(&self, now: DateTime<Utc>) -> Result<Agenda, PortError> {
+        let mut a = self.read_work(now.timestamp()).await?;
+        // The index holds whole seconds; `next_action_at` is exact.
+        a.due.retain(|d| d.next_action_at <= now);
+        Ok(a)
+    }
+
+    fn outbox_writes(&self) -> u64 {
+        self.writes.load(Ordering::SeqCst)
+    }
+
+    async fn history(&self, request_id: &RequestId) -> Result<Vec<HistoryEntry>, PortError> {
         let mut out = Vec::new();
-        for status in statuses {
-            let mut e = Expr::new();
-            let (gs, gd) = (e.name(attr::GSI_STATUS), e.name(attr::GSI_DUE));
-            let (sv, dv) = (e.value(s(status.as_str())), e.value(n(now.timestamp())));
-            let cond = format!("{gs} = {sv} AND {gd} <= {dv}");
-            for i in self.query(Some(DUE_INDEX), e, cond).await? {
-                if is_expired(&i, wall) {
-                    continue;
-                }
-                let r = Read::new(&i);
-                let next_action_at = r.time(attr::NEXT_ACTION_AT)?;
-                // The index holds whole seconds; the attribute is exact.
-                if next_action_at > now {
-                    continue;
-                }
-                out.push(DueItem {
-                    request_id: r.request_id()?,
-                    status: r.status(attr::STATUS)?,
+        for i in self.query_prefix(request_id.as_str(), HIST_PREFIX).await? {
+            let r = Read::new(&i);
+            out.push(HistoryEntry {
+                version: u64::try_from(r.int(attr::VERSION)?)
+                    .map_err(|_| self::error::corrupt("a negative history version"))?,
+                from: match r.opt_str(attr::FROM)? {
+                    Some(_) => Some(r.status(attr::FROM)?),
+                    None => None,
+                },
+                to: r.status(attr::TO)?,
+                reason: r.str(attr::REASON)?.to_string(),
+                cause: r.str(attr::CAUSE)?.to_string(),
+                at: r.time(attr::CREATED_AT)?,
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl DynamoStore {
+    /// The one Query of the `work` index up to `gsi_due <= until` (epoch seconds), sorted
+    /// into due requests (not yet filtered by their exact time), live requests and unsent
+    /// outbox items.
+    async fn read_work(&self, until: i64) -> Result<Agenda, PortError> {
+        let mut e = Expr::new();
+        let (gp, gd) = (e.name(attr::GSI_PART), e.name(attr::GSI_DUE));
+        let (pv, dv) = (e.value(s(WORK_PARTITION)), e.value(n(until)));
+        let cond = format!("{gp} = {pv} AND {gd} <= {dv}");
+        let wall = Utc::now();
+        let mut a = Agenda::default();
+        for i in self.query(Some(WORK_INDEX), e, cond).await? {
+            if is_expired(&i, wall) {
+                continue;
+            }
+            let r = Read::new(&i);
+            let sk = r.str(attr::SK)?;
+            if sk.starts_with("OUTBOX#") {
+                a.outbox.push(OutboxItem {
+                    request_id: r.str(attr::REQUEST_ID)?.to_string(),
+                    event: r.json(attr::EVENT)?,
+                    created_at: r.time(attr::CREATED_AT)?,
+                    seq: r
+                        .opt_int(attr::OUTBOX_SEQ)?
+                        .and_then(|n| u32::try_from(n).ok())
+                        .unwrap_or(0),
+                });
+                continue;
+            }
+            if sk != META_SK {
+                continue;
+            }
+            let request_id = r.request_id()?;
+            let status = r.status(attr::STATUS)?;
+            let windows: Vec<WindowRecord> = match r.opt_str(attr::WINDOWS)? {
+                Some(_) => r.json(attr::WINDOWS)?,
+                None => Vec::new(),
+            };
+            if let Some(next_action_at) = r.opt_time(attr::NEXT_ACTION_AT)?
+                && next_action_at.timestamp() <= until
+            {
+                let own_action_at = if windows.is_empty() {
+                    Some(next_action_at)
+                } else {
+                    r.opt_time(attr::OWN_NEXT_ACTION_AT)?
+                };
+                a.due.push(DueItem {
+                    request_id: request_id.clone(),
+                    status,
                     next_action_at,
+                    own_action_at,
+                    window_action_at: window::next_action_at(None, &windows),
+                });
+            }
+            if window::may_be_running(status, &windows) {
+                let mut workloads = Vec::new();
+                if let Some(AttributeValue::M(slots)) = i.get(attr::SLOTS) {
+                    for v in slots.values() {
+                        let AttributeValue::S(raw) = v else {
+                            return Err(self::error::corrupt(format!(
+                                "{request_id}: a slot copy is not a string"
+                            )));
+                        };
+                        workloads.push(serde_json::from_str::<WorkloadRecord>(raw).map_err(
+                            |e| self::error::corrupt(format!("{request_id}: a slot copy: {e}")),
+                        )?);
+                    }
+                }
+                workloads
+                    .sort_by(|x, y| (&x.reservation_id, x.slot).cmp(&(&y.reservation_id, y.slot)));
+                a.live.push(LiveRequest {
+                    request_id,
+                    status,
+                    windows,
+                    workloads,
                 });
             }
         }
-        out.sort_by(|a, b| {
-            (a.next_action_at, &a.request_id).cmp(&(b.next_action_at, &b.request_id))
+        a.due.sort_by(|x, y| {
+            (x.next_action_at, &x.request_id).cmp(&(y.next_action_at, &y.request_id))
         });
-        Ok(out)
+        a.outbox.sort_by(|x, y| {
+            (x.created_at, &x.request_id, x.seq, &x.event.event_key).cmp(&(
+                y.created_at,
+                &y.request_id,
+                y.seq,
+                &y.event.event_key,
+            ))
+        });
+        Ok(a)
     }
 }
