@@ -24,8 +24,10 @@ pub struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    /// A run starting now, before any write.
+    /// A run starting now, before any write: the store starts its run too
+    /// ([`Store::begin_run`]).
     pub fn start<S: Store>(store: &S) -> Run<'static> {
+        store.begin_run();
         Run {
             writes_before: store.outbox_writes(),
             agenda: None,

@@ -1388,6 +1388,11 @@ pub trait Store: Send + Sync {
     /// committed: a run whose count did not move has nothing of its own to publish.
     fn outbox_writes(&self) -> u64;
 
+    /// A run (one invocation) starts: from now until the next run, the store reads no item
+    /// twice without writing it in between (the README's read rule). Nothing is kept from
+    /// one run to the next.
+    fn begin_run(&self) {}
+
     /// The request's state changes, oldest first (also once it is archived, until its TTL).
     fn history(
         &self,

@@ -34,6 +34,7 @@ use search_offerings::handler::Searcher;
 use serde_json::{Value, json};
 
 use crate::moto::workspace_root;
+use crate::reads::Reads;
 use crate::recorder::{Calls, Operation};
 use crate::table::TestTable;
 
@@ -145,6 +146,8 @@ pub struct Flow {
     /// launch-workloads' function timeout, enforced as Lambda does: the invocation is cut
     /// off at its deadline. The template's 60 s unless a test shortens it.
     launch_timeout: Mutex<std::time::Duration>,
+    /// Each function's store reads, checked against the read rule after every invocation.
+    reads: BTreeMap<Function, Reads>,
 }
 
 /// The configuration every flow starts from; `overrides` replace or add variables.
@@ -205,12 +208,16 @@ impl Flow {
         // Each function gets its own adapters, as each Lambda has its own; the store is
         // this test's table on moto (production points DynamoDB elsewhere by endpoint too).
         // Each records the AWS operations it makes, for the IAM test.
+        let reads: BTreeMap<Function, Reads> = Function::ALL
+            .iter()
+            .map(|f| (*f, Reads::default()))
+            .collect();
         let adapters = |f: Function| -> Sdk {
             let calls = Calls::default();
             RECORDED.lock().unwrap().push((f, calls.clone()));
             let sdk = sdk.to_builder().http_client(calls.http_client()).build();
             let a = Adapters::from_sdk(sdk, &config).expect("adapters");
-            let store = table.store_with(calls.http_client());
+            let store = table.store_checked(calls.http_client(), reads[&f].clone());
             (store, a.market, a.workloads, a.events, a.clock)
         };
         let (store, market, workloads, events, clock) = adapters(Function::Search);
@@ -267,6 +274,7 @@ impl Flow {
             delivered: Mutex::new(BTreeMap::new()),
             ticks: Mutex::new(0),
             launch_timeout: Mutex::new(std::time::Duration::from_secs(60)),
+            reads,
         }
     }
 
@@ -276,7 +284,25 @@ impl Flow {
     }
 
     /// Runs one function on `ev`; the error, if any, is returned as text (Lambda would retry).
+    ///
+    /// Every invocation is held to the read rule: it reads no item of the table twice
+    /// without writing it in between (index rows do not count).
     pub async fn invoke(&self, f: Function, ev: EventBridgeEvent<Value>) -> Result<(), String> {
+        let reads = &self.reads[&f];
+        reads.begin();
+        let detail_type = ev.detail_type.clone();
+        let result = Box::pin(self.run(f, ev)).await;
+        let again = reads.again();
+        assert!(
+            again.is_empty(),
+            "{} on {detail_type:?} read these items again without writing them in between: \
+             {again:?}",
+            f.crate_name()
+        );
+        result
+    }
+
+    async fn run(&self, f: Function, ev: EventBridgeEvent<Value>) -> Result<(), String> {
         match f {
             Function::Search => self
                 .searcher

@@ -7,6 +7,7 @@
 pub mod fixtures;
 pub mod flow;
 pub mod moto;
+pub mod reads;
 pub mod recorder;
 pub mod table;
 

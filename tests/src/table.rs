@@ -49,6 +49,18 @@ impl TestTable {
         let config = self.client.config().to_builder().http_client(http).build();
         DynamoStore::new(Client::from_conf(config), self.name.clone())
     }
+
+    /// The same store through `http`, its reads checked against the read rule by `reads`.
+    pub fn store_checked(&self, http: SharedHttpClient, reads: crate::reads::Reads) -> DynamoStore {
+        let config = self
+            .client
+            .config()
+            .to_builder()
+            .http_client(http)
+            .interceptor(reads)
+            .build();
+        DynamoStore::new(Client::from_conf(config), self.name.clone())
+    }
 }
 
 pub async fn client_for(endpoint_url: &str) -> Client {

@@ -7,7 +7,7 @@ use capacity_pilot::aws::dynamodb::DynamoStore;
 use capacity_pilot::domain::money::MicroUsd;
 use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus::{
-    self, Accepted, Cancelled, Draining, Ended, OfferingsFound, Purchasing, Reserved,
+    self, Accepted, Cancelled, Draining, Ended, Failed, OfferingsFound, Purchasing, Reserved,
     RunningOnDemand, Searching, TryingOnDemand,
 };
 use capacity_pilot::domain::window::{self, DrainLead, WindowRecord, WindowState};
@@ -2483,4 +2483,107 @@ async fn the_search_allowance_is_one_bucket_per_region_shared_by_concurrent_take
     );
     let after = later + Duration::minutes(5);
     assert_eq!(store.take_searches("us-east-1", 9, after).await.unwrap(), 5);
+}
+
+#[tokio::test]
+async fn a_run_reads_no_item_twice_without_writing_it_and_the_rule_is_seen_broken_outside_one() {
+    use integration_tests::reads::Reads;
+    use integration_tests::recorder::Calls;
+    // GIVEN a request with two candidate plans, read through a client whose reads are checked
+    let table = TestTable::fresh().await.unwrap();
+    request_with_offerings(&table.store(), "rr-1", "ml").await;
+    let (calls, reads) = (Calls::default(), Reads::default());
+    let store = table.store_checked(calls.http_client(), reads.clone());
+    let id = request_id("rr-1");
+
+    // WHEN the store is read twice outside a run
+    reads.begin();
+    store.get_request(&id).await.unwrap();
+    store.get_request(&id).await.unwrap();
+    // THEN the recorder sees the request and its candidates read again
+    let again: Vec<String> = reads.again().into_iter().map(|(_, k)| k.1).collect();
+    assert_eq!(again, ["META", "OFFER#0000", "OFFER#0001"]);
+
+    // WHEN a run reads it twice, writes it, and reads it again
+    reads.begin();
+    store.begin_run();
+    let before = calls.log().len();
+    let rec = store.get_request(&id).await.unwrap().unwrap();
+    assert_eq!(store.get_request(&id).await.unwrap().unwrap(), rec);
+    assert_eq!(
+        calls.log().len(),
+        before + 1,
+        "the second read is the run's own"
+    );
+    let t = transition("rr-1", rec.version, OfferingsFound, Searching, "rr-search");
+    assert_eq!(
+        store.transition(t).await.unwrap(),
+        WriteOutcome::Applied {
+            version: rec.version + 1
+        }
+    );
+    let after = store.get_request(&id).await.unwrap().unwrap();
+
+    // THEN nothing was read twice: the write read no META again (the run had it), and the
+    // read after it fetched META alone, its candidates unwritten and kept
+    assert!(reads.again().is_empty(), "{:?}", reads.again());
+    assert_eq!(after.status, Searching);
+    assert_eq!(after.candidates, rec.candidates);
+    let made: Vec<String> = calls.log()[before..]
+        .iter()
+        .map(|(_, o)| o.clone())
+        .collect();
+    assert_eq!(made, ["Query", "TransactWriteItems", "GetItem"]);
+
+    // ... and when another writer moved the request meanwhile, the run's write is refused
+    // by its condition and the next read is a fresh one, not what the run had kept
+    let other = transition("rr-1", after.version, Searching, Failed, "rr-other");
+    table.store().transition(other).await.unwrap();
+    let late = transition("rr-1", after.version, Searching, OfferingsFound, "rr-late");
+    assert_eq!(
+        store.transition(late).await.unwrap(),
+        WriteOutcome::Conflict
+    );
+    assert_eq!(
+        store.get_request(&id).await.unwrap().unwrap().status,
+        Failed
+    );
+    assert!(reads.again().is_empty(), "{:?}", reads.again());
+}
+
+#[tokio::test]
+async fn candidates_a_run_kept_are_read_again_once_another_writer_replaced_them() {
+    // GIVEN a run that read a request with two candidates
+    let table = TestTable::fresh().await.unwrap();
+    request_with_offerings(&table.store(), "rr-2", "ml").await;
+    let store = table.store();
+    let id = request_id("rr-2");
+    store.begin_run();
+    let rec = store.get_request(&id).await.unwrap().unwrap();
+    assert_eq!(rec.candidates.len(), 2);
+
+    // WHEN another writer searches again and finds one different plan meanwhile, and the
+    // run's own write is refused for it
+    let other = table.store();
+    let t = transition("rr-2", rec.version, OfferingsFound, Searching, "rr2-search");
+    other.transition(t).await.unwrap();
+    let mut found = transition(
+        "rr-2",
+        rec.version + 1,
+        Searching,
+        OfferingsFound,
+        "rr2-found",
+    );
+    found.candidates = Some(vec![plan("5000.00")]);
+    other.transition(found).await.unwrap();
+    let late = transition("rr-2", rec.version, OfferingsFound, Searching, "rr2-late");
+    assert_eq!(
+        store.transition(late).await.unwrap(),
+        WriteOutcome::Conflict
+    );
+
+    // THEN the run's next read has the new candidates, not the ones it kept
+    let now = store.get_request(&id).await.unwrap().unwrap();
+    assert_eq!(now.version, rec.version + 2);
+    assert_eq!(now.candidates, vec![plan("5000.00")]);
 }

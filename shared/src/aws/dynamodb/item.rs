@@ -67,6 +67,9 @@ pub(super) mod attr {
     /// The whole `CapacityRequest`, as JSON.
     pub const REQUEST: &str = "request";
     pub const CANDIDATE_COUNT: &str = "candidate_count";
+    /// The version of the write that last set the candidates: a run keeps candidates it
+    /// read only while META still says this.
+    pub const OFFERS_VERSION: &str = "offers_version";
     /// When the request is due: the earliest of its status's own next action and its
     /// windows' (the index, `gsi_due`, holds the same in whole seconds).
     pub const NEXT_ACTION_AT: &str = "next_action_at";
@@ -147,6 +150,7 @@ pub(super) const TOMBSTONE_SK: &str = "TOMBSTONE";
 /// Sorts after every `OFFER#...` (`$` follows `#`): `META..=OFFER$` is the request and its
 /// candidates in one query.
 pub(super) const AFTER_OFFERS: &str = "OFFER$";
+pub(super) const OFFER_PREFIX: &str = "OFFER#";
 pub(super) const RES_PREFIX: &str = "RES#";
 pub(super) const SLOT_PREFIX: &str = "SLOT#";
 pub(super) const HIST_PREFIX: &str = "HIST#";
@@ -155,7 +159,7 @@ pub(super) fn request_pk(id: &str) -> String {
     format!("REQ#{id}")
 }
 pub(super) fn offer_sk(n: usize) -> String {
-    format!("OFFER#{n:04}")
+    format!("{OFFER_PREFIX}{n:04}")
 }
 pub(super) fn reservation_sk(reservation_id: &str) -> String {
     format!("{RES_PREFIX}{reservation_id}")
@@ -324,6 +328,8 @@ pub(super) struct Meta {
     pub candidate_count: usize,
     /// Where the open debit was booked, so its release hits the same ledger item.
     pub open_debit_ledger: Option<(String, BudgetMonth)>,
+    /// The keys of its `slots` map: which workload items it has.
+    pub slots: Vec<String>,
 }
 
 pub(super) fn read_meta(item: &Item) -> Result<Meta, PortError> {
@@ -388,9 +394,14 @@ pub(super) fn read_meta(item: &Item) -> Result<Meta, PortError> {
         created_at: r.time(attr::CREATED_AT)?,
         updated_at: r.time(attr::UPDATED_AT)?,
     };
+    let slots = match item.get(attr::SLOTS) {
+        Some(AttributeValue::M(m)) => m.keys().cloned().collect(),
+        _ => Vec::new(),
+    };
     Ok(Meta {
         record,
         candidate_count: usize::try_from(count).map_err(|_| corrupt("negative candidate_count"))?,
         open_debit_ledger,
+        slots,
     })
 }

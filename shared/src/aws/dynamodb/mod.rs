@@ -8,10 +8,11 @@
 mod error;
 mod expr;
 mod item;
+mod seen;
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::{
@@ -24,11 +25,12 @@ pub use item::ARCHIVE_AFTER;
 use self::error::{Call, Committed, permanent, sdk_error, transaction_result, transient};
 use self::expr::Expr;
 use self::item::{
-    AFTER_OFFERS, HIST_PREFIX, Item, LEDGER_SK, META_SK, Meta, RES_PREFIX, Read, SLOT_PREFIX,
-    TOMBSTONE_SK, WORK_INDEX, WORK_PARTITION, archive_at, attr, budget_pk, epoch_micros, event_sk,
-    history_sk, is_expired, json, key, kind, n, offer_sk, outbox_sk, read_meta, request_pk,
-    reservation_sk, s, slot_key, time, workload_sk,
+    AFTER_OFFERS, HIST_PREFIX, Item, LEDGER_SK, META_SK, Meta, OFFER_PREFIX, RES_PREFIX, Read,
+    SLOT_PREFIX, TOMBSTONE_SK, WORK_INDEX, WORK_PARTITION, archive_at, attr, budget_pk,
+    epoch_micros, event_sk, history_sk, is_expired, json, key, kind, n, offer_sk, outbox_sk,
+    read_meta, request_pk, reservation_sk, s, slot_key, time, workload_sk,
 };
+use self::seen::{Seen, Write};
 use crate::domain::money::MicroUsd;
 use crate::domain::planner::Plan;
 use crate::domain::request::{RequestId, Team};
@@ -57,6 +59,8 @@ pub struct DynamoStore {
     page_size: Option<i32>,
     /// Committed writes that may have added outbox items ([`Store::outbox_writes`]).
     writes: Arc<AtomicU64>,
+    /// What the current run has read ([`Store::begin_run`]).
+    seen: Arc<Mutex<Seen>>,
 }
 
 impl DynamoStore {
@@ -79,6 +83,10 @@ impl DynamoStore {
             .set_expression_attribute_values(e.values())
             .send()
             .await;
+        self.wrote_one(
+            Write::Update((request_pk(request_id), outbox_sk(event_key))),
+            false,
+        );
         match result {
             Ok(_) => Ok(true),
             Err(err)
@@ -98,6 +106,7 @@ impl DynamoStore {
             table: table_name.into(),
             page_size: None,
             writes: Arc::new(AtomicU64::new(0)),
+            seen: Arc::new(Mutex::new(Seen::default())),
         }
     }
 
@@ -523,8 +532,13 @@ fn illegal(from: RequestStatus, to: RequestStatus, why: &str) -> PortError {
 // =======================================================================================
 
 impl DynamoStore {
+    fn seen(&self) -> MutexGuard<'_, Seen> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     async fn transact(&self, items: Vec<TransactWriteItem>) -> Result<Committed, PortError> {
         check_transaction_size(&items)?;
+        let writes: Vec<Write> = items.iter().filter_map(Write::of).collect();
         let result = self
             .client
             .transact_write_items()
@@ -532,14 +546,23 @@ impl DynamoStore {
             .send()
             .await
             .map(|_| ());
-        let committed = transaction_result(result)?;
-        if committed == Committed::Yes {
+        let committed = transaction_result(result);
+        let applied = matches!(committed, Ok(Committed::Yes));
+        self.seen().wrote(writes, applied);
+        if applied {
             self.writes.fetch_add(1, Ordering::SeqCst);
         }
-        Ok(committed)
+        committed
     }
 
+    /// One item by key, with a consistent read, unless this run has it already.
     async fn get(&self, key: Item) -> Result<Option<Item>, PortError> {
+        let k = seen::key_of(&key);
+        if let Some(k) = &k
+            && let Some(item) = self.seen().item(k)
+        {
+            return Ok(item);
+        }
         let out = self
             .client
             .get_item()
@@ -549,7 +572,15 @@ impl DynamoStore {
             .send()
             .await
             .map_err(|e| sdk_error("GetItem", e, Call::Read))?;
+        if let Some(k) = k {
+            self.seen().read(k, out.item.clone());
+        }
         Ok(out.item)
+    }
+
+    /// A single UpdateItem or PutItem on `key` happened (`applied` when it did).
+    fn wrote_one(&self, write: Write, applied: bool) {
+        self.seen().wrote(vec![write], applied);
     }
 
     /// Every item of a key-condition query, across pages.
@@ -594,13 +625,20 @@ impl DynamoStore {
         Ok(items)
     }
 
-    /// The items of one request partition whose sort key starts with `prefix`.
+    /// The items of one request partition whose sort key starts with `prefix`, unless this
+    /// run holds them already.
     async fn query_prefix(&self, request_id: &str, prefix: &str) -> Result<Vec<Item>, PortError> {
+        let pk_value = request_pk(request_id);
+        if let Some(items) = self.seen().range(&pk_value, prefix) {
+            return Ok(items);
+        }
         let mut e = Expr::new();
         let (pk, sk) = (e.name(attr::PK), e.name(attr::SK));
-        let (pv, sv) = (e.value(s(request_pk(request_id))), e.value(s(prefix)));
+        let (pv, sv) = (e.value(s(pk_value.clone())), e.value(s(prefix)));
         let cond = format!("{pk} = {pv} AND begins_with({sk}, {sv})");
-        self.query(None, e, cond).await
+        let items = self.query(None, e, cond).await?;
+        self.seen().read_range(&pk_value, prefix, &items);
+        Ok(items)
     }
 
     async fn read_meta(&self, request_id: &str) -> Result<Option<Meta>, PortError> {
@@ -631,16 +669,7 @@ impl DynamoStore {
     /// state change is committed, so a failure here is logged, not returned.
     /// The tombstone left for `id`, if any (expired ones included: callers check).
     async fn tombstone(&self, id: &RequestId) -> Result<Option<Tombstone>, PortError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(key(request_pk(id.as_str()), TOMBSTONE_SK)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| sdk_error("GetItem", e, Call::Read))?;
-        let Some(item) = out.item else {
+        let Some(item) = self.get(key(request_pk(id.as_str()), TOMBSTONE_SK)).await? else {
             return Ok(None);
         };
         let r = Read::new(&item);
@@ -653,8 +682,8 @@ impl DynamoStore {
         }))
     }
 
-    async fn archive_children(&self, request_id: &str, at: DateTime<Utc>) {
-        if let Err(err) = self.try_archive_children(request_id, at).await {
+    async fn archive_children(&self, request_id: &str, at: DateTime<Utc>, before: &Meta) {
+        if let Err(err) = self.try_archive_children(request_id, at, before).await {
             tracing::warn!(
                 request_id,
                 error = %err,
@@ -664,37 +693,52 @@ impl DynamoStore {
         }
     }
 
+    /// Sets the TTL on the children the ending write did not touch, named from the request
+    /// as it was read before that write (`before`): its candidates, reservations (by its
+    /// windows), workloads (by its slots) and history. Written, not read: processed events,
+    /// sent outbox items and tombstones carry their TTL from the start, and an unsent outbox
+    /// item stays until it is sent.
     async fn try_archive_children(
         &self,
         request_id: &str,
         at: DateTime<Utc>,
+        before: &Meta,
     ) -> Result<(), PortError> {
-        let mut e = Expr::new();
-        let pk = e.name(attr::PK);
-        let pv = e.value(s(request_pk(request_id)));
-        let items = self.query(None, e, format!("{pk} = {pv}")).await?;
-        for item in items {
-            let r = Read::new(&item);
-            let unsent_outbox =
-                item.contains_key(attr::GSI_PART) && r.str(attr::KIND)? == kind::OUTBOX;
-            if item.contains_key(attr::EXPIRES_AT) || unsent_outbox {
-                continue;
-            }
+        let mut sks: BTreeSet<String> = (0..before.candidate_count).map(offer_sk).collect();
+        for w in &before.record.windows {
+            let reservation = w.key.rsplit_once('#').map_or(w.key.as_str(), |(r, _)| r);
+            sks.insert(reservation_sk(reservation));
+        }
+        sks.extend(before.slots.iter().map(|k| format!("{SLOT_PREFIX}{k}")));
+        sks.extend((1..=before.record.version + 1).map(history_sk));
+        let pk_value = request_pk(request_id);
+        for sk in sks {
             let mut u = Expr::new();
             u.set(attr::EXPIRES_AT, archive_at(at));
-            let pkn = u.name(attr::PK);
-            u.condition(format!("attribute_exists({pkn})"));
-            self.client
+            let (pkn, exp) = (u.name(attr::PK), u.name(attr::EXPIRES_AT));
+            u.condition(format!("attribute_exists({pkn})"))
+                .condition(format!("attribute_not_exists({exp})"));
+            let result = self
+                .client
                 .update_item()
                 .table_name(&self.table)
-                .set_key(Some(key(r.str(attr::PK)?.to_string(), r.str(attr::SK)?)))
+                .set_key(Some(key(pk_value.clone(), sk.clone())))
                 .set_update_expression(u.update_expression())
                 .set_condition_expression(u.condition_expression())
                 .set_expression_attribute_names(u.names())
                 .set_expression_attribute_values(u.values())
                 .send()
-                .await
-                .map_err(|e| sdk_error("UpdateItem", e, Call::Write))?;
+                .await;
+            self.wrote_one(Write::Update((pk_value.clone(), sk)), false);
+            match result {
+                Ok(_) => {}
+                // Gone, or archived already.
+                Err(err)
+                    if err
+                        .as_service_error()
+                        .is_some_and(|se| se.is_conditional_check_failed_exception()) => {}
+                Err(err) => return Err(sdk_error("UpdateItem", err, Call::Write)),
+            }
         }
         Ok(())
     }
@@ -761,6 +805,7 @@ impl DynamoStore {
                 Some(HashMap::from([(":v".to_string(), n(version))])),
             )
         };
+        let written = item.clone();
         let result = self
             .client
             .put_item()
@@ -771,6 +816,7 @@ impl DynamoStore {
             .set_expression_attribute_values(values)
             .send()
             .await;
+        self.wrote_one(Write::Put(written), result.is_ok());
         match result {
             Ok(_) => Ok(true),
             Err(err)
@@ -853,6 +899,7 @@ impl Store for DynamoStore {
         }
         meta.insert(attr::REQUEST.into(), json("request", &new.request)?);
         meta.insert(attr::CANDIDATE_COUNT.into(), n(0));
+        meta.insert(attr::OFFERS_VERSION.into(), n(1));
         meta.insert(attr::SPENT_MICROS.into(), n(0));
         meta.insert(attr::CREATED_AT.into(), time(new.at));
         meta.insert(attr::UPDATED_AT.into(), time(new.at));
@@ -968,13 +1015,57 @@ impl Store for DynamoStore {
         &self,
         request_id: &RequestId,
     ) -> Result<Option<RequestRecord>, PortError> {
-        let mut e = Expr::new();
-        let (pk, sk) = (e.name(attr::PK), e.name(attr::SK));
-        let pv = e.value(s(request_pk(request_id.as_str())));
-        let (from, to) = (e.value(s(META_SK)), e.value(s(AFTER_OFFERS)));
-        let cond = format!("{pk} = {pv} AND {sk} BETWEEN {from} AND {to}");
-        let items = self.query(None, e, cond).await?;
-
+        // META and its candidates, read in one Query, or only what this run lacks of them:
+        // kept candidates serve only while META's `offers_version` is what they were read at.
+        let pk_value = request_pk(request_id.as_str());
+        let meta_key = (pk_value.clone(), META_SK.to_string());
+        let kept_meta = self.seen().item(&meta_key);
+        let kept_offers = self.seen().tagged_range(&pk_value, OFFER_PREFIX);
+        let offers_version = |m: &Option<Item>| -> Option<i64> {
+            m.as_ref()
+                .and_then(|i| Read::new(i).opt_int(attr::OFFERS_VERSION).ok().flatten())
+        };
+        let meta = match kept_meta {
+            Some(m) => Some(m),
+            // Candidates kept: META alone.
+            None if kept_offers.is_some() => Some(self.get(key(pk_value.clone(), META_SK)).await?),
+            None => None,
+        };
+        let items: Vec<Item> = match (meta, kept_offers) {
+            (Some(meta), Some((offers, tag))) if tag == offers_version(&meta) => {
+                meta.into_iter().chain(offers).collect()
+            }
+            (meta, _) => {
+                let mut e = Expr::new();
+                let (pk, sk) = (e.name(attr::PK), e.name(attr::SK));
+                let pv = e.value(s(pk_value.clone()));
+                let from = match meta {
+                    Some(_) => e.value(s(OFFER_PREFIX)),
+                    None => e.value(s(META_SK)),
+                };
+                let to = e.value(s(AFTER_OFFERS));
+                let cond = format!("{pk} = {pv} AND {sk} BETWEEN {from} AND {to}");
+                let read = self.query(None, e, cond).await?;
+                let (found, offers): (Vec<Item>, Vec<Item>) = read.into_iter().partition(
+                    |i| matches!(i.get(attr::SK), Some(AttributeValue::S(v)) if v == META_SK),
+                );
+                let meta = match meta {
+                    Some(m) => m,
+                    None => {
+                        let m = found.into_iter().next();
+                        self.seen().read(meta_key, m.clone());
+                        m
+                    }
+                };
+                self.seen().read_tagged_range(
+                    &pk_value,
+                    OFFER_PREFIX,
+                    &offers,
+                    Some(offers_version(&meta).unwrap_or(0)),
+                );
+                meta.into_iter().chain(offers).collect()
+            }
+        };
         let Some(meta_item) = items
             .iter()
             .find(|i| matches!(i.get(attr::SK), Some(AttributeValue::S(v)) if v == META_SK))
@@ -1141,7 +1232,8 @@ impl Store for DynamoStore {
             )?);
         }
         if let Some(plans) = &t.candidates {
-            e.set(attr::CANDIDATE_COUNT, n(plans.len() as i64));
+            e.set(attr::CANDIDATE_COUNT, n(plans.len() as i64))
+                .set(attr::OFFERS_VERSION, n(version));
             for (i, plan) in plans.iter().enumerate() {
                 let mut item = key(pk.clone(), offer_sk(i));
                 item.insert(attr::KIND.into(), s(kind::OFFER));
@@ -1197,7 +1289,7 @@ impl Store for DynamoStore {
                 "transition applied"
             );
             if t.to.is_terminal() {
-                self.archive_children(id, t.at).await;
+                self.archive_children(id, t.at, &meta).await;
             }
             return Ok(WriteOutcome::Applied { version });
         }
@@ -1710,7 +1802,7 @@ impl Store for DynamoStore {
                         "unbought debit released"
                     );
                     if r.to.is_terminal() {
-                        self.archive_children(id, r.at).await;
+                        self.archive_children(id, r.at, &meta).await;
                     }
                     return Ok(LeaseWriteOutcome::Applied { version });
                 }
@@ -1862,6 +1954,10 @@ impl Store for DynamoStore {
 
     fn outbox_writes(&self) -> u64 {
         self.writes.load(Ordering::SeqCst)
+    }
+
+    fn begin_run(&self) {
+        self.seen().begin();
     }
 
     async fn history(&self, request_id: &RequestId) -> Result<Vec<HistoryEntry>, PortError> {
