@@ -42,6 +42,25 @@ async fn request_with_offerings(store: &DynamoStore, id: &str, team_name: &str) 
     3
 }
 
+/// GIVEN `id` with offerings, one 4000 USD block `res` bought (day 3, two days) and its
+/// window running from its start. Returns the block.
+async fn running_block(store: &DynamoStore, id: &str, res: &str) -> Reservation {
+    let a = block(res, "4000.00", 3, 2);
+    request_with_offerings(store, id, "ml").await;
+    store
+        .begin_purchase(begin_purchase(id, 3, OfferingsFound, "w", t0(), None))
+        .await
+        .unwrap();
+    store
+        .record_reservation(record_reservation(id, "w", a.clone(), t0()))
+        .await
+        .unwrap();
+    let key = format!("{res}#0");
+    let run = window_update(store, id, &key, WindowState::Running, a.start(), "run").await;
+    store.update_windows(run).await.unwrap();
+    a
+}
+
 /// The due items as (request, status, due time).
 fn due_keys(
     due: Vec<DueItem>,
@@ -1923,7 +1942,7 @@ async fn a_reserved_requests_windows_move_it_to_active_and_to_ended_and_stale_or
     let meta = raw_item(&table, &format!("REQ#{id}"), "META").await;
     assert!(terminal.contains_key("expires_at"));
     assert_eq!(meta.get("expires_at"), terminal.get("expires_at"));
-    assert!(!meta.contains_key("gsi_due"), "out of the due index");
+    assert!(!meta.contains_key("gsi_due"), "out of the work index");
     let res = raw_item(&table, &format!("REQ#{id}"), "RES#cr-a").await;
     assert_eq!(res.get("expires_at"), terminal.get("expires_at"));
 }
@@ -2020,26 +2039,7 @@ async fn a_tick_reads_what_is_due_what_runs_and_what_is_unsent_in_one_query() {
         .await
         .unwrap();
     let id = "runs";
-    let a = block("cr-runs", "4000.00", 3, 2);
-    request_with_offerings(&store, id, "ml").await;
-    store
-        .begin_purchase(begin_purchase(id, 3, OfferingsFound, "w", t0(), None))
-        .await
-        .unwrap();
-    store
-        .record_reservation(record_reservation(id, "w", a.clone(), t0()))
-        .await
-        .unwrap();
-    let run = window_update(
-        &store,
-        id,
-        "cr-runs#0",
-        WindowState::Running,
-        a.start(),
-        "run",
-    )
-    .await;
-    store.update_windows(run).await.unwrap();
+    let a = running_block(&store, id, "cr-runs").await;
     let slot = |n: u32| WorkloadRecord {
         request_id: request_id(id),
         reservation_id: "cr-runs".into(),
@@ -2121,26 +2121,7 @@ async fn every_state_change_leaves_a_history_item_read_back_in_order_and_archive
     let table = TestTable::fresh().await.unwrap();
     let store = table.store();
     let id = "hist-1";
-    let a = block("cr-hist", "4000.00", 3, 2);
-    request_with_offerings(&store, id, "ml").await;
-    store
-        .begin_purchase(begin_purchase(id, 3, OfferingsFound, "w", t0(), None))
-        .await
-        .unwrap();
-    store
-        .record_reservation(record_reservation(id, "w", a.clone(), t0()))
-        .await
-        .unwrap();
-    let run = window_update(
-        &store,
-        id,
-        "cr-hist#0",
-        WindowState::Running,
-        a.start(),
-        "run",
-    )
-    .await;
-    store.update_windows(run).await.unwrap();
+    let a = running_block(&store, id, "cr-hist").await;
     // ... and a stale write refused (it must leave no history)
     let stale = transition(id, 2, Accepted, Searching, "stale");
     assert_eq!(

@@ -5,6 +5,7 @@
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use capacity_pilot::domain::money::Usd;
+use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::ports::Store;
 use integration_tests::flow::{Flow, SOURCE, envelope, t0};
@@ -60,6 +61,31 @@ pub(crate) async fn a_request_is_searched_bought_once_and_announced_on_the_bus()
     );
     // AND the team's ledger holds exactly the fee
     assert_eq!(f.team_spent("team-a", t0()).await, fee.to_micros_ceil());
+    // AND its history reads back every step once, each with its reason and cause, the
+    // duplicate delivery leaving none
+    let history = f
+        .table
+        .store()
+        .history(&RequestId::parse("flow-1").unwrap())
+        .await
+        .unwrap();
+    let path: Vec<RequestStatus> = history.iter().map(|h| h.to).collect();
+    assert_eq!(
+        path,
+        [
+            RequestStatus::Accepted,
+            RequestStatus::Searching,
+            RequestStatus::OfferingsFound,
+            RequestStatus::Purchasing,
+            RequestStatus::Reserved
+        ]
+    );
+    assert!(
+        history
+            .iter()
+            .all(|h| !h.reason.is_empty() && !h.cause.is_empty()),
+        "{history:?}"
+    );
 }
 
 #[tokio::test]

@@ -1,5 +1,5 @@
 //! A minimal HTTP/1.1 client for the runner's own calls to moto (create the table, read the
-//! `due` index for scheduling): one request per connection, `Connection: close`.
+//! work index for scheduling): one request per connection, `Connection: close`.
 
 use anyhow::{Context, anyhow, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -3,7 +3,7 @@
 //! `.venv`. It logs to a file, exits when its stdin closes and is killed when dropped.
 //!
 //! The state table is created from `Resources.StateTable.Properties` of the template, and the
-//! runner reads its `due` index, for scheduling only, through DynamoDB's JSON API.
+//! runner reads its work index, for scheduling only, through DynamoDB's JSON API.
 //!
 //! The functions reach moto through a relay that passes every byte through and counts the
 //! requests that may write (any `X-Amz-Target` but a read): the runner rescans the `due`

@@ -226,32 +226,40 @@ fn outbox_items(
 /// outbox alone is `gsi_due <= OUTBOX_DUE`.
 const OUTBOX_DUE: i64 = 0;
 
-/// A history item: the change that made `version` (ARCHITECTURE §8.14).
-#[allow(clippy::too_many_arguments)]
-fn history_item(
-    table: &str,
-    pk: &str,
+/// One versioned change of a request, as its history item keeps it.
+struct Change<'a> {
     version: u64,
     from: Option<RequestStatus>,
     to: RequestStatus,
-    reason: &str,
-    cause: &Cause,
+    reason: &'a str,
+    cause: &'a Cause,
     at: DateTime<Utc>,
-) -> Result<TransactWriteItem, PortError> {
-    let mut item = key(pk.to_string(), history_sk(version));
+}
+
+/// What every versioned write adds to its transaction after its own items: its outbox items
+/// and its history item (ARCHITECTURE §8.14), archived at once when the change ends it.
+fn change_items(
+    table: &str,
+    request_id: &str,
+    outbox: &[OutboundEvent],
+    c: Change<'_>,
+) -> Result<Vec<TransactWriteItem>, PortError> {
+    let mut items = outbox_items(table, request_id, outbox, c.version, c.at)?;
+    let mut item = key(request_pk(request_id), history_sk(c.version));
     item.insert(attr::KIND.into(), s(kind::HISTORY));
-    item.insert(attr::VERSION.into(), n(version));
-    if let Some(f) = from {
+    item.insert(attr::VERSION.into(), n(c.version));
+    if let Some(f) = c.from {
         item.insert(attr::FROM.into(), s(f.as_str()));
     }
-    item.insert(attr::TO.into(), s(to.as_str()));
-    item.insert(attr::REASON.into(), s(reason));
-    item.insert(attr::CAUSE.into(), s(cause.event_id.clone()));
-    item.insert(attr::CREATED_AT.into(), time(at));
-    if to.is_terminal() {
-        item.insert(attr::EXPIRES_AT.into(), archive_at(at));
+    item.insert(attr::TO.into(), s(c.to.as_str()));
+    item.insert(attr::REASON.into(), s(c.reason));
+    item.insert(attr::CAUSE.into(), s(c.cause.event_id.clone()));
+    item.insert(attr::CREATED_AT.into(), time(c.at));
+    if c.to.is_terminal() {
+        item.insert(attr::EXPIRES_AT.into(), archive_at(c.at));
     }
-    put(table, item, None)
+    items.push(put(table, item, None)?);
+    Ok(items)
 }
 
 /// Sets the windows, the status's own next action, and the index entry together. A status that summarises its windows has no next action of its own
@@ -937,16 +945,18 @@ impl Store for DynamoStore {
                 &t,
             )?);
         }
-        items.extend(outbox_items(&self.table, &id, &new.outbox, 1, new.at)?);
-        items.push(history_item(
+        items.extend(change_items(
             &self.table,
-            &pk,
-            1,
-            None,
-            status,
-            &reason,
-            &new.caused_by,
-            new.at,
+            &id,
+            &new.outbox,
+            Change {
+                version: 1,
+                from: None,
+                to: status,
+                reason: &reason,
+                cause: &new.caused_by,
+                at: new.at,
+            },
         )?);
         Ok(match self.transact(items).await? {
             Committed::Yes => {
@@ -1266,16 +1276,18 @@ impl Store for DynamoStore {
         let refund_item = refund.is_some().then_some(items.len());
         items.extend(refund);
         items.extend(plan_items);
-        items.extend(outbox_items(&self.table, id, &t.outbox, version, t.at)?);
-        items.push(history_item(
+        items.extend(change_items(
             &self.table,
-            &pk,
-            version,
-            Some(t.from),
-            t.to,
-            &t.reason,
-            &t.caused_by,
-            t.at,
+            id,
+            &t.outbox,
+            Change {
+                version,
+                from: Some(t.from),
+                to: t.to,
+                reason: &t.reason,
+                cause: &t.caused_by,
+                at: t.at,
+            },
         )?);
 
         let committed = self.transact(items).await?;
@@ -1366,16 +1378,18 @@ impl Store for DynamoStore {
             event_record(&self.table, &pk, &u.caused_by, u.at)?,
             update(&self.table, key(pk.clone(), META_SK), &e)?,
         ];
-        items.extend(outbox_items(&self.table, id, &u.outbox, version, u.at)?);
-        items.push(history_item(
+        items.extend(change_items(
             &self.table,
-            &pk,
-            version,
-            Some(u.status),
-            u.status,
-            &u.reason,
-            &u.caused_by,
-            u.at,
+            id,
+            &u.outbox,
+            Change {
+                version,
+                from: Some(u.status),
+                to: u.status,
+                reason: &u.reason,
+                cause: &u.caused_by,
+                at: u.at,
+            },
         )?);
         Ok(match self.transact(items).await? {
             Committed::Yes => {
@@ -1473,16 +1487,18 @@ impl Store for DynamoStore {
         if let Some(d) = &b.debit {
             items.push(ledger_debit(&self.table, d, b.at)?);
         }
-        items.extend(outbox_items(&self.table, id, &b.outbox, version, b.at)?);
-        items.push(history_item(
+        items.extend(change_items(
             &self.table,
-            &pk,
-            version,
-            Some(b.from),
-            Purchasing,
-            &b.reason,
-            &b.caused_by,
-            b.at,
+            id,
+            &b.outbox,
+            Change {
+                version,
+                from: Some(b.from),
+                to: Purchasing,
+                reason: &b.reason,
+                cause: &b.caused_by,
+                at: b.at,
+            },
         )?);
 
         let committed = self.transact(items).await?;
@@ -1622,16 +1638,18 @@ impl Store for DynamoStore {
                 put(&self.table, res, None)?,
             ];
             items.extend(ledgers);
-            items.extend(outbox_items(&self.table, id, &r.outbox, version, r.at)?);
-            items.push(history_item(
+            items.extend(change_items(
                 &self.table,
-                &pk,
-                version,
-                Some(Purchasing),
-                r.to,
-                &r.reason,
-                &r.caused_by,
-                r.at,
+                id,
+                &r.outbox,
+                Change {
+                    version,
+                    from: Some(Purchasing),
+                    to: r.to,
+                    reason: &r.reason,
+                    cause: &r.caused_by,
+                    at: r.at,
+                },
             )?);
             match self.transact(items).await? {
                 Committed::Yes => {
@@ -1693,16 +1711,18 @@ impl Store for DynamoStore {
             event_record(&self.table, &pk, &k.caused_by, k.at)?,
             update(&self.table, key(pk.clone(), META_SK), &e)?,
         ];
-        items.extend(outbox_items(&self.table, id, &k.outbox, version, k.at)?);
-        items.push(history_item(
+        items.extend(change_items(
             &self.table,
-            &pk,
-            version,
-            Some(k.status),
-            k.status,
-            &k.reason,
-            &k.caused_by,
-            k.at,
+            id,
+            &k.outbox,
+            Change {
+                version,
+                from: Some(k.status),
+                to: k.status,
+                reason: &k.reason,
+                cause: &k.caused_by,
+                at: k.at,
+            },
         )?);
         match self.transact(items).await? {
             Committed::Yes => Ok(WriteOutcome::Applied { version }),
@@ -1781,16 +1801,18 @@ impl Store for DynamoStore {
             } else {
                 items.push(update(&self.table, key(pk.clone(), META_SK), &e)?);
             }
-            items.extend(outbox_items(&self.table, id, &r.outbox, version, r.at)?);
-            items.push(history_item(
+            items.extend(change_items(
                 &self.table,
-                &pk,
-                version,
-                Some(Purchasing),
-                r.to,
-                &r.reason,
-                &r.caused_by,
-                r.at,
+                id,
+                &r.outbox,
+                Change {
+                    version,
+                    from: Some(Purchasing),
+                    to: r.to,
+                    reason: &r.reason,
+                    cause: &r.caused_by,
+                    at: r.at,
+                },
             )?);
             match self.transact(items).await? {
                 Committed::Yes => {

@@ -1,10 +1,13 @@
 //! What one run has read of the table, so it never reads an item twice without writing it in
-//! between (the read rule, README "State"). A run starts with [`Store::begin_run`]
-//! (crate::ports::Store::begin_run); until then nothing is kept, and each run starts empty.
+//! between (the read rule, README "State"). A run starts with
+//! [`Store::begin_run`](crate::ports::Store::begin_run); until then nothing is kept, and each
+//! run starts empty.
 //!
 //! Kept: items read by key (also found absent), and whole sort-key ranges of a partition
 //! (`OFFER#`, `RES#`, `SLOT#`, `HIST#`). A committed put keeps what it wrote; a committed
-//! update forgets its item (its result is not known here) and any range holding it; a write
+//! update forgets its item (its result is not known here) and any range holding it; the
+//! candidates (`OFFER#`) are kept with META's `offers_version` and read again after any
+//! write to them or once META says another; a write
 //! that did not commit forgets every item it named, so the next read is a fresh one, as
 //! re-reading after a refused conditional write requires. Correctness never rests on what is
 //! kept: every decision's write is conditional on the version it was read at.

@@ -1246,3 +1246,75 @@ async fn a_workload_record_is_kept_per_reservation_and_slot_and_replaced_by_the_
     assert_eq!(all, vec![w(0, 1, "i-c"), w(1, 0, "i-b")]);
     assert!(store.workloads(&id("r-2")).await.unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn a_run_publishes_what_it_wrote_or_its_agenda_showed_and_reads_the_outbox_only_after_writing()
+ {
+    use crate::fakes::RecordingEvents;
+    use crate::outbox::{Run, flush};
+    // GIVEN an unsent acceptance left by an earlier run
+    let store = InMemoryStore::new();
+    let events = RecordingEvents::new();
+    store
+        .create_request(new_request(R1, "5000", "ev-1"))
+        .await
+        .unwrap();
+
+    // WHEN a run that neither wrote nor read an agenda flushes
+    let before = store.calls().len();
+    let sent = flush(&store, &events, Run::start(&store)).await.unwrap();
+    // THEN it reads nothing and leaves the item to a scheduled run
+    assert_eq!((sent, store.calls().len()), (0, before));
+
+    // WHEN a scheduled run read its agenda and wrote nothing
+    let run = Run::start(&store);
+    let agenda = store.agenda(t0()).await.unwrap();
+    let before = store.calls().len();
+    let sent = flush(&store, &events, run.with_agenda(Some(&agenda)))
+        .await
+        .unwrap();
+    // THEN it publishes the agenda's item without reading the outbox again
+    assert_eq!(sent, 1);
+    assert!(
+        !store.calls()[before..].contains(&StoreOp::UnsentOutbox),
+        "{:?}",
+        store.calls()
+    );
+
+    // WHEN a run writes (a second request) after reading an agenda that held nothing unsent
+    let run = Run::start(&store);
+    let agenda = store.agenda(t0()).await.unwrap();
+    assert!(agenda.outbox.is_empty());
+    store
+        .create_request(new_request("r-2", "5000", "ev-2"))
+        .await
+        .unwrap();
+    let sent = flush(&store, &events, run.with_agenda(Some(&agenda)))
+        .await
+        .unwrap();
+    // THEN it reads the outbox again and publishes what it wrote
+    assert_eq!(sent, 1);
+    assert_eq!(
+        events.published().last().map(|e| e.event_key.clone()),
+        Some("r-2/accepted".to_string())
+    );
+}
+
+#[tokio::test]
+async fn every_state_change_is_kept_in_the_requests_history() {
+    let store = InMemoryStore::new();
+    store
+        .create_request(new_request(R1, "5000", "ev-1"))
+        .await
+        .unwrap();
+    let mut t = transition(R1, 1, Accepted, Searching);
+    t.reason = "searching".into();
+    store.transition(t).await.unwrap();
+    let h = store.history(&id(R1)).await.unwrap();
+    let steps: Vec<_> = h.iter().map(|e| (e.version, e.from, e.to)).collect();
+    assert_eq!(
+        steps,
+        vec![(1, None, Accepted), (2, Some(Accepted), Searching)]
+    );
+    assert_eq!(h[1].reason, "searching");
+}
