@@ -4,6 +4,7 @@ pub mod aws;
 pub mod config;
 pub mod decision;
 pub mod domain;
+pub mod ids;
 pub mod lambda;
 pub mod outbox;
 pub mod ports;

@@ -21,25 +21,25 @@ pub const CLAIM_FOR: chrono::Duration = chrono::Duration::minutes(5);
 pub struct Run<'a> {
     writes_before: u64,
     agenda: Option<&'a Agenda>,
+    /// The handler's `now`: claims are timed by it (ARCHITECTURE §8.12).
+    now: chrono::DateTime<chrono::Utc>,
 }
 
 impl<'a> Run<'a> {
-    /// A run starting now, before any write: the store starts its run too
+    /// A run starting at `now`, before any write: the store starts its run too
     /// ([`Store::begin_run`]).
-    pub fn start<S: Store>(store: &S) -> Run<'static> {
-        store.begin_run();
+    pub fn start<S: Store>(store: &S, now: chrono::DateTime<chrono::Utc>) -> Run<'static> {
+        store.begin_run(now);
         Run {
             writes_before: store.outbox_writes(),
             agenda: None,
+            now,
         }
     }
 
     /// The run read `agenda` (which holds the unsent outbox as of then).
     pub fn with_agenda(self, agenda: Option<&'a Agenda>) -> Run<'a> {
-        Run {
-            writes_before: self.writes_before,
-            agenda,
-        }
+        Run { agenda, ..self }
     }
 }
 
@@ -65,8 +65,10 @@ pub async fn flush<S: Store, E: EventSink>(
     if unsent.is_empty() {
         return Ok(0);
     }
-    // Claims are between concurrent runs, so they use the wall clock, not the scenario's.
-    let now = chrono::Utc::now();
+    // Claims are between concurrent runs. The run's own `now` times them: in production the
+    // wall clock's, and where the clock stands still while an invocation runs (a simulation),
+    // the same instant for every run in flight, so a claim still holds until time moves on.
+    let now = run.now;
     let mut items = Vec::new();
     for item in unsent {
         if store

@@ -451,6 +451,26 @@ pub trait EventSink: Send + Sync {
     ) -> impl Future<Output = Result<PublishReport, PortError>> + Send;
 }
 
+/// Where ids and lease tokens come from (ARCHITECTURE §8.12): random in production
+/// ([`crate::aws::ids::RandomIds`]), seeded in a simulation ([`crate::ids::SeededIds`]).
+pub trait Ids: Send + Sync + std::fmt::Debug {
+    fn next_id(&self) -> String;
+}
+
+/// The id source a handler holds.
+pub type SharedIds = std::sync::Arc<dyn Ids>;
+
+pub use aws_smithy_async::rt::sleep::AsyncSleep;
+/// Where sleeps come from: the SDK's own sleep, so production sleeps on tokio and a
+/// simulation on its own time.
+pub use aws_smithy_async::rt::sleep::SharedAsyncSleep as Sleep;
+
+/// The sleep production uses when no other is given: tokio's, as the SDK's own default.
+pub fn default_sleep() -> Sleep {
+    aws_smithy_async::rt::sleep::default_async_sleep()
+        .unwrap_or_else(|| Sleep::new(aws_smithy_async::rt::sleep::TokioSleep::new()))
+}
+
 pub trait Clock: Send + Sync {
     fn now(&self) -> impl Future<Output = Result<DateTime<Utc>, PortError>> + Send;
 }
@@ -1388,10 +1408,13 @@ pub trait Store: Send + Sync {
     /// committed: a run whose count did not move has nothing of its own to publish.
     fn outbox_writes(&self) -> u64;
 
-    /// A run (one invocation) starts: from now until the next run, the store reads no item
-    /// twice without writing it in between (the README's read rule). Nothing is kept from
-    /// one run to the next.
-    fn begin_run(&self) {}
+    /// A run (one invocation) starts at the handler's `now`: from then until the next run,
+    /// the store takes the time from it (TTL filters, outbox claims, archival), and reads no
+    /// item twice without writing it in between (the README's read rule). Nothing is kept
+    /// from one run to the next.
+    fn begin_run(&self, now: DateTime<Utc>) {
+        let _ = now;
+    }
 
     /// The request's state changes, oldest first (also once it is archived, until its TTL).
     fn history(

@@ -22,7 +22,8 @@ use capacity_pilot::config::Config;
 use capacity_pilot::domain::money::MicroUsd;
 use capacity_pilot::domain::request::{RequestId, Team};
 use capacity_pilot::domain::status::RequestStatus;
-use capacity_pilot::ports::{BudgetMonth, RequestRecord, Store, WallDeadline};
+use capacity_pilot::ids::SeededIds;
+use capacity_pilot::ports::{BudgetMonth, RequestRecord, Store, WallDeadline, default_sleep};
 use chrono::{DateTime, Utc};
 use cleanup_expired::handler::Cleaner;
 use launch_workloads::handler::Launcher;
@@ -236,6 +237,8 @@ impl Flow {
             events,
             clock,
             config: config.clone(),
+            ids: Arc::new(SeededIds::new(seed)),
+            sleep: default_sleep(),
         };
         let (store, _, workloads, events, clock) = adapters(Function::Launch);
         let launcher = Launcher {

@@ -2487,7 +2487,7 @@ async fn a_run_reads_no_item_twice_without_writing_it_and_the_rule_is_seen_broke
 
     // WHEN a run reads it twice, writes it, and reads it again
     reads.begin();
-    store.begin_run();
+    store.begin_run(chrono::Utc::now());
     let before = calls.log().len();
     let rec = store.get_request(&id).await.unwrap().unwrap();
     assert_eq!(store.get_request(&id).await.unwrap().unwrap(), rec);
@@ -2539,7 +2539,7 @@ async fn candidates_a_run_kept_are_read_again_once_another_writer_replaced_them(
     request_with_offerings(&table.store(), "rr-2", "ml").await;
     let store = table.store();
     let id = request_id("rr-2");
-    store.begin_run();
+    store.begin_run(chrono::Utc::now());
     let rec = store.get_request(&id).await.unwrap().unwrap();
     assert_eq!(rec.candidates.len(), 2);
 

@@ -103,7 +103,7 @@ pub struct Cleaner<S, M, W, E, C> {
 impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<S, M, W, E, C> {
     pub async fn handle(&self, ev: EventBridgeEvent<Value>) -> Result<Outcome, HandlerError> {
         let now = self.clock.now().await?;
-        let run = outbox::Run::start(&self.store);
+        let run = outbox::Run::start(&self.store, now);
         let base = ev.id.clone().unwrap_or_else(|| format!("{now}"));
         let mut out = Outcome::default();
         let mut errors: Vec<PortError> = Vec::new();

@@ -89,7 +89,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         deadline: &dyn Deadline,
     ) -> Result<Outcome, HandlerError> {
         let now = self.clock.now().await?;
-        let run = outbox::Run::start(&self.store);
+        let run = outbox::Run::start(&self.store, now);
         let cause = Cause::new(ev.id.clone().unwrap_or_else(|| format!("{now}")));
         let mut out = Outcome::default();
         let mut errors = Vec::new();

@@ -31,10 +31,10 @@ use capacity_pilot::domain::time_rules::{
 use capacity_pilot::domain::window;
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
-    BeginPurchase, BeginPurchaseOutcome, BudgetMonth, CancelNote, CapacityMarket, Cause, Clock,
-    Debit, Doubt, EventSink, KeepCancellation, Lease, LeaseWriteOutcome, PortError, PurchaseSpec,
-    RecordReservation, Refund, ReleaseUnbought, RequestRecord, Store, TOMBSTONE_KEPT, Tombstone,
-    TombstoneOutcome, Transition, WriteOutcome,
+    AsyncSleep, BeginPurchase, BeginPurchaseOutcome, BudgetMonth, CancelNote, CapacityMarket,
+    Cause, Clock, Debit, Doubt, EventSink, KeepCancellation, Lease, LeaseWriteOutcome, PortError,
+    PurchaseSpec, RecordReservation, Refund, ReleaseUnbought, RequestRecord, SharedIds, Sleep,
+    Store, TOMBSTONE_KEPT, Tombstone, TombstoneOutcome, Transition, WriteOutcome,
 };
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
@@ -63,6 +63,10 @@ pub struct Purchaser<S, M, E, C> {
     pub events: E,
     pub clock: C,
     pub config: Arc<Config>,
+    /// Lease tokens.
+    pub ids: SharedIds,
+    /// Between throttled purchase attempts.
+    pub sleep: Sleep,
 }
 
 impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> {
@@ -73,7 +77,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         let detail_type = ev.detail_type.clone();
         let source = ev.source.clone();
         let mut errors = Vec::new();
-        let run = outbox::Run::start(&self.store);
+        let run = outbox::Run::start(&self.store, now);
         let mut agenda = None;
 
         match detail_type.as_str() {
@@ -717,7 +721,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         };
         let amount = plan.upfront_fee.to_micros_ceil();
         let lease = Lease {
-            token: uuid::Uuid::new_v4().to_string(),
+            token: self.ids.next_id(),
             expires_at: now + LEASE,
         };
         let approved_note = approver
@@ -806,7 +810,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             return Ok(());
         };
         let lease = Lease {
-            token: uuid::Uuid::new_v4().to_string(),
+            token: self.ids.next_id(),
             expires_at: now + LEASE,
         };
         let begin = BeginPurchase {
@@ -1683,7 +1687,8 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             match self.market.purchase(offering, &spec).await {
                 // A throttle means AWS did not process the call: retrying it cannot buy twice.
                 Err(PortError::Throttled { .. }) if attempt < PURCHASE_ATTEMPTS => {
-                    tokio::time::sleep(std::time::Duration::from_millis(200 * (1 << attempt)))
+                    self.sleep
+                        .sleep(std::time::Duration::from_millis(200 * (1 << attempt)))
                         .await;
                 }
                 other => return other,

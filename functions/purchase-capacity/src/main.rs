@@ -16,6 +16,8 @@ async fn main() -> Result<(), Error> {
         events: a.events,
         clock: a.clock,
         config,
+        ids: a.ids,
+        sleep: a.sleep,
     };
     serve(|event| handler.handle(event)).await
 }

@@ -73,7 +73,7 @@ enum Verdict {
 impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
     pub async fn handle(&self, ev: EventBridgeEvent<Value>) -> Result<Outcome, HandlerError> {
         let now = self.clock.now().await?;
-        let run = outbox::Run::start(&self.store);
+        let run = outbox::Run::start(&self.store, now);
         let mut out = Outcome::default();
         // Which requests to look at: every live one on a tick, the owners an event names
         // (with the instances a Health event names).

@@ -70,7 +70,7 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
         let cause = Cause::new(event_id.clone());
         let mut out = Outcome::default();
         let mut errors = Vec::new();
-        let run = outbox::Run::start(&self.store);
+        let run = outbox::Run::start(&self.store, now);
         let mut agenda = None;
 
         match (ev.detail_type.as_str(), ev.source.as_str()) {

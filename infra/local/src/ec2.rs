@@ -1415,7 +1415,7 @@ impl World {
         dry_run(q)?;
         let tags = q.tag_specs("instance")?;
         let reservation_id = self.next_id("r-");
-        let token = token.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let token = token.unwrap_or_else(|| self.next_uuid("client-token"));
         let mut ids = Vec::new();
         for n in 0..launch_count {
             let id = self.next_id("i-");

@@ -33,6 +33,7 @@ pub mod util;
 pub mod world;
 pub mod xml;
 
+use aws_smithy_async::rt::sleep::{SharedAsyncSleep, TokioSleep};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
@@ -58,6 +59,8 @@ pub struct Options {
     pub start: Option<DateTime<Utc>>,
     /// Behaviour switches and timings.
     pub settings: Settings,
+    /// What the emulator's latencies sleep on; tokio's unless a simulation gives its own.
+    pub sleep: SharedAsyncSleep,
 }
 
 impl Default for Options {
@@ -67,6 +70,7 @@ impl Default for Options {
             port: 0,
             start: None,
             settings: Settings::default(),
+            sleep: SharedAsyncSleep::new(TokioSleep::new()),
         }
     }
 }
@@ -92,6 +96,7 @@ impl LocalCloud {
         let now = options.start.unwrap_or_else(Utc::now);
         let shared = Arc::new(server::Shared {
             world: Mutex::new(World::new(options.seed, now, options.settings)),
+            sleep: options.sleep,
         });
         let app = server::router(shared.clone());
         let (tx, rx) = oneshot::channel::<()>();

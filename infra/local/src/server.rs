@@ -14,6 +14,8 @@ use chrono::{DateTime, TimeDelta, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use aws_smithy_async::rt::sleep::{AsyncSleep, SharedAsyncSleep};
+
 use crate::error::ApiError;
 use crate::query::Query;
 use crate::world::{Fault, FaultKind, Settings, World};
@@ -23,6 +25,8 @@ use crate::xml::el;
 #[derive(Debug)]
 pub struct Shared {
     pub world: Mutex<World>,
+    /// Latency faults and RunInstances' latency sleep on it (ARCHITECTURE §8.12).
+    pub sleep: SharedAsyncSleep,
 }
 
 impl Shared {
@@ -94,7 +98,7 @@ enum Protocol {
 }
 
 async fn aws(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
-    let request_id = uuid::Uuid::new_v4().to_string();
+    let request_id = app.lock().next_uuid("request");
     let region = region_of(&headers);
     let target = headers
         .get("x-amz-target")
@@ -158,7 +162,9 @@ async fn aws(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respons
     match fault {
         None => {}
         Some(FaultKind::Latency { millis }) => {
-            tokio::time::sleep(std::time::Duration::from_millis(millis)).await;
+            app.sleep
+                .sleep(std::time::Duration::from_millis(millis))
+                .await;
         }
         Some(FaultKind::LostResponse) => lose_response = true,
         Some(FaultKind::Throttle) => {
@@ -200,7 +206,9 @@ async fn aws(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respons
     // RunInstances' own latency (ARCHITECTURE §8.10): the call is done, the world is free for
     // other requests, and only this answer waits.
     if latency_ms > 0 {
-        tokio::time::sleep(std::time::Duration::from_millis(latency_ms)).await;
+        app.sleep
+            .sleep(std::time::Duration::from_millis(latency_ms))
+            .await;
     }
     if lose_response {
         return render_error(protocol, &internal(protocol), &request_id);

@@ -352,6 +352,8 @@ pub struct World {
     seq: u64,
     ids: u64,
     event_ids: u64,
+    /// Counts [`World::next_uuid`].
+    uuids: u64,
 }
 
 impl World {
@@ -370,6 +372,7 @@ impl World {
             seq: 0,
             ids: 0,
             event_ids: 0,
+            uuids: 0,
         }
     }
 
@@ -380,6 +383,19 @@ impl World {
             prefix,
             &[&self.market.seed.to_string(), prefix, &self.ids.to_string()],
         )
+    }
+
+    /// A deterministic UUID-shaped id for `what` (a response's request id, a default client
+    /// token): the same seed and calls give the same ids (ARCHITECTURE §8.12).
+    pub fn next_uuid(&mut self, what: &str) -> String {
+        self.uuids += 1;
+        let seed = self.market.seed.to_string();
+        let n = self.uuids.to_string();
+        let a = crate::util::stable_hash(&[&seed, what, &n]);
+        let b = crate::util::stable_hash(&[&seed, what, "low", &n]);
+        uuid::Builder::from_random_bytes(((u128::from(a) << 64) | u128::from(b)).to_be_bytes())
+            .into_uuid()
+            .to_string()
     }
 
     /// A deterministic UUID-shaped event id, so the same seed and actions replay identically.

@@ -20,9 +20,16 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;
 
+impl SystemClock {
+    /// The wall clock: the one place production code reads it (ARCHITECTURE §8.12).
+    pub fn wall() -> DateTime<Utc> {
+        Utc::now()
+    }
+}
+
 impl Clock for SystemClock {
     async fn now(&self) -> Result<DateTime<Utc>, PortError> {
-        Ok(Utc::now())
+        Ok(SystemClock::wall())
     }
 }
 

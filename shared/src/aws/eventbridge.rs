@@ -9,7 +9,9 @@ use aws_sdk_eventbridge::Client;
 use aws_sdk_eventbridge::types::PutEventsRequestEntry;
 
 use super::error::{Call, classify};
-use crate::ports::{EventSink, OutboundEvent, PortError, PublishReport};
+use crate::ports::{
+    AsyncSleep, EventSink, OutboundEvent, PortError, PublishReport, Sleep, default_sleep,
+};
 
 pub const SERVICE: &str = "events";
 /// The `source` of every event we publish.
@@ -61,6 +63,8 @@ pub struct EventBridgeSink {
     client: Client,
     bus_name: String,
     retry: EntryRetry,
+    /// Between retries of refused entries: the client configuration's own sleep.
+    sleep: Sleep,
 }
 
 impl EventBridgeSink {
@@ -70,10 +74,12 @@ impl EventBridgeSink {
     }
 
     pub fn from_client(client: Client, bus_name: impl Into<String>) -> EventBridgeSink {
+        let sleep = client.config().sleep_impl().unwrap_or_else(default_sleep);
         EventBridgeSink {
             client,
             bus_name: bus_name.into(),
             retry: EntryRetry::default(),
+            sleep,
         }
     }
 
@@ -173,7 +179,7 @@ impl EventBridgeSink {
                 }
             }
             if !again.is_empty() {
-                tokio::time::sleep(self.retry.delay(retry)).await;
+                self.sleep.sleep(self.retry.delay(retry)).await;
             }
             pending = again;
             retry += 1;

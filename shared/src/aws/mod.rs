@@ -7,6 +7,7 @@ pub mod ec2;
 pub mod error;
 pub mod eventbridge;
 pub mod hyperpod_update;
+pub mod ids;
 pub mod regional;
 pub mod sagemaker;
 pub mod wiring;

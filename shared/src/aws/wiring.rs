@@ -2,14 +2,17 @@
 //! environment (so `AWS_ENDPOINT_URL_<SERVICE>` points the clients at stand-ins offline),
 //! and every adapter built from it once. Regional clients are created lazily.
 
+use std::sync::Arc;
+
 use aws_config::{BehaviorVersion, SdkConfig};
 
 use crate::aws::capacity::{AwsMarket, AwsWorkloads};
 use crate::aws::clock::ConfiguredClock;
 use crate::aws::dynamodb::DynamoStore;
 use crate::aws::eventbridge::EventBridgeSink;
+use crate::aws::ids::RandomIds;
 use crate::config::Config;
-use crate::ports::PortError;
+use crate::ports::{PortError, SharedIds, Sleep, default_sleep};
 
 pub struct Adapters {
     pub sdk: SdkConfig,
@@ -18,6 +21,10 @@ pub struct Adapters {
     pub workloads: AwsWorkloads,
     pub events: EventBridgeSink,
     pub clock: ConfiguredClock,
+    /// Lease tokens: random (ARCHITECTURE §8.12).
+    pub ids: SharedIds,
+    /// The SDK configuration's sleep (tokio's by default), for our own retries.
+    pub sleep: Sleep,
 }
 
 impl Adapters {
@@ -35,6 +42,8 @@ impl Adapters {
             workloads: AwsWorkloads::new(&sdk),
             events: EventBridgeSink::new(&sdk, &config.event_bus_name),
             clock: ConfiguredClock::from_url(config.clock_url.as_deref())?,
+            ids: Arc::new(RandomIds),
+            sleep: sdk.sleep_impl().unwrap_or_else(default_sleep),
             sdk,
         })
     }

@@ -83,6 +83,8 @@ async fn stack_b(f: &Flow) -> StackB {
             events: b.events.clone(),
             clock: b.clock.clone(),
             config: config.clone(),
+            ids: b.ids.clone(),
+            sleep: b.sleep.clone(),
         },
         cleaner: Cleaner {
             store: table.store(),

@@ -1,5 +1,7 @@
 //! The purchase protocol against the in-memory fakes, with faults injected at each step.
 
+use capacity_pilot::aws::ids::RandomIds;
+use capacity_pilot::ports::default_sleep;
 use std::sync::Arc;
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
@@ -73,6 +75,8 @@ impl World {
             events: self.events.clone(),
             clock: self.clock.clone(),
             config: Arc::new(config),
+            ids: Arc::new(RandomIds),
+            sleep: default_sleep(),
         }
     }
 

@@ -196,6 +196,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunResult> {
         port: 0,
         start: Some(scenario.start),
         settings,
+        ..Options::default()
     })
     .await
     .context("starting the emulator")?;

@@ -31,6 +31,7 @@ use self::item::{
     read_meta, request_pk, reservation_sk, s, slot_key, time, workload_sk,
 };
 use self::seen::{Seen, Write};
+use crate::aws::clock::SystemClock;
 use crate::domain::money::MicroUsd;
 use crate::domain::planner::Plan;
 use crate::domain::request::{RequestId, Team};
@@ -544,6 +545,12 @@ impl DynamoStore {
         self.seen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The store's time: the run's `now` (ARCHITECTURE §8.12), or the wall clock outside a
+    /// run.
+    fn now(&self) -> DateTime<Utc> {
+        self.seen().now.unwrap_or_else(SystemClock::wall)
+    }
+
     async fn transact(&self, items: Vec<TransactWriteItem>) -> Result<Committed, PortError> {
         check_transaction_size(&items)?;
         let writes: Vec<Write> = items.iter().filter_map(Write::of).collect();
@@ -651,7 +658,7 @@ impl DynamoStore {
 
     async fn read_meta(&self, request_id: &str) -> Result<Option<Meta>, PortError> {
         match self.get(key(request_pk(request_id), META_SK)).await? {
-            Some(item) if !is_expired(&item, Utc::now()) => Ok(Some(read_meta(&item)?)),
+            Some(item) if !is_expired(&item, self.now()) => Ok(Some(read_meta(&item)?)),
             _ => Ok(None),
         }
     }
@@ -920,7 +927,7 @@ impl Store for DynamoStore {
         // An archived request past its TTL may still be on disk: its id is free again.
         let mut c = Expr::new();
         let (pkn, exp) = (c.name(attr::PK), c.name(attr::EXPIRES_AT));
-        let now = c.value(n(Utc::now().timestamp()));
+        let now = c.value(n(self.now().timestamp()));
         c.condition(format!("attribute_not_exists({pkn}) OR {exp} <= {now}"));
 
         let mut items = vec![
@@ -1082,7 +1089,7 @@ impl Store for DynamoStore {
         else {
             return Ok(None);
         };
-        if is_expired(meta_item, Utc::now()) {
+        if is_expired(meta_item, self.now()) {
             return Ok(None);
         }
         let Meta {
@@ -1844,7 +1851,7 @@ impl Store for DynamoStore {
     }
 
     async fn reservations(&self, request_id: &RequestId) -> Result<Vec<Reservation>, PortError> {
-        let now = Utc::now();
+        let now = self.now();
         self.query_prefix(request_id.as_str(), RES_PREFIX)
             .await?
             .iter()
@@ -1894,7 +1901,7 @@ impl Store for DynamoStore {
     }
 
     async fn workloads(&self, request_id: &RequestId) -> Result<Vec<WorkloadRecord>, PortError> {
-        let now = Utc::now();
+        let now = self.now();
         self.query_prefix(request_id.as_str(), SLOT_PREFIX)
             .await?
             .iter()
@@ -1953,7 +1960,7 @@ impl Store for DynamoStore {
     }
 
     async fn mark_sent(&self, request_id: &str, event_key: &str) -> Result<(), PortError> {
-        let now = Utc::now();
+        let now = self.now();
         let mut e = Expr::new();
         e.set(attr::SENT_AT, time(now))
             .set(attr::EXPIRES_AT, archive_at(now))
@@ -1978,8 +1985,8 @@ impl Store for DynamoStore {
         self.writes.load(Ordering::SeqCst)
     }
 
-    fn begin_run(&self) {
-        self.seen().begin();
+    fn begin_run(&self, now: DateTime<Utc>) {
+        self.seen().begin(now);
     }
 
     async fn history(&self, request_id: &RequestId) -> Result<Vec<HistoryEntry>, PortError> {
@@ -2012,7 +2019,7 @@ impl DynamoStore {
         let (gp, gd) = (e.name(attr::GSI_PART), e.name(attr::GSI_DUE));
         let (pv, dv) = (e.value(s(WORK_PARTITION)), e.value(n(until)));
         let cond = format!("{gp} = {pv} AND {gd} <= {dv}");
-        let wall = Utc::now();
+        let wall = self.now();
         let mut a = Agenda::default();
         for i in self.query(Some(WORK_INDEX), e, cond).await? {
             if is_expired(&i, wall) {

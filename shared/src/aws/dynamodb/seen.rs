@@ -26,6 +26,8 @@ pub(super) const RANGES: [&str; 4] = ["OFFER#", "RES#", "SLOT#", "HIST#"];
 #[derive(Debug, Default)]
 pub(super) struct Seen {
     on: bool,
+    /// The run's `now`: the store's time while the run lasts.
+    pub(super) now: Option<chrono::DateTime<chrono::Utc>>,
     items: HashMap<Key, Option<Item>>,
     /// `(pk, prefix)` read whole: the sort keys in it, and for `OFFER#` the META
     /// `offers_version` they were read at.
@@ -78,8 +80,9 @@ impl Write {
 }
 
 impl Seen {
-    pub(super) fn begin(&mut self) {
+    pub(super) fn begin(&mut self, now: chrono::DateTime<chrono::Utc>) {
         self.on = true;
+        self.now = Some(now);
         self.items.clear();
         self.ranges.clear();
     }
@@ -204,17 +207,17 @@ mod tests {
         let k = ("REQ#a".to_string(), "META".to_string());
         seen.read(k.clone(), Some(item("REQ#a", "META", "1")));
         assert_eq!(seen.item(&k), None);
-        seen.begin();
+        seen.begin(chrono::Utc::now());
         seen.read(k.clone(), Some(item("REQ#a", "META", "1")));
         assert!(seen.item(&k).is_some());
-        seen.begin();
+        seen.begin(chrono::Utc::now());
         assert_eq!(seen.item(&k), None);
     }
 
     #[test]
     fn a_committed_put_is_kept_an_update_forgets_and_a_refused_write_forgets_all_it_named() {
         let mut seen = Seen::default();
-        seen.begin();
+        seen.begin(chrono::Utc::now());
         let pk = "REQ#a";
         seen.read_range(pk, "SLOT#", &[item(pk, "SLOT#x#00000", "0")]);
         seen.read((pk.into(), "META".into()), Some(item(pk, "META", "1")));

@@ -1262,12 +1262,14 @@ async fn a_run_publishes_what_it_wrote_or_its_agenda_showed_and_reads_the_outbox
 
     // WHEN a run that neither wrote nor read an agenda flushes
     let before = store.calls().len();
-    let sent = flush(&store, &events, Run::start(&store)).await.unwrap();
+    let sent = flush(&store, &events, Run::start(&store, t0()))
+        .await
+        .unwrap();
     // THEN it reads nothing and leaves the item to a scheduled run
     assert_eq!((sent, store.calls().len()), (0, before));
 
     // WHEN a scheduled run read its agenda and wrote nothing
-    let run = Run::start(&store);
+    let run = Run::start(&store, t0());
     let agenda = store.agenda(t0()).await.unwrap();
     let before = store.calls().len();
     let sent = flush(&store, &events, run.with_agenda(Some(&agenda)))
@@ -1282,7 +1284,7 @@ async fn a_run_publishes_what_it_wrote_or_its_agenda_showed_and_reads_the_outbox
     );
 
     // WHEN a run writes (a second request) after reading an agenda that held nothing unsent
-    let run = Run::start(&store);
+    let run = Run::start(&store, t0());
     let agenda = store.agenda(t0()).await.unwrap();
     assert!(agenda.outbox.is_empty());
     store
