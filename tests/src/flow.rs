@@ -34,6 +34,7 @@ use replace_unhealthy::handler::Replacer;
 use search_offerings::handler::Searcher;
 use serde_json::{Value, json};
 
+use crate::in_process::{self, InProcess};
 use crate::moto::workspace_root;
 use crate::reads::Reads;
 use crate::recorder::{Calls, Operation};
@@ -149,6 +150,8 @@ pub struct Flow {
     launch_timeout: Mutex<std::time::Duration>,
     /// Each function's store reads, checked against the read rule after every invocation.
     reads: BTreeMap<Function, Reads>,
+    /// Each function's AWS calls.
+    pub calls: BTreeMap<Function, Calls>,
 }
 
 /// The configuration every flow starts from; `overrides` replace or add variables.
@@ -187,6 +190,18 @@ impl Flow {
 
     /// The production constructors, each pointed at this test's own emulator and table.
     pub async fn start_with(seed: u64, overrides: &[(&str, &str)]) -> Flow {
+        Flow::start_on(seed, overrides, false).await
+    }
+
+    /// A replayable flow on `seed` (ARCHITECTURE §8.12): the EC2, SageMaker and EventBridge
+    /// clients reach the emulator's router in-process, with no socket, and take their time,
+    /// sleep, retry backoff (none) and idempotency token from [`crate::in_process`]; lease
+    /// tokens come from the seeded id source. The same seed and steps give the same events.
+    pub async fn start_in_process(seed: u64) -> Flow {
+        Flow::start_on(seed, &[], true).await
+    }
+
+    async fn start_on(seed: u64, overrides: &[(&str, &str)], in_process: bool) -> Flow {
         let cloud = LocalCloud::start(Options {
             seed,
             start: Some(t0()),
@@ -213,12 +228,29 @@ impl Flow {
             .iter()
             .map(|f| (*f, Reads::default()))
             .collect();
+        let calls: BTreeMap<Function, Calls> = Function::ALL
+            .iter()
+            .map(|f| (*f, Calls::default()))
+            .collect();
         let adapters = |f: Function| -> Sdk {
-            let calls = Calls::default();
+            let calls = calls[&f].clone();
             RECORDED.lock().unwrap().push((f, calls.clone()));
+            let store = table.store_checked(calls.http_client(), reads[&f].clone());
+            if in_process {
+                let ids = SeededIds::new(seed.wrapping_mul(16).wrapping_add(f as u64));
+                let store = store.with_ids(Arc::new(ids));
+                let http = calls.wrap(InProcess::new(cloud.router()).http_client());
+                let sdk = in_process::sdk_config(http, REGION, t0().into());
+                let a = Adapters::from_sdk(sdk.clone(), &config).expect("adapters");
+                let (market, workloads) = in_process::seeded_adapters(
+                    &sdk,
+                    &config.allowed_regions,
+                    config.prices.clone(),
+                );
+                return (store, market, workloads, a.events, a.clock);
+            }
             let sdk = sdk.to_builder().http_client(calls.http_client()).build();
             let a = Adapters::from_sdk(sdk, &config).expect("adapters");
-            let store = table.store_checked(calls.http_client(), reads[&f].clone());
             (store, a.market, a.workloads, a.events, a.clock)
         };
         let (store, market, workloads, events, clock) = adapters(Function::Search);
@@ -237,7 +269,7 @@ impl Flow {
             events,
             clock,
             config: config.clone(),
-            ids: Arc::new(SeededIds::new(seed)),
+            ids: Arc::new(SeededIds::new(seed.wrapping_mul(16).wrapping_add(15))),
             sleep: default_sleep(),
         };
         let (store, _, workloads, events, clock) = adapters(Function::Launch);
@@ -278,6 +310,7 @@ impl Flow {
             ticks: Mutex::new(0),
             launch_timeout: Mutex::new(std::time::Duration::from_secs(60)),
             reads,
+            calls,
         }
     }
 

@@ -24,6 +24,8 @@ pub struct Calls {
     seen: Arc<Mutex<BTreeSet<Operation>>>,
     /// Every call, in order.
     log: Arc<Mutex<Vec<Operation>>>,
+    /// Every call's body, in order.
+    bodies: Arc<Mutex<Vec<(Operation, String)>>>,
 }
 
 impl Calls {
@@ -36,10 +38,20 @@ impl Calls {
         self.log.lock().unwrap().clone()
     }
 
+    /// Every call so far with its request body, in the order made.
+    pub fn bodies(&self) -> Vec<(Operation, String)> {
+        self.bodies.lock().unwrap().clone()
+    }
+
     /// A plain-HTTP SDK client (the stand-ins speak HTTP) that records into these calls.
     pub fn http_client(&self) -> SharedHttpClient {
+        self.wrap(aws_smithy_http_client::Builder::new().build_http())
+    }
+
+    /// `inner` (an in-process client, say), recording into these calls.
+    pub fn wrap(&self, inner: SharedHttpClient) -> SharedHttpClient {
         SharedHttpClient::new(Recording {
-            inner: aws_smithy_http_client::Builder::new().build_http(),
+            inner,
             calls: self.clone(),
         })
     }
@@ -74,7 +86,13 @@ impl HttpConnector for RecordingConnector {
     fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
         if let Some(op) = operation_of(&request) {
             self.calls.seen.lock().unwrap().insert(op.clone());
-            self.calls.log.lock().unwrap().push(op);
+            self.calls.log.lock().unwrap().push(op.clone());
+            let body = request
+                .body()
+                .bytes()
+                .map(|b| String::from_utf8_lossy(b).to_string())
+                .unwrap_or_default();
+            self.calls.bodies.lock().unwrap().push((op, body));
         }
         self.inner.call(request)
     }

@@ -189,6 +189,12 @@ impl LocalCloud {
         self.shared.lock().faults.clear();
     }
 
+    /// The emulator's HTTP routes, to be served in-process (no socket) by a test's SDK
+    /// client: the same handlers the listener serves.
+    pub fn router(&self) -> axum::Router {
+        server::router(self.shared.clone())
+    }
+
     /// A JSON snapshot of the whole state.
     pub fn snapshot(&self) -> Value {
         self.shared.lock().snapshot()

@@ -32,12 +32,14 @@ use self::item::{
 };
 use self::seen::{Seen, Write};
 use crate::aws::clock::SystemClock;
+use crate::aws::ids::RandomIds;
 use crate::domain::money::MicroUsd;
 use crate::domain::planner::Plan;
 use crate::domain::request::{RequestId, Team};
 use crate::domain::reservation::Reservation;
 use crate::domain::status::RequestStatus;
 use crate::domain::window::{self, WindowRecord};
+use crate::ports::SharedIds;
 use crate::ports::{
     Agenda, BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
     HistoryEntry, KeepCancellation, LeaseWriteOutcome, LiveRequest, NewRequest, OutboundEvent,
@@ -62,6 +64,9 @@ pub struct DynamoStore {
     writes: Arc<AtomicU64>,
     /// What the current run has read ([`Store::begin_run`]).
     seen: Arc<Mutex<Seen>>,
+    /// Each transaction's `ClientRequestToken` (ARCHITECTURE §8.12): the SDK would draw one
+    /// from the OS's randomness; ours comes from the id source, random in production.
+    ids: SharedIds,
 }
 
 impl DynamoStore {
@@ -108,6 +113,7 @@ impl DynamoStore {
             page_size: None,
             writes: Arc::new(AtomicU64::new(0)),
             seen: Arc::new(Mutex::new(Seen::default())),
+            ids: Arc::new(RandomIds),
         }
     }
 
@@ -115,6 +121,12 @@ impl DynamoStore {
     /// same at any page size; tests use a small one to prove pagination.
     pub fn with_page_size(mut self, items: u32) -> DynamoStore {
         self.page_size = Some(i32::try_from(items.max(1)).unwrap_or(i32::MAX));
+        self
+    }
+
+    /// Takes transaction tokens from `ids` (a seeded source, for a replayable run).
+    pub fn with_ids(mut self, ids: SharedIds) -> DynamoStore {
+        self.ids = ids;
         self
     }
 
@@ -557,6 +569,7 @@ impl DynamoStore {
         let result = self
             .client
             .transact_write_items()
+            .client_request_token(self.ids.next_id())
             .set_transact_items(Some(items))
             .send()
             .await
