@@ -202,9 +202,17 @@ impl Flow {
     }
 
     async fn start_on(seed: u64, overrides: &[(&str, &str)], in_process: bool) -> Flow {
+        // A replayable flow's emulator takes its latency sleeps from the same source as the
+        // clients: none waits.
+        let sleep = if in_process {
+            aws_smithy_async::rt::sleep::SharedAsyncSleep::new(in_process::NoWait)
+        } else {
+            Options::default().sleep
+        };
         let cloud = LocalCloud::start(Options {
             seed,
             start: Some(t0()),
+            sleep,
             ..Options::default()
         })
         .await
