@@ -21,9 +21,10 @@ impl SeededIds {
     }
 }
 
-/// SplitMix64: a well-mixed 64-bit step, enough for ids that must only be distinct and
-/// reproducible.
-fn mix(mut z: u64) -> u64 {
+/// SplitMix64's output for state `z`: a well-mixed 64-bit step, enough for ids that must only
+/// be distinct and reproducible, and for a seeded test's choices. The next state is
+/// `z + 0x9E37_79B9_7F4A_7C15`.
+pub fn mix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

@@ -556,7 +556,7 @@ fn watched_slots(live: &LiveRequest, now: DateTime<Utc>) -> Vec<WorkloadRecord> 
                 && w.next_action_at
                     .is_some_and(|drain| now + LAUNCH_FUNCTION_TIMEOUT < drain)
         })
-        .map(|w| w.key.rsplit_once('#').map_or(w.key.as_str(), |(r, _)| r))
+        .map(|w| w.reservation_id())
         .collect();
     live.workloads
         .iter()

@@ -10,20 +10,16 @@ use std::path::Path;
 
 use local_cloud::runner::{RunOptions, report, run, target_dir};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_default_scenario_plays_with_the_real_binaries_and_every_check_passes() {
-    // GIVEN the workspace's built function binaries and the default scenario
+/// Plays `scenario` (a file of `infra/local/scenarios/`) with the workspace's built binaries
+/// to its end, writing its outputs under the target directory's `out`.
+async fn play(scenario: &str, out: &str) -> local_cloud::runner::RunResult {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
         .canonicalize()
         .expect("the workspace root");
-    let out_dir = target_dir(&root)
-        .expect("cargo metadata")
-        .join("capacity-pilot-test");
-
-    // WHEN the runner plays it to its end
-    let result = run(RunOptions {
-        scenario: root.join("infra/local/scenarios/default.yaml"),
+    let out_dir = target_dir(&root).expect("cargo metadata").join(out);
+    run(RunOptions {
+        scenario: root.join("infra/local/scenarios").join(scenario),
         root,
         bin_dir: None,
         out_dir: Some(out_dir),
@@ -31,7 +27,14 @@ async fn the_default_scenario_plays_with_the_real_binaries_and_every_check_passe
         print: false,
     })
     .await
-    .expect("the scenario plays");
+    .expect("the scenario plays")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_scenario_plays_with_the_real_binaries_and_every_check_passes() {
+    // GIVEN the workspace's built function binaries and the default scenario
+    // WHEN the runner plays it to its end
+    let result = play("default.yaml", "capacity-pilot-test").await;
 
     // THEN every check passes ...
     let text = report::render(&result);
@@ -116,25 +119,8 @@ async fn the_realism_scenario_plays_every_harsh_behaviour_together_and_every_che
     // GIVEN the built binaries and the realism scenario: two allowed regions (the forwarder in
     // us-west-2), a quota refusal, EFA with slow RunInstances, a failed payment, HyperPod with
     // another group, a failing endpoint, a tag SageMaker refuses
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("the workspace root");
-    let out_dir = target_dir(&root)
-        .expect("cargo metadata")
-        .join("capacity-pilot-test-realism");
-
     // WHEN the runner plays it to its end
-    let result = run(RunOptions {
-        scenario: root.join("infra/local/scenarios/realism.yaml"),
-        root,
-        bin_dir: None,
-        out_dir: Some(out_dir),
-        every_tick: false,
-        print: false,
-    })
-    .await
-    .expect("the scenario plays");
+    let result = play("realism.yaml", "capacity-pilot-test-realism").await;
 
     // THEN every check passes, about every request
     let text = report::render(&result);

@@ -113,6 +113,15 @@ pub fn window_key(reservation_id: &str, segment_index: usize) -> String {
     format!("{reservation_id}#{segment_index}")
 }
 
+impl WindowRecord {
+    /// The reservation its key ([`window_key`]) names.
+    pub fn reservation_id(&self) -> &str {
+        self.key
+            .rsplit_once('#')
+            .map_or(self.key.as_str(), |(r, _)| r)
+    }
+}
+
 /// A reservation AWS reports as unusable holds no window, unless one of its windows was
 /// already under way: that one is still cleaned up once.
 fn usable(r: &Reservation) -> bool {

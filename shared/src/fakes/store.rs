@@ -550,6 +550,58 @@ impl State {
         r.version
     }
 
+    /// Unsent outbox items, oldest first.
+    fn unsent(&self) -> Vec<OutboxItem> {
+        let mut unsent: Vec<OutboxItem> = self
+            .outbox
+            .values()
+            .filter(|e| !e.sent && !self.expired(e.expires_at))
+            .map(|e| e.item.clone())
+            .collect();
+        unsent.sort_by(|a, b| outbox_order(a).cmp(&outbox_order(b)));
+        unsent
+    }
+
+    /// What a tick reads at `now` ([`Store::agenda`]).
+    fn agenda(&self, now: DateTime<Utc>) -> Agenda {
+        let mut a = Agenda::default();
+        for r in self
+            .requests
+            .values()
+            .filter(|r| !self.expired(r.expires_at))
+        {
+            let rec = &r.record;
+            if let Some(at) = rec.due_at()
+                && at <= now
+            {
+                a.due.push(DueItem {
+                    request_id: rec.request_id.clone(),
+                    status: rec.status,
+                    next_action_at: at,
+                    own_action_at: rec.next_action_at,
+                    window_action_at: window::next_action_at(None, &rec.windows),
+                });
+            }
+            if window::may_be_running(rec.status, &rec.windows) {
+                a.live.push(LiveRequest {
+                    request_id: rec.request_id.clone(),
+                    status: rec.status,
+                    windows: rec.windows.clone(),
+                    workloads: self
+                        .workloads
+                        .get(&rec.request_id)
+                        .map(|m| m.values().cloned().collect())
+                        .unwrap_or_default(),
+                });
+            }
+        }
+        a.due.sort_by(|x, y| {
+            (x.next_action_at, &x.request_id).cmp(&(y.next_action_at, &y.request_id))
+        });
+        a.outbox = self.unsent();
+        a
+    }
+
     fn holds_lease(&self, id: &RequestId, token: &str) -> bool {
         self.live(id).is_some_and(|s| {
             s.record.status == RequestStatus::Purchasing
@@ -1177,14 +1229,7 @@ impl Store for InMemoryStore {
     async fn unsent_outbox(&self, limit: usize) -> Result<Vec<OutboxItem>, PortError> {
         self.pause().await;
         let after = self.begin(StoreOp::UnsentOutbox)?;
-        let s = lock(&self.state);
-        let mut unsent: Vec<OutboxItem> = s
-            .outbox
-            .values()
-            .filter(|e| !e.sent && !s.expired(e.expires_at))
-            .map(|e| e.item.clone())
-            .collect();
-        unsent.sort_by(|a, b| outbox_order(a).cmp(&outbox_order(b)));
+        let mut unsent = lock(&self.state).unsent();
         unsent.truncate(limit);
         finish(after, Ok(unsent))
     }
@@ -1250,44 +1295,7 @@ impl Store for InMemoryStore {
         let after = self.begin(StoreOp::Agenda)?;
         let mut s = lock(&self.state);
         s.observe(now);
-        let mut a = Agenda::default();
-        for r in s.requests.values().filter(|r| !s.expired(r.expires_at)) {
-            let rec = &r.record;
-            if let Some(at) = rec.due_at()
-                && at <= now
-            {
-                a.due.push(DueItem {
-                    request_id: rec.request_id.clone(),
-                    status: rec.status,
-                    next_action_at: at,
-                    own_action_at: rec.next_action_at,
-                    window_action_at: window::next_action_at(None, &rec.windows),
-                });
-            }
-            if window::may_be_running(rec.status, &rec.windows) {
-                a.live.push(LiveRequest {
-                    request_id: rec.request_id.clone(),
-                    status: rec.status,
-                    windows: rec.windows.clone(),
-                    workloads: s
-                        .workloads
-                        .get(&rec.request_id)
-                        .map(|m| m.values().cloned().collect())
-                        .unwrap_or_default(),
-                });
-            }
-        }
-        a.due.sort_by(|x, y| {
-            (x.next_action_at, &x.request_id).cmp(&(y.next_action_at, &y.request_id))
-        });
-        a.outbox = s
-            .outbox
-            .values()
-            .filter(|e| !e.sent && !s.expired(e.expires_at))
-            .map(|e| e.item.clone())
-            .collect();
-        a.outbox
-            .sort_by(|x, y| outbox_order(x).cmp(&outbox_order(y)));
+        let a = s.agenda(now);
         finish(after, Ok(a))
     }
 
@@ -1316,25 +1324,7 @@ impl Store for InMemoryStore {
         let after = self.begin(StoreOp::Due)?;
         let mut s = lock(&self.state);
         s.observe(now);
-        let mut items: Vec<DueItem> = s
-            .requests
-            .values()
-            .filter(|r| !s.expired(r.expires_at))
-            .filter(|r| statuses.contains(&r.record.status))
-            .filter_map(|r| {
-                let at = r.record.due_at()?;
-                (at <= now).then(|| DueItem {
-                    request_id: r.record.request_id.clone(),
-                    status: r.record.status,
-                    next_action_at: at,
-                    own_action_at: r.record.next_action_at,
-                    window_action_at: window::next_action_at(None, &r.record.windows),
-                })
-            })
-            .collect();
-        items.sort_by(|a, b| {
-            (a.next_action_at, &a.request_id).cmp(&(b.next_action_at, &b.request_id))
-        });
+        let items = s.agenda(now).due_in(statuses);
         finish(after, Ok(items))
     }
 }

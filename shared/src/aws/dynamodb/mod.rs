@@ -734,8 +734,7 @@ impl DynamoStore {
     ) -> Result<(), PortError> {
         let mut sks: BTreeSet<String> = (0..before.candidate_count).map(offer_sk).collect();
         for w in &before.record.windows {
-            let reservation = w.key.rsplit_once('#').map_or(w.key.as_str(), |(r, _)| r);
-            sks.insert(reservation_sk(reservation));
+            sks.insert(reservation_sk(w.reservation_id()));
         }
         sks.extend(before.slots.iter().map(|k| format!("{SLOT_PREFIX}{k}")));
         sks.extend((1..=before.record.version + 1).map(history_sk));
