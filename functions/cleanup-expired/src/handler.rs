@@ -571,7 +571,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                 .await?;
             let orphans: Vec<String> = found
                 .into_iter()
-                .filter(|i| ours(i, id))
+                .filter(|i| ours(i, id, &self.config.deployment_id))
                 .filter(|i| match only {
                     Some(rs) => i.reservation_id.as_ref().is_none_or(|r| rs.contains(r)),
                     None => true,

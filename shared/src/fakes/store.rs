@@ -352,6 +352,33 @@ impl InMemoryStore {
             .collect()
     }
 
+    /// Every request record held (archived ones gone), by id.
+    pub fn records(&self) -> Vec<RequestRecord> {
+        lock(&self.state)
+            .requests
+            .values()
+            .map(|s| s.record.clone())
+            .collect()
+    }
+
+    /// Every reservation recorded, by request.
+    pub fn all_reservations(&self) -> BTreeMap<RequestId, Vec<Reservation>> {
+        lock(&self.state).reservations.clone()
+    }
+
+    /// The earliest time a scheduled function has work by this store's state: the earliest
+    /// next action of any request or window (what the runner schedules by), or `now` when an
+    /// outbox item is unsent. `None`: nothing is due ever.
+    pub fn earliest_due(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let s = lock(&self.state);
+        let unsent = s.outbox.values().any(|e| !e.sent).then_some(now);
+        s.requests
+            .values()
+            .filter_map(|r| r.record.due_at())
+            .chain(unsent)
+            .min()
+    }
+
     /// When an ended request will be archived.
     pub fn expires_at(&self, request_id: &RequestId) -> Option<DateTime<Utc>> {
         lock(&self.state)

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use tracing::info;
 
 use super::{DrainTarget, Launch, Launching, Target, rejection, settle};
-use crate::domain::naming::{MANAGED_TAG, REQUEST_TAG, client_token, resource_tags};
+use crate::domain::naming::{client_token, owns, resource_tags};
 use crate::domain::offering::{Offering, Product};
 use crate::domain::planner::Rejection;
 use crate::domain::request::{LaunchTemplateRef, RequestId, WorkloadDetail};
@@ -214,6 +214,7 @@ pub(super) async fn undo<W: Workloads, S: Store>(
 pub(super) async fn drain<W: Workloads>(
     workloads: &W,
     id: &RequestId,
+    deployment: &str,
     w: &DrainTarget,
 ) -> Result<Vec<String>, PortError> {
     let mut acted = Vec::new();
@@ -239,7 +240,7 @@ pub(super) async fn drain<W: Workloads>(
             ids.extend(
                 found
                     .into_iter()
-                    .filter(|i| ours(i, id))
+                    .filter(|i| ours(i, id, deployment))
                     .filter(|i| !w.on_demand || i.reservation_id.is_none())
                     .map(|i| i.instance_id),
             );
@@ -253,11 +254,11 @@ pub(super) async fn drain<W: Workloads>(
     Ok(acted)
 }
 
-/// Never touch an instance without our tags, whatever a filter returned.
-pub fn ours(i: &InstanceInfo, id: &RequestId) -> bool {
-    i.state.is_live()
-        && i.tags.contains_key(MANAGED_TAG)
-        && i.tags.get(REQUEST_TAG).map(String::as_str) == Some(id.as_str())
+/// Never touch an instance without our tags, whatever a filter returned: managed, for this
+/// request, and of this deployment (`naming::owns`). Another stack in the account may run a
+/// request of the same id.
+pub fn ours(i: &InstanceInfo, id: &RequestId, deployment: &str) -> bool {
+    i.state.is_live() && owns(&i.tags, id, deployment)
 }
 
 /// A slot's replacement, or why there can be none.

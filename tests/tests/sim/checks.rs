@@ -1,0 +1,663 @@
+//! The promises the simulation checks: after every moment (one reservation per window, the
+//! ledger bounded, nothing foreign touched) and at the end of the run (the ledger exact, no
+//! request lost, drains first, nothing on demand left running, the outbox honoured, inbound
+//! events judged as delivered). Ground truth is the emulator's state; the store is read only
+//! for what it claims (its ledger, its records' holds and statuses).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use capacity_pilot::domain::request::{Strategy, WorkloadDetail};
+use capacity_pilot::ports::Store;
+use capacity_pilot::domain::status::RequestStatus;
+use capacity_pilot::ports::RequestRecord;
+use chrono::{DateTime, TimeDelta, Utc};
+use local_cloud::LocalCloud;
+use local_cloud::ec2::Lifecycle;
+use local_cloud::query::Query;
+use local_cloud::sagemaker::plan_status;
+use rust_decimal::Decimal;
+use rust_decimal::prelude::ToPrimitive;
+use serde_json::{Value, json};
+
+use super::harness::{APPROVER, BUS, REGION, Sim};
+use super::scenario::Scenario;
+
+const REQUEST_TAG: &str = "capacity-pilot:request-id";
+
+/// A reservation AWS sold, as the emulator holds it.
+#[derive(Debug, Clone)]
+pub struct Sold {
+    pub request: String,
+    pub id: String,
+    pub start: DateTime<Utc>,
+    pub end: DateTime<Utc>,
+    pub created: DateTime<Utc>,
+    /// Its upfront fee in micro-USD, extensions included.
+    pub fee: i64,
+    /// Not payment-failed (a block) or `Failed` (a plan): live, or paid and over.
+    pub live_or_paid: bool,
+    pub plan: bool,
+    /// Its other name: a block's `cb-` id, a plan's name.
+    pub alt: String,
+}
+
+impl Sold {
+    pub fn names(&self, id: &str) -> bool {
+        self.id == id || self.alt == id
+    }
+}
+
+fn micros(d: Decimal) -> i64 {
+    (d * Decimal::from(1_000_000))
+        .ceil()
+        .to_i64()
+        .unwrap_or(i64::MAX)
+}
+
+/// Every reservation tagged with a request id, by the emulator.
+pub fn sold(cloud: &LocalCloud) -> Vec<Sold> {
+    cloud.with_world(|w| {
+        let mut out = Vec::new();
+        for cr in w.ec2.reservations.values() {
+            let Some(req) = cr.tags.get(REQUEST_TAG) else {
+                continue;
+            };
+            let ext: Decimal = cr
+                .extensions
+                .iter()
+                .filter(|e| e.status != "payment-failed")
+                .map(|e| e.upfront_fee)
+                .sum();
+            out.push(Sold {
+                request: req.clone(),
+                id: cr.id.clone(),
+                start: cr.start,
+                end: cr.end,
+                created: cr.created,
+                fee: micros(cr.upfront_fee + ext),
+                live_or_paid: cr.state != "payment-failed",
+                plan: false,
+                alt: cr.block_id.clone(),
+            });
+        }
+        for p in w.sm.plans.values() {
+            let tags = w.sm.tags.get(&p.arn).cloned().unwrap_or_default();
+            let Some((_, req)) = tags.iter().find(|(k, _)| k == REQUEST_TAG) else {
+                continue;
+            };
+            out.push(Sold {
+                request: req.clone(),
+                id: p.arn.clone(),
+                start: p.offering.start(),
+                end: p.offering.end(),
+                created: p.created,
+                fee: micros(p.offering.upfront_fee),
+                live_or_paid: plan_status(p, w.now) != "Failed",
+                plan: true,
+                alt: p.name.clone(),
+            });
+        }
+        out
+    })
+}
+
+/// Resources of no request of this deployment, set up at the start, as they were then.
+#[derive(Debug, Default)]
+pub struct Foreign {
+    /// Instance id -> its tags.
+    pub instances: BTreeMap<String, BTreeMap<String, String>>,
+    pub cluster: Option<String>,
+}
+
+impl Foreign {
+    /// An untagged instance, one tagged for a request of this run's id but another
+    /// deployment, and an untagged HyperPod cluster.
+    pub fn set_up(cloud: &LocalCloud, scenario: &Scenario) -> Foreign {
+        let mut f = Foreign::default();
+        let first = scenario.requests[0].detail["request_id"]
+            .as_str()
+            .unwrap_or("sim")
+            .to_string();
+        let tag_sets: [Vec<(&str, String)>; 2] = [
+            vec![("Name", "someone-elses".to_string())],
+            vec![
+                ("capacity-pilot:managed", "true".to_string()),
+                ("capacity-pilot:deployment", "another-stack".to_string()),
+                (REQUEST_TAG, first),
+            ],
+        ];
+        cloud.with_world(|w| {
+            let subnet = w.subnets(REGION).first().map(|s| s.id.clone());
+            for tags in tag_sets {
+                let mut q: Vec<(String, String)> = vec![
+                    ("Action".into(), "RunInstances".into()),
+                    (
+                        "LaunchTemplate.LaunchTemplateName".into(),
+                        "capacity-pilot-gpu".into(),
+                    ),
+                    ("InstanceType".into(), "g5.xlarge".into()),
+                    ("MinCount".into(), "1".into()),
+                    ("MaxCount".into(), "1".into()),
+                    ("TagSpecification.1.ResourceType".into(), "instance".into()),
+                ];
+                if let Some(s) = &subnet {
+                    q.push(("SubnetId".into(), s.clone()));
+                }
+                for (n, (k, v)) in tags.iter().enumerate() {
+                    q.push((format!("TagSpecification.1.Tag.{}.Key", n + 1), k.to_string()));
+                    q.push((format!("TagSpecification.1.Tag.{}.Value", n + 1), v.clone()));
+                }
+                let body = serde_urlencoded::to_string(&q).expect("a form");
+                let Ok(query) = Query::parse(body.as_bytes()) else {
+                    continue;
+                };
+                let before: BTreeSet<String> = w.ec2.instances.keys().cloned().collect();
+                if w.ec2_call(REGION, "RunInstances", &query).is_ok() {
+                    for (id, i) in &w.ec2.instances {
+                        if !before.contains(id) {
+                            f.instances.insert(id.clone(), i.tags.clone());
+                        }
+                    }
+                }
+            }
+            if w.sagemaker_call(
+                REGION,
+                "CreateCluster",
+                &json!({"ClusterName": "foreign-cluster", "Tags": [{"Key": "team", "Value": "x"}]}),
+            )
+            .is_ok()
+            {
+                f.cluster = Some("foreign-cluster".to_string());
+            }
+        });
+        f
+    }
+
+    fn touched(&self, cloud: &LocalCloud) -> Vec<String> {
+        cloud.with_world(|w| {
+            let mut out = Vec::new();
+            for (id, tags) in &self.instances {
+                match w.ec2.instances.get(id) {
+                    Some(i) if i.state == "pending" || i.state == "running" => {
+                        if &i.tags != tags {
+                            out.push(format!("foreign instance {id}'s tags were changed"));
+                        }
+                    }
+                    Some(i) => out.push(format!(
+                        "foreign instance {id} (tags {tags:?}) is {}",
+                        i.state
+                    )),
+                    None => out.push(format!("foreign instance {id} is gone")),
+                }
+            }
+            if let Some(name) = &self.cluster {
+                match w.sm.clusters.get(&(REGION.to_string(), name.clone())) {
+                    Some(c) if c.groups.is_empty() => {}
+                    Some(c) => out.push(format!(
+                        "foreign cluster {name} has instance groups {:?}",
+                        c.groups.iter().map(|g| g.name.clone()).collect::<Vec<_>>()
+                    )),
+                    None => out.push(format!("foreign cluster {name} is gone")),
+                }
+            }
+            out
+        })
+    }
+}
+
+fn records(sim: &Sim) -> BTreeMap<String, RequestRecord> {
+    sim.store
+        .records()
+        .into_iter()
+        .map(|r| (r.request_id.to_string(), r))
+        .collect()
+}
+
+/// The team of a request id: its record's, else the scenario's first request of that id.
+fn team_of(sim: &Sim, recs: &BTreeMap<String, RequestRecord>, id: &str) -> String {
+    if let Some(r) = recs.get(id) {
+        return r.team.to_string();
+    }
+    sim.scenario
+        .requests
+        .iter()
+        .find(|r| r.detail["request_id"] == id)
+        .and_then(|r| r.detail["team"].as_str())
+        .unwrap_or("?")
+        .to_string()
+}
+
+fn ledger(sim: &Sim) -> BTreeMap<String, i64> {
+    let mut out: BTreeMap<String, i64> = BTreeMap::new();
+    for ((team, _month), v) in sim.store.ledger() {
+        *out.entry(team.to_string()).or_default() += v.0;
+    }
+    out
+}
+
+/// The on-demand part of what a record holds: an on-demand-first request's spend beyond its
+/// open debit and its recorded reservations' fees. Every other request must have none.
+fn on_demand_part(r: &RequestRecord, recorded_fees: i64) -> i64 {
+    if r.request.strategy != Strategy::OnDemandFirst {
+        return 0;
+    }
+    (r.spent.0 - r.open_debit.map_or(0, |d| d.0) - recorded_fees).max(0)
+}
+
+/// Per team: (truth, holds) in micro-USD. Truth: the fees of what AWS sold live-or-paid.
+/// Holds: open debits, payment failures the store may not have seen, on-demand spend.
+fn money(sim: &Sim, sold: &[Sold]) -> BTreeMap<String, (i64, i64)> {
+    let recs = records(sim);
+    let reservations = sim.store.all_reservations();
+    let mut out: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    for s in sold {
+        let team = team_of(sim, &recs, &s.request);
+        let e = out.entry(team).or_default();
+        if s.live_or_paid {
+            e.0 += s.fee;
+        } else {
+            e.1 += s.fee;
+        }
+    }
+    for r in recs.values() {
+        let fees: i64 = reservations
+            .get(&r.request_id)
+            .map(|rs| {
+                rs.iter()
+                    .filter(|x| {
+                        sold.iter()
+                            .any(|s| s.live_or_paid && s.names(&x.id))
+                    })
+                    .map(|x| x.upfront_fee.to_micros_ceil().0)
+                    .sum()
+            })
+            .unwrap_or(0);
+        let e = out.entry(r.team.to_string()).or_default();
+        e.1 += r.open_debit.map_or(0, |d| d.0) + on_demand_part(r, fees);
+    }
+    out
+}
+
+/// The promises that hold after every moment.
+pub fn per_step(sim: &Sim) -> Vec<String> {
+    let mut out = Vec::new();
+    let sold = sold(&sim.cloud);
+    let recs = records(sim);
+    // One reservation per window: live-or-paid reservations of a request are no more than
+    // its windows, and no two of them overlap in time.
+    let mut by_request: BTreeMap<&str, Vec<&Sold>> = BTreeMap::new();
+    for s in sold.iter().filter(|s| s.live_or_paid) {
+        by_request.entry(&s.request).or_default().push(s);
+    }
+    for (id, list) in &by_request {
+        let windows = recs
+            .get(*id)
+            .map_or(1, |r| r.windows.len().max(1))
+            .max(1);
+        let reservations = list.len();
+        let plan_windows = list.iter().filter(|s| s.plan).count();
+        if reservations > windows && plan_windows == 0 {
+            out.push(format!(
+                "one reservation per window: {id} holds {reservations} live-or-paid \
+                 reservations for {windows} window(s): {:?}",
+                list.iter().map(|s| &s.id).collect::<Vec<_>>()
+            ));
+        }
+        for (a, x) in list.iter().enumerate() {
+            for y in list.iter().skip(a + 1) {
+                if x.start < y.end && y.start < x.end {
+                    out.push(format!(
+                        "one reservation per window: {id}'s {} and {} overlap",
+                        x.id, y.id
+                    ));
+                }
+            }
+        }
+    }
+    // The ledger is bounded: truth <= ledger <= truth + holds.
+    let led = ledger(sim);
+    for (team, (truth, holds)) in money(sim, &sold) {
+        let l = led.get(&team).copied().unwrap_or(0);
+        if l < truth {
+            out.push(format!(
+                "ledger bounded: {team}'s ledger {l} is below what AWS sold, {truth} (micro-USD)"
+            ));
+        }
+        if l > truth + holds {
+            out.push(format!(
+                "ledger bounded: {team}'s ledger {l} exceeds what AWS sold ({truth}) plus the \
+                 holds ({holds}) (micro-USD)"
+            ));
+        }
+    }
+    out.extend(sim.foreign.touched(&sim.cloud));
+    out
+}
+
+fn ours<'a>(events: &'a [Value], detail_type: &str, id: &str) -> Vec<&'a Value> {
+    events
+        .iter()
+        .filter(|e| e["detail-type"] == detail_type && e["detail"]["request_id"] == id)
+        .collect()
+}
+
+fn time(v: &Value) -> Option<DateTime<Utc>> {
+    v.as_str()?.parse().ok()
+}
+
+/// The promises that hold at the end of the run, after the settling period.
+pub async fn at_end(sim: &Sim) -> Vec<String> {
+    let mut out = Vec::new();
+    let sold = sold(&sim.cloud);
+    let recs = records(sim);
+    let bus: Vec<Value> = sim.cloud.events(BUS);
+    let end = sim.cloud.now();
+
+    // The ledger is exact: no holds left, and it equals what AWS sold plus on-demand spend.
+    let reservations = sim.store.all_reservations();
+    let led = ledger(sim);
+    let mut expect: BTreeMap<String, i64> = BTreeMap::new();
+    for s in sold.iter().filter(|s| s.live_or_paid) {
+        *expect.entry(team_of(sim, &recs, &s.request)).or_default() += s.fee;
+    }
+    for r in recs.values() {
+        if let Some(d) = r.open_debit {
+            out.push(format!(
+                "ledger exact: {} still holds an open debit of {} micro-USD",
+                r.request_id, d.0
+            ));
+        }
+        if r.doubt.is_some() {
+            out.push(format!(
+                "ledger exact: {} still records a purchase in doubt",
+                r.request_id
+            ));
+        }
+        let fees: i64 = reservations
+            .get(&r.request_id)
+            .map(|rs| {
+                rs.iter()
+                    .filter(|x| sold.iter().any(|s| s.live_or_paid && s.names(&x.id)))
+                    .map(|x| x.upfront_fee.to_micros_ceil().0)
+                    .sum()
+            })
+            .unwrap_or(0);
+        *expect.entry(r.team.to_string()).or_default() += on_demand_part(r, fees);
+        if r.request.strategy != Strategy::OnDemandFirst && r.spent.0 != fees {
+            out.push(format!(
+                "ledger exact: {} is charged {} micro-USD, but AWS sold it {} (micro-USD) \
+                 and it runs nothing on demand",
+                r.request_id, r.spent.0, fees
+            ));
+        }
+    }
+    for team in led.keys().chain(expect.keys()).collect::<BTreeSet<_>>() {
+        let l = led.get(team).copied().unwrap_or(0);
+        let e = expect.get(team).copied().unwrap_or(0);
+        if l != e {
+            out.push(format!(
+                "ledger exact: {team}'s ledger is {l} micro-USD; AWS sold it {e} \
+                 (on-demand spend included)"
+            ));
+        }
+    }
+    // Caps are exceeded only through adoptions published as Unrecorded.
+    let unrecorded: BTreeSet<String> = bus
+        .iter()
+        .filter(|e| e["detail-type"] == "Capacity Reservation Unrecorded")
+        .filter_map(|e| e["detail"]["request_id"].as_str().map(str::to_string))
+        .collect();
+    for r in recs.values() {
+        let cap = r.request.budget.max_upfront.to_micros_ceil().0;
+        if r.spent.0 > cap && !unrecorded.contains(&r.request_id.to_string()) {
+            out.push(format!(
+                "cap: {} spent {} micro-USD over its cap of {cap} with no Unrecorded adoption",
+                r.request_id, r.spent.0
+            ));
+        }
+    }
+    for (team, l) in &led {
+        let cap = sim
+            .config
+            .team_budgets
+            .cap_for(&capacity_pilot::domain::request::Team::parse(team).expect("a team"))
+            .map(|c| c.to_micros_ceil().0);
+        let adopted = recs
+            .values()
+            .any(|r| r.team.to_string() == *team && unrecorded.contains(&r.request_id.to_string()));
+        if let Some(cap) = cap
+            && *l > cap
+            && !adopted
+        {
+            out.push(format!(
+                "cap: {team} spent {l} micro-USD over its monthly cap of {cap} with no \
+                 Unrecorded adoption"
+            ));
+        }
+    }
+
+    // No request lost.
+    let dlq_ids: BTreeSet<String> = sim
+        .dlq
+        .iter()
+        .filter(|e| e["detail-type"] == "Capacity Request Submitted")
+        .filter_map(|e| e["detail"]["request_id"].as_str().map(str::to_string))
+        .collect();
+    for planned in &sim.scenario.requests {
+        let id = planned.detail["request_id"].as_str().unwrap_or_default();
+        let rejected = !ours(&bus, "Capacity Request Rejected", id).is_empty();
+        if !planned.invalid.is_empty() {
+            // Rejected, naming every field at fault (unless the id was taken first).
+            let named: BTreeSet<String> = ours(&bus, "Capacity Request Rejected", id)
+                .iter()
+                .flat_map(|e| {
+                    e["detail"]["problems"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                })
+                .filter_map(|p| p["field"].as_str().map(str::to_string))
+                .collect();
+            let delivered = sim.delivered.iter().any(|d| {
+                d.event["detail-type"] == "Capacity Request Submitted"
+                    && d.event["detail"]["request_id"] == id
+            });
+            if delivered && !recs.contains_key(id) {
+                for f in &planned.invalid {
+                    if !named.contains(*f) {
+                        out.push(format!(
+                            "rejected naming every field: {id}'s rejection does not name {f} \
+                             (it names {named:?})"
+                        ));
+                    }
+                }
+            }
+            continue;
+        }
+        match recs.get(id) {
+            Some(r) => {
+                let waiting = r.next_action_at.is_some_and(|t| t > end) && !r.reason.is_empty();
+                if !r.status.is_terminal() && !waiting {
+                    out.push(format!(
+                        "no request lost: {id} is {} with no future next action ({:?}), \
+                         reason {:?}",
+                        r.status, r.next_action_at, r.reason
+                    ));
+                }
+                if r.reason.is_empty() {
+                    out.push(format!("no request lost: {id} has no recorded reason"));
+                }
+            }
+            None => {
+                let cancelled_first = sim.delivered.iter().any(|d| {
+                    d.event["detail-type"] == "Capacity Request Cancelled"
+                        && d.event["detail"]["request_id"] == id
+                });
+                if !dlq_ids.contains(id) && !rejected && !cancelled_first {
+                    out.push(format!(
+                        "no request lost: {id} was submitted, is not in the DLQ, and has no record"
+                    ));
+                }
+            }
+        }
+    }
+
+    // Drains came first: AWS stopped no instance of ours for its block's end, and every
+    // plan window with a launch was drained before its forced termination.
+    let forced: Vec<String> = sim.cloud.with_world(|w| {
+        w.ec2
+            .instances
+            .values()
+            .filter(|i| i.tags.contains_key(REQUEST_TAG) && !sim.foreign.instances.contains_key(&i.id))
+            .filter(|i| {
+                i.state_reason
+                    .as_ref()
+                    .is_some_and(|(code, _)| code == "Server.ScheduledStop")
+            })
+            .map(|i| {
+                format!(
+                    "drains first: AWS terminated {} of {} at its block's end",
+                    i.id, i.tags[REQUEST_TAG]
+                )
+            })
+            .collect()
+    });
+    out.extend(forced);
+    let lead = sim.cloud.with_world(|w| {
+        (
+            w.settings.training_job_termination_lead_minutes,
+            w.settings.hyperpod_termination_lead_minutes,
+        )
+    });
+    for s in sold.iter().filter(|s| s.plan && s.live_or_paid) {
+        let launched = bus.iter().any(|e| {
+            e["detail-type"] == "Capacity Workload Launched"
+                && e["detail"]["reservation_id"] == s.id.as_str()
+        });
+        if !launched || s.end > end {
+            continue;
+        }
+        let hyperpod = recs.get(&s.request).is_some_and(|r| {
+            matches!(r.request.workload, WorkloadDetail::HyperpodCluster { .. })
+        });
+        let lead = if hyperpod {
+            lead.1
+        } else {
+            lead.0
+        };
+        let forced_at = s.end - TimeDelta::minutes(lead);
+        let drained = bus.iter().any(|e| {
+            e["detail-type"] == "Capacity Workload Drained"
+                && e["detail"]["reservation_id"] == s.id.as_str()
+                && time(&e["time"]).is_some_and(|t| t <= forced_at)
+        });
+        if !drained {
+            out.push(format!(
+                "drains first: {}'s plan {} was launched into but not drained before {forced_at}",
+                s.request, s.id
+            ));
+        }
+    }
+
+    // Nothing on demand is left running after its request ended.
+    let live_od: Vec<(String, String)> = sim.cloud.with_world(|w| {
+        w.ec2
+            .instances
+            .values()
+            .filter(|i| !sim.foreign.instances.contains_key(&i.id))
+            .filter(|i| matches!(i.lifecycle, Lifecycle::OnDemand | Lifecycle::Spot))
+            .filter(|i| i.state == "running" || i.state == "pending")
+            .filter_map(|i| Some((i.tags.get(REQUEST_TAG)?.clone(), i.id.clone())))
+            .collect()
+    });
+    for (req, iid) in live_od {
+        if recs.get(&req).is_none_or(|r| r.status.is_terminal()) {
+            out.push(format!(
+                "nothing on demand left: {iid} of ended request {req} is still running"
+            ));
+        }
+    }
+
+    // The outbox was honoured: every committed item published, with its own event_key.
+    let keys: BTreeSet<String> = bus
+        .iter()
+        .filter_map(|e| e["detail"]["event_key"].as_str().map(str::to_string))
+        .collect();
+    for (item, sent) in sim.store.outbox() {
+        if !keys.contains(&item.event.event_key) {
+            out.push(format!(
+                "outbox honoured: {} ({}) was committed but never published",
+                item.event.event_key, item.event.detail_type
+            ));
+        } else if !sent {
+            out.push(format!(
+                "outbox honoured: {} is published but still unsent in the outbox",
+                item.event.event_key
+            ));
+        }
+    }
+
+    // Inbound events judged as delivered.
+    for planned in &sim.scenario.requests {
+        let id = planned.detail["request_id"].as_str().unwrap_or_default();
+        let Some(r) = recs.get(id) else { continue };
+        let bought: Vec<&Sold> = sold.iter().filter(|s| s.request == id).collect();
+        // A purchase above the approval threshold came after an approval naming its plan,
+        // from an approver source.
+        if let Some(above) = r.request.budget.approval_above {
+            let above = above.to_micros_ceil().0;
+            for s in bought.iter().filter(|s| s.fee > above) {
+                let approved = sim.delivered.iter().any(|d| {
+                    d.event["detail-type"] == "Capacity Purchase Approved"
+                        && d.event["source"] == APPROVER
+                        && d.event["detail"]["request_id"] == id
+                        && d.at <= s.created
+                        && ours(&bus, "Capacity Purchase Awaiting Approval", id)
+                            .iter()
+                            .any(|a| a["detail"]["event_key"] == d.event["detail"]["approves"])
+                });
+                if !approved {
+                    out.push(format!(
+                        "judged as delivered: {id} bought {} ({} micro-USD, above its approval \
+                         threshold) with no valid approval delivered first",
+                        s.id, s.fee
+                    ));
+                }
+            }
+        }
+        // A cancellation delivered before any purchase leaves nothing bought after it, and
+        // the request cancelled.
+        let cancelled_at = sim
+            .delivered
+            .iter()
+            .filter(|d| {
+                d.event["detail-type"] == "Capacity Request Cancelled"
+                    && d.event["detail"]["request_id"] == id
+            })
+            .map(|d| d.at)
+            .min();
+        if let Some(tc) = cancelled_at {
+            if bought.iter().all(|s| s.created > tc) {
+                for s in &bought {
+                    out.push(format!(
+                        "judged as delivered: {id} was cancelled at {tc} but {} was bought at {}",
+                        s.id, s.created
+                    ));
+                }
+                // Unless it had ended by then.
+                let history = sim.store.history(&r.request_id).await.unwrap_or_default();
+                let ended_before = history
+                    .iter()
+                    .any(|h| h.to.is_terminal() && h.at <= tc);
+                if r.status != RequestStatus::Cancelled && bought.is_empty() && !ended_before {
+                    out.push(format!(
+                        "judged as delivered: {id} was cancelled at {tc} before any purchase \
+                         but ended {}",
+                        r.status
+                    ));
+                }
+            }
+        }
+    }
+    out
+}

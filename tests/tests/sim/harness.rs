@@ -1,0 +1,820 @@
+//! The simulated system: the five production handlers and their production adapters, the
+//! SDK clients reaching local-cloud's world through the in-process connector, the in-memory
+//! store standing in for DynamoDB (ARCHITECTURE §8.15, backed by `store_diff`), EventBridge
+//! routing by the template's rules, and Lambda's asynchronous delivery model. One thread, one
+//! simulated clock, no wall time, no socket: a seed's run is a function of its scenario.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use capacity_pilot::aws::capacity::{AwsMarket, AwsWorkloads};
+use capacity_pilot::aws::eventbridge::EventBridgeSink;
+use capacity_pilot::aws::wiring::Adapters;
+use capacity_pilot::config::Config;
+use capacity_pilot::fakes::{InMemoryStore, ManualClock, StepDeadline};
+use capacity_pilot::fakes::errors;
+use capacity_pilot::ids::SeededIds;
+use capacity_pilot::ports::default_sleep;
+use chrono::{DateTime, TimeDelta, Timelike, Utc};
+use cleanup_expired::handler::Cleaner;
+use integration_tests::in_process::{self, InProcess, NoWait};
+use integration_tests::moto::workspace_root;
+use launch_workloads::handler::Launcher;
+use local_cloud::rules::{Bus, Rules};
+use local_cloud::runner::bus::{is_tick, tick_at_or_after};
+use local_cloud::{Fault, FaultKind, LocalCloud, Options, Settings};
+use purchase_capacity::handler::Purchaser;
+use replace_unhealthy::handler::Replacer;
+use search_offerings::handler::Searcher;
+use serde_json::{Value, json};
+
+use super::checks;
+use super::scenario::{ApiFaultKind, Approver, DeliveryFault, Scenario, t0};
+
+pub const REGION: &str = "us-east-1";
+pub const BUS: &str = "capacity-pilot";
+pub const SOURCE: &str = "com.example.ml-platform";
+pub const APPROVER: &str = "com.example.approvals";
+pub const FORGER: &str = "com.example.mallory";
+
+/// The template's rules, read once per process.
+static RULES: std::sync::LazyLock<Rules> = std::sync::LazyLock::new(|| {
+    Rules::from_template(&workspace_root().join("infra/template.yaml"))
+        .expect("the template's rules")
+});
+
+/// One function invocation waiting to happen.
+#[derive(Debug, Clone)]
+struct Pending {
+    function: String,
+    event: Value,
+    /// 0 for the first try; Lambda retries a failed asynchronous invocation twice.
+    attempt: u32,
+}
+
+/// Something the scenario or the harness's actors do at a time.
+#[derive(Debug, Clone)]
+enum Act {
+    Submit(Value),
+    Cancel(usize),
+    Market(usize),
+    ApiFault(usize),
+    StoreFault(usize),
+    /// The approver answers.
+    Put {
+        source: String,
+        detail_type: String,
+        detail: Value,
+    },
+    FailInstance {
+        request: usize,
+        index: usize,
+        impair: bool,
+    },
+    Settle,
+}
+
+/// An inbound event (ours from a requester or approver) that reached a function and was
+/// handled: outcomes that depend on inbound events are judged against these.
+#[derive(Debug, Clone)]
+pub struct Delivered {
+    pub at: DateTime<Utc>,
+    pub event: Value,
+}
+
+type Store = InMemoryStore;
+type Clock = ManualClock;
+
+pub struct Sim {
+    pub scenario: Scenario,
+    pub cloud: LocalCloud,
+    pub store: Store,
+    pub clock: Clock,
+    pub config: Arc<Config>,
+    searcher: Searcher<Store, AwsMarket, AwsWorkloads, EventBridgeSink, Clock>,
+    purchaser: Purchaser<Store, AwsMarket, EventBridgeSink, Clock>,
+    launcher: Launcher<Store, AwsWorkloads, EventBridgeSink, Clock>,
+    replacer: Replacer<Store, AwsWorkloads, EventBridgeSink, Clock>,
+    cleaner: Cleaner<Store, AwsMarket, AwsWorkloads, EventBridgeSink, Clock>,
+    seen_default: usize,
+    seen_custom: usize,
+    queue: BTreeMap<(DateTime<Utc>, u64), Pending>,
+    acts: BTreeMap<(DateTime<Utc>, u64), Act>,
+    seq: u64,
+    deliveries: u64,
+    ticks: u64,
+    faults_on: bool,
+    /// Requests whose first launch the harness has seen (their instance failures armed).
+    launched: BTreeSet<usize>,
+    /// Awaiting-approval keys the approver has answered.
+    answered: BTreeSet<String>,
+    pub trace: Vec<String>,
+    pub violations: Vec<String>,
+    /// Events whose every delivery failed or was dropped: the DLQ of their rule or function.
+    pub dlq: Vec<Value>,
+    pub delivered: Vec<Delivered>,
+    pub invocations: u64,
+    /// The foreign resources set up at the start, as they were.
+    pub foreign: checks::Foreign,
+}
+
+fn env(budgets: &str) -> Vec<(String, String)> {
+    [
+        ("TABLE_NAME", "capacity-pilot-sim"),
+        ("EVENT_BUS_NAME", BUS),
+        ("ALLOWED_REGIONS", REGION),
+        ("ALLOWED_REQUEST_SOURCES", SOURCE),
+        ("APPROVER_SOURCES", APPROVER),
+        ("TEAM_BUDGETS_USD", budgets),
+        (
+            "SAGEMAKER_EXECUTION_ROLE_ARN",
+            "arn:aws:iam::123456789012:role/sm",
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+impl Sim {
+    pub async fn new(scenario: Scenario) -> Sim {
+        let seed = scenario.seed;
+        let t = &scenario.timings;
+        let settings = Settings {
+            listing_lag_seconds: t.listing_lag_seconds,
+            block_activation_seconds: t.block_activation_seconds,
+            instance_listing_lag_seconds: t.instance_listing_lag_seconds,
+            payment_minutes: t.payment_minutes,
+            run_instances_latency_ms: 0,
+            ..Settings::default()
+        };
+        let cloud = LocalCloud::start(Options {
+            seed,
+            start: Some(t0()),
+            settings,
+            sleep: aws_smithy_async::rt::sleep::SharedAsyncSleep::new(NoWait),
+            ..Options::default()
+        })
+        .await
+        .expect("emulator starts");
+        cloud.with_world(|w| {
+            for ty in w.market.types.iter_mut() {
+                if ty.name == "p5.48xlarge" || ty.name == "p4d.24xlarge" {
+                    ty.block_pool = scenario.block_pool;
+                    ty.on_demand_pool = scenario.on_demand_pool;
+                }
+            }
+        });
+        let clock = ManualClock::new(t0());
+        let store = InMemoryStore::new().with_clock(clock.clone());
+        let env = env(&scenario.team_budgets.to_string());
+        let config = Arc::new(
+            Config::from_lookup(&|k| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+                .expect("config"),
+        );
+        let router = cloud.router();
+        let sdk = in_process::sdk_config(
+            InProcess::new(router).http_client(),
+            REGION,
+            t0().into(),
+        );
+        let adapters = || {
+            let a = Adapters::from_sdk(sdk.clone(), &config).expect("adapters");
+            let (market, workloads) =
+                in_process::seeded_adapters(&sdk, &config.allowed_regions, config.prices.clone());
+            (market, workloads, a.events)
+        };
+        let (market, workloads, events) = adapters();
+        let searcher = Searcher {
+            store: store.clone(),
+            market,
+            workloads,
+            events,
+            clock: clock.clone(),
+            config: config.clone(),
+        };
+        let (market, _, events) = adapters();
+        let purchaser = Purchaser {
+            store: store.clone(),
+            market,
+            events,
+            clock: clock.clone(),
+            config: config.clone(),
+            ids: Arc::new(SeededIds::new(seed.wrapping_mul(16).wrapping_add(15))),
+            sleep: default_sleep(),
+        };
+        let (_, workloads, events) = adapters();
+        let launcher = Launcher {
+            store: store.clone(),
+            workloads,
+            events,
+            clock: clock.clone(),
+            config: config.clone(),
+        };
+        let (_, workloads, events) = adapters();
+        let replacer = Replacer {
+            store: store.clone(),
+            workloads,
+            events,
+            clock: clock.clone(),
+            config: config.clone(),
+        };
+        let (market, workloads, events) = adapters();
+        let cleaner = Cleaner {
+            store: store.clone(),
+            market,
+            workloads,
+            events,
+            clock: clock.clone(),
+            config: config.clone(),
+        };
+        let foreign = checks::Foreign::set_up(&cloud, &scenario);
+        let mut sim = Sim {
+            scenario,
+            cloud,
+            store,
+            clock,
+            config,
+            searcher,
+            purchaser,
+            launcher,
+            replacer,
+            cleaner,
+            seen_default: 0,
+            seen_custom: 0,
+            queue: BTreeMap::new(),
+            acts: BTreeMap::new(),
+            seq: 0,
+            deliveries: 0,
+            ticks: 0,
+            faults_on: true,
+            launched: BTreeSet::new(),
+            answered: BTreeSet::new(),
+            trace: Vec::new(),
+            violations: Vec::new(),
+            dlq: Vec::new(),
+            delivered: Vec::new(),
+            invocations: 0,
+            foreign,
+        };
+        sim.plan();
+        sim
+    }
+
+    fn at(m: i64) -> DateTime<Utc> {
+        t0() + TimeDelta::minutes(m)
+    }
+
+    fn act_at(&mut self, at: DateTime<Utc>, act: Act) {
+        self.seq += 1;
+        self.acts.insert((at, self.seq), act);
+    }
+
+    /// The scenario's timed acts, on the agenda.
+    fn plan(&mut self) {
+        let s = self.scenario.clone();
+        for (i, r) in s.requests.iter().enumerate() {
+            self.act_at(Sim::at(r.submit_at), Act::Submit(r.detail.clone()));
+            if let Some((at, again)) = &r.resubmit {
+                self.act_at(Sim::at(*at), Act::Submit(again.clone()));
+            }
+            if let Some(c) = r.cancel_at {
+                self.act_at(Sim::at(c.max(0)), Act::Cancel(i));
+            }
+            if r.payment_failures > 0
+                && let Some(id) = r.detail["request_id"].as_str()
+            {
+                self.cloud
+                    .with_world(|w| w.force_payment_failures(id, r.payment_failures));
+            }
+            if r.detail["workload"]["kind"] == "hyperpod-cluster" {
+                let name = r.detail["workload"]["cluster_name"].clone();
+                let made = self.cloud.with_world(|w| {
+                    w.sagemaker_call(
+                        REGION,
+                        "CreateCluster",
+                        &json!({"ClusterName": name,
+                            "Tags": [{"Key": "capacity-pilot:managed", "Value": "true"}]}),
+                    )
+                });
+                if let Err(e) = made {
+                    // A reused cluster name: the second request shares the first's cluster.
+                    self.trace(format!("CreateCluster {name}: {e:?}"));
+                }
+            }
+        }
+        for (k, m) in s.market.iter().enumerate() {
+            self.act_at(Sim::at(m.at), Act::Market(k));
+        }
+        for (k, f) in s.api_faults.iter().enumerate() {
+            self.act_at(Sim::at(f.at), Act::ApiFault(k));
+        }
+        for (k, f) in s.store_faults.iter().enumerate() {
+            self.act_at(Sim::at(f.at), Act::StoreFault(k));
+        }
+        self.act_at(s.faults_end(), Act::Settle);
+    }
+
+    fn now(&self) -> DateTime<Utc> {
+        self.cloud.now()
+    }
+
+    pub fn trace(&mut self, line: String) {
+        let now = self.now();
+        self.trace
+            .push(format!("{} {line}", now.format("%m-%d %H:%M:%S")));
+    }
+
+    /// Plays the scenario to its end, checking the per-step promises after every moment and
+    /// the end-of-run promises at the end. Stops at the first violated promise.
+    pub async fn run(&mut self) {
+        let end = self.scenario.end();
+        loop {
+            let now = self.now();
+            self.clock.set(now);
+            self.store.advance_to(now);
+            // Acts due now.
+            while let Some((&key, _)) = self.acts.first_key_value() {
+                if key.0 > now {
+                    break;
+                }
+                let act = self.acts.remove(&key).expect("present");
+                self.act(act);
+            }
+            // Deliveries and invocations due now, until nothing new happens at this instant.
+            loop {
+                self.route();
+                let Some((&key, _)) = self.queue.first_key_value() else {
+                    break;
+                };
+                if key.0 > now {
+                    break;
+                }
+                let p = self.queue.remove(&key).expect("present");
+                self.invoke(p).await;
+            }
+            let problems = checks::per_step(self);
+            if !problems.is_empty() {
+                for p in problems {
+                    self.trace(format!("VIOLATION {p}"));
+                    self.violations.push(p);
+                }
+                return;
+            }
+            if now >= end {
+                break;
+            }
+            let next = self.next_moment(now).min(end);
+            self.cloud.advance_to(next);
+            self.clock.set(next);
+            self.store.advance_to(next);
+            self.fire_schedules(next);
+        }
+        let problems = checks::at_end(self).await;
+        for p in problems {
+            self.trace(format!("VIOLATION {p}"));
+            self.violations.push(p);
+        }
+    }
+
+    /// The next moment anything can happen: an act, a queued invocation, an emulator
+    /// transition, or a schedule tick whose function has work.
+    fn next_moment(&self, now: DateTime<Utc>) -> DateTime<Utc> {
+        let mut next = now + TimeDelta::hours(1);
+        // Every schedule fires at least hourly, work or not: a tick that ought to be quiet is
+        // played too, so a function that acts on no due item still gets its chance.
+        next = next.min(tick_at_or_after(now + TimeDelta::seconds(1), TimeDelta::hours(1)));
+        if let Some((k, _)) = self.acts.first_key_value() {
+            next = next.min(k.0);
+        }
+        if let Some((k, _)) = self.queue.first_key_value() {
+            next = next.min(k.0);
+        }
+        if let Some(t) = self.cloud.next_transition() {
+            next = next.min(t.max(now + TimeDelta::seconds(1)));
+        }
+        for (f, every) in RULES.schedules() {
+            let first = tick_at_or_after(now + TimeDelta::seconds(1), every);
+            if self.has_work(f, first) {
+                next = next.min(first);
+            } else if let Some(due) = self.store.earliest_due(now) {
+                next = next.min(tick_at_or_after(due.max(first), every));
+            }
+        }
+        next.max(now + TimeDelta::seconds(1))
+    }
+
+    /// Whether `function`'s tick at `at` has work: something due in the store by then;
+    /// replace-unhealthy while a managed instance is not plainly healthy (pending, impaired,
+    /// stopped, not yet listed, recently gone); and every function at the top of each hour.
+    fn has_work(&self, function: &str, at: DateTime<Utc>) -> bool {
+        if at.minute() == 0 && at.second() == 0 {
+            return true;
+        }
+        if self.store.earliest_due(at).is_some_and(|d| d <= at) {
+            return true;
+        }
+        function == "replace-unhealthy" && self.instances_unsettled(at)
+    }
+
+    fn instances_unsettled(&self, at: DateTime<Utc>) -> bool {
+        let lag = self.scenario.timings.instance_listing_lag_seconds;
+        self.cloud.with_world(|w| {
+            w.ec2.instances.values().any(|i| {
+                i.tags.get("capacity-pilot:managed").map(String::as_str) == Some("true")
+                    && (i.impaired
+                        || (i.state != "running" && i.state != "terminated")
+                        || i.launch_time + TimeDelta::seconds(lag + 600) > at
+                        || i
+                            .terminated_at
+                            .is_some_and(|t| t + TimeDelta::minutes(15) > at))
+            })
+        })
+    }
+
+    fn fire_schedules(&mut self, at: DateTime<Utc>) {
+        for (f, every) in RULES.schedules() {
+            if is_tick(at, every) && self.has_work(f, at) {
+                self.ticks += 1;
+                let ev = json!({
+                    "version": "0", "id": format!("tick-{}", self.ticks),
+                    "detail-type": "Scheduled Event", "source": "aws.events",
+                    "account": "123456789012", "time": at.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+                    "region": REGION,
+                    "resources": [format!("arn:aws:events:{REGION}:123456789012:rule/{f}-schedule")],
+                    "detail": {}
+                });
+                self.enqueue(at, f.to_string(), ev, 0);
+            }
+        }
+    }
+
+    fn enqueue(&mut self, at: DateTime<Utc>, function: String, event: Value, attempt: u32) {
+        self.seq += 1;
+        self.queue.insert(
+            (at, self.seq),
+            Pending {
+                function,
+                event,
+                attempt,
+            },
+        );
+    }
+
+    /// Takes every event new on either bus, reacts as the actors would (approvers answer,
+    /// failures armed at a request's first launch), and queues a delivery to each function
+    /// the template's rules name, through the scenario's delivery faults.
+    fn route(&mut self) {
+        let now = self.now();
+        let (default, custom) = self.cloud.with_world(|w| {
+            (
+                w.events(REGION, "default")
+                    .get(self.seen_default..)
+                    .unwrap_or_default()
+                    .to_vec(),
+                w.events(REGION, BUS)
+                    .get(self.seen_custom..)
+                    .unwrap_or_default()
+                    .to_vec(),
+            )
+        });
+        self.seen_default += default.len();
+        self.seen_custom += custom.len();
+        for (bus, events) in [(Bus::Default, default), (Bus::Custom, custom)] {
+            for ev in events {
+                self.react(&ev);
+                for f in RULES.functions_for(bus, &ev) {
+                    let n = self.deliveries;
+                    self.deliveries += 1;
+                    let fault = if self.faults_on {
+                        self.scenario.delivery_fault(n)
+                    } else {
+                        None
+                    };
+                    let what = ev["detail-type"].as_str().unwrap_or("?").to_string();
+                    match fault {
+                        None => self.enqueue(now, f, ev.clone(), 0),
+                        Some(DeliveryFault::Duplicate) => {
+                            self.trace(format!("fault: {what} to {f} delivered twice"));
+                            self.enqueue(now, f.clone(), ev.clone(), 0);
+                            self.enqueue(now, f, ev.clone(), 0);
+                        }
+                        Some(DeliveryFault::Delay(m)) => {
+                            self.trace(format!("fault: {what} to {f} delayed {m} min"));
+                            self.enqueue(now + TimeDelta::minutes(m), f, ev.clone(), 0);
+                        }
+                        Some(DeliveryFault::Drop) => {
+                            self.trace(format!("fault: {what} to {f} dropped (to the DLQ)"));
+                            self.dlq.push(ev.clone());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn react(&mut self, ev: &Value) {
+        let now = self.now();
+        let dt = ev["detail-type"].as_str().unwrap_or_default();
+        let id = ev["detail"]["request_id"].as_str().unwrap_or_default();
+        let index = self
+            .scenario
+            .requests
+            .iter()
+            .position(|r| r.detail["request_id"] == id);
+        let Some(i) = index else {
+            return;
+        };
+        match dt {
+            "Capacity Purchase Awaiting Approval" => {
+                let key = ev["detail"]["event_key"].as_str().unwrap_or_default();
+                if !self.answered.insert(key.to_string()) {
+                    return;
+                }
+                let (source, detail_type, approves, after) =
+                    match self.scenario.requests[i].approver {
+                        Approver::Approves { after_minutes } => (
+                            APPROVER,
+                            "Capacity Purchase Approved",
+                            key.to_string(),
+                            after_minutes,
+                        ),
+                        Approver::Rejects { after_minutes } => (
+                            APPROVER,
+                            "Capacity Purchase Rejected",
+                            key.to_string(),
+                            after_minutes,
+                        ),
+                        Approver::Stale { after_minutes } => (
+                            APPROVER,
+                            "Capacity Purchase Approved",
+                            format!("{id}:awaiting-approval:0000000000000000"),
+                            after_minutes,
+                        ),
+                        Approver::Forged { after_minutes } => (
+                            FORGER,
+                            "Capacity Purchase Approved",
+                            key.to_string(),
+                            after_minutes,
+                        ),
+                        Approver::Silent => return,
+                    };
+                self.act_at(
+                    now + TimeDelta::minutes(after),
+                    Act::Put {
+                        source: source.to_string(),
+                        detail_type: detail_type.to_string(),
+                        detail: json!({"request_id": id, "approver": "sim-approver",
+                                       "approves": approves}),
+                    },
+                );
+            }
+            "Capacity Workload Launched" => {
+                if self.launched.insert(i) {
+                    for (h, index, impair) in self.scenario.requests[i].instance_failures.clone() {
+                        self.act_at(
+                            now + TimeDelta::hours(h) + TimeDelta::minutes(17),
+                            Act::FailInstance {
+                                request: i,
+                                index,
+                                impair,
+                            },
+                        );
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn put(&mut self, source: &str, detail_type: &str, detail: &Value) {
+        let entry = json!({"Entries": [{
+            "Source": source, "DetailType": detail_type,
+            "Detail": detail.to_string(), "EventBusName": BUS,
+        }]});
+        let out = self
+            .cloud
+            .with_world(|w| w.events_call(REGION, "PutEvents", &entry));
+        self.trace(format!(
+            "{source} puts {detail_type} {}",
+            detail["request_id"].as_str().unwrap_or("")
+        ));
+        if !matches!(&out, Ok(v) if v["FailedEntryCount"] == 0) {
+            self.trace(format!("PutEvents of an actor's event: {out:?}"));
+        }
+    }
+
+    fn act(&mut self, act: Act) {
+        match act {
+            Act::Submit(mut detail) => {
+                let subnets: Vec<String> = self
+                    .cloud
+                    .with_world(|w| w.subnets(REGION).into_iter().map(|s| s.id).collect());
+                if detail["workload"]["subnet_ids"] == "${subnet_ids}" {
+                    detail["workload"]["subnet_ids"] = json!(subnets);
+                }
+                self.put(SOURCE, "Capacity Request Submitted", &detail);
+            }
+            Act::Cancel(i) => {
+                let id = self.scenario.requests[i].detail["request_id"].clone();
+                self.put(
+                    SOURCE,
+                    "Capacity Request Cancelled",
+                    &json!({"request_id": id, "reason": "called off"}),
+                );
+            }
+            Act::Put {
+                source,
+                detail_type,
+                detail,
+            } => self.put(&source, &detail_type, &detail),
+            Act::Market(k) => {
+                let m = self.scenario.market[k].clone();
+                self.cloud.with_world(|w| {
+                    let base = local_cloud::market::default_types();
+                    for (ty, list) in w.market.types.iter_mut().zip(base) {
+                        if ty.name == m.instance_type {
+                            if let Some(p) = m.block_pool {
+                                ty.block_pool = p;
+                            }
+                            if let Some(pct) = m.price_pct {
+                                ty.block_usd = list.block_usd * rust_decimal::Decimal::from(pct)
+                                    / rust_decimal::Decimal::from(100);
+                            }
+                        }
+                    }
+                });
+                self.trace(format!("market: {m:?}"));
+            }
+            Act::ApiFault(k) => {
+                if !self.faults_on {
+                    return;
+                }
+                let f = self.scenario.api_faults[k].clone();
+                let kind = match f.kind {
+                    ApiFaultKind::Throttle => FaultKind::Throttle,
+                    ApiFaultKind::InternalError => FaultKind::InternalError,
+                    ApiFaultKind::LostResponse => FaultKind::LostResponse,
+                };
+                self.cloud.inject(Fault {
+                    operation: f.operation.to_string(),
+                    kind,
+                    count: Some(f.count),
+                });
+                self.trace(format!("fault: {:?} x{} on {}", f.kind, f.count, f.operation));
+            }
+            Act::StoreFault(k) => {
+                if !self.faults_on {
+                    return;
+                }
+                let f = self.scenario.store_faults[k].clone();
+                let e = errors::transient("dynamodb");
+                if f.commits {
+                    self.store.commit_then_fail_next_writes(1, e);
+                } else {
+                    self.store.fail_next_writes(1, e);
+                }
+                self.trace(format!(
+                    "fault: the next store write {}",
+                    if f.commits {
+                        "commits and its answer is lost"
+                    } else {
+                        "fails"
+                    }
+                ));
+            }
+            Act::FailInstance {
+                request,
+                index,
+                impair,
+            } => {
+                let id = self.scenario.requests[request].detail["request_id"].clone();
+                let foreign = &self.foreign.instances;
+                let done = self.cloud.with_world(|w| {
+                    let mut live: Vec<_> = w
+                        .ec2
+                        .instances
+                        .values()
+                        .filter(|i| !foreign.contains_key(&i.id))
+                        .filter(|i| {
+                            i.tags.get("capacity-pilot:request-id").map(String::as_str)
+                                == id.as_str()
+                                && (i.state == "running" || i.state == "pending")
+                        })
+                        .map(|i| (i.launch_time, i.launch_index, i.id.clone()))
+                        .collect();
+                    live.sort();
+                    let iid = live.get(index).map(|(_, _, id)| id.clone())?;
+                    let r = if impair {
+                        w.impair_instance(&iid, true)
+                    } else {
+                        w.fail_instance(&iid)
+                    };
+                    r.ok().map(|_| iid)
+                });
+                if let Some(iid) = done {
+                    self.trace(format!(
+                        "fault: instance {iid} of {} {}",
+                        id.as_str().unwrap_or(""),
+                        if impair { "impaired" } else { "stopped" }
+                    ));
+                }
+            }
+            Act::Settle => {
+                self.faults_on = false;
+                self.cloud.clear_faults();
+                self.store.clear_faults();
+                self.trace("settling: faults end; every function and the bus up".to_string());
+            }
+        }
+    }
+
+    async fn invoke(&mut self, p: Pending) {
+        let now = self.now();
+        self.clock.set(now);
+        self.invocations += 1;
+        let ev: EventBridgeEvent<Value> = match serde_json::from_value(p.event.clone()) {
+            Ok(ev) => ev,
+            Err(e) => {
+                self.trace(format!("unparsable event {}: {e}", p.event));
+                return;
+            }
+        };
+        let what = p.event["detail-type"].as_str().unwrap_or("?").to_string();
+        let about = p.event["detail"]["request_id"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let result: Result<Vec<capacity_pilot::decision::Decision>, String> = match p.function.as_str() {
+            "search-offerings" => self
+                .searcher
+                .handle(ev)
+                .await
+                .map(|o| o.decisions)
+                .map_err(|e| e.to_string()),
+            "purchase-capacity" => self
+                .purchaser
+                .handle(ev)
+                .await
+                .map(|o| o.decisions)
+                .map_err(|e| e.to_string()),
+            "launch-workloads" => self
+                .launcher
+                .handle_by(ev, &StepDeadline::plenty())
+                .await
+                .map(|o| o.decisions)
+                .map_err(|e| e.to_string()),
+            "replace-unhealthy" => self
+                .replacer
+                .handle(ev)
+                .await
+                .map(|o| o.decisions)
+                .map_err(|e| e.to_string()),
+            "cleanup-expired" => self
+                .cleaner
+                .handle(ev)
+                .await
+                .map(|o| o.decisions)
+                .map_err(|e| e.to_string()),
+            other => panic!("the template routes to {other}, which the simulation lacks"),
+        };
+        match result {
+            Ok(decisions) => {
+                if what != "Scheduled Event" || !decisions.is_empty() {
+                    self.trace(format!("{} <- {what} {about}: ok", p.function));
+                }
+                for d in decisions {
+                    self.trace(format!(
+                        "  {} {}: {}",
+                        d.request_id, d.action, d.reason
+                    ));
+                }
+                let source = p.event["source"].as_str().unwrap_or_default();
+                if source == SOURCE || source == APPROVER || source == FORGER {
+                    self.delivered.push(Delivered {
+                        at: now,
+                        event: p.event.clone(),
+                    });
+                }
+            }
+            Err(e) => {
+                self.trace(format!(
+                    "{} <- {what} {about}: failed (attempt {}): {e}",
+                    p.function,
+                    p.attempt + 1
+                ));
+                if p.attempt < 2 {
+                    // Lambda's asynchronous retries: after about one minute, then two.
+                    let wait = TimeDelta::minutes(i64::from(p.attempt) + 1);
+                    self.enqueue(now + wait, p.function, p.event, p.attempt + 1);
+                } else {
+                    self.trace(format!("{} <- {what} {about}: to the DLQ", p.function));
+                    if what != "Scheduled Event" {
+                        self.dlq.push(p.event);
+                    }
+                }
+            }
+        }
+    }
+}

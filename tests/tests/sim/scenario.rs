@@ -1,0 +1,411 @@
+//! A seed expands into one explicit [`Scenario`]: the requests and what their requesters and
+//! approvers do, the market and how it moves, the emulator's harsh settings, and every fault
+//! with its time or delivery number. The run draws nothing else at random: what happens is
+//! this value plus the system's own deterministic behaviour.
+
+use chrono::{DateTime, TimeDelta, Utc};
+use serde_json::{Value, json};
+
+/// When every simulated run starts.
+pub fn t0() -> DateTime<Utc> {
+    "2026-12-01T09:00:00Z".parse().unwrap()
+}
+
+/// Faults stop this long after [`t0`]; the settling period follows.
+pub const FAULT_HOURS: i64 = 5 * 24;
+/// The fault-free settling period before the end-of-run checks.
+pub const SETTLE_HOURS: i64 = 48;
+
+/// SplitMix64 over `capacity_pilot::ids::mix`, the seed's one source of variation.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(capacity_pilot::ids::mix(seed ^ 0x5EED_5EED))
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(1);
+        capacity_pilot::ids::mix(self.0)
+    }
+    /// A number in `lo..=hi`.
+    pub fn range(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + (self.next() % ((hi - lo + 1) as u64)) as i64
+    }
+    /// True with probability `pct` percent.
+    pub fn chance(&mut self, pct: u64) -> bool {
+        self.next() % 100 < pct
+    }
+    pub fn pick<'a, T>(&mut self, of: &'a [T]) -> &'a T {
+        &of[(self.next() % of.len() as u64) as usize]
+    }
+}
+
+/// What the approver does when a request of this scenario awaits approval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Approver {
+    /// Approves the key it was shown, this many minutes later.
+    Approves { after_minutes: i64 },
+    /// Rejects it.
+    Rejects { after_minutes: i64 },
+    /// Approves a key it was never shown (stale or made up).
+    Stale { after_minutes: i64 },
+    /// Someone outside the approver sources approves it.
+    Forged { after_minutes: i64 },
+    /// Never answers.
+    Silent,
+}
+
+/// One request and what its requester does.
+#[derive(Debug, Clone)]
+pub struct PlannedRequest {
+    /// Minutes after [`t0`] that it is submitted.
+    pub submit_at: i64,
+    pub detail: Value,
+    /// Whether it was made invalid on purpose (it must be rejected, naming the fields).
+    pub invalid: Vec<&'static str>,
+    /// Minutes after [`t0`] that its requester cancels it (possibly before submitting).
+    pub cancel_at: Option<i64>,
+    /// Minutes after [`t0`] that the same id is submitted again, with this detail.
+    pub resubmit: Option<(i64, Value)>,
+    pub approver: Approver,
+    /// Forced payment failures of its next purchases.
+    pub payment_failures: u32,
+    /// (hours after its first launch, which live instance) to fail or impair.
+    pub instance_failures: Vec<(i64, usize, bool)>,
+}
+
+/// A change of the market at a time.
+#[derive(Debug, Clone)]
+pub struct MarketMove {
+    pub at: i64,
+    pub instance_type: &'static str,
+    /// Block and plan capacity per zone and day.
+    pub block_pool: Option<u32>,
+    /// The block price, in percent of the list price.
+    pub price_pct: Option<u32>,
+}
+
+/// An AWS API fault armed at a time: it takes the operation's next `count` calls.
+#[derive(Debug, Clone)]
+pub struct ApiFault {
+    pub at: i64,
+    pub operation: &'static str,
+    pub kind: ApiFaultKind,
+    pub count: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiFaultKind {
+    Throttle,
+    InternalError,
+    /// Performed, then the response is lost.
+    LostResponse,
+}
+
+/// A store fault armed at a time: it takes the next write.
+#[derive(Debug, Clone)]
+pub struct StoreFault {
+    pub at: i64,
+    /// The write commits, and its answer is lost (else it fails, writing nothing).
+    pub commits: bool,
+}
+
+/// What happens to one event delivery, by its number (0-based) among all deliveries of
+/// bus events to functions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryFault {
+    /// Delivered twice.
+    Duplicate,
+    /// Delivered this many minutes late (which reorders it behind later events).
+    Delay(i64),
+    /// Never delivered: EventBridge's retries ran out and it went to the rule's DLQ.
+    Drop,
+}
+
+/// Emulator settings within REALISM.md's bounds, the harsh end included.
+#[derive(Debug, Clone)]
+pub struct Timings {
+    pub listing_lag_seconds: i64,
+    pub block_activation_seconds: i64,
+    pub instance_listing_lag_seconds: i64,
+    pub payment_minutes: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub seed: u64,
+    /// The teams' monthly caps, as `TEAM_BUDGETS_USD` gives them.
+    pub team_budgets: Value,
+    pub requests: Vec<PlannedRequest>,
+    /// On-demand p5.48xlarge capacity per zone at the start.
+    pub on_demand_pool: u32,
+    pub block_pool: u32,
+    pub market: Vec<MarketMove>,
+    pub timings: Timings,
+    pub api_faults: Vec<ApiFault>,
+    pub store_faults: Vec<StoreFault>,
+    /// By delivery number.
+    pub deliveries: Vec<(u64, DeliveryFault)>,
+}
+
+impl Scenario {
+    pub fn end(&self) -> DateTime<Utc> {
+        t0() + TimeDelta::hours(FAULT_HOURS + SETTLE_HOURS)
+    }
+    pub fn faults_end(&self) -> DateTime<Utc> {
+        t0() + TimeDelta::hours(FAULT_HOURS)
+    }
+    pub fn delivery_fault(&self, n: u64) -> Option<DeliveryFault> {
+        self.deliveries
+            .iter()
+            .find(|(k, _)| *k == n)
+            .map(|(_, f)| *f)
+    }
+
+    /// The scenario of `seed`.
+    pub fn from_seed(seed: u64) -> Scenario {
+        let mut r = Rng::new(seed);
+        let scarce = r.chance(40);
+        let block_pool = if scarce { r.range(1, 3) } else { r.range(8, 24) } as u32;
+        let on_demand_pool = if r.chance(50) { 0 } else { r.range(1, 8) as u32 };
+        let cap_a = *r.pick(&["8000", "15000", "30000", "100000"]);
+        let team_budgets = json!({"team-a": cap_a, "*": "60000"});
+        let timings = Timings {
+            listing_lag_seconds: *r.pick(&[0, 120, 600]),
+            block_activation_seconds: *r.pick(&[0, 300, 900]),
+            instance_listing_lag_seconds: *r.pick(&[0, 120, 600]),
+            payment_minutes: *r.pick(&[1, 5, 60, 360]),
+        };
+        let n = r.range(2, 4) as usize;
+        let mut requests = Vec::new();
+        for i in 0..n {
+            requests.push(request(&mut r, seed, i));
+        }
+        // Several requests of one id: the second request reuses the first's id.
+        if r.chance(10) {
+            let id = requests[0].detail["request_id"].clone();
+            requests[1].detail["request_id"] = id;
+        }
+        let mut market = Vec::new();
+        for _ in 0..r.range(0, 3) {
+            let at = r.range(0, 60 * 48);
+            let ty = *r.pick(&["p5.48xlarge", "p4d.24xlarge"]);
+            if r.chance(50) {
+                // Offerings vanish between a search and its purchase, and come back.
+                market.push(MarketMove {
+                    at,
+                    instance_type: ty,
+                    block_pool: Some(0),
+                    price_pct: None,
+                });
+                market.push(MarketMove {
+                    at: at + r.range(5, 180),
+                    instance_type: ty,
+                    block_pool: Some(block_pool),
+                    price_pct: None,
+                });
+            } else {
+                market.push(MarketMove {
+                    at,
+                    instance_type: ty,
+                    block_pool: None,
+                    price_pct: Some(r.range(70, 140) as u32),
+                });
+            }
+        }
+        let ops: &[&'static str] = &[
+            "DescribeCapacityBlockOfferings",
+            "PurchaseCapacityBlock",
+            "SearchTrainingPlanOfferings",
+            "CreateTrainingPlan",
+            "DescribeCapacityReservations",
+            "RunInstances",
+            "DescribeInstances",
+            "DescribeInstanceStatus",
+            "TerminateInstances",
+            "CreateTrainingJob",
+            "CreateEndpoint",
+            "UpdateCluster",
+            "PutEvents",
+        ];
+        let mut api_faults = Vec::new();
+        for _ in 0..r.range(0, 6) {
+            let kind = *r.pick(&[
+                ApiFaultKind::Throttle,
+                ApiFaultKind::InternalError,
+                ApiFaultKind::LostResponse,
+            ]);
+            api_faults.push(ApiFault {
+                at: r.range(0, 60 * 24 * 4),
+                operation: *r.pick(ops),
+                kind,
+                count: r.range(1, 3) as u32,
+            });
+        }
+        let mut store_faults = Vec::new();
+        for _ in 0..r.range(0, 4) {
+            store_faults.push(StoreFault {
+                at: r.range(0, 60 * 24 * 4),
+                commits: r.chance(60),
+            });
+        }
+        let mut deliveries = Vec::new();
+        let rate = *r.pick(&[0, 3, 8, 15]);
+        for k in 0..600 {
+            if r.chance(rate) {
+                let f = match r.range(0, 5) {
+                    0 | 1 => DeliveryFault::Duplicate,
+                    2 | 3 => DeliveryFault::Delay(*r.pick(&[1, 5, 30, 120])),
+                    _ => DeliveryFault::Drop,
+                };
+                deliveries.push((k, f));
+            }
+        }
+        market.sort_by_key(|m| m.at);
+        Scenario {
+            seed,
+            team_budgets,
+            requests,
+            on_demand_pool,
+            block_pool,
+            market,
+            timings,
+            api_faults,
+            store_faults,
+            deliveries,
+        }
+    }
+}
+
+fn iso(minutes: i64) -> String {
+    (t0() + TimeDelta::minutes(minutes))
+        .format("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+fn request(r: &mut Rng, seed: u64, i: usize) -> PlannedRequest {
+    let kind = *r.pick(&[
+        "ec2-instances",
+        "ec2-instances",
+        "training-job",
+        "inference-endpoint",
+        "hyperpod-cluster",
+    ]);
+    let id = format!("sim-{seed}-{i}");
+    let team = *r.pick(&["team-a", "team-a", "team-b"]);
+    let count = r.range(1, if kind == "inference-endpoint" { 2 } else { 4 });
+    let hours = *r.pick(&[24, 24, 48]);
+    let earliest = r.range(14, 40) * 60;
+    let slack = r.range(0, 48) * 60;
+    let latest = earliest + hours * 60 + slack;
+    let ec2 = kind == "ec2-instances";
+    let types = if ec2 {
+        if r.chance(30) {
+            json!(["p5.48xlarge", "p4d.24xlarge"])
+        } else {
+            json!(["p5.48xlarge"])
+        }
+    } else {
+        json!(["ml.p5.48xlarge"])
+    };
+    // About the fee of one p5 instance for the hours, scaled.
+    let estimate = 35 * hours * count;
+    let max = estimate * r.range(6, 30) / 10;
+    let mut budget = json!({"max_upfront_usd": max.to_string()});
+    let approval = r.chance(25);
+    if approval {
+        budget["approval_above_usd"] = json!((estimate / 4).to_string());
+    }
+    let workload = match kind {
+        "ec2-instances" => json!({"kind": "ec2-instances",
+            "launch_template": {"name": "capacity-pilot-gpu"}, "subnet_ids": "${subnet_ids}"}),
+        "training-job" => json!({"kind": "training-job",
+            "training_image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/sim:1",
+            "output_s3_uri": format!("s3://sim/{id}/"), "volume_size_gb": 100}),
+        "inference-endpoint" => json!({"kind": "inference-endpoint",
+            "model_name": format!("model-{i}"), "endpoint_name": format!("ep-{seed}-{i}"),
+            "variant_name": "primary"}),
+        _ => json!({"kind": "hyperpod-cluster", "cluster_name": format!("sim-cluster-{i}"),
+            "instance_group_name": "workers",
+            "life_cycle_config": {"source_s3_uri": "s3://sim/lifecycle/", "on_create": "on_create.sh"}}),
+    };
+    let mut detail = json!({
+        "schema_version": 1, "request_id": id, "team": team,
+        "instance_types": types, "instance_count": count, "duration_hours": hours,
+        "earliest_start": iso(earliest), "latest_end": iso(latest),
+        "regions": ["us-east-1"], "budget": budget, "workload": workload,
+        "drain_minutes": r.range(0, 30),
+    });
+    if ec2 && r.chance(25) {
+        detail["strategy"] = json!("on-demand-first");
+    }
+    if r.chance(40) {
+        detail["prefer"] = json!(*r.pick(&["cheapest", "earliest"]));
+    }
+    if !ec2 && r.chance(30) {
+        detail["allow_split"] = json!(true);
+    }
+    let mut invalid = Vec::new();
+    if r.chance(8) {
+        match r.range(0, 2) {
+            0 => {
+                detail["instance_count"] = json!(0);
+                invalid.push("instance_count");
+            }
+            1 => {
+                detail["latest_end"] = json!(iso(earliest - 60));
+                invalid.push("latest_end");
+            }
+            _ => {
+                detail["team"] = json!("");
+                invalid.push("team");
+            }
+        }
+    }
+    let submit_at = r.range(0, 6 * 60);
+    let cancel_at = r
+        .chance(20)
+        .then(|| submit_at + r.range(-30, 60 * 24 * 3));
+    let resubmit = r.chance(10).then(|| {
+        let mut again = detail.clone();
+        if r.chance(50) {
+            again["drain_minutes"] = json!(45);
+        }
+        (submit_at + r.range(1, 600), again)
+    });
+    let after = r.range(5, 240);
+    let approver = if !approval {
+        Approver::Silent
+    } else {
+        match r.range(0, 5) {
+            0 | 1 => Approver::Approves {
+                after_minutes: after,
+            },
+            2 => Approver::Rejects {
+                after_minutes: after,
+            },
+            3 => Approver::Stale {
+                after_minutes: after,
+            },
+            4 => Approver::Forged {
+                after_minutes: after,
+            },
+            _ => Approver::Silent,
+        }
+    };
+    let payment_failures = if r.chance(15) { r.range(1, 2) as u32 } else { 0 };
+    let mut instance_failures = Vec::new();
+    if ec2 && r.chance(40) {
+        instance_failures.push((r.range(0, hours - 2), r.range(0, 3) as usize, r.chance(50)));
+    }
+    PlannedRequest {
+        submit_at,
+        detail,
+        invalid,
+        cancel_at,
+        resubmit,
+        approver,
+        payment_failures,
+        instance_failures,
+    }
+}
