@@ -17,7 +17,7 @@ IAC := $(VENV)/iac
 TEMPLATE := infra/template.yaml
 FORWARDER := infra/region-forwarder.yaml
 
-.PHONY: test lint lint-rust lint-iac fmt run venv venv-iac schemas build deploy deploy-forwarders
+.PHONY: test lint lint-rust lint-iac fmt soak run venv venv-iac schemas build deploy deploy-forwarders
 
 ## test: every test, lint included (what CI runs)
 test: lint venv
@@ -69,6 +69,15 @@ deploy-forwarders:
 			--parameter-overrides HomeRegion=$(strip $(HOME_REGION)) --capabilities CAPABILITY_IAM \
 			--no-fail-on-empty-changeset $(if $(filter 1 yes true,$(CONFIRM)),--confirm-changeset,--no-confirm-changeset); \
 	done
+
+## soak: the deterministic simulation (tests/tests/sim) over seeds FIRST..FIRST+SEEDS-1 under
+## its own optimised profile (`soak`), on every core; ends with `N seeds, V violations` and
+## fails on any violation not listed as a known failure in tests/tests/sim/seeds.txt.
+## A failing seed prints the one command that replays it with its trace.
+SEEDS ?= 2000
+FIRST ?= 1
+soak:
+	SEEDS=$(SEEDS) FIRST=$(FIRST) $(CARGO) test --profile soak -p integration-tests --test sim -- --ignored --exact soak --nocapture
 
 fmt:
 	$(CARGO) fmt --all

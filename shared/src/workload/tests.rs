@@ -697,3 +697,38 @@ async fn a_hyperpod_cluster_that_is_updating_makes_the_launch_wait_not_fail() {
         .unwrap();
     assert_eq!(again, Launch::Done(vec!["research/gpu".into()]));
 }
+
+#[tokio::test]
+async fn a_block_drain_terminates_only_this_deployments_instances_of_the_request() {
+    // GIVEN two instances in the block tagged for req-1: ours, and another stack's (found by
+    // the simulation: a second deployment in the account may run a request of the same id)
+    let (workloads, store) = world();
+    let rec = record(request("req-1", "team-a", "50000"));
+    let mut theirs = ours_for("req-1");
+    theirs.insert(DEPLOYMENT_TAG.into(), "another-stack".into());
+    for (id, tags) in [("i-ours", ours_for("req-1")), ("i-theirs", theirs)] {
+        workloads.add_instance(crate::ports::InstanceInfo {
+            instance_id: id.into(),
+            region: REGION.into(),
+            availability_zone: "us-east-1a".into(),
+            instance_type: "p5.48xlarge".into(),
+            state: InstanceState::Running,
+            health: crate::ports::InstanceHealth::Ok,
+            reservation_id: Some("cr-1".into()),
+            launched_at: None,
+            tags,
+        });
+    }
+
+    // WHEN its window drains
+    let acted = drain(&workloads, &store, &config(), &rec, &window("cr-1"))
+        .await
+        .unwrap();
+
+    // THEN only ours is terminated
+    assert_eq!(acted, ["instance:i-ours"]);
+    assert_eq!(
+        workloads.instance("i-theirs").unwrap().state,
+        InstanceState::Running
+    );
+}

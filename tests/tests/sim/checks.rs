@@ -7,9 +7,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use capacity_pilot::domain::request::{Strategy, WorkloadDetail};
-use capacity_pilot::ports::Store;
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::ports::RequestRecord;
+use capacity_pilot::ports::Store;
 use chrono::{DateTime, TimeDelta, Utc};
 use local_cloud::LocalCloud;
 use local_cloud::ec2::Lifecycle;
@@ -144,7 +144,10 @@ impl Foreign {
                     q.push(("SubnetId".into(), s.clone()));
                 }
                 for (n, (k, v)) in tags.iter().enumerate() {
-                    q.push((format!("TagSpecification.1.Tag.{}.Key", n + 1), k.to_string()));
+                    q.push((
+                        format!("TagSpecification.1.Tag.{}.Key", n + 1),
+                        k.to_string(),
+                    ));
                     q.push((format!("TagSpecification.1.Tag.{}.Value", n + 1), v.clone()));
                 }
                 let body = serde_urlencoded::to_string(&q).expect("a form");
@@ -244,6 +247,63 @@ fn on_demand_part(r: &RequestRecord, recorded_fees: i64) -> i64 {
     (r.spent.0 - r.open_debit.map_or(0, |d| d.0) - recorded_fees).max(0)
 }
 
+/// An ended on-demand EC2 run is charged its actual hours: the hours from its first
+/// instance's launch to its last one's termination, by EC2, within one hour either way (the
+/// system sees a start and an end only at its next look, and an hour begun is an hour spent).
+fn on_demand_hours_wrong(sim: &Sim, r: &RequestRecord, charged: i64) -> Option<String> {
+    if !r.status.is_terminal() {
+        return None;
+    }
+    let id = r.request_id.to_string();
+    let (span, ty) = sim.cloud.with_world(|w| {
+        let mine: Vec<_> = w
+            .ec2
+            .instances
+            .values()
+            .filter(|i| matches!(i.lifecycle, Lifecycle::OnDemand))
+            .filter(|i| i.tags.get(REQUEST_TAG) == Some(&id))
+            .filter(|i| !sim.foreign.instances.contains_key(&i.id))
+            .collect();
+        let first = mine.iter().map(|i| i.launch_time).min()?;
+        let last = mine
+            .iter()
+            .map(|i| i.terminated_at.unwrap_or(w.now))
+            .max()?;
+        Some((last - first, mine[0].instance_type.clone()))
+    })?;
+    let hourly =
+        sim.config.prices.on_demand(&ty)?.to_micros_ceil().0 * i64::from(r.request.instance_count);
+    let hours = span.num_seconds().div_euclid(3600) + i64::from(span.num_seconds() % 3600 != 0);
+    let hours = hours.clamp(1, i64::from(r.request.duration_hours));
+    let (lo, hi) = ((hours - 1).max(1) * hourly, (hours + 1) * hourly);
+    (charged < lo || charged > hi).then(|| {
+        format!(
+            "ledger exact: {id} ran on demand for {hours} h by EC2 ({span}) but is charged \
+             {charged} micro-USD, outside [{lo}, {hi}]"
+        )
+    })
+}
+
+/// The fees of a record's recorded reservations that AWS sold live-or-paid.
+fn recorded_fees(
+    reservations: &BTreeMap<
+        capacity_pilot::domain::request::RequestId,
+        Vec<capacity_pilot::domain::reservation::Reservation>,
+    >,
+    sold: &[Sold],
+    r: &RequestRecord,
+) -> i64 {
+    reservations
+        .get(&r.request_id)
+        .map(|rs| {
+            rs.iter()
+                .filter(|x| sold.iter().any(|s| s.live_or_paid && s.names(&x.id)))
+                .map(|x| x.upfront_fee.to_micros_ceil().0)
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
 /// Per team: (truth, holds) in micro-USD. Truth: the fees of what AWS sold live-or-paid.
 /// Holds: open debits, payment failures the store may not have seen, on-demand spend.
 fn money(sim: &Sim, sold: &[Sold]) -> BTreeMap<String, (i64, i64)> {
@@ -260,18 +320,7 @@ fn money(sim: &Sim, sold: &[Sold]) -> BTreeMap<String, (i64, i64)> {
         }
     }
     for r in recs.values() {
-        let fees: i64 = reservations
-            .get(&r.request_id)
-            .map(|rs| {
-                rs.iter()
-                    .filter(|x| {
-                        sold.iter()
-                            .any(|s| s.live_or_paid && s.names(&x.id))
-                    })
-                    .map(|x| x.upfront_fee.to_micros_ceil().0)
-                    .sum()
-            })
-            .unwrap_or(0);
+        let fees = recorded_fees(&reservations, sold, r);
         let e = out.entry(r.team.to_string()).or_default();
         e.1 += r.open_debit.map_or(0, |d| d.0) + on_demand_part(r, fees);
     }
@@ -290,10 +339,7 @@ pub fn per_step(sim: &Sim) -> Vec<String> {
         by_request.entry(&s.request).or_default().push(s);
     }
     for (id, list) in &by_request {
-        let windows = recs
-            .get(*id)
-            .map_or(1, |r| r.windows.len().max(1))
-            .max(1);
+        let windows = recs.get(*id).map_or(1, |r| r.windows.len().max(1)).max(1);
         let reservations = list.len();
         let plan_windows = list.iter().filter(|s| s.plan).count();
         if reservations > windows && plan_windows == 0 {
@@ -373,16 +419,12 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
                 r.request_id
             ));
         }
-        let fees: i64 = reservations
-            .get(&r.request_id)
-            .map(|rs| {
-                rs.iter()
-                    .filter(|x| sold.iter().any(|s| s.live_or_paid && s.names(&x.id)))
-                    .map(|x| x.upfront_fee.to_micros_ceil().0)
-                    .sum()
-            })
-            .unwrap_or(0);
-        *expect.entry(r.team.to_string()).or_default() += on_demand_part(r, fees);
+        let fees = recorded_fees(&reservations, &sold, r);
+        let od = on_demand_part(r, fees);
+        *expect.entry(r.team.to_string()).or_default() += od;
+        if let Some(why) = on_demand_hours_wrong(sim, r, od) {
+            out.push(why);
+        }
         if r.request.strategy != Strategy::OnDemandFirst && r.spent.0 != fees {
             out.push(format!(
                 "ledger exact: {} is charged {} micro-USD, but AWS sold it {} (micro-USD) \
@@ -508,7 +550,9 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
         w.ec2
             .instances
             .values()
-            .filter(|i| i.tags.contains_key(REQUEST_TAG) && !sim.foreign.instances.contains_key(&i.id))
+            .filter(|i| {
+                i.tags.contains_key(REQUEST_TAG) && !sim.foreign.instances.contains_key(&i.id)
+            })
             .filter(|i| {
                 i.state_reason
                     .as_ref()
@@ -537,14 +581,10 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
         if !launched || s.end > end {
             continue;
         }
-        let hyperpod = recs.get(&s.request).is_some_and(|r| {
-            matches!(r.request.workload, WorkloadDetail::HyperpodCluster { .. })
-        });
-        let lead = if hyperpod {
-            lead.1
-        } else {
-            lead.0
-        };
+        let hyperpod = recs
+            .get(&s.request)
+            .is_some_and(|r| matches!(r.request.workload, WorkloadDetail::HyperpodCluster { .. }));
+        let lead = if hyperpod { lead.1 } else { lead.0 };
         let forced_at = s.end - TimeDelta::minutes(lead);
         let drained = bus.iter().any(|e| {
             e["detail-type"] == "Capacity Workload Drained"
@@ -636,27 +676,76 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
             })
             .map(|d| d.at)
             .min();
-        if let Some(tc) = cancelled_at {
-            if bought.iter().all(|s| s.created > tc) {
-                for s in &bought {
-                    out.push(format!(
-                        "judged as delivered: {id} was cancelled at {tc} but {} was bought at {}",
-                        s.id, s.created
-                    ));
-                }
-                // Unless it had ended by then.
-                let history = sim.store.history(&r.request_id).await.unwrap_or_default();
-                let ended_before = history
-                    .iter()
-                    .any(|h| h.to.is_terminal() && h.at <= tc);
-                if r.status != RequestStatus::Cancelled && bought.is_empty() && !ended_before {
-                    out.push(format!(
-                        "judged as delivered: {id} was cancelled at {tc} before any purchase \
-                         but ended {}",
-                        r.status
-                    ));
-                }
+        let Some(tc) = cancelled_at else { continue };
+        // Nothing is bought after a cancellation was delivered (a purchase in flight then
+        // was made before it: invocations here run one at a time).
+        for s in bought.iter().filter(|s| s.created > tc) {
+            out.push(format!(
+                "judged as delivered: {id} was cancelled at {tc} but {} was bought at {}",
+                s.id, s.created
+            ));
+        }
+        // Cancelled before any purchase, it ends cancelled, unless it had ended by then.
+        if bought.is_empty() && r.status != RequestStatus::Cancelled {
+            let history = sim.store.history(&r.request_id).await.unwrap_or_default();
+            if !history.iter().any(|h| h.to.is_terminal() && h.at <= tc) {
+                out.push(format!(
+                    "judged as delivered: {id} was cancelled at {tc} before any purchase but \
+                     ended {}",
+                    r.status
+                ));
             }
+        }
+    }
+    out
+}
+
+/// What the run reached by the emulator's ground truth and the deliveries, for the
+/// generators' reach check.
+pub fn reached(sim: &Sim) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for s in sold(&sim.cloud).iter() {
+        out.insert(format!(
+            "a {} was {}",
+            if s.plan { "plan" } else { "block" },
+            if s.live_or_paid {
+                "bought"
+            } else {
+                "payment-failed"
+            }
+        ));
+    }
+    sim.cloud.with_world(|w| {
+        if w.sm.plans.values().any(|p| p.offering.segments.len() > 1) {
+            out.insert("a split plan was bought".to_string());
+        }
+        for i in w.ec2.instances.values() {
+            if !i.tags.contains_key(REQUEST_TAG) || sim.foreign.instances.contains_key(&i.id) {
+                continue;
+            }
+            out.insert(format!("an EC2 instance ran ({:?})", i.lifecycle));
+        }
+        if w.sm.jobs.values().any(|j| j.plan_arn.is_none()) {
+            out.insert("a training job ran on demand".to_string());
+        }
+        if w.sm.clusters.values().any(|c| !c.groups.is_empty()) {
+            out.insert("a HyperPod group was created".to_string());
+        }
+    });
+    for d in &sim.delivered {
+        let dt = d.event["detail-type"].as_str().unwrap_or_default();
+        let source = d.event["source"].as_str().unwrap_or_default();
+        out.insert(format!("delivered: {dt} from {source}"));
+    }
+    let recs = records(sim);
+    let sold = sold(&sim.cloud);
+    let reservations = sim.store.all_reservations();
+    for r in recs.values() {
+        out.insert(format!("a request ended {}", r.status));
+        let od = on_demand_part(r, recorded_fees(&reservations, &sold, r));
+        // A charge of -1 is outside any bounds: `Some` says the hours check applies to it.
+        if r.status.is_terminal() && od > 0 && on_demand_hours_wrong(sim, r, -1).is_some() {
+            out.insert("an on-demand run was charged its hours".to_string());
         }
     }
     out

@@ -12,8 +12,8 @@ use capacity_pilot::aws::capacity::{AwsMarket, AwsWorkloads};
 use capacity_pilot::aws::eventbridge::EventBridgeSink;
 use capacity_pilot::aws::wiring::Adapters;
 use capacity_pilot::config::Config;
-use capacity_pilot::fakes::{InMemoryStore, ManualClock, StepDeadline};
 use capacity_pilot::fakes::errors;
+use capacity_pilot::fakes::{InMemoryStore, ManualClock, StepDeadline};
 use capacity_pilot::ids::SeededIds;
 use capacity_pilot::ports::default_sleep;
 use chrono::{DateTime, TimeDelta, Timelike, Utc};
@@ -115,6 +115,9 @@ pub struct Sim {
     pub dlq: Vec<Value>,
     pub delivered: Vec<Delivered>,
     pub invocations: u64,
+    /// What the run reached (published detail-types, retries, the DLQ, faults that struck),
+    /// for the generators' reach check.
+    pub reached: BTreeSet<String>,
     /// The foreign resources set up at the start, as they were.
     pub foreign: checks::Foreign,
 }
@@ -166,6 +169,27 @@ impl Sim {
                 }
             }
         });
+        cloud.with_world(|w| {
+            let midnight = t0()
+                .date_naive()
+                .and_hms_opt(0, 0, 0)
+                .expect("midnight")
+                .and_utc();
+            let azs = w.market.region(REGION).azs;
+            for d in &scenario.crowded_days {
+                let day = midnight + TimeDelta::days(*d);
+                for az in &azs {
+                    w.market.consume(
+                        local_cloud::market::Pool::TrainingPlan,
+                        REGION,
+                        az,
+                        "p5.48xlarge",
+                        (day, day + TimeDelta::days(1)),
+                        64,
+                    );
+                }
+            }
+        });
         let clock = ManualClock::new(t0());
         let store = InMemoryStore::new().with_clock(clock.clone());
         let env = env(&scenario.team_budgets.to_string());
@@ -174,11 +198,7 @@ impl Sim {
                 .expect("config"),
         );
         let router = cloud.router();
-        let sdk = in_process::sdk_config(
-            InProcess::new(router).http_client(),
-            REGION,
-            t0().into(),
-        );
+        let sdk = in_process::sdk_config(InProcess::new(router).http_client(), REGION, t0().into());
         let adapters = || {
             let a = Adapters::from_sdk(sdk.clone(), &config).expect("adapters");
             let (market, workloads) =
@@ -256,6 +276,7 @@ impl Sim {
             dlq: Vec::new(),
             delivered: Vec::new(),
             invocations: 0,
+            reached: BTreeSet::new(),
             foreign,
         };
         sim.plan();
@@ -371,6 +392,8 @@ impl Sim {
             self.store.advance_to(next);
             self.fire_schedules(next);
         }
+        let reached = checks::reached(self);
+        self.reached.extend(reached);
         let problems = checks::at_end(self).await;
         for p in problems {
             self.trace(format!("VIOLATION {p}"));
@@ -384,7 +407,10 @@ impl Sim {
         let mut next = now + TimeDelta::hours(1);
         // Every schedule fires at least hourly, work or not: a tick that ought to be quiet is
         // played too, so a function that acts on no due item still gets its chance.
-        next = next.min(tick_at_or_after(now + TimeDelta::seconds(1), TimeDelta::hours(1)));
+        next = next.min(tick_at_or_after(
+            now + TimeDelta::seconds(1),
+            TimeDelta::hours(1),
+        ));
         if let Some((k, _)) = self.acts.first_key_value() {
             next = next.min(k.0);
         }
@@ -426,8 +452,7 @@ impl Sim {
                     && (i.impaired
                         || (i.state != "running" && i.state != "terminated")
                         || i.launch_time + TimeDelta::seconds(lag + 600) > at
-                        || i
-                            .terminated_at
+                        || i.terminated_at
                             .is_some_and(|t| t + TimeDelta::minutes(15) > at))
             })
         })
@@ -496,15 +521,19 @@ impl Sim {
                     match fault {
                         None => self.enqueue(now, f, ev.clone(), 0),
                         Some(DeliveryFault::Duplicate) => {
+                            self.reached
+                                .insert("an event was delivered twice".to_string());
                             self.trace(format!("fault: {what} to {f} delivered twice"));
                             self.enqueue(now, f.clone(), ev.clone(), 0);
                             self.enqueue(now, f, ev.clone(), 0);
                         }
                         Some(DeliveryFault::Delay(m)) => {
+                            self.reached.insert("an event was delayed".to_string());
                             self.trace(format!("fault: {what} to {f} delayed {m} min"));
                             self.enqueue(now + TimeDelta::minutes(m), f, ev.clone(), 0);
                         }
                         Some(DeliveryFault::Drop) => {
+                            self.reached.insert("an event was dropped".to_string());
                             self.trace(format!("fault: {what} to {f} dropped (to the DLQ)"));
                             self.dlq.push(ev.clone());
                         }
@@ -517,6 +546,7 @@ impl Sim {
     fn react(&mut self, ev: &Value) {
         let now = self.now();
         let dt = ev["detail-type"].as_str().unwrap_or_default();
+        self.reached.insert(dt.to_string());
         let id = ev["detail"]["request_id"].as_str().unwrap_or_default();
         let index = self
             .scenario
@@ -570,18 +600,34 @@ impl Sim {
                     },
                 );
             }
-            "Capacity Workload Launched" => {
-                if self.launched.insert(i) {
-                    for (h, index, impair) in self.scenario.requests[i].instance_failures.clone() {
-                        self.act_at(
-                            now + TimeDelta::hours(h) + TimeDelta::minutes(17),
-                            Act::FailInstance {
-                                request: i,
-                                index,
-                                impair,
-                            },
-                        );
-                    }
+            "Capacity Reserved" if self.scenario.sabotage => {
+                // Someone buys the same block again for the request, behind its back.
+                let Some(cr) = ev["detail"]["reservation_ids"][0].as_str() else {
+                    return;
+                };
+                let cr = cr.to_string();
+                // (The emulator's own copy: its offering ids expire, as AWS's do.)
+                let bought = self.cloud.with_world(|w| {
+                    let mut twin = w.ec2.reservations.get(&cr)?.clone();
+                    twin.id = format!("{cr}-twin");
+                    twin.created = w.now;
+                    w.ec2.reservations.insert(twin.id.clone(), twin);
+                    Some(())
+                });
+                self.trace(format!(
+                    "sabotage: {cr}'s offering bought again for {id}: {bought:?}"
+                ));
+            }
+            "Capacity Workload Launched" if self.launched.insert(i) => {
+                for (h, index, impair) in self.scenario.requests[i].instance_failures.clone() {
+                    self.act_at(
+                        now + TimeDelta::hours(h) + TimeDelta::minutes(17),
+                        Act::FailInstance {
+                            request: i,
+                            index,
+                            impair,
+                        },
+                    );
                 }
             }
             _ => {}
@@ -662,7 +708,10 @@ impl Sim {
                     kind,
                     count: Some(f.count),
                 });
-                self.trace(format!("fault: {:?} x{} on {}", f.kind, f.count, f.operation));
+                self.trace(format!(
+                    "fault: {:?} x{} on {}",
+                    f.kind, f.count, f.operation
+                ));
             }
             Act::StoreFault(k) => {
                 if !self.faults_on {
@@ -722,6 +771,18 @@ impl Sim {
                 }
             }
             Act::Settle => {
+                // The API faults that struck: armed, and no longer waiting.
+                let waiting: Vec<String> = self
+                    .cloud
+                    .with_world(|w| w.faults.iter().map(|f| f.operation.clone()).collect());
+                for f in &self.scenario.api_faults {
+                    if f.at < (self.scenario.faults_end() - t0()).num_minutes()
+                        && !waiting.contains(&f.operation.to_string())
+                    {
+                        self.reached
+                            .insert(format!("{:?} struck {}", f.kind, f.operation));
+                    }
+                }
                 self.faults_on = false;
                 self.cloud.clear_faults();
                 self.store.clear_faults();
@@ -746,49 +807,47 @@ impl Sim {
             .as_str()
             .unwrap_or("")
             .to_string();
-        let result: Result<Vec<capacity_pilot::decision::Decision>, String> = match p.function.as_str() {
-            "search-offerings" => self
-                .searcher
-                .handle(ev)
-                .await
-                .map(|o| o.decisions)
-                .map_err(|e| e.to_string()),
-            "purchase-capacity" => self
-                .purchaser
-                .handle(ev)
-                .await
-                .map(|o| o.decisions)
-                .map_err(|e| e.to_string()),
-            "launch-workloads" => self
-                .launcher
-                .handle_by(ev, &StepDeadline::plenty())
-                .await
-                .map(|o| o.decisions)
-                .map_err(|e| e.to_string()),
-            "replace-unhealthy" => self
-                .replacer
-                .handle(ev)
-                .await
-                .map(|o| o.decisions)
-                .map_err(|e| e.to_string()),
-            "cleanup-expired" => self
-                .cleaner
-                .handle(ev)
-                .await
-                .map(|o| o.decisions)
-                .map_err(|e| e.to_string()),
-            other => panic!("the template routes to {other}, which the simulation lacks"),
-        };
+        let result: Result<Vec<capacity_pilot::decision::Decision>, String> =
+            match p.function.as_str() {
+                "search-offerings" => self
+                    .searcher
+                    .handle(ev)
+                    .await
+                    .map(|o| o.decisions)
+                    .map_err(|e| e.to_string()),
+                "purchase-capacity" => self
+                    .purchaser
+                    .handle(ev)
+                    .await
+                    .map(|o| o.decisions)
+                    .map_err(|e| e.to_string()),
+                "launch-workloads" => self
+                    .launcher
+                    .handle_by(ev, &StepDeadline::plenty())
+                    .await
+                    .map(|o| o.decisions)
+                    .map_err(|e| e.to_string()),
+                "replace-unhealthy" => self
+                    .replacer
+                    .handle(ev)
+                    .await
+                    .map(|o| o.decisions)
+                    .map_err(|e| e.to_string()),
+                "cleanup-expired" => self
+                    .cleaner
+                    .handle(ev)
+                    .await
+                    .map(|o| o.decisions)
+                    .map_err(|e| e.to_string()),
+                other => panic!("the template routes to {other}, which the simulation lacks"),
+            };
         match result {
             Ok(decisions) => {
                 if what != "Scheduled Event" || !decisions.is_empty() {
                     self.trace(format!("{} <- {what} {about}: ok", p.function));
                 }
                 for d in decisions {
-                    self.trace(format!(
-                        "  {} {}: {}",
-                        d.request_id, d.action, d.reason
-                    ));
+                    self.trace(format!("  {} {}: {}", d.request_id, d.action, d.reason));
                 }
                 let source = p.event["source"].as_str().unwrap_or_default();
                 if source == SOURCE || source == APPROVER || source == FORGER {
@@ -804,12 +863,14 @@ impl Sim {
                     p.function,
                     p.attempt + 1
                 ));
+                self.reached.insert("an invocation failed".to_string());
                 if p.attempt < 2 {
                     // Lambda's asynchronous retries: after about one minute, then two.
                     let wait = TimeDelta::minutes(i64::from(p.attempt) + 1);
                     self.enqueue(now + wait, p.function, p.event, p.attempt + 1);
                 } else {
                     self.trace(format!("{} <- {what} {about}: to the DLQ", p.function));
+                    self.reached.insert("an event went to the DLQ".to_string());
                     if what != "Scheduled Event" {
                         self.dlq.push(p.event);
                     }

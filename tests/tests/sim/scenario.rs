@@ -140,12 +140,17 @@ pub struct Scenario {
     /// On-demand p5.48xlarge capacity per zone at the start.
     pub on_demand_pool: u32,
     pub block_pool: u32,
+    /// Days (after [`t0`]'s) on which another buyer has taken every p5 training plan slot in
+    /// every zone: a plan must split around them or start after.
+    pub crowded_days: Vec<i64>,
     pub market: Vec<MarketMove>,
     pub timings: Timings,
     pub api_faults: Vec<ApiFault>,
     pub store_faults: Vec<StoreFault>,
     /// By delivery number.
     pub deliveries: Vec<(u64, DeliveryFault)>,
+    /// Never generated: a test sets it to show the checks catch what they should.
+    pub sabotage: bool,
 }
 
 impl Scenario {
@@ -166,8 +171,16 @@ impl Scenario {
     pub fn from_seed(seed: u64) -> Scenario {
         let mut r = Rng::new(seed);
         let scarce = r.chance(40);
-        let block_pool = if scarce { r.range(1, 3) } else { r.range(8, 24) } as u32;
-        let on_demand_pool = if r.chance(50) { 0 } else { r.range(1, 8) as u32 };
+        let block_pool = if scarce {
+            r.range(1, 3)
+        } else {
+            r.range(8, 24)
+        } as u32;
+        let on_demand_pool = if r.chance(50) {
+            0
+        } else {
+            r.range(1, 8) as u32
+        };
         let cap_a = *r.pick(&["8000", "15000", "30000", "100000"]);
         let team_budgets = json!({"team-a": cap_a, "*": "60000"});
         let timings = Timings {
@@ -229,23 +242,49 @@ impl Scenario {
             "PutEvents",
         ];
         let mut api_faults = Vec::new();
-        for _ in 0..r.range(0, 6) {
+        for _ in 0..r.range(0, 8) {
             let kind = *r.pick(&[
                 ApiFaultKind::Throttle,
                 ApiFaultKind::InternalError,
                 ApiFaultKind::LostResponse,
             ]);
+            // Half of them where purchases happen: the first hours.
+            let at = if r.chance(50) {
+                r.range(0, 8 * 60)
+            } else {
+                r.range(0, 60 * 24 * 4)
+            };
             api_faults.push(ApiFault {
-                at: r.range(0, 60 * 24 * 4),
-                operation: *r.pick(ops),
+                at,
+                operation: ops[(r.next() % ops.len() as u64) as usize],
                 kind,
                 count: r.range(1, 3) as u32,
             });
         }
+        // The money faults: the first purchase's answer is lost (it was made), or it fails.
+        for op in ["PurchaseCapacityBlock", "CreateTrainingPlan"] {
+            if r.chance(35) {
+                let kind = if r.chance(70) {
+                    ApiFaultKind::LostResponse
+                } else {
+                    ApiFaultKind::InternalError
+                };
+                api_faults.push(ApiFault {
+                    at: 0,
+                    operation: op,
+                    kind,
+                    count: r.range(1, 2) as u32,
+                });
+            }
+        }
         let mut store_faults = Vec::new();
         for _ in 0..r.range(0, 4) {
             store_faults.push(StoreFault {
-                at: r.range(0, 60 * 24 * 4),
+                at: if r.chance(50) {
+                    r.range(0, 8 * 60)
+                } else {
+                    r.range(0, 60 * 24 * 4)
+                },
                 commits: r.chance(60),
             });
         }
@@ -262,17 +301,24 @@ impl Scenario {
             }
         }
         market.sort_by_key(|m| m.at);
+        let crowded_days = if r.chance(35) {
+            vec![r.range(1, 3)]
+        } else {
+            Vec::new()
+        };
         Scenario {
             seed,
             team_budgets,
             requests,
             on_demand_pool,
             block_pool,
+            crowded_days,
             market,
             timings,
             api_faults,
             store_faults,
             deliveries,
+            sabotage: false,
         }
     }
 }
@@ -293,12 +339,22 @@ fn request(r: &mut Rng, seed: u64, i: usize) -> PlannedRequest {
     ]);
     let id = format!("sim-{seed}-{i}");
     let team = *r.pick(&["team-a", "team-a", "team-b"]);
-    let count = r.range(1, if kind == "inference-endpoint" { 2 } else { 4 });
-    let hours = *r.pick(&[24, 24, 48]);
+    let ec2 = kind == "ec2-instances";
+    // A split needs a plan of two days or more that no single segment covers.
+    let split = !ec2 && r.chance(50);
+    let count = if split {
+        r.range(1, 2)
+    } else {
+        r.range(1, if kind == "inference-endpoint" { 2 } else { 4 })
+    };
+    let hours = if split {
+        *r.pick(&[48, 72])
+    } else {
+        *r.pick(&[24, 24, 48])
+    };
     let earliest = r.range(14, 40) * 60;
     let slack = r.range(0, 48) * 60;
     let latest = earliest + hours * 60 + slack;
-    let ec2 = kind == "ec2-instances";
     let types = if ec2 {
         if r.chance(30) {
             json!(["p5.48xlarge", "p4d.24xlarge"])
@@ -342,7 +398,7 @@ fn request(r: &mut Rng, seed: u64, i: usize) -> PlannedRequest {
     if r.chance(40) {
         detail["prefer"] = json!(*r.pick(&["cheapest", "earliest"]));
     }
-    if !ec2 && r.chance(30) {
+    if split {
         detail["allow_split"] = json!(true);
     }
     let mut invalid = Vec::new();
@@ -363,9 +419,7 @@ fn request(r: &mut Rng, seed: u64, i: usize) -> PlannedRequest {
         }
     }
     let submit_at = r.range(0, 6 * 60);
-    let cancel_at = r
-        .chance(20)
-        .then(|| submit_at + r.range(-30, 60 * 24 * 3));
+    let cancel_at = r.chance(20).then(|| submit_at + r.range(-30, 60 * 24 * 3));
     let resubmit = r.chance(10).then(|| {
         let mut again = detail.clone();
         if r.chance(50) {
@@ -393,7 +447,11 @@ fn request(r: &mut Rng, seed: u64, i: usize) -> PlannedRequest {
             _ => Approver::Silent,
         }
     };
-    let payment_failures = if r.chance(15) { r.range(1, 2) as u32 } else { 0 };
+    let payment_failures = if r.chance(15) {
+        r.range(1, 2) as u32
+    } else {
+        0
+    };
     let mut instance_failures = Vec::new();
     if ec2 && r.chance(40) {
         instance_failures.push((r.range(0, hours - 2), r.range(0, 3) as usize, r.chance(50)));
