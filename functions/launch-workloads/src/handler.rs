@@ -311,7 +311,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 out.decisions.push(Decision::new(id, "waiting", reason));
                 Ok(())
             }
-            Launch::Refuse(why) => self.fail(rec, why, cause, now, out).await,
+            Launch::Refuse(why) => self.fail(rec, why, Settle::Release, cause, now, out).await,
         }
     }
 
@@ -350,6 +350,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 .fail(
                     rec,
                     "the request names no instance type".into(),
+                    Settle::Release,
                     cause,
                     now,
                     out,
@@ -366,7 +367,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 ),
                 _ => "on-demand-first: the request names no region".to_string(),
             };
-            return self.fail(rec, why, cause, now, out).await;
+            return self.fail(rec, why, Settle::Release, cause, now, out).await;
         }
         let hours = Decimal::from(req.duration_hours) * Decimal::from(req.instance_count);
         let mut attempts = vec![(ON_DEMAND, self.config.prices.on_demand(instance_type))];
@@ -412,6 +413,8 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             // (`workload::refusal`): another zone, then another region.
             let mut refused: Vec<(refusal::Scope, Placement)> = Vec::new();
             let mut tried = Vec::new();
+            // Instances this hold started and took back: each ran, so each is billed.
+            let mut ran: Option<usize> = None;
             for (n, p) in placements.iter().enumerate() {
                 if refused.iter().any(|(scope, at)| p.covered_by(*scope, at)) {
                     continue;
@@ -457,14 +460,18 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                             .await;
                     }
                     Launch::NoCapacity { code, why } => {
-                        workload::undo(&self.workloads, &self.store, &rec, &target, now).await?;
+                        let u = workload::undo(&self.workloads, &self.store, &rec, &target, now)
+                            .await?;
+                        ran = Some(ran.unwrap_or(u.before) + u.now);
                         let scope = refusal::of(&code).scope;
                         tried.push(format!("{} in {}: {why}", label, p.describe()));
                         refused.push((scope, p.clone()));
                     }
                     Launch::Refuse(why) => {
-                        workload::undo(&self.workloads, &self.store, &rec, &target, now).await?;
-                        return self.fail(&rec, why, cause, now, out).await;
+                        let u = workload::undo(&self.workloads, &self.store, &rec, &target, now)
+                            .await?;
+                        let settle = brief_spend(cost, ran.unwrap_or(u.before) + u.now, req);
+                        return self.fail(&rec, why, settle, cause, now, out).await;
                     }
                     Launch::Starting(why) => {
                         // Stays TryingOnDemand (still due): the next tick looks again.
@@ -478,8 +485,18 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 }
             }
             let why = tried.join("; ");
-            let reason =
-                format!("on-demand-first: {why}; the held {label} estimate ${cost} is released");
+            let ran = ran.unwrap_or(0);
+            let settle = brief_spend(cost, ran, req);
+            let reason = match settle {
+                Settle::Spend(kept) => format!(
+                    "on-demand-first: {why}; the held {label} estimate ${cost} is released but \
+                     for ${}: {ran} instance(s) started and were terminated, an hour each",
+                    kept.to_usd()
+                ),
+                Settle::Release => {
+                    format!("on-demand-first: {why}; the held {label} estimate ${cost} is released")
+                }
+            };
             let t = Transition::of(
                 &rec,
                 RequestStatus::TryingOnDemand,
@@ -488,7 +505,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 now,
                 &cause.step(&format!("release-{label}")),
             )
-            .settling(Settle::Release);
+            .settling(settle);
             let w = self.store.transition(t).await?;
             if !matches!(w, WriteOutcome::Applied { .. }) {
                 out.decisions.push(Decision::new(
@@ -717,6 +734,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         &self,
         rec: &RequestRecord,
         reason: String,
+        settle: Settle,
         cause: &Cause,
         now: DateTime<Utc>,
         out: &mut Outcome,
@@ -729,8 +747,8 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             .filter(|r| r.state.is_live())
             .map(|r| r.id)
             .collect();
-        // A held on-demand estimate goes back: nothing of it runs.
-        let held = rec.open_debit.map_or(0, |d| d.0);
+        // A held on-demand estimate goes back, but for what ran of it.
+        let held = rec.open_debit.map_or(0, |d| settle.released(d).0);
         let ev = events::RequestFailed {
             event_key: event_key(rec.request_id.as_str(), "failed", rec.version + 1),
             request_id: rec.request_id.to_string(),
@@ -748,7 +766,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             &cause.step("fail"),
         )
         .with_outbox(vec![outbound(&ev)])
-        .settling(Settle::Release);
+        .settling(settle);
         let written = self.store.transition(t).await?;
         out.decisions.push(Decision::new(
             &rec.request_id,
@@ -757,6 +775,21 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         ));
         Ok(())
     }
+}
+
+/// How a held estimate `cost` (for the request's count over its duration) settles when the
+/// attempt is taken back after starting `ran` instances: an hour of each stays spent (the
+/// harsher reading of per-second billing, as [`OnDemandRun::spent`]), the rest goes back.
+fn brief_spend(cost: Usd, ran: usize, req: &CapacityRequest) -> Settle {
+    let per = u64::from(req.instance_count) * u64::from(req.duration_hours);
+    let (Ok(whole), Ok(ran)) = (u64::try_from(cost.to_micros_ceil().0), u64::try_from(ran)) else {
+        return Settle::Release;
+    };
+    if ran == 0 || per == 0 {
+        return Settle::Release;
+    }
+    let kept = (whole.saturating_mul(ran)).div_ceil(per);
+    Settle::Spend(MicroUsd(i64::try_from(kept).unwrap_or(i64::MAX)))
 }
 
 /// What [`Launcher::hold`] came to.

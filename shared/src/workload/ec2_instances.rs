@@ -178,21 +178,33 @@ pub(super) async fn launch<W: Workloads, S: Store>(
 
 /// Terminates on-demand or spot instances this request started in `t` (a partial launch
 /// that then found no capacity, or one the budget refused), so nothing runs undebited.
+/// Returns what it took back now and what the table shows the attempt's hold took back
+/// before: each of those ran, so each is billed (found by the simulation: the whole estimate
+/// used to go back although EC2 had run them).
 pub(super) async fn undo<W: Workloads, S: Store>(
     workloads: &W,
     store: &S,
     rec: &RequestRecord,
     t: &Target,
     now: DateTime<Utc>,
-) -> Result<(), PortError> {
-    let started: Vec<WorkloadRecord> = store
+) -> Result<Undone, PortError> {
+    let held_at = rec.run.as_ref().map(|r| r.held_at);
+    let (started, before): (Vec<WorkloadRecord>, Vec<WorkloadRecord>) = store
         .workloads(&rec.request_id)
         .await?
         .into_iter()
-        .filter(|w| w.reservation_id == t.reservation_id && w.state != "terminated")
-        .collect();
+        .filter(|w| w.reservation_id == t.reservation_id)
+        .partition(|w| w.state != "terminated");
+    let before = before
+        .iter()
+        .filter(|w| held_at.is_some_and(|h| w.updated_at >= h))
+        .count();
+    let undone = Undone {
+        now: started.len(),
+        before,
+    };
     if started.is_empty() {
-        return Ok(());
+        return Ok(undone);
     }
     let ids: Vec<String> = started.iter().map(|w| w.resource_id.clone()).collect();
     info!(request_id = %rec.request_id, instance_ids = ?ids, "terminating a partial {} launch", t.reservation_id);
@@ -206,7 +218,17 @@ pub(super) async fn undo<W: Workloads, S: Store>(
             })
             .await?;
     }
-    Ok(())
+    Ok(undone)
+}
+
+/// What [`undo`] took back of an attempt: instances it terminated now, and those of the
+/// attempt's hold the table shows terminated before (by an earlier run, or an earlier
+/// placement of this one: a later placement's slot records replace those, so a run adds up
+/// its own `now`s and takes `before` from its first undo).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Undone {
+    pub now: usize,
+    pub before: usize,
 }
 
 /// Terminates the window's instances: in a block, those in its reservations; on demand,

@@ -229,21 +229,22 @@ pub async fn launch<W: Workloads, S: Store>(
 
 /// Takes back a launch in `target` that will not be kept (no capacity after a partial
 /// start, or a refusal), so nothing runs undebited. Only EC2 instances can be part-started;
-/// the SageMaker kinds are one call each.
+/// the SageMaker kinds are one call each. Says which instances of the attempt's hold it
+/// took back (each ran, so each is billed an hour: an hour begun is an hour spent).
 pub async fn undo<W: Workloads, S: Store>(
     workloads: &W,
     store: &S,
     rec: &RequestRecord,
     target: &Target,
     now: DateTime<Utc>,
-) -> Result<(), PortError> {
+) -> Result<ec2_instances::Undone, PortError> {
     match &rec.request.workload {
         WorkloadDetail::Ec2Instances { .. } => {
             ec2_instances::undo(workloads, store, rec, target, now).await
         }
         WorkloadDetail::TrainingJob(_)
         | WorkloadDetail::HyperpodCluster { .. }
-        | WorkloadDetail::InferenceEndpoint { .. } => Ok(()),
+        | WorkloadDetail::InferenceEndpoint { .. } => Ok(ec2_instances::Undone::default()),
     }
 }
 

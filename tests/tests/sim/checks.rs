@@ -247,15 +247,16 @@ fn on_demand_part(r: &RequestRecord, recorded_fees: i64) -> i64 {
     (r.spent.0 - r.open_debit.map_or(0, |d| d.0) - recorded_fees).max(0)
 }
 
-/// An ended on-demand EC2 run is charged its actual hours: the hours from its first
-/// instance's launch to its last one's termination, by EC2, within one hour either way (the
-/// system sees a start and an end only at its next look, and an hour begun is an hour spent).
+/// An ended on-demand EC2 run is charged its actual instance-hours: each instance from its
+/// launch to its termination (or stop), by EC2, an hour begun counting whole, within one
+/// hour per instance either way (the system sees a start and an end only at its next look).
 fn on_demand_hours_wrong(sim: &Sim, r: &RequestRecord, charged: i64) -> Option<String> {
     if !r.status.is_terminal() {
         return None;
     }
     let id = r.request_id.to_string();
-    let (span, ty) = sim.cloud.with_world(|w| {
+    let cap = i64::from(r.request.duration_hours);
+    let (hours, n, ty) = sim.cloud.with_world(|w| {
         let mine: Vec<_> = w
             .ec2
             .instances
@@ -264,22 +265,22 @@ fn on_demand_hours_wrong(sim: &Sim, r: &RequestRecord, charged: i64) -> Option<S
             .filter(|i| i.tags.get(REQUEST_TAG) == Some(&id))
             .filter(|i| !sim.foreign.instances.contains_key(&i.id))
             .collect();
-        let first = mine.iter().map(|i| i.launch_time).min()?;
-        let last = mine
+        let ty = mine.first()?.instance_type.clone();
+        let hours: i64 = mine
             .iter()
-            .map(|i| i.terminated_at.unwrap_or(w.now))
-            .max()?;
-        Some((last - first, mine[0].instance_type.clone()))
+            .map(|i| {
+                let secs = (i.terminated_at.unwrap_or(w.now) - i.launch_time).num_seconds();
+                (secs.div_euclid(3600) + i64::from(secs % 3600 != 0)).clamp(1, cap)
+            })
+            .sum();
+        Some((hours, mine.len() as i64, ty))
     })?;
-    let hourly =
-        sim.config.prices.on_demand(&ty)?.to_micros_ceil().0 * i64::from(r.request.instance_count);
-    let hours = span.num_seconds().div_euclid(3600) + i64::from(span.num_seconds() % 3600 != 0);
-    let hours = hours.clamp(1, i64::from(r.request.duration_hours));
-    let (lo, hi) = ((hours - 1).max(1) * hourly, (hours + 1) * hourly);
+    let price = sim.config.prices.on_demand(&ty)?.to_micros_ceil().0;
+    let (lo, hi) = ((hours - n).max(n) * price, (hours + n) * price);
     (charged < lo || charged > hi).then(|| {
         format!(
-            "ledger exact: {id} ran on demand for {hours} h by EC2 ({span}) but is charged \
-             {charged} micro-USD, outside [{lo}, {hi}]"
+            "ledger exact: {id}'s {n} on-demand instance(s) ran {hours} instance-hours by EC2 \
+             but it is charged {charged} micro-USD, outside [{lo}, {hi}]"
         )
     })
 }
@@ -633,6 +634,42 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
             out.push(format!(
                 "outbox honoured: {} is published but still unsent in the outbox",
                 item.event.event_key
+            ));
+        }
+    }
+
+    // A request is what its first delivered submission that was not rejected asked: a later
+    // one of the same id (a redelivery, or another request reusing it) changes nothing.
+    let rejected: BTreeSet<&str> = bus
+        .iter()
+        .filter(|e| e["detail-type"] == "Capacity Request Rejected")
+        .filter_map(|e| e["detail"]["event_id"].as_str())
+        .collect();
+    let mut first: BTreeMap<String, &Value> = BTreeMap::new();
+    for d in &sim.delivered {
+        if d.event["detail-type"] == "Capacity Request Submitted"
+            && !d.event["id"].as_str().is_some_and(|e| rejected.contains(e))
+            && let Some(id) = d.event["detail"]["request_id"].as_str()
+        {
+            first.entry(id.to_string()).or_insert(&d.event["detail"]);
+        }
+    }
+    for (id, detail) in &first {
+        let Some(r) = recs.get(id) else { continue };
+        let asked = (
+            detail["team"].as_str().unwrap_or_default().to_string(),
+            detail["instance_count"].as_u64().unwrap_or_default(),
+            detail["drain_minutes"].as_u64().unwrap_or_default(),
+        );
+        let held = (
+            r.team.to_string(),
+            u64::from(r.request.instance_count),
+            u64::from(r.request.drain_minutes),
+        );
+        if asked != held {
+            out.push(format!(
+                "judged as delivered: {id} holds {held:?} (team, count, drain), but its first \
+                 delivered submission asked {asked:?}"
             ));
         }
     }

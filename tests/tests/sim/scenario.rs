@@ -278,7 +278,7 @@ impl Scenario {
             }
         }
         let mut store_faults = Vec::new();
-        for _ in 0..r.range(0, 4) {
+        for _ in 0..r.range(0, 8) {
             store_faults.push(StoreFault {
                 at: if r.chance(50) {
                     r.range(0, 8 * 60)
@@ -289,7 +289,7 @@ impl Scenario {
             });
         }
         let mut deliveries = Vec::new();
-        let rate = *r.pick(&[0, 3, 8, 15]);
+        let rate = *r.pick(&[0, 3, 8, 15, 30]);
         for k in 0..600 {
             if r.chance(rate) {
                 let f = match r.range(0, 5) {

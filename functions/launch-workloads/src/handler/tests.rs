@@ -609,6 +609,37 @@ async fn no_on_demand_capacity_falls_back_to_searching_without_a_kept_debit() {
     assert!(w.workloads.live_in_reservation("on-demand").is_empty());
 }
 
+#[tokio::test]
+async fn a_partial_on_demand_launch_taken_back_keeps_an_hour_of_each_instance_that_started() {
+    // GIVEN an on-demand-first request for 2 instances whose only zone starts one, then has
+    // no capacity for the second (found by the simulation: EC2 billed the first, the whole
+    // estimate went back)
+    let w = World::new();
+    let mut req = on_demand_first("r1");
+    if let WorkloadDetail::Ec2Instances { subnet_ids, .. } = &mut req.workload {
+        subnet_ids.truncate(1);
+    }
+    w.record(req, RequestStatus::TryingOnDemand, t0());
+    w.workloads
+        .zone_capacity(LaunchKind::OnDemand, "us-east-1a", 1);
+
+    w.launcher().handle(tick("t1")).await.unwrap();
+
+    // THEN the started instance is terminated, and one instance-hour of the estimate
+    // ($2641.92 for 2 x 24 h) stays spent: $55.04
+    assert!(w.workloads.live_in_reservation("on-demand").is_empty());
+    let rec = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.status, RequestStatus::Searching);
+    assert_eq!(rec.open_debit, None);
+    assert_eq!(rec.spent, MicroUsd(55_040_000));
+    assert_eq!(w.spent(), MicroUsd(55_040_000));
+}
+
 /// An on-demand-first request naming a subnet in each of two zones of us-east-1 and one in
 /// us-west-2, as the launcher allowing both regions sees it.
 fn two_regions(w: &World, id: &str) -> (CapacityRequest, L) {
