@@ -906,7 +906,7 @@ pub(crate) async fn on_demand_first_without_on_demand_capacity_falls_back_to_one
 }
 
 #[tokio::test]
-pub(crate) async fn on_demand_capacity_for_only_part_of_the_request_is_released_not_left_running() {
+pub(crate) async fn on_demand_capacity_for_only_part_of_the_request_is_released_but_for_what_ran() {
     // GIVEN an on-demand-first request for 4 instances, and on-demand room for only 2
     let f = Flow::start().await;
     let id = "life-odf-part";
@@ -921,12 +921,13 @@ pub(crate) async fn on_demand_capacity_for_only_part_of_the_request_is_released_
     f.cloud.advance_to(desired);
     f.tick(Function::Launch).await.unwrap();
 
-    // THEN the two instances EC2 did start are terminated, nothing is debited, and the
-    // request falls back to searching
+    // THEN the two instances EC2 did start are terminated, an hour of each stays debited
+    // (they ran: an hour begun is an hour spent, 2 x $55.04), and the request falls back to
+    // searching
     let started = instances_for(&f, id);
     assert_eq!(started.len(), 2, "two fitted before EC2 ran out");
     assert!(live_for(&f, id).is_empty(), "nothing runs undebited");
-    assert_eq!(f.team_spent("team-a", t0()).await, MicroUsd(0));
+    assert_eq!(f.team_spent("team-a", t0()).await, MicroUsd(110_080_000));
     let rec = f.record(id).await;
     assert_eq!(rec.status, RequestStatus::Searching);
     assert!(

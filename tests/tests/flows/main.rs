@@ -27,7 +27,7 @@ pub(crate) fn play_all() {
         ec2::an_impaired_instance_is_replaced_in_the_same_block_once_its_slot_returns,
         ec2::an_event_lost_between_commit_and_publish_is_published_once_by_the_next_run,
         ec2::on_demand_first_without_on_demand_capacity_falls_back_to_one_reservation,
-        ec2::on_demand_capacity_for_only_part_of_the_request_is_released_not_left_running,
+        ec2::on_demand_capacity_for_only_part_of_the_request_is_released_but_for_what_ran,
         ec2::a_launch_cut_short_after_ec2_started_an_instance_finishes_without_doubling_it,
         ec2::the_reservation_spelling_of_the_delivered_event_launches_too,
         ec2::an_instance_that_stops_unexpectedly_is_replaced_from_its_state_change_events,

@@ -37,6 +37,8 @@ pub struct Sold {
     /// Not payment-failed (a block) or `Failed` (a plan): live, or paid and over.
     pub live_or_paid: bool,
     pub plan: bool,
+    /// How many windows it covers: a plan's segments, a block's one.
+    pub windows: usize,
     /// Its other name: a block's `cb-` id, a plan's name.
     pub alt: String,
 }
@@ -77,6 +79,7 @@ pub fn sold(cloud: &LocalCloud) -> Vec<Sold> {
                 fee: micros(cr.upfront_fee + ext),
                 live_or_paid: cr.state != "payment-failed",
                 plan: false,
+                windows: 1,
                 alt: cr.block_id.clone(),
             });
         }
@@ -94,6 +97,7 @@ pub fn sold(cloud: &LocalCloud) -> Vec<Sold> {
                 fee: micros(p.offering.upfront_fee),
                 live_or_paid: plan_status(p, w.now) != "Failed",
                 plan: true,
+                windows: p.offering.segments.len(),
                 alt: p.name.clone(),
             });
         }
@@ -333,8 +337,8 @@ pub fn per_step(sim: &Sim) -> Vec<String> {
     let mut out = Vec::new();
     let sold = sold(&sim.cloud);
     let recs = records(sim);
-    // One reservation per window: live-or-paid reservations of a request are no more than
-    // its windows, and no two of them overlap in time.
+    // One reservation per window: a request's live-or-paid reservations cover no more
+    // windows than it has (a plan covers its segments), and no two of them overlap in time.
     let mut by_request: BTreeMap<&str, Vec<&Sold>> = BTreeMap::new();
     for s in sold.iter().filter(|s| s.live_or_paid) {
         by_request.entry(&s.request).or_default().push(s);
@@ -342,8 +346,8 @@ pub fn per_step(sim: &Sim) -> Vec<String> {
     for (id, list) in &by_request {
         let windows = recs.get(*id).map_or(1, |r| r.windows.len().max(1)).max(1);
         let reservations = list.len();
-        let plan_windows = list.iter().filter(|s| s.plan).count();
-        if reservations > windows && plan_windows == 0 {
+        let covered: usize = list.iter().map(|s| s.windows).sum();
+        if reservations > 1 && covered > windows {
             out.push(format!(
                 "one reservation per window: {id} holds {reservations} live-or-paid \
                  reservations for {windows} window(s): {:?}",
