@@ -196,6 +196,57 @@ fn alarms_and_rules_may_publish_to_every_topic() {
 }
 
 /// A pattern with its object keys sorted, to compare patterns as values.
+/// No event is lost unseen (issue 22's "a submission whose every delivery failed is in the
+/// dead-letter queue"): every rule and schedule of every function sends what EventBridge
+/// could not deliver to `DeliveryQueue`, every function's async invocations that failed every
+/// retry go to `FailureQueue`, and each queue has an alarm at its first message that reaches
+/// the alarm topic.
+#[test]
+fn undelivered_events_and_failed_invocations_land_in_queues_alarmed_at_one_message() {
+    let t = yaml("infra/template.yaml");
+    let globals = &t["Globals"]["Function"]["DeadLetterQueue"];
+    assert_eq!(globals["Type"], "SQS");
+    assert_eq!(referenced(&globals["TargetArn"]), Some("FailureQueue"));
+    let functions = of_type(&t, "AWS::Serverless::Function");
+    assert_eq!(functions.len(), 5);
+    for (name, f) in functions {
+        let own = &f["Properties"]["DeadLetterQueue"];
+        assert!(
+            own.is_null() || referenced(&own["TargetArn"]) == Some("FailureQueue"),
+            "{name} overrides its dead-letter queue"
+        );
+        let events = f["Properties"]["Events"].as_object().expect("Events");
+        assert!(!events.is_empty(), "{name} has no trigger");
+        for (ev, e) in events {
+            let dlq = &e["Properties"]["DeadLetterConfig"]["Arn"];
+            assert_eq!(
+                referenced(dlq),
+                Some("DeliveryQueue"),
+                "{name}'s {ev} has no DeliveryQueue dead-letter config"
+            );
+        }
+    }
+    for queue in ["FailureQueue", "DeliveryQueue"] {
+        let alarms: Vec<_> = of_type(&t, "AWS::CloudWatch::Alarm")
+            .into_iter()
+            .filter(|(_, a)| {
+                let p = &a["Properties"];
+                p["Namespace"] == "AWS/SQS"
+                    && p["MetricName"] == "ApproximateNumberOfMessagesVisible"
+                    && one_or_many(&p["Dimensions"])
+                        .iter()
+                        .any(|d| d["Name"] == "QueueName" && referenced(&d["Value"]) == Some(queue))
+                    && p["Threshold"] == 1
+                    && p["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+                    && one_or_many(&p["AlarmActions"])
+                        .iter()
+                        .any(|a| referenced(a) == Some("AlarmTopic"))
+            })
+            .collect();
+        assert_eq!(alarms.len(), 1, "{queue} has no alarm at its first message");
+    }
+}
+
 fn canonical(v: &Value) -> String {
     fn sorted(v: &Value) -> Value {
         match v {
