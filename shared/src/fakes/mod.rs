@@ -25,7 +25,7 @@ use crate::ports::PortError;
 pub use clock::{FixedClock, ManualClock, StepDeadline};
 pub use events::RecordingEvents;
 pub use market::{FakeMarket, MarketCall, MarketOp};
-pub use store::{DEFAULT_RETENTION, InMemoryStore, StoreOp};
+pub use store::{DEFAULT_RETENTION, DueTimes, InMemoryStore, StoreOp};
 pub use workloads::{FakeWorkloads, LaunchKind, WorkloadsCall, WorkloadsOp};
 
 /// The tag that marks what capacity-pilot launched or bought.

@@ -126,6 +126,14 @@ struct State {
     interleave: bool,
 }
 
+/// One request's due times ([`InMemoryStore::due_times`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DueTimes {
+    pub status: RequestStatus,
+    pub own: Option<DateTime<Utc>>,
+    pub window: Option<DateTime<Utc>>,
+}
+
 /// An in-memory [`Store`]; clones share the data.
 #[derive(Debug, Clone)]
 pub struct InMemoryStore {
@@ -377,6 +385,28 @@ impl InMemoryStore {
             .filter_map(|r| r.record.due_at())
             .chain(unsent)
             .min()
+    }
+
+    /// Each request's status, own next action and earliest window next action, and whether
+    /// any outbox item is unsent: what a simulation schedules each function's ticks by.
+    pub fn due_times(&self) -> (Vec<DueTimes>, bool) {
+        let s = lock(&self.state);
+        let unsent = s.outbox.values().any(|e| !e.sent);
+        let times = s
+            .requests
+            .values()
+            .map(|r| DueTimes {
+                status: r.record.status,
+                own: r.record.next_action_at,
+                window: r
+                    .record
+                    .windows
+                    .iter()
+                    .filter_map(|w| w.next_action_at)
+                    .min(),
+            })
+            .collect();
+        (times, unsent)
     }
 
     /// When an ended request will be archived.

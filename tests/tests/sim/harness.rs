@@ -16,7 +16,7 @@ use capacity_pilot::fakes::errors;
 use capacity_pilot::fakes::{InMemoryStore, ManualClock, StepDeadline};
 use capacity_pilot::ids::SeededIds;
 use capacity_pilot::ports::default_sleep;
-use chrono::{DateTime, TimeDelta, Timelike, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use cleanup_expired::handler::Cleaner;
 use integration_tests::in_process::{self, InProcess, NoWait};
 use integration_tests::moto::workspace_root;
@@ -43,6 +43,10 @@ static RULES: std::sync::LazyLock<Rules> = std::sync::LazyLock::new(|| {
     Rules::from_template(&workspace_root().join("infra/template.yaml"))
         .expect("the template's rules")
 });
+
+/// How often every schedule fires whether or not it has work (its other quiet ticks are
+/// skipped: issue 20 showed a quiet tick reads at most once and writes nothing).
+const SWEEP: TimeDelta = TimeDelta::hours(6);
 
 /// One function invocation waiting to happen.
 #[derive(Debug, Clone)]
@@ -115,6 +119,8 @@ pub struct Sim {
     pub dlq: Vec<Value>,
     pub delivered: Vec<Delivered>,
     pub invocations: u64,
+    /// Invocations per (function, trigger), for sizing the scenarios.
+    pub by_function: BTreeMap<(String, String), u64>,
     /// What the run reached (published detail-types, retries, the DLQ, faults that struck),
     /// for the generators' reach check.
     pub reached: BTreeSet<String>,
@@ -276,6 +282,7 @@ impl Sim {
             dlq: Vec::new(),
             delivered: Vec::new(),
             invocations: 0,
+            by_function: BTreeMap::new(),
             reached: BTreeSet::new(),
             foreign,
         };
@@ -404,13 +411,9 @@ impl Sim {
     /// The next moment anything can happen: an act, a queued invocation, an emulator
     /// transition, or a schedule tick whose function has work.
     fn next_moment(&self, now: DateTime<Utc>) -> DateTime<Utc> {
-        let mut next = now + TimeDelta::hours(1);
-        // Every schedule fires at least hourly, work or not: a tick that ought to be quiet is
-        // played too, so a function that acts on no due item still gets its chance.
-        next = next.min(tick_at_or_after(
-            now + TimeDelta::seconds(1),
-            TimeDelta::hours(1),
-        ));
+        // Every schedule fires at least every [`SWEEP`], work or not: a tick that ought to
+        // be quiet is played too, so a function that acts on no due item still gets its chance.
+        let mut next = tick_at_or_after(now + TimeDelta::seconds(1), SWEEP);
         if let Some((k, _)) = self.acts.first_key_value() {
             next = next.min(k.0);
         }
@@ -424,7 +427,7 @@ impl Sim {
             let first = tick_at_or_after(now + TimeDelta::seconds(1), every);
             if self.has_work(f, first) {
                 next = next.min(first);
-            } else if let Some(due) = self.store.earliest_due(now) {
+            } else if let Some(due) = self.due_for(f, now) {
                 next = next.min(tick_at_or_after(due.max(first), every));
             }
         }
@@ -433,15 +436,51 @@ impl Sim {
 
     /// Whether `function`'s tick at `at` has work: something due in the store by then;
     /// replace-unhealthy while a managed instance is not plainly healthy (pending, impaired,
-    /// stopped, not yet listed, recently gone); and every function at the top of each hour.
+    /// stopped, not yet listed, recently gone); and every function at each [`SWEEP`] tick.
     fn has_work(&self, function: &str, at: DateTime<Utc>) -> bool {
-        if at.minute() == 0 && at.second() == 0 {
+        if is_tick(at, SWEEP) {
             return true;
         }
-        if self.store.earliest_due(at).is_some_and(|d| d <= at) {
+        if self.due_for(function, at).is_some_and(|d| d <= at) {
             return true;
         }
         function == "replace-unhealthy" && self.instances_unsettled(at)
+    }
+
+    /// The earliest time `function` has due work by the store: search and purchase only for
+    /// the statuses they own (ARCHITECTURE §4), the other three for anything else due (any
+    /// window, any other status); every function while an outbox item is unsent (any run
+    /// flushes). A wrong owner here only delays a function to its next [`SWEEP`].
+    fn due_for(&self, function: &str, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        use capacity_pilot::domain::status::RequestStatus as S;
+        const SEARCH: &[S] = &[S::Accepted, S::Searching, S::NotFound];
+        const PURCHASE: &[S] = &[
+            S::OfferingsFound,
+            S::AwaitingApproval,
+            S::Purchasing,
+            S::Reserved,
+        ];
+        let (times, unsent) = self.store.due_times();
+        let mut best = unsent.then_some(now);
+        for t in times {
+            let own = match function {
+                "search-offerings" => SEARCH.contains(&t.status),
+                "purchase-capacity" => PURCHASE.contains(&t.status),
+                _ => !SEARCH.contains(&t.status) && !PURCHASE.contains(&t.status),
+            };
+            let windows = !matches!(function, "search-offerings" | "purchase-capacity");
+            let due = [
+                own.then_some(t.own).flatten(),
+                windows.then_some(t.window).flatten(),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            if let Some(d) = due {
+                best = Some(best.map_or(d, |b: DateTime<Utc>| b.min(d)));
+            }
+        }
+        best
     }
 
     fn instances_unsettled(&self, at: DateTime<Utc>) -> bool {
@@ -803,6 +842,10 @@ impl Sim {
             }
         };
         let what = p.event["detail-type"].as_str().unwrap_or("?").to_string();
+        *self
+            .by_function
+            .entry((p.function.clone(), what.clone()))
+            .or_default() += 1;
         let about = p.event["detail"]["request_id"]
             .as_str()
             .unwrap_or("")

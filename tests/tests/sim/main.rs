@@ -274,9 +274,30 @@ fn replay() {
         .parse()
         .expect("a seed");
     println!("{:#?}", Scenario::from_seed(seed));
-    let o = run_seed(seed);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let (o, by_function) = rt.block_on(async {
+        let mut sim = Sim::new(Scenario::from_seed(seed)).await;
+        sim.run().await;
+        let by = std::mem::take(&mut sim.by_function);
+        (
+            Outcome {
+                seed,
+                violations: std::mem::take(&mut sim.violations),
+                trace: std::mem::take(&mut sim.trace),
+                invocations: sim.invocations,
+                reached: std::mem::take(&mut sim.reached),
+            },
+            by,
+        )
+    });
     for line in &o.trace {
         println!("{line}");
+    }
+    for ((f, trigger), n) in &by_function {
+        println!("{n:>6} {f} <- {trigger}");
     }
     println!(
         "{} invocations, {} violations",

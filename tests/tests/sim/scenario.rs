@@ -12,7 +12,7 @@ pub fn t0() -> DateTime<Utc> {
 }
 
 /// Faults stop this long after [`t0`]; the settling period follows.
-pub const FAULT_HOURS: i64 = 5 * 24;
+pub const FAULT_HOURS: i64 = 4 * 24;
 /// The fault-free settling period before the end-of-run checks.
 pub const SETTLE_HOURS: i64 = 48;
 
@@ -189,7 +189,7 @@ impl Scenario {
             instance_listing_lag_seconds: *r.pick(&[0, 120, 600]),
             payment_minutes: *r.pick(&[1, 5, 60, 360]),
         };
-        let n = r.range(2, 4) as usize;
+        let n = r.range(2, 3) as usize;
         let mut requests = Vec::new();
         for i in 0..n {
             requests.push(request(&mut r, seed, i));
@@ -353,7 +353,7 @@ fn request(r: &mut Rng, seed: u64, i: usize) -> PlannedRequest {
         *r.pick(&[24, 24, 48])
     };
     let earliest = r.range(14, 40) * 60;
-    let slack = r.range(0, 48) * 60;
+    let slack = r.range(0, 24) * 60;
     let latest = earliest + hours * 60 + slack;
     let types = if ec2 {
         if r.chance(30) {
