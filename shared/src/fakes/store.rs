@@ -374,19 +374,6 @@ impl InMemoryStore {
         lock(&self.state).reservations.clone()
     }
 
-    /// The earliest time a scheduled function has work by this store's state: the earliest
-    /// next action of any request or window (what the runner schedules by), or `now` when an
-    /// outbox item is unsent. `None`: nothing is due ever.
-    pub fn earliest_due(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let s = lock(&self.state);
-        let unsent = s.outbox.values().any(|e| !e.sent).then_some(now);
-        s.requests
-            .values()
-            .filter_map(|r| r.record.due_at())
-            .chain(unsent)
-            .min()
-    }
-
     /// Each request's status, own next action and earliest window next action, and whether
     /// any outbox item is unsent: what a simulation schedules each function's ticks by.
     pub fn due_times(&self) -> (Vec<DueTimes>, bool) {
