@@ -23,15 +23,23 @@ pub struct Outcome {
     pub trace: Vec<String>,
     pub invocations: u64,
     pub reached: std::collections::BTreeSet<String>,
+    /// Invocations per (function, trigger).
+    pub by_function: BTreeMap<(String, String), u64>,
 }
 
 pub fn run_seed(seed: u64) -> Outcome {
+    play(Scenario::from_seed(seed))
+}
+
+/// Plays `scenario` to its end on a runtime of its own.
+fn play(scenario: Scenario) -> Outcome {
+    let seed = scenario.seed;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a runtime");
     rt.block_on(async {
-        let mut sim = Sim::new(Scenario::from_seed(seed)).await;
+        let mut sim = Sim::new(scenario).await;
         sim.run().await;
         Outcome {
             seed,
@@ -39,6 +47,7 @@ pub fn run_seed(seed: u64) -> Outcome {
             trace: std::mem::take(&mut sim.trace),
             invocations: sim.invocations,
             reached: std::mem::take(&mut sim.reached),
+            by_function: std::mem::take(&mut sim.by_function),
         }
     })
 }
@@ -226,22 +235,9 @@ fn the_checks_catch_a_second_block_bought_for_one_window() {
         .expect("a seed that buys a block");
     let mut scenario = Scenario::from_seed(seed);
     scenario.sabotage = true;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let violations = rt.block_on(async {
-        let mut sim = Sim::new(scenario).await;
-        sim.run().await;
-        let sabotage: Vec<String> = sim
-            .trace
-            .iter()
-            .filter(|l| l.contains("sabotage"))
-            .cloned()
-            .collect();
-        (sim.violations, sabotage)
-    });
-    let (violations, sabotage) = violations;
+    let o = play(scenario);
+    let sabotage: Vec<&String> = o.trace.iter().filter(|l| l.contains("sabotage")).collect();
+    let violations = o.violations;
     let all = format!("{}\n{sabotage:?}", violations.join("\n"));
     assert!(
         all.contains("one reservation per window"),
@@ -274,29 +270,11 @@ fn replay() {
         .parse()
         .expect("a seed");
     println!("{:#?}", Scenario::from_seed(seed));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let (o, by_function) = rt.block_on(async {
-        let mut sim = Sim::new(Scenario::from_seed(seed)).await;
-        sim.run().await;
-        let by = std::mem::take(&mut sim.by_function);
-        (
-            Outcome {
-                seed,
-                violations: std::mem::take(&mut sim.violations),
-                trace: std::mem::take(&mut sim.trace),
-                invocations: sim.invocations,
-                reached: std::mem::take(&mut sim.reached),
-            },
-            by,
-        )
-    });
+    let o = run_seed(seed);
     for line in &o.trace {
         println!("{line}");
     }
-    for ((f, trigger), n) in &by_function {
+    for ((f, trigger), n) in &o.by_function {
         println!("{n:>6} {f} <- {trigger}");
     }
     println!(
