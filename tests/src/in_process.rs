@@ -25,14 +25,38 @@ use capacity_pilot::domain::catalog::PriceTable;
 use tower::ServiceExt;
 
 /// An HTTP client that hands each request to `router` in this process.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct InProcess {
     router: axum::Router,
+    gate: Option<Gate>,
 }
+
+impl std::fmt::Debug for InProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InProcess")
+            .field("gated", &self.gate.is_some())
+            .finish()
+    }
+}
+
+/// What every request awaits first, given the operation it calls (the simulation's gate:
+/// `capacity_pilot::fakes::Gate::point`).
+pub type Gate = std::sync::Arc<
+    dyn Fn(String) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync,
+>;
 
 impl InProcess {
     pub fn new(router: axum::Router) -> InProcess {
-        InProcess { router }
+        InProcess { router, gate: None }
+    }
+
+    /// Passes every request through `gate` first (the simulation's crash points and
+    /// interleavings): one HTTP attempt is one port call.
+    pub fn with_gate(self, gate: Gate) -> InProcess {
+        InProcess {
+            gate: Some(gate),
+            ..self
+        }
     }
 
     pub fn http_client(self) -> SharedHttpClient {
@@ -57,11 +81,15 @@ fn connector_error(e: impl std::error::Error + Send + Sync + 'static) -> Connect
 impl HttpConnector for InProcess {
     fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
         let router = self.router.clone();
+        let gate = self.gate.clone();
         HttpConnectorFuture::new(async move {
             let request = request.try_into_http1x().map_err(connector_error)?;
             let (parts, body) = request.into_parts();
             // Our requests are built in memory; a streaming body would be a misuse here.
             let bytes = body.bytes().unwrap_or_default().to_vec();
+            if let Some(gate) = gate {
+                gate(operation(&parts.headers, &bytes)).await;
+            }
             let request = http::Request::from_parts(parts, axum::body::Body::from(bytes));
             let response = router
                 .oneshot(request)
@@ -75,6 +103,18 @@ impl HttpConnector for InProcess {
             HttpResponse::try_from(response).map_err(connector_error)
         })
     }
+}
+
+/// The operation a request calls: its `X-Amz-Target` (JSON protocols) or its form's
+/// `Action` (EC2's query protocol).
+fn operation(headers: &http::HeaderMap, body: &[u8]) -> String {
+    if let Some(t) = headers.get("x-amz-target").and_then(|v| v.to_str().ok()) {
+        return t.rsplit('.').next().unwrap_or(t).to_string();
+    }
+    serde_urlencoded::from_bytes::<Vec<(String, String)>>(body)
+        .ok()
+        .and_then(|form| form.into_iter().find(|(k, _)| k == "Action"))
+        .map_or_else(|| "?".to_string(), |(_, v)| v)
 }
 
 /// A sleep that returns at once: retries and waits take no time, and none depends on the

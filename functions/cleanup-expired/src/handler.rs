@@ -959,6 +959,29 @@ fn drain_record(
         drain_starts_at: w.drain_starts_at.min(now),
         forced_termination_at: w.forced_termination_at,
     };
+    let what = if stopped.is_empty() {
+        "nothing (no workload was running)".to_string()
+    } else {
+        stopped.join(", ")
+    };
+    let late = now >= w.forced_termination_at;
+    let reason = if late {
+        format!(
+            "late drain: no cleanup ran between the drain start at {} and the forced \
+             termination at {}, so AWS may have stopped the workload first; stopped {what} \
+             {} after it (segment {} ends {})",
+            w.drain_starts_at,
+            w.forced_termination_at,
+            minutes(now - w.forced_termination_at),
+            w.segment,
+            w.end
+        )
+    } else {
+        format!(
+            "{why}: stopped {what} ahead of forced termination at {} (segment {} ends {})",
+            w.forced_termination_at, w.segment, w.end
+        )
+    };
     let drained = WorkloadDrained {
         event_key: event_key(id.as_str(), "drained", version),
         request_id: id.to_string(),
@@ -971,19 +994,15 @@ fn drain_record(
         resource_ids: stopped.to_vec(),
         drained_at: now,
         forced_termination_at: w.forced_termination_at,
+        late,
+        reason: reason.clone(),
     };
-    let reason = format!(
-        "{why}: stopped {} ahead of forced termination at {} (segment {} ends {})",
-        if stopped.is_empty() {
-            "nothing (no workload was running)".to_string()
-        } else {
-            stopped.join(", ")
-        },
-        w.forced_termination_at,
-        w.segment,
-        w.end
-    );
     (expiring, drained, reason)
+}
+
+/// `d` in whole minutes, for a reason.
+fn minutes(d: chrono::TimeDelta) -> String {
+    format!("{} min", d.num_minutes())
 }
 
 /// The reserved window `w` as the workload's drain sees it.

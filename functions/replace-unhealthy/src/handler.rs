@@ -45,6 +45,8 @@ pub const HEALTH_EVENT: &str = "AWS Health Event";
 pub const REPLACING: &str = "replacing";
 /// A slot whose (replacement) instance was launched.
 pub const RUNNING: &str = "running";
+/// The label of an on-demand run's slots (launch-workloads' `ON_DEMAND`).
+pub const ON_DEMAND: &str = "on-demand";
 
 #[derive(Debug, Default, Serialize)]
 pub struct Outcome {
@@ -58,6 +60,14 @@ pub struct Replacer<S, W, E, C> {
     pub events: E,
     pub clock: C,
     pub config: Arc<Config>,
+}
+
+/// Where a repaired slot's instances run.
+enum Place {
+    /// A Capacity Block: replacements launch into its reservation.
+    Block(Box<Reservation>),
+    /// An on-demand run: replacements launch on demand where the old instance ran.
+    OnDemand,
 }
 
 /// Why a slot needs a new instance.
@@ -255,6 +265,9 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         if !workload::runs_instances(&rec.request) {
             return Ok(());
         }
+        if rec.status == RequestStatus::RunningOnDemand {
+            return self.repair_run(&rec, flagged, seen, now, out).await;
+        }
         // Only a window whose workload runs, and whose drain has not begun, is repaired,
         // whatever the request's status (a split's kept block runs while its replacement is
         // searched for).
@@ -277,17 +290,58 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             out.decisions.push(ignored(id, rec.status));
             return Ok(());
         }
-        let reservations: BTreeMap<String, Reservation> = held
+        let places: BTreeMap<String, Place> = held
             .into_iter()
             .filter(|r| r.product == Product::CapacityBlock && running.contains(&r.id))
-            .map(|r| (r.id.clone(), r))
+            .map(|r| (r.id.clone(), Place::Block(Box::new(r))))
             .collect();
+        self.repair(&rec, places, flagged, seen, now, out).await
+    }
+
+    /// An on-demand run's instances, repaired as a block's are, until a replacement started
+    /// now would reach the run's drain. Each replacement runs on demand in the zone its old
+    /// instance ran in; the run's hold covers it, and the run is settled by the hours it ran
+    /// as before. (Spot runs are not repaired: an interrupted spot instance is spot's risk.)
+    async fn repair_run(
+        &self,
+        rec: &RequestRecord,
+        flagged: &BTreeSet<String>,
+        seen: &BTreeMap<String, InstanceInfo>,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let before_drain = rec
+            .next_action_at
+            .is_some_and(|drain| now + LAUNCH_FUNCTION_TIMEOUT < drain);
+        let Some(run) = rec
+            .run
+            .as_ref()
+            .filter(|r| before_drain && r.started_at.is_some())
+        else {
+            out.decisions.push(ignored(&rec.request_id, rec.status));
+            return Ok(());
+        };
+        let places = BTreeMap::from([(run.attempt.clone(), Place::OnDemand)]);
+        self.repair(rec, places, flagged, seen, now, out).await
+    }
+
+    /// Replaces the unhealthy instances of the slots recorded in `places`, within the caps.
+    async fn repair(
+        &self,
+        rec: &RequestRecord,
+        places: BTreeMap<String, Place>,
+        flagged: &BTreeSet<String>,
+        seen: &BTreeMap<String, InstanceInfo>,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let id = &rec.request_id;
         let slots: Vec<WorkloadRecord> = self
             .store
             .workloads(id)
             .await?
             .into_iter()
-            .filter(|w| reservations.contains_key(&w.reservation_id))
+            .filter(|w| places.contains_key(&w.reservation_id))
             .filter(|w| w.resource_id.starts_with("i-"))
             .collect();
         if slots.is_empty() {
@@ -308,8 +362,11 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         if bad == 0 {
             return Ok(());
         }
+        // One bad instance is always repaired: alone, it is no sign of a wider problem, and
+        // a workload of one instance could otherwise never be (found by the simulation: a
+        // one-instance on-demand run stopped at hour 16 of 24 and was never replaced).
         let share = self.config.max_unhealthy_share;
-        if Decimal::from(bad) > share * Decimal::from(total) {
+        if bad > 1 && Decimal::from(bad) > share * Decimal::from(total) {
             let reason = format!(
                 "{bad} of {total} instances look unhealthy, more than the allowed share {share}; \
                  making no repairs (a wider problem is likely)"
@@ -324,18 +381,15 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             *used.entry(slot.reservation_id.clone()).or_default() += slot.generation;
         }
         for (slot, verdict) in work {
-            let reservation = &reservations[&slot.reservation_id];
+            let place = &places[&slot.reservation_id];
             match verdict {
                 Verdict::Healthy | Verdict::Unlisted => {}
                 Verdict::Pending => {
-                    let zone = seen
-                        .get(&slot.resource_id)
-                        .map(|i| i.availability_zone.clone());
                     self.launch(
-                        &rec,
-                        reservation,
+                        rec,
+                        place,
                         &slot,
-                        zone,
+                        seen.get(&slot.resource_id),
                         "retrying the replacement launch",
                         now,
                         out,
@@ -373,16 +427,8 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                             .terminate_instances(&i.region, std::slice::from_ref(&i.instance_id))
                             .await?;
                     }
-                    self.launch(
-                        &rec,
-                        reservation,
-                        &next,
-                        old.map(|i| i.availability_zone),
-                        &why,
-                        now,
-                        out,
-                    )
-                    .await?;
+                    self.launch(rec, place, &next, old.as_ref(), &why, now, out)
+                        .await?;
                 }
             }
         }
@@ -395,24 +441,35 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
     async fn launch(
         &self,
         rec: &RequestRecord,
-        reservation: &Reservation,
+        place: &Place,
         slot: &WorkloadRecord,
-        zone: Option<String>,
+        old: Option<&InstanceInfo>,
         why: &str,
         now: DateTime<Utc>,
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let id = &rec.request_id;
-        let spec = match ec2_instances::replacement(
-            &self.workloads,
-            rec,
-            reservation,
-            slot,
-            zone,
-            &self.config.deployment_id,
-        )
-        .await?
-        {
+        let deployment = &self.config.deployment_id;
+        let replacement = match place {
+            Place::Block(reservation) => {
+                let zone = old.map(|i| i.availability_zone.clone());
+                ec2_instances::replacement(
+                    &self.workloads,
+                    rec,
+                    reservation,
+                    slot,
+                    zone,
+                    deployment,
+                )
+                .await?
+            }
+            Place::OnDemand => {
+                ec2_instances::on_demand_replacement(&self.workloads, rec, slot, old, deployment)
+                    .await?
+            }
+        };
+        let reservation_id = slot.reservation_id.as_str();
+        let spec = match replacement {
             Replacement::Launch(spec) => spec,
             Replacement::Stuck(reason) => {
                 out.decisions.push(Decision::new(id, "stuck", reason));
@@ -426,9 +483,10 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                     id,
                     "waiting-for-slot",
                     format!(
-                        "slot {} of {} is not back yet ({code}: {message}); a Capacity Block returns \
-                         a slot about 10 minutes after termination, so the next tick retries",
-                        slot.slot, reservation.id
+                        "slot {} of {reservation_id} is not back yet ({code}: {message}); a \
+                         Capacity Block returns a slot about 10 minutes after termination (and \
+                         on-demand capacity comes and goes), so the next tick retries",
+                        slot.slot
                     ),
                 ));
                 return Ok(());
@@ -437,17 +495,17 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         };
         let new_id = launched.first().map(|i| i.instance_id.clone());
         let reason = format!(
-            "{} in slot {} of {}: {why}",
-            slot.resource_id, slot.slot, reservation.id
+            "{} in slot {} of {reservation_id}: {why}",
+            slot.resource_id, slot.slot
         );
         let event = InstanceReplaced {
             event_key: event_key(
                 id.as_str(),
-                &format!("replaced-{}-{}", reservation.id, slot.slot),
+                &format!("replaced-{reservation_id}-{}", slot.slot),
                 u64::from(slot.generation),
             ),
             request_id: id.to_string(),
-            reservation_id: reservation.id.clone(),
+            reservation_id: reservation_id.to_string(),
             replaced_instance_id: slot.resource_id.clone(),
             new_instance_id: new_id.clone(),
             generation: slot.generation,
@@ -548,6 +606,15 @@ fn verdict(
 /// The instance slots of a live request's running windows whose drain a replacement started
 /// now would not reach, as the tick's read shows them.
 fn watched_slots(live: &LiveRequest, now: DateTime<Utc>) -> Vec<WorkloadRecord> {
+    if live.status == RequestStatus::RunningOnDemand {
+        // The run's record decides whether its drain is near ([`Replacer::repair_run`]).
+        return live
+            .workloads
+            .iter()
+            .filter(|w| w.reservation_id == ON_DEMAND && w.resource_id.starts_with("i-"))
+            .cloned()
+            .collect();
+    }
     let running: BTreeSet<&str> = live
         .windows
         .iter()

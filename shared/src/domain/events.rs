@@ -269,6 +269,13 @@ pub struct WorkloadDrained {
     pub resource_ids: Vec<String>,
     pub drained_at: DateTime<Utc>,
     pub forced_termination_at: DateTime<Utc>,
+    /// The drain came at or after the forced termination (cleanup did not run in the whole
+    /// drain interval): AWS may have stopped the workload first, and `reason` says so.
+    #[serde(default)]
+    pub late: bool,
+    /// Why it drained when it did: the reason recorded with the drain.
+    #[serde(default)]
+    pub reason: String,
 }
 detail!(WorkloadDrained, "Capacity Workload Drained");
 

@@ -13,6 +13,7 @@
 mod clock;
 mod events;
 pub mod fixtures;
+mod gate;
 mod market;
 mod store;
 mod workloads;
@@ -24,6 +25,7 @@ use crate::ports::PortError;
 
 pub use clock::{FixedClock, ManualClock, StepDeadline};
 pub use events::RecordingEvents;
+pub use gate::Gate;
 pub use market::{FakeMarket, MarketCall, MarketOp};
 pub use store::{DEFAULT_RETENTION, DueTimes, InMemoryStore, StoreOp};
 pub use workloads::{FakeWorkloads, LaunchKind, WorkloadsCall, WorkloadsOp};

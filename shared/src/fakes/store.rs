@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Duration, Utc};
 
-use super::{Fault, Faults, ManualClock, errors, lock};
+use super::{Fault, Faults, Gate, ManualClock, errors, lock};
 use crate::domain::money::MicroUsd;
 use crate::domain::request::{RequestId, Team};
 use crate::domain::reservation::Reservation;
@@ -124,6 +124,7 @@ struct State {
     /// Every call yields to the runtime first, so invocations joined on one task
     /// interleave at each store call instead of each running to its end.
     interleave: bool,
+    gate: Option<Gate>,
 }
 
 /// One request's due times ([`InMemoryStore::due_times`]).
@@ -413,10 +414,22 @@ impl InMemoryStore {
         lock(&self.state).interleave = true;
     }
 
-    async fn pause(&self) {
-        let yields = lock(&self.state).interleave;
+    /// Passes every later call through `gate` ([`Gate`]): the simulation's crash points and
+    /// interleavings.
+    pub fn gate(&self, gate: Gate) {
+        lock(&self.state).gate = Some(gate);
+    }
+
+    async fn pause(&self, what: &str) {
+        let (yields, gate) = {
+            let s = lock(&self.state);
+            (s.interleave, s.gate.clone())
+        };
         if yields {
             tokio::task::yield_now().await;
+        }
+        if let Some(g) = gate {
+            g.point(what).await;
         }
     }
 
@@ -1105,7 +1118,7 @@ impl Pacing for InMemoryStore {
         wanted: u32,
         now: DateTime<Utc>,
     ) -> Result<u32, PortError> {
-        self.pause().await;
+        self.pause("TakeSearches").await;
         let mut s = lock(&self.state);
         let a = s
             .allowances
@@ -1123,7 +1136,7 @@ impl Pacing for InMemoryStore {
         until: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<(), PortError> {
-        self.pause().await;
+        self.pause("BackOff").await;
         let mut s = lock(&self.state);
         let a = s
             .allowances
@@ -1138,7 +1151,7 @@ impl Pacing for InMemoryStore {
 impl Store for InMemoryStore {
     async fn create_request(&self, new: NewRequest) -> Result<CreateOutcome, PortError> {
         check_outbox(&new.outbox)?;
-        self.pause().await;
+        self.pause("CreateRequest").await;
         let after = self.begin(StoreOp::CreateRequest)?;
         let outcome = lock(&self.state).create_request(new);
         finish(after, Ok(outcome))
@@ -1148,7 +1161,7 @@ impl Store for InMemoryStore {
         &self,
         request_id: &RequestId,
     ) -> Result<Option<RequestRecord>, PortError> {
-        self.pause().await;
+        self.pause("GetRequest").await;
         let after = self.begin(StoreOp::GetRequest)?;
         let found = lock(&self.state).live(request_id).map(|s| s.record.clone());
         finish(after, Ok(found))
@@ -1156,7 +1169,7 @@ impl Store for InMemoryStore {
 
     async fn transition(&self, t: Transition) -> Result<WriteOutcome, PortError> {
         check_outbox(&t.outbox)?;
-        self.pause().await;
+        self.pause("Transition").await;
         let after = self.begin(StoreOp::Transition)?;
         let mut s = lock(&self.state);
         if let Some(i) = s.races.iter().position(|op| *op == StoreOp::Transition) {
@@ -1172,7 +1185,7 @@ impl Store for InMemoryStore {
 
     async fn begin_purchase(&self, b: BeginPurchase) -> Result<BeginPurchaseOutcome, PortError> {
         check_outbox(&b.outbox)?;
-        self.pause().await;
+        self.pause("BeginPurchase").await;
         let after = self.begin(StoreOp::BeginPurchase)?;
         let outcome = lock(&self.state).begin_purchase(b);
         finish(after, outcome)
@@ -1183,7 +1196,7 @@ impl Store for InMemoryStore {
         r: RecordReservation,
     ) -> Result<LeaseWriteOutcome, PortError> {
         check_outbox(&r.outbox)?;
-        self.pause().await;
+        self.pause("RecordReservation").await;
         let after = self.begin(StoreOp::RecordReservation)?;
         let outcome = lock(&self.state).record_reservation(r);
         finish(after, outcome)
@@ -1191,7 +1204,7 @@ impl Store for InMemoryStore {
 
     async fn update_windows(&self, u: WindowUpdate) -> Result<WriteOutcome, PortError> {
         check_outbox(&u.outbox)?;
-        self.pause().await;
+        self.pause("UpdateWindows").await;
         let after = self.begin(StoreOp::UpdateWindows)?;
         let outcome = lock(&self.state).update_windows(u);
         finish(after, outcome)
@@ -1203,7 +1216,7 @@ impl Store for InMemoryStore {
         outbox: Vec<OutboundEvent>,
     ) -> Result<TombstoneOutcome, PortError> {
         check_outbox(&outbox)?;
-        self.pause().await;
+        self.pause("PutTombstone").await;
         let after = self.begin(StoreOp::PutTombstone)?;
         let outcome = lock(&self.state).put_tombstone(t, &outbox);
         finish(after, Ok(outcome))
@@ -1211,7 +1224,7 @@ impl Store for InMemoryStore {
 
     async fn keep_cancellation(&self, k: KeepCancellation) -> Result<WriteOutcome, PortError> {
         check_outbox(&k.outbox)?;
-        self.pause().await;
+        self.pause("KeepCancellation").await;
         let after = self.begin(StoreOp::KeepCancellation)?;
         let outcome = lock(&self.state).keep_cancellation(k);
         finish(after, outcome)
@@ -1219,14 +1232,14 @@ impl Store for InMemoryStore {
 
     async fn release_unbought(&self, r: ReleaseUnbought) -> Result<LeaseWriteOutcome, PortError> {
         check_outbox(&r.outbox)?;
-        self.pause().await;
+        self.pause("ReleaseUnbought").await;
         let after = self.begin(StoreOp::ReleaseUnbought)?;
         let outcome = lock(&self.state).release_unbought(r);
         finish(after, outcome)
     }
 
     async fn reservations(&self, request_id: &RequestId) -> Result<Vec<Reservation>, PortError> {
-        self.pause().await;
+        self.pause("Reservations").await;
         let after = self.begin(StoreOp::Reservations)?;
         let s = lock(&self.state);
         let found = if s.children_visible(request_id) {
@@ -1238,14 +1251,14 @@ impl Store for InMemoryStore {
     }
 
     async fn budget_spent(&self, team: &Team, month: &BudgetMonth) -> Result<MicroUsd, PortError> {
-        self.pause().await;
+        self.pause("BudgetSpent").await;
         let after = self.begin(StoreOp::BudgetSpent)?;
         let spent = lock(&self.state).spent(team, month);
         finish(after, Ok(spent))
     }
 
     async fn put_workload(&self, w: WorkloadRecord) -> Result<(), PortError> {
-        self.pause().await;
+        self.pause("PutWorkload").await;
         let after = self.begin(StoreOp::PutWorkload)?;
         lock(&self.state)
             .workloads
@@ -1256,7 +1269,7 @@ impl Store for InMemoryStore {
     }
 
     async fn workloads(&self, request_id: &RequestId) -> Result<Vec<WorkloadRecord>, PortError> {
-        self.pause().await;
+        self.pause("Workloads").await;
         let after = self.begin(StoreOp::Workloads)?;
         let s = lock(&self.state);
         let found = if s.children_visible(request_id) {
@@ -1271,7 +1284,7 @@ impl Store for InMemoryStore {
     }
 
     async fn unsent_outbox(&self, limit: usize) -> Result<Vec<OutboxItem>, PortError> {
-        self.pause().await;
+        self.pause("UnsentOutbox").await;
         let after = self.begin(StoreOp::UnsentOutbox)?;
         let mut unsent = lock(&self.state).unsent();
         unsent.truncate(limit);
@@ -1279,7 +1292,7 @@ impl Store for InMemoryStore {
     }
 
     async fn mark_sent(&self, request_id: &str, event_key: &str) -> Result<(), PortError> {
-        self.pause().await;
+        self.pause("MarkSent").await;
         let after = self.begin(StoreOp::MarkSent)?;
         let mut s = lock(&self.state);
         let expires_at = s.now().map(|now| now + s.retention);
@@ -1301,7 +1314,7 @@ impl Store for InMemoryStore {
         until: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<bool, PortError> {
-        self.pause().await;
+        self.pause("ClaimOutbox").await;
         let after = self.begin(StoreOp::ClaimOutbox)?;
         let mut s = lock(&self.state);
         let claimed = match s
@@ -1322,7 +1335,7 @@ impl Store for InMemoryStore {
         request_id: &str,
         event_key: &str,
     ) -> Result<(), PortError> {
-        self.pause().await;
+        self.pause("ClaimOutbox").await;
         let after = self.begin(StoreOp::ClaimOutbox)?;
         let mut s = lock(&self.state);
         if let Some(e) = s
@@ -1335,7 +1348,7 @@ impl Store for InMemoryStore {
     }
 
     async fn agenda(&self, now: DateTime<Utc>) -> Result<Agenda, PortError> {
-        self.pause().await;
+        self.pause("Agenda").await;
         let after = self.begin(StoreOp::Agenda)?;
         let mut s = lock(&self.state);
         s.observe(now);
@@ -1348,7 +1361,7 @@ impl Store for InMemoryStore {
     }
 
     async fn history(&self, request_id: &RequestId) -> Result<Vec<HistoryEntry>, PortError> {
-        self.pause().await;
+        self.pause("History").await;
         let after = self.begin(StoreOp::History)?;
         let s = lock(&self.state);
         let found = if s.children_visible(request_id) {
@@ -1364,7 +1377,7 @@ impl Store for InMemoryStore {
         statuses: &[RequestStatus],
         now: DateTime<Utc>,
     ) -> Result<Vec<DueItem>, PortError> {
-        self.pause().await;
+        self.pause("Due").await;
         let after = self.begin(StoreOp::Due)?;
         let mut s = lock(&self.state);
         s.observe(now);

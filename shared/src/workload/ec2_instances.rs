@@ -195,10 +195,23 @@ pub(super) async fn undo<W: Workloads, S: Store>(
         .into_iter()
         .filter(|w| w.reservation_id == t.reservation_id)
         .partition(|w| w.state != "terminated");
+    // A slot's generation counts the instances it had before: an on-demand slot is
+    // relaunched at the next generation only after the hold took its instance back
+    // (`launch`), and its record then replaces the taken-back one's (found by the
+    // simulation, seed 1665: a crash between a take-back and the release, and the retry's
+    // relaunch hid the first instance). Replacements of a running run (replace-unhealthy)
+    // come after its launch, never before an undo.
+    let mine = |w: &&WorkloadRecord| held_at.is_some_and(|h| w.updated_at >= h);
     let before = before
         .iter()
-        .filter(|w| held_at.is_some_and(|h| w.updated_at >= h))
-        .count();
+        .filter(mine)
+        .map(|w| w.generation as usize + 1)
+        .sum::<usize>()
+        + started
+            .iter()
+            .filter(mine)
+            .map(|w| w.generation as usize)
+            .sum::<usize>();
     let undone = Undone {
         now: started.len(),
         before,
@@ -290,6 +303,58 @@ pub enum Replacement {
     Launch(LaunchSpec),
     /// Nothing can be launched until the request or the subnets change.
     Stuck(String),
+}
+
+/// The launch that replaces `slot`'s instance of an on-demand run: in the zone (and so a
+/// subnet of the request's) that the old instance `old` ran in, on demand, with a client
+/// token of its own per generation (launch-workloads' tokens name the run's placements, and
+/// a replacement is none of them).
+pub async fn on_demand_replacement<W: Workloads>(
+    workloads: &W,
+    rec: &RequestRecord,
+    slot: &WorkloadRecord,
+    old: Option<&InstanceInfo>,
+    deployment_id: &str,
+) -> Result<Replacement, PortError> {
+    let WorkloadDetail::Ec2Instances {
+        launch_template: Some(template),
+        subnet_ids,
+        ..
+    } = &rec.request.workload
+    else {
+        return Ok(Replacement::Stuck(
+            "the request has no launch template to replace from".into(),
+        ));
+    };
+    let Some(old) = old else {
+        return Ok(Replacement::Stuck(format!(
+            "{} is no longer listed by EC2, so the zone its run was placed in is unknown",
+            slot.resource_id
+        )));
+    };
+    let Some(subnet_id) = workloads
+        .subnet_in_zone(&old.region, subnet_ids, &old.availability_zone)
+        .await?
+    else {
+        return Ok(Replacement::Stuck(format!(
+            "none of the request's subnets is in {}, the zone of the run's {}",
+            old.availability_zone, old.instance_id
+        )));
+    };
+    Ok(Replacement::Launch(LaunchSpec {
+        region: old.region.clone(),
+        market: LaunchMarket::OnDemand,
+        instance_type: old.instance_type.clone(),
+        count: 1,
+        subnet_id,
+        launch_template: template.clone(),
+        client_token: client_token(
+            &format!("{}:{}:replacement", rec.request_id, slot.reservation_id),
+            slot.slot,
+            slot.generation,
+        ),
+        tags: resource_tags(&rec.request.tags, &rec.request_id, deployment_id),
+    }))
 }
 
 /// The launch that replaces `slot`'s instance inside `reservation`: the block's zone when

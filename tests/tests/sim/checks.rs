@@ -56,6 +56,41 @@ fn micros(d: Decimal) -> i64 {
         .unwrap_or(i64::MAX)
 }
 
+/// A drain missed at `forced_at` is excused when cleanup was down for the whole drain
+/// interval before it, and the miss was published: `Capacity Workload Drained` for
+/// `reservation` with `late: true` and a reason.
+fn late_drain_excused(
+    sim: &Sim,
+    bus: &[Value],
+    rec: Option<&RequestRecord>,
+    reservation: &str,
+    forced_at: DateTime<Utc>,
+) -> bool {
+    let Some(rec) = rec else {
+        return false;
+    };
+    let minutes = match rec.request.drain_minutes {
+        0 => sim.config.default_drain_minutes,
+        m => m,
+    };
+    let drain_at = forced_at - TimeDelta::minutes(i64::from(minutes));
+    let mut t = drain_at;
+    while t < forced_at {
+        if !sim.scenario.down("cleanup-expired", t) || t >= sim.scenario.faults_end() {
+            return false;
+        }
+        t += TimeDelta::minutes(1);
+    }
+    bus.iter().any(|e| {
+        e["detail-type"] == "Capacity Workload Drained"
+            && e["detail"]["reservation_id"] == reservation
+            && e["detail"]["late"] == true
+            && e["detail"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("late drain"))
+    })
+}
+
 /// Every reservation tagged with a request id, by the emulator.
 pub fn sold(cloud: &LocalCloud) -> Vec<Sold> {
     cloud.with_world(|w| {
@@ -506,7 +541,8 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
                 .filter_map(|p| p["field"].as_str().map(str::to_string))
                 .collect();
             let delivered = sim.delivered.iter().any(|d| {
-                d.event["detail-type"] == "Capacity Request Submitted"
+                d.handled
+                    && d.event["detail-type"] == "Capacity Request Submitted"
                     && d.event["detail"]["request_id"] == id
             });
             if delivered && !recs.contains_key(id) {
@@ -550,8 +586,9 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
     }
 
     // Drains came first: AWS stopped no instance of ours for its block's end, and every
-    // plan window with a launch was drained before its forced termination.
-    let forced: Vec<String> = sim.cloud.with_world(|w| {
+    // plan window with a launch was drained before its forced termination. Where cleanup
+    // was down for the whole drain interval, the miss is recorded and published instead.
+    let forced: Vec<(String, String, Option<String>)> = sim.cloud.with_world(|w| {
         w.ec2
             .instances
             .values()
@@ -564,14 +601,28 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
                     .is_some_and(|(code, _)| code == "Server.ScheduledStop")
             })
             .map(|i| {
-                format!(
-                    "drains first: AWS terminated {} of {} at its block's end",
-                    i.id, i.tags[REQUEST_TAG]
+                (
+                    i.id.clone(),
+                    i.tags[REQUEST_TAG].clone(),
+                    i.capacity_reservation_id.clone(),
                 )
             })
             .collect()
     });
-    out.extend(forced);
+    for (iid, request, cr) in forced {
+        let at = cr
+            .as_ref()
+            .and_then(|cr| sold.iter().find(|s| s.names(cr)))
+            .map(|s| s.end);
+        let excused = at
+            .zip(cr.as_deref())
+            .is_some_and(|(at, cr)| late_drain_excused(sim, &bus, recs.get(&request), cr, at));
+        if !excused {
+            out.push(format!(
+                "drains first: AWS terminated {iid} of {request} at its block's end"
+            ));
+        }
+    }
     let lead = sim.cloud.with_world(|w| {
         (
             w.settings.training_job_termination_lead_minutes,
@@ -596,7 +647,7 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
                 && e["detail"]["reservation_id"] == s.id.as_str()
                 && time(&e["time"]).is_some_and(|t| t <= forced_at)
         });
-        if !drained {
+        if !drained && !late_drain_excused(sim, &bus, recs.get(&s.request), &s.id, forced_at) {
             out.push(format!(
                 "drains first: {}'s plan {} was launched into but not drained before {forced_at}",
                 s.request, s.id
@@ -649,28 +700,42 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
         .filter(|e| e["detail-type"] == "Capacity Request Rejected")
         .filter_map(|e| e["detail"]["event_id"].as_str())
         .collect();
-    let mut first: BTreeMap<String, &Value> = BTreeMap::new();
-    for d in &sim.delivered {
-        if d.event["detail-type"] == "Capacity Request Submitted"
-            && !d.event["id"].as_str().is_some_and(|e| rejected.contains(e))
-            && let Some(id) = d.event["detail"]["request_id"].as_str()
-        {
-            first.entry(id.to_string()).or_insert(&d.event["detail"]);
+    // (The first handled one, or the first whose handler began: one that died may have
+    // created the record first.)
+    let mut first: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
+    for handled_only in [true, false] {
+        let mut seen = BTreeSet::new();
+        for d in sim.delivered.iter().filter(|d| d.handled || !handled_only) {
+            if d.event["detail-type"] == "Capacity Request Submitted"
+                && !d.event["id"].as_str().is_some_and(|e| rejected.contains(e))
+                && let Some(id) = d.event["detail"]["request_id"].as_str()
+                && seen.insert(id.to_string())
+            {
+                first
+                    .entry(id.to_string())
+                    .or_default()
+                    .push(&d.event["detail"]);
+            }
         }
     }
-    for (id, detail) in &first {
+    for (id, details) in &first {
         let Some(r) = recs.get(id) else { continue };
-        let asked = (
-            detail["team"].as_str().unwrap_or_default().to_string(),
-            detail["instance_count"].as_u64().unwrap_or_default(),
-            detail["drain_minutes"].as_u64().unwrap_or_default(),
-        );
         let held = (
             r.team.to_string(),
             u64::from(r.request.instance_count),
             u64::from(r.request.drain_minutes),
         );
-        if asked != held {
+        let asked: Vec<(String, u64, u64)> = details
+            .iter()
+            .map(|detail| {
+                (
+                    detail["team"].as_str().unwrap_or_default().to_string(),
+                    detail["instance_count"].as_u64().unwrap_or_default(),
+                    detail["drain_minutes"].as_u64().unwrap_or_default(),
+                )
+            })
+            .collect();
+        if !asked.contains(&held) {
             out.push(format!(
                 "judged as delivered: {id} holds {held:?} (team, count, drain), but its first \
                  delivered submission asked {asked:?}"
@@ -712,7 +777,8 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
             .delivered
             .iter()
             .filter(|d| {
-                d.event["detail-type"] == "Capacity Request Cancelled"
+                d.handled
+                    && d.event["detail-type"] == "Capacity Request Cancelled"
                     && d.event["detail"]["request_id"] == id
             })
             .map(|d| d.at)
@@ -745,6 +811,14 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
 /// generators' reach check.
 pub fn reached(sim: &Sim) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
+    if sim
+        .cloud
+        .events(BUS)
+        .iter()
+        .any(|e| e["detail-type"] == "Capacity Workload Drained" && e["detail"]["late"] == true)
+    {
+        out.insert("a late drain was published".to_string());
+    }
     for s in sold(&sim.cloud).iter() {
         out.insert(format!(
             "a {} was {}",
@@ -773,7 +847,7 @@ pub fn reached(sim: &Sim) -> BTreeSet<String> {
             out.insert("a HyperPod group was created".to_string());
         }
     });
-    for d in &sim.delivered {
+    for d in sim.delivered.iter().filter(|d| d.handled) {
         let dt = d.event["detail-type"].as_str().unwrap_or_default();
         let source = d.event["source"].as_str().unwrap_or_default();
         out.insert(format!("delivered: {dt} from {source}"));

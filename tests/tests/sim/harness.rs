@@ -5,7 +5,10 @@
 //! simulated clock, no wall time, no socket: a seed's run is a function of its scenario.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use capacity_pilot::aws::capacity::{AwsMarket, AwsWorkloads};
@@ -13,7 +16,7 @@ use capacity_pilot::aws::eventbridge::EventBridgeSink;
 use capacity_pilot::aws::wiring::Adapters;
 use capacity_pilot::config::Config;
 use capacity_pilot::fakes::errors;
-use capacity_pilot::fakes::{InMemoryStore, ManualClock, StepDeadline};
+use capacity_pilot::fakes::{Gate, InMemoryStore, ManualClock, StepDeadline};
 use capacity_pilot::ids::SeededIds;
 use capacity_pilot::ports::default_sleep;
 use chrono::{DateTime, TimeDelta, Utc};
@@ -30,7 +33,7 @@ use search_offerings::handler::Searcher;
 use serde_json::{Value, json};
 
 use super::checks;
-use super::scenario::{ApiFaultKind, Approver, DeliveryFault, Scenario, t0};
+use super::scenario::{ApiFaultKind, Approver, DeliveryFault, FUNCTIONS, RaceWith, Scenario, t0};
 
 pub const REGION: &str = "us-east-1";
 pub const BUS: &str = "capacity-pilot";
@@ -85,10 +88,114 @@ enum Act {
 pub struct Delivered {
     pub at: DateTime<Utc>,
     pub event: Value,
+    /// The invocation returned success. One that failed or died after it began may still
+    /// have acted on the event: an approval it began with grants as much as one handled.
+    pub handled: bool,
 }
 
 type Store = InMemoryStore;
 type Clock = ManualClock;
+
+/// The five production handlers of the simulated system.
+struct Handlers {
+    searcher: Searcher<Store, AwsMarket, AwsWorkloads, EventBridgeSink, Clock>,
+    purchaser: Purchaser<Store, AwsMarket, EventBridgeSink, Clock>,
+    launcher: Launcher<Store, AwsWorkloads, EventBridgeSink, Clock>,
+    replacer: Replacer<Store, AwsWorkloads, EventBridgeSink, Clock>,
+    cleaner: Cleaner<Store, AwsMarket, AwsWorkloads, EventBridgeSink, Clock>,
+}
+
+type Decisions = Result<Vec<capacity_pilot::decision::Decision>, String>;
+type Run<'a> = Pin<Box<dyn Future<Output = Decisions> + 'a>>;
+
+impl Handlers {
+    /// `function`'s invocation with `ev`, as a future not yet polled.
+    fn call(&self, function: &str, ev: EventBridgeEvent<Value>) -> Run<'_> {
+        fn out<O, E: std::fmt::Display>(
+            r: Result<O, E>,
+            decisions: impl FnOnce(O) -> Vec<capacity_pilot::decision::Decision>,
+        ) -> Decisions {
+            r.map(decisions).map_err(|e| e.to_string())
+        }
+        match function {
+            "search-offerings" => {
+                Box::pin(async move { out(self.searcher.handle(ev).await, |o| o.decisions) })
+            }
+            "purchase-capacity" => {
+                Box::pin(async move { out(self.purchaser.handle(ev).await, |o| o.decisions) })
+            }
+            "launch-workloads" => Box::pin(async move {
+                out(
+                    self.launcher.handle_by(ev, &StepDeadline::plenty()).await,
+                    |o| o.decisions,
+                )
+            }),
+            "replace-unhealthy" => {
+                Box::pin(async move { out(self.replacer.handle(ev).await, |o| o.decisions) })
+            }
+            "cleanup-expired" => {
+                Box::pin(async move { out(self.cleaner.handle(ev).await, |o| o.decisions) })
+            }
+            other => panic!("the template routes to {other}, which the simulation lacks"),
+        }
+    }
+}
+
+/// How one of the invocations run together came out.
+enum Ran {
+    Done(Decisions),
+    /// It died: where.
+    Crashed(String),
+}
+
+/// Runs `runs` together to their ends, the `i`th dying at its port call `crash_at[i]` (or
+/// after its last, with fewer calls). Run alone, an invocation goes straight through; run
+/// together, each port call yields, and `order` draws whose call goes next.
+async fn drive(gate: &Gate, runs: Vec<Run<'_>>, crash_at: &[Option<u32>], order: u64) -> Vec<Ran> {
+    gate.arm(crash_at, runs.len() > 1);
+    let mut runs: Vec<Option<Run<'_>>> = runs.into_iter().map(Some).collect();
+    let mut out: Vec<Option<Ran>> = runs.iter().map(|_| None).collect();
+    let mut draw = order;
+    std::future::poll_fn(|cx| {
+        loop {
+            let live: Vec<usize> = (0..runs.len()).filter(|i| runs[*i].is_some()).collect();
+            if live.is_empty() {
+                return Poll::Ready(());
+            }
+            draw = capacity_pilot::ids::mix(draw);
+            let i = live[(draw % live.len() as u64) as usize];
+            gate.enter(i);
+            let run = runs[i].as_mut().expect("live");
+            match run.as_mut().poll(cx) {
+                Poll::Ready(r) => {
+                    let calls = gate.calls(i);
+                    out[i] = Some(match gate.crash_at(i) {
+                        Some(k) if calls <= k => Ran::Crashed(match gate.last(i) {
+                            Some(l) => format!("after its last call (of {calls}), right after {l}"),
+                            None => "after its last call (it made none)".to_string(),
+                        }),
+                        _ => Ran::Done(r),
+                    });
+                    runs[i] = None;
+                }
+                Poll::Pending => match gate.crashed(i) {
+                    Some(at) => {
+                        // Dropped where it stands: nothing after the call runs.
+                        out[i] = Some(Ran::Crashed(at));
+                        runs[i] = None;
+                    }
+                    // A yield (it woke itself) or a wait on the runtime.
+                    None => return Poll::Pending,
+                },
+            }
+        }
+    })
+    .await;
+    gate.disarm();
+    out.into_iter()
+        .map(|o| o.expect("every run ends"))
+        .collect()
+}
 
 pub struct Sim {
     pub scenario: Scenario,
@@ -96,11 +203,12 @@ pub struct Sim {
     pub store: Store,
     pub clock: Clock,
     pub config: Arc<Config>,
-    searcher: Searcher<Store, AwsMarket, AwsWorkloads, EventBridgeSink, Clock>,
-    purchaser: Purchaser<Store, AwsMarket, EventBridgeSink, Clock>,
-    launcher: Launcher<Store, AwsWorkloads, EventBridgeSink, Clock>,
-    replacer: Replacer<Store, AwsWorkloads, EventBridgeSink, Clock>,
-    cleaner: Cleaner<Store, AwsMarket, AwsWorkloads, EventBridgeSink, Clock>,
+    handlers: Handlers,
+    /// Every port call of an invocation passes it: crash points and interleavings.
+    gate: Gate,
+    /// Invocations per function in the fault hours: the scenario's crashes and races name
+    /// them by these numbers.
+    nth: BTreeMap<&'static str, u64>,
     seen_default: usize,
     seen_custom: usize,
     queue: BTreeMap<(DateTime<Utc>, u64), Pending>,
@@ -203,8 +311,15 @@ impl Sim {
             Config::from_lookup(&|k| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
                 .expect("config"),
         );
+        let gate = Gate::new();
+        store.gate(gate.clone());
         let router = cloud.router();
-        let sdk = in_process::sdk_config(InProcess::new(router).http_client(), REGION, t0().into());
+        let g = gate.clone();
+        let connector = InProcess::new(router).with_gate(Arc::new(move |op: String| {
+            let g = g.clone();
+            Box::pin(async move { g.point(&op).await })
+        }));
+        let sdk = in_process::sdk_config(connector.http_client(), REGION, t0().into());
         let adapters = || {
             let a = Adapters::from_sdk(sdk.clone(), &config).expect("adapters");
             let (market, workloads) =
@@ -262,11 +377,15 @@ impl Sim {
             store,
             clock,
             config,
-            searcher,
-            purchaser,
-            launcher,
-            replacer,
-            cleaner,
+            handlers: Handlers {
+                searcher,
+                purchaser,
+                launcher,
+                replacer,
+                cleaner,
+            },
+            gate,
+            nth: BTreeMap::new(),
             seen_default: 0,
             seen_custom: 0,
             queue: BTreeMap::new(),
@@ -340,6 +459,9 @@ impl Sim {
         }
         for (k, f) in s.store_faults.iter().enumerate() {
             self.act_at(Sim::at(f.at), Act::StoreFault(k));
+        }
+        for (call, nth) in &s.crash_after {
+            self.gate.die_after(call, *nth);
         }
         self.act_at(s.faults_end(), Act::Settle);
     }
@@ -500,18 +622,32 @@ impl Sim {
     fn fire_schedules(&mut self, at: DateTime<Utc>) {
         for (f, every) in RULES.schedules() {
             if is_tick(at, every) && self.has_work(f, at) {
-                self.ticks += 1;
-                let ev = json!({
-                    "version": "0", "id": format!("tick-{}", self.ticks),
-                    "detail-type": "Scheduled Event", "source": "aws.events",
-                    "account": "123456789012", "time": at.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
-                    "region": REGION,
-                    "resources": [format!("arn:aws:events:{REGION}:123456789012:rule/{f}-schedule")],
-                    "detail": {}
-                });
+                if self.down(f, at) {
+                    self.reached.insert(format!("{f} was down"));
+                    continue;
+                }
+                let ev = self.tick(f, at);
                 self.enqueue(at, f.to_string(), ev, 0);
             }
         }
+    }
+
+    /// Whether `function` is down at `at` (an outage of the fault hours).
+    fn down(&self, function: &str, at: DateTime<Utc>) -> bool {
+        self.faults_on && self.scenario.down(function, at)
+    }
+
+    /// A new scheduled event of `function`'s schedule at `at`.
+    fn tick(&mut self, function: &str, at: DateTime<Utc>) -> Value {
+        self.ticks += 1;
+        json!({
+            "version": "0", "id": format!("tick-{}", self.ticks),
+            "detail-type": "Scheduled Event", "source": "aws.events",
+            "account": "123456789012", "time": at.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+            "region": REGION,
+            "resources": [format!("arn:aws:events:{REGION}:123456789012:rule/{function}-schedule")],
+            "detail": {}
+        })
     }
 
     fn enqueue(&mut self, at: DateTime<Utc>, function: String, event: Value, attempt: u32) {
@@ -823,6 +959,7 @@ impl Sim {
                     }
                 }
                 self.faults_on = false;
+                self.gate.clear_targets();
                 self.cloud.clear_faults();
                 self.store.clear_faults();
                 self.trace("settling: faults end; every function and the bus up".to_string());
@@ -830,60 +967,178 @@ impl Sim {
         }
     }
 
+    /// The invocation number `function` is at, counting this one; `None` out of the fault
+    /// hours (no crash or race then).
+    fn count(&mut self, function: &str) -> Option<u64> {
+        if !self.faults_on {
+            return None;
+        }
+        let f = FUNCTIONS.iter().find(|f| **f == function)?;
+        let n = self.nth.entry(f).or_default();
+        *n += 1;
+        Some(*n - 1)
+    }
+
+    /// Invokes `p`'s function, alone or together with another invocation of it (a race of
+    /// the scenario's), each with its crash point if it has one.
     async fn invoke(&mut self, p: Pending) {
         let now = self.now();
         self.clock.set(now);
-        self.invocations += 1;
-        let ev: EventBridgeEvent<Value> = match serde_json::from_value(p.event.clone()) {
-            Ok(ev) => ev,
-            Err(e) => {
-                self.trace(format!("unparsable event {}: {e}", p.event));
-                return;
+        let mut batch = vec![p];
+        let nth = self.count(&batch[0].function);
+        let mut order = 0;
+        let twin = (self.faults_on && self.scenario.concurrent_duplicates)
+            .then(|| {
+                self.queue
+                    .iter()
+                    .find(|(k, q)| {
+                        k.0 <= now
+                            && q.function == batch[0].function
+                            && q.event["id"] == batch[0].event["id"]
+                    })
+                    .map(|(k, _)| *k)
+            })
+            .flatten();
+        if let Some(k) = twin {
+            // The same event delivered twice, both deliveries at once.
+            let partner = self.queue.remove(&k).expect("present");
+            order = capacity_pilot::ids::mix(self.scenario.seed ^ self.invocations);
+            self.reached
+                .insert("two deliveries ran at once".to_string());
+            self.trace(format!(
+                "fault: {} runs both deliveries of {} at once",
+                partner.function,
+                partner.event["detail-type"].as_str().unwrap_or("?")
+            ));
+            batch.push(partner);
+        } else if let Some(race) = nth
+            .and_then(|n| self.scenario.race(&batch[0].function, n))
+            .cloned()
+        {
+            order = race.order;
+            let f = batch[0].function.clone();
+            let next = match race.with {
+                RaceWith::NextDelivery => self
+                    .queue
+                    .iter()
+                    .find(|(k, q)| q.function == f && k.0 <= now + TimeDelta::minutes(10))
+                    .map(|(k, _)| *k),
+                RaceWith::Tick => None,
+            };
+            let partner = match next {
+                Some(k) => {
+                    self.reached
+                        .insert("two deliveries ran at once".to_string());
+                    self.queue.remove(&k).expect("present")
+                }
+                None => {
+                    self.reached
+                        .insert("a tick raced an invocation".to_string());
+                    let event = self.tick(&f, now);
+                    Pending {
+                        function: f.clone(),
+                        event,
+                        attempt: 0,
+                    }
+                }
+            };
+            self.trace(format!(
+                "fault: {f} runs {} and {} at once",
+                batch[0].event["detail-type"].as_str().unwrap_or("?"),
+                partner.event["detail-type"].as_str().unwrap_or("?")
+            ));
+            batch.push(partner);
+        }
+        let mut crash_at = Vec::new();
+        for (k, p) in batch.iter().enumerate() {
+            let n = if k == 0 { nth } else { self.count(&p.function) };
+            crash_at.push(n.and_then(|n| self.scenario.crash(&p.function, n)));
+        }
+        let mut runs = Vec::new();
+        let mut down = Vec::new();
+        for p in &batch {
+            self.invocations += 1;
+            let what = p.event["detail-type"].as_str().unwrap_or("?").to_string();
+            *self
+                .by_function
+                .entry((p.function.clone(), what))
+                .or_default() += 1;
+            down.push(self.down(&p.function, now));
+        }
+        let mut parsed = Vec::new();
+        for p in &batch {
+            match serde_json::from_value::<EventBridgeEvent<Value>>(p.event.clone()) {
+                Ok(ev) => parsed.push(Some(ev)),
+                Err(e) => {
+                    self.trace(format!("unparsable event {}: {e}", p.event));
+                    parsed.push(None);
+                }
             }
-        };
+        }
+        let mut which = Vec::new();
+        for (k, ev) in parsed.into_iter().enumerate() {
+            if let Some(ev) = ev
+                && !down[k]
+            {
+                runs.push(self.handlers.call(&batch[k].function, ev));
+                which.push(k);
+            }
+        }
+        let crash: Vec<Option<u32>> = which.iter().map(|k| crash_at[*k]).collect();
+        let ran = drive(&self.gate, runs, &crash, order).await;
+        let mut results: Vec<Option<Ran>> = batch.iter().map(|_| None).collect();
+        for (k, r) in which.into_iter().zip(ran) {
+            results[k] = Some(r);
+        }
+        for (p, r) in batch.into_iter().zip(results) {
+            let (r, began) = match r {
+                Some(r) => (r, true),
+                None if self.down(&p.function, now) => {
+                    self.reached.insert(format!("{} was down", p.function));
+                    (Ran::Done(Err(format!("{} is down", p.function))), false)
+                }
+                // Unparsable: nothing ran.
+                None => continue,
+            };
+            self.finish(p, r, began, now);
+        }
+    }
+
+    /// An inbound event (a requester's or an approver's) that reached its handler.
+    fn note_delivery(&mut self, p: &Pending, now: DateTime<Utc>, handled: bool) {
+        let source = p.event["source"].as_str().unwrap_or_default();
+        if source == SOURCE || source == APPROVER || source == FORGER {
+            self.delivered.push(Delivered {
+                at: now,
+                event: p.event.clone(),
+                handled,
+            });
+        }
+    }
+
+    /// Records how an invocation came out (`began`: its handler ran, whatever it came to),
+    /// and schedules Lambda's retries of a failed one.
+    fn finish(&mut self, p: Pending, ran: Ran, began: bool, now: DateTime<Utc>) {
         let what = p.event["detail-type"].as_str().unwrap_or("?").to_string();
-        *self
-            .by_function
-            .entry((p.function.clone(), what.clone()))
-            .or_default() += 1;
         let about = p.event["detail"]["request_id"]
             .as_str()
             .unwrap_or("")
             .to_string();
-        let result: Result<Vec<capacity_pilot::decision::Decision>, String> =
-            match p.function.as_str() {
-                "search-offerings" => self
-                    .searcher
-                    .handle(ev)
-                    .await
-                    .map(|o| o.decisions)
-                    .map_err(|e| e.to_string()),
-                "purchase-capacity" => self
-                    .purchaser
-                    .handle(ev)
-                    .await
-                    .map(|o| o.decisions)
-                    .map_err(|e| e.to_string()),
-                "launch-workloads" => self
-                    .launcher
-                    .handle_by(ev, &StepDeadline::plenty())
-                    .await
-                    .map(|o| o.decisions)
-                    .map_err(|e| e.to_string()),
-                "replace-unhealthy" => self
-                    .replacer
-                    .handle(ev)
-                    .await
-                    .map(|o| o.decisions)
-                    .map_err(|e| e.to_string()),
-                "cleanup-expired" => self
-                    .cleaner
-                    .handle(ev)
-                    .await
-                    .map(|o| o.decisions)
-                    .map_err(|e| e.to_string()),
-                other => panic!("the template routes to {other}, which the simulation lacks"),
-            };
+        let result = match ran {
+            Ran::Done(r) => r,
+            Ran::Crashed(at) => {
+                if let Some((_, call)) = at.split_once("right after ") {
+                    self.reached
+                        .insert(format!("an invocation died right after {call}"));
+                }
+                self.reached.insert(if at.starts_with("after") {
+                    "an invocation died after its last call".to_string()
+                } else {
+                    "an invocation died at a port call".to_string()
+                });
+                Err(format!("crashed at {at}"))
+            }
+        };
         match result {
             Ok(decisions) => {
                 if what != "Scheduled Event" || !decisions.is_empty() {
@@ -892,15 +1147,12 @@ impl Sim {
                 for d in decisions {
                     self.trace(format!("  {} {}: {}", d.request_id, d.action, d.reason));
                 }
-                let source = p.event["source"].as_str().unwrap_or_default();
-                if source == SOURCE || source == APPROVER || source == FORGER {
-                    self.delivered.push(Delivered {
-                        at: now,
-                        event: p.event.clone(),
-                    });
-                }
+                self.note_delivery(&p, now, true);
             }
             Err(e) => {
+                if began {
+                    self.note_delivery(&p, now, false);
+                }
                 self.trace(format!(
                     "{} <- {what} {about}: failed (attempt {}): {e}",
                     p.function,

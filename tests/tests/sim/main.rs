@@ -185,6 +185,17 @@ const MUST_REACH: &[&str] = &[
     "delivered: Capacity Request Cancelled from com.example.ml-platform",
     "LostResponse struck PurchaseCapacityBlock",
     "LostResponse struck CreateTrainingPlan",
+    "an invocation died at a port call",
+    "an invocation died right after PurchaseCapacityBlock",
+    "an invocation died right after CreateTrainingPlan",
+    "an invocation died right after RunInstances",
+    "an invocation died right after BeginPurchase",
+    "an invocation died right after RecordReservation",
+    "an invocation died after its last call",
+    "two deliveries ran at once",
+    "a tick raced an invocation",
+    "cleanup-expired was down",
+    "purchase-capacity was down",
 ];
 
 /// `make test`'s seeds: the range of seeds.txt, on both cores, every promise kept, every
@@ -261,7 +272,194 @@ fn a_seed_replays_to_a_byte_identical_trace() {
     }
 }
 
-/// `SIM_SEED=<seed>`: one seed, its scenario and whole trace printed.
+/// A violation's kind: its text up to the first colon ("drains first", "ledger exact", ...).
+fn kind(violation: &str) -> &str {
+    violation.split(':').next().unwrap_or(violation)
+}
+
+/// The same kinds of parts with some taken out: all, either half, then (for a few) each one.
+fn cuts<T: Clone>(v: &[T]) -> Vec<Vec<T>> {
+    let mut out = Vec::new();
+    if v.is_empty() {
+        return out;
+    }
+    out.push(Vec::new());
+    if v.len() > 2 {
+        let h = v.len() / 2;
+        out.push(v[h..].to_vec());
+        out.push(v[..h].to_vec());
+    }
+    if v.len() <= 8 {
+        for i in 0..v.len() {
+            let mut w = v.to_vec();
+            w.remove(i);
+            out.push(w);
+        }
+    }
+    out
+}
+
+/// Scenarios smaller than `s` by one step, the biggest cuts first.
+fn smaller(s: &Scenario) -> Vec<Scenario> {
+    let mut out = Vec::new();
+    macro_rules! cut {
+        ($($field:ident),*) => {$(
+            for v in cuts(&s.$field) {
+                let mut c = s.clone();
+                c.$field = v;
+                out.push(c);
+            }
+        )*};
+    }
+    cut!(
+        crashes,
+        crash_after,
+        races,
+        outages,
+        deliveries,
+        api_faults,
+        store_faults,
+        market,
+        crowded_days
+    );
+    if s.requests.len() > 1 {
+        for i in 0..s.requests.len() {
+            let mut c = s.clone();
+            c.requests.remove(i);
+            out.push(c);
+        }
+    }
+    for i in 0..s.requests.len() {
+        let r = &s.requests[i];
+        let mut simpler = Vec::new();
+        if r.cancel_at.is_some() {
+            let mut c = r.clone();
+            c.cancel_at = None;
+            simpler.push(c);
+        }
+        if r.resubmit.is_some() {
+            let mut c = r.clone();
+            c.resubmit = None;
+            simpler.push(c);
+        }
+        if r.payment_failures > 0 {
+            let mut c = r.clone();
+            c.payment_failures = 0;
+            simpler.push(c);
+        }
+        for v in cuts(&r.instance_failures) {
+            let mut c = r.clone();
+            c.instance_failures = v;
+            simpler.push(c);
+        }
+        for r in simpler {
+            let mut c = s.clone();
+            c.requests[i] = r;
+            out.push(c);
+        }
+    }
+    // The emulator's mildest settings, one at a time.
+    let t = &s.timings;
+    let mut mild = Vec::new();
+    if t.listing_lag_seconds != 0 {
+        mild.push(scenario::Timings {
+            listing_lag_seconds: 0,
+            ..t.clone()
+        });
+    }
+    if t.block_activation_seconds != 0 {
+        mild.push(scenario::Timings {
+            block_activation_seconds: 0,
+            ..t.clone()
+        });
+    }
+    if t.instance_listing_lag_seconds != 0 {
+        mild.push(scenario::Timings {
+            instance_listing_lag_seconds: 0,
+            ..t.clone()
+        });
+    }
+    if t.payment_minutes != 1 {
+        mild.push(scenario::Timings {
+            payment_minutes: 1,
+            ..t.clone()
+        });
+    }
+    if s.concurrent_duplicates {
+        out.push(Scenario {
+            concurrent_duplicates: false,
+            ..s.clone()
+        });
+    }
+    for timings in mild {
+        out.push(Scenario {
+            timings,
+            ..s.clone()
+        });
+    }
+    out
+}
+
+/// Shrinks `scenario`, which fails with a violation of kind `k`, proptest-style: takes the
+/// first one-step-smaller scenario that still fails so, until none does or `budget` runs
+/// are spent. Returns the smallest found and the runs it took.
+fn shrink(scenario: Scenario, k: &str, budget: usize) -> (Scenario, usize) {
+    let mut best = scenario;
+    let mut runs = 0;
+    'smaller: loop {
+        for c in smaller(&best) {
+            if runs >= budget {
+                break 'smaller;
+            }
+            runs += 1;
+            if play(c.clone()).violations.iter().any(|v| kind(v) == k) {
+                best = c;
+                continue 'smaller;
+            }
+        }
+        break;
+    }
+    (best, runs)
+}
+
+/// A failing scenario shrinks to a smaller one that fails the same way.
+#[test]
+fn a_failing_scenario_shrinks_to_a_smaller_one_that_fails_alike() {
+    let seed = (1..=200)
+        .find(|s| run_seed(*s).reached.contains("a block was bought"))
+        .expect("a seed that buys a block");
+    let mut scenario = Scenario::from_seed(seed);
+    scenario.sabotage = true;
+    let k = "one reservation per window";
+    let size = |s: &Scenario| {
+        s.crashes.len()
+            + s.crash_after.len()
+            + s.races.len()
+            + s.outages.len()
+            + s.deliveries.len()
+            + s.api_faults.len()
+            + s.store_faults.len()
+            + s.market.len()
+            + s.requests.len()
+    };
+    let before = size(&scenario);
+    let (small, runs) = shrink(scenario, k, 12);
+    assert!(runs > 0);
+    assert!(
+        size(&small) < before,
+        "seed {seed}: nothing was cut in {runs} runs"
+    );
+    let o = play(small);
+    assert!(
+        o.violations.iter().any(|v| kind(v) == k),
+        "seed {seed}: the shrunk scenario passes: {:?}",
+        o.violations
+    );
+}
+
+/// `SIM_SEED=<seed>`: one seed, its scenario and whole trace printed; a failing one is then
+/// shrunk (`SHRINK_RUNS`, 400 unless set), and the smallest failing scenario and its trace
+/// are printed.
 #[test]
 #[ignore = "run by hand: SIM_SEED=<seed>"]
 fn replay() {
@@ -270,7 +468,21 @@ fn replay() {
         .parse()
         .expect("a seed");
     println!("{:#?}", Scenario::from_seed(seed));
-    let o = run_seed(seed);
+    let mut o = run_seed(seed);
+    if let Some(first) = o.violations.first().cloned() {
+        for line in &o.trace {
+            println!("{line}");
+        }
+        let budget = std::env::var("SHRINK_RUNS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(400);
+        let k = kind(&first).to_string();
+        let (small, runs) = shrink(Scenario::from_seed(seed), &k, budget);
+        println!("\n==== shrunk in {runs} runs; the smallest scenario failing with {k:?}:");
+        println!("{small:#?}");
+        o = play(small);
+    }
     for line in &o.trace {
         println!("{line}");
     }

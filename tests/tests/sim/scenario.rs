@@ -122,6 +122,61 @@ pub enum DeliveryFault {
     Drop,
 }
 
+/// The functions, as the template names them.
+pub const FUNCTIONS: [&str; 5] = [
+    "search-offerings",
+    "purchase-capacity",
+    "launch-workloads",
+    "replace-unhealthy",
+    "cleanup-expired",
+];
+
+/// An invocation that dies at a port call: the `nth` (0-based) invocation of `function` in
+/// the fault hours dies at its port call number `at_call` (0-based: before that call takes
+/// effect, which is after the one before it did). One with fewer calls dies after its last:
+/// all its work done, and Lambda still sees it fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Crash {
+    pub function: &'static str,
+    pub nth: u64,
+    pub at_call: u32,
+}
+
+/// What the `nth` invocation of a function runs at once with, interleaved at port calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RaceWith {
+    /// Its schedule's tick, fired at the same moment.
+    Tick,
+    /// The next delivery queued for the same function (within ten minutes), delivered now.
+    NextDelivery,
+}
+
+/// Two invocations of one function at once: whose port call goes next is drawn from
+/// `order`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Race {
+    pub function: &'static str,
+    pub nth: u64,
+    pub with: RaceWith,
+    pub order: u64,
+}
+
+/// A function down (every invocation fails, every tick is missed) for `minutes` from
+/// `from` minutes after [`t0`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outage {
+    pub function: &'static str,
+    pub from: i64,
+    pub minutes: i64,
+}
+
+impl Outage {
+    pub fn covers(&self, at: DateTime<Utc>) -> bool {
+        let from = t0() + TimeDelta::minutes(self.from);
+        from <= at && at < from + TimeDelta::minutes(self.minutes)
+    }
+}
+
 /// Emulator settings within REALISM.md's bounds, the harsh end included.
 #[derive(Debug, Clone)]
 pub struct Timings {
@@ -149,6 +204,14 @@ pub struct Scenario {
     pub store_faults: Vec<StoreFault>,
     /// By delivery number.
     pub deliveries: Vec<(u64, DeliveryFault)>,
+    pub crashes: Vec<Crash>,
+    pub races: Vec<Race>,
+    /// (call, occurrence): the invocation making that occurrence of the call (counted
+    /// across invocations in the fault hours) dies right after it took effect.
+    pub crash_after: Vec<(&'static str, u32)>,
+    pub outages: Vec<Outage>,
+    /// Whether an event delivered twice runs its two deliveries at once (interleaved).
+    pub concurrent_duplicates: bool,
     /// Never generated: a test sets it to show the checks catch what they should.
     pub sabotage: bool,
 }
@@ -159,6 +222,24 @@ impl Scenario {
     }
     pub fn faults_end(&self) -> DateTime<Utc> {
         t0() + TimeDelta::hours(FAULT_HOURS)
+    }
+    /// Where the `nth` invocation of `function` dies, if it does.
+    pub fn crash(&self, function: &str, nth: u64) -> Option<u32> {
+        self.crashes
+            .iter()
+            .find(|c| c.function == function && c.nth == nth)
+            .map(|c| c.at_call)
+    }
+    pub fn race(&self, function: &str, nth: u64) -> Option<&Race> {
+        self.races
+            .iter()
+            .find(|c| c.function == function && c.nth == nth)
+    }
+    /// Whether `function` is down at `at`.
+    pub fn down(&self, function: &str, at: DateTime<Utc>) -> bool {
+        self.outages
+            .iter()
+            .any(|o| o.function == function && o.covers(at))
     }
     pub fn delivery_fault(&self, n: u64) -> Option<DeliveryFault> {
         self.deliveries
@@ -306,6 +387,69 @@ impl Scenario {
         } else {
             Vec::new()
         };
+        // Crash points and interleavings, by each function's invocation number in the fault
+        // hours: per seed a rate, per invocation a draw.
+        let mut crashes = Vec::new();
+        let crash_rate = *r.pick(&[0, 1, 3, 8]);
+        let mut races = Vec::new();
+        let race_rate = *r.pick(&[0, 2, 6, 15]);
+        for function in FUNCTIONS {
+            for nth in 0..400 {
+                if r.chance(crash_rate) {
+                    let most = *r.pick(&[2, 6, 24]);
+                    crashes.push(Crash {
+                        function,
+                        nth,
+                        at_call: r.range(0, most) as u32,
+                    });
+                }
+                if r.chance(race_rate) {
+                    races.push(Race {
+                        function,
+                        nth,
+                        with: if r.chance(50) {
+                            RaceWith::Tick
+                        } else {
+                            RaceWith::NextDelivery
+                        },
+                        order: r.next(),
+                    });
+                }
+            }
+        }
+        // Deaths right after the calls that spend, launch, or commit a decision.
+        let mut crash_after = Vec::new();
+        for call in [
+            "PurchaseCapacityBlock",
+            "CreateTrainingPlan",
+            "RunInstances",
+            "TerminateInstances",
+            "CreateTrainingJob",
+            "CreateEndpoint",
+            "UpdateCluster",
+            "PutEvents",
+            "BeginPurchase",
+            "RecordReservation",
+            "Transition",
+            "UpdateWindows",
+            "PutWorkload",
+            "ClaimOutbox",
+            "MarkSent",
+        ] {
+            if r.chance(20) {
+                crash_after.push((call, r.range(0, 2) as u32));
+            }
+        }
+        let mut outages = Vec::new();
+        if r.chance(30) {
+            for _ in 0..r.range(1, 2) {
+                outages.push(Outage {
+                    function: FUNCTIONS[(r.next() % FUNCTIONS.len() as u64) as usize],
+                    from: r.range(0, 60 * (FAULT_HOURS - 1)),
+                    minutes: *r.pick(&[60, 180, 480, 1440]),
+                });
+            }
+        }
         Scenario {
             seed,
             team_budgets,
@@ -318,6 +462,11 @@ impl Scenario {
             api_faults,
             store_faults,
             deliveries,
+            crashes,
+            races,
+            crash_after,
+            outages,
+            concurrent_duplicates: r.chance(60),
             sabotage: false,
         }
     }

@@ -329,6 +329,13 @@ async fn drain_happens_before_forced_termination_for_capacity_blocks_hyperpod_an
         assert_eq!(expiring["drain_starts_at"], json!(drain_at), "{case}");
         let drained = &w.events.published_of(DRAINED)[0].detail;
         assert_eq!(drained["drained_at"], json!(drain_at), "{case}");
+        assert_eq!(drained["late"], json!(false), "{case}");
+        assert!(
+            drained["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("ahead of forced termination")),
+            "{case}: {drained}"
+        );
         if case == "hyperpod" {
             let spec = w
                 .workloads
@@ -660,6 +667,15 @@ async fn a_drain_missed_entirely_still_drains_and_ends_in_one_run() {
         w.events.detail_types()
     );
     assert_eq!(w.status("r-1").await, RequestStatus::Ended);
+    // AND the drain says it came late (cleanup missed the whole drain interval), and why
+    let drained = &w.events.published_of(DRAINED)[0].detail;
+    assert_eq!(drained["late"], json!(true), "{drained}");
+    let reason = drained["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("late drain: no cleanup ran between the drain start")
+            && reason.contains("40 min after it"),
+        "{reason}"
+    );
 }
 
 #[tokio::test]

@@ -640,6 +640,65 @@ async fn a_partial_on_demand_launch_taken_back_keeps_an_hour_of_each_instance_th
     assert_eq!(w.spent(), MicroUsd(55_040_000));
 }
 
+#[tokio::test]
+async fn a_take_back_cut_short_by_a_crash_keeps_an_hour_of_each_instance_of_both_runs() {
+    // GIVEN the partial launch above, whose first run dies right after it took its started
+    // instance back, before the release is written (found by the simulation, seed 1665: the
+    // retry relaunched the slot, whose record replaced the first instance's, and one
+    // instance-hour EC2 billed went back)
+    let w = World::new();
+    let mut req = on_demand_first("r1");
+    if let WorkloadDetail::Ec2Instances { subnet_ids, .. } = &mut req.workload {
+        subnet_ids.truncate(1);
+    }
+    w.record(req, RequestStatus::TryingOnDemand, t0());
+    w.workloads
+        .zone_capacity(LaunchKind::OnDemand, "us-east-1a", 1);
+    let gate = capacity_pilot::fakes::Gate::new();
+    w.store.gate(gate.clone());
+    // (the first PutWorkload records the started slot, the second its take-back)
+    gate.die_after("PutWorkload", 1);
+    gate.arm(&[None], false);
+    let first = w.launcher();
+    let died = tokio::time::timeout(
+        std::time::Duration::from_millis(200),
+        first.handle(tick("t1")),
+    )
+    .await
+    .is_err();
+    assert!(died, "the first run was to die");
+    assert_eq!(
+        gate.crashed(0)
+            .as_deref()
+            .map(|c| c.ends_with("right after PutWorkload")),
+        Some(true),
+        "{:?}",
+        gate.crashed(0)
+    );
+    gate.disarm();
+    // WHEN Lambda retries it
+    w.launcher().handle(tick("t1")).await.unwrap();
+    // THEN both runs' instances are taken back, and an hour of each stays spent: 2 x $55.04
+    assert!(w.workloads.live_in_reservation("on-demand").is_empty());
+    // (each run started slot 0 and was refused slot 1)
+    assert_eq!(
+        launches(&w)
+            .iter()
+            .filter(|s| s.market == LaunchMarket::OnDemand)
+            .count(),
+        4
+    );
+    let rec = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.open_debit, None);
+    assert_eq!(rec.spent, MicroUsd(110_080_000));
+    assert_eq!(w.spent(), MicroUsd(110_080_000));
+}
+
 /// An on-demand-first request naming a subnet in each of two zones of us-east-1 and one in
 /// us-west-2, as the launcher allowing both regions sees it.
 fn two_regions(w: &World, id: &str) -> (CapacityRequest, L) {

@@ -538,3 +538,134 @@ async fn an_instance_failing_within_a_function_timeout_of_the_drain_is_not_repla
     assert!(w.events.published_of(REPLACED).is_empty());
     assert_eq!(w.launches().len(), 4);
 }
+
+/// GIVEN r-2, an on-demand-first request running two on-demand instances since +2 h (as
+/// launch-workloads leaves it: RunningOnDemand, its run started, next due at its drain).
+async fn on_demand_run(w: &World) -> Vec<String> {
+    let mut req = request("r-2", "team-a", "50000");
+    req.instance_count = 2;
+    let mut tags = BTreeMap::new();
+    tags.insert(MANAGED_TAG.to_string(), "true".to_string());
+    tags.insert(REQUEST_TAG.to_string(), "r-2".to_string());
+    let template = match &req.workload {
+        capacity_pilot::domain::request::WorkloadDetail::Ec2Instances {
+            launch_template, ..
+        } => launch_template.clone().unwrap(),
+        _ => unreachable!(),
+    };
+    let mut ids = Vec::new();
+    for slot in 0..2 {
+        let launched = w
+            .workloads
+            .launch_instances(&LaunchSpec {
+                region: REGION.into(),
+                market: LaunchMarket::OnDemand,
+                instance_type: "p5.48xlarge".into(),
+                count: 1,
+                subnet_id: "subnet-a".into(),
+                launch_template: template.clone(),
+                client_token: client_token("r-2:on-demand", slot, 0),
+                tags: tags.clone(),
+            })
+            .await
+            .unwrap();
+        w.store
+            .put_workload(WorkloadRecord {
+                request_id: request_id("r-2"),
+                reservation_id: "on-demand".into(),
+                slot,
+                generation: 0,
+                resource_id: launched[0].instance_id.clone(),
+                state: "running".into(),
+                updated_at: t0() + Duration::hours(2),
+            })
+            .await
+            .unwrap();
+        ids.push(launched[0].instance_id.clone());
+    }
+    w.store.insert_record(RequestRecord {
+        request_id: req.id.clone(),
+        team: req.team.clone(),
+        request: req.clone(),
+        status: RequestStatus::RunningOnDemand,
+        version: 4,
+        reason: "seed".into(),
+        next_action_at: Some(t0() + Duration::hours(20)),
+        windows: vec![],
+        lease: None,
+        doubt: None,
+        cancel: None,
+        open_debit: None,
+        run: Some(capacity_pilot::ports::OnDemandRun {
+            attempt: "on-demand".into(),
+            held_at: t0() + Duration::hours(2),
+            started_at: Some(t0() + Duration::hours(2)),
+        }),
+        search: None,
+        spent: MicroUsd(0),
+        candidates: vec![],
+        created_at: t0(),
+        updated_at: t0() + Duration::hours(2),
+    });
+    ids
+}
+
+#[tokio::test]
+async fn a_stopped_instance_of_an_on_demand_run_is_replaced_on_demand_in_its_zone() {
+    // GIVEN an on-demand run of two, one of whose instances EC2 stopped
+    let w = World::new(1).await;
+    let ids = on_demand_run(&w).await;
+    w.workloads
+        .set_instance_state(&ids[1], InstanceState::Stopped);
+    // WHEN the schedule polls
+    let out = w.tick("tick-1").await;
+    // THEN the stopped one is terminated and a replacement runs on demand in its subnet,
+    // with a token of its own
+    assert_eq!(
+        w.workloads.instance(&ids[1]).unwrap().state,
+        InstanceState::Terminated,
+        "{:?}",
+        out.decisions
+    );
+    let launch = w.launches().pop().unwrap();
+    assert_eq!(launch.market, LaunchMarket::OnDemand);
+    assert_eq!(launch.subnet_id, "subnet-a");
+    assert_eq!(
+        launch.client_token,
+        client_token("r-2:on-demand:replacement", 1, 1)
+    );
+    let slots = w.store.workloads(&request_id("r-2")).await.unwrap();
+    let slot = slots.iter().find(|s| s.slot == 1).unwrap();
+    assert_eq!((slot.generation, slot.state.as_str()), (1, "running"));
+    assert_ne!(slot.resource_id, ids[1]);
+    let ev = &w.events.published_of(REPLACED)[0].detail;
+    assert_eq!(ev["reservation_id"], json!("on-demand"));
+    assert_eq!(ev["replaced_instance_id"], json!(ids[1]));
+    // AND the healthy one is left alone, and later ticks replace nothing more
+    assert_eq!(
+        w.workloads.instance(&ids[0]).unwrap().state,
+        InstanceState::Running
+    );
+    w.tick("tick-2").await;
+    assert_eq!(w.events.published_of(REPLACED).len(), 1);
+}
+
+#[tokio::test]
+async fn an_on_demand_run_near_its_drain_is_not_repaired() {
+    // GIVEN an on-demand run whose drain is less than a function timeout (60 s) away
+    let w = World::new(1).await;
+    let ids = on_demand_run(&w).await;
+    w.clock
+        .set(t0() + Duration::hours(20) - Duration::seconds(30));
+    w.workloads
+        .set_instance_state(&ids[0], InstanceState::Stopped);
+    // WHEN the schedule polls
+    w.tick("tick-1").await;
+    // THEN nothing is replaced: the drain stops the run anyway
+    let replaced = w.events.published_of(REPLACED);
+    assert!(replaced.is_empty(), "{:?}", replaced[0].detail);
+    assert_eq!(
+        w.workloads.instance(&ids[0]).unwrap().state,
+        InstanceState::Stopped
+    );
+}
