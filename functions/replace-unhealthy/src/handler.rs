@@ -1,15 +1,16 @@
-//! replace-unhealthy: keeps an Active request's Capacity Block instances healthy. An
-//! impaired, unexpectedly stopped or terminated managed instance is terminated and a
-//! replacement launched into the same reservation slot with the next `generation`, so its
-//! `ClientToken` is new (EC2 answers a used token with the old instance).
+//! replace-unhealthy: keeps a request's Capacity Block instances and its on-demand run's
+//! instances healthy. An impaired, unexpectedly stopped or terminated managed instance is
+//! terminated and a replacement launched into the same slot (of the reservation, or on
+//! demand in the old instance's zone) with the next `generation`, so its `ClientToken` is
+//! new (EC2 answers a used token with the old instance).
 //!
 //! A Capacity Block's slot returns only about 10 minutes after its instance terminates, so a
 //! launch refused for capacity is retried on the next tick: the slot's record says
 //! `replacing` until the replacement runs. Two caps bound the damage a bad signal can do:
 //! replacements per reservation, and no repairs at all while more than
 //! `MAX_UNHEALTHY_SHARE` of a request's instances look unhealthy (that smells of a wider
-//! problem, which replacing would only make worse). Instances without the managed tag are
-//! never touched.
+//! problem, which replacing would only make worse), though one bad instance is always
+//! repaired. Instances without the managed tag are never touched.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use super::{Fault, Faults, MANAGED_TAG, ManualClock, REQUEST_ID_TAG, errors, lock};
+use super::{Fault, Faults, Gate, MANAGED_TAG, ManualClock, REQUEST_ID_TAG, errors, lock};
 use crate::ports::{
     EndpointInfo, EndpointSpec, InstanceFilter, InstanceGroupInfo, InstanceGroupSpec,
     InstanceHealth, InstanceInfo, InstanceState, JobInfo, JobState, LaunchMarket, LaunchSpec,
@@ -167,6 +167,7 @@ struct State {
     next_id: u64,
     faults: Faults<WorkloadsOp>,
     calls: Vec<WorkloadsCall>,
+    gate: Option<Gate>,
 }
 
 /// An in-memory [`Workloads`]; clones share the world.
@@ -198,6 +199,7 @@ impl FakeWorkloads {
                 launch_state: (InstanceState::Pending, InstanceHealth::Unknown),
                 jobs: BTreeMap::new(),
                 clusters: BTreeMap::new(),
+                gate: None,
                 endpoints: BTreeMap::new(),
                 endpoint_configs: BTreeSet::new(),
                 clock: None,
@@ -536,6 +538,18 @@ impl FakeWorkloads {
 
     /// Logs the call and takes its scripted fault: `Err` to return at once, or an error
     /// to return after the work.
+    /// Passes every later call through `gate` ([`Gate`]): crash points between calls.
+    pub fn gate(&self, gate: Gate) {
+        lock(&self.state).gate = Some(gate);
+    }
+
+    async fn pause(&self, what: &str) {
+        let gate = lock(&self.state).gate.clone();
+        if let Some(g) = gate {
+            g.point(what).await;
+        }
+    }
+
     fn begin(&self, call: WorkloadsCall) -> Result<Option<PortError>, PortError> {
         let mut s = lock(&self.state);
         let op = call.op();
@@ -724,6 +738,7 @@ fn matches_filter(i: &InstanceInfo, region: &str, f: &InstanceFilter) -> bool {
 
 impl Workloads for FakeWorkloads {
     async fn launch_instances(&self, spec: &LaunchSpec) -> Result<Vec<InstanceInfo>, PortError> {
+        self.pause("LaunchInstances").await;
         let after = self.begin(WorkloadsCall::LaunchInstances(spec.clone()))?;
         let result = lock(&self.state).launch(spec);
         finish(after, result)
@@ -734,6 +749,7 @@ impl Workloads for FakeWorkloads {
         region: &str,
         filter: &InstanceFilter,
     ) -> Result<Vec<InstanceInfo>, PortError> {
+        self.pause("DescribeInstances").await;
         let after = self.begin(WorkloadsCall::DescribeInstances {
             region: region.to_string(),
             filter: filter.clone(),
@@ -753,6 +769,7 @@ impl Workloads for FakeWorkloads {
         region: &str,
         instance_ids: &[String],
     ) -> Result<(), PortError> {
+        self.pause("TerminateInstances").await;
         let after = self.begin(WorkloadsCall::TerminateInstances {
             region: region.to_string(),
             instance_ids: instance_ids.to_vec(),
@@ -773,6 +790,7 @@ impl Workloads for FakeWorkloads {
         region: &str,
         subnet_ids: &[String],
     ) -> Result<Vec<(String, String)>, PortError> {
+        self.pause("SubnetZones").await;
         let after = self.begin(WorkloadsCall::SubnetZones {
             region: region.to_string(),
             subnet_ids: subnet_ids.to_vec(),
@@ -795,6 +813,7 @@ impl Workloads for FakeWorkloads {
         subnet_ids: &[String],
         availability_zone: &str,
     ) -> Result<Option<String>, PortError> {
+        self.pause("SubnetInZone").await;
         let after = self.begin(WorkloadsCall::SubnetInZone {
             region: region.to_string(),
             subnet_ids: subnet_ids.to_vec(),
@@ -809,6 +828,7 @@ impl Workloads for FakeWorkloads {
     }
 
     async fn start_training_job(&self, spec: &TrainingJobSpec) -> Result<(), PortError> {
+        self.pause("StartTrainingJob").await;
         let after = self.begin(WorkloadsCall::StartTrainingJob(spec.clone()))?;
         lock(&self.state)
             .jobs
@@ -832,6 +852,7 @@ impl Workloads for FakeWorkloads {
         region: &str,
         job_name: &str,
     ) -> Result<Option<JobInfo>, PortError> {
+        self.pause("DescribeTrainingJob").await;
         let after = self.begin(WorkloadsCall::DescribeTrainingJob {
             region: region.to_string(),
             job_name: job_name.to_string(),
@@ -844,6 +865,7 @@ impl Workloads for FakeWorkloads {
     }
 
     async fn stop_training_job(&self, region: &str, job_name: &str) -> Result<(), PortError> {
+        self.pause("StopTrainingJob").await;
         let after = self.begin(WorkloadsCall::StopTrainingJob {
             region: region.to_string(),
             job_name: job_name.to_string(),
@@ -871,6 +893,7 @@ impl Workloads for FakeWorkloads {
         cluster_name: &str,
         instance_group_name: &str,
     ) -> Result<Option<InstanceGroupInfo>, PortError> {
+        self.pause("DescribeInstanceGroup").await;
         let after = self.begin(WorkloadsCall::DescribeInstanceGroup {
             region: region.to_string(),
             cluster_name: cluster_name.to_string(),
@@ -895,6 +918,7 @@ impl Workloads for FakeWorkloads {
     }
 
     async fn put_instance_group(&self, spec: &InstanceGroupSpec) -> Result<(), PortError> {
+        self.pause("PutInstanceGroup").await;
         let after = self.begin(WorkloadsCall::PutInstanceGroup(spec.clone()))?;
         let result = match lock(&self.state)
             .clusters
@@ -925,6 +949,7 @@ impl Workloads for FakeWorkloads {
         region: &str,
         plan_arn: &str,
     ) -> Result<Option<crate::domain::reservation::ReservationState>, PortError> {
+        self.pause("PlanState").await;
         let after = self.begin(WorkloadsCall::PlanState {
             region: region.to_string(),
             plan_arn: plan_arn.to_string(),
@@ -938,6 +963,7 @@ impl Workloads for FakeWorkloads {
     }
 
     async fn create_endpoint(&self, spec: &EndpointSpec) -> Result<(), PortError> {
+        self.pause("CreateEndpoint").await;
         let after = self.begin(WorkloadsCall::CreateEndpoint(spec.clone()))?;
         let mut s = lock(&self.state);
         s.endpoint_configs
@@ -969,6 +995,7 @@ impl Workloads for FakeWorkloads {
         region: &str,
         endpoint_name: &str,
     ) -> Result<Option<EndpointInfo>, PortError> {
+        self.pause("DescribeEndpoint").await;
         let after = self.begin(WorkloadsCall::DescribeEndpoint {
             region: region.to_string(),
             endpoint_name: endpoint_name.to_string(),
@@ -986,6 +1013,7 @@ impl Workloads for FakeWorkloads {
         endpoint_name: &str,
         endpoint_config_name: &str,
     ) -> Result<(), PortError> {
+        self.pause("DeleteEndpoint").await;
         let after = self.begin(WorkloadsCall::DeleteEndpoint {
             region: region.to_string(),
             endpoint_name: endpoint_name.to_string(),

@@ -104,19 +104,35 @@ pub(super) async fn launch<W: Workloads, S: Store>(
     let mut slowest = Duration::ZERO;
     // One RunInstances per slot, so each slot has its own client token and a retry after a
     // partial failure finds exactly the instances already started.
+    // On demand and on spot, a slot's token names its placement, so a launch whose outcome
+    // went unrecorded (a crash after RunInstances, a lost answer) is recorded as an intent
+    // first: a retry that starts at another placement would otherwise launch the slot anew
+    // and leave that instance running, unrecorded and unbilled (found by the simulation,
+    // seed 277). A block's token is the same in every run.
+    let off_block = !matches!(t.market, LaunchMarket::CapacityBlock { .. });
     for slot in 0..t.instance_count {
         let mut generation = 0;
         if let Some(w) = l.recorded.get(&slot) {
+            let mut w = w.clone();
+            if off_block && w.state == LAUNCHING {
+                let now = spec(l, template, &subnet, slot, w.generation);
+                if intent(&now) != w.resource_id {
+                    w = settle_intent(l, template, &w).await?;
+                }
+            }
             // An on-demand or spot slot undone after a refusal elsewhere is launched anew, at
             // the next generation (a new client token: the old one answers the terminated
-            // instance). A block's dead slot is replace-unhealthy's.
-            let undone =
-                w.state == "terminated" && !matches!(t.market, LaunchMarket::CapacityBlock { .. });
-            if !undone {
-                ids.push(w.resource_id.clone());
-                continue;
-            }
-            generation = w.generation + 1;
+            // instance); one whose launch was refused, at its own. A block's dead slot is
+            // replace-unhealthy's.
+            generation = match w.state.as_str() {
+                LAUNCHING => w.generation,
+                TERMINATED if off_block => w.generation + 1,
+                UNLAUNCHED if off_block => w.generation,
+                _ => {
+                    ids.push(w.resource_id.clone());
+                    continue;
+                }
+            };
         }
         let left = l.deadline.remaining();
         if left < LAUNCH_RESERVE + slowest * 2 {
@@ -132,25 +148,28 @@ pub(super) async fn launch<W: Workloads, S: Store>(
                 slowest.as_millis()
             )));
         }
-        let spec = LaunchSpec {
-            region: t.region.clone(),
-            market: t.market.clone(),
-            instance_type: t.instance_type.clone(),
-            count: 1,
-            subnet_id: subnet.clone(),
-            launch_template: template.clone(),
-            client_token: client_token(&t.token_base, slot, generation),
-            tags: l.tags.clone(),
-        };
+        let spec = spec(l, template, &subnet, slot, generation);
+        if off_block {
+            let mut record = l.record(slot, intent(&spec), LAUNCHING);
+            record.generation = generation;
+            l.store.put_workload(record).await?;
+        }
         let launched = l.workloads.launch_instances(&spec).await;
         slowest = slowest.max(left.saturating_sub(l.deadline.remaining()));
         let launched = match launched {
             Ok(launched) => launched,
             Err(e) => {
-                return settle(
+                let settled = settle(
                     e,
                     &format!("slot {slot} of {} ({})", t.reservation_id, subnet),
-                );
+                )?;
+                if off_block {
+                    // Refused: nothing started (a transient error leaves the intent).
+                    let mut record = l.record(slot, intent(&spec), UNLAUNCHED);
+                    record.generation = generation;
+                    l.store.put_workload(record).await?;
+                }
+                return Ok(settled);
             }
         };
         let Some(instance) = launched.into_iter().next() else {
@@ -176,6 +195,84 @@ pub(super) async fn launch<W: Workloads, S: Store>(
     Ok(Launch::Done(ids))
 }
 
+/// A slot's record while its RunInstances is under way: `resource_id` is the call's intent.
+pub const LAUNCHING: &str = "launching";
+/// A slot whose launch was refused (nothing started); launched again at its generation.
+pub const UNLAUNCHED: &str = "unlaunched";
+/// A slot whose instance was taken back.
+pub const TERMINATED: &str = "terminated";
+
+/// The RunInstances of `slot` at `generation` in the target's placement.
+fn spec<W: Workloads, S: Store>(
+    l: &Launching<'_, W, S>,
+    template: &LaunchTemplateRef,
+    subnet: &str,
+    slot: u32,
+    generation: u32,
+) -> LaunchSpec {
+    let t = l.target;
+    LaunchSpec {
+        region: t.region.clone(),
+        market: t.market.clone(),
+        instance_type: t.instance_type.clone(),
+        count: 1,
+        subnet_id: subnet.to_string(),
+        launch_template: template.clone(),
+        client_token: client_token(&t.token_base, slot, generation),
+        tags: l.tags.clone(),
+    }
+}
+
+/// What a launching slot's record holds: where the call went, and its token.
+fn intent(spec: &LaunchSpec) -> String {
+    format!(
+        "{LAUNCHING}:{}:{}:{}",
+        spec.region, spec.subnet_id, spec.client_token
+    )
+}
+
+/// A launching slot of another placement (its run died, or lost the answer, before
+/// recording what started): the same call again answers with what it started, which is
+/// taken back (the slot is launched in this placement). Returns the slot's record after.
+async fn settle_intent<W: Workloads, S: Store>(
+    l: &Launching<'_, W, S>,
+    template: &LaunchTemplateRef,
+    w: &WorkloadRecord,
+) -> Result<WorkloadRecord, PortError> {
+    let parts: Vec<&str> = w.resource_id.splitn(4, ':').collect();
+    let mut after = WorkloadRecord {
+        state: UNLAUNCHED.into(),
+        updated_at: l.now,
+        ..w.clone()
+    };
+    if let [LAUNCHING, region, subnet, token] = parts[..] {
+        let spec = LaunchSpec {
+            region: region.to_string(),
+            subnet_id: subnet.to_string(),
+            client_token: token.to_string(),
+            ..spec(l, template, subnet, w.slot, w.generation)
+        };
+        match l.workloads.launch_instances(&spec).await {
+            Ok(started) => {
+                if let Some(i) = started.into_iter().next() {
+                    info!(request_id = %l.rec.request_id, instance_id = %i.instance_id, slot = w.slot,
+                        "taking back an instance a run started in another placement and never recorded");
+                    l.workloads
+                        .terminate_instances(region, std::slice::from_ref(&i.instance_id))
+                        .await?;
+                    after.state = TERMINATED.into();
+                    after.resource_id = i.instance_id;
+                }
+            }
+            Err(e) => {
+                settle(e, "an unrecorded launch")?;
+            }
+        }
+    }
+    l.store.put_workload(after.clone()).await?;
+    Ok(after)
+}
+
 /// Terminates on-demand or spot instances this request started in `t` (a partial launch
 /// that then found no capacity, or one the budget refused), so nothing runs undebited.
 /// Returns what it took back now and what the table shows the attempt's hold took back
@@ -189,12 +286,13 @@ pub(super) async fn undo<W: Workloads, S: Store>(
     now: DateTime<Utc>,
 ) -> Result<Undone, PortError> {
     let held_at = rec.run.as_ref().map(|r| r.held_at);
+    // (A launching slot is settled by the next launch, which re-issues its call.)
     let (started, before): (Vec<WorkloadRecord>, Vec<WorkloadRecord>) = store
         .workloads(&rec.request_id)
         .await?
         .into_iter()
-        .filter(|w| w.reservation_id == t.reservation_id)
-        .partition(|w| w.state != "terminated");
+        .filter(|w| w.reservation_id == t.reservation_id && w.state != LAUNCHING)
+        .partition(|w| w.state != TERMINATED && w.state != UNLAUNCHED);
     // A slot's generation counts the instances it had before: an on-demand slot is
     // relaunched at the next generation only after the hold took its instance back
     // (`launch`), and its record then replaces the taken-back one's (found by the
@@ -202,10 +300,11 @@ pub(super) async fn undo<W: Workloads, S: Store>(
     // relaunch hid the first instance). Replacements of a running run (replace-unhealthy)
     // come after its launch, never before an undo.
     let mine = |w: &&WorkloadRecord| held_at.is_some_and(|h| w.updated_at >= h);
+    // (An unlaunched slot started nothing at its own generation.)
     let before = before
         .iter()
         .filter(mine)
-        .map(|w| w.generation as usize + 1)
+        .map(|w| w.generation as usize + usize::from(w.state == TERMINATED))
         .sum::<usize>()
         + started
             .iter()
@@ -225,7 +324,7 @@ pub(super) async fn undo<W: Workloads, S: Store>(
     for w in started {
         store
             .put_workload(WorkloadRecord {
-                state: "terminated".into(),
+                state: TERMINATED.into(),
                 updated_at: now,
                 ..w
             })

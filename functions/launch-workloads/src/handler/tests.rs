@@ -656,8 +656,9 @@ async fn a_take_back_cut_short_by_a_crash_keeps_an_hour_of_each_instance_of_both
         .zone_capacity(LaunchKind::OnDemand, "us-east-1a", 1);
     let gate = capacity_pilot::fakes::Gate::new();
     w.store.gate(gate.clone());
-    // (the first PutWorkload records the started slot, the second its take-back)
-    gate.die_after("PutWorkload", 1);
+    // (PutWorkload: slot 0's intent and record, slot 1's intent and refusal, then slot 0
+    // taken back: the run dies right after that, before the release)
+    gate.die_after("PutWorkload", 4);
     gate.arm(&[None], false);
     let first = w.launcher();
     let died = tokio::time::timeout(
@@ -697,6 +698,64 @@ async fn a_take_back_cut_short_by_a_crash_keeps_an_hour_of_each_instance_of_both
     assert_eq!(rec.open_debit, None);
     assert_eq!(rec.spent, MicroUsd(110_080_000));
     assert_eq!(w.spent(), MicroUsd(110_080_000));
+}
+
+#[tokio::test]
+async fn a_run_dying_after_run_instances_in_its_second_zone_leaves_no_instance_unrecorded() {
+    // GIVEN an on-demand-first request for 2 instances: us-east-1a has room for one, 1b
+    // for both. The first run starts 1a's one, takes it back, and dies right after its
+    // RunInstances in 1b, before recording what started (found by the simulation, seed
+    // 277: the retry began again in 1a, and the instance the dead run started in 1b ran
+    // unrecorded and unbilled for two days)
+    let w = World::new();
+    w.record(on_demand_first("r1"), RequestStatus::TryingOnDemand, t0());
+    w.workloads
+        .zone_capacity(LaunchKind::OnDemand, "us-east-1a", 1);
+    let gate = capacity_pilot::fakes::Gate::new();
+    w.store.gate(gate.clone());
+    w.workloads.gate(gate.clone());
+    // launches: 1a slot 0 (started), 1a slot 1 (refused), 1b slot 0: the run dies after it
+    gate.die_after("LaunchInstances", 2);
+    gate.arm(&[None], false);
+    let first = w.launcher();
+    let died = tokio::time::timeout(
+        std::time::Duration::from_millis(200),
+        first.handle(tick("t1")),
+    )
+    .await
+    .is_err();
+    assert!(died, "the first run was to die");
+    assert_eq!(
+        gate.crashed(0)
+            .map(|c| c.ends_with("right after LaunchInstances")),
+        Some(true)
+    );
+    assert_eq!(placed(&w), vec![("us-east-1".into(), "us-east-1b".into())]);
+    gate.disarm();
+    // WHEN Lambda retries it
+    w.launcher().handle(tick("t1")).await.unwrap();
+    // THEN the run runs its two instances, each recorded, and nothing else is left running
+    assert_eq!(w.status("r1").await, RequestStatus::RunningOnDemand);
+    let recorded: Vec<String> = w
+        .store
+        .workloads(&request_id("r1"))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.resource_id)
+        .collect();
+    let live: Vec<String> = w
+        .workloads
+        .instances()
+        .into_iter()
+        .filter(|i| i.state.is_live())
+        .map(|i| i.instance_id)
+        .collect();
+    assert_eq!(live.len(), 2, "{live:?}");
+    assert!(
+        live.iter().all(|i| recorded.contains(i)),
+        "{live:?} {recorded:?}"
+    );
 }
 
 /// An on-demand-first request naming a subnet in each of two zones of us-east-1 and one in
