@@ -381,6 +381,13 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         for (slot, _) in &work {
             *used.entry(slot.reservation_id.clone()).or_default() += slot.generation;
         }
+        // Where a replacement whose old instance is no longer listed goes on demand: where
+        // the run's other instances are (its slots share one placement).
+        let sibling = work
+            .iter()
+            .filter_map(|(w, _)| seen.get(&w.resource_id))
+            .find(|i| i.state.is_live())
+            .cloned();
         for (slot, verdict) in work {
             let place = &places[&slot.reservation_id];
             match verdict {
@@ -390,7 +397,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                         rec,
                         place,
                         &slot,
-                        seen.get(&slot.resource_id),
+                        seen.get(&slot.resource_id).or(sibling.as_ref()),
                         "retrying the replacement launch",
                         now,
                         out,

@@ -375,6 +375,15 @@ impl InMemoryStore {
         lock(&self.state).reservations.clone()
     }
 
+    /// Every workload record, of every request.
+    pub fn all_workloads(&self) -> Vec<WorkloadRecord> {
+        lock(&self.state)
+            .workloads
+            .values()
+            .flat_map(|m| m.values().cloned())
+            .collect()
+    }
+
     /// Each request's status, own next action and earliest window next action, and whether
     /// any outbox item is unsent: what a simulation schedules each function's ticks by.
     pub fn due_times(&self) -> (Vec<DueTimes>, bool) {

@@ -558,7 +558,8 @@ impl Sim {
 
     /// Whether `function`'s tick at `at` has work: something due in the store by then;
     /// replace-unhealthy while a managed instance is not plainly healthy (pending, impaired,
-    /// stopped, not yet listed, recently gone); and every function at each [`SWEEP`] tick.
+    /// stopped, not yet listed, recently gone) or a replacement waits for capacity; and every
+    /// function at each [`SWEEP`] tick.
     fn has_work(&self, function: &str, at: DateTime<Utc>) -> bool {
         if is_tick(at, SWEEP) {
             return true;
@@ -566,7 +567,13 @@ impl Sim {
         if self.due_for(function, at).is_some_and(|d| d <= at) {
             return true;
         }
-        function == "replace-unhealthy" && self.instances_unsettled(at)
+        function == "replace-unhealthy"
+            && (self.instances_unsettled(at)
+                || self
+                    .store
+                    .all_workloads()
+                    .iter()
+                    .any(|w| w.state == replace_unhealthy::handler::REPLACING))
     }
 
     /// The earliest time `function` has due work by the store: search and purchase only for
