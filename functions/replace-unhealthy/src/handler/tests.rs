@@ -14,7 +14,8 @@ use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::window::WindowState;
 use capacity_pilot::fakes::fixtures::{request, request_id, t0};
 use capacity_pilot::fakes::{
-    FakeWorkloads, InMemoryStore, ManualClock, RecordingEvents, WorkloadsCall, WorkloadsOp,
+    FakeWorkloads, InMemoryStore, LaunchKind, ManualClock, RecordingEvents, WorkloadsCall,
+    WorkloadsOp,
 };
 use capacity_pilot::ports::{
     Cause, InstanceHealth, InstanceInfo, InstanceState, LaunchMarket, LaunchSpec, Lease,
@@ -667,5 +668,30 @@ async fn an_on_demand_run_near_its_drain_is_not_repaired() {
     assert_eq!(
         w.workloads.instance(&ids[0]).unwrap().state,
         InstanceState::Stopped
+    );
+}
+
+#[tokio::test]
+async fn an_on_demand_replacement_whose_old_instance_is_gone_launches_beside_the_others() {
+    // GIVEN an on-demand run of two whose stopped instance was terminated, its replacement
+    // refused for capacity, and the old instance since gone from EC2's listing
+    let w = World::new(1).await;
+    let ids = on_demand_run(&w).await;
+    w.workloads
+        .set_instance_state(&ids[1], InstanceState::Stopped);
+    w.workloads.deny_capacity(LaunchKind::OnDemand);
+    w.tick("tick-1").await;
+    assert!(w.events.published_of(REPLACED).is_empty());
+    w.workloads.set_listed(&ids[1], false);
+    w.workloads.allow_capacity(LaunchKind::OnDemand);
+    // WHEN the next tick retries
+    let out = w.tick("tick-2").await;
+    // THEN the replacement launches on demand where the run's other instance is
+    let replaced = w.events.published_of(REPLACED);
+    assert_eq!(replaced.len(), 1, "{:?}", out.decisions);
+    let launch = w.launches().pop().unwrap();
+    assert_eq!(
+        (launch.market, launch.subnet_id.as_str()),
+        (LaunchMarket::OnDemand, "subnet-a")
     );
 }
