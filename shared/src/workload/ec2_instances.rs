@@ -124,6 +124,9 @@ pub(super) async fn launch<W: Workloads, S: Store>(
             // the next generation (a new client token: the old one answers the terminated
             // instance); one whose launch was refused, at its own. A block's dead slot is
             // replace-unhealthy's.
+            if off_block && w.state == TERMINATING {
+                w = finish_take_back(l, &w).await?;
+            }
             generation = match w.state.as_str() {
                 LAUNCHING => w.generation,
                 TERMINATED if off_block => w.generation + 1,
@@ -201,6 +204,34 @@ pub const LAUNCHING: &str = "launching";
 pub const UNLAUNCHED: &str = "unlaunched";
 /// A slot whose instance was taken back.
 pub const TERMINATED: &str = "terminated";
+/// A slot whose instance is being taken back (recorded before TerminateInstances).
+pub const TERMINATING: &str = "terminating";
+
+/// A take-back a run began and did not record done (it died, or lost TerminateInstances'
+/// answer): its instance is terminated now, in the target's region or, for an instance of
+/// an earlier placement, another allowed one (terminating an id a region does not know
+/// succeeds there), and the slot recorded terminated (found by the simulation, seed 545:
+/// the retry counted the dead instance as launched and ran the run short, charged in full).
+async fn finish_take_back<W: Workloads, S: Store>(
+    l: &Launching<'_, W, S>,
+    w: &WorkloadRecord,
+) -> Result<WorkloadRecord, PortError> {
+    let t = l.target;
+    let regions = std::iter::once(&t.region)
+        .chain(l.config.allowed_regions.iter().filter(|r| **r != t.region));
+    for region in regions {
+        l.workloads
+            .terminate_instances(region, std::slice::from_ref(&w.resource_id))
+            .await?;
+    }
+    let after = WorkloadRecord {
+        state: TERMINATED.into(),
+        updated_at: l.now,
+        ..w.clone()
+    };
+    l.store.put_workload(after.clone()).await?;
+    Ok(after)
+}
 
 /// The RunInstances of `slot` at `generation` in the target's placement.
 fn spec<W: Workloads, S: Store>(
@@ -320,6 +351,18 @@ pub(super) async fn undo<W: Workloads, S: Store>(
     }
     let ids: Vec<String> = started.iter().map(|w| w.resource_id.clone()).collect();
     info!(request_id = %rec.request_id, instance_ids = ?ids, "terminating a partial {} launch", t.reservation_id);
+    // Recorded first: a run that dies before recording the take-back done leaves the slot
+    // `terminating`, which the next launch finishes, rather than `running` on a dead
+    // instance it would count as launched.
+    for w in started.iter().filter(|w| w.state != TERMINATING) {
+        store
+            .put_workload(WorkloadRecord {
+                state: TERMINATING.into(),
+                updated_at: now,
+                ..w.clone()
+            })
+            .await?;
+    }
     workloads.terminate_instances(&t.region, &ids).await?;
     for w in started {
         store

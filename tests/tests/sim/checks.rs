@@ -588,7 +588,8 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
     // Drains came first: AWS stopped no instance of ours for its block's end, and every
     // plan window with a launch was drained before its forced termination. Where cleanup
     // was down for the whole drain interval, the miss is recorded and published instead.
-    let forced: Vec<(String, String, Option<String>)> = sim.cloud.with_world(|w| {
+    type Forced = (String, String, Option<String>, Option<DateTime<Utc>>);
+    let forced: Vec<Forced> = sim.cloud.with_world(|w| {
         w.ec2
             .instances
             .values()
@@ -605,15 +606,19 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
                     i.id.clone(),
                     i.tags[REQUEST_TAG].clone(),
                     i.capacity_reservation_id.clone(),
+                    i.terminated_at,
                 )
             })
             .collect()
     });
-    for (iid, request, cr) in forced {
-        let at = cr
-            .as_ref()
-            .and_then(|cr| sold.iter().find(|s| s.names(cr)))
-            .map(|s| s.end);
+    for (iid, request, cr, stopped_at) in forced {
+        // AWS's forced termination: when it stopped the instance (a block's end less its
+        // lead), else the block's end.
+        let at = stopped_at.or_else(|| {
+            cr.as_ref()
+                .and_then(|cr| sold.iter().find(|s| s.names(cr)))
+                .map(|s| s.end)
+        });
         let excused = at
             .zip(cr.as_deref())
             .is_some_and(|(at, cr)| late_drain_excused(sim, &bus, recs.get(&request), cr, at));

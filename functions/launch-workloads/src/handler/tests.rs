@@ -656,9 +656,9 @@ async fn a_take_back_cut_short_by_a_crash_keeps_an_hour_of_each_instance_of_both
         .zone_capacity(LaunchKind::OnDemand, "us-east-1a", 1);
     let gate = capacity_pilot::fakes::Gate::new();
     w.store.gate(gate.clone());
-    // (PutWorkload: slot 0's intent and record, slot 1's intent and refusal, then slot 0
-    // taken back: the run dies right after that, before the release)
-    gate.die_after("PutWorkload", 4);
+    // (PutWorkload: slot 0's intent and record, slot 1's intent and refusal, then slot 0's
+    // take-back begun and done: the run dies right after that, before the release)
+    gate.die_after("PutWorkload", 5);
     gate.arm(&[None], false);
     let first = w.launcher();
     let died = tokio::time::timeout(
@@ -698,6 +698,63 @@ async fn a_take_back_cut_short_by_a_crash_keeps_an_hour_of_each_instance_of_both
     assert_eq!(rec.open_debit, None);
     assert_eq!(rec.spent, MicroUsd(110_080_000));
     assert_eq!(w.spent(), MicroUsd(110_080_000));
+}
+
+#[tokio::test]
+async fn a_run_dying_between_a_take_back_and_its_record_leaves_no_dead_instance_in_the_run() {
+    // GIVEN the partial launch above (one subnet, room for one of two), whose first run
+    // dies right after TerminateInstances took its started instance back, before recording
+    // it; then room for both (found by the simulation, seed 545: the retry counted the dead
+    // instance as launched, and the run ran one short, charged in full)
+    let w = World::new();
+    let mut req = on_demand_first("r1");
+    if let WorkloadDetail::Ec2Instances { subnet_ids, .. } = &mut req.workload {
+        subnet_ids.truncate(1);
+    }
+    w.record(req, RequestStatus::TryingOnDemand, t0());
+    w.workloads
+        .zone_capacity(LaunchKind::OnDemand, "us-east-1a", 1);
+    let gate = capacity_pilot::fakes::Gate::new();
+    w.store.gate(gate.clone());
+    w.workloads.gate(gate.clone());
+    gate.die_after("TerminateInstances", 0);
+    gate.arm(&[None], false);
+    let first = w.launcher();
+    let died = tokio::time::timeout(
+        std::time::Duration::from_millis(200),
+        first.handle(tick("t1")),
+    )
+    .await
+    .is_err();
+    assert!(died, "the first run was to die");
+    gate.disarm();
+    w.workloads
+        .zone_capacity(LaunchKind::OnDemand, "us-east-1a", 2);
+    // WHEN Lambda retries it
+    w.launcher().handle(tick("t1")).await.unwrap();
+    // THEN the run runs two live instances, each recorded
+    assert_eq!(w.status("r1").await, RequestStatus::RunningOnDemand);
+    let live: Vec<String> = w
+        .workloads
+        .instances()
+        .into_iter()
+        .filter(|i| i.state.is_live())
+        .map(|i| i.instance_id)
+        .collect();
+    let running: Vec<String> = w
+        .store
+        .workloads(&request_id("r1"))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.state != "terminated")
+        .map(|r| r.resource_id)
+        .collect();
+    assert_eq!(live.len(), 2, "{live:?}");
+    assert!(
+        running.iter().all(|i| live.contains(i)),
+        "{running:?} {live:?}"
+    );
 }
 
 #[tokio::test]
