@@ -592,6 +592,14 @@ pub struct OnDemandRun {
     /// When its launch was seen done; none while it is starting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<DateTime<Utc>>,
+    /// The sum of its slots' generations when it started: the launch's own relaunches
+    /// (take-backs in other placements, retries), which are no replacements.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub launch_generations: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl OnDemandRun {
@@ -1444,6 +1452,7 @@ mod tests {
             attempt: "on-demand".into(),
             held_at: at(-1, 0),
             started_at: Some(at(0, 0)),
+            launch_generations: 0,
         };
         let estimate = MicroUsd(48_000_001);
         // 2 h 30 min: 3 of 48 hours, rounded up to the micro-dollar.

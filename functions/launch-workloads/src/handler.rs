@@ -582,6 +582,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             attempt: label.to_string(),
             held_at: now,
             started_at: None,
+            launch_generations: 0,
         });
         Ok(match self.store.transition(t).await? {
             WriteOutcome::Applied { .. } => {
@@ -665,6 +666,16 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             t.reservation_id, t.instance_count, t.instance_type, t.region, rec.team
         );
         let held_at = rec.run.as_ref().map_or(now, |r| r.held_at);
+        // The slots' generations now are the launch's relaunches, not replacements: what
+        // replace-unhealthy's cap per run counts from.
+        let launch_generations = self
+            .store
+            .workloads(id)
+            .await?
+            .iter()
+            .filter(|w| w.reservation_id == t.reservation_id)
+            .map(|w| w.generation)
+            .sum();
         let tr = Transition::of(
             rec,
             to,
@@ -678,6 +689,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             attempt: t.reservation_id.clone(),
             held_at,
             started_at: Some(now),
+            launch_generations,
         });
         let w = self.store.transition(tr).await?;
         out.decisions

@@ -296,7 +296,8 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             .filter(|r| r.product == Product::CapacityBlock && running.contains(&r.id))
             .map(|r| (r.id.clone(), Place::Block(Box::new(r))))
             .collect();
-        self.repair(&rec, places, flagged, seen, now, out).await
+        self.repair(&rec, places, &BTreeMap::new(), flagged, seen, now, out)
+            .await
     }
 
     /// An on-demand run's instances, repaired as a block's are, until a replacement started
@@ -323,14 +324,19 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             return Ok(());
         };
         let places = BTreeMap::from([(run.attempt.clone(), Place::OnDemand)]);
-        self.repair(rec, places, flagged, seen, now, out).await
+        let launched = BTreeMap::from([(run.attempt.clone(), run.launch_generations)]);
+        self.repair(rec, places, &launched, flagged, seen, now, out)
+            .await
     }
 
-    /// Replaces the unhealthy instances of the slots recorded in `places`, within the caps.
+    /// Replaces the unhealthy instances of the slots recorded in `places`, within the caps
+    /// (`launched`: per place, the generations its launch made, which are no replacements).
+    #[allow(clippy::too_many_arguments)]
     async fn repair(
         &self,
         rec: &RequestRecord,
         places: BTreeMap<String, Place>,
+        launched: &BTreeMap<String, u32>,
         flagged: &BTreeSet<String>,
         seen: &BTreeMap<String, InstanceInfo>,
         now: DateTime<Utc>,
@@ -380,6 +386,11 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         let mut used: BTreeMap<String, u32> = BTreeMap::new();
         for (slot, _) in &work {
             *used.entry(slot.reservation_id.clone()).or_default() += slot.generation;
+        }
+        for (place, n) in launched {
+            if let Some(u) = used.get_mut(place) {
+                *u = u.saturating_sub(*n);
+            }
         }
         // Where a replacement whose old instance is no longer listed goes on demand: where
         // the run's other instances are (its slots share one placement).

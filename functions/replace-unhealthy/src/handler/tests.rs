@@ -601,6 +601,7 @@ async fn on_demand_run(w: &World) -> Vec<String> {
             attempt: "on-demand".into(),
             held_at: t0() + Duration::hours(2),
             started_at: Some(t0() + Duration::hours(2)),
+            launch_generations: 0,
         }),
         search: None,
         spent: MicroUsd(0),
@@ -694,4 +695,33 @@ async fn an_on_demand_replacement_whose_old_instance_is_gone_launches_beside_the
         (launch.market, launch.subnet_id.as_str()),
         (LaunchMarket::OnDemand, "subnet-a")
     );
+}
+
+#[tokio::test]
+async fn an_on_demand_runs_launch_relaunches_do_not_count_against_the_replacement_cap() {
+    // GIVEN an on-demand run whose launch relaunched slot 1 three times (take-backs in
+    // other zones, retries) before it started, and whose slot 1 instance then stops (found
+    // by the simulation, seed 2322: "already had 3 of at most 3 replacements", never
+    // repaired, charged in full)
+    let w = World::new(1).await;
+    let ids = on_demand_run(&w).await;
+    let mut slot = w.store.workloads(&request_id("r-2")).await.unwrap()[1].clone();
+    slot.generation = 3;
+    w.store.put_workload(slot).await.unwrap();
+    let mut rec = w
+        .store
+        .get_request(&request_id("r-2"))
+        .await
+        .unwrap()
+        .unwrap();
+    rec.run.as_mut().unwrap().launch_generations = 3;
+    w.store.insert_record(rec);
+    w.workloads
+        .set_instance_state(&ids[1], InstanceState::Stopped);
+    // WHEN the schedule polls
+    let out = w.tick("tick-1").await;
+    // THEN it is replaced, at generation 4
+    let replaced = w.events.published_of(REPLACED);
+    assert_eq!(replaced.len(), 1, "{:?}", out.decisions);
+    assert_eq!(replaced[0].detail["generation"], json!(4));
 }
