@@ -447,6 +447,18 @@ pub enum Replacement {
     Stuck(String),
 }
 
+/// The request's launch template and subnets, or why nothing can be replaced from it.
+fn replaceable(rec: &RequestRecord) -> Result<(&LaunchTemplateRef, &[String]), String> {
+    match &rec.request.workload {
+        WorkloadDetail::Ec2Instances {
+            launch_template: Some(template),
+            subnet_ids,
+            ..
+        } => Ok((template, subnet_ids)),
+        _ => Err("the request has no launch template to replace from".into()),
+    }
+}
+
 /// The launch that replaces `slot`'s instance of an on-demand run: in the zone (and so a
 /// subnet of the request's) that the old instance `old` ran in, on demand, with a client
 /// token of its own per generation (launch-workloads' tokens name the run's placements, and
@@ -458,15 +470,9 @@ pub async fn on_demand_replacement<W: Workloads>(
     old: Option<&InstanceInfo>,
     deployment_id: &str,
 ) -> Result<Replacement, PortError> {
-    let WorkloadDetail::Ec2Instances {
-        launch_template: Some(template),
-        subnet_ids,
-        ..
-    } = &rec.request.workload
-    else {
-        return Ok(Replacement::Stuck(
-            "the request has no launch template to replace from".into(),
-        ));
+    let (template, subnet_ids) = match replaceable(rec) {
+        Ok(t) => t,
+        Err(why) => return Ok(Replacement::Stuck(why)),
     };
     let Some(old) = old else {
         return Ok(Replacement::Stuck(format!(
@@ -509,15 +515,9 @@ pub async fn replacement<W: Workloads>(
     zone: Option<String>,
     deployment_id: &str,
 ) -> Result<Replacement, PortError> {
-    let WorkloadDetail::Ec2Instances {
-        launch_template: Some(template),
-        subnet_ids,
-        ..
-    } = &rec.request.workload
-    else {
-        return Ok(Replacement::Stuck(
-            "the request has no launch template to replace from".into(),
-        ));
+    let (template, subnet_ids) = match replaceable(rec) {
+        Ok(t) => t,
+        Err(why) => return Ok(Replacement::Stuck(why)),
     };
     let zone = reservation
         .segments

@@ -640,25 +640,29 @@ async fn a_partial_on_demand_launch_taken_back_keeps_an_hour_of_each_instance_th
     assert_eq!(w.spent(), MicroUsd(55_040_000));
 }
 
-#[tokio::test]
-async fn a_take_back_cut_short_by_a_crash_keeps_an_hour_of_each_instance_of_both_runs() {
-    // GIVEN the partial launch above, whose first run dies right after it took its started
-    // instance back, before the release is written (found by the simulation, seed 1665: the
-    // retry relaunched the slot, whose record replaced the first instance's, and one
-    // instance-hour EC2 billed went back)
+/// GIVEN an on-demand-first request for 2 instances (in one subnet, us-east-1a, unless
+/// `both_zones`) with room for one in us-east-1a.
+fn partly_placeable(both_zones: bool) -> World {
     let w = World::new();
     let mut req = on_demand_first("r1");
-    if let WorkloadDetail::Ec2Instances { subnet_ids, .. } = &mut req.workload {
+    if let WorkloadDetail::Ec2Instances { subnet_ids, .. } = &mut req.workload
+        && !both_zones
+    {
         subnet_ids.truncate(1);
     }
     w.record(req, RequestStatus::TryingOnDemand, t0());
     w.workloads
         .zone_capacity(LaunchKind::OnDemand, "us-east-1a", 1);
+    w
+}
+
+/// The launcher's first run on `w` dies right after occurrence `nth` of port call `call`
+/// (the store's and the workloads' calls pass one gate).
+async fn first_run_dies(w: &World, call: &str, nth: u32) {
     let gate = capacity_pilot::fakes::Gate::new();
     w.store.gate(gate.clone());
-    // (PutWorkload: slot 0's intent and record, slot 1's intent and refusal, then slot 0's
-    // take-back begun and done: the run dies right after that, before the release)
-    gate.die_after("PutWorkload", 5);
+    w.workloads.gate(gate.clone());
+    gate.die_after(call, nth);
     gate.arm(&[None], false);
     let first = w.launcher();
     let died = tokio::time::timeout(
@@ -668,15 +672,21 @@ async fn a_take_back_cut_short_by_a_crash_keeps_an_hour_of_each_instance_of_both
     .await
     .is_err();
     assert!(died, "the first run was to die");
-    assert_eq!(
-        gate.crashed(0)
-            .as_deref()
-            .map(|c| c.ends_with("right after PutWorkload")),
-        Some(true),
-        "{:?}",
-        gate.crashed(0)
-    );
+    let at = gate.crashed(0).expect("where it died");
+    assert!(at.ends_with(&format!("right after {call}")), "{at}");
     gate.disarm();
+}
+
+#[tokio::test]
+async fn a_take_back_cut_short_by_a_crash_keeps_an_hour_of_each_instance_of_both_runs() {
+    // GIVEN the partial launch above, whose first run dies right after it took its started
+    // instance back, before the release is written (found by the simulation, seed 1665: the
+    // retry relaunched the slot, whose record replaced the first instance's, and one
+    // instance-hour EC2 billed went back)
+    let w = partly_placeable(false);
+    // (PutWorkload: slot 0's intent and record, slot 1's intent and refusal, then slot 0's
+    // take-back begun and done: the run dies right after that, before the release)
+    first_run_dies(&w, "PutWorkload", 5).await;
     // WHEN Lambda retries it
     w.launcher().handle(tick("t1")).await.unwrap();
     // THEN both runs' instances are taken back, and an hour of each stays spent: 2 x $55.04
@@ -706,28 +716,8 @@ async fn a_run_dying_between_a_take_back_and_its_record_leaves_no_dead_instance_
     // dies right after TerminateInstances took its started instance back, before recording
     // it; then room for both (found by the simulation, seed 545: the retry counted the dead
     // instance as launched, and the run ran one short, charged in full)
-    let w = World::new();
-    let mut req = on_demand_first("r1");
-    if let WorkloadDetail::Ec2Instances { subnet_ids, .. } = &mut req.workload {
-        subnet_ids.truncate(1);
-    }
-    w.record(req, RequestStatus::TryingOnDemand, t0());
-    w.workloads
-        .zone_capacity(LaunchKind::OnDemand, "us-east-1a", 1);
-    let gate = capacity_pilot::fakes::Gate::new();
-    w.store.gate(gate.clone());
-    w.workloads.gate(gate.clone());
-    gate.die_after("TerminateInstances", 0);
-    gate.arm(&[None], false);
-    let first = w.launcher();
-    let died = tokio::time::timeout(
-        std::time::Duration::from_millis(200),
-        first.handle(tick("t1")),
-    )
-    .await
-    .is_err();
-    assert!(died, "the first run was to die");
-    gate.disarm();
+    let w = partly_placeable(false);
+    first_run_dies(&w, "TerminateInstances", 0).await;
     w.workloads
         .zone_capacity(LaunchKind::OnDemand, "us-east-1a", 2);
     // WHEN Lambda retries it
@@ -764,31 +754,10 @@ async fn a_run_dying_after_run_instances_in_its_second_zone_leaves_no_instance_u
     // RunInstances in 1b, before recording what started (found by the simulation, seed
     // 277: the retry began again in 1a, and the instance the dead run started in 1b ran
     // unrecorded and unbilled for two days)
-    let w = World::new();
-    w.record(on_demand_first("r1"), RequestStatus::TryingOnDemand, t0());
-    w.workloads
-        .zone_capacity(LaunchKind::OnDemand, "us-east-1a", 1);
-    let gate = capacity_pilot::fakes::Gate::new();
-    w.store.gate(gate.clone());
-    w.workloads.gate(gate.clone());
+    let w = partly_placeable(true);
     // launches: 1a slot 0 (started), 1a slot 1 (refused), 1b slot 0: the run dies after it
-    gate.die_after("LaunchInstances", 2);
-    gate.arm(&[None], false);
-    let first = w.launcher();
-    let died = tokio::time::timeout(
-        std::time::Duration::from_millis(200),
-        first.handle(tick("t1")),
-    )
-    .await
-    .is_err();
-    assert!(died, "the first run was to die");
-    assert_eq!(
-        gate.crashed(0)
-            .map(|c| c.ends_with("right after LaunchInstances")),
-        Some(true)
-    );
+    first_run_dies(&w, "LaunchInstances", 2).await;
     assert_eq!(placed(&w), vec![("us-east-1".into(), "us-east-1b".into())]);
-    gate.disarm();
     // WHEN Lambda retries it
     w.launcher().handle(tick("t1")).await.unwrap();
     // THEN the run runs its two instances, each recorded, and nothing else is left running
