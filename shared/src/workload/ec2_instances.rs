@@ -120,13 +120,13 @@ pub(super) async fn launch<W: Workloads, S: Store>(
                     w = settle_intent(l, template, &w).await?;
                 }
             }
-            // An on-demand or spot slot undone after a refusal elsewhere is launched anew, at
-            // the next generation (a new client token: the old one answers the terminated
-            // instance); one whose launch was refused, at its own. A block's dead slot is
-            // replace-unhealthy's.
             if off_block && w.state == TERMINATING {
                 w = finish_take_back(l, &w).await?;
             }
+            // An on-demand or spot slot undone after a refusal elsewhere is launched anew, at
+            // the next generation (a new client token: the old one answers the terminated
+            // instance); one whose launch was refused, at its own; one whose launch here went
+            // unanswered, with the same call. A block's dead slot is replace-unhealthy's.
             generation = match w.state.as_str() {
                 LAUNCHING => w.generation,
                 TERMINATED if off_block => w.generation + 1,
