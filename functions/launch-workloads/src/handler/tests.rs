@@ -724,13 +724,7 @@ async fn a_run_dying_between_a_take_back_and_its_record_leaves_no_dead_instance_
     w.launcher().handle(tick("t1")).await.unwrap();
     // THEN the run runs two live instances, each recorded
     assert_eq!(w.status("r1").await, RequestStatus::RunningOnDemand);
-    let live: Vec<String> = w
-        .workloads
-        .instances()
-        .into_iter()
-        .filter(|i| i.state.is_live())
-        .map(|i| i.instance_id)
-        .collect();
+    let live = live_ids(&w);
     let running: Vec<String> = w
         .store
         .workloads(&request_id("r1"))
@@ -770,13 +764,7 @@ async fn a_run_dying_after_run_instances_in_its_second_zone_leaves_no_instance_u
         .into_iter()
         .map(|r| r.resource_id)
         .collect();
-    let live: Vec<String> = w
-        .workloads
-        .instances()
-        .into_iter()
-        .filter(|i| i.state.is_live())
-        .map(|i| i.instance_id)
-        .collect();
+    let live = live_ids(&w);
     assert_eq!(live.len(), 2, "{live:?}");
     assert!(
         live.iter().all(|i| recorded.contains(i)),
@@ -809,6 +797,16 @@ fn launches(w: &World) -> Vec<capacity_pilot::ports::LaunchSpec> {
             WorkloadsCall::LaunchInstances(spec) => Some(spec),
             _ => None,
         })
+        .collect()
+}
+
+/// The ids of the live instances.
+fn live_ids(w: &World) -> Vec<String> {
+    w.workloads
+        .instances()
+        .into_iter()
+        .filter(|i| i.state.is_live())
+        .map(|i| i.instance_id)
         .collect()
 }
 
