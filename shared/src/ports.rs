@@ -1200,6 +1200,7 @@ pub struct LiveRequest {
 pub struct Agenda {
     /// Earliest first.
     pub due: Vec<DueItem>,
+    /// By request id.
     pub live: Vec<LiveRequest>,
     /// Oldest first ([`outbox_seq`]).
     pub outbox: Vec<OutboxItem>,

@@ -1051,6 +1051,9 @@ impl State {
         let version = self.step(&k.request_id, k.status, &k.reason, k.next_action_at, k.at);
         let stored = self.requests.get_mut(&k.request_id).expect("checked above");
         stored.record.cancel = k.note;
+        // A status that summarises its windows keeps no action of its own (DynamoStore's
+        // `set_next_action`; found by the differential test).
+        follow_windows(&mut stored.record);
         self.commit(&k.request_id, &k.caused_by, k.at, &k.outbox);
         Ok(WriteOutcome::Applied { version })
     }
@@ -1251,11 +1254,13 @@ impl Store for InMemoryStore {
         self.pause("Reservations").await;
         let after = self.begin(StoreOp::Reservations)?;
         let s = lock(&self.state);
-        let found = if s.children_visible(request_id) {
+        let mut found = if s.children_visible(request_id) {
             s.reservations.get(request_id).cloned().unwrap_or_default()
         } else {
             Vec::new()
         };
+        // DynamoDB's order: the sort key's (`RES#<id>`), not the order they were bought in.
+        found.sort_by(|a, b| a.id.cmp(&b.id));
         finish(after, Ok(found))
     }
 

@@ -669,6 +669,14 @@ impl DynamoStore {
         Ok(items)
     }
 
+    /// The request as the table holds it now, not as this run read it: for a refusal
+    /// that no conditional write confirms.
+    async fn read_meta_fresh(&self, request_id: &str) -> Result<Option<Meta>, PortError> {
+        self.seen()
+            .forget(&(request_pk(request_id), META_SK.to_string()));
+        self.read_meta(request_id).await
+    }
+
     async fn read_meta(&self, request_id: &str) -> Result<Option<Meta>, PortError> {
         match self.get(key(request_pk(request_id), META_SK)).await? {
             Some(item) if !is_expired(&item, self.now()) => Ok(Some(read_meta(&item)?)),
@@ -946,6 +954,7 @@ impl Store for DynamoStore {
             event_record(&self.table, &pk, &new.caused_by, new.at)?,
             put(&self.table, meta, Some(c))?,
         ];
+        const META_ITEM: usize = 1;
         const TOMBSTONE_ITEM: usize = 2;
         if new.cancelled.is_none() {
             // No tombstone from this source honoured now (§8.3): the cancellation came first.
@@ -983,6 +992,10 @@ impl Store for DynamoStore {
                 CreateOutcome::Created { version: 1 }
             }
             c if c.failed(EVENT_ITEM) => CreateOutcome::DuplicateEvent,
+            // A request of this id is recorded: that answers a submission, whatever
+            // tombstone stands beside it (the in-memory store's order, and the caller's:
+            // the id is the idempotency key).
+            c if c.failed(META_ITEM) => CreateOutcome::AlreadyExists,
             c if new.cancelled.is_none() && c.failed(TOMBSTONE_ITEM) => {
                 match self.tombstone(&new.request.id).await? {
                     Some(t) if t.honoured(&new.source, new.at) => CreateOutcome::Tombstoned(t),
@@ -1165,23 +1178,39 @@ impl Store for DynamoStore {
                 format!("debit must be positive, got {}", d.amount),
             ));
         }
+        if t.hold && meta.record.open_debit.is_some() {
+            // What this run read may be stale: another writer may have settled it since.
+            match self.read_meta_fresh(id).await? {
+                Some(m) if m.record.version == t.expected_version && m.record.status == t.from => {}
+                _ => return Ok(WriteOutcome::Conflict),
+            }
+            return Err(permanent(
+                "DebitAlreadyOpen",
+                format!("{id}: a debit is already open"),
+            ));
+        }
         // The ledger's condition passes on a ledger not yet created, whatever the amount.
+        // Answered as the transaction would answer it: the request's cap first.
         if let Some(d) = &t.debit
             && d.amount > d.team_cap
         {
+            let fresh = match self.read_meta_fresh(id).await? {
+                Some(m) if m.record.version == t.expected_version && m.record.status == t.from => m,
+                _ => return Ok(WriteOutcome::Conflict),
+            };
+            if fresh.record.spent.0 + d.amount.0 > d.request_cap.0 {
+                log_over_request_budget(id, d, fresh.record.spent);
+                return Ok(WriteOutcome::OverRequestBudget {
+                    spent: fresh.record.spent,
+                    cap: d.request_cap,
+                });
+            }
             let spent = self.ledger_spent(d.team.as_str(), &d.month).await?;
             log_over_team_budget(id, d, spent);
             return Ok(WriteOutcome::OverTeamBudget {
                 spent,
                 cap: d.team_cap,
             });
-        }
-
-        if t.hold && meta.record.open_debit.is_some() {
-            return Err(permanent(
-                "DebitAlreadyOpen",
-                format!("{id}: a debit is already open"),
-            ));
         }
 
         let version = t.expected_version + 1;
@@ -1453,6 +1482,24 @@ impl Store for DynamoStore {
         {
             if self.event_seen(id, &b.caused_by).await? {
                 return Ok(BeginPurchaseOutcome::DuplicateEvent);
+            }
+            // Answered as the transaction would answer it: the request's own conditions
+            // (version, status, no debit open), then its cap, then the team's.
+            match self.read_meta_fresh(id).await? {
+                Some(m)
+                    if m.record.version == b.expected_version
+                        && m.record.status == b.from
+                        && m.record.open_debit.is_none() =>
+                {
+                    if m.record.spent.0 + d.amount.0 > d.request_cap.0 {
+                        log_over_request_budget(id, d, m.record.spent);
+                        return Ok(BeginPurchaseOutcome::OverRequestBudget {
+                            spent: m.record.spent,
+                            cap: d.request_cap,
+                        });
+                    }
+                }
+                _ => return Ok(BeginPurchaseOutcome::Conflict),
             }
             let spent = self.ledger_spent(d.team.as_str(), &d.month).await?;
             log_over_team_budget(id, d, spent);
@@ -2103,6 +2150,8 @@ impl DynamoStore {
         a.due.sort_by(|x, y| {
             (x.next_action_at, &x.request_id).cmp(&(y.next_action_at, &y.request_id))
         });
+        // The index's order is its due times'; the agenda's is the request ids'.
+        a.live.sort_by(|x, y| x.request_id.cmp(&y.request_id));
         a.outbox.sort_by(|x, y| {
             (x.created_at, &x.request_id, x.seq, &x.event.event_key).cmp(&(
                 y.created_at,

@@ -143,7 +143,7 @@ impl Seen {
             .insert((pk.to_string(), prefix.to_string()), (sks, tag));
     }
 
-    fn forget(&mut self, key: &Key) {
+    pub(super) fn forget(&mut self, key: &Key) {
         self.items.remove(key);
         if let Some(p) = prefix_of(&key.1) {
             self.ranges.remove(&(key.0.clone(), p.to_string()));
