@@ -670,7 +670,10 @@ impl DynamoStore {
     }
 
     /// The request as the table holds it now, not as this run read it: for a refusal
-    /// that no conditional write confirms.
+    /// that no conditional write confirms (an open debit, a debit above the team's whole
+    /// cap). The read rule's one exception: a refusal must not rest on a read another
+    /// writer may have overtaken (the differential test's racing writer did), and it costs
+    /// one GetItem on those refusals only.
     async fn read_meta_fresh(&self, request_id: &str) -> Result<Option<Meta>, PortError> {
         self.seen()
             .forget(&(request_pk(request_id), META_SK.to_string()));
