@@ -722,6 +722,11 @@ impl Debit {
             request_cap: rec.request.budget.max_upfront.to_micros_ceil(),
         }
     }
+
+    /// Whether a request that has spent `spent` cannot take this debit within its own cap.
+    pub fn over_request_cap(&self, spent: MicroUsd) -> bool {
+        spent.0 + self.amount.0 > self.request_cap.0
+    }
 }
 
 /// A status change, conditional on `expected_version` and `from`.

@@ -16,6 +16,8 @@ use capacity_pilot::ports::{
     ReleaseUnbought, Transition,
 };
 use chrono::{DateTime, Duration, TimeZone, Utc};
+
+use crate::flow::SOURCE;
 use rust_decimal::Decimal;
 
 /// The fixed "now" of the tests.
@@ -77,7 +79,7 @@ pub fn event(key: &str) -> OutboundEvent {
 pub fn new_request(id: &str, team_name: &str, next_action_at: Option<DateTime<Utc>>) -> NewRequest {
     NewRequest {
         request: capacity_request(id, team_name, "50000.00"),
-        source: "com.example.ml-platform".into(),
+        source: SOURCE.into(),
         cancelled: None,
         reason: "accepted".into(),
         next_action_at,

@@ -15,6 +15,7 @@ use capacity_pilot::ports::{
 use chrono::{DateTime, Duration, Utc};
 use integration_tests::TestTable;
 use integration_tests::fixtures::*;
+use integration_tests::flow::SOURCE;
 
 /// The same call on the DynamoDB handle and the in-memory one of `$who`; their outcomes,
 /// errors reduced to codes, must be equal. Evaluates to the outcome.
@@ -100,15 +101,7 @@ impl Sides {
     }
 }
 
-const SOURCE: &str = "com.example.ml-platform";
-const STATES: [WindowState; 6] = [
-    WindowState::Pending,
-    WindowState::Launching,
-    WindowState::Running,
-    WindowState::Stopping,
-    WindowState::Draining,
-    WindowState::Ended,
-];
+const STATES: [WindowState; 6] = WindowState::ALL;
 
 /// One or two windows of a reservation, in any states.
 fn windows(rng: &mut Rng, now: DateTime<Utc>) -> Vec<WindowRecord> {

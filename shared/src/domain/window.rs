@@ -43,6 +43,16 @@ pub enum WindowState {
 }
 
 impl WindowState {
+    /// Every state, in life order.
+    pub const ALL: [WindowState; 6] = [
+        WindowState::Pending,
+        WindowState::Launching,
+        WindowState::Running,
+        WindowState::Stopping,
+        WindowState::Draining,
+        WindowState::Ended,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             WindowState::Pending => "pending",

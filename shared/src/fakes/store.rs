@@ -101,7 +101,8 @@ struct State {
     requests: BTreeMap<RequestId, Stored>,
     /// (request, event id) -> when the record expires.
     events: BTreeMap<(RequestId, String), DateTime<Utc>>,
-    /// In the order first recorded; a re-recorded id is replaced in place.
+    /// In the order first recorded; a re-recorded id is replaced in place. Reads return
+    /// them by id, as DynamoDB's sort key does.
     reservations: BTreeMap<RequestId, Vec<Reservation>>,
     workloads: BTreeMap<RequestId, BTreeMap<(String, u32), WorkloadRecord>>,
     outbox: BTreeMap<(String, String), OutboxEntry>,
@@ -515,7 +516,7 @@ impl State {
     }
 
     fn over_budget(&self, record: &RequestRecord, d: &Debit) -> Option<OverBudget> {
-        if record.spent.0 + d.amount.0 > d.request_cap.0 {
+        if d.over_request_cap(record.spent) {
             return Some(OverBudget::Request {
                 spent: record.spent,
                 cap: d.request_cap,

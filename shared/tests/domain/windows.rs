@@ -29,14 +29,7 @@ fn recorded_at() -> DateTime<Utc> {
     day0() - Duration::hours(6)
 }
 
-const STATES: [WindowState; 6] = [
-    WindowState::Pending,
-    WindowState::Launching,
-    WindowState::Running,
-    WindowState::Stopping,
-    WindowState::Draining,
-    WindowState::Ended,
-];
+const STATES: [WindowState; 6] = WindowState::ALL;
 
 const UNDRAINED: [WindowState; 3] = [
     WindowState::Pending,

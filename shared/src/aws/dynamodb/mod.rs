@@ -673,11 +673,20 @@ impl DynamoStore {
     /// that no conditional write confirms (an open debit, a debit above the team's whole
     /// cap). The read rule's one exception: a refusal must not rest on a read another
     /// writer may have overtaken (the differential test's racing writer did), and it costs
-    /// one GetItem on those refusals only.
-    async fn read_meta_fresh(&self, request_id: &str) -> Result<Option<Meta>, PortError> {
+    /// one GetItem on those refusals only. `None` when the request has moved from `version`
+    /// in `status`.
+    async fn still_at(
+        &self,
+        request_id: &str,
+        version: u64,
+        status: RequestStatus,
+    ) -> Result<Option<Meta>, PortError> {
         self.seen()
             .forget(&(request_pk(request_id), META_SK.to_string()));
-        self.read_meta(request_id).await
+        Ok(self
+            .read_meta(request_id)
+            .await?
+            .filter(|m| m.record.version == version && m.record.status == status))
     }
 
     async fn read_meta(&self, request_id: &str) -> Result<Option<Meta>, PortError> {
@@ -1183,9 +1192,12 @@ impl Store for DynamoStore {
         }
         if t.hold && meta.record.open_debit.is_some() {
             // What this run read may be stale: another writer may have settled it since.
-            match self.read_meta_fresh(id).await? {
-                Some(m) if m.record.version == t.expected_version && m.record.status == t.from => {}
-                _ => return Ok(WriteOutcome::Conflict),
+            if self
+                .still_at(id, t.expected_version, t.from)
+                .await?
+                .is_none()
+            {
+                return Ok(WriteOutcome::Conflict);
             }
             return Err(permanent(
                 "DebitAlreadyOpen",
@@ -1197,11 +1209,10 @@ impl Store for DynamoStore {
         if let Some(d) = &t.debit
             && d.amount > d.team_cap
         {
-            let fresh = match self.read_meta_fresh(id).await? {
-                Some(m) if m.record.version == t.expected_version && m.record.status == t.from => m,
-                _ => return Ok(WriteOutcome::Conflict),
+            let Some(fresh) = self.still_at(id, t.expected_version, t.from).await? else {
+                return Ok(WriteOutcome::Conflict);
             };
-            if fresh.record.spent.0 + d.amount.0 > d.request_cap.0 {
+            if d.over_request_cap(fresh.record.spent) {
                 log_over_request_budget(id, d, fresh.record.spent);
                 return Ok(WriteOutcome::OverRequestBudget {
                     spent: fresh.record.spent,
@@ -1373,7 +1384,7 @@ impl Store for DynamoStore {
                 if let Some(m) = self.read_meta(id).await?
                     && m.record.version == t.expected_version
                     && m.record.status == t.from
-                    && m.record.spent.0 + d.amount.0 > d.request_cap.0
+                    && d.over_request_cap(m.record.spent)
                 {
                     log_over_request_budget(id, d, m.record.spent);
                     return Ok(WriteOutcome::OverRequestBudget {
@@ -1488,13 +1499,9 @@ impl Store for DynamoStore {
             }
             // Answered as the transaction would answer it: the request's own conditions
             // (version, status, no debit open), then its cap, then the team's.
-            match self.read_meta_fresh(id).await? {
-                Some(m)
-                    if m.record.version == b.expected_version
-                        && m.record.status == b.from
-                        && m.record.open_debit.is_none() =>
-                {
-                    if m.record.spent.0 + d.amount.0 > d.request_cap.0 {
+            match self.still_at(id, b.expected_version, b.from).await? {
+                Some(m) if m.record.open_debit.is_none() => {
+                    if d.over_request_cap(m.record.spent) {
                         log_over_request_budget(id, d, m.record.spent);
                         return Ok(BeginPurchaseOutcome::OverRequestBudget {
                             spent: m.record.spent,
@@ -1607,7 +1614,7 @@ impl Store for DynamoStore {
             }
             if let Some(d) = &b.debit
                 && r.open_debit.is_none()
-                && r.spent.0 + d.amount.0 > d.request_cap.0
+                && d.over_request_cap(r.spent)
             {
                 log_over_request_budget(id, d, r.spent);
                 return Ok(BeginPurchaseOutcome::OverRequestBudget {
