@@ -596,6 +596,10 @@ pub struct OnDemandRun {
     /// (take-backs in other placements, retries), which are no replacements.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub launch_generations: u32,
+    /// The invocation launching the hold now, until its function timeout: while it stands,
+    /// no other invocation launches it (two at once each take back the other's instances).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<Lease>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -1459,6 +1463,7 @@ mod tests {
             held_at: at(-1, 0),
             started_at: Some(at(0, 0)),
             launch_generations: 0,
+            claim: None,
         };
         let estimate = MicroUsd(48_000_001);
         // 2 h 30 min: 3 of 48 hours, rounded up to the micro-dollar.

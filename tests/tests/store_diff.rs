@@ -310,6 +310,7 @@ async fn play(seed: u64, steps: usize, reached: &mut Reached) {
                             held_at: now,
                             started_at: None,
                             launch_generations: 0,
+                            claim: None,
                         })
                     }
                     4 | 5 => {

@@ -28,9 +28,9 @@ use capacity_pilot::domain::window::{
 };
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
-    BudgetMonth, Cause, Clock, Deadline, Debit, DueItem, EventSink, LaunchMarket, OnDemandRun,
-    PortError, RequestRecord, Settle, Store, Transition, WallDeadline, WindowUpdate, Workloads,
-    WriteOutcome,
+    BudgetMonth, Cause, Clock, Deadline, Debit, DueItem, EventSink, LaunchMarket, Lease,
+    OnDemandRun, PortError, RequestRecord, Settle, Store, Transition, WallDeadline, WindowUpdate,
+    Workloads, WriteOutcome,
 };
 use capacity_pilot::workload::refusal::{self, Placement};
 use capacity_pilot::workload::{self, Launch, Target};
@@ -385,6 +385,20 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 .and_then(|r| attempts.iter().position(|(l, _)| *l == r.attempt))
                 .unwrap_or(0)
         });
+        // A held estimate is launched by one invocation at a time: this one claims it first.
+        if let Some(h) = held {
+            let run = rec.run.clone().unwrap_or(OnDemandRun {
+                attempt: attempts[h].0.to_string(),
+                held_at: rec.updated_at,
+                started_at: None,
+                launch_generations: 0,
+                claim: None,
+            });
+            match self.claim(&rec, run, cause, now, out).await? {
+                Some(claimed) => rec = claimed,
+                None => return Ok(()),
+            }
+        }
         for (i, (label, price)) in attempts.into_iter().enumerate() {
             let cost = match (held, rec.open_debit) {
                 (Some(h), _) if i < h => continue,
@@ -413,8 +427,6 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             // (`workload::refusal`): another zone, then another region.
             let mut refused: Vec<(refusal::Scope, Placement)> = Vec::new();
             let mut tried = Vec::new();
-            // Instances this hold started and took back: each ran, so each is billed.
-            let mut ran: Option<usize> = None;
             for (n, p) in placements.iter().enumerate() {
                 if refused.iter().any(|(scope, at)| p.covered_by(*scope, at)) {
                     continue;
@@ -460,32 +472,43 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                             .await;
                     }
                     Launch::NoCapacity { code, why } => {
-                        let u = workload::undo(&self.workloads, &self.store, &rec, &target, now)
-                            .await?;
-                        ran = Some(ran.unwrap_or(u.before) + u.now);
+                        workload::undo(&self.workloads, &self.store, &rec, &target, now).await?;
                         let scope = refusal::of(&code).scope;
                         tried.push(format!("{} in {}: {why}", label, p.describe()));
                         refused.push((scope, p.clone()));
                     }
                     Launch::Refuse(why) => {
-                        let u = workload::undo(&self.workloads, &self.store, &rec, &target, now)
-                            .await?;
-                        let settle = brief_spend(cost, ran.unwrap_or(u.before) + u.now, req);
+                        workload::undo(&self.workloads, &self.store, &rec, &target, now).await?;
+                        // Each instance the hold started ran, so each is billed (by the
+                        // table: another run of this hold may have taken some back).
+                        let ran = workload::started_in_hold(&self.store, &rec, label).await?;
+                        let settle = brief_spend(cost, ran, req);
                         return self.fail(&rec, why, settle, cause, now, out).await;
                     }
                     Launch::Starting(why) => {
-                        // Stays TryingOnDemand (still due): the next tick looks again.
-                        out.decisions.push(Decision::new(
-                            id,
-                            "waiting",
-                            format!("on-demand-first: {why}; looking again on the next tick"),
-                        ));
+                        // Stays TryingOnDemand (still due): the next tick looks again, and
+                        // need not wait out this invocation's claim.
+                        let reason =
+                            format!("on-demand-first: {why}; looking again on the next tick");
+                        if let Some(run) = rec.run.clone().filter(|r| r.claim.is_some()) {
+                            let t = Transition::of(
+                                &rec,
+                                RequestStatus::TryingOnDemand,
+                                &reason,
+                                Some(now),
+                                now,
+                                &cause.step(&format!("unclaim-{label}")),
+                            )
+                            .with_run(OnDemandRun { claim: None, ..run });
+                            self.store.transition(t).await?;
+                        }
+                        out.decisions.push(Decision::new(id, "waiting", reason));
                         return Ok(());
                     }
                 }
             }
             let why = tried.join("; ");
-            let ran = ran.unwrap_or(0);
+            let ran = workload::started_in_hold(&self.store, &rec, label).await?;
             let settle = brief_spend(cost, ran, req);
             let reason = match settle {
                 Settle::Spend(kept) => format!(
@@ -583,6 +606,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             held_at: now,
             started_at: None,
             launch_generations: 0,
+            claim: Some(claim_of(cause, now)),
         });
         Ok(match self.store.transition(t).await? {
             WriteOutcome::Applied { .. } => {
@@ -612,6 +636,68 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 Held::MovedOn
             }
         })
+    }
+
+    /// Claims `run`'s launch for this invocation (`OnDemandRun::claim`), unless another
+    /// invocation's claim stands. Two runs of one hold at once each took back instances the
+    /// other had counted as launched: a run one short, or an instance left running after
+    /// the release that no record names (found by the simulation, seed 14792). The claim is
+    /// a versioned write, so of two runs that read the same record one claims and the other
+    /// moves on; a claimant that dies is outlived by its claim by at most its function
+    /// timeout. Returns the record after the claim, or `None` when this run stops here.
+    async fn claim(
+        &self,
+        rec: &RequestRecord,
+        run: OnDemandRun,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<Option<RequestRecord>, PortError> {
+        let id = &rec.request_id;
+        if let Some(other) = run
+            .claim
+            .as_ref()
+            .filter(|c| c.token != cause.event_id && c.expires_at > now)
+        {
+            out.decisions.push(Decision::new(
+                id,
+                "waiting",
+                format!(
+                    "on-demand-first: invocation {} is launching the held {} estimate (its \
+                     claim stands until {}); looking again on the next tick",
+                    other.token, run.attempt, other.expires_at
+                ),
+            ));
+            return Ok(None);
+        }
+        let claim = claim_of(cause, now);
+        let reason = format!(
+            "on-demand-first: launching the held {} estimate; this invocation ({}) claims it \
+             until {}, and no other launches it meanwhile",
+            run.attempt, claim.token, claim.expires_at
+        );
+        let t = Transition::of(
+            rec,
+            RequestStatus::TryingOnDemand,
+            &reason,
+            Some(now),
+            now,
+            &cause.step("claim"),
+        )
+        .with_run(OnDemandRun {
+            claim: Some(claim),
+            ..run
+        });
+        let w = self.store.transition(t).await?;
+        if !matches!(w, WriteOutcome::Applied { .. }) {
+            out.decisions.push(Decision::new(
+                id,
+                decision::written(&w, "claimed"),
+                "another run moved the request on",
+            ));
+            return Ok(None);
+        }
+        Ok(Some(self.reread(rec).await?))
     }
 
     /// The record as the store has it now (after one of our own writes).
@@ -690,6 +776,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             held_at,
             started_at: Some(now),
             launch_generations,
+            claim: None,
         });
         let w = self.store.transition(tr).await?;
         out.decisions
@@ -802,6 +889,17 @@ fn brief_spend(cost: Usd, ran: usize, req: &CapacityRequest) -> Settle {
     }
     let kept = (whole.saturating_mul(ran)).div_ceil(per);
     Settle::Spend(MicroUsd(i64::try_from(kept).unwrap_or(i64::MAX)))
+}
+
+/// This invocation's claim on a held estimate's launch: until the function's timeout from
+/// `now`, by when Lambda has stopped it whatever it was doing (`now` is read after the
+/// invocation began). The next minute's tick finds it expired; a retry of this invocation's
+/// own event holds it already.
+fn claim_of(cause: &Cause, now: DateTime<Utc>) -> Lease {
+    Lease {
+        token: cause.event_id.clone(),
+        expires_at: now + LAUNCH_FUNCTION_TIMEOUT,
+    }
 }
 
 /// What [`Launcher::hold`] came to.

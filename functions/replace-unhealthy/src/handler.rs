@@ -404,6 +404,21 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             match verdict {
                 Verdict::Healthy | Verdict::Unlisted => {}
                 Verdict::Pending => {
+                    // A run that recorded the next generation and then failed or died
+                    // before TerminateInstances answered leaves the old instance running:
+                    // it is taken back first (terminating a terminated one succeeds), or it
+                    // would run beside its replacement to the drain, unbilled (found by the
+                    // simulation, seed 8917: an impaired instance ran 24 h beside the one
+                    // that replaced it at hour 18).
+                    if let Some(i) = seen.get(&slot.resource_id)
+                        && i.state.is_live()
+                        && is_managed(i)
+                    {
+                        info!(request_id = %id, instance_id = %i.instance_id, "terminating the instance a replacement began to replace");
+                        self.workloads
+                            .terminate_instances(&i.region, std::slice::from_ref(&i.instance_id))
+                            .await?;
+                    }
                     self.launch(
                         rec,
                         place,

@@ -306,48 +306,25 @@ async fn settle_intent<W: Workloads, S: Store>(
 
 /// Terminates on-demand or spot instances this request started in `t` (a partial launch
 /// that then found no capacity, or one the budget refused), so nothing runs undebited.
-/// Returns what it took back now and what the table shows the attempt's hold took back
-/// before: each of those ran, so each is billed (found by the simulation: the whole estimate
-/// used to go back although EC2 had run them).
+/// Returns how many it took back now; what the attempt's hold started is counted by
+/// [`started_in_hold`].
 pub(super) async fn undo<W: Workloads, S: Store>(
     workloads: &W,
     store: &S,
     rec: &RequestRecord,
     t: &Target,
     now: DateTime<Utc>,
-) -> Result<Undone, PortError> {
-    let held_at = rec.run.as_ref().map(|r| r.held_at);
+) -> Result<usize, PortError> {
     // (A launching slot is settled by the next launch, which re-issues its call.)
-    let (started, before): (Vec<WorkloadRecord>, Vec<WorkloadRecord>) = store
+    let started: Vec<WorkloadRecord> = store
         .workloads(&rec.request_id)
         .await?
         .into_iter()
-        .filter(|w| w.reservation_id == t.reservation_id && w.state != LAUNCHING)
-        .partition(|w| w.state != TERMINATED && w.state != UNLAUNCHED);
-    // A slot's generation counts the instances it had before: an on-demand slot is
-    // relaunched at the next generation only after the hold took its instance back
-    // (`launch`), and its record then replaces the taken-back one's (found by the
-    // simulation, seed 1665: a crash between a take-back and the release, and the retry's
-    // relaunch hid the first instance). Replacements of a running run (replace-unhealthy)
-    // come after its launch, never before an undo.
-    let mine = |w: &&WorkloadRecord| held_at.is_some_and(|h| w.updated_at >= h);
-    // (An unlaunched slot started nothing at its own generation.)
-    let before = before
-        .iter()
-        .filter(mine)
-        .map(|w| w.generation as usize + usize::from(w.state == TERMINATED))
-        .sum::<usize>()
-        + started
-            .iter()
-            .filter(mine)
-            .map(|w| w.generation as usize)
-            .sum::<usize>();
-    let undone = Undone {
-        now: started.len(),
-        before,
-    };
+        .filter(|w| w.reservation_id == t.reservation_id)
+        .filter(|w| ![LAUNCHING, TERMINATED, UNLAUNCHED].contains(&w.state.as_str()))
+        .collect();
     if started.is_empty() {
-        return Ok(undone);
+        return Ok(0);
     }
     let ids: Vec<String> = started.iter().map(|w| w.resource_id.clone()).collect();
     info!(request_id = %rec.request_id, instance_ids = ?ids, "terminating a partial {} launch", t.reservation_id);
@@ -364,6 +341,7 @@ pub(super) async fn undo<W: Workloads, S: Store>(
             .await?;
     }
     workloads.terminate_instances(&t.region, &ids).await?;
+    let n = started.len();
     for w in started {
         store
             .put_workload(WorkloadRecord {
@@ -373,17 +351,43 @@ pub(super) async fn undo<W: Workloads, S: Store>(
             })
             .await?;
     }
-    Ok(undone)
+    Ok(n)
 }
 
-/// What [`undo`] took back of an attempt: instances it terminated now, and those of the
-/// attempt's hold the table shows terminated before (by an earlier run, or an earlier
-/// placement of this one: a later placement's slot records replace those, so a run adds up
-/// its own `now`s and takes `before` from its first undo).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Undone {
-    pub now: usize,
-    pub before: usize,
+/// How many instances the hold of `rec`'s run started in its attempt `reservation_id`
+/// (`on-demand`, `spot`), by the table as it is now: each ran, so each is billed an hour.
+///
+/// Counted from the slot records, not by the run that settles: two runs of one hold at once
+/// (a duplicate delivery, a tick beside a retry) each take back some of the instances, and
+/// the one whose release lands would count only its own (found by the simulation, seeds
+/// 8917, 10554, 14792, 15569, 17496: the loser's take-backs went unbilled).
+///
+/// A slot's generation counts the instances it had before: an on-demand slot is relaunched
+/// at the next generation only after the hold took its instance back (`launch`), and its
+/// record then replaces the taken-back one's (found by the simulation, seed 1665: a crash
+/// between a take-back and the release, and the retry's relaunch hid the first instance).
+/// A slot holds one more at its own generation unless its launch there was refused
+/// (`unlaunched`) or never answered (`launching`, settled by the next launch). Only slots the
+/// hold wrote count (updated since `held_at`). Replacements of a running run
+/// (replace-unhealthy) come after its launch, never before a release.
+pub(super) async fn started_in_hold<S: Store>(
+    store: &S,
+    rec: &RequestRecord,
+    reservation_id: &str,
+) -> Result<usize, PortError> {
+    let Some(held_at) = rec.run.as_ref().map(|r| r.held_at) else {
+        return Ok(0);
+    };
+    Ok(store
+        .workloads(&rec.request_id)
+        .await?
+        .iter()
+        .filter(|w| w.reservation_id == reservation_id && w.updated_at >= held_at)
+        .map(|w| {
+            let now = ![LAUNCHING, UNLAUNCHED].contains(&w.state.as_str());
+            w.generation as usize + usize::from(now)
+        })
+        .sum())
 }
 
 /// Terminates the window's instances: in a block, those in its reservations; on demand,

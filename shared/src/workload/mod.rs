@@ -229,22 +229,40 @@ pub async fn launch<W: Workloads, S: Store>(
 
 /// Takes back a launch in `target` that will not be kept (no capacity after a partial
 /// start, or a refusal), so nothing runs undebited. Only EC2 instances can be part-started;
-/// the SageMaker kinds are one call each. Says which instances of the attempt's hold it
-/// took back (each ran, so each is billed an hour: an hour begun is an hour spent).
+/// the SageMaker kinds are one call each. Returns how many instances it took back now; what
+/// the attempt's hold started in all is [`ec2_instances::started_in_hold`]'s to count.
 pub async fn undo<W: Workloads, S: Store>(
     workloads: &W,
     store: &S,
     rec: &RequestRecord,
     target: &Target,
     now: DateTime<Utc>,
-) -> Result<ec2_instances::Undone, PortError> {
+) -> Result<usize, PortError> {
     match &rec.request.workload {
         WorkloadDetail::Ec2Instances { .. } => {
             ec2_instances::undo(workloads, store, rec, target, now).await
         }
         WorkloadDetail::TrainingJob(_)
         | WorkloadDetail::HyperpodCluster { .. }
-        | WorkloadDetail::InferenceEndpoint { .. } => Ok(ec2_instances::Undone::default()),
+        | WorkloadDetail::InferenceEndpoint { .. } => Ok(0),
+    }
+}
+
+/// How many instances the hold of `rec`'s run started in its attempt `reservation_id`, by
+/// the table: each ran, so each is billed an hour. Only EC2 instances are taken back in
+/// part; a SageMaker kind's attempt that did not launch started nothing billed here.
+pub async fn started_in_hold<S: Store>(
+    store: &S,
+    rec: &RequestRecord,
+    reservation_id: &str,
+) -> Result<usize, PortError> {
+    match &rec.request.workload {
+        WorkloadDetail::Ec2Instances { .. } => {
+            ec2_instances::started_in_hold(store, rec, reservation_id).await
+        }
+        WorkloadDetail::TrainingJob(_)
+        | WorkloadDetail::HyperpodCluster { .. }
+        | WorkloadDetail::InferenceEndpoint { .. } => Ok(0),
     }
 }
 

@@ -459,10 +459,18 @@ fn a_failing_scenario_shrinks_to_a_smaller_one_that_fails_alike() {
 
 /// `SIM_SEED=<seed>`: one seed, its scenario and whole trace printed; a failing one is then
 /// shrunk (`SHRINK_RUNS`, 400 unless set), and the smallest failing scenario and its trace
-/// are printed.
+/// are printed. `SIM_LOG=<filter>` (`info`, `launch_workloads=info`, ...) prints the
+/// functions' own log lines as they run, before the trace.
 #[test]
 #[ignore = "run by hand: SIM_SEED=<seed>"]
 fn replay() {
+    if let Ok(filter) = std::env::var("SIM_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .without_time()
+            .with_target(false)
+            .init();
+    }
     let seed: u64 = std::env::var("SIM_SEED")
         .expect("SIM_SEED")
         .parse()

@@ -879,6 +879,7 @@ async fn a_launch_landing_after_a_cancellations_first_stop_is_stopped_before_the
         held_at: t0(),
         started_at: None,
         launch_generations: 0,
+        claim: None,
     });
     w.store.transition(hold).await.unwrap();
     let cancelled_at = t0() + Duration::minutes(10);
