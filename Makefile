@@ -17,7 +17,8 @@ IAC := $(VENV)/iac
 TEMPLATE := infra/template.yaml
 FORWARDER := infra/region-forwarder.yaml
 
-.PHONY: test lint lint-rust lint-iac fmt soak run venv venv-iac schemas build deploy deploy-forwarders
+.PHONY: test lint lint-rust lint-iac fmt soak run venv venv-iac schemas build deploy deploy-forwarders \
+	mutants mutants-store mutants-tree no-mutants
 
 ## test: every test, lint included (what CI runs)
 test: lint venv
@@ -29,7 +30,7 @@ test: lint venv
 ## lint: Rust formatting and clippy with warnings as errors, cfn-lint and checkov on both templates
 lint: lint-rust lint-iac
 
-lint-rust:
+lint-rust: no-mutants
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
@@ -81,6 +82,68 @@ soak:
 
 fmt:
 	$(CARGO) fmt --all
+
+## mutants: the mutation campaign on the purchase protocol (purchase-capacity's handler and
+## the shared purchase code), tested by a reduced simulation (MUTANTS_SEEDS seeds, 100);
+## mutants-store: DynamoStore's purchase transactions, tested by the differential store test.
+## Never part of `make test`. Both run cargo-mutants (pinned, installed under
+## MUTANTS_ROOT) in place in a git worktree of HEAD at MUTANTS_TREE, never in this checkout,
+## building into CARGO_TARGET_DIR as the checkout does. `MUTANTS_ARGS=--list` lists the
+## mutants; `SHARD=k/n` runs one shard of them (cargo's build lock blocks other builds
+## meanwhile); `MUTANTS_ARGS=--iterate` re-tests only what the last runs missed. Results go
+## to $(MUTANTS_OUT)/purchase/mutants.out and $(MUTANTS_OUT)/store/mutants.out.
+MUTANTS_VERSION := 27.1.0
+MUTANTS_ROOT ?= $(HOME)/.cache/capacity-pilot/tools
+MUTANTS_BIN := $(MUTANTS_ROOT)/bin/cargo-mutants
+MUTANTS_TREE ?= $(abspath ..)/capacity-pilot-mutants
+MUTANTS_OUT ?= $(abspath ..)/capacity-pilot-mutants.out
+MUTANTS_SEEDS ?= 100
+MUTANTS_TIMEOUT ?= 600
+SHARD ?=
+MUTANTS_ARGS ?=
+# What is mutated (`--re` on the mutants' names), so that `--list` stays near 60: the
+# purchase protocol of purchase-capacity's handler (execute, buy, reconcile, take_over,
+# release: 50 mutants) and the shared debit rule (`Debit::`, 8); in DynamoStore, the three
+# purchase transactions (begin_purchase, record_reservation, release_unbought: 65).
+PURCHASE_FILES := --file functions/purchase-capacity/src/handler.rs --file shared/src/ports.rs
+PURCHASE_RE := --re '::(execute|buy|reconcile|take_over|release)( |$$)' --re ' Debit::'
+STORE_FILES := --file shared/src/aws/dynamodb/mod.rs
+STORE_RE := --re '::(begin_purchase|record_reservation|release_unbought)( |$$)'
+MUTANTS_COMMON = --in-place --no-shuffle --baseline skip --timeout $(MUTANTS_TIMEOUT) \
+	$(if $(SHARD),--shard $(SHARD)) $(MUTANTS_ARGS)
+
+$(MUTANTS_BIN):
+	$(CARGO) install --locked --root $(MUTANTS_ROOT) cargo-mutants@$(MUTANTS_VERSION)
+
+# The worktree, at HEAD (created, or moved there; local edits in it are discarded).
+mutants-tree:
+	@if [ -e "$(MUTANTS_TREE)/.git" ]; then \
+		git -C "$(MUTANTS_TREE)" checkout --quiet --force --detach $$(git rev-parse HEAD); \
+	else \
+		git worktree add --detach "$(MUTANTS_TREE)" HEAD; \
+	fi
+
+mutants: $(MUTANTS_BIN) mutants-tree venv
+	mkdir -p "$(MUTANTS_OUT)"
+	cd "$(MUTANTS_TREE)" && SEEDS=$(MUTANTS_SEEDS) FIRST=1 "$(MUTANTS_BIN)" mutants \
+		$(PURCHASE_FILES) $(PURCHASE_RE) $(MUTANTS_COMMON) \
+		--output "$(MUTANTS_OUT)/purchase" \
+		--test-package integration-tests \
+		-- --test sim -- --ignored --exact soak
+
+mutants-store: $(MUTANTS_BIN) mutants-tree venv
+	mkdir -p "$(MUTANTS_OUT)"
+	cd "$(MUTANTS_TREE)" && ln -sfn "$(abspath $(VENV))" .venv && "$(MUTANTS_BIN)" mutants \
+		$(STORE_FILES) $(STORE_RE) $(MUTANTS_COMMON) \
+		--output "$(MUTANTS_OUT)/store" \
+		--test-package integration-tests \
+		-- --test store_diff
+
+# No file may carry cargo-mutants' marker (an interrupted in-place run leaves one).
+no-mutants:
+	@! git grep -n -I 'changed by cargo-mutants' -- ':!Makefile' || \
+		{ echo "a file above carries a cargo-mutants mutation: restore it (git checkout -- <file>)" >&2; exit 1; }
+
 
 ## schemas: regenerate infra/events/schemas/ from the Rust event types
 schemas:
