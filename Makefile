@@ -84,20 +84,25 @@ fmt:
 	$(CARGO) fmt --all
 
 ## mutants: the mutation campaign on the purchase protocol (purchase-capacity's handler and
-## the shared purchase code), tested by a reduced simulation (MUTANTS_SEEDS seeds, 100);
+## the shared purchase code), tested by a reduced simulation (MUTANTS_SEEDS seeds, 200: the
+## make-test range: every promise kept, every outcome of its MUST_REACH reached, which seeds
+## 1-100 alone do not);
 ## mutants-store: DynamoStore's purchase transactions, tested by the differential store test.
 ## Never part of `make test`. Both run cargo-mutants (pinned, installed under
 ## MUTANTS_ROOT) in place in a git worktree of HEAD at MUTANTS_TREE, never in this checkout,
-## building into CARGO_TARGET_DIR as the checkout does. `MUTANTS_ARGS=--list` lists the
-## mutants; `SHARD=k/n` runs one shard of them (cargo's build lock blocks other builds
-## meanwhile); `MUTANTS_ARGS=--iterate` re-tests only what the last runs missed. Results go
-## to $(MUTANTS_OUT)/purchase/mutants.out and $(MUTANTS_OUT)/store/mutants.out.
+## building into a target directory of its own (MUTANTS_TARGET): cargo names a workspace
+## crate's artifacts alike in both trees, so a shared one would hand this checkout a mutant's
+## library as fresh (it did: the checkout's tests then linked a mutated Debit rule).
+## `MUTANTS_ARGS=--list` lists the mutants; `SHARD=k/n` runs one shard of them;
+## `MUTANTS_ARGS=--iterate` re-tests only what the last runs missed. Results go to
+## $(MUTANTS_OUT)/purchase/mutants.out and $(MUTANTS_OUT)/store/mutants.out.
 MUTANTS_VERSION := 27.1.0
 MUTANTS_ROOT ?= $(HOME)/.cache/capacity-pilot/tools
 MUTANTS_BIN := $(MUTANTS_ROOT)/bin/cargo-mutants
 MUTANTS_TREE ?= $(abspath ..)/capacity-pilot-mutants
 MUTANTS_OUT ?= $(abspath ..)/capacity-pilot-mutants.out
-MUTANTS_SEEDS ?= 100
+MUTANTS_TARGET ?= $(HOME)/.cache/capacity-pilot/mutants-target
+MUTANTS_SEEDS ?= 200
 MUTANTS_TIMEOUT ?= 600
 SHARD ?=
 MUTANTS_ARGS ?=
@@ -125,7 +130,8 @@ mutants-tree:
 
 mutants: $(MUTANTS_BIN) mutants-tree venv
 	mkdir -p "$(MUTANTS_OUT)"
-	cd "$(MUTANTS_TREE)" && SEEDS=$(MUTANTS_SEEDS) FIRST=1 "$(MUTANTS_BIN)" mutants \
+	cd "$(MUTANTS_TREE)" && CARGO_TARGET_DIR="$(MUTANTS_TARGET)" \
+		SEEDS=$(MUTANTS_SEEDS) FIRST=1 SOAK_REACH=1 "$(MUTANTS_BIN)" mutants \
 		$(PURCHASE_FILES) $(PURCHASE_RE) $(MUTANTS_COMMON) \
 		--output "$(MUTANTS_OUT)/purchase" \
 		--test-package integration-tests \
@@ -133,7 +139,8 @@ mutants: $(MUTANTS_BIN) mutants-tree venv
 
 mutants-store: $(MUTANTS_BIN) mutants-tree venv
 	mkdir -p "$(MUTANTS_OUT)"
-	cd "$(MUTANTS_TREE)" && ln -sfn "$(abspath $(VENV))" .venv && "$(MUTANTS_BIN)" mutants \
+	cd "$(MUTANTS_TREE)" && ln -sfn "$(abspath $(VENV))" .venv && \
+		CARGO_TARGET_DIR="$(MUTANTS_TARGET)" "$(MUTANTS_BIN)" mutants \
 		$(STORE_FILES) $(STORE_RE) $(MUTANTS_COMMON) \
 		--output "$(MUTANTS_OUT)/store" \
 		--test-package integration-tests \

@@ -505,7 +505,10 @@ fn replay() {
     assert!(o.violations.is_empty(), "{}", o.violations.join("\n"));
 }
 
-/// `make soak SEEDS=N FIRST=K`: seeds K..K+N-1; ends with `N seeds, V violations`.
+/// `make soak SEEDS=N FIRST=K`: seeds K..K+N-1; ends with `N seeds, V violations`. With
+/// `SOAK_REACH=1` (the mutation campaign's test) it also fails when the seeds never reached
+/// an outcome of [`MUST_REACH`]: a change that makes the system refuse everything breaks
+/// no safety promise, and must still fail.
 #[test]
 #[ignore = "run by make soak"]
 fn soak() {
@@ -547,4 +550,11 @@ fn soak() {
     );
     println!("{n} seeds, {violations} violations");
     assert_eq!(violations, 0, "{violations} seeds violated a promise");
+    if std::env::var("SOAK_REACH").is_ok_and(|v| v == "1") {
+        let missed: Vec<&&str> = MUST_REACH
+            .iter()
+            .filter(|r| !c.reach.contains_key(**r))
+            .collect();
+        assert!(missed.is_empty(), "the seeds never reached {missed:?}");
+    }
 }
