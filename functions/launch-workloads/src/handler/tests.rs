@@ -773,15 +773,7 @@ async fn two_runs_of_one_hold_at_once_leave_no_live_instance_unrecorded() {
         // finished in 1a, and the other's take-back terminated that slot's instance and
         // recorded another's, a run one short beside an instance no record names; at lag 8
         // the release left one running that nothing would ever stop.)
-        let recorded: Vec<String> = w
-            .store
-            .workloads(&request_id("r1"))
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|r| r.state != "terminated")
-            .map(|r| r.resource_id)
-            .collect();
+        let recorded = recorded_ids(&w).await;
         let live = live_ids(&w);
         assert!(
             live.iter().all(|i| recorded.contains(i)),
@@ -805,15 +797,7 @@ async fn a_run_dying_between_a_take_back_and_its_record_leaves_no_dead_instance_
     // THEN the run runs two live instances, each recorded
     assert_eq!(w.status("r1").await, RequestStatus::RunningOnDemand);
     let live = live_ids(&w);
-    let running: Vec<String> = w
-        .store
-        .workloads(&request_id("r1"))
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|r| r.state != "terminated")
-        .map(|r| r.resource_id)
-        .collect();
+    let running = recorded_ids(&w).await;
     assert_eq!(live.len(), 2, "{live:?}");
     assert!(
         running.iter().all(|i| live.contains(i)),
@@ -877,6 +861,18 @@ fn launches(w: &World) -> Vec<capacity_pilot::ports::LaunchSpec> {
             WorkloadsCall::LaunchInstances(spec) => Some(spec),
             _ => None,
         })
+        .collect()
+}
+
+/// What r1's slot records name, but for those recorded terminated.
+async fn recorded_ids(w: &World) -> Vec<String> {
+    w.store
+        .workloads(&request_id("r1"))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.state != "terminated")
+        .map(|r| r.resource_id)
         .collect()
 }
 
