@@ -306,15 +306,14 @@ async fn settle_intent<W: Workloads, S: Store>(
 
 /// Terminates on-demand or spot instances this request started in `t` (a partial launch
 /// that then found no capacity, or one the budget refused), so nothing runs undebited.
-/// Returns how many it took back now; what the attempt's hold started is counted by
-/// [`started_in_hold`].
+/// What the attempt's hold started in all is counted by [`started_in_hold`].
 pub(super) async fn undo<W: Workloads, S: Store>(
     workloads: &W,
     store: &S,
     rec: &RequestRecord,
     t: &Target,
     now: DateTime<Utc>,
-) -> Result<usize, PortError> {
+) -> Result<(), PortError> {
     // (A launching slot is settled by the next launch, which re-issues its call.)
     let started: Vec<WorkloadRecord> = store
         .workloads(&rec.request_id)
@@ -324,7 +323,7 @@ pub(super) async fn undo<W: Workloads, S: Store>(
         .filter(|w| ![LAUNCHING, TERMINATED, UNLAUNCHED].contains(&w.state.as_str()))
         .collect();
     if started.is_empty() {
-        return Ok(0);
+        return Ok(());
     }
     let ids: Vec<String> = started.iter().map(|w| w.resource_id.clone()).collect();
     info!(request_id = %rec.request_id, instance_ids = ?ids, "terminating a partial {} launch", t.reservation_id);
@@ -341,7 +340,6 @@ pub(super) async fn undo<W: Workloads, S: Store>(
             .await?;
     }
     workloads.terminate_instances(&t.region, &ids).await?;
-    let n = started.len();
     for w in started {
         store
             .put_workload(WorkloadRecord {
@@ -351,7 +349,7 @@ pub(super) async fn undo<W: Workloads, S: Store>(
             })
             .await?;
     }
-    Ok(n)
+    Ok(())
 }
 
 /// How many instances the hold of `rec`'s run started in its attempt `reservation_id`
@@ -360,7 +358,7 @@ pub(super) async fn undo<W: Workloads, S: Store>(
 /// Counted from the slot records, not by the run that settles: two runs of one hold at once
 /// (a duplicate delivery, a tick beside a retry) each take back some of the instances, and
 /// the one whose release lands would count only its own (found by the simulation, seeds
-/// 8917, 10554, 14792, 15569, 17496: the loser's take-backs went unbilled).
+/// 14792 and 3713: the loser's take-backs went unbilled).
 ///
 /// A slot's generation counts the instances it had before: an on-demand slot is relaunched
 /// at the next generation only after the hold took its instance back (`launch`), and its

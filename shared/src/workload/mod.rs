@@ -229,22 +229,22 @@ pub async fn launch<W: Workloads, S: Store>(
 
 /// Takes back a launch in `target` that will not be kept (no capacity after a partial
 /// start, or a refusal), so nothing runs undebited. Only EC2 instances can be part-started;
-/// the SageMaker kinds are one call each. Returns how many instances it took back now; what
-/// the attempt's hold started in all is [`ec2_instances::started_in_hold`]'s to count.
+/// the SageMaker kinds are one call each. What the attempt's hold started in all is
+/// [`started_in_hold`]'s to count.
 pub async fn undo<W: Workloads, S: Store>(
     workloads: &W,
     store: &S,
     rec: &RequestRecord,
     target: &Target,
     now: DateTime<Utc>,
-) -> Result<usize, PortError> {
+) -> Result<(), PortError> {
     match &rec.request.workload {
         WorkloadDetail::Ec2Instances { .. } => {
             ec2_instances::undo(workloads, store, rec, target, now).await
         }
         WorkloadDetail::TrainingJob(_)
         | WorkloadDetail::HyperpodCluster { .. }
-        | WorkloadDetail::InferenceEndpoint { .. } => Ok(0),
+        | WorkloadDetail::InferenceEndpoint { .. } => Ok(()),
     }
 }
 
