@@ -29,8 +29,8 @@ use capacity_pilot::domain::time_rules::{LAUNCH_FUNCTION_TIMEOUT, LISTING_LAG_BO
 use capacity_pilot::domain::window::{self, DrainLead, WindowState};
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
-    Clock, EventSink, InstanceFilter, InstanceHealth, InstanceInfo, LiveRequest, PortError,
-    RequestRecord, Store, WorkloadRecord, Workloads,
+    Clock, EventSink, InstanceFilter, InstanceHealth, InstanceInfo, InstanceState, LiveRequest,
+    PortError, RequestRecord, Store, WorkloadRecord, Workloads,
 };
 use capacity_pilot::workload;
 use capacity_pilot::workload::ec2_instances::{self, Replacement};
@@ -409,10 +409,15 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                     // it is taken back first (terminating a terminated one succeeds), or it
                     // would run beside its replacement to the drain, unbilled (found by the
                     // simulation, seed 8917: an impaired instance ran 24 h beside the one
-                    // that replaced it at hour 18).
+                    // that replaced it at hour 18). A stopped one is taken back too, as the
+                    // first attempt would have: it keeps its volumes, billed, and in a block
+                    // its slot until it is terminated.
                     if let Some(i) = seen.get(&slot.resource_id)
-                        && i.state.is_live()
                         && is_managed(i)
+                        && !matches!(
+                            i.state,
+                            InstanceState::ShuttingDown | InstanceState::Terminated
+                        )
                     {
                         info!(request_id = %id, instance_id = %i.instance_id, "terminating the instance a replacement began to replace");
                         self.workloads

@@ -383,35 +383,50 @@ async fn a_replacement_waiting_for_the_slot_is_retried_on_the_next_tick() {
 
 #[tokio::test]
 async fn a_replacement_cut_short_before_the_terminate_takes_the_old_instance_back_on_retry() {
-    // GIVEN four instances, one impaired, and a replacement run that records the slot's
-    // next generation and then fails at TerminateInstances
-    let w = World::new(4).await;
-    let sick = w.slots().await[1].resource_id.clone();
-    w.workloads
-        .set_instance_health(&sick, InstanceHealth::Impaired);
-    w.workloads.fail_next(
-        WorkloadsOp::TerminateInstances,
-        PortError::Transient {
-            service: "ec2",
-            code: "InternalError".into(),
-            message: "scripted".into(),
-        },
-    );
-    assert!(w.replacer(&[]).handle(scheduled("tick-1")).await.is_err());
-    let slot = w.slots().await.into_iter().find(|s| s.slot == 1).unwrap();
-    assert_eq!((slot.generation, slot.state.as_str()), (1, REPLACING));
-    assert!(w.workloads.instance(&sick).unwrap().state.is_live());
-    // WHEN the next tick retries the replacement
-    w.tick("tick-2").await;
-    // THEN the impaired instance is terminated, and exactly one replacement runs
-    assert_eq!(
-        w.workloads.instance(&sick).unwrap().state,
-        InstanceState::Terminated
-    );
-    assert_eq!(w.live().len(), 4);
-    let slot = w.slots().await.into_iter().find(|s| s.slot == 1).unwrap();
-    assert_ne!(slot.resource_id, sick);
-    assert_eq!(w.events.published_of(REPLACED).len(), 1);
+    // Impaired but running, and stopped: either keeps its volumes billed (and, in a block,
+    // its slot) until it is terminated.
+    for stopped in [false, true] {
+        // GIVEN four instances, one impaired or stopped, and a replacement run that records
+        // the slot's next generation and then fails at TerminateInstances
+        let w = World::new(4).await;
+        let sick = w.slots().await[1].resource_id.clone();
+        if stopped {
+            w.workloads
+                .set_instance_state(&sick, InstanceState::Stopped);
+        } else {
+            w.workloads
+                .set_instance_health(&sick, InstanceHealth::Impaired);
+        }
+        w.workloads.fail_next(
+            WorkloadsOp::TerminateInstances,
+            PortError::Transient {
+                service: "ec2",
+                code: "InternalError".into(),
+                message: "scripted".into(),
+            },
+        );
+        assert!(w.replacer(&[]).handle(scheduled("tick-1")).await.is_err());
+        let slot = w.slots().await.into_iter().find(|s| s.slot == 1).unwrap();
+        assert_eq!((slot.generation, slot.state.as_str()), (1, REPLACING));
+        let before = if stopped {
+            InstanceState::Stopped
+        } else {
+            InstanceState::Running
+        };
+        assert_eq!(w.workloads.instance(&sick).unwrap().state, before);
+        // WHEN the next tick retries the replacement
+        w.tick("tick-2").await;
+        // THEN the old instance is terminated, and exactly one replacement runs
+        assert_eq!(
+            w.workloads.instance(&sick).unwrap().state,
+            InstanceState::Terminated,
+            "stopped: {stopped}"
+        );
+        assert_eq!(w.live().len(), 4);
+        let slot = w.slots().await.into_iter().find(|s| s.slot == 1).unwrap();
+        assert_ne!(slot.resource_id, sick);
+        assert_eq!(w.events.published_of(REPLACED).len(), 1);
+    }
 }
 
 #[tokio::test]
