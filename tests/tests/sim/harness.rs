@@ -1152,6 +1152,10 @@ impl Sim {
                     self.trace(format!("{} <- {what} {about}: ok", p.function));
                 }
                 for d in decisions {
+                    if d.action == "in-doubt" && d.reason.contains("is not listed") {
+                        self.reached
+                            .insert("a taken-over purchase was in doubt".to_string());
+                    }
                     self.trace(format!("  {} {}: {}", d.request_id, d.action, d.reason));
                 }
                 self.note_delivery(&p, now, true);

@@ -185,6 +185,7 @@ const MUST_REACH: &[&str] = &[
     "delivered: Capacity Request Cancelled from com.example.ml-platform",
     "LostResponse struck PurchaseCapacityBlock",
     "LostResponse struck CreateTrainingPlan",
+    "a taken-over purchase was in doubt",
     "an invocation died at a port call",
     "an invocation died right after PurchaseCapacityBlock",
     "an invocation died right after CreateTrainingPlan",
