@@ -518,6 +518,34 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
         }
     }
 
+    // An ending tells what was spent: a request's last `Capacity Request Failed` (failed or
+    // cancelled) gives the spend the table ends with.
+    for r in recs.values().filter(|r| r.status.is_terminal()) {
+        let id = r.request_id.to_string();
+        if unrecorded.contains(&id) {
+            continue;
+        }
+        let Some(last) = ours(&bus, "Capacity Request Failed", &id).last().copied() else {
+            continue;
+        };
+        let told = last["detail"]["spent_usd"]
+            .as_str()
+            .and_then(|v| v.parse::<Decimal>().ok())
+            .or_else(|| {
+                last["detail"]["spent_usd"]
+                    .as_f64()
+                    .and_then(Decimal::from_f64_retain)
+            })
+            .map(micros);
+        if told != Some(r.spent.0) {
+            out.push(format!(
+                "ending spend: {id}'s last Capacity Request Failed gives spent_usd {} but it \
+                 ends having spent {} micro-USD",
+                last["detail"]["spent_usd"], r.spent.0
+            ));
+        }
+    }
+
     // No request lost.
     let dlq_ids: BTreeSet<String> = sim
         .dlq
