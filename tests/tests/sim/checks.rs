@@ -528,14 +528,10 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
         let Some(last) = ours(&bus, "Capacity Request Failed", &id).last().copied() else {
             continue;
         };
+        // `Usd` is always written as a decimal string.
         let told = last["detail"]["spent_usd"]
             .as_str()
             .and_then(|v| v.parse::<Decimal>().ok())
-            .or_else(|| {
-                last["detail"]["spent_usd"]
-                    .as_f64()
-                    .and_then(Decimal::from_f64_retain)
-            })
             .map(micros);
         if told != Some(r.spent.0) {
             out.push(format!(
