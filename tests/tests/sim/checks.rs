@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::{Strategy, WorkloadDetail};
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::ports::RequestRecord;
@@ -441,6 +442,29 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
 
     // The ledger is exact: no holds left, and it equals what AWS sold plus on-demand spend.
     let reservations = sim.store.all_reservations();
+    // A refusal ends what it can: a purchase AWS refused for good, with nothing of the plan
+    // bought in that invocation, fails the request (nothing else is tried under the
+    // refusal); after a split's first block was bought in it, the request searches for a
+    // replacement segment instead, so the block it keeps can still serve. (A kept
+    // cancellation, a lost lease or a duplicate event decides it otherwise.)
+    for (at, id, action) in &sim.refusals {
+        let bought_then = reservations
+            .iter()
+            .filter(|(k, _)| k.as_str() == id)
+            .flat_map(|(_, v)| v)
+            .any(|r| r.bought_at == Some(*at));
+        let (want, what) = if bought_then {
+            ("re-search", "with a block of its split bought")
+        } else {
+            ("failed", "with nothing of its plan bought")
+        };
+        if ![want, "cancelled", "lease-lost", "duplicate"].contains(&action.as_str()) {
+            out.push(format!(
+                "a refusal ends what it can: {id}'s purchase refused for good at {at}, {what}, \
+                 was decided `{action}`, not `{want}`"
+            ));
+        }
+    }
     let led = ledger(sim);
     let mut expect: BTreeMap<String, i64> = BTreeMap::new();
     for s in sold.iter().filter(|s| s.live_or_paid) {
@@ -884,6 +908,38 @@ pub fn reached(sim: &Sim) -> BTreeSet<String> {
     let recs = records(sim);
     let sold = sold(&sim.cloud);
     let reservations = sim.store.all_reservations();
+    if !sim.refusals.is_empty() {
+        out.insert("a purchase was refused for good".to_string());
+    }
+    // A plan bought again after its payment failed: under the next attempt's name, which
+    // the failed plan does not hold.
+    for s in sold.iter().filter(|s| s.plan && s.live_or_paid) {
+        if sold
+            .iter()
+            .any(|f| f.plan && !f.live_or_paid && f.request == s.request && f.created < s.created)
+        {
+            out.insert("a plan was bought again after its payment failed".to_string());
+        }
+    }
+    for (id, list) in &reservations {
+        let Some(rec) = recs.get(id.as_str()) else {
+            continue;
+        };
+        let blocks = list
+            .iter()
+            .filter(|r| r.state.is_live() && r.product == Product::CapacityBlock)
+            .count();
+        if rec.request.allow_split && blocks > 1 {
+            out.insert("an EC2 split was bought".to_string());
+        }
+        let cap = rec.request.budget.max_upfront;
+        if list
+            .iter()
+            .any(|r| r.state.is_live() && r.upfront_fee == cap)
+        {
+            out.insert("a reservation was bought at exactly its request's cap".to_string());
+        }
+    }
     for r in recs.values() {
         out.insert(format!("a request ended {}", r.status));
         let od = on_demand_part(r, recorded_fees(&reservations, &sold, r));

@@ -18,7 +18,6 @@ use capacity_pilot::config::Config;
 use capacity_pilot::fakes::errors;
 use capacity_pilot::fakes::{Gate, InMemoryStore, ManualClock, StepDeadline};
 use capacity_pilot::ids::SeededIds;
-use capacity_pilot::ports::default_sleep;
 use chrono::{DateTime, TimeDelta, Utc};
 use cleanup_expired::handler::Cleaner;
 use integration_tests::in_process::{self, InProcess, NoWait};
@@ -63,7 +62,8 @@ struct Pending {
 /// Something the scenario or the harness's actors do at a time.
 #[derive(Debug, Clone)]
 enum Act {
-    Submit(Value),
+    /// A request submitted; with `true`, capped at its quote first.
+    Submit(Value, bool),
     Cancel(usize),
     Market(usize),
     ApiFault(usize),
@@ -234,7 +234,113 @@ pub struct Sim {
     pub reached: BTreeSet<String>,
     /// The foreign resources set up at the start, as they were.
     pub foreign: checks::Foreign,
+    /// What purchase-capacity's invocations asked to sleep (its retries' backoff).
+    slept: Tally,
+    /// The scenario's refused purchase calls, armed as their occurrences come.
+    refusing: Refusing,
+    /// Each request's purchase lease token as last seen, to judge each new lease when written.
+    leases: BTreeMap<String, String>,
+    /// Promises broken inside an invocation or at a write, for the next step's checks.
+    pub problems: Vec<String>,
+    /// (when, request, decision) for each decision that names a purchase AWS refused for
+    /// good ([`REFUSAL`]).
+    pub refusals: Vec<(DateTime<Utc>, String, String)>,
 }
+
+/// The message of a purchase refused for good (the scenario's `Refused` faults).
+pub const REFUSAL: &str = "the simulation refuses this purchase for good";
+
+/// Arms a refusal right before the scenario's refused occurrences of a purchase call, in
+/// the fault hours, through the emulator's control API (`POST /_local/faults`).
+#[derive(Clone)]
+struct Refusing {
+    targets: Arc<Vec<(&'static str, u32)>>,
+    seen: Arc<std::sync::Mutex<BTreeMap<String, u32>>>,
+    on: Arc<std::sync::atomic::AtomicBool>,
+    router: axum::Router,
+}
+
+impl Refusing {
+    fn new(targets: &[(&'static str, u32)], router: axum::Router) -> Refusing {
+        Refusing {
+            targets: Arc::new(targets.to_vec()),
+            seen: Arc::default(),
+            on: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            router,
+        }
+    }
+
+    fn stop(&self) {
+        self.on.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    async fn before(&self, op: &str) {
+        if !self.on.load(std::sync::atomic::Ordering::SeqCst)
+            || !self.targets.iter().any(|(o, _)| *o == op)
+        {
+            return;
+        }
+        let n = {
+            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+            let n = seen.entry(op.to_string()).or_default();
+            *n += 1;
+            *n - 1
+        };
+        if !self.targets.contains(&(op, n)) {
+            return;
+        }
+        // What EC2 and SageMaker answer a request they will not serve (HTTP 400, nothing
+        // performed), which the adapters read as a refusal, not as a passing failure.
+        let fault = Fault {
+            operation: op.to_string(),
+            kind: FaultKind::Error {
+                status: 400,
+                code: if op == "CreateTrainingPlan" {
+                    "ValidationException"
+                } else {
+                    "InvalidParameterValue"
+                }
+                .to_string(),
+                message: REFUSAL.to_string(),
+            },
+            count: Some(1),
+        };
+        let request = http::Request::post("/_local/faults")
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(
+                serde_json::to_vec(&fault).expect("a fault serializes"),
+            ))
+            .expect("a request");
+        let answer = tower::ServiceExt::oneshot(self.router.clone(), request)
+            .await
+            .unwrap_or_else(|never| match never {});
+        assert!(
+            answer.status().is_success(),
+            "the fault is armed: {answer:?}"
+        );
+    }
+}
+
+/// A sleep that returns at once and adds up what it was asked to wait.
+#[derive(Debug, Clone, Default)]
+struct Tally(Arc<std::sync::Mutex<std::time::Duration>>);
+
+impl Tally {
+    fn take(&self) -> std::time::Duration {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+impl aws_smithy_async::rt::sleep::AsyncSleep for Tally {
+    fn sleep(&self, d: std::time::Duration) -> aws_smithy_async::rt::sleep::Sleep {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) += d;
+        aws_smithy_async::rt::sleep::Sleep::new(std::future::ready(()))
+    }
+}
+
+/// purchase-capacity's `Timeout` in infra/template.yaml: its invocations' waits must end
+/// within it, or Lambda kills the invocation mid-protocol every time.
+const PURCHASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 fn env(budgets: &str) -> Vec<(String, String)> {
     [
@@ -303,6 +409,21 @@ impl Sim {
                     );
                 }
             }
+            for d in &scenario.crowded_block_days {
+                let day = midnight + TimeDelta::days(*d);
+                for az in &azs {
+                    for ty in ["p5.48xlarge", "p4d.24xlarge"] {
+                        w.market.consume(
+                            local_cloud::market::Pool::CapacityBlock,
+                            REGION,
+                            az,
+                            ty,
+                            (day, day + TimeDelta::days(1)),
+                            64,
+                        );
+                    }
+                }
+            }
         });
         let clock = ManualClock::new(t0());
         let store = InMemoryStore::new().with_clock(clock.clone());
@@ -313,11 +434,17 @@ impl Sim {
         );
         let gate = Gate::new();
         store.gate(gate.clone());
+        let slept = Tally::default();
         let router = cloud.router();
         let g = gate.clone();
+        let refusing = Refusing::new(&scenario.refused, router.clone());
+        let r = refusing.clone();
         let connector = InProcess::new(router).with_gate(Arc::new(move |op: String| {
-            let g = g.clone();
-            Box::pin(async move { g.point(&op).await })
+            let (g, r) = (g.clone(), r.clone());
+            Box::pin(async move {
+                g.point(&op).await;
+                r.before(&op).await;
+            })
         }));
         let sdk = in_process::sdk_config(connector.http_client(), REGION, t0().into());
         let adapters = || {
@@ -343,7 +470,7 @@ impl Sim {
             clock: clock.clone(),
             config: config.clone(),
             ids: Arc::new(SeededIds::new(seed.wrapping_mul(16).wrapping_add(15))),
-            sleep: default_sleep(),
+            sleep: aws_smithy_async::rt::sleep::SharedAsyncSleep::new(slept.clone()),
         };
         let (_, workloads, events) = adapters();
         let launcher = Launcher {
@@ -404,9 +531,77 @@ impl Sim {
             by_function: BTreeMap::new(),
             reached: BTreeSet::new(),
             foreign,
+            slept,
+            refusing,
+            leases: BTreeMap::new(),
+            problems: Vec::new(),
+            refusals: Vec::new(),
         };
         sim.plan();
         sim
+    }
+
+    /// The lowest fee AWS quotes now for an EC2 request's whole duration, as its
+    /// requester would look it up (`DescribeCapacityBlockOfferings`, within the purchase
+    /// lead and the window); `None` for another workload or when nothing is offered.
+    fn quote(&self, detail: &Value) -> Option<rust_decimal::Decimal> {
+        if detail["workload"]["kind"] != "ec2-instances" {
+            return None;
+        }
+        let time = |k: &str| detail[k].as_str()?.parse::<DateTime<Utc>>().ok();
+        let now = self.now();
+        let start =
+            time("earliest_start")?.max(now + capacity_pilot::domain::time_rules::PURCHASE_LEAD);
+        let end = time("latest_end")?;
+        let types: Vec<String> = detail["instance_types"]
+            .as_array()?
+            .iter()
+            .filter_map(|t| t.as_str().map(str::to_string))
+            .collect();
+        self.cloud.with_world(|w| {
+            types
+                .iter()
+                .filter_map(|ty| {
+                    w.market
+                        .search_blocks(
+                            now,
+                            &local_cloud::market::BlockSearch {
+                                region: REGION.to_string(),
+                                instance_type: ty.clone(),
+                                instance_count: detail["instance_count"].as_i64()?,
+                                duration_hours: detail["duration_hours"].as_i64()?,
+                                start_range: Some(start),
+                                end_range: Some(end),
+                            },
+                        )
+                        .ok()
+                })
+                .flatten()
+                .filter(|o| o.duration_hours() == detail["duration_hours"].as_i64().unwrap_or(0))
+                .map(|o| o.upfront_fee)
+                .min()
+        })
+    }
+
+    /// A purchase lease is judged when it is written: it must outlast the instant it was
+    /// taken (a lease already expired lets the next tick take the purchase over at once).
+    fn note_leases(&mut self, now: DateTime<Utc>) {
+        for r in self.store.records() {
+            let Some(lease) = r.lease else {
+                continue;
+            };
+            let id = r.request_id.to_string();
+            if self.leases.get(&id) == Some(&lease.token) {
+                continue;
+            }
+            if lease.expires_at <= now {
+                self.problems.push(format!(
+                    "a lease outlasts its taking: {id}'s lease {} written at {now} expires at {}",
+                    lease.token, lease.expires_at
+                ));
+            }
+            self.leases.insert(id, lease.token);
+        }
     }
 
     fn at(m: i64) -> DateTime<Utc> {
@@ -422,9 +617,12 @@ impl Sim {
     fn plan(&mut self) {
         let s = self.scenario.clone();
         for (i, r) in s.requests.iter().enumerate() {
-            self.act_at(Sim::at(r.submit_at), Act::Submit(r.detail.clone()));
+            self.act_at(
+                Sim::at(r.submit_at),
+                Act::Submit(r.detail.clone(), r.cap_at_quote),
+            );
             if let Some((at, again)) = &r.resubmit {
-                self.act_at(Sim::at(*at), Act::Submit(again.clone()));
+                self.act_at(Sim::at(*at), Act::Submit(again.clone(), false));
             }
             if let Some(c) = r.cancel_at {
                 self.act_at(Sim::at(c.max(0)), Act::Cancel(i));
@@ -504,7 +702,9 @@ impl Sim {
                 let p = self.queue.remove(&key).expect("present");
                 self.invoke(p).await;
             }
-            let problems = checks::per_step(self);
+            self.note_leases(now);
+            let mut problems = std::mem::take(&mut self.problems);
+            problems.extend(checks::per_step(self));
             if !problems.is_empty() {
                 for p in problems {
                     self.trace(format!("VIOLATION {p}"));
@@ -835,7 +1035,14 @@ impl Sim {
 
     fn act(&mut self, act: Act) {
         match act {
-            Act::Submit(mut detail) => {
+            Act::Submit(mut detail, quote) => {
+                if quote && let Some(fee) = self.quote(&detail) {
+                    self.trace(format!(
+                        "requester: {} capped at its quote, ${fee}",
+                        detail["request_id"].as_str().unwrap_or("")
+                    ));
+                    detail["budget"]["max_upfront_usd"] = json!(fee.to_string());
+                }
                 let subnets: Vec<String> = self
                     .cloud
                     .with_world(|w| w.subnets(REGION).into_iter().map(|s| s.id).collect());
@@ -966,6 +1173,7 @@ impl Sim {
                     }
                 }
                 self.faults_on = false;
+                self.refusing.stop();
                 self.gate.clear_targets();
                 self.cloud.clear_faults();
                 self.store.clear_faults();
@@ -1092,7 +1300,18 @@ impl Sim {
             }
         }
         let crash: Vec<Option<u32>> = which.iter().map(|k| crash_at[*k]).collect();
+        self.slept.take();
         let ran = drive(&self.gate, runs, &crash, order).await;
+        // Invocations run together share the tally: each alone slept at most this much.
+        let slept = self.slept.take();
+        if slept > PURCHASE_TIMEOUT {
+            self.problems.push(format!(
+                "waits fit the timeout: purchase-capacity's invocation(s) at {now} slept {} s, \
+                 past its {} s timeout",
+                slept.as_secs(),
+                PURCHASE_TIMEOUT.as_secs()
+            ));
+        }
         let mut results: Vec<Option<Ran>> = batch.iter().map(|_| None).collect();
         for (k, r) in which.into_iter().zip(ran) {
             results[k] = Some(r);
@@ -1152,6 +1371,10 @@ impl Sim {
                     self.trace(format!("{} <- {what} {about}: ok", p.function));
                 }
                 for d in decisions {
+                    if d.reason.contains(REFUSAL) {
+                        self.refusals
+                            .push((now, d.request_id.to_string(), d.action.to_string()));
+                    }
                     if d.action == "in-doubt" && d.reason.contains("is not listed") {
                         self.reached
                             .insert("a taken-over purchase was in doubt".to_string());

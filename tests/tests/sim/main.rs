@@ -186,6 +186,10 @@ const MUST_REACH: &[&str] = &[
     "LostResponse struck PurchaseCapacityBlock",
     "LostResponse struck CreateTrainingPlan",
     "a taken-over purchase was in doubt",
+    "a purchase was refused for good",
+    "an EC2 split was bought",
+    "a plan was bought again after its payment failed",
+    "a reservation was bought at exactly its request's cap",
     "an invocation died at a port call",
     "an invocation died right after PurchaseCapacityBlock",
     "an invocation died right after CreateTrainingPlan",
@@ -321,7 +325,9 @@ fn smaller(s: &Scenario) -> Vec<Scenario> {
         api_faults,
         store_faults,
         market,
-        crowded_days
+        crowded_days,
+        crowded_block_days,
+        refused
     );
     if s.requests.len() > 1 {
         for i in 0..s.requests.len() {
@@ -346,6 +352,11 @@ fn smaller(s: &Scenario) -> Vec<Scenario> {
         if r.payment_failures > 0 {
             let mut c = r.clone();
             c.payment_failures = 0;
+            simpler.push(c);
+        }
+        if r.cap_at_quote {
+            let mut c = r.clone();
+            c.cap_at_quote = false;
             simpler.push(c);
         }
         for v in cuts(&r.instance_failures) {
