@@ -44,6 +44,34 @@ pub struct Sold {
     pub alt: String,
 }
 
+/// A block the harness bought for a request behind the system's back (a purchase whose
+/// record was lost): tagged for the request and this deployment, recorded nowhere.
+#[derive(Debug, Clone)]
+pub struct Stray {
+    /// Which of the scenario's strays.
+    pub planned: usize,
+    pub id: String,
+    pub request: String,
+    pub serves: bool,
+    /// When `DescribeCapacityReservations` lists it: bought, plus the listing lag.
+    pub listed_at: DateTime<Utc>,
+}
+
+/// What AWS sold for the requests that the system answers for: every tagged reservation
+/// but a stray its request never recorded (the stray's own check judges that).
+pub fn counted(sim: &Sim) -> Vec<Sold> {
+    let reservations = sim.store.all_reservations();
+    sold(&sim.cloud)
+        .into_iter()
+        .filter(|s| {
+            !sim.strays.iter().any(|t| t.id == s.id)
+                || reservations
+                    .iter()
+                    .any(|(k, v)| k.as_str() == s.request && v.iter().any(|r| s.names(&r.id)))
+        })
+        .collect()
+}
+
 impl Sold {
     pub fn names(&self, id: &str) -> bool {
         self.id == id || self.alt == id
@@ -371,16 +399,33 @@ fn money(sim: &Sim, sold: &[Sold]) -> BTreeMap<String, (i64, i64)> {
 /// The promises that hold after every moment.
 pub fn per_step(sim: &Sim) -> Vec<String> {
     let mut out = Vec::new();
-    let sold = sold(&sim.cloud);
+    let sold = counted(sim);
     let recs = records(sim);
     // One reservation per window: a request's live-or-paid reservations cover no more
     // windows than it has (a plan covers its segments), and no two of them overlap in time.
+    // (A stray was bought behind the system's back, for no window it decided: one listed
+    // late may stand beside the plan it bought meanwhile. The ledger holds it to its fee.)
     let mut by_request: BTreeMap<&str, Vec<&Sold>> = BTreeMap::new();
-    for s in sold.iter().filter(|s| s.live_or_paid) {
+    for s in sold
+        .iter()
+        .filter(|s| s.live_or_paid && !sim.strays.iter().any(|t| t.id == s.id))
+    {
         by_request.entry(&s.request).or_default().push(s);
     }
     for (id, list) in &by_request {
-        let windows = recs.get(*id).map_or(1, |r| r.windows.len().max(1)).max(1);
+        // While a purchase runs, its plan's offerings may be bought beside what is recorded
+        // (a split's later block in doubt after its first was recorded).
+        let windows = recs
+            .get(*id)
+            .map_or(1, |r| {
+                r.windows.len()
+                    + if r.status == RequestStatus::Purchasing {
+                        r.candidates.first().map_or(0, |p| p.offerings.len())
+                    } else {
+                        0
+                    }
+            })
+            .max(1);
         let reservations = list.len();
         let covered: usize = list.iter().map(|s| s.windows).sum();
         if reservations > 1 && covered > windows {
@@ -399,6 +444,38 @@ pub fn per_step(sim: &Sim) -> Vec<String> {
                     ));
                 }
             }
+        }
+    }
+    // Reserved with what serves it: a `Reserved` request's recorded reservations of its
+    // types, count, regions and window cover its duration (a split's blocks together). One
+    // whose payment failed counts: too late to replace, the rest is kept and runs.
+    let reservations = sim.store.all_reservations();
+    for r in recs
+        .values()
+        .filter(|r| r.status == RequestStatus::Reserved)
+    {
+        let want = &r.request;
+        let minutes: i64 = reservations
+            .iter()
+            .filter(|(k, _)| **k == r.request_id)
+            .flat_map(|(_, v)| v)
+            .filter(|x| {
+                want.instance_types.contains(&x.instance_type)
+                    && want.regions.contains(&x.region)
+                    && x.instance_count >= want.instance_count
+                    && x.start() >= want.window.earliest_start
+                    && x.end() <= want.window.latest_end
+            })
+            .flat_map(|x| &x.segments)
+            .map(|g| (g.end - g.start).num_minutes())
+            .sum();
+        if minutes < i64::from(want.duration_hours) * 60 {
+            out.push(format!(
+                "reserved with what serves it: {} is Reserved, but what it holds of its types, \
+                 count and window covers {minutes} of its {} min",
+                r.request_id,
+                i64::from(want.duration_hours) * 60
+            ));
         }
     }
     // The ledger is bounded: truth <= ledger <= truth + holds.
@@ -435,7 +512,7 @@ fn time(v: &Value) -> Option<DateTime<Utc>> {
 /// The promises that hold at the end of the run, after the settling period.
 pub async fn at_end(sim: &Sim) -> Vec<String> {
     let mut out = Vec::new();
-    let sold = sold(&sim.cloud);
+    let sold = counted(sim);
     let recs = records(sim);
     let bus: Vec<Value> = sim.cloud.events(BUS);
     let end = sim.cloud.now();
@@ -447,6 +524,28 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
     // refusal); after a split's first block was bought in it, the request searches for a
     // replacement segment instead, so the block it keeps can still serve. (A kept
     // cancellation, a lost lease or a duplicate event decides it otherwise.)
+    // A stray is adopted: once listed, the next purchase lease its request takes reconciles
+    // it into the request's record (and its fee into the ledger, which the ledger's checks
+    // then hold to).
+    for t in &sim.strays {
+        let purchased_after = sim
+            .lease_times
+            .iter()
+            .any(|(id, at)| *id == t.request && *at >= t.listed_at);
+        let live = self::sold(&sim.cloud)
+            .iter()
+            .any(|s| s.id == t.id && s.live_or_paid);
+        let recorded = reservations
+            .iter()
+            .any(|(k, v)| k.as_str() == t.request && v.iter().any(|r| r.id == t.id));
+        if purchased_after && live && !recorded {
+            out.push(format!(
+                "a stray is adopted: {} of {}, listed at {}, is recorded nowhere though a \
+                 purchase of the request began after",
+                t.id, t.request, t.listed_at
+            ));
+        }
+    }
     for (at, id, action) in &sim.refusals {
         let bought_then = reservations
             .iter()
@@ -800,7 +899,11 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
     for planned in &sim.scenario.requests {
         let id = planned.detail["request_id"].as_str().unwrap_or_default();
         let Some(r) = recs.get(id) else { continue };
-        let bought: Vec<&Sold> = sold.iter().filter(|s| s.request == id).collect();
+        // (What the system bought: a stray was bought behind its back.)
+        let bought: Vec<&Sold> = sold
+            .iter()
+            .filter(|s| s.request == id && !sim.strays.iter().any(|t| t.id == s.id))
+            .collect();
         // A purchase above the approval threshold came after an approval naming its plan,
         // from an approver source.
         if let Some(above) = r.request.budget.approval_above {
@@ -872,7 +975,7 @@ pub fn reached(sim: &Sim) -> BTreeSet<String> {
     {
         out.insert("a late drain was published".to_string());
     }
-    for s in sold(&sim.cloud).iter() {
+    for s in counted(sim).iter() {
         out.insert(format!(
             "a {} was {}",
             if s.plan { "plan" } else { "block" },
@@ -906,10 +1009,16 @@ pub fn reached(sim: &Sim) -> BTreeSet<String> {
         out.insert(format!("delivered: {dt} from {source}"));
     }
     let recs = records(sim);
-    let sold = sold(&sim.cloud);
+    let sold = counted(sim);
     let reservations = sim.store.all_reservations();
-    if !sim.refusals.is_empty() {
+    for (at, id, _) in &sim.refusals {
         out.insert("a purchase was refused for good".to_string());
+        if reservations
+            .iter()
+            .any(|(k, v)| k.as_str() == id && v.iter().any(|r| r.bought_at == Some(*at)))
+        {
+            out.insert("a split's later block was refused for good".to_string());
+        }
     }
     // A plan bought again after its payment failed: under the next attempt's name, which
     // the failed plan does not hold.

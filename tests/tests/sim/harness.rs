@@ -15,6 +15,7 @@ use capacity_pilot::aws::capacity::{AwsMarket, AwsWorkloads};
 use capacity_pilot::aws::eventbridge::EventBridgeSink;
 use capacity_pilot::aws::wiring::Adapters;
 use capacity_pilot::config::Config;
+use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::fakes::errors;
 use capacity_pilot::fakes::{Gate, InMemoryStore, ManualClock, StepDeadline};
 use capacity_pilot::ids::SeededIds;
@@ -240,6 +241,10 @@ pub struct Sim {
     refusing: Refusing,
     /// Each request's purchase lease token as last seen, to judge each new lease when written.
     leases: BTreeMap<String, String>,
+    /// (request, when) for each purchase lease taken, as the steps saw them.
+    pub lease_times: Vec<(String, DateTime<Utc>)>,
+    /// The strays bought so far.
+    pub strays: Vec<checks::Stray>,
     /// Promises broken inside an invocation or at a write, for the next step's checks.
     pub problems: Vec<String>,
     /// (when, request, decision) for each decision that names a purchase AWS refused for
@@ -256,15 +261,19 @@ pub const REFUSAL: &str = "the simulation refuses this purchase for good";
 struct Refusing {
     targets: Arc<Vec<(&'static str, u32)>>,
     seen: Arc<std::sync::Mutex<BTreeMap<String, u32>>>,
+    /// Whether the first block bought second in its invocation is still to be refused, and
+    /// the blocks bought so far in the invocation running (reset by [`Refusing::batch`]).
+    later_block: Arc<std::sync::Mutex<(bool, u32)>>,
     on: Arc<std::sync::atomic::AtomicBool>,
     router: axum::Router,
 }
 
 impl Refusing {
-    fn new(targets: &[(&'static str, u32)], router: axum::Router) -> Refusing {
+    fn new(scenario: &Scenario, router: axum::Router) -> Refusing {
         Refusing {
-            targets: Arc::new(targets.to_vec()),
+            targets: Arc::new(scenario.refused.clone()),
             seen: Arc::default(),
+            later_block: Arc::new(std::sync::Mutex::new((scenario.refuse_later_block, 0))),
             on: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             router,
         }
@@ -274,19 +283,31 @@ impl Refusing {
         self.on.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// A new invocation (or batch run together) begins.
+    fn batch(&self) {
+        self.later_block.lock().unwrap_or_else(|p| p.into_inner()).1 = 0;
+    }
+
     async fn before(&self, op: &str) {
-        if !self.on.load(std::sync::atomic::Ordering::SeqCst)
-            || !self.targets.iter().any(|(o, _)| *o == op)
-        {
+        if !self.on.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
+        let later = op == "PurchaseCapacityBlock" && {
+            let mut l = self.later_block.lock().unwrap_or_else(|p| p.into_inner());
+            l.1 += 1;
+            let hit = l.0 && l.1 == 2;
+            if hit {
+                l.0 = false;
+            }
+            hit
+        };
         let n = {
             let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
             let n = seen.entry(op.to_string()).or_default();
             *n += 1;
             *n - 1
         };
-        if !self.targets.contains(&(op, n)) {
+        if !later && !self.targets.contains(&(op, n)) {
             return;
         }
         // What EC2 and SageMaker answer a request they will not serve (HTTP 400, nothing
@@ -409,21 +430,6 @@ impl Sim {
                     );
                 }
             }
-            for d in &scenario.crowded_block_days {
-                let day = midnight + TimeDelta::days(*d);
-                for az in &azs {
-                    for ty in ["p5.48xlarge", "p4d.24xlarge"] {
-                        w.market.consume(
-                            local_cloud::market::Pool::CapacityBlock,
-                            REGION,
-                            az,
-                            ty,
-                            (day, day + TimeDelta::days(1)),
-                            64,
-                        );
-                    }
-                }
-            }
         });
         let clock = ManualClock::new(t0());
         let store = InMemoryStore::new().with_clock(clock.clone());
@@ -437,7 +443,7 @@ impl Sim {
         let slept = Tally::default();
         let router = cloud.router();
         let g = gate.clone();
-        let refusing = Refusing::new(&scenario.refused, router.clone());
+        let refusing = Refusing::new(&scenario, router.clone());
         let r = refusing.clone();
         let connector = InProcess::new(router).with_gate(Arc::new(move |op: String| {
             let (g, r) = (g.clone(), r.clone());
@@ -534,6 +540,8 @@ impl Sim {
             slept,
             refusing,
             leases: BTreeMap::new(),
+            lease_times: Vec::new(),
+            strays: Vec::new(),
             problems: Vec::new(),
             refusals: Vec::new(),
         };
@@ -583,6 +591,167 @@ impl Sim {
         })
     }
 
+    /// The scenario's strays whose request waits to be purchased now (`OfferingsFound`),
+    /// bought for it from an offering its plan does not match. A request whose moment
+    /// passes without a fitting offering gets none.
+    fn place_strays(&mut self, now: DateTime<Utc>) {
+        let planned = self.scenario.strays.clone();
+        for (k, planned) in planned.iter().enumerate() {
+            if self.strays.iter().any(|s| s.planned == k) {
+                continue;
+            }
+            let Some(req) = self.scenario.requests.get(planned.request) else {
+                continue;
+            };
+            let Some(id) = req.detail["request_id"].as_str().map(str::to_string) else {
+                continue;
+            };
+            let Some(rec) = self
+                .store
+                .records()
+                .into_iter()
+                .find(|r| r.request_id.as_str() == id)
+            else {
+                continue;
+            };
+            if rec.status != RequestStatus::OfferingsFound {
+                continue;
+            }
+            let Some(plan) = rec.candidates.first() else {
+                continue;
+            };
+            let want = &rec.request;
+            // (Only where the purchase goes ahead now: one awaiting approval may never come.)
+            if want
+                .budget
+                .approval_above
+                .is_some_and(|above| plan.upfront_fee > above)
+            {
+                continue;
+            }
+            let hours = i64::from(want.duration_hours);
+            // A serving stray holds one instance more than asked: no offering of the plan,
+            // which has the request's count, gives it (purchase-capacity's `is_from`).
+            let count = i64::from(want.instance_count) + i64::from(planned.serves);
+            let (ty, hours) = if planned.serves {
+                (want.instance_types[0].clone(), hours)
+            } else if let Some(other) = ["p5.48xlarge", "p4d.24xlarge"]
+                .iter()
+                .find(|t| !want.instance_types.iter().any(|w| w == *t))
+            {
+                ((*other).to_string(), hours)
+            } else if hours >= 48 {
+                (want.instance_types[0].clone(), hours / 2)
+            } else {
+                continue;
+            };
+            let deployment = self.config.deployment_id.clone();
+            let start = want
+                .window
+                .earliest_start
+                .max(now + capacity_pilot::domain::time_rules::PURCHASE_LEAD);
+            let bought = self.cloud.with_world(|w| {
+                let offers = w
+                    .market
+                    .search_blocks(
+                        now,
+                        &local_cloud::market::BlockSearch {
+                            region: REGION.to_string(),
+                            instance_type: ty.clone(),
+                            instance_count: count,
+                            duration_hours: hours,
+                            start_range: Some(start),
+                            end_range: Some(want.window.latest_end),
+                        },
+                    )
+                    .ok()?;
+                // Unlike every offering of the plan (purchase-capacity's `is_from`).
+                let o = offers.into_iter().find(|o| {
+                    o.duration_hours() == hours
+                        && !plan.offerings.iter().any(|p| {
+                            p.instance_type == o.instance_type
+                                && i64::from(p.instance_count) == o.instance_count
+                                && (p.start() - o.start).num_minutes().abs() < 60
+                        })
+                })?;
+                w.ec2.offerings.insert(o.id.clone(), o.clone());
+                let q: Vec<(String, String)> = vec![
+                    ("Action".into(), "PurchaseCapacityBlock".into()),
+                    ("CapacityBlockOfferingId".into(), o.id.clone()),
+                    ("InstancePlatform".into(), "Linux/UNIX".into()),
+                    (
+                        "TagSpecification.1.ResourceType".into(),
+                        "capacity-reservation".into(),
+                    ),
+                    (
+                        "TagSpecification.1.Tag.1.Key".into(),
+                        "capacity-pilot:managed".into(),
+                    ),
+                    ("TagSpecification.1.Tag.1.Value".into(), "true".into()),
+                    (
+                        "TagSpecification.1.Tag.2.Key".into(),
+                        "capacity-pilot:deployment".into(),
+                    ),
+                    ("TagSpecification.1.Tag.2.Value".into(), deployment.clone()),
+                    (
+                        "TagSpecification.1.Tag.3.Key".into(),
+                        "capacity-pilot:request-id".into(),
+                    ),
+                    ("TagSpecification.1.Tag.3.Value".into(), id.clone()),
+                    // What purchase-capacity tags its own purchases with: the stray is one of
+                    // them whose record was lost.
+                    (
+                        "TagSpecification.1.Tag.4.Key".into(),
+                        capacity_pilot::aws::ec2::OFFERING_TAG.into(),
+                    ),
+                    ("TagSpecification.1.Tag.4.Value".into(), o.id.clone()),
+                    (
+                        "TagSpecification.1.Tag.5.Key".into(),
+                        capacity_pilot::aws::ec2::FEE_TAG.into(),
+                    ),
+                    (
+                        "TagSpecification.1.Tag.5.Value".into(),
+                        o.upfront_fee.to_string(),
+                    ),
+                ];
+                let body = serde_urlencoded::to_string(&q).ok()?;
+                let query = local_cloud::query::Query::parse(body.as_bytes()).ok()?;
+                let before: BTreeSet<String> = w.ec2.reservations.keys().cloned().collect();
+                w.ec2_call(REGION, "PurchaseCapacityBlock", &query).ok()?;
+                w.ec2
+                    .reservations
+                    .keys()
+                    .find(|k| !before.contains(*k))
+                    .cloned()
+                    .map(|cr| (cr, o))
+            });
+            let Some((cr, o)) = bought else {
+                continue;
+            };
+            self.trace(format!(
+                "stray: {cr} ({} x {} from {} to {}, ${}) bought for {id}, {}",
+                o.instance_count,
+                o.instance_type,
+                o.start,
+                o.end,
+                o.upfront_fee,
+                if planned.serves {
+                    "serving it"
+                } else {
+                    "not serving it"
+                }
+            ));
+            self.reached.insert("a stray was bought".to_string());
+            self.strays.push(checks::Stray {
+                planned: k,
+                id: cr,
+                request: id,
+                serves: planned.serves,
+                listed_at: now + TimeDelta::seconds(self.scenario.timings.listing_lag_seconds),
+            });
+        }
+    }
+
     /// A purchase lease is judged when it is written: it must outlast the instant it was
     /// taken (a lease already expired lets the next tick take the purchase over at once).
     fn note_leases(&mut self, now: DateTime<Utc>) {
@@ -594,6 +763,7 @@ impl Sim {
             if self.leases.get(&id) == Some(&lease.token) {
                 continue;
             }
+            self.lease_times.push((id.clone(), now));
             if lease.expires_at <= now {
                 self.problems.push(format!(
                     "a lease outlasts its taking: {id}'s lease {} written at {now} expires at {}",
@@ -1199,6 +1369,9 @@ impl Sim {
     async fn invoke(&mut self, p: Pending) {
         let now = self.now();
         self.clock.set(now);
+        if p.function == "purchase-capacity" && self.faults_on {
+            self.place_strays(now);
+        }
         let mut batch = vec![p];
         let nth = self.count(&batch[0].function);
         let mut order = 0;
@@ -1301,6 +1474,7 @@ impl Sim {
         }
         let crash: Vec<Option<u32>> = which.iter().map(|k| crash_at[*k]).collect();
         self.slept.take();
+        self.refusing.batch();
         let ran = drive(&self.gate, runs, &crash, order).await;
         // Invocations run together share the tally: each alone slept at most this much.
         let slept = self.slept.take();
@@ -1371,6 +1545,16 @@ impl Sim {
                     self.trace(format!("{} <- {what} {about}: ok", p.function));
                 }
                 for d in decisions {
+                    if d.reason.contains("recorded nowhere, it is ours") {
+                        self.reached.insert(
+                            if d.action == "reserved" {
+                                "a stray reserved its request in its plan's place"
+                            } else {
+                                "a stray was kept beside its plan"
+                            }
+                            .to_string(),
+                        );
+                    }
                     if d.reason.contains(REFUSAL) {
                         self.refusals
                             .push((now, d.request_id.to_string(), d.action.to_string()));

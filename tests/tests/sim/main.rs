@@ -187,8 +187,12 @@ const MUST_REACH: &[&str] = &[
     "LostResponse struck CreateTrainingPlan",
     "a taken-over purchase was in doubt",
     "a purchase was refused for good",
+    "a split's later block was refused for good",
     "an EC2 split was bought",
     "a plan was bought again after its payment failed",
+    "a stray was bought",
+    "a stray reserved its request in its plan's place",
+    "a stray was kept beside its plan",
     "a reservation was bought at exactly its request's cap",
     "an invocation died at a port call",
     "an invocation died right after PurchaseCapacityBlock",
@@ -326,13 +330,24 @@ fn smaller(s: &Scenario) -> Vec<Scenario> {
         store_faults,
         market,
         crowded_days,
-        crowded_block_days,
-        refused
+        refused,
+        strays
     );
+    if s.refuse_later_block {
+        let mut c = s.clone();
+        c.refuse_later_block = false;
+        out.push(c);
+    }
     if s.requests.len() > 1 {
         for i in 0..s.requests.len() {
             let mut c = s.clone();
             c.requests.remove(i);
+            c.strays.retain(|t| t.request != i);
+            for t in &mut c.strays {
+                if t.request > i {
+                    t.request -= 1;
+                }
+            }
             out.push(c);
         }
     }

@@ -78,6 +78,17 @@ pub struct PlannedRequest {
     pub cap_at_quote: bool,
 }
 
+/// A stray block for `request` (an index of [`Scenario::requests`]): when a purchase is
+/// about to run and the request is `OfferingsFound`, a block tagged for it and for this
+/// deployment is bought from an offering that no offering of its plan matches; it serves
+/// the request (its type and window and duration, one instance more than its count) or not
+/// (another type, or half the duration).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedStray {
+    pub request: usize,
+    pub serves: bool,
+}
+
 /// A change of the market at a time.
 #[derive(Debug, Clone)]
 pub struct MarketMove {
@@ -203,9 +214,6 @@ pub struct Scenario {
     /// Days (after [`t0`]'s) on which another buyer has taken every p5 training plan slot in
     /// every zone: a plan must split around them or start after.
     pub crowded_days: Vec<i64>,
-    /// The same for the p5 and p4d Capacity Blocks: a block must avoid the day, and an EC2
-    /// request that may split can pair two blocks around it.
-    pub crowded_block_days: Vec<i64>,
     pub market: Vec<MarketMove>,
     pub timings: Timings,
     pub api_faults: Vec<ApiFault>,
@@ -221,6 +229,11 @@ pub struct Scenario {
     /// fault hours) for good, nothing performed: EC2's `InvalidParameterValue`, SageMaker's
     /// `ValidationException`, HTTP 400.
     pub refused: Vec<(&'static str, u32)>,
+    /// AWS refuses so the first `PurchaseCapacityBlock` that is an invocation's second (a
+    /// split's later block, bought after its first), once, in the fault hours.
+    pub refuse_later_block: bool,
+    /// Strays, bought by the harness when their request first waits to be purchased.
+    pub strays: Vec<PlannedStray>,
     pub outages: Vec<Outage>,
     /// Whether an event delivered twice runs its two deliveries at once (interleaved).
     pub concurrent_duplicates: bool,
@@ -476,11 +489,11 @@ impl Scenario {
         }
         // The draws below answer the mutation campaign's misses (issue 25,
         // tests/mutants/purchase.md); they too come after every earlier draw.
-        // EC2 requests that may split: two blocks of half the duration, paired around a day
-        // of blocks another buyer took, so a plan of several offerings is bought block by
-        // block (a plan name per block, a recorded block skipped when taking over).
+        // EC2 requests that may split: two blocks of half the duration, so that a plan of
+        // several offerings is bought block by block (a recorded block skipped when taking
+        // over, a later block refused or gone after the first was bought).
         for req in requests.iter_mut() {
-            if req.detail["workload"]["kind"] == "ec2-instances" && r.chance(40) {
+            if req.detail["workload"]["kind"] == "ec2-instances" && r.chance(60) {
                 let mut d = split_ec2(&req.detail);
                 // (A request made invalid on purpose stays invalid.)
                 if req.invalid.contains(&"latest_end") {
@@ -492,11 +505,6 @@ impl Scenario {
                 }
             }
         }
-        let crowded_block_days = if r.chance(40) {
-            vec![r.range(1, 2)]
-        } else {
-            Vec::new()
-        };
         // Purchases AWS refuses for good, by the call's occurrence: with nothing of the plan
         // bought, the request fails with the refusal and its ending announces what it spent;
         // the second call may be a split's second block, bought beside the first.
@@ -506,19 +514,37 @@ impl Scenario {
                 refused.push((op, r.range(0, 2) as u32));
             }
         }
-        // A throttling storm on a purchase, far longer than the purchase's own retries: the
-        // invocation must give up within its timeout, not sleep through it.
-        if r.chance(10) {
+        // A throttling storm on a purchase, far longer than the purchase's own retries (it
+        // takes the first purchases made): the invocation must give up within its timeout,
+        // not sleep through it.
+        if r.chance(25) {
             api_faults.push(ApiFault {
-                at: r.range(0, 8 * 60),
+                at: 0,
                 operation: ["PurchaseCapacityBlock", "CreateTrainingPlan"][r.range(0, 1) as usize],
                 kind: ApiFaultKind::Throttle,
-                count: 1000,
+                count: 700,
             });
         }
         for req in requests.iter_mut() {
             req.cap_at_quote = req.invalid.is_empty() && r.chance(15);
         }
+        // Strays: a block tagged for an EC2 request and this deployment that no record
+        // holds, bought from another offering than its plan's (a purchase whose record was
+        // lost: the table restored from a backup taken before it was recorded, say). One that
+        // serves the request reserves it in the plan's place; one that does not is kept
+        // beside the plan.
+        let mut strays = Vec::new();
+        for (i, req) in requests.iter().enumerate() {
+            if req.detail["workload"]["kind"] == "ec2-instances" && r.chance(50) {
+                strays.push(PlannedStray {
+                    request: i,
+                    serves: r.chance(60),
+                });
+            }
+        }
+        // A split's later block refused for good after its first was bought: the request keeps
+        // the block and searches for a replacement segment.
+        let refuse_later_block = r.chance(30);
         Scenario {
             seed,
             team_budgets,
@@ -526,7 +552,6 @@ impl Scenario {
             on_demand_pool,
             block_pool,
             crowded_days,
-            crowded_block_days,
             market,
             timings,
             api_faults,
@@ -536,6 +561,8 @@ impl Scenario {
             races,
             crash_after,
             refused,
+            refuse_later_block,
+            strays,
             outages,
             concurrent_duplicates,
             sabotage: false,
