@@ -52,7 +52,6 @@ pub struct Stray {
     pub planned: usize,
     pub id: String,
     pub request: String,
-    pub serves: bool,
     /// When `DescribeCapacityReservations` lists it: bought, plus the listing lag.
     pub listed_at: DateTime<Utc>,
 }

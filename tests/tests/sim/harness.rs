@@ -746,7 +746,6 @@ impl Sim {
                 planned: k,
                 id: cr,
                 request: id,
-                serves: planned.serves,
                 listed_at: now + TimeDelta::seconds(self.scenario.timings.listing_lag_seconds),
             });
         }
