@@ -1477,6 +1477,11 @@ impl Sim {
         let ran = drive(&self.gate, runs, &crash, order).await;
         // Invocations run together share the tally: each alone slept at most this much.
         let slept = self.slept.take();
+        // (Its retries' backoff in full: 400 ms, then 800.)
+        if slept >= std::time::Duration::from_millis(1200) {
+            self.reached
+                .insert("a purchase spent its throttle retries".to_string());
+        }
         if slept > PURCHASE_TIMEOUT {
             self.problems.push(format!(
                 "waits fit the timeout: purchase-capacity's invocation(s) at {now} slept {} s, \

@@ -191,6 +191,7 @@ const MUST_REACH: &[&str] = &[
     "an EC2 split was bought",
     "a plan was bought again after its payment failed",
     "a stray was bought",
+    "a purchase spent its throttle retries",
     "a stray reserved its request in its plan's place",
     "a stray was kept beside its plan",
     "a reservation was bought at exactly its request's cap",
