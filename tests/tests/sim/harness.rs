@@ -252,7 +252,8 @@ pub struct Sim {
     pub refusals: Vec<(DateTime<Utc>, String, String)>,
 }
 
-/// The message of a purchase refused for good (the scenario's `Refused` faults).
+/// The message of a purchase refused for good (the scenario's `refused` calls and its
+/// `refuse_later_block`).
 pub const REFUSAL: &str = "the simulation refuses this purchase for good";
 
 /// Arms a refusal right before the scenario's refused occurrences of a purchase call, in
