@@ -752,6 +752,49 @@ impl Sim {
         }
     }
 
+    /// An invocation that ends well leaves no purchase lease behind but for a purchase it
+    /// left in doubt: a lease taken and still held when purchase-capacity's invocations
+    /// (all of the batch) returned success belongs to a request they decided `in-doubt`
+    /// (or lost the lease over); else the purchase waits a lease out, and then the doubt
+    /// window, for nothing.
+    fn judge_leases_left(&mut self, before: &BTreeSet<String>, ran: &[Ran], now: DateTime<Utc>) {
+        let mut decided: BTreeMap<String, Vec<&'static str>> = BTreeMap::new();
+        for r in ran {
+            match r {
+                Ran::Done(Ok(decisions)) => {
+                    for d in decisions {
+                        decided
+                            .entry(d.request_id.clone())
+                            .or_default()
+                            .push(d.action);
+                    }
+                }
+                _ => return,
+            }
+        }
+        for r in self.store.records() {
+            let Some(lease) = &r.lease else { continue };
+            if r.status != RequestStatus::Purchasing
+                || before.contains(&lease.token)
+                || lease.expires_at <= now
+            {
+                continue;
+            }
+            let id = r.request_id.to_string();
+            let actions = decided.get(&id).cloned().unwrap_or_default();
+            if !actions
+                .iter()
+                .any(|a| matches!(*a, "in-doubt" | "lease-lost"))
+            {
+                self.problems.push(format!(
+                    "an invocation that ends well leaves no lease behind: {id} is Purchasing \
+                     under a lease taken at {now} and held until {}, decided {actions:?}",
+                    lease.expires_at
+                ));
+            }
+        }
+    }
+
     /// A purchase lease is judged when it is written: it must outlast the instant it was
     /// taken (a lease already expired lets the next tick take the purchase over at once).
     fn note_leases(&mut self, now: DateTime<Utc>) {
@@ -1475,7 +1518,20 @@ impl Sim {
         let crash: Vec<Option<u32>> = which.iter().map(|k| crash_at[*k]).collect();
         self.slept.take();
         self.refusing.batch();
+        let purchase = batch.iter().any(|p| p.function == "purchase-capacity");
+        let tokens_before: BTreeSet<String> = if purchase {
+            self.store
+                .records()
+                .into_iter()
+                .filter_map(|r| r.lease.map(|l| l.token))
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
         let ran = drive(&self.gate, runs, &crash, order).await;
+        if purchase {
+            self.judge_leases_left(&tokens_before, &ran, now);
+        }
         // Invocations run together share the tally: each alone slept at most this much.
         let slept = self.slept.take();
         // (Its retries' backoff in full: 400 ms, then 800.)
