@@ -7,7 +7,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use capacity_pilot::domain::offering::Product;
+use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::request::{Strategy, WorkloadDetail};
+use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::ports::RequestRecord;
 use capacity_pilot::ports::Store;
@@ -56,6 +58,25 @@ pub struct Stray {
     pub listed_at: DateTime<Utc>,
 }
 
+/// Whether `id` is a stray the harness bought.
+fn is_stray(sim: &Sim, id: &str) -> bool {
+    sim.strays.iter().any(|t| t.id == id)
+}
+
+/// Whether the table holds a reservation of `request` bought at `at`: by the invocation
+/// that ran then.
+fn bought_at(
+    reservations: &BTreeMap<RequestId, Vec<Reservation>>,
+    request: &str,
+    at: DateTime<Utc>,
+) -> bool {
+    reservations
+        .iter()
+        .filter(|(k, _)| k.as_str() == request)
+        .flat_map(|(_, v)| v)
+        .any(|r| r.bought_at == Some(at))
+}
+
 /// What AWS sold for the requests that the system answers for: every tagged reservation
 /// but a stray its request never recorded (the stray's own check judges that).
 pub fn counted(sim: &Sim) -> Vec<Sold> {
@@ -63,7 +84,7 @@ pub fn counted(sim: &Sim) -> Vec<Sold> {
     sold(&sim.cloud)
         .into_iter()
         .filter(|s| {
-            !sim.strays.iter().any(|t| t.id == s.id)
+            !is_stray(sim, &s.id)
                 || reservations
                     .iter()
                     .any(|(k, v)| k.as_str() == s.request && v.iter().any(|r| s.names(&r.id)))
@@ -407,7 +428,7 @@ pub fn per_step(sim: &Sim) -> Vec<String> {
     let mut by_request: BTreeMap<&str, Vec<&Sold>> = BTreeMap::new();
     for s in sold
         .iter()
-        .filter(|s| s.live_or_paid && !sim.strays.iter().any(|t| t.id == s.id))
+        .filter(|s| s.live_or_paid && !is_stray(sim, &s.id))
     {
         by_request.entry(&s.request).or_default().push(s);
     }
@@ -518,11 +539,6 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
 
     // The ledger is exact: no holds left, and it equals what AWS sold plus on-demand spend.
     let reservations = sim.store.all_reservations();
-    // A refusal ends what it can: a purchase AWS refused for good, with nothing of the plan
-    // bought in that invocation, fails the request (nothing else is tried under the
-    // refusal); after a split's first block was bought in it, the request searches for a
-    // replacement segment instead, so the block it keeps can still serve. (A kept
-    // cancellation, a lost lease or a duplicate event decides it otherwise.)
     // A stray is adopted: once listed, the next purchase lease its request takes reconciles
     // it into the request's record (and its fee into the ledger, which the ledger's checks
     // then hold to).
@@ -545,13 +561,13 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
             ));
         }
     }
+    // A refusal ends what it can: a purchase AWS refused for good, with nothing of the plan
+    // bought in that invocation, fails the request (nothing else is tried under the
+    // refusal); after a split's first block was bought in it, the request searches for a
+    // replacement segment instead, so the block it keeps can still serve. (A kept
+    // cancellation, a lost lease or a duplicate event decides it otherwise.)
     for (at, id, action) in &sim.refusals {
-        let bought_then = reservations
-            .iter()
-            .filter(|(k, _)| k.as_str() == id)
-            .flat_map(|(_, v)| v)
-            .any(|r| r.bought_at == Some(*at));
-        let (want, what) = if bought_then {
+        let (want, what) = if bought_at(&reservations, id, *at) {
             ("re-search", "with a block of its split bought")
         } else {
             ("failed", "with nothing of its plan bought")
@@ -901,7 +917,7 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
         // (What the system bought: a stray was bought behind its back.)
         let bought: Vec<&Sold> = sold
             .iter()
-            .filter(|s| s.request == id && !sim.strays.iter().any(|t| t.id == s.id))
+            .filter(|s| s.request == id && !is_stray(sim, &s.id))
             .collect();
         // A purchase above the approval threshold came after an approval naming its plan,
         // from an approver source.
@@ -1012,10 +1028,7 @@ pub fn reached(sim: &Sim) -> BTreeSet<String> {
     let reservations = sim.store.all_reservations();
     for (at, id, _) in &sim.refusals {
         out.insert("a purchase was refused for good".to_string());
-        if reservations
-            .iter()
-            .any(|(k, v)| k.as_str() == id && v.iter().any(|r| r.bought_at == Some(*at)))
-        {
+        if bought_at(&reservations, id, *at) {
             out.insert("a split's later block was refused for good".to_string());
         }
     }

@@ -290,7 +290,9 @@ impl Refusing {
     }
 
     async fn before(&self, op: &str) {
-        if !self.on.load(std::sync::atomic::Ordering::SeqCst) {
+        if !matches!(op, "PurchaseCapacityBlock" | "CreateTrainingPlan")
+            || !self.on.load(std::sync::atomic::Ordering::SeqCst)
+        {
             return;
         }
         let later = op == "PurchaseCapacityBlock" && {
@@ -363,6 +365,30 @@ impl aws_smithy_async::rt::sleep::AsyncSleep for Tally {
 /// purchase-capacity's `Timeout` in infra/template.yaml: its invocations' waits must end
 /// within it, or Lambda kills the invocation mid-protocol every time.
 const PURCHASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// The Capacity Block offerings AWS gives now for `count` x `ty` over exactly `hours`,
+/// starting within `window` and past the purchase lead, by the emulator's own rules (what
+/// `DescribeCapacityBlockOfferings` answers).
+fn block_offers(
+    w: &local_cloud::World,
+    now: DateTime<Utc>,
+    ty: &str,
+    count: i64,
+    hours: i64,
+    (earliest, latest): (DateTime<Utc>, DateTime<Utc>),
+) -> Vec<local_cloud::market::BlockOffering> {
+    let search = local_cloud::market::BlockSearch {
+        region: REGION.to_string(),
+        instance_type: ty.to_string(),
+        instance_count: count,
+        duration_hours: hours,
+        start_range: Some(earliest.max(now + capacity_pilot::domain::time_rules::PURCHASE_LEAD)),
+        end_range: Some(latest),
+    };
+    let mut offers = w.market.search_blocks(now, &search).unwrap_or_default();
+    offers.retain(|o| o.duration_hours() == hours);
+    offers
+}
 
 fn env(budgets: &str) -> Vec<(String, String)> {
     [
@@ -558,35 +584,18 @@ impl Sim {
             return None;
         }
         let time = |k: &str| detail[k].as_str()?.parse::<DateTime<Utc>>().ok();
+        let window = (time("earliest_start")?, time("latest_end")?);
+        let (count, hours) = (
+            detail["instance_count"].as_i64()?,
+            detail["duration_hours"].as_i64()?,
+        );
         let now = self.now();
-        let start =
-            time("earliest_start")?.max(now + capacity_pilot::domain::time_rules::PURCHASE_LEAD);
-        let end = time("latest_end")?;
-        let types: Vec<String> = detail["instance_types"]
-            .as_array()?
-            .iter()
-            .filter_map(|t| t.as_str().map(str::to_string))
-            .collect();
         self.cloud.with_world(|w| {
-            types
+            detail["instance_types"]
+                .as_array()?
                 .iter()
-                .filter_map(|ty| {
-                    w.market
-                        .search_blocks(
-                            now,
-                            &local_cloud::market::BlockSearch {
-                                region: REGION.to_string(),
-                                instance_type: ty.clone(),
-                                instance_count: detail["instance_count"].as_i64()?,
-                                duration_hours: detail["duration_hours"].as_i64()?,
-                                start_range: Some(start),
-                                end_range: Some(end),
-                            },
-                        )
-                        .ok()
-                })
-                .flatten()
-                .filter(|o| o.duration_hours() == detail["duration_hours"].as_i64().unwrap_or(0))
+                .filter_map(Value::as_str)
+                .flat_map(|ty| block_offers(w, now, ty, count, hours, window))
                 .map(|o| o.upfront_fee)
                 .min()
         })
@@ -646,37 +655,32 @@ impl Sim {
             } else {
                 continue;
             };
-            let deployment = self.config.deployment_id.clone();
-            let start = want
-                .window
-                .earliest_start
-                .max(now + capacity_pilot::domain::time_rules::PURCHASE_LEAD);
+            let window = (want.window.earliest_start, want.window.latest_end);
+            let mut tags = capacity_pilot::domain::naming::resource_tags(
+                &BTreeMap::new(),
+                &rec.request_id,
+                &self.config.deployment_id,
+            );
             let bought = self.cloud.with_world(|w| {
-                let offers = w
-                    .market
-                    .search_blocks(
-                        now,
-                        &local_cloud::market::BlockSearch {
-                            region: REGION.to_string(),
-                            instance_type: ty.clone(),
-                            instance_count: count,
-                            duration_hours: hours,
-                            start_range: Some(start),
-                            end_range: Some(want.window.latest_end),
-                        },
-                    )
-                    .ok()?;
                 // Unlike every offering of the plan (purchase-capacity's `is_from`).
-                let o = offers.into_iter().find(|o| {
-                    o.duration_hours() == hours
-                        && !plan.offerings.iter().any(|p| {
+                let o = block_offers(w, now, &ty, count, hours, window)
+                    .into_iter()
+                    .find(|o| {
+                        !plan.offerings.iter().any(|p| {
                             p.instance_type == o.instance_type
                                 && i64::from(p.instance_count) == o.instance_count
                                 && (p.start() - o.start).num_minutes().abs() < 60
                         })
-                })?;
+                    })?;
                 w.ec2.offerings.insert(o.id.clone(), o.clone());
-                let q: Vec<(String, String)> = vec![
+                // What purchase-capacity tags its own purchases with: the stray is one of
+                // them whose record was lost.
+                tags.insert(capacity_pilot::aws::ec2::OFFERING_TAG.into(), o.id.clone());
+                tags.insert(
+                    capacity_pilot::aws::ec2::FEE_TAG.into(),
+                    o.upfront_fee.to_string(),
+                );
+                let mut q: Vec<(String, String)> = vec![
                     ("Action".into(), "PurchaseCapacityBlock".into()),
                     ("CapacityBlockOfferingId".into(), o.id.clone()),
                     ("InstancePlatform".into(), "Linux/UNIX".into()),
@@ -684,37 +688,11 @@ impl Sim {
                         "TagSpecification.1.ResourceType".into(),
                         "capacity-reservation".into(),
                     ),
-                    (
-                        "TagSpecification.1.Tag.1.Key".into(),
-                        "capacity-pilot:managed".into(),
-                    ),
-                    ("TagSpecification.1.Tag.1.Value".into(), "true".into()),
-                    (
-                        "TagSpecification.1.Tag.2.Key".into(),
-                        "capacity-pilot:deployment".into(),
-                    ),
-                    ("TagSpecification.1.Tag.2.Value".into(), deployment.clone()),
-                    (
-                        "TagSpecification.1.Tag.3.Key".into(),
-                        "capacity-pilot:request-id".into(),
-                    ),
-                    ("TagSpecification.1.Tag.3.Value".into(), id.clone()),
-                    // What purchase-capacity tags its own purchases with: the stray is one of
-                    // them whose record was lost.
-                    (
-                        "TagSpecification.1.Tag.4.Key".into(),
-                        capacity_pilot::aws::ec2::OFFERING_TAG.into(),
-                    ),
-                    ("TagSpecification.1.Tag.4.Value".into(), o.id.clone()),
-                    (
-                        "TagSpecification.1.Tag.5.Key".into(),
-                        capacity_pilot::aws::ec2::FEE_TAG.into(),
-                    ),
-                    (
-                        "TagSpecification.1.Tag.5.Value".into(),
-                        o.upfront_fee.to_string(),
-                    ),
                 ];
+                for (n, (k, v)) in tags.iter().enumerate() {
+                    q.push((format!("TagSpecification.1.Tag.{}.Key", n + 1), k.clone()));
+                    q.push((format!("TagSpecification.1.Tag.{}.Value", n + 1), v.clone()));
+                }
                 let body = serde_urlencoded::to_string(&q).ok()?;
                 let query = local_cloud::query::Query::parse(body.as_bytes()).ok()?;
                 let before: BTreeSet<String> = w.ec2.reservations.keys().cloned().collect();
