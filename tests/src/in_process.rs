@@ -29,12 +29,14 @@ use tower::ServiceExt;
 pub struct InProcess {
     router: axum::Router,
     gate: Option<Gate>,
+    watch: Option<Watch>,
 }
 
 impl std::fmt::Debug for InProcess {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InProcess")
             .field("gated", &self.gate.is_some())
+            .field("watched", &self.watch.is_some())
             .finish()
     }
 }
@@ -45,9 +47,25 @@ pub type Gate = std::sync::Arc<
     dyn Fn(String) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync,
 >;
 
+/// What sees every request's operation and body as it is sent (the simulation's count of
+/// purchase calls).
+pub type Watch = std::sync::Arc<dyn Fn(&str, &[u8]) + Send + Sync>;
+
 impl InProcess {
     pub fn new(router: axum::Router) -> InProcess {
-        InProcess { router, gate: None }
+        InProcess {
+            router,
+            gate: None,
+            watch: None,
+        }
+    }
+
+    /// Shows every request to `watch` as it is sent, after its gate.
+    pub fn with_watch(self, watch: Watch) -> InProcess {
+        InProcess {
+            watch: Some(watch),
+            ..self
+        }
     }
 
     /// Passes every request through `gate` first (the simulation's crash points and
@@ -82,13 +100,20 @@ impl HttpConnector for InProcess {
     fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
         let router = self.router.clone();
         let gate = self.gate.clone();
+        let watch = self.watch.clone();
         HttpConnectorFuture::new(async move {
             let request = request.try_into_http1x().map_err(connector_error)?;
             let (parts, body) = request.into_parts();
             // Our requests are built in memory; a streaming body would be a misuse here.
             let bytes = body.bytes().unwrap_or_default().to_vec();
-            if let Some(gate) = gate {
-                gate(operation(&parts.headers, &bytes)).await;
+            if gate.is_some() || watch.is_some() {
+                let op = operation(&parts.headers, &bytes);
+                if let Some(gate) = gate {
+                    gate(op.clone()).await;
+                }
+                if let Some(watch) = watch {
+                    watch(&op, &bytes);
+                }
             }
             let request = http::Request::from_parts(parts, axum::body::Body::from(bytes));
             let response = router

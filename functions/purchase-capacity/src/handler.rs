@@ -813,13 +813,26 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             token: self.ids.next_id(),
             expires_at: now + LEASE,
         };
+        // A request recorded before doubt was: its purchase began at the latest when the
+        // lease it held was taken, a lease ago. That doubt is recorded with the takeover, so
+        // a later takeover (this one dying, or ending in doubt) keeps the first beginning
+        // instead of deriving a later one from this lease, which would slide the doubt
+        // window forward at every takeover and hold the debit for ever.
+        let doubt = rec.doubt.clone().unwrap_or_else(|| Doubt {
+            offering_ids: plan
+                .offering_ids()
+                .into_iter()
+                .map(str::to_string)
+                .collect(),
+            since: rec.lease.as_ref().map_or(now, |l| l.expires_at) - LEASE,
+        });
         let begin = BeginPurchase {
             request_id: id.clone(),
             expected_version: rec.version,
             from: RequestStatus::Purchasing,
             lease: lease.clone(),
             debit: None,
-            doubt: None,
+            doubt: rec.doubt.is_none().then(|| doubt.clone()),
             reason: "taking over an expired purchase lease; reconciling first".into(),
             at: now,
             caused_by: cause.clone(),
@@ -832,16 +845,6 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     "took-over",
                     "the previous purchase lease expired",
                 ));
-                // A request recorded before doubt was: its purchase began at the latest
-                // when the lease it held was taken, a lease ago.
-                let doubt = rec.doubt.clone().unwrap_or_else(|| Doubt {
-                    offering_ids: plan
-                        .offering_ids()
-                        .into_iter()
-                        .map(str::to_string)
-                        .collect(),
-                    since: rec.lease.as_ref().map_or(now, |l| l.expires_at) - LEASE,
-                });
                 self.execute(&rec, &plan, &lease, Some(&doubt), cause, now, out)
                     .await
             }

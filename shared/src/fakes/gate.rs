@@ -110,6 +110,11 @@ impl Gate {
         self.lock().current = i;
     }
 
+    /// The invocation being polled: whose call passes now.
+    pub fn current(&self) -> usize {
+        self.lock().current
+    }
+
     /// The calls invocation `i` has made (not counting the one it died at).
     pub fn calls(&self, i: usize) -> u32 {
         self.lock().slots.get(i).map_or(0, |s| s.calls)

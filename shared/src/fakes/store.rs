@@ -254,6 +254,15 @@ impl InMemoryStore {
         );
     }
 
+    /// Forgets a record's purchase doubt, leaving all else as it is: the record reads as one
+    /// written by a release before `doubt` was. Nothing is committed, so nothing is
+    /// published and the version stays.
+    pub fn forget_doubt(&self, request_id: &RequestId) {
+        if let Some(stored) = lock(&self.state).requests.get_mut(request_id) {
+            stored.record.doubt = None;
+        }
+    }
+
     /// A reservation recorded for `request_id` as if bought (a split's kept block, say).
     pub fn insert_reservation(&self, request_id: &RequestId, reservation: Reservation) {
         lock(&self.state)

@@ -239,6 +239,10 @@ pub struct Sim {
     slept: Tally,
     /// The scenario's refused purchase calls, armed as their occurrences come.
     refusing: Refusing,
+    /// The requests whose purchase doubt the harness forgot ([`Scenario::legacy_doubt`]).
+    legacy: BTreeSet<String>,
+    /// purchase-capacity's purchase calls in the batch running.
+    purchase_calls: PurchaseCalls,
     /// Each request's purchase lease token as last seen, to judge each new lease when written.
     leases: BTreeMap<String, String>,
     /// (request, when) for each purchase lease taken, as the steps saw them.
@@ -362,6 +366,55 @@ impl aws_smithy_async::rt::sleep::AsyncSleep for Tally {
     }
 }
 
+/// purchase-capacity's `PURCHASE_ATTEMPTS`: the calls one purchase makes at most, its first
+/// and the retries of a throttle (AWS did not process a throttled call).
+const PURCHASE_ATTEMPTS: u32 = 3;
+
+/// The purchase calls each invocation of the batch running has sent, by (invocation, body):
+/// one offering bought for one request, whose retries send the same body.
+#[derive(Debug, Clone, Default)]
+struct PurchaseCalls(Arc<std::sync::Mutex<BTreeMap<SentBody, u32>>>);
+
+/// A request body one invocation sent: (the invocation's index in its batch, the body).
+type SentBody = (usize, Vec<u8>);
+
+impl PurchaseCalls {
+    fn sent(&self, invocation: usize, op: &str, body: &[u8]) {
+        if matches!(op, "PurchaseCapacityBlock" | "CreateTrainingPlan") {
+            *self
+                .0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry((invocation, body.to_vec()))
+                .or_default() += 1;
+        }
+    }
+
+    /// The purchases sent more than [`PURCHASE_ATTEMPTS`] times by one invocation since the
+    /// last take: (the offering they name, how many times).
+    fn take_overrun(&self) -> Vec<(String, u32)> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+            .into_iter()
+            .filter(|(_, n)| *n > PURCHASE_ATTEMPTS)
+            .map(|((_, body), n)| (offering_named(&body), n))
+            .collect()
+    }
+}
+
+/// The offering a purchase call's body names (EC2's form or SageMaker's JSON).
+fn offering_named(body: &[u8]) -> String {
+    let form = serde_urlencoded::from_bytes::<Vec<(String, String)>>(body).unwrap_or_default();
+    form.into_iter()
+        .find(|(k, _)| k == "CapacityBlockOfferingId")
+        .map(|(_, v)| v)
+        .or_else(|| {
+            serde_json::from_slice::<Value>(body)
+                .ok()
+                .and_then(|v| v["TrainingPlanOfferingId"].as_str().map(str::to_string))
+        })
+        .unwrap_or_else(|| "?".to_string())
+}
+
 /// purchase-capacity's `Timeout` in infra/template.yaml: its invocations' waits must end
 /// within it, or Lambda kills the invocation mid-protocol every time.
 const PURCHASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
@@ -472,13 +525,19 @@ impl Sim {
         let g = gate.clone();
         let refusing = Refusing::new(&scenario, router.clone());
         let r = refusing.clone();
-        let connector = InProcess::new(router).with_gate(Arc::new(move |op: String| {
-            let (g, r) = (g.clone(), r.clone());
-            Box::pin(async move {
-                g.point(&op).await;
-                r.before(&op).await;
-            })
-        }));
+        let purchase_calls = PurchaseCalls::default();
+        let (w, wg) = (purchase_calls.clone(), gate.clone());
+        let connector = InProcess::new(router)
+            .with_gate(Arc::new(move |op: String| {
+                let (g, r) = (g.clone(), r.clone());
+                Box::pin(async move {
+                    g.point(&op).await;
+                    r.before(&op).await;
+                })
+            }))
+            .with_watch(Arc::new(move |op: &str, body: &[u8]| {
+                w.sent(wg.current(), op, body);
+            }));
         let sdk = in_process::sdk_config(connector.http_client(), REGION, t0().into());
         let adapters = || {
             let a = Adapters::from_sdk(sdk.clone(), &config).expect("adapters");
@@ -566,6 +625,8 @@ impl Sim {
             foreign,
             slept,
             refusing,
+            legacy: BTreeSet::new(),
+            purchase_calls,
             leases: BTreeMap::new(),
             lease_times: Vec::new(),
             strays: Vec::new(),
@@ -770,6 +831,74 @@ impl Sim {
                     lease.expires_at
                 ));
             }
+        }
+    }
+
+    /// An `in-doubt` decision is judged when it is made: the purchase it doubts is of an
+    /// offering of the request's plan that no reservation recorded for the request serves
+    /// already (else the purchase waits out the doubt window over what it holds), begun at
+    /// or before now.
+    fn judge_doubt(&mut self, request: &str, reason: &str, now: DateTime<Utc>) {
+        let Some(offering) = reason
+            .split_once("purchase of ")
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+        else {
+            self.problems.push(format!(
+                "an in-doubt decision names its purchase: {request}'s reads {reason:?}"
+            ));
+            return;
+        };
+        let Some(rec) = self
+            .store
+            .records()
+            .into_iter()
+            .find(|r| r.request_id.as_str() == request)
+        else {
+            return;
+        };
+        let Some(o) = rec
+            .candidates
+            .first()
+            .and_then(|p| p.offerings.iter().find(|o| o.id == offering))
+        else {
+            self.problems.push(format!(
+                "an in-doubt decision names its plan's offering: {request} doubts {offering}, \
+                 not in its plan"
+            ));
+            return;
+        };
+        let reservations = self.store.all_reservations();
+        for r in reservations
+            .iter()
+            .filter(|(k, _)| k.as_str() == request)
+            .flat_map(|(_, v)| v)
+            .filter(|r| r.state.is_live())
+        {
+            if r.instance_type == o.instance_type
+                && r.instance_count == o.instance_count
+                && (r.start() - o.start()).num_minutes().abs() < 60
+            {
+                self.problems.push(format!(
+                    "a recorded purchase is never in doubt: {request} doubts the purchase of \
+                     {offering} at {now}, which {} (recorded, bought at {:?}) serves",
+                    r.id, r.bought_at
+                ));
+            }
+        }
+        // The doubt's beginning, as the decision gives it: "begun at <time> UTC".
+        if let Some(since) = reason
+            .split_once("begun at ")
+            .and_then(|(_, rest)| rest.split_once(" UTC"))
+            .and_then(|(t, _)| {
+                chrono::NaiveDateTime::parse_from_str(t, "%Y-%m-%d %H:%M:%S%.f").ok()
+            })
+            .map(|t| t.and_utc())
+            && since > now
+        {
+            self.problems.push(format!(
+                "a doubt began in the past: {request}'s purchase of {offering} is in doubt at \
+                 {now} since {since}"
+            ));
         }
     }
 
@@ -1495,6 +1624,7 @@ impl Sim {
         }
         let crash: Vec<Option<u32>> = which.iter().map(|k| crash_at[*k]).collect();
         self.slept.take();
+        self.purchase_calls.take_overrun();
         self.refusing.batch();
         let purchase = batch.iter().any(|p| p.function == "purchase-capacity");
         let tokens_before: BTreeSet<String> = if purchase {
@@ -1509,6 +1639,18 @@ impl Sim {
         let ran = drive(&self.gate, runs, &crash, order).await;
         if purchase {
             self.judge_leases_left(&tokens_before, &ran, now);
+            if self.scenario.legacy_doubt && self.faults_on {
+                for r in self.store.records() {
+                    // Only a doubt written with a purchase's first lease, as the old
+                    // release would have begun it: what a takeover records stays.
+                    let fresh = matches!((&r.doubt, &r.lease),
+                        (Some(d), Some(l)) if l.expires_at - d.since == purchase_capacity::handler::LEASE);
+                    if r.status == RequestStatus::Purchasing && fresh {
+                        self.store.forget_doubt(&r.request_id);
+                        self.legacy.insert(r.request_id.to_string());
+                    }
+                }
+            }
         }
         // Invocations run together share the tally: each alone slept at most this much.
         let slept = self.slept.take();
@@ -1523,6 +1665,12 @@ impl Sim {
                  past its {} s timeout",
                 slept.as_secs(),
                 PURCHASE_TIMEOUT.as_secs()
+            ));
+        }
+        for (offering, n) in self.purchase_calls.take_overrun() {
+            self.problems.push(format!(
+                "a purchase gives up within its attempts: an invocation at {now} sent the \
+                 same purchase of {offering} {n} times, past its {PURCHASE_ATTEMPTS}"
             ));
         }
         let mut results: Vec<Option<Ran>> = batch.iter().map(|_| None).collect();
@@ -1597,6 +1745,16 @@ impl Sim {
                     if d.reason.contains(REFUSAL) {
                         self.refusals
                             .push((now, d.request_id.to_string(), d.action.to_string()));
+                    }
+                    if d.action == "in-doubt" {
+                        self.judge_doubt(&d.request_id.to_string(), &d.reason, now);
+                    }
+                    if d.action == "in-doubt"
+                        && d.reason.contains("is not listed")
+                        && self.legacy.contains(d.request_id.as_str())
+                    {
+                        self.reached
+                            .insert("a taken-over legacy purchase record was in doubt".to_string());
                     }
                     if d.action == "in-doubt" && d.reason.contains("is not listed") {
                         self.reached

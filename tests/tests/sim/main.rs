@@ -186,6 +186,7 @@ const MUST_REACH: &[&str] = &[
     "LostResponse struck PurchaseCapacityBlock",
     "LostResponse struck CreateTrainingPlan",
     "a taken-over purchase was in doubt",
+    "a taken-over legacy purchase record was in doubt",
     "a purchase was refused for good",
     "a split's later block was refused for good",
     "an EC2 split was bought",

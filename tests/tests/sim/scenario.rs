@@ -232,6 +232,11 @@ pub struct Scenario {
     /// AWS refuses so the first `PurchaseCapacityBlock` that is an invocation's second (a
     /// split's later block, bought after its first), once, in the fault hours.
     pub refuse_later_block: bool,
+    /// Purchases begun by a release before `doubt` was: in the fault hours, the harness
+    /// forgets the doubt a purchase's first lease wrote, after the invocation that wrote it,
+    /// so a takeover derives it from the lease (a worker of the old release died holding it,
+    /// and the new release takes over).
+    pub legacy_doubt: bool,
     /// Strays, bought by the harness when their request first waits to be purchased.
     pub strays: Vec<PlannedStray>,
     pub outages: Vec<Outage>,
@@ -545,6 +550,7 @@ impl Scenario {
         // A split's later block refused for good after its first was bought: the request keeps
         // the block and searches for a replacement segment.
         let refuse_later_block = r.chance(30);
+        let legacy_doubt = r.chance(15);
         Scenario {
             seed,
             team_budgets,
@@ -562,6 +568,7 @@ impl Scenario {
             crash_after,
             refused,
             refuse_later_block,
+            legacy_doubt,
             strays,
             outages,
             concurrent_duplicates,

@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 use super::{LEASE, Purchaser};
 use capacity_pilot::config::DEFAULT_DEPLOYMENT_ID as DEPLOYMENT;
 use capacity_pilot::domain::naming::plan_name;
+use capacity_pilot::domain::time_rules::IN_DOUBT_WINDOW;
 
 type P = Purchaser<InMemoryStore, FakeMarket, RecordingEvents, ManualClock>;
 
@@ -836,6 +837,55 @@ async fn a_lost_response_then_a_gone_offering_under_listing_lag_is_never_release
     assert_eq!(w.status("r1").await, RequestStatus::Reserved);
     assert_eq!(w.market.purchase_count(), 1);
     assert_eq!(w.spent("team-a"), MicroUsd(1_661_180_000));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_legacy_purchase_taken_over_again_and_again_keeps_its_first_doubt_and_ends() {
+    // GIVEN a purchase whose call never took effect but answered nothing, recorded by a
+    // release before doubt was (Purchasing, a lease, a debit, no doubt), and its offering
+    // since gone
+    let w = World::new();
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    w.market.fail_next(
+        MarketOp::Purchase,
+        capacity_pilot::fakes::errors::outcome_unknown("market"),
+    );
+    let p = w.purchaser(CAPS);
+    let _ = p.handle(found("r1", "e1")).await;
+    assert_eq!(w.status("r1").await, RequestStatus::Purchasing);
+    w.store
+        .forget_doubt(&capacity_pilot::fakes::fixtures::request_id("r1"));
+    let began = record(&w, "r1")
+        .lease
+        .expect("the purchase lease")
+        .expires_at
+        - LEASE;
+    w.market.withdraw("cb-1");
+
+    // WHEN worker after worker takes the lease over, each finding nothing listed
+    let mut ended_at = None;
+    for round in 1..=8 {
+        w.clock.advance(LEASE + Duration::minutes(1));
+        w.store.advance_to(w.clock.get());
+        p.handle(tick(&format!("t{round}"))).await.unwrap();
+        let rec = record(&w, "r1");
+        if rec.status != RequestStatus::Purchasing {
+            ended_at = Some(w.clock.get());
+            break;
+        }
+        // THEN each keeps the doubt's first beginning, not the lease it took over
+        assert_eq!(
+            rec.doubt.expect("the takeover records the doubt").since,
+            began
+        );
+    }
+    // AND once the in-doubt window from that beginning has passed, the debit comes back and
+    // the request searches again: the window does not slide with every takeover
+    let ended_at = ended_at.expect("the request leaves Purchasing");
+    assert!(ended_at < began + IN_DOUBT_WINDOW + LEASE * 2, "{ended_at}");
+    assert_eq!(w.market.purchase_count(), 0);
+    assert_eq!(w.spent("team-a"), MicroUsd(0));
+    assert_eq!(w.status("r1").await, RequestStatus::Searching);
 }
 
 #[tokio::test(flavor = "multi_thread")]
