@@ -39,9 +39,12 @@ lint-iac: venv-iac
 	$(IAC)/bin/cfn-lint $(TEMPLATE) $(FORWARDER)
 	$(IAC)/bin/checkov --quiet --compact --skip-download --framework cloudformation -f $(TEMPLATE) -f $(FORWARDER)
 
-## build: the five Lambda binaries for arm64 (cargo-lambda), where infra/template.yaml expects them
+## build: the five Lambda binaries for arm64 (cargo-lambda), where infra/template.yaml expects
+## them, and nothing else of the workspace (local-cloud and the tests are not deployed)
+FUNCTIONS := search-offerings purchase-capacity launch-workloads replace-unhealthy cleanup-expired
 build: $(IAC)/.cargo-lambda
-	PATH="$(abspath $(IAC))/bin:$$PATH" $(CARGO) lambda build --release --arm64 --lambda-dir target/lambda
+	PATH="$(abspath $(IAC))/bin:$$PATH" $(CARGO) lambda build --release --arm64 \
+		--lambda-dir target/lambda $(foreach f,$(FUNCTIONS),--package $(f))
 
 ## deploy: sam deploy of the built functions; `make deploy GUIDED=1` the first time asks for
 ## the parameters and saves them in samconfig.toml
@@ -176,10 +179,13 @@ $(IAC)/.installed: Makefile tests/support/iac-constraints.txt
 		"cfn-lint==$(CFN_LINT_VERSION)" "checkov==$(CHECKOV_VERSION)"
 	touch $@
 
-# cargo-lambda (and the zig it cross-links with) only for builds, not for the tests.
-$(IAC)/.cargo-lambda: $(IAC)/.installed
+# cargo-lambda (and the zig it cross-links with) only for builds, not for the tests. The zig
+# wheel is pinned in the constraints file: cargo-lambda asks only for ziglang>=0.10, and zig
+# 0.16.0's `ar` cannot create an archive, which breaks the cross-build of ring and aws-lc-sys
+# (rust-cross/cargo-zigbuild#433, aws/aws-lc-rs#993); 0.15.2 builds both.
+$(IAC)/.cargo-lambda: $(IAC)/.installed tests/support/build-constraints.txt
 	$(IAC)/bin/pip install --quiet --disable-pip-version-check \
-		"cargo-lambda==$(CARGO_LAMBDA_VERSION)"
+		-c tests/support/build-constraints.txt "cargo-lambda==$(CARGO_LAMBDA_VERSION)"
 	touch $@
 
 ## run: the whole lifecycle offline: builds the functions and plays a scenario with the real

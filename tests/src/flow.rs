@@ -10,7 +10,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, LazyLock, Mutex};
 
-use aws_config::BehaviorVersion;
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use aws_sdk_dynamodb::config::{Credentials, Region};
 use capacity_pilot::aws::capacity::{AwsMarket, AwsWorkloads};
@@ -223,7 +222,7 @@ impl Flow {
             Config::from_lookup(&|k| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
                 .expect("config"),
         );
-        let sdk = aws_config::defaults(BehaviorVersion::latest())
+        let sdk = capacity_pilot::aws::wiring::sdk_loader()
             .endpoint_url(cloud.url())
             .region(Region::new(REGION))
             .credentials_provider(Credentials::new("AKIDTEST", "secret", None, None, "flow"))

@@ -43,9 +43,10 @@ impl Calls {
         self.bodies.lock().unwrap().clone()
     }
 
-    /// A plain-HTTP SDK client (the stand-ins speak HTTP) that records into these calls.
+    /// The functions' own SDK HTTP client ([`capacity_pilot::aws::wiring::https_client`]; the
+    /// stand-ins speak plain HTTP), recording into these calls.
     pub fn http_client(&self) -> SharedHttpClient {
-        self.wrap(aws_smithy_http_client::Builder::new().build_http())
+        self.wrap(capacity_pilot::aws::wiring::https_client())
     }
 
     /// `inner` (an in-process client, say), recording into these calls.

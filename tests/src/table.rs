@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use anyhow::{Context, anyhow};
-use aws_config::BehaviorVersion;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::{Credentials, Region};
 use aws_sdk_dynamodb::types::{
@@ -64,7 +63,7 @@ impl TestTable {
 }
 
 pub async fn client_for(endpoint_url: &str) -> Client {
-    let config = aws_config::defaults(BehaviorVersion::latest())
+    let config = capacity_pilot::aws::wiring::sdk_loader()
         .endpoint_url(endpoint_url)
         .region(Region::new("us-east-1"))
         .credentials_provider(Credentials::new("test", "test", None, None, "tests"))

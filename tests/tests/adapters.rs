@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use aws_config::BehaviorVersion;
 use aws_sdk_dynamodb::config::{Credentials, Region};
 use capacity_pilot::aws::capacity::{AwsMarket, AwsWorkloads};
 use capacity_pilot::aws::clock::ConfiguredClock;
@@ -38,7 +37,7 @@ struct Env {
 /// The SDK configuration production builds, pointed at the emulator; SDK retries are the
 /// standard ones, so a purchase that is not retried shows that the adapter turned them off.
 async fn sdk_config(url: &str) -> aws_config::SdkConfig {
-    aws_config::defaults(BehaviorVersion::latest())
+    capacity_pilot::aws::wiring::sdk_loader()
         .endpoint_url(url)
         .region(Region::new(REGION))
         .credentials_provider(Credentials::new(

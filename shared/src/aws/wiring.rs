@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use aws_config::{BehaviorVersion, SdkConfig};
+use aws_config::{BehaviorVersion, ConfigLoader, SdkConfig};
+use aws_sdk_dynamodb::config::SharedHttpClient;
+use aws_smithy_http_client::tls;
 
 use crate::aws::capacity::{AwsMarket, AwsWorkloads};
 use crate::aws::clock::ConfiguredClock;
@@ -13,6 +15,23 @@ use crate::aws::eventbridge::EventBridgeSink;
 use crate::aws::ids::RandomIds;
 use crate::config::Config;
 use crate::ports::{PortError, SharedIds, Sleep, default_sleep};
+
+/// The SDK configuration loader every client is built from, in production and in the tests:
+/// the standard environment and [`https_client`].
+pub fn sdk_loader() -> ConfigLoader {
+    aws_config::defaults(BehaviorVersion::latest()).http_client(https_client())
+}
+
+/// The SDK's own hyper client on rustls with ring: the one TLS stack the packages link (the
+/// SDK's default client would bring aws-lc-rs, a second one). It speaks plain HTTP too, to
+/// the offline stand-ins.
+pub fn https_client() -> SharedHttpClient {
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(
+            tls::rustls_provider::CryptoMode::Ring,
+        ))
+        .build_https()
+}
 
 pub struct Adapters {
     pub sdk: SdkConfig,
@@ -30,7 +49,7 @@ pub struct Adapters {
 impl Adapters {
     /// Loads the SDK configuration from the environment and builds every adapter.
     pub async fn from_env(config: &Config) -> Result<Adapters, PortError> {
-        let sdk = aws_config::load_defaults(BehaviorVersion::latest()).await;
+        let sdk = sdk_loader().load().await;
         Adapters::from_sdk(sdk, config)
     }
 

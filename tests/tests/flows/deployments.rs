@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use aws_config::BehaviorVersion;
 use aws_sdk_dynamodb::config::{Credentials, Region};
 use capacity_pilot::aws::wiring::Adapters;
 use capacity_pilot::config::Config;
@@ -61,7 +60,7 @@ async fn stack_b(f: &Flow) -> StackB {
         Config::from_lookup(&|k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
             .unwrap(),
     );
-    let sdk = aws_config::defaults(BehaviorVersion::latest())
+    let sdk = capacity_pilot::aws::wiring::sdk_loader()
         .endpoint_url(f.cloud.url())
         .region(Region::new(REGION))
         .credentials_provider(Credentials::new("AKIDTEST", "secret", None, None, "b"))

@@ -1,7 +1,6 @@
 //! Builds an emulator and SDK clients the way production code builds them: one `SdkConfig` whose
 //! endpoint is the test's own local-cloud.
 
-use aws_config::BehaviorVersion;
 use aws_config::retry::RetryConfig;
 use aws_sdk_ec2::config::{Credentials, Region};
 use chrono::{DateTime, Utc};
@@ -32,7 +31,7 @@ pub async fn sdk_config(url: &str, region: &'static str, retries: bool) -> aws_c
     } else {
         RetryConfig::disabled()
     };
-    aws_config::defaults(BehaviorVersion::latest())
+    capacity_pilot::aws::wiring::sdk_loader()
         .endpoint_url(url)
         .region(Region::new(region))
         .credentials_provider(Credentials::new(
