@@ -17,7 +17,7 @@ IAC := $(VENV)/iac
 TEMPLATE := infra/template.yaml
 FORWARDER := infra/region-forwarder.yaml
 
-.PHONY: test lint lint-rust lint-iac fmt soak run venv venv-iac schemas build deploy deploy-forwarders \
+.PHONY: test lint lint-rust lint-iac fmt soak run venv venv-iac schemas build bench deploy deploy-forwarders \
 	mutants mutants-store mutants-tree no-mutants
 
 ## test: every test, lint included (what CI runs)
@@ -187,6 +187,19 @@ $(IAC)/.cargo-lambda: $(IAC)/.installed tests/support/build-constraints.txt
 	$(IAC)/bin/pip install --quiet --disable-pip-version-check \
 		-c tests/support/build-constraints.txt "cargo-lambda==$(CARGO_LAMBDA_VERSION)"
 	touch $@
+
+## bench: the figures of the README's "Packages, memory and cold start" in one run, never part
+## of `make test`: the arm64 zips (make build); each function's release init, peak RSS, CPU
+## and AWS calls per invocation, and the default scenario's wall time (x86-64 release binaries
+## under the local runner, medians of BENCH_RUNS runs); one search-offerings tick's planning of
+## 1,000 requests over 10,000 offerings (criterion, bench/benches/planner.rs).
+BENCH_RUNS ?= 5
+bench: build venv
+	$(CARGO) build --workspace --bins --release
+	@target="$$($(CARGO) metadata --format-version 1 --no-deps | $(PYTHON) -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"; \
+		$(PYTHON) bench/report.py --target "$$target" --lambda-dir target/lambda \
+		--scenario infra/local/scenarios/default.yaml --runs $(BENCH_RUNS)
+	$(CARGO) bench -p benches --features bench
 
 ## run: the whole lifecycle offline: builds the functions and plays a scenario with the real
 ## binaries on the local runner (local-cloud run), printing its timeline, a summary per request

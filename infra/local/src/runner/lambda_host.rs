@@ -44,6 +44,8 @@ pub struct Invocation {
     pub duration: Duration,
     /// VmHWM after the invocation, the high-water mark having been reset before it.
     pub peak_rss_kb: u64,
+    /// The CPU time the process's threads ran during the invocation (their schedstat).
+    pub cpu: Duration,
 }
 
 struct Pending {
@@ -204,6 +206,7 @@ impl Function {
         let request_id = uuid::Uuid::new_v4().to_string();
         // Reset the high-water mark, so VmHWM afterwards is this invocation's peak.
         let _ = std::fs::write(format!("/proc/{}/clear_refs", self.pid), "5");
+        let cpu_before = cpu_ns(self.pid);
         let (reply, answer) = oneshot::channel();
         let sent = self
             .tx
@@ -242,6 +245,7 @@ impl Function {
             answer,
             duration,
             peak_rss_kb: vm_hwm_kb(self.pid).unwrap_or(0),
+            cpu: Duration::from_nanos(cpu_ns(self.pid).saturating_sub(cpu_before)),
         }
     }
 
@@ -254,6 +258,21 @@ impl Function {
         let _ = self.child.kill().await;
         self.server.abort();
     }
+}
+
+/// The CPU time a process's threads have run, in ns: the first field of each thread's
+/// `/proc/<pid>/task/<tid>/schedstat` (nanosecond-exact, unlike `stat`'s clock ticks). A
+/// thread that ended before the reading is not counted; the functions' tokio workers live
+/// as long as the process.
+fn cpu_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
 }
 
 /// VmHWM of a process, in kB.

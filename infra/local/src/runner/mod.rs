@@ -66,6 +66,8 @@ pub struct InvocationRecord {
     pub published: Vec<Value>,
     pub duration: Duration,
     pub peak_rss_kb: u64,
+    /// The CPU time the function's process ran for it.
+    pub cpu: Duration,
     /// The AWS calls it made, per service (`dynamodb`, `ec2`, `sagemaker`, `events`).
     pub aws_calls: BTreeMap<String, u64>,
 }
@@ -93,6 +95,9 @@ pub struct FunctionStats {
     pub peak_rss_kb: u64,
     pub max_duration: Duration,
     pub total_duration: Duration,
+    /// The most CPU time one invocation took, and all of them together.
+    pub max_cpu: Duration,
+    pub total_cpu: Duration,
     pub log: PathBuf,
 }
 
@@ -287,6 +292,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunResult> {
             peak_rss_kb: mine.iter().map(|i| i.peak_rss_kb).max().unwrap_or(0),
             max_duration: mine.iter().map(|i| i.duration).max().unwrap_or_default(),
             total_duration: mine.iter().map(|i| i.duration).sum(),
+            max_cpu: mine.iter().map(|i| i.cpu).max().unwrap_or_default(),
+            total_cpu: mine.iter().map(|i| i.cpu).sum(),
             log: f.log.clone(),
         });
         f.stop().await;
@@ -616,6 +623,7 @@ impl Player {
                 published,
                 duration: inv.duration,
                 peak_rss_kb: inv.peak_rss_kb,
+                cpu: inv.cpu,
                 aws_calls,
             };
             self.timeline.invocation(&rec);

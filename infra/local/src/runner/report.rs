@@ -446,7 +446,7 @@ pub fn render(r: &RunResult) -> String {
     let _ = writeln!(s, "\n== functions (real binaries under the Lambda host) ==");
     let _ = writeln!(
         s,
-        "{:<18} {:>6} {:>9} {:>8} {:>6} {:>7} {:>13} {:>10} {:>10} {:>12} {:>8} {:>9} {:>8}",
+        "{:<18} {:>6} {:>9} {:>8} {:>6} {:>7} {:>13} {:>10} {:>10} {:>10} {:>11} {:>12} {:>8} {:>9} {:>8}",
         "function",
         "memory",
         "init ms",
@@ -456,6 +456,8 @@ pub fn render(r: &RunResult) -> String {
         "peak RSS MiB",
         "max ms",
         "mean ms",
+        "max cpu ms",
+        "mean cpu ms",
         "recommend MB",
         "ddb/inv",
         "ddb/quiet",
@@ -467,10 +469,15 @@ pub fn render(r: &RunResult) -> String {
         } else {
             0.0
         };
+        let mean_cpu = if f.invocations > 0 {
+            f.total_cpu.as_secs_f64() * 1000.0 / f.invocations as f64
+        } else {
+            0.0
+        };
         let calls = calls_of(r, &f.name);
         let _ = writeln!(
             s,
-            "{:<18} {:>6} {:>9} {:>8} {:>6} {:>7} {:>13.1} {:>10} {:>10.1} {:>12} {:>8.1} {:>9} {:>8.1}",
+            "{:<18} {:>6} {:>9} {:>8} {:>6} {:>7} {:>13.1} {:>10} {:>10.1} {:>10.1} {:>11.2} {:>12} {:>8.1} {:>9} {:>8.1}",
             f.name,
             f.memory_mb,
             f.init.as_millis(),
@@ -480,7 +487,9 @@ pub fn render(r: &RunResult) -> String {
             f.peak_rss_kb as f64 / 1024.0,
             f.max_duration.as_millis(),
             mean,
-            recommended_memory_mb(f.peak_rss_kb),
+            f.max_cpu.as_secs_f64() * 1000.0,
+            mean_cpu,
+            recommended_memory_mb(f.peak_rss_kb, f.max_cpu),
             calls.dynamodb_mean,
             calls.quiet_dynamodb_max,
             calls.other_mean
@@ -489,7 +498,7 @@ pub fn render(r: &RunResult) -> String {
     let release = r.bin_dir.ends_with("release");
     let _ = writeln!(
         s,
-        "recommended MemorySize: peak RSS x 1.5, rounded up to 64 MB, at least 128 MB; {}",
+        "recommended MemorySize: peak RSS x 1.5, and enough CPU share (1,769 MB = 1 vCPU) to run the heaviest invocation's CPU time within 1 s, rounded up to 64 MB, at least 128 MB; {}",
         if release {
             "from a release build: the figures to put in infra/template.yaml"
         } else {
@@ -757,12 +766,12 @@ pub fn html(r: &RunResult) -> String {
             esc(&c.detail)
         );
     }
-    h.push_str("</table><h2>Functions</h2><table><tr><th>function</th><th>memory MB</th><th>init ms</th><th>invocations</th><th>errors</th><th>peak RSS MiB</th><th>max ms</th><th>recommended MemorySize</th><th>DynamoDB calls per invocation</th><th>most DynamoDB calls of a quiet one</th><th>other AWS calls per invocation</th></tr>");
+    h.push_str("</table><h2>Functions</h2><table><tr><th>function</th><th>memory MB</th><th>init ms</th><th>invocations</th><th>errors</th><th>peak RSS MiB</th><th>max ms</th><th>max CPU ms</th><th>recommended MemorySize</th><th>DynamoDB calls per invocation</th><th>most DynamoDB calls of a quiet one</th><th>other AWS calls per invocation</th></tr>");
     for f in &r.functions {
         let calls = calls_of(r, &f.name);
         let _ = write!(
             h,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{}</td><td>{:.1}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{}</td><td>{:.1}</td><td>{}</td><td>{:.1}</td><td>{}</td><td>{:.1}</td></tr>",
             esc(&f.name),
             f.memory_mb,
             f.init.as_millis(),
@@ -770,7 +779,8 @@ pub fn html(r: &RunResult) -> String {
             f.errors,
             f.peak_rss_kb as f64 / 1024.0,
             f.max_duration.as_millis(),
-            recommended_memory_mb(f.peak_rss_kb),
+            f.max_cpu.as_secs_f64() * 1000.0,
+            recommended_memory_mb(f.peak_rss_kb, f.max_cpu),
             calls.dynamodb_mean,
             calls.quiet_dynamodb_max,
             calls.other_mean
@@ -845,6 +855,7 @@ pub fn invocations_jsonl(r: &RunResult) -> String {
             "published": i.published.iter().map(|e| e["detail-type"].clone()).collect::<Vec<_>>(),
             "duration_ms": i.duration.as_secs_f64() * 1000.0,
             "peak_rss_kb": i.peak_rss_kb,
+            "cpu_ms": i.cpu.as_secs_f64() * 1000.0,
             "aws_calls": i.aws_calls,
         });
         out.push_str(&line.to_string());
@@ -853,23 +864,58 @@ pub fn invocations_jsonl(r: &RunResult) -> String {
     out
 }
 
-/// The `MemorySize` to give a function whose invocations peaked at `peak_rss_kb`: half again
-/// as much headroom, rounded up to a multiple of 64 MB, and never under Lambda's 128 MB.
-pub fn recommended_memory_mb(peak_rss_kb: u64) -> u64 {
-    let with_headroom_mb = (peak_rss_kb * 3 / 2).div_ceil(1024);
-    with_headroom_mb.div_ceil(64).max(2) * 64
+/// The memory at which Lambda gives a function one full vCPU; below it, the CPU share is in
+/// proportion to the memory (AWS's Lambda developer guide, "Configuring memory").
+pub const ONE_VCPU_MB: u64 = 1769;
+
+/// The CPU latency the heaviest invocation may take at the recommended memory's CPU share.
+pub const CPU_LATENCY_BUDGET: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The `MemorySize` to give a function whose invocations peaked at `peak_rss_kb` of memory and
+/// whose heaviest took `max_cpu` of CPU here: the least multiple of 64 MB, never under Lambda's
+/// 128 MB, that holds the peak with half again as much headroom and runs that invocation's CPU
+/// work within [`CPU_LATENCY_BUDGET`] at `memory / ONE_VCPU_MB` of a vCPU (never asking past one
+/// vCPU: the functions' work is one request at a time). CPU-bound time costs the same at any
+/// memory (the bill is memory x duration, and the duration shrinks as the share grows); only
+/// the time spent waiting on AWS grows in cost with it, which is why the floor is not higher.
+/// The CPU time is this machine's: a proxy for a Graviton core, not a measurement of one.
+pub fn recommended_memory_mb(peak_rss_kb: u64, max_cpu: std::time::Duration) -> u64 {
+    let for_rss = (peak_rss_kb * 3 / 2).div_ceil(1024);
+    let for_cpu = (max_cpu.as_nanos() * u128::from(ONE_VCPU_MB))
+        .div_ceil(CPU_LATENCY_BUDGET.as_nanos())
+        .min(u128::from(ONE_VCPU_MB)) as u64;
+    for_rss.max(for_cpu).div_ceil(64).max(2) * 64
 }
 
 #[cfg(test)]
 mod memory_tests {
     use super::recommended_memory_mb;
+    use std::time::Duration;
+
+    const IDLE: Duration = Duration::ZERO;
 
     #[test]
     fn memory_is_peak_plus_half_rounded_up_to_64_mb_and_at_least_128() {
-        assert_eq!(recommended_memory_mb(0), 128);
-        assert_eq!(recommended_memory_mb(34 * 1024), 128); // 51 MB
-        assert_eq!(recommended_memory_mb(100 * 1024), 192); // 150 MB
-        assert_eq!(recommended_memory_mb(128 * 1024), 192); // exactly 192 MB
-        assert_eq!(recommended_memory_mb(129 * 1024), 256); // 193.5 MB
+        assert_eq!(recommended_memory_mb(0, IDLE), 128);
+        assert_eq!(recommended_memory_mb(34 * 1024, IDLE), 128); // 51 MB
+        assert_eq!(recommended_memory_mb(100 * 1024, IDLE), 192); // 150 MB
+        assert_eq!(recommended_memory_mb(128 * 1024, IDLE), 192); // exactly 192 MB
+        assert_eq!(recommended_memory_mb(129 * 1024, IDLE), 256); // 193.5 MB
+    }
+
+    #[test]
+    fn memory_buys_the_cpu_share_that_runs_the_heaviest_invocation_within_a_second() {
+        // 72 ms of CPU within 1 s needs 72/1000 of a vCPU: 127.4 MB, so 128
+        assert_eq!(recommended_memory_mb(0, Duration::from_millis(72)), 128);
+        // 100 ms: 176.9 MB, so 192
+        assert_eq!(recommended_memory_mb(0, Duration::from_millis(100)), 192);
+        // 300 ms: 530.7 MB, so 576; the larger of the two needs wins
+        assert_eq!(recommended_memory_mb(0, Duration::from_millis(300)), 576);
+        assert_eq!(
+            recommended_memory_mb(400 * 1024, Duration::from_millis(100)),
+            640
+        );
+        // never past one vCPU: 5 s of CPU asks for 1,769 MB, so 1,792
+        assert_eq!(recommended_memory_mb(0, Duration::from_secs(5)), 1792);
     }
 }
