@@ -380,6 +380,15 @@ impl InMemoryStore {
             .collect()
     }
 
+    /// The record of the request whose id reads `request_id`, if held.
+    pub fn record_of(&self, request_id: &str) -> Option<RequestRecord> {
+        lock(&self.state)
+            .requests
+            .values()
+            .find(|s| s.record.request_id.as_str() == request_id)
+            .map(|s| s.record.clone())
+    }
+
     /// Every reservation recorded, by request.
     pub fn all_reservations(&self) -> BTreeMap<RequestId, Vec<Reservation>> {
         lock(&self.state).reservations.clone()

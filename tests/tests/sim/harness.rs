@@ -677,12 +677,7 @@ impl Sim {
             let Some(id) = req.detail["request_id"].as_str().map(str::to_string) else {
                 continue;
             };
-            let Some(rec) = self
-                .store
-                .records()
-                .into_iter()
-                .find(|r| r.request_id.as_str() == id)
-            else {
+            let Some(rec) = self.store.record_of(&id) else {
                 continue;
             };
             if rec.status != RequestStatus::OfferingsFound {
@@ -848,12 +843,7 @@ impl Sim {
             ));
             return;
         };
-        let Some(rec) = self
-            .store
-            .records()
-            .into_iter()
-            .find(|r| r.request_id.as_str() == request)
-        else {
+        let Some(rec) = self.store.record_of(request) else {
             return;
         };
         let Some(o) = rec
