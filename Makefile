@@ -40,11 +40,12 @@ lint-iac: venv-iac
 	$(IAC)/bin/checkov --quiet --compact --skip-download --framework cloudformation -f $(TEMPLATE) -f $(FORWARDER)
 
 ## build: the five Lambda binaries for arm64 (cargo-lambda), where infra/template.yaml expects
-## them, and nothing else of the workspace (local-cloud and the tests are not deployed)
+## them, and nothing else of the workspace (local-cloud and the tests are not deployed);
+## `make build BUILD_FLAGS=--timings` adds cargo's per-crate timing report (target/cargo-timings)
 FUNCTIONS := search-offerings purchase-capacity launch-workloads replace-unhealthy cleanup-expired
 build: $(IAC)/.cargo-lambda
 	PATH="$(abspath $(IAC))/bin:$$PATH" $(CARGO) lambda build --release --arm64 \
-		--lambda-dir target/lambda $(foreach f,$(FUNCTIONS),--package $(f))
+		--lambda-dir target/lambda $(foreach f,$(FUNCTIONS),--package $(f)) $(BUILD_FLAGS)
 
 ## deploy: sam deploy of the built functions; `make deploy GUIDED=1` the first time asks for
 ## the parameters and saves them in samconfig.toml
