@@ -3,15 +3,15 @@
 //! what its queries return (`make bench`; the answers are found before the timing starts, as
 //! AWS would have returned them).
 
-use capacity_pilot::domain::catalog::PriceTable;
+use capacity_pilot::domain::catalog::{PriceTable, SupportedInstanceTypes};
 use capacity_pilot::domain::money::Usd;
 use capacity_pilot::domain::offering::{Offering, Product, Segment};
 use capacity_pilot::domain::planner::{Planning, plan};
-use capacity_pilot::domain::request::CapacityRequest;
-use capacity_pilot::fakes::fixtures::{request, t0};
+use capacity_pilot::domain::request::{CapacityRequest, ValidationContext, parse_request};
 use capacity_pilot::ports::OfferingQuery;
-use chrono::{DateTime, Duration, Utc};
+use chrono::{DateTime, Duration, TimeZone, Utc};
 use rust_decimal::Decimal;
+use serde_json::json;
 
 const REGIONS: [&str; 3] = ["us-east-1", "us-east-2", "us-west-2"];
 const TYPES: [&str; 4] = [
@@ -47,7 +47,9 @@ impl Draws {
 
 /// The moment the benchmark's tick runs.
 pub fn now() -> DateTime<Utc> {
-    t0()
+    Utc.with_ymd_and_hms(2026, 12, 1, 9, 0, 0)
+        .single()
+        .expect("a valid date")
 }
 
 /// `n` Capacity Block offerings over three regions, four types, four counts and six lengths,
@@ -87,26 +89,52 @@ pub fn market(n: usize, seed: u64) -> Vec<Offering> {
 }
 
 /// `n` requests: one or two types, one to three regions, a count, a length, a window of one
-/// to six weeks within the market's eight, half of them allowed to split.
+/// to six weeks (and a day longer than the length) within the market's eight, half of them allowed to split. Each is written as a
+/// caller sends it (the event's `detail`) and parsed by the product's own validation, so the
+/// benchmark needs none of the test fakes.
 pub fn requests(n: usize, seed: u64) -> Vec<CapacityRequest> {
     let mut d = Draws(seed ^ 0x5EED);
+    let instance_types = SupportedInstanceTypes::default();
+    let allowed_regions: Vec<String> = REGIONS.iter().map(|s| s.to_string()).collect();
+    let ctx = ValidationContext {
+        now: now(),
+        instance_types: &instance_types,
+        allowed_regions: &allowed_regions,
+    };
     (0..n)
         .map(|i| {
-            let mut r = request(&format!("bench-{i}"), "team-a", "1000000");
-            r.instance_types = (0..1 + d.below(2))
-                .map(|_| d.pick(&TYPES).to_string())
-                .collect();
-            r.instance_types.dedup();
-            r.regions = REGIONS[..1 + d.below(3)]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
-            r.instance_count = d.pick(&COUNTS);
-            r.duration_hours = d.pick(&DAYS) * 24;
-            r.allow_split = d.below(2) == 0;
-            r.window.earliest_start = now() + Duration::days(d.below(14) as i64);
-            r.window.latest_end = r.window.earliest_start + Duration::weeks(1 + d.below(6) as i64);
-            r
+            let mut types: Vec<&str> = (0..1 + d.below(2)).map(|_| d.pick(&TYPES)).collect();
+            types.dedup();
+            let regions = &REGIONS[..1 + d.below(3)];
+            let count = d.pick(&COUNTS);
+            let hours = d.pick(&DAYS) * 24;
+            let split = d.below(2) == 0;
+            let earliest = now() + Duration::days(d.below(14) as i64);
+            // a window at least a day longer than the reservation, as the validation asks
+            let latest = earliest
+                + Duration::weeks(1 + d.below(6) as i64)
+                    .max(Duration::hours(i64::from(hours) + 24));
+            let detail = json!({
+                "schema_version": 1,
+                "request_id": format!("bench-{i}"),
+                "team": "team-a",
+                "instance_types": types,
+                "instance_count": count,
+                "duration_hours": hours,
+                "earliest_start": earliest.to_rfc3339(),
+                "latest_end": latest.to_rfc3339(),
+                "regions": regions,
+                "allow_split": split,
+                "strategy": "reserve",
+                "budget": {"max_upfront_usd": "1000000"},
+                "workload": {
+                    "kind": "ec2-instances",
+                    "launch_template": {"name": "capacity-pilot-gpu"},
+                    "subnet_ids": ["subnet-0123456789abcdef0"],
+                },
+            });
+            parse_request(&detail, &ctx)
+                .unwrap_or_else(|e| panic!("benchmark request {i} is invalid: {e:?}"))
         })
         .collect()
 }
