@@ -2,8 +2,9 @@
 //! every SNS topic under the stack's customer-managed KMS key, which CloudWatch and
 //! EventBridge may use, and a topic policy letting both publish), the region forwarder
 //! (ARCHITECTURE 8.9: exactly the home rules' AWS-event patterns, to the home default bus,
-//! with a role that may do nothing else), and `make deploy-forwarders` run against a stub
-//! `sam`. Nothing here touches the network or AWS.
+//! with a role that may do nothing else), `make deploy-forwarders` run against a stub
+//! `sam`, and a release profile that leaves cargo-lambda nothing to choose. Nothing here touches
+//! the network or AWS.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -608,4 +609,29 @@ fn deploy_forwarders_without_sam_says_what_it_needs() {
         "a clear message, not {stderr}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// cargo-lambda (`make build`) passes `--config profile.release.<key>=...` for each of these
+/// that the workspace's release profile leaves unset (cargo-lambda-metadata,
+/// `cargo_release_profile_config`: `strip = "symbols"`, `lto = "thin"`, `codegen-units = 1`,
+/// `panic = "abort"`), and a `--config` outranks the manifest and the environment. Left unset,
+/// the deployed packages are built otherwise than `cargo build --release`, whose binaries the
+/// local runner measures (README, "Packages, memory and cold start"): until issue 26 they
+/// aborted on a panic while the runner's unwound.
+#[test]
+fn the_release_profile_leaves_nothing_for_cargo_lambda_to_choose() {
+    let text = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let manifest: toml_edit::DocumentMut = text.parse().expect("Cargo.toml parses");
+    let release = manifest["profile"]["release"]
+        .as_table()
+        .expect("a [profile.release]");
+    for key in ["strip", "lto", "codegen-units", "panic"] {
+        assert!(
+            release.contains_key(key),
+            "[profile.release] leaves {key} unset, so cargo-lambda chooses it"
+        );
+    }
+    // lambda_runtime reports a handler's panic as that invocation's error only when panics
+    // unwind; aborting would end the warm process instead.
+    assert_eq!(release["panic"].as_str(), Some("unwind"));
 }
