@@ -193,14 +193,16 @@ $(IAC)/.cargo-lambda: $(IAC)/.installed tests/support/build-constraints.txt
 ## of `make test`: the arm64 zips (make build); each function's release init, peak RSS, CPU
 ## and AWS calls per invocation, and the default scenario's wall time (x86-64 release binaries
 ## under the local runner, medians of BENCH_RUNS runs); one search-offerings tick's planning of
-## 1,000 requests over 10,000 offerings (criterion, bench/benches/planner.rs).
+## 1,000 requests over 10,000 offerings (criterion, bench/benches/planner.rs); what TLS adds to
+## a cold start's first calls, in BENCH_TLS_RUNS fresh processes (bench/benches/tls_cold_start.rs).
 BENCH_RUNS ?= 5
+BENCH_TLS_RUNS ?= 20
 bench: build venv
 	$(CARGO) build --workspace --bins --release
 	@target="$$($(CARGO) metadata --format-version 1 --no-deps | $(PYTHON) -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"; \
 		$(PYTHON) bench/report.py --target "$$target" --lambda-dir target/lambda \
 		--scenario infra/local/scenarios/default.yaml --runs $(BENCH_RUNS)
-	$(CARGO) bench -p benches --features bench
+	BENCH_TLS_RUNS=$(BENCH_TLS_RUNS) $(CARGO) bench -p benches --features bench
 
 ## run: the whole lifecycle offline: builds the functions and plays a scenario with the real
 ## binaries on the local runner (local-cloud run), printing its timeline, a summary per request
