@@ -1032,8 +1032,9 @@ pub struct KeepCancellation {
 pub struct ReleaseUnbought {
     pub request_id: RequestId,
     pub lease_token: String,
-    /// `Searching` (the offering has gone) or `Failed`; `Cancelled` to apply a kept
-    /// cancellation, which a release to anything else is refused while it stands.
+    /// `Searching` (the offering has gone) or `Failed`; `Reserved` when what the request
+    /// already keeps serves it; `Cancelled` to apply a kept cancellation, which a release to
+    /// anything else is refused while it stands.
     pub to: RequestStatus,
     /// Must say what reconciliation found.
     pub reason: String,

@@ -413,7 +413,13 @@ async fn play(seed: u64, steps: usize, reached: &mut Reached) {
                 } else {
                     let mut u = release_unbought(id, &token, now);
                     u.caused_by = Cause::new(cause);
-                    u.to = [Searching, Searching, RequestStatus::Failed, Cancelled][rng.below(4)];
+                    u.to = [
+                        Searching,
+                        Searching,
+                        RequestStatus::Failed,
+                        Cancelled,
+                        RequestStatus::Reserved,
+                    ][rng.below(5)];
                     let d = both!(s, w, format!("{at}: release unbought"), |st| st
                         .release_unbought(u.clone()));
                     reached.saw("release", &d);

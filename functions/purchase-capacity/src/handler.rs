@@ -1359,6 +1359,22 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 None,
                 format!("; {}, kept since {}, is applied", c.reason, c.at),
             )
+        } else if rec.request.is_served_by(others.iter().copied()) {
+            // What it keeps still serves it (a stray adopted beside the plan): nothing is
+            // searched for, which would ask for 0 hours more.
+            (
+                RequestStatus::Reserved,
+                next_payment_check(others.iter().copied(), now),
+                format!(
+                    "; what it keeps, {}, still covers its {} h, so it stays Reserved",
+                    others
+                        .iter()
+                        .map(|r| r.id.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    rec.request.duration_hours
+                ),
+            )
         } else if now < deadline && rec.cancel.is_none() {
             (
                 RequestStatus::Searching,
@@ -1717,6 +1733,15 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             // split's earlier block), and any kept cancellation, as the table has them now.
             let now_rec = self.store.get_request(id).await?;
             let cancel = now_rec.as_ref().and_then(|r| r.cancel.clone());
+            // What the request keeps, as the table has it: a split's earlier block, and the
+            // strays adopted beside the plan.
+            let held: Vec<Reservation> = self
+                .store
+                .reservations(id)
+                .await?
+                .into_iter()
+                .filter(|r| r.state.is_live())
+                .collect();
             let (to, reason) = match &cancel {
                 Some(c) => (
                     RequestStatus::Cancelled,
@@ -1726,9 +1751,28 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                         c.reason, c.at
                     ),
                 ),
+                // What it keeps serves it already: searching again would look for 0 hours
+                // more (which EC2 refuses), and failing would leave it unused.
+                None if to != RequestStatus::Cancelled && rec.request.is_served_by(&held) => (
+                    RequestStatus::Reserved,
+                    format!(
+                        "{reason}; but what it keeps, {}, already covers its {} h, so the \
+                         request is Reserved with it and nothing more is searched for or bought",
+                        held.iter()
+                            .map(|r| r.id.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        rec.request.duration_hours
+                    ),
+                ),
                 None => (to, reason.clone()),
             };
             let mut outbox = vec![];
+            if to == RequestStatus::Reserved {
+                // Keyed by the version this write makes.
+                let now_rec = now_rec.as_ref().unwrap_or(rec);
+                outbox.push(outbound(&reserved_event(now_rec, None, &held, &[])));
+            }
             if to.is_terminal() {
                 // As the table has the request now (Purchasing), without its open debit.
                 let now_rec = now_rec.as_ref().unwrap_or(rec);
@@ -1743,7 +1787,12 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     lease_token: lease.token.clone(),
                     to,
                     reason: reason.clone(),
-                    next_action_at: (to == RequestStatus::Searching).then_some(now),
+                    next_action_at: match to {
+                        RequestStatus::Searching => Some(now),
+                        // Bought: read again until AWS reports each reservation scheduled.
+                        RequestStatus::Reserved => next_payment_check(held.iter(), now),
+                        _ => None,
+                    },
                     at: now,
                     caused_by: Cause::new(format!("{}#release", cause.event_id)),
                     outbox,
@@ -1753,6 +1802,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 (LeaseWriteOutcome::CancelKept, _) => continue,
                 (LeaseWriteOutcome::Applied { .. }, RequestStatus::Failed) => "failed",
                 (LeaseWriteOutcome::Applied { .. }, RequestStatus::Cancelled) => "cancelled",
+                (LeaseWriteOutcome::Applied { .. }, RequestStatus::Reserved) => "reserved",
                 (LeaseWriteOutcome::Applied { .. }, _) => "re-search",
                 (LeaseWriteOutcome::LeaseLost, _) => "lease-lost",
                 (LeaseWriteOutcome::DuplicateEvent, _) => "duplicate",
@@ -1899,14 +1949,7 @@ fn reserved_event(
 /// Whether reservation `r` alone serves `request`: a product, region and type it allows, at
 /// least its instances, inside its window and at least its duration.
 fn serves(request: &CapacityRequest, r: &Reservation) -> bool {
-    r.state.is_live()
-        && request.reservation_products().any(|p| p == r.product)
-        && request.regions.contains(&r.region)
-        && request.instance_types.contains(&r.instance_type)
-        && r.instance_count >= request.instance_count
-        && r.start() >= request.window.earliest_start
-        && r.end() <= request.window.latest_end
-        && r.end() - r.start() >= request.duration()
+    request.takes(r) && r.end() - r.start() >= request.duration()
 }
 
 fn unrecorded_event(id: &RequestId, r: &Reservation, reason: String) -> ReservationUnrecorded {

@@ -702,18 +702,18 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
 /// What a request still needs bought. Usually all of it; but when a split plan's later block
 /// went after the earlier one was bought, a replacement segment for the remaining hours: same
 /// region, type, count and product as what was kept, one block, within the money left.
+/// What is kept counts for what it covers of the request (`CapacityRequest::covered_by`):
+/// only what the request takes, and each hour once, so a stray adopted beside the plan that
+/// overlaps its block, or one of another type, does not make it look served. (A request that
+/// what it keeps serves is `Reserved` by the purchase that kept it, never searched for.)
 pub fn remaining(rec: &RequestRecord, kept: &[Reservation]) -> CapacityRequest {
     let mut need = rec.request.clone();
-    let kept: Vec<&Reservation> = kept.iter().filter(|r| r.state.is_live()).collect();
+    let kept: Vec<&Reservation> = kept.iter().filter(|r| need.takes(r)).collect();
     let Some(first) = kept.first() else {
         return need;
     };
-    let bought_hours: i64 = kept
-        .iter()
-        .flat_map(|r| &r.segments)
-        .map(|s| (s.end - s.start).num_hours())
-        .sum();
-    let mut hours = (i64::from(need.duration_hours) - bought_hours).max(0);
+    let left = (need.duration() - need.covered_by(kept.iter().copied())).num_minutes();
+    let mut hours = (left.max(0) + 59) / 60;
     if first.product == Product::CapacityBlock {
         // Blocks come in whole days: a kept block that started mid-day covers a part more
         // than its days, and what is left is asked for in whole days (EC2 refuses a

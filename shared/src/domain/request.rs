@@ -16,6 +16,7 @@ use serde_json::{Map, Value};
 use super::catalog::SupportedInstanceTypes;
 use super::money::Usd;
 use super::offering::{Product, TargetResource};
+use super::reservation::Reservation;
 use super::time_rules::{MAX_ADVANCE, PURCHASE_LEAD};
 
 pub const SCHEMA_VERSION: u32 = 1;
@@ -392,6 +393,46 @@ impl CapacityRequest {
 
     pub fn duration(&self) -> Duration {
         Duration::hours(i64::from(self.duration_hours))
+    }
+
+    /// Whether reservation `r` is of what this request asks for: live, of a product, region
+    /// and type it allows, at least its instances, and inside its window.
+    pub fn takes(&self, r: &Reservation) -> bool {
+        r.state.is_live()
+            && self.reservation_products().any(|p| p == r.product)
+            && self.regions.contains(&r.region)
+            && self.instance_types.contains(&r.instance_type)
+            && r.instance_count >= self.instance_count
+            && r.start() >= self.window.earliest_start
+            && r.end() <= self.window.latest_end
+    }
+
+    /// How much of its duration what it `held` covers: the time within the segments of the
+    /// reservations it takes, each moment once (a stray adopted beside a split may overlap
+    /// its blocks), so what is counted is what a workload can run in.
+    pub fn covered_by<'a>(&self, held: impl IntoIterator<Item = &'a Reservation>) -> Duration {
+        let mut spans: Vec<(DateTime<Utc>, DateTime<Utc>)> = held
+            .into_iter()
+            .filter(|r| self.takes(r))
+            .flat_map(|r| r.segments.iter().map(|s| (s.start, s.end)))
+            .collect();
+        spans.sort();
+        let mut covered = Duration::zero();
+        let mut reached: Option<DateTime<Utc>> = None;
+        for (start, end) in spans {
+            let from = reached.map_or(start, |r| r.max(start));
+            if end > from {
+                covered += end - from;
+            }
+            reached = Some(reached.map_or(end, |r| r.max(end)));
+        }
+        covered
+    }
+
+    /// Whether what it `held` already serves it: the reservations it takes cover its whole
+    /// duration, so nothing more is to be bought for it.
+    pub fn is_served_by<'a>(&self, held: impl IntoIterator<Item = &'a Reservation>) -> bool {
+        self.covered_by(held) >= self.duration()
     }
 }
 

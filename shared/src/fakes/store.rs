@@ -1078,12 +1078,12 @@ impl State {
     }
 
     fn release_unbought(&mut self, r: ReleaseUnbought) -> Result<LeaseWriteOutcome, PortError> {
-        use RequestStatus::{Cancelled, Failed, Purchasing, Searching};
-        if !matches!(r.to, Searching | Failed | Cancelled) {
+        use RequestStatus::{Cancelled, Failed, Purchasing, Reserved, Searching};
+        if !matches!(r.to, Searching | Failed | Cancelled | Reserved) {
             return Err(illegal(
                 Purchasing,
                 r.to,
-                "releasing an unbought debit leads to Searching, Failed or Cancelled",
+                "releasing an unbought debit leads to Searching, Failed, Cancelled or Reserved",
             ));
         }
         if r.reason.trim().is_empty() {

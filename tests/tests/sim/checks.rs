@@ -565,14 +565,16 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
     // bought in that invocation, fails the request (nothing else is tried under the
     // refusal); after a split's first block was bought in it, the request searches for a
     // replacement segment instead, so the block it keeps can still serve. (A kept
-    // cancellation, a lost lease or a duplicate event decides it otherwise.)
+    // cancellation, a lost lease or a duplicate event decides it otherwise; so does what it
+    // keeps, its blocks and the strays adopted beside its plan, when that already serves
+    // it: it is `reserved`, which the check that a `Reserved` request is served holds.)
     for (at, id, action) in &sim.refusals {
         let (want, what) = if bought_at(&reservations, id, *at) {
             ("re-search", "with a block of its split bought")
         } else {
             ("failed", "with nothing of its plan bought")
         };
-        if ![want, "cancelled", "lease-lost", "duplicate"].contains(&action.as_str()) {
+        if ![want, "reserved", "cancelled", "lease-lost", "duplicate"].contains(&action.as_str()) {
             out.push(format!(
                 "a refusal ends what it can: {id}'s purchase refused for good at {at}, {what}, \
                  was decided `{action}`, not `{want}`"

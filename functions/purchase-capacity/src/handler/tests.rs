@@ -725,6 +725,57 @@ async fn a_split_whose_second_block_has_gone_keeps_the_first_and_searches_a_repl
 }
 
 #[tokio::test]
+async fn a_split_whose_kept_blocks_serve_it_is_reserved_not_searched_again() {
+    // GIVEN a 48 h split plan whose second block AWS withdraws, and a stray of ours for the
+    // request, recorded nowhere, of its type and count from 12 h into the first block to the
+    // end of the second: the first block and the stray cover the 48 h together
+    let w = World::new();
+    split(&w, "r-cover");
+    w.market.withdraw("cb-second");
+    let mut cover = stray("p5.48xlarge", 2, "4000");
+    cover.request_tag = Some("r-cover".into());
+    cover.offering_id = None;
+    cover.segments[0].start += Duration::hours(12);
+    cover.segments[0].end += Duration::hours(24);
+    w.market.add_reservation(cover, None);
+
+    // WHEN the purchase runs
+    w.purchaser(r#"{"*": "100000"}"#)
+        .handle(found("r-cover", "e1"))
+        .await
+        .unwrap();
+
+    // THEN the stray is adopted beside the plan, the first block bought, and, the second
+    // gone, the request is Reserved with what it keeps instead of searching for 0 hours more
+    // (which EC2 refuses, failing a request that is served)
+    let id = capacity_pilot::fakes::fixtures::request_id("r-cover");
+    let rec = w.store.get_request(&id).await.unwrap().unwrap();
+    assert_eq!(rec.status, RequestStatus::Reserved, "{}", rec.reason);
+    assert!(
+        rec.reason.contains("cb-second") && rec.reason.contains("already covers"),
+        "{}",
+        rec.reason
+    );
+    assert_eq!(rec.open_debit, None);
+    assert!(rec.lease.is_none() && rec.doubt.is_none());
+    // its payments are checked from here
+    assert!(rec.next_action_at.is_some());
+    assert_eq!(w.spent("team-a"), MicroUsd(7_000_000_000));
+    let reserved = w.events.published_of("Capacity Reserved");
+    assert_eq!(reserved.len(), 1);
+    let mut ids: Vec<&str> = reserved[0].detail["reservation_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    ids.sort();
+    assert_eq!(ids.len(), 2);
+    assert!(ids.contains(&"cr-stray"), "{ids:?}");
+    assert!(w.events.published_of("Capacity Request Failed").is_empty());
+}
+
+#[tokio::test]
 async fn a_worker_taking_over_a_split_never_buys_its_recorded_first_block_again() {
     // GIVEN a split plan whose worker dies right after recording the first block: whether it
     // went on to buy the second cannot be known (ARCHITECTURE 8.6)

@@ -603,6 +603,34 @@ async fn a_replacement_for_a_kept_block_that_started_mid_day_is_asked_for_in_who
 }
 
 #[tokio::test]
+async fn a_stray_overlapping_the_kept_block_counts_its_hours_once_in_what_is_left() {
+    // GIVEN the kept first half (24 h of 48) and a stray of the same type adopted beside it
+    // over the same day, and another of a type the request does not take
+    let w = World::new();
+    kept_first_half(&w, "r-over");
+    let id = request_id("r-over");
+    let rec = w.store.get_request(&id).await.unwrap().unwrap();
+    let mut kept = w.store.reservations(&id).await.unwrap();
+    let mut over = kept[0].clone();
+    over.id = "cr-stray".into();
+    over.offering_id = None;
+    let mut other = kept[0].clone();
+    other.id = "cr-other".into();
+    other.instance_type = "p4d.24xlarge".into();
+    other.segments[0].start = kept[0].segments[0].end;
+    other.segments[0].end = kept[0].segments[0].end + Duration::hours(24);
+    kept.extend([over, other]);
+
+    // WHEN the rest is worked out
+    let need = super::remaining(&rec, &kept);
+
+    // THEN the 24 h still uncovered are asked for, never 0 h (EC2 refuses a 0 h search, and
+    // the request would fail though it needs a day more)
+    assert_eq!(need.duration_hours, 24);
+    assert_eq!(need.instance_types[0].as_str(), "p5.48xlarge");
+}
+
+#[tokio::test]
 async fn a_replacement_not_found_by_its_deadline_fails_with_the_kept_block_recorded() {
     // GIVEN the kept first half, nothing on sale, and the clock past the deadline for the
     // remaining 24 h (latest end day 8, minus 24 h, minus the purchase lead)

@@ -1808,12 +1808,12 @@ impl Store for DynamoStore {
     }
 
     async fn release_unbought(&self, r: ReleaseUnbought) -> Result<LeaseWriteOutcome, PortError> {
-        use RequestStatus::{Cancelled, Failed, Purchasing, Searching};
-        if !matches!(r.to, Searching | Failed | Cancelled) {
+        use RequestStatus::{Cancelled, Failed, Purchasing, Reserved, Searching};
+        if !matches!(r.to, Searching | Failed | Cancelled | Reserved) {
             return Err(illegal(
                 Purchasing,
                 r.to,
-                "releasing an unbought debit leads to Searching, Failed or Cancelled",
+                "releasing an unbought debit leads to Searching, Failed, Cancelled or Reserved",
             ));
         }
         let id = r.request_id.as_str();
