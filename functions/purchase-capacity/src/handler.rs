@@ -1367,11 +1367,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 next_payment_check(others.iter().copied(), now),
                 format!(
                     "; what it keeps, {}, still covers its {} h, so it stays Reserved",
-                    others
-                        .iter()
-                        .map(|r| r.id.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
+                    Reservation::id_list(others.iter().copied()),
                     rec.request.duration_hours
                 ),
             )
@@ -1387,11 +1383,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 next_payment_check(others.iter().copied(), now),
                 format!(
                     "; too late to search again (the deadline was {deadline}); keeping {}",
-                    others
-                        .iter()
-                        .map(|r| r.id.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    Reservation::id_list(others.iter().copied())
                 ),
             )
         } else {
@@ -1758,10 +1750,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     format!(
                         "{reason}; but what it keeps, {}, already covers its {} h, so the \
                          request is Reserved with it and nothing more is searched for or bought",
-                        held.iter()
-                            .map(|r| r.id.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", "),
+                        Reservation::id_list(&held),
                         rec.request.duration_hours
                     ),
                 ),

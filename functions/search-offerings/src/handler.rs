@@ -644,10 +644,7 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
                 } else {
                     format!(
                         "; the partial reservation {} is kept (purchases cannot be cancelled)",
-                        kept.iter()
-                            .map(|r| r.id.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
+                        Reservation::id_list(kept)
                     )
                 }
             );

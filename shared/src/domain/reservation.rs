@@ -121,6 +121,15 @@ pub struct Reservation {
 }
 
 impl Reservation {
+    /// Their ids, comma-separated, as a decision's reason names them.
+    pub fn id_list<'a>(reservations: impl IntoIterator<Item = &'a Reservation>) -> String {
+        reservations
+            .into_iter()
+            .map(|r| r.id.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     pub fn start(&self) -> DateTime<Utc> {
         self.segments.first().map(|s| s.start).unwrap_or_default()
     }
