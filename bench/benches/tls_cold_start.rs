@@ -84,11 +84,7 @@ fn child() {
             .await
             .expect("sagemaker");
         step("sagemaker: first call");
-        let json: Vec<String> = steps
-            .iter()
-            .map(|(n, w, c)| format!("[\"{n}\",{w},{c}]"))
-            .collect();
-        println!("[{}]", json.join(","));
+        println!("{}", serde_json::to_string(&steps).expect("figures"));
     });
 }
 
