@@ -1726,14 +1726,17 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             let now_rec = self.store.get_request(id).await?;
             let cancel = now_rec.as_ref().and_then(|r| r.cancel.clone());
             // What the request keeps, as the table has it: a split's earlier block, and the
-            // strays adopted beside the plan.
-            let held: Vec<Reservation> = self
-                .store
-                .reservations(id)
-                .await?
-                .into_iter()
-                .filter(|r| r.state.is_live())
-                .collect();
+            // strays adopted beside the plan (read only where it can decide the release).
+            let held: Vec<Reservation> = if cancel.is_none() && to != RequestStatus::Cancelled {
+                self.store
+                    .reservations(id)
+                    .await?
+                    .into_iter()
+                    .filter(|r| r.state.is_live())
+                    .collect()
+            } else {
+                Vec::new()
+            };
             let (to, reason) = match &cancel {
                 Some(c) => (
                     RequestStatus::Cancelled,

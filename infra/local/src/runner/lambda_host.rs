@@ -263,8 +263,8 @@ impl Function {
 /// The CPU time a process's threads have run, in ns: the first field of each thread's
 /// `/proc/<pid>/task/<tid>/schedstat` (nanosecond-exact, unlike `stat`'s clock ticks). A
 /// thread that ended before the reading is not counted; the functions' tokio workers live
-/// as long as the process.
-fn cpu_ns(pid: u32) -> u64 {
+/// as long as the process. (The TLS cold-start benchmark measures its own process with it.)
+pub fn cpu_ns(pid: u32) -> u64 {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0;
     };
