@@ -8,6 +8,7 @@ pub mod ids;
 pub mod lambda;
 pub mod outbox;
 pub mod ports;
+pub mod purchase;
 pub mod search;
 pub mod workload;
 

@@ -1,0 +1,55 @@
+//! The purchase protocols (ARCHITECTURE §5, §8.2-8.7), one module each, as the workload kinds
+//! have theirs in [`crate::workload`]: purchase-capacity's handler decides which wake-up goes
+//! to which protocol; these decide what is bought, kept, refused and given back. Another
+//! function reuses a protocol through [`Protocols`], built from its own ports.
+//!
+//! - [`cancel`]: every cancellation answered, applied, kept or refused (§8.3);
+//! - [`approval`]: the approval gate and the approvers' decisions (§8.2);
+//! - [`protocol`]: the exactly-once purchase: lease and debit, doubt, reconciliation, strays,
+//!   release (§5, §8.6, §8.7);
+//! - [`payment`]: a bought reservation read again until its payment is taken (§8.5).
+
+pub mod cancel;
+
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::decision::Decision;
+use crate::domain::request::RequestId;
+use crate::ports::{PortError, SharedIds, Sleep};
+
+/// What one invocation decided, and how many events it published.
+#[derive(Debug, Default, Serialize)]
+pub struct Outcome {
+    pub decisions: Vec<Decision>,
+    pub published: usize,
+}
+
+/// The ports the protocols work with, borrowed from the function that runs them for one
+/// invocation. The clock is not among them: each wake-up reads it once and hands its `now`
+/// to every step.
+pub struct Protocols<'a, S, M, E> {
+    pub store: &'a S,
+    pub market: &'a M,
+    pub events: &'a E,
+    pub config: &'a Config,
+    /// Lease tokens.
+    pub ids: &'a SharedIds,
+    /// Between throttled purchase attempts.
+    pub sleep: &'a Sleep,
+}
+
+impl<S: crate::ports::Store, M, E> Protocols<'_, S, M, E> {
+    /// The reservations a request keeps, as the table has them: those still live (a split's
+    /// bought block among them). What an ending request reports with what stays spent.
+    pub async fn kept(&self, id: &RequestId) -> Result<Vec<String>, PortError> {
+        Ok(self
+            .store
+            .reservations(id)
+            .await?
+            .into_iter()
+            .filter(|r| r.state.is_live())
+            .map(|r| r.id)
+            .collect())
+    }
+}
