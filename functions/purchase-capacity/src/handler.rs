@@ -12,9 +12,8 @@ use capacity_pilot::config::Config;
 use capacity_pilot::decision;
 pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{
-    self, ApprovalRefused, AwaitingApproval, CancelRequest, CancellationRefused, EventDetail,
-    PaymentFailed, PlanSummary, PurchaseDecision, ReservationUnrecorded, Reserved,
-    awaiting_approval_key, ending_events, event_key, inbound, outbound,
+    self, CancelRequest, CancellationRefused, EventDetail, PaymentFailed, PurchaseDecision,
+    ReservationUnrecorded, Reserved, ending_events, event_key, inbound, outbound,
 };
 use capacity_pilot::domain::money::{MicroUsd, Usd};
 use capacity_pilot::domain::naming::{plan_name, resource_tags};
@@ -36,6 +35,7 @@ use capacity_pilot::ports::{
 };
 pub use capacity_pilot::purchase::Outcome;
 use capacity_pilot::purchase::Protocols;
+use capacity_pilot::purchase::approval::Gate;
 use chrono::{DateTime, Duration, Utc};
 use serde_json::Value;
 use tracing::warn;
@@ -136,7 +136,15 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                         }
                         Ok(d) => {
                             let approved = detail_type == inbound::PURCHASE_APPROVED;
-                            self.decide(&d, approved, &cause, now, &mut out).await?;
+                            // An approval of the plan awaiting it goes on to buy it.
+                            if let Some(rec) = self
+                                .protocols()
+                                .decide(&d, approved, &cause, now, &mut out)
+                                .await?
+                            {
+                                self.process_record(rec, &cause, Some(&d.approver), now, &mut out)
+                                    .await?;
+                            }
                         }
                     }
                 }
@@ -187,90 +195,6 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         let request_id = request_id_of(&ev.detail).map(|r| r.to_string());
         let event_id = ev.id.clone().unwrap_or_default();
         outbox::reject(&self.events, &event_id, source, request_id, problems).await
-    }
-
-    async fn decide(
-        &self,
-        d: &PurchaseDecision,
-        approved: bool,
-        cause: &Cause,
-        now: DateTime<Utc>,
-        out: &mut Outcome,
-    ) -> Result<(), PortError> {
-        let Ok(id) = RequestId::parse(&d.request_id) else {
-            return Ok(());
-        };
-        let Some(rec) = self.store.get_request(&id).await? else {
-            return Ok(());
-        };
-        // ARCHITECTURE 8.2: a decision answers one Awaiting Approval, bound to its plan.
-        let current = (rec.status == RequestStatus::AwaitingApproval)
-            .then(|| rec.candidates.first())
-            .flatten()
-            .map(|p| awaiting_approval_key(id.as_str(), p));
-        let refused = match (d.approves.as_deref(), current.as_deref()) {
-            (None, _) => Some(
-                "it names no plan: `approves` must be the event_key of the Capacity Purchase \
-                 Awaiting Approval it answers"
-                    .to_string(),
-            ),
-            (Some(k), None) => Some(format!(
-                "it answers {k}, but nothing awaits approval while the request is {}",
-                rec.status
-            )),
-            (Some(k), Some(c)) if k != c => Some(format!(
-                "it answers {k}, but the plan awaiting approval now is {c} (the request \
-                 searched again since)"
-            )),
-            _ => None,
-        };
-        if let Some(why) = refused {
-            let reason = format!(
-                "{} by {} refused: {why}",
-                if approved { "approval" } else { "rejection" },
-                d.approver
-            );
-            let ev = ApprovalRefused {
-                event_key: format!("{id}:approval-refused:{}", cause.event_id),
-                request_id: id.to_string(),
-                reason: reason.clone(),
-                current_event_key: current,
-            };
-            outbox::publish_now(&self.events, &[outbound(&ev)]).await?;
-            out.decisions
-                .push(Decision::new(&id, "approval-refused", reason));
-            return Ok(());
-        }
-        if approved {
-            self.process_record(rec, cause, Some(&d.approver), now, out)
-                .await
-        } else {
-            let reason = format!(
-                "purchase rejected by approver {}{}",
-                d.approver,
-                d.comment
-                    .as_deref()
-                    .map(|c| format!(": {c}"))
-                    .unwrap_or_default()
-            );
-            let failed = events::RequestFailed {
-                event_key: event_key(id.as_str(), "rejected", rec.version + 1),
-                request_id: id.to_string(),
-                status_before: rec.status,
-                reason: reason.clone(),
-                reservation_ids: self.protocols().kept(&id).await?,
-                spent_usd: rec.spent.to_usd(),
-            };
-            let t = Transition::of(&rec, RequestStatus::Rejected, &reason, None, now, cause)
-                .with_outbox(vec![outbound(&failed)]);
-            let w = self.store.transition(t).await?;
-            out.decisions.push(Decision::new(
-                &id,
-                decision::written(&w, "rejected"),
-                reason,
-            ));
-            Ok(())
-        }
     }
 
     async fn process(
@@ -369,61 +293,12 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
             return Ok(());
         }
         // The approval gate.
-        let threshold = rec.request.budget.approval_above;
-        if let Some(limit) = threshold
-            && plan.upfront_fee > limit
-            && approver.is_none()
+        if self
+            .protocols()
+            .gate(&rec, &plan, approver, cause, now, out)
+            .await?
+            == Gate::Held
         {
-            if rec.status == RequestStatus::AwaitingApproval {
-                // Still waiting; the schedule looks again at the purchase deadline.
-                if now >= plan.start - PURCHASE_LEAD {
-                    let reason = "no approval arrived before the offering's purchase deadline; searching again";
-                    let w = self
-                        .store
-                        .transition(Transition::of(
-                            &rec,
-                            RequestStatus::Searching,
-                            reason,
-                            Some(now),
-                            now,
-                            cause,
-                        ))
-                        .await?;
-                    out.decisions.push(Decision::new(
-                        &id,
-                        decision::written(&w, "re-search"),
-                        reason,
-                    ));
-                }
-                return Ok(());
-            }
-            let reason = format!(
-                "upfront fee ${} is above the approval threshold ${}; waiting for an approver",
-                plan.upfront_fee, limit
-            );
-            let ev = AwaitingApproval {
-                event_key: awaiting_approval_key(id.as_str(), &plan),
-                request_id: id.to_string(),
-                team: rec.team.to_string(),
-                upfront_fee_usd: plan.upfront_fee,
-                approval_above_usd: limit,
-                plan: PlanSummary::from(&plan),
-            };
-            let t = Transition::of(
-                &rec,
-                RequestStatus::AwaitingApproval,
-                &reason,
-                Some(plan.start - PURCHASE_LEAD),
-                now,
-                cause,
-            )
-            .with_outbox(vec![outbound(&ev)]);
-            let w = self.store.transition(t).await?;
-            out.decisions.push(Decision::new(
-                &id,
-                decision::written(&w, "awaiting-approval"),
-                reason,
-            ));
             return Ok(());
         }
 

@@ -9,6 +9,7 @@
 //!   release (§5, §8.6, §8.7);
 //! - [`payment`]: a bought reservation read again until its payment is taken (§8.5).
 
+pub mod approval;
 pub mod cancel;
 
 use serde::Serialize;

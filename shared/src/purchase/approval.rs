@@ -1,0 +1,187 @@
+//! The approval gate (ARCHITECTURE §8.2): a plan whose upfront fee is above the request's
+//! `approval_above` is bought only once an approver answers the `Capacity Purchase Awaiting
+//! Approval` that named it; a decision for any other plan, or none, is refused and buys nothing.
+
+use chrono::{DateTime, Utc};
+
+use super::{Outcome, Protocols};
+use crate::decision::{self, Decision};
+use crate::domain::events::{
+    self, ApprovalRefused, AwaitingApproval, PlanSummary, PurchaseDecision, awaiting_approval_key,
+    event_key, outbound,
+};
+use crate::domain::planner::Plan;
+use crate::domain::request::RequestId;
+use crate::domain::status::RequestStatus;
+use crate::domain::time_rules::PURCHASE_LEAD;
+use crate::outbox;
+use crate::ports::{CapacityMarket, Cause, EventSink, PortError, RequestRecord, Store, Transition};
+
+/// What the gate let through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// No approval is needed, or it was given: the plan may be bought.
+    Open,
+    /// The request awaits an approver, or searches again because none came in time.
+    Held,
+}
+
+impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
+    /// An approver's decision on the plan awaiting approval. `Some`: approved, the request as
+    /// read, to be bought as `approver`'s; `None`: refused, rejected or for no request.
+    pub async fn decide(
+        &self,
+        d: &PurchaseDecision,
+        approved: bool,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<Option<RequestRecord>, PortError> {
+        let Ok(id) = RequestId::parse(&d.request_id) else {
+            return Ok(None);
+        };
+        let Some(rec) = self.store.get_request(&id).await? else {
+            return Ok(None);
+        };
+        // ARCHITECTURE 8.2: a decision answers one Awaiting Approval, bound to its plan.
+        let current = (rec.status == RequestStatus::AwaitingApproval)
+            .then(|| rec.candidates.first())
+            .flatten()
+            .map(|p| awaiting_approval_key(id.as_str(), p));
+        let refused = match (d.approves.as_deref(), current.as_deref()) {
+            (None, _) => Some(
+                "it names no plan: `approves` must be the event_key of the Capacity Purchase \
+                 Awaiting Approval it answers"
+                    .to_string(),
+            ),
+            (Some(k), None) => Some(format!(
+                "it answers {k}, but nothing awaits approval while the request is {}",
+                rec.status
+            )),
+            (Some(k), Some(c)) if k != c => Some(format!(
+                "it answers {k}, but the plan awaiting approval now is {c} (the request \
+                 searched again since)"
+            )),
+            _ => None,
+        };
+        if let Some(why) = refused {
+            let reason = format!(
+                "{} by {} refused: {why}",
+                if approved { "approval" } else { "rejection" },
+                d.approver
+            );
+            let ev = ApprovalRefused {
+                event_key: format!("{id}:approval-refused:{}", cause.event_id),
+                request_id: id.to_string(),
+                reason: reason.clone(),
+                current_event_key: current,
+            };
+            outbox::publish_now(self.events, &[outbound(&ev)]).await?;
+            out.decisions
+                .push(Decision::new(&id, "approval-refused", reason));
+            return Ok(None);
+        }
+        if approved {
+            Ok(Some(rec))
+        } else {
+            let reason = format!(
+                "purchase rejected by approver {}{}",
+                d.approver,
+                d.comment
+                    .as_deref()
+                    .map(|c| format!(": {c}"))
+                    .unwrap_or_default()
+            );
+            let failed = events::RequestFailed {
+                event_key: event_key(id.as_str(), "rejected", rec.version + 1),
+                request_id: id.to_string(),
+                status_before: rec.status,
+                reason: reason.clone(),
+                reservation_ids: self.kept(&id).await?,
+                spent_usd: rec.spent.to_usd(),
+            };
+            let t = Transition::of(&rec, RequestStatus::Rejected, &reason, None, now, cause)
+                .with_outbox(vec![outbound(&failed)]);
+            let w = self.store.transition(t).await?;
+            out.decisions.push(Decision::new(
+                &id,
+                decision::written(&w, "rejected"),
+                reason,
+            ));
+            Ok(None)
+        }
+    }
+
+    /// Whether `plan` may be bought now: above the request's `approval_above` and not
+    /// approved (`approver`), the request waits for an approver (announced once), or
+    /// searches again once the offering's purchase deadline passed unapproved.
+    pub async fn gate(
+        &self,
+        rec: &RequestRecord,
+        plan: &Plan,
+        approver: Option<&str>,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<Gate, PortError> {
+        let id = &rec.request_id;
+        let threshold = rec.request.budget.approval_above;
+        if let Some(limit) = threshold
+            && plan.upfront_fee > limit
+            && approver.is_none()
+        {
+            if rec.status == RequestStatus::AwaitingApproval {
+                // Still waiting; the schedule looks again at the purchase deadline.
+                if now >= plan.start - PURCHASE_LEAD {
+                    let reason = "no approval arrived before the offering's purchase deadline; searching again";
+                    let w = self
+                        .store
+                        .transition(Transition::of(
+                            rec,
+                            RequestStatus::Searching,
+                            reason,
+                            Some(now),
+                            now,
+                            cause,
+                        ))
+                        .await?;
+                    out.decisions.push(Decision::new(
+                        id,
+                        decision::written(&w, "re-search"),
+                        reason,
+                    ));
+                }
+                return Ok(Gate::Held);
+            }
+            let reason = format!(
+                "upfront fee ${} is above the approval threshold ${}; waiting for an approver",
+                plan.upfront_fee, limit
+            );
+            let ev = AwaitingApproval {
+                event_key: awaiting_approval_key(id.as_str(), plan),
+                request_id: id.to_string(),
+                team: rec.team.to_string(),
+                upfront_fee_usd: plan.upfront_fee,
+                approval_above_usd: limit,
+                plan: PlanSummary::from(plan),
+            };
+            let t = Transition::of(
+                rec,
+                RequestStatus::AwaitingApproval,
+                &reason,
+                Some(plan.start - PURCHASE_LEAD),
+                now,
+                cause,
+            )
+            .with_outbox(vec![outbound(&ev)]);
+            let w = self.store.transition(t).await?;
+            out.decisions.push(Decision::new(
+                id,
+                decision::written(&w, "awaiting-approval"),
+                reason,
+            ));
+            return Ok(Gate::Held);
+        }
+        Ok(Gate::Open)
+    }
+}
