@@ -11,6 +11,7 @@
 
 pub mod approval;
 pub mod cancel;
+pub mod payment;
 
 use serde::Serialize;
 

@@ -1,0 +1,354 @@
+//! Payment tracking (ARCHITECTURE §8.5): a bought reservation is not paid for until AWS reports
+//! it scheduled. Until then it is read again on a schedule; one that AWS lists as failed or
+//! cancelled first gives back what AWS did not take, is announced, and the request searches
+//! again for what it still needs while its deadline allows, or ends with what it keeps.
+
+use chrono::{DateTime, Duration, Utc};
+use tracing::warn;
+
+use super::{Outcome, Protocols};
+use crate::decision::{self, Decision};
+use crate::domain::events::{
+    CancellationRefused, PaymentFailed, ending_events, event_key, outbound,
+};
+use crate::domain::money::MicroUsd;
+use crate::domain::reservation::Reservation;
+use crate::domain::status::RequestStatus;
+use crate::domain::time_rules::{LISTING_LAG_BOUND, PAYMENT_CHECK_EVERY, search_deadline};
+use crate::domain::window;
+use crate::ports::{
+    BudgetMonth, CapacityMarket, Cause, EventSink, KeepCancellation, PortError, Refund,
+    RequestRecord, Store, Transition,
+};
+
+impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
+    /// ARCHITECTURE §8.5: a bought reservation is read again until AWS reports it scheduled
+    /// or later. One missing from the answer stays live (the listing lags, by id too); one
+    /// whose payment failed gives its debit back, is announced, and the request searches
+    /// again while its deadline allows.
+    pub async fn track(
+        &self,
+        rec: RequestRecord,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let id = rec.request_id.clone();
+        let mut held = self.store.reservations(&id).await?;
+        let mut changed: Vec<Reservation> = Vec::new();
+        let mut notes: Vec<String> = Vec::new();
+        let mut lost: Vec<Reservation> = Vec::new();
+        for r in held.iter_mut() {
+            if !r.state.is_live() || r.state.is_settled() {
+                continue;
+            }
+            match self.market.describe(r.product, &r.region, &r.id).await? {
+                Some(seen) if seen.state == r.state => {
+                    notes.push(format!("{} is still {}", r.id, r.state));
+                }
+                Some(seen) => {
+                    let was = r.state;
+                    r.state = seen.state;
+                    if r.state.is_final() {
+                        lost.push(r.clone());
+                    } else {
+                        notes.push(format!("{} went from {was} to {}", r.id, r.state));
+                        changed.push(r.clone());
+                    }
+                }
+                None => {
+                    let since = r.bought_at.unwrap_or(rec.updated_at);
+                    let minutes = (now - since).num_minutes();
+                    if now < since + LISTING_LAG_BOUND {
+                        notes.push(format!(
+                            "{} is not listed yet {minutes} min after its purchase (AWS's \
+                             listings lag); it stays {}",
+                            r.id, r.state
+                        ));
+                    } else {
+                        // Never read as gone for that: the debit stays, and so does the
+                        // reservation, until AWS lists it.
+                        warn!(request_id = %id, reservation_id = %r.id, minutes,
+                            "a bought reservation is still not listed past the listing-lag bound");
+                        notes.push(format!(
+                            "{} is still not listed {minutes} min after its purchase, past the \
+                             {} min listing-lag bound; it stays {} and its debit is kept",
+                            r.id,
+                            LISTING_LAG_BOUND.num_minutes(),
+                            r.state
+                        ));
+                    }
+                }
+            }
+        }
+        if lost.is_empty() {
+            let next = next_payment_check(held.iter(), now);
+            if let (None, Some(c)) = (next, &rec.cancel) {
+                // Every payment is taken: the kept cancellation can no longer be applied. It
+                // is answered first; the next check records the states.
+                let why = format!(
+                    "cancellation refused: every reservation is paid for and scheduled, and \
+                     purchases cannot be undone (the cancellation was kept since {})",
+                    c.at
+                );
+                let refused = CancellationRefused {
+                    event_key: format!("{id}:cancellation-refused:{}", c.event_id),
+                    request_id: id.to_string(),
+                    status: Some(rec.status),
+                    reason: why.clone(),
+                };
+                let k = KeepCancellation {
+                    request_id: id.clone(),
+                    expected_version: rec.version,
+                    status: rec.status,
+                    note: None,
+                    reason: format!("{}; {why}", reserved_reason(&rec.reason)),
+                    next_action_at: Some(now),
+                    at: now,
+                    caused_by: Cause::new(format!("{}#cancel-refused", cause.event_id)),
+                    outbox: vec![outbound(&refused)],
+                };
+                let w = self.store.keep_cancellation(k).await?;
+                out.decisions.push(Decision::new(
+                    &id,
+                    decision::written(&w, "cancel-refused"),
+                    why,
+                ));
+                return Ok(());
+            }
+            let note = if notes.is_empty() {
+                "every reservation is scheduled or later".to_string()
+            } else {
+                notes.join("; ")
+            };
+            let reason = format!("{}{PAYMENT_NOTE}{note}", reserved_reason(&rec.reason));
+            let t = Transition::of(&rec, RequestStatus::Reserved, &reason, next, now, cause)
+                .with_reservations(changed, None);
+            let w = self.store.transition(t).await?;
+            out.decisions.push(Decision::new(
+                &id,
+                decision::written(
+                    &w,
+                    if next.is_some() {
+                        "payment-pending"
+                    } else {
+                        "paid"
+                    },
+                ),
+                note,
+            ));
+            return Ok(());
+        }
+        self.payment_failed(rec, held, changed, lost, notes, cause, now, out)
+            .await
+    }
+
+    /// `lost` went final before it was ever scheduled: give back what AWS did not take, and
+    /// search again for what the request still needs while its deadline allows.
+    #[allow(clippy::too_many_arguments)]
+    async fn payment_failed(
+        &self,
+        rec: RequestRecord,
+        held: Vec<Reservation>,
+        changed: Vec<Reservation>,
+        lost: Vec<Reservation>,
+        mut notes: Vec<String>,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let id = &rec.request_id;
+        let version = rec.version + 1;
+        let month_of = |r: &Reservation| {
+            r.debit_month
+                .clone()
+                .map(BudgetMonth)
+                .unwrap_or_else(|| BudgetMonth::of(r.bought_at.unwrap_or(rec.updated_at)))
+        };
+        // One refund per write, to one ledger month: a loss charged to another month (a rare
+        // split bought across a month's end) waits for the next check, right after this.
+        let month = lost.iter().find(|r| r.state.is_unpaid()).map(&month_of);
+        let (lost, later): (Vec<Reservation>, Vec<Reservation>) = lost
+            .into_iter()
+            .partition(|r| !r.state.is_unpaid() || Some(month_of(r)) == month);
+        // Not recorded yet: read again, and handled, at the next check.
+        for r in &later {
+            notes.push(format!(
+                "{} is {} too; its debit goes back next",
+                r.id, r.state
+            ));
+        }
+        let returned = MicroUsd(
+            lost.iter()
+                .filter(|r| r.state.is_unpaid())
+                .map(|r| r.upfront_fee.to_micros_ceil().0)
+                .sum::<i64>()
+                .min(rec.spent.0),
+        );
+        let refund = month.filter(|_| returned.0 > 0).map(|month| Refund {
+            month,
+            amount: returned,
+        });
+        let gone = |r: &Reservation| lost.iter().any(|l| l.id == r.id);
+        // What the request still holds: the live, and the losses left for the next check.
+        let others: Vec<&Reservation> = held
+            .iter()
+            .filter(|r| !gone(r) && (r.state.is_live() || later.iter().any(|l| l.id == r.id)))
+            .collect();
+        let deadline = search_deadline(rec.request.window.latest_end, rec.request.duration_hours);
+        let mut what: Vec<String> = Vec::new();
+        for l in &lost {
+            what.push(if l.state.is_unpaid() {
+                format!(
+                    "AWS reports {} {} before it was ever scheduled: the payment was not \
+                     taken, and its ${} debit is returned to team {}",
+                    l.id,
+                    l.state,
+                    l.upfront_fee.min(returned.to_usd()),
+                    rec.team
+                )
+            } else {
+                format!(
+                    "AWS reports {} {} before it was ever scheduled: the capacity is lost, \
+                     and its ${} debit is kept (AWS does not say the fee was returned)",
+                    l.id, l.state, l.upfront_fee
+                )
+            });
+        }
+        let (to, next, then) = if !later.is_empty() {
+            // Stay to take the rest at the next check.
+            (
+                RequestStatus::Reserved,
+                Some(now),
+                "; the other losses follow".to_string(),
+            )
+        } else if let Some(c) = rec.cancel.as_ref().filter(|_| others.is_empty()) {
+            // A kept cancellation (§8.3): nothing is bought again.
+            (
+                RequestStatus::Cancelled,
+                None,
+                format!("; {}, kept since {}, is applied", c.reason, c.at),
+            )
+        } else if rec.request.is_served_by(others.iter().copied()) {
+            // What it keeps still serves it (a stray adopted beside the plan): nothing is
+            // searched for, which would ask for 0 hours more.
+            (
+                RequestStatus::Reserved,
+                next_payment_check(others.iter().copied(), now),
+                format!(
+                    "; what it keeps, {}, still covers its {} h, so it stays Reserved",
+                    Reservation::id_list(others.iter().copied()),
+                    rec.request.duration_hours
+                ),
+            )
+        } else if now < deadline && rec.cancel.is_none() {
+            (
+                RequestStatus::Searching,
+                Some(now),
+                format!("; searching again until {deadline}"),
+            )
+        } else if !others.is_empty() {
+            (
+                RequestStatus::Reserved,
+                next_payment_check(others.iter().copied(), now),
+                format!(
+                    "; too late to search again (the deadline was {deadline}); keeping {}",
+                    Reservation::id_list(others.iter().copied())
+                ),
+            )
+        } else {
+            (
+                RequestStatus::Failed,
+                None,
+                format!("; too late to search again (the deadline was {deadline})"),
+            )
+        };
+        let mut reason = format!("{}{then}", what.join("; "));
+        if !notes.is_empty() {
+            reason.push_str(&format!(" ({})", notes.join("; ")));
+        }
+        let mut outbox = Vec::new();
+        for (i, l) in lost.iter().filter(|l| l.state.is_unpaid()).enumerate() {
+            outbox.push(outbound(&PaymentFailed {
+                event_key: event_key(
+                    id.as_str(),
+                    &if i == 0 {
+                        "payment-failed".to_string()
+                    } else {
+                        format!("payment-failed-{i}")
+                    },
+                    version,
+                ),
+                request_id: id.to_string(),
+                reservation_id: l.id.clone(),
+                product: l.product,
+                region: l.region.clone(),
+                state: l.state,
+                upfront_fee_usd: l.upfront_fee,
+                returned_usd: l.upfront_fee.min(returned.to_usd()),
+                searching_again: to == RequestStatus::Searching,
+                reason: reason.clone(),
+            }));
+        }
+        if to.is_terminal() {
+            // What is kept: the live ones (a lost one's debit went back above).
+            let kept = held
+                .iter()
+                .filter(|r| r.state.is_live() && !gone(r))
+                .map(|r| r.id.clone())
+                .collect();
+            outbox.extend(ending_events(
+                &rec,
+                to,
+                &reason,
+                kept,
+                MicroUsd(rec.spent.0 - returned.0),
+            ));
+        }
+        // Their windows never opened: nothing to launch, drain or clean up in them.
+        let mut windows = rec.windows.clone();
+        for l in &lost {
+            windows = window::records_lost(&windows, &l.id, now);
+        }
+        let mut updates = changed;
+        updates.extend(lost);
+        let t = Transition::of(&rec, to, &reason, next, now, cause)
+            .with_reservations(updates, refund)
+            .with_windows(windows)
+            .with_outbox(outbox);
+        let w = self.store.transition(t).await?;
+        out.decisions.push(Decision::new(
+            id,
+            decision::written(&w, "payment-failed"),
+            reason,
+        ));
+        Ok(())
+    }
+}
+
+/// Where the payment checks' note starts in a `Reserved` request's reason.
+const PAYMENT_NOTE: &str = "; payment: ";
+
+/// A `Reserved` request's reason without its last payment note.
+fn reserved_reason(reason: &str) -> &str {
+    reason.split(PAYMENT_NOTE).next().unwrap_or(reason)
+}
+
+/// When to read the request's reservations again: none once each is scheduled or later (or
+/// final); else every [`PAYMENT_CHECK_EVERY`], and once more just before the earliest
+/// unsettled one starts, so a failure is seen before its window would open.
+pub fn next_payment_check<'a>(
+    held: impl Iterator<Item = &'a Reservation>,
+    now: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    let first_start = held
+        .filter(|r| r.state.is_live() && !r.state.is_settled())
+        .map(Reservation::start)
+        .min()?;
+    let before_start = first_start - Duration::minutes(5);
+    Some(if before_start > now {
+        (now + PAYMENT_CHECK_EVERY).min(before_start)
+    } else {
+        now + PAYMENT_CHECK_EVERY
+    })
+}
