@@ -87,8 +87,8 @@ soak:
 fmt:
 	$(CARGO) fmt --all
 
-## mutants: the mutation campaign on the purchase protocol (purchase-capacity's handler and
-## the shared purchase code), tested by a reduced simulation (MUTANTS_SEEDS seeds, 200: the
+## mutants: the mutation campaign on the purchase protocol (shared/src/purchase/protocol.rs
+## and the debit rule in shared/src/ports.rs), tested by a reduced simulation (MUTANTS_SEEDS seeds, 200: the
 ## make-test range: every promise kept, every outcome of its MUST_REACH reached, which seeds
 ## 1-100 alone do not);
 ## mutants-store: DynamoStore's purchase transactions, tested by the differential store test.
@@ -111,10 +111,10 @@ MUTANTS_TIMEOUT ?= 600
 SHARD ?=
 MUTANTS_ARGS ?=
 # What is mutated (`--re` on the mutants' names), so that `--list` stays near 60: the
-# purchase protocol of purchase-capacity's handler (execute, buy, reconcile, take_over,
+# purchase protocol (shared/src/purchase/protocol.rs: execute, buy, reconcile, take_over,
 # release: 50 mutants) and the shared debit rule (`Debit::`, 8); in DynamoStore, the three
 # purchase transactions (begin_purchase, record_reservation, release_unbought: 65).
-PURCHASE_FILES := --file functions/purchase-capacity/src/handler.rs --file shared/src/ports.rs
+PURCHASE_FILES := --file shared/src/purchase/protocol.rs --file shared/src/ports.rs
 PURCHASE_RE := --re '::(execute|buy|reconcile|take_over|release)( |$$)' --re ' Debit::'
 STORE_FILES := --file shared/src/aws/dynamodb/mod.rs
 STORE_RE := --re '::(begin_purchase|record_reservation|release_unbought)( |$$)'

@@ -134,22 +134,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 // Still waiting; the schedule looks again at the purchase deadline.
                 if now >= plan.start - PURCHASE_LEAD {
                     let reason = "no approval arrived before the offering's purchase deadline; searching again";
-                    let w = self
-                        .store
-                        .transition(Transition::of(
-                            rec,
-                            RequestStatus::Searching,
-                            reason,
-                            Some(now),
-                            now,
-                            cause,
-                        ))
-                        .await?;
-                    out.decisions.push(Decision::new(
-                        id,
-                        decision::written(&w, "re-search"),
-                        reason,
-                    ));
+                    self.search_again(rec, reason, cause, now, out).await?;
                 }
                 return Ok(Gate::Held);
             }

@@ -12,13 +12,16 @@
 pub mod approval;
 pub mod cancel;
 pub mod payment;
+pub mod protocol;
 
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::config::Config;
-use crate::decision::Decision;
+use crate::decision::{self, Decision};
 use crate::domain::request::RequestId;
-use crate::ports::{PortError, SharedIds, Sleep};
+use crate::domain::status::RequestStatus;
+use crate::ports::{Cause, PortError, RequestRecord, SharedIds, Sleep, Store, Transition};
 
 /// What one invocation decided, and how many events it published.
 #[derive(Debug, Default, Serialize)]
@@ -41,10 +44,10 @@ pub struct Protocols<'a, S, M, E> {
     pub sleep: &'a Sleep,
 }
 
-impl<S: crate::ports::Store, M, E> Protocols<'_, S, M, E> {
+impl<S: Store, M, E> Protocols<'_, S, M, E> {
     /// The reservations a request keeps, as the table has them: those still live (a split's
     /// bought block among them). What an ending request reports with what stays spent.
-    pub async fn kept(&self, id: &RequestId) -> Result<Vec<String>, PortError> {
+    pub(crate) async fn kept(&self, id: &RequestId) -> Result<Vec<String>, PortError> {
         Ok(self
             .store
             .reservations(id)
@@ -53,5 +56,34 @@ impl<S: crate::ports::Store, M, E> Protocols<'_, S, M, E> {
             .filter(|r| r.state.is_live())
             .map(|r| r.id)
             .collect())
+    }
+
+    /// The request searches again, for `reason`: the plan it was to buy can no longer be
+    /// bought (none is recorded, it starts too soon, or its approval did not come in time).
+    pub(crate) async fn search_again(
+        &self,
+        rec: &RequestRecord,
+        reason: &str,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let w = self
+            .store
+            .transition(Transition::of(
+                rec,
+                RequestStatus::Searching,
+                reason,
+                Some(now),
+                now,
+                cause,
+            ))
+            .await?;
+        out.decisions.push(Decision::new(
+            &rec.request_id,
+            decision::written(&w, "re-search"),
+            reason,
+        ));
+        Ok(())
     }
 }

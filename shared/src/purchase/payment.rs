@@ -337,7 +337,7 @@ fn reserved_reason(reason: &str) -> &str {
 /// When to read the request's reservations again: none once each is scheduled or later (or
 /// final); else every [`PAYMENT_CHECK_EVERY`], and once more just before the earliest
 /// unsettled one starts, so a failure is seen before its window would open.
-pub fn next_payment_check<'a>(
+pub(crate) fn next_payment_check<'a>(
     held: impl Iterator<Item = &'a Reservation>,
     now: DateTime<Utc>,
 ) -> Option<DateTime<Utc>> {

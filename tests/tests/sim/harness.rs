@@ -1634,7 +1634,7 @@ impl Sim {
                     // Only a doubt written with a purchase's first lease, as the old
                     // release would have begun it: what a takeover records stays.
                     let fresh = matches!((&r.doubt, &r.lease),
-                        (Some(d), Some(l)) if l.expires_at - d.since == purchase_capacity::handler::LEASE);
+                        (Some(d), Some(l)) if l.expires_at - d.since == capacity_pilot::purchase::protocol::LEASE);
                     if r.status == RequestStatus::Purchasing && fresh {
                         self.store.forget_doubt(&r.request_id);
                         self.legacy.insert(r.request_id.to_string());

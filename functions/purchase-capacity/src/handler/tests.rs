@@ -21,10 +21,11 @@ use capacity_pilot::ports::{BudgetMonth, PortError, RequestRecord, Store};
 use chrono::Duration;
 use serde_json::{Value, json};
 
-use super::{LEASE, Purchaser};
+use super::Purchaser;
 use capacity_pilot::config::DEFAULT_DEPLOYMENT_ID as DEPLOYMENT;
 use capacity_pilot::domain::naming::plan_name;
 use capacity_pilot::domain::time_rules::IN_DOUBT_WINDOW;
+use capacity_pilot::purchase::protocol::LEASE;
 
 type P = Purchaser<InMemoryStore, FakeMarket, RecordingEvents, ManualClock>;
 
@@ -1213,45 +1214,6 @@ async fn buying_a_plan_again_after_a_failed_one_takes_the_next_plan_name() {
         .collect();
     assert_eq!(names, [plan_name(&rec.request_id, DEPLOYMENT, 1)]);
     assert_eq!(w.status("r1").await, RequestStatus::Reserved);
-}
-
-#[test]
-fn the_purchase_lease_outlives_the_function_timeout_plus_the_purchase_call_timeout_plus_5_minutes()
-{
-    // ARCHITECTURE 8.11: read the deployed timeout from the template, not from a copy of it.
-    let template = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../infra/template.yaml"),
-    )
-    .unwrap();
-    let resource = template
-        .split("\n  PurchaseCapacityFunction:\n")
-        .nth(1)
-        .expect("the purchase function in the template");
-    let body: String = resource
-        .lines()
-        .take_while(|l| l.is_empty() || l.starts_with("    "))
-        .collect::<Vec<_>>()
-        .join("\n");
-    let timeout: i64 = body
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("Timeout:"))
-        .map(|v| v.trim().parse().unwrap())
-        .or_else(|| {
-            // Else the Globals' function timeout.
-            template
-                .split("\nGlobals:")
-                .nth(1)?
-                .lines()
-                .find_map(|l| l.trim().strip_prefix("Timeout:"))
-                .map(|v| v.trim().parse().unwrap())
-        })
-        .expect("a timeout for the purchase function");
-    let op = Duration::from_std(capacity_pilot::aws::PURCHASE_OPERATION_TIMEOUT).unwrap();
-    let bound = Duration::seconds(timeout) + op + Duration::minutes(5);
-    assert!(
-        LEASE > bound,
-        "lease {LEASE} must outlive {timeout} s + {op} + 5 min"
-    );
 }
 
 // ---- reconciliation is scoped (ARCHITECTURE 8.6, 8.7) -----------------------------------
