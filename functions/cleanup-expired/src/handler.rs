@@ -204,7 +204,10 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                 },
             )
             .await?;
+        // Each owner's status, and the reservations of its windows not yet drained.
         let mut status: BTreeMap<String, Option<RequestStatus>> = BTreeMap::new();
+        // `None`: a request the read shows due, not live, so its windows are not in hand.
+        let mut undrained: BTreeMap<String, Option<BTreeSet<String>>> = BTreeMap::new();
         let mut orphans: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for i in found {
             if !i.state.is_live()
@@ -217,20 +220,36 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             let st = match status.get(&owner) {
                 Some(s) => *s,
                 None => {
-                    // The tick's read shows every request whose workloads may be running;
-                    // only an owner it does not show is read.
-                    let s = match RequestId::parse(&owner) {
+                    // The tick's read shows every request whose workloads may be running,
+                    // with its windows; only an owner it does not show is read.
+                    let (s, windows) = match RequestId::parse(&owner) {
                         Ok(id) => match agenda.and_then(|a| a.status_of(&id)) {
-                            Some(s) => Some(s),
-                            None => self.store.get_request(&id).await?.map(|r| r.status),
+                            Some(s) => (Some(s), agenda.and_then(|a| shown_windows(a, &id))),
+                            None => match self.store.get_request(&id).await? {
+                                Some(r) => (Some(r.status), Some(r.windows)),
+                                None => (None, Some(vec![])),
+                            },
                         },
-                        Err(_) => None,
+                        Err(_) => (None, Some(vec![])),
                     };
                     status.insert(owner.clone(), s);
+                    undrained.insert(
+                        owner.clone(),
+                        windows.map(|w| window::undrained_reservations(&w)),
+                    );
                     s
                 }
             };
-            if st.is_none_or(RequestStatus::is_terminal) {
+            // A paid window is served to its drain whatever became of its request
+            // (ARCHITECTURE §9.1): its instances are the drain's to stop, not the sweep's.
+            // A request shown due but not live has no window running, but may have one a
+            // launch has not committed yet: an instance in a reservation waits a tick.
+            let covered = i.reservation_id.as_ref().is_some_and(|r| {
+                undrained
+                    .get(&owner)
+                    .is_some_and(|u| u.as_ref().is_none_or(|u| u.contains(r)))
+            });
+            if st.is_none_or(RequestStatus::is_terminal) && !covered {
                 orphans.entry(owner).or_default().push(i.instance_id);
             }
         }
@@ -1047,6 +1066,21 @@ fn draining(rec: &RequestRecord, windows: &[Window]) -> Option<usize> {
         .iter()
         .position(|w| w.end >= mark)
         .or_else(|| windows.len().checked_sub(1))
+}
+
+/// The windows of request `id` as the tick's read shows them: those of a live request; none
+/// for one shown due with no window action; `None` (not in hand) for one shown due for a
+/// window but not live.
+fn shown_windows(a: &Agenda, id: &RequestId) -> Option<Vec<window::WindowRecord>> {
+    match a.live.iter().find(|l| &l.request_id == id) {
+        Some(l) => Some(l.windows.clone()),
+        None => a
+            .due
+            .iter()
+            .find(|d| &d.request_id == id)
+            .filter(|d| d.window_action_at.is_some())
+            .map_or(Some(vec![]), |_| None),
+    }
 }
 
 #[cfg(test)]

@@ -311,6 +311,32 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 out.decisions.push(Decision::new(id, "waiting", reason));
                 Ok(())
             }
+            Launch::Refuse(why) if rec.status.is_terminal() => {
+                // A paid window of a request already over (ARCHITECTURE §9.1): it cannot
+                // fail again, and retrying a refusal cannot help, so the window ends unlaunched
+                // with the refusal as its reason.
+                let reason = format!(
+                    "{why}; the request is {} already, so window {} ends unlaunched",
+                    rec.status, w.number
+                );
+                let windows =
+                    window::records_with(&rec.windows, &windows, &w.key, WindowState::Ended, now);
+                let u = WindowUpdate::of(
+                    rec,
+                    windows,
+                    &reason,
+                    now,
+                    &cause.step("launch-refused"),
+                    vec![],
+                );
+                let written = self.store.update_windows(u).await?;
+                out.decisions.push(Decision::new(
+                    id,
+                    decision::written(&written, "launch-refused"),
+                    reason,
+                ));
+                Ok(())
+            }
             Launch::Refuse(why) => self.fail(rec, why, Settle::Release, cause, now, out).await,
         }
     }

@@ -9,6 +9,7 @@
 //! every recorded window in start order, so a number once given never changes: a
 //! replacement block never renumbers the block it replaces, whatever their starts.
 
+use std::collections::BTreeSet;
 use std::fmt;
 
 use chrono::{DateTime, Utc};
@@ -371,7 +372,9 @@ pub fn keeps_own_action(status: RequestStatus) -> bool {
 }
 
 /// The statuses in which a request may hold windows: launch and cleanup look at all of them.
-pub const HOLDS_WINDOWS: [RequestStatus; 8] = [
+/// A Failed, Rejected or Cancelled request among them: its status never decides the fate of
+/// a paid window, which is launched, drained and ended like any other (ARCHITECTURE §9.1).
+pub const HOLDS_WINDOWS: [RequestStatus; 11] = [
     RequestStatus::Reserved,
     RequestStatus::Active,
     RequestStatus::Draining,
@@ -380,6 +383,9 @@ pub const HOLDS_WINDOWS: [RequestStatus; 8] = [
     RequestStatus::OfferingsFound,
     RequestStatus::AwaitingApproval,
     RequestStatus::Purchasing,
+    RequestStatus::Failed,
+    RequestStatus::Rejected,
+    RequestStatus::Cancelled,
 ];
 
 /// What a `FOLLOWS_WINDOWS` request's status is, given its windows: `Active` while one runs,
@@ -403,23 +409,33 @@ pub fn summary(records: &[WindowRecord]) -> Option<RequestStatus> {
 /// When the request is due: the earliest of its own next action (its search, its lease) and
 /// its windows'.
 /// Whether what a request in `status` with these windows launched may be running now: a
-/// window launching, running, stopping or draining, or an on-demand or spot run. Such a
-/// request is in every tick's read (ARCHITECTURE §8.14), so replace-unhealthy sees its
-/// workloads and cleanup's sweep its status without reading it.
+/// window launching, running, stopping or draining, whatever the request's status (a Failed
+/// or Cancelled request's paid window runs to its drain, ARCHITECTURE §9.1), or an on-demand
+/// or spot run. Such a request is in every tick's read (ARCHITECTURE §8.14), so
+/// replace-unhealthy sees its workloads and cleanup's sweep its windows without reading it.
 pub fn may_be_running(status: RequestStatus, records: &[WindowRecord]) -> bool {
-    !status.is_terminal()
-        && (matches!(
-            status,
-            RequestStatus::RunningOnDemand | RequestStatus::RunningSpot
-        ) || records.iter().any(|r| {
-            matches!(
-                r.state,
-                WindowState::Launching
-                    | WindowState::Running
-                    | WindowState::Stopping
-                    | WindowState::Draining
-            )
-        }))
+    matches!(
+        status,
+        RequestStatus::RunningOnDemand | RequestStatus::RunningSpot
+    ) || records.iter().any(|r| {
+        matches!(
+            r.state,
+            WindowState::Launching
+                | WindowState::Running
+                | WindowState::Stopping
+                | WindowState::Draining
+        )
+    })
+}
+
+/// The reservations whose windows are not yet drained (any window not `Ended`): the orphan
+/// sweep leaves their instances to the drain, whatever the request's status.
+pub fn undrained_reservations(records: &[WindowRecord]) -> BTreeSet<String> {
+    records
+        .iter()
+        .filter(|r| r.state != WindowState::Ended)
+        .map(|r| r.reservation_id().to_string())
+        .collect()
 }
 
 pub fn next_action_at(

@@ -946,3 +946,94 @@ async fn a_launch_landing_after_a_cancellations_first_stop_is_stopped_before_the
     w.tick_at(cancelled_at + Duration::minutes(7), "c3").await;
     assert_eq!(w.record("r-1").await.spent, kept);
 }
+
+/// GIVEN request r-1 in `status`, its block cr-1's window running (instance i-1 in it),
+/// as a split's kept block runs while the rest of the request is decided.
+async fn running_window_of(w: &World, status: RequestStatus) -> DateTime<Utc> {
+    // The default drain lead (15 min) before a block's 30 min forced termination.
+    let drain_at = end() - Duration::minutes(30) - Duration::minutes(15);
+    let mut rec = w
+        .seed(
+            request("r-1", "team-a", "50000"),
+            &[block("cr-1", "r-1")],
+            status,
+            open(),
+        )
+        .await;
+    rec.windows = vec![capacity_pilot::domain::window::WindowRecord {
+        key: capacity_pilot::domain::window::window_key("cr-1", 0),
+        number: 0,
+        state: capacity_pilot::domain::window::WindowState::Running,
+        next_action_at: Some(drain_at),
+        updated_at: open(),
+    }];
+    rec.next_action_at = None;
+    w.store.insert_record(rec);
+    w.instance("i-1", "r-1", Some("cr-1"), true);
+    drain_at
+}
+
+#[tokio::test]
+async fn a_failed_requests_running_window_is_not_swept_and_is_drained_and_ended_on_time() {
+    for status in [
+        RequestStatus::Failed,
+        RequestStatus::Rejected,
+        RequestStatus::Cancelled,
+    ] {
+        // GIVEN a request that ended otherwise while its paid window runs
+        let w = World::new();
+        let drain_at = running_window_of(&w, status).await;
+
+        // WHEN the schedule ticks (and sweeps) mid-window
+        let out = w.tick_at(open() + Duration::hours(1), "tick-1").await;
+        // THEN the window's instance runs on: it is the drain's, not an orphan
+        assert_eq!(w.state_of("i-1"), InstanceState::Running, "{status}");
+        assert!(
+            !out.decisions.iter().any(|d| d.action == "swept"),
+            "{status}: {:?}",
+            out.decisions
+        );
+
+        // WHEN the drain starts
+        w.tick_at(drain_at, "tick-2").await;
+        // THEN it is warned and stopped ahead of AWS's forced termination, as any window
+        let expiring = &w.events.published_of(EXPIRING)[0].detail;
+        assert_eq!(expiring["drain_starts_at"], json!(drain_at), "{status}");
+        let drained = &w.events.published_of(DRAINED)[0].detail;
+        assert_eq!(drained["resource_ids"], json!(["instance:i-1"]), "{status}");
+        assert_eq!(drained["late"], json!(false), "{status}");
+        assert_eq!(w.state_of("i-1"), InstanceState::Terminated, "{status}");
+
+        // WHEN the block ends
+        w.tick_at(end(), "tick-3").await;
+        // THEN the window ends and is announced; the request keeps its status and reason
+        assert_eq!(w.events.published_of(ENDED).len(), 1, "{status}");
+        let rec = w.record("r-1").await;
+        assert_eq!(rec.status, status);
+        assert!(
+            rec.windows
+                .iter()
+                .all(|x| x.state == capacity_pilot::domain::window::WindowState::Ended),
+            "{status}: {:?}",
+            rec.windows
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_ended_window_of_a_failed_request_leaves_its_leftover_instances_to_the_sweep() {
+    // GIVEN a failed request whose window has ended, an instance of it still running
+    let w = World::new();
+    running_window_of(&w, RequestStatus::Failed).await;
+    let mut rec = w.record("r-1").await;
+    for x in &mut rec.windows {
+        x.state = capacity_pilot::domain::window::WindowState::Ended;
+        x.next_action_at = None;
+    }
+    w.store.insert_record(rec);
+    // WHEN the schedule sweeps
+    let out = w.tick_at(open() + Duration::hours(1), "tick-1").await;
+    // THEN nothing covers it any more: it is swept
+    assert_eq!(w.state_of("i-1"), InstanceState::Terminated);
+    assert!(out.decisions.iter().any(|d| d.action == "swept"));
+}

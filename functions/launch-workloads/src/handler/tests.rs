@@ -1259,3 +1259,98 @@ fn no_launching_function_runs_longer_than_the_launch_margin() {
         );
     }
 }
+
+/// GIVEN request r1 holding block cr-1 (a window pending until `opens()`), then moved to
+/// `status` while it waits, as a split's kept block waits while the rest is decided.
+async fn kept_window_of(w: &World, req: CapacityRequest, r: Reservation, status: RequestStatus) {
+    w.reserved(req, r, opens()).await;
+    let mut rec = w.record_of("r1").await;
+    rec.status = status;
+    rec.reason = format!("{status} while its kept block waits");
+    rec.next_action_at = None;
+    w.store.insert_record(rec);
+}
+
+#[tokio::test]
+async fn a_cancelled_or_failed_requests_kept_window_is_launched_when_it_opens() {
+    for status in [
+        RequestStatus::Cancelled,
+        RequestStatus::Failed,
+        RequestStatus::Rejected,
+    ] {
+        // GIVEN a paid window not yet open, of a request that has since ended otherwise
+        let w = World::new();
+        kept_window_of(
+            &w,
+            ec2_request("r1"),
+            block("cr-1", 2, "us-east-1b"),
+            status,
+        )
+        .await;
+
+        // WHEN the window opens and the schedule ticks
+        w.clock.set(opens() + Duration::minutes(1));
+        w.launcher().handle(tick("t1")).await.unwrap();
+
+        // THEN its workload launches (ARCHITECTURE §9.1), announced; the status stays
+        assert_eq!(w.workloads.live_in_reservation("cr-1").len(), 2, "{status}");
+        assert_eq!(
+            w.events.published_of("Capacity Workload Launched").len(),
+            1,
+            "{status}"
+        );
+        let rec = w.record_of("r1").await;
+        assert_eq!(rec.status, status);
+        assert!(
+            rec.windows
+                .iter()
+                .all(|x| x.state == capacity_pilot::domain::window::WindowState::Running),
+            "{status}: {:?}",
+            rec.windows
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_refused_launch_into_a_failed_requests_window_ends_that_window_not_the_request_again() {
+    // GIVEN a failed request's kept window into which AWS refuses to launch for good
+    let w = World::new();
+    w.workloads.add_cluster("us-east-1", "theirs", false);
+    let mut req = request("r1", "team-a", "5000");
+    req.workload = WorkloadDetail::HyperpodCluster {
+        cluster_name: "theirs".into(),
+        instance_group_name: "g".into(),
+        life_cycle_config: None,
+    };
+    kept_window_of(
+        &w,
+        req,
+        plan(TargetResource::HyperpodCluster),
+        RequestStatus::Failed,
+    )
+    .await;
+    w.clock.set(opens());
+
+    // WHEN the schedule ticks at the window's start, and again
+    let out = w.launcher().handle(tick("t1")).await.unwrap();
+    w.clock.set(opens() + Duration::minutes(1));
+    w.launcher().handle(tick("t2")).await.unwrap();
+
+    // THEN the window ends with the refusal as its reason, once; the request stays Failed
+    // and no second Failed event goes out
+    assert!(
+        out.decisions
+            .iter()
+            .any(|d| d.action == "launch-refused" && d.reason.contains("managed")),
+        "{:?}",
+        out.decisions
+    );
+    let rec = w.record_of("r1").await;
+    assert_eq!(rec.status, RequestStatus::Failed);
+    assert!(
+        rec.windows
+            .iter()
+            .all(|x| x.state == capacity_pilot::domain::window::WindowState::Ended)
+    );
+    assert!(w.events.published_of("Capacity Request Failed").is_empty());
+}

@@ -774,3 +774,32 @@ async fn an_on_demand_runs_launch_relaunches_do_not_count_against_the_replacemen
     assert_eq!(replaced.len(), 1, "{:?}", out.decisions);
     assert_eq!(replaced[0].detail["generation"], json!(4));
 }
+
+#[tokio::test]
+async fn an_impaired_instance_in_a_failed_requests_running_window_is_replaced() {
+    // GIVEN the running window of a request that has since failed (a split's replacement
+    // refused, say): its block is paid for, and one of its instances is impaired
+    let w = World::new(2).await;
+    let mut rec = w
+        .store
+        .get_request(&request_id("r-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    rec.status = RequestStatus::Failed;
+    rec.reason = "the replacement segment's purchase was refused".into();
+    w.store.insert_record(rec);
+    let sick = w.slots().await[0].resource_id.clone();
+    w.workloads
+        .set_instance_health(&sick, InstanceHealth::Impaired);
+    // WHEN the schedule polls
+    let out = w.tick("tick-1").await;
+    // THEN the window is healed as any other (ARCHITECTURE §9.1): its status does not decide
+    assert_eq!(
+        w.workloads.instance(&sick).unwrap().state,
+        InstanceState::Terminated
+    );
+    assert_eq!(w.live().len(), 2);
+    assert_eq!(w.events.published_of(REPLACED).len(), 1);
+    assert!(out.decisions.iter().any(|d| d.action == "replaced"));
+}
