@@ -389,16 +389,38 @@ pub(super) async fn started_in_hold<S: Store>(
 }
 
 /// Terminates the window's instances: in a block, those in its reservations; on demand,
-/// those in none.
-pub(super) async fn drain<W: Workloads>(
+/// those in none. A block's are found by Describe filters and by the slots the table records
+/// for its reservations: an instance launched or replaced within EC2's listing lag before
+/// the drain is not listed yet, and would run unwarned until AWS's forced termination.
+pub(super) async fn drain<W: Workloads, S: Store>(
     workloads: &W,
+    store: &S,
     id: &RequestId,
     deployment: &str,
     w: &DrainTarget,
 ) -> Result<Vec<String>, PortError> {
+    // The slots' instances (a block lives in one region): ours, launched by this request.
+    let recorded: Vec<String> = if w.on_demand || w.regions.len() != 1 {
+        Vec::new()
+    } else {
+        store
+            .workloads(id)
+            .await?
+            .into_iter()
+            .filter(|r| {
+                w.reservation_ids.contains(&r.reservation_id)
+                    && ![LAUNCHING, UNLAUNCHED, TERMINATED].contains(&r.state.as_str())
+                    && r.resource_id.starts_with("i-")
+            })
+            .map(|r| r.resource_id)
+            .collect()
+    };
     let mut acted = Vec::new();
     for region in &w.regions {
         let mut ids = Vec::new();
+        // Every instance the listing shows, in any state: a recorded one it does not show
+        // is within the listing lag.
+        let mut listed = std::collections::BTreeSet::new();
         let targets: Vec<Option<String>> = if w.on_demand {
             vec![None]
         } else {
@@ -416,6 +438,7 @@ pub(super) async fn drain<W: Workloads>(
                     },
                 )
                 .await?;
+            listed.extend(found.iter().map(|i| i.instance_id.clone()));
             ids.extend(
                 found
                     .into_iter()
@@ -423,6 +446,13 @@ pub(super) async fn drain<W: Workloads>(
                     .filter(|i| !w.on_demand || i.reservation_id.is_none())
                     .map(|i| i.instance_id),
             );
+        }
+        for r in &recorded {
+            if !listed.contains(r) && !ids.contains(r) {
+                info!(request_id = %id, region, instance_id = %r,
+                    "a recorded instance not listed yet (EC2's listing lag) is stopped too");
+                ids.push(r.clone());
+            }
         }
         if !ids.is_empty() {
             info!(request_id = %id, region, instances = ?ids, "terminating ahead of forced termination");

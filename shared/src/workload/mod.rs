@@ -279,7 +279,7 @@ pub async fn drain<W: Workloads, S: Store>(
     let id = &rec.request_id;
     match &rec.request.workload {
         WorkloadDetail::Ec2Instances { .. } => {
-            ec2_instances::drain(workloads, id, &config.deployment_id, target).await
+            ec2_instances::drain(workloads, store, id, &config.deployment_id, target).await
         }
         WorkloadDetail::TrainingJob(_) => training_job::drain(workloads, store, id, target).await,
         WorkloadDetail::HyperpodCluster {

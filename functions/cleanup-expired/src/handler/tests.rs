@@ -1037,3 +1037,43 @@ async fn an_ended_window_of_a_failed_request_leaves_its_leftover_instances_to_th
     assert_eq!(w.state_of("i-1"), InstanceState::Terminated);
     assert!(out.decisions.iter().any(|d| d.action == "swept"));
 }
+
+#[tokio::test]
+async fn a_drain_stops_an_instance_launched_within_the_listing_lag_from_its_slot_record() {
+    // GIVEN a running window with two instances: i-1 listed, i-2 replaced a minute before the
+    // drain and recorded in its slot, but not listed by EC2 yet (aws-reference §11.3)
+    let w = World::new();
+    let drain_at = running_window_of(&w, RequestStatus::Active).await;
+    w.instance("i-2", "r-1", Some("cr-1"), true);
+    w.workloads.set_listed("i-2", false);
+    for (slot, instance) in [(0, "i-1"), (1, "i-2")] {
+        w.store
+            .put_workload(capacity_pilot::ports::WorkloadRecord {
+                request_id: request_id("r-1"),
+                reservation_id: "cr-1".into(),
+                slot,
+                generation: u32::from(slot == 1),
+                resource_id: instance.into(),
+                state: "running".into(),
+                updated_at: drain_at - Duration::minutes(1),
+            })
+            .await
+            .unwrap();
+    }
+
+    // WHEN the drain starts
+    w.tick_at(drain_at, "tick-1").await;
+
+    // THEN both are stopped ahead of AWS's forced termination, and the Drained event names both
+    assert_eq!(w.state_of("i-1"), InstanceState::Terminated);
+    assert_eq!(w.state_of("i-2"), InstanceState::Terminated);
+    let drained = &w.events.published_of(DRAINED)[0].detail;
+    let mut ids: Vec<String> = drained["resource_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["instance:i-1", "instance:i-2"]);
+}
