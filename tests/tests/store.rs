@@ -2570,3 +2570,65 @@ async fn candidates_a_run_kept_are_read_again_once_another_writer_replaced_them(
     assert_eq!(now.version, rec.version + 2);
     assert_eq!(now.candidates, vec![plan("5000.00")]);
 }
+
+#[tokio::test]
+async fn a_failed_requests_kept_window_outliving_the_archive_keeps_its_records_until_it_ends() {
+    // GIVEN a request whose block runs, failed (a split's replacement refused) more than the
+    // archive's 90 days ago as DynamoDB's clock sees it: its window outlives ARCHIVE_AFTER
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let a = running_block(&store, "kept", "cr-k").await;
+    let long_ago = chrono::Utc::now() - Duration::days(100);
+    let mut failed = transition("kept", 6, RequestStatus::Active, Failed, "fail");
+    failed.at = long_ago;
+    assert_eq!(
+        store.transition(failed).await.unwrap(),
+        WriteOutcome::Applied { version: 7 }
+    );
+
+    // THEN nothing of it is archived while its window lives: the request and its block read
+    // back, and it is in every tick's read for its running window
+    let meta = raw_item(&table, "REQ#kept", "META").await;
+    assert!(!meta.contains_key("expires_at"), "{meta:?}");
+    let rec = store
+        .get_request(&request_id("kept"))
+        .await
+        .unwrap()
+        .expect("a failed request with a running window is not archived");
+    assert_eq!(rec.status, Failed);
+    assert_eq!(store.reservations(&rec.request_id).await.unwrap().len(), 1);
+    let agenda = store.agenda(chrono::Utc::now()).await.unwrap();
+    assert!(agenda.live.iter().any(|l| l.request_id == rec.request_id));
+
+    // WHEN its window drains and ends, long ago too
+    let key = "cr-k#0";
+    let mut drain =
+        window_update(&store, "kept", key, WindowState::Draining, a.end(), "drain").await;
+    drain.at = long_ago;
+    store.update_windows(drain).await.unwrap();
+    assert!(
+        store
+            .get_request(&request_id("kept"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let mut end = window_update(&store, "kept", key, WindowState::Ended, a.end(), "end").await;
+    end.at = long_ago;
+    assert!(matches!(
+        store.update_windows(end).await.unwrap(),
+        WriteOutcome::Applied { .. }
+    ));
+
+    // THEN it is archived with its children, and reads ignore it
+    let res = raw_item(&table, "REQ#kept", "RES#cr-k").await;
+    assert!(res.contains_key("expires_at"), "{res:?}");
+    assert_eq!(store.get_request(&request_id("kept")).await.unwrap(), None);
+    assert!(
+        store
+            .reservations(&request_id("kept"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

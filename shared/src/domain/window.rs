@@ -428,6 +428,15 @@ pub fn may_be_running(status: RequestStatus, records: &[WindowRecord]) -> bool {
     })
 }
 
+/// Whether a request in `status` with these windows is archived (its TTL set): `Ended`, or
+/// terminal with no window left to launch, drain or end. A Failed, Rejected or Cancelled
+/// request keeps its records while a paid window of it lives, however long (ARCHITECTURE
+/// §9.1); its TTL is written when its last window ends.
+pub fn archivable(status: RequestStatus, records: &[WindowRecord]) -> bool {
+    status == RequestStatus::Ended
+        || (status.is_terminal() && records.iter().all(|r| r.state == WindowState::Ended))
+}
+
 /// The reservations whose windows are not yet drained (any window not `Ended`): the orphan
 /// sweep leaves their instances to the drain, whatever the request's status.
 pub fn undrained_reservations(records: &[WindowRecord]) -> BTreeSet<String> {

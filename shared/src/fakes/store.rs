@@ -239,9 +239,7 @@ impl InMemoryStore {
         let open_debit_ledger = record
             .open_debit
             .map(|_| (record.team.clone(), BudgetMonth::of(record.updated_at)));
-        let expires_at = record
-            .status
-            .is_terminal()
+        let expires_at = window::archivable(record.status, &record.windows)
             .then(|| record.updated_at + s.retention);
         s.requests.insert(
             record.request_id.clone(),
@@ -629,10 +627,9 @@ impl State {
         r.reason = reason.to_string();
         r.next_action_at = next_action_at;
         r.updated_at = at;
-        if to.is_terminal() {
-            stored.expires_at = Some(at + retention);
-        }
-        r.version
+        let version = r.version;
+        archive(stored, at, retention);
+        version
     }
 
     /// Unsent outbox items, oldest first.
@@ -881,6 +878,7 @@ impl State {
             record.cancel = Some(note);
         }
         follow_windows(record);
+        archive(stored, t.at, self.retention);
         self.commit(&t.request_id, &t.caused_by, t.at, &t.outbox);
         Ok(WriteOutcome::Applied { version })
     }
@@ -908,6 +906,7 @@ impl State {
         r.windows = u.windows;
         follow_windows(r);
         let version = r.version;
+        archive(stored, u.at, self.retention);
         self.commit(&u.request_id, &u.caused_by, u.at, &u.outbox);
         Ok(WriteOutcome::Applied { version })
     }
@@ -1416,6 +1415,17 @@ impl Store for InMemoryStore {
         s.observe(now);
         let items = s.agenda(now).due_in(statuses);
         finish(after, Ok(items))
+    }
+}
+
+/// The request's archival after a write at `at`, as DynamoStore's: its TTL set once it is
+/// archivable ([`window::archivable`]), and none while a terminal request still holds a
+/// window to serve.
+fn archive(stored: &mut Stored, at: DateTime<Utc>, retention: Duration) {
+    if window::archivable(stored.record.status, &stored.record.windows) {
+        stored.expires_at = Some(at + retention);
+    } else if stored.record.status.is_terminal() {
+        stored.expires_at = None;
     }
 }
 

@@ -247,6 +247,8 @@ struct Change<'a> {
     reason: &'a str,
     cause: &'a Cause,
     at: DateTime<Utc>,
+    /// The write archives the request ([`window::archivable`]).
+    archived: bool,
 }
 
 /// What every versioned write adds to its transaction after its own items: its outbox items
@@ -268,7 +270,7 @@ fn change_items(
     item.insert(attr::REASON.into(), s(c.reason));
     item.insert(attr::CAUSE.into(), s(c.cause.event_id.clone()));
     item.insert(attr::CREATED_AT.into(), time(c.at));
-    if c.to.is_terminal() {
+    if c.archived {
         item.insert(attr::EXPIRES_AT.into(), archive_at(c.at));
     }
     items.push(put(table, item, None)?);
@@ -345,10 +347,18 @@ fn meta_update(
         .set(attr::REASON, s(reason))
         .set(attr::UPDATED_AT, time(at));
     set_next_action(&mut e, status, next, windows, at)?;
-    if status.is_terminal() {
-        e.set(attr::EXPIRES_AT, archive_at(at));
-    }
+    archival(&mut e, status, windows, at);
     Ok(e)
+}
+
+/// The request's TTL: set once it is archivable ([`window::archivable`]), removed while a
+/// terminal request still holds a window to serve (ARCHITECTURE §9.1).
+fn archival(e: &mut Expr, status: RequestStatus, windows: &[WindowRecord], at: DateTime<Utc>) {
+    if window::archivable(status, windows) {
+        e.set(attr::EXPIRES_AT, archive_at(at));
+    } else if status.is_terminal() {
+        e.remove(attr::EXPIRES_AT);
+    }
 }
 
 /// A recorded reservation's item; archived with its request when `terminal`.
@@ -996,6 +1006,7 @@ impl Store for DynamoStore {
                 reason: &reason,
                 cause: &new.caused_by,
                 at: new.at,
+                archived: status.is_terminal(),
             },
         )?);
         Ok(match self.transact(items).await? {
@@ -1229,6 +1240,7 @@ impl Store for DynamoStore {
 
         let version = t.expected_version + 1;
         let windows = t.windows.as_ref().unwrap_or(&meta.record.windows);
+        let archived = window::archivable(t.to, windows);
         let mut e = meta_update(t.to, version, &t.reason, t.next_action_at, windows, t.at)?;
         condition_version_and_status(&mut e, t.expected_version, t.from);
         if let Some(d) = &t.debit {
@@ -1299,7 +1311,7 @@ impl Store for DynamoStore {
         for r in &t.reservations {
             plan_items.push(put(
                 &self.table,
-                reservation_item(&pk, id, r, t.at, t.to.is_terminal())?,
+                reservation_item(&pk, id, r, t.at, archived)?,
                 None,
             )?);
         }
@@ -1315,7 +1327,7 @@ impl Store for DynamoStore {
                     attr::UPFRONT_FEE_USD.into(),
                     s(plan.upfront_fee.to_string()),
                 );
-                if t.to.is_terminal() {
+                if archived {
                     item.insert(attr::EXPIRES_AT.into(), archive_at(t.at));
                 }
                 plan_items.push(put(&self.table, item, None)?);
@@ -1349,6 +1361,7 @@ impl Store for DynamoStore {
                 reason: &t.reason,
                 cause: &t.caused_by,
                 at: t.at,
+                archived,
             },
         )?);
 
@@ -1362,7 +1375,7 @@ impl Store for DynamoStore {
                 debit_micros = t.debit.as_ref().map(|d| d.amount.0),
                 "transition applied"
             );
-            if t.to.is_terminal() {
+            if archived {
                 self.archive_children(id, t.at, &meta).await;
             }
             return Ok(WriteOutcome::Applied { version });
@@ -1435,6 +1448,9 @@ impl Store for DynamoStore {
             &u.windows,
             u.at,
         )?;
+        // A terminal request's last window ending archives it (ARCHITECTURE §9.1).
+        archival(&mut e, u.status, &u.windows, u.at);
+        let archived = window::archivable(u.status, &u.windows);
         condition_version_and_status(&mut e, u.expected_version, u.status);
         let mut items = vec![
             event_record(&self.table, &pk, &u.caused_by, u.at)?,
@@ -1451,11 +1467,15 @@ impl Store for DynamoStore {
                 reason: &u.reason,
                 cause: &u.caused_by,
                 at: u.at,
+                archived,
             },
         )?);
         Ok(match self.transact(items).await? {
             Committed::Yes => {
                 tracing::info!(request_id = id, status = %u.status, reason = %u.reason, "windows updated");
+                if archived {
+                    self.archive_children(id, u.at, &meta).await;
+                }
                 WriteOutcome::Applied { version }
             }
             c if c.failed(EVENT_ITEM) => WriteOutcome::DuplicateEvent,
@@ -1574,6 +1594,7 @@ impl Store for DynamoStore {
                 reason: &b.reason,
                 cause: &b.caused_by,
                 at: b.at,
+                archived: false,
             },
         )?);
 
@@ -1725,6 +1746,7 @@ impl Store for DynamoStore {
                     reason: &r.reason,
                     cause: &r.caused_by,
                     at: r.at,
+                    archived: window::archivable(r.to, &windows),
                 },
             )?);
             match self.transact(items).await? {
@@ -1798,6 +1820,7 @@ impl Store for DynamoStore {
                 reason: &k.reason,
                 cause: &k.caused_by,
                 at: k.at,
+                archived: false,
             },
         )?);
         match self.transact(items).await? {
@@ -1888,6 +1911,7 @@ impl Store for DynamoStore {
                     reason: &r.reason,
                     cause: &r.caused_by,
                     at: r.at,
+                    archived: window::archivable(r.to, &meta.record.windows),
                 },
             )?);
             match self.transact(items).await? {
@@ -1899,7 +1923,7 @@ impl Store for DynamoStore {
                         reason = %r.reason,
                         "unbought debit released"
                     );
-                    if r.to.is_terminal() {
+                    if window::archivable(r.to, &meta.record.windows) {
                         self.archive_children(id, r.at, &meta).await;
                     }
                     return Ok(LeaseWriteOutcome::Applied { version });

@@ -4,6 +4,7 @@ use super::*;
 use crate::domain::money::Usd;
 use crate::domain::offering::{Product, Segment};
 use crate::domain::reservation::ReservationState;
+use crate::domain::window::{WindowRecord, WindowState};
 use crate::fakes::errors;
 use crate::fakes::fixtures::{event, request, request_id, t0, team};
 use crate::ports::Lease;
@@ -1180,6 +1181,8 @@ async fn an_ended_request_is_archived_after_the_retention_and_its_id_is_free_aga
     let end = t0() + Duration::days(2);
     t.at = end;
     t.next_action_at = Some(end);
+    // (its window over: one still to serve keeps the request, below)
+    t.windows = Some(windows_in(&store, WindowState::Ended).await);
     store.transition(t).await.unwrap();
     assert_eq!(store.expires_at(&id(R1)), Some(end + Duration::days(30)));
     // THEN it is still readable just before the retention ends
@@ -1320,4 +1323,43 @@ async fn every_state_change_is_kept_in_the_requests_history() {
         vec![(1, None, Accepted), (2, Some(Accepted), Searching)]
     );
     assert_eq!(h[1].reason, "searching");
+}
+
+/// R1's window records, each moved to `state`.
+async fn windows_in(store: &InMemoryStore, state: WindowState) -> Vec<WindowRecord> {
+    let rec = store.get_request(&id(R1)).await.unwrap().unwrap();
+    rec.windows
+        .into_iter()
+        .map(|mut w| {
+            w.state = state;
+            w.next_action_at = (state != WindowState::Ended).then_some(t0());
+            w
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_failed_request_holding_a_window_is_archived_only_when_its_last_window_ends() {
+    // GIVEN a request that failed while its paid window runs (ARCHITECTURE §9.1)
+    let store = purchasing(1_000).await.with_retention(Duration::days(30));
+    store
+        .record_reservation(record(R1, "w1", reservation(R1, "cr-1", "0.001"), Reserved))
+        .await
+        .unwrap();
+    let mut t = transition(R1, 5, Reserved, Failed);
+    t.windows = Some(windows_in(&store, WindowState::Running).await);
+    store.transition(t).await.unwrap();
+    // THEN it has no TTL, and is read long after the retention
+    assert_eq!(store.expires_at(&id(R1)), None);
+    store.advance_to(t0() + Duration::days(100));
+    let rec = store.get_request(&id(R1)).await.unwrap().unwrap();
+    // WHEN its window ends
+    let ended = windows_in(&store, WindowState::Ended).await;
+    let at = t0() + Duration::days(100);
+    let u = WindowUpdate::of(&rec, ended, "ended", at, &Cause::new("end"), vec![]);
+    store.update_windows(u).await.unwrap();
+    // THEN it is archived from then
+    assert_eq!(store.expires_at(&id(R1)), Some(at + Duration::days(30)));
+    store.advance_to(at + Duration::days(30));
+    assert_eq!(store.get_request(&id(R1)).await.unwrap(), None);
 }
