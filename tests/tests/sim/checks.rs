@@ -514,6 +514,20 @@ pub fn per_step(sim: &Sim) -> Vec<String> {
             ));
         }
     }
+    // No TTL while a window lives (ARCHITECTURE §9.1): a request holding a window not ended
+    // is never archived, whatever its status.
+    for r in recs.values() {
+        if r.windows
+            .iter()
+            .any(|w| w.state != capacity_pilot::domain::window::WindowState::Ended)
+            && let Some(at) = sim.store.expires_at(&r.request_id)
+        {
+            out.push(format!(
+                "no TTL while a window lives: {} ({}) holds a window not ended and expires at {at}",
+                r.request_id, r.status
+            ));
+        }
+    }
     out.extend(sim.foreign.touched(&sim.cloud));
     out
 }
@@ -539,6 +553,31 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
 
     // The ledger is exact: no holds left, and it equals what AWS sold plus on-demand spend.
     let reservations = sim.store.all_reservations();
+    // A paid window is served to its drain whatever becomes of its request (ARCHITECTURE
+    // §9.1): by the end, every window of every request (Failed, Rejected and Cancelled ones
+    // included) whose segment has ended is ended too, launched, drained and cleaned up or
+    // ended with its reason, not left pending or running in a request nothing looks at.
+    for r in recs.values() {
+        for w in &r.windows {
+            if w.state == capacity_pilot::domain::window::WindowState::Ended {
+                continue;
+            }
+            let seg_end = reservations
+                .get(&r.request_id)
+                .and_then(|list| list.iter().find(|x| x.id == w.reservation_id()))
+                .and_then(|x| {
+                    let i: usize = w.key.rsplit_once('#')?.1.parse().ok()?;
+                    x.segments.get(i).map(|g| g.end)
+                });
+            if let Some(seg_end) = seg_end.filter(|e| *e <= end) {
+                out.push(format!(
+                    "a paid window is served to its drain: {} ({}) left its window {} {} past \
+                     its end at {seg_end}",
+                    r.request_id, r.status, w.key, w.state
+                ));
+            }
+        }
+    }
     // A stray is adopted: once listed, the next purchase lease its request takes reconciles
     // it into the request's record (and its fee into the ledger, which the ledger's checks
     // then hold to).

@@ -16,6 +16,7 @@ use capacity_pilot::aws::eventbridge::EventBridgeSink;
 use capacity_pilot::aws::wiring::Adapters;
 use capacity_pilot::config::Config;
 use capacity_pilot::domain::status::RequestStatus;
+use capacity_pilot::domain::window::WindowState;
 use capacity_pilot::fakes::errors;
 use capacity_pilot::fakes::{Gate, InMemoryStore, ManualClock, StepDeadline};
 use capacity_pilot::ids::SeededIds;
@@ -241,6 +242,8 @@ pub struct Sim {
     refusing: Refusing,
     /// The requests whose purchase doubt the harness forgot ([`Scenario::legacy_doubt`]).
     legacy: BTreeSet<String>,
+    /// The requests cancelled while holding a paid window ([`Scenario::cancel_kept`]).
+    cancelled_kept: BTreeSet<String>,
     /// purchase-capacity's purchase calls in the batch running.
     purchase_calls: PurchaseCalls,
     /// Each request's purchase lease token as last seen, to judge each new lease when written.
@@ -626,6 +629,7 @@ impl Sim {
             slept,
             refusing,
             legacy: BTreeSet::new(),
+            cancelled_kept: BTreeSet::new(),
             purchase_calls,
             leases: BTreeMap::new(),
             lease_times: Vec::new(),
@@ -1013,6 +1017,7 @@ impl Sim {
                 self.invoke(p).await;
             }
             self.note_leases(now);
+            self.cancel_kept();
             let mut problems = std::mem::take(&mut self.problems);
             problems.extend(checks::per_step(self));
             if !problems.is_empty() {
@@ -1693,6 +1698,92 @@ impl Sim {
         }
     }
 
+    /// [`Scenario::cancel_kept`]: a request still cancellable that holds a window not ended
+    /// is cancelled by its requester, once.
+    fn cancel_kept(&mut self) {
+        if !self.scenario.cancel_kept {
+            return;
+        }
+        for r in self.store.records() {
+            let id = r.request_id.to_string();
+            if r.status.is_cancellable()
+                && r.windows.iter().any(|w| w.state != WindowState::Ended)
+                && self.cancelled_kept.insert(id.clone())
+            {
+                self.reached
+                    .insert("a request holding a paid window was cancelled".to_string());
+                self.trace(format!("requester cancels {id}, which holds a paid window"));
+                self.put(
+                    SOURCE,
+                    "Capacity Request Cancelled",
+                    &json!({"request_id": id, "reason": "called off the rest"}),
+                );
+            }
+        }
+    }
+
+    /// A paid window is served to its drain, whatever becomes of its request (ARCHITECTURE
+    /// §9.1): the orphan sweep never terminates an instance in a reservation whose window of
+    /// its request has not begun its drain. Also notes a request over (failed, rejected,
+    /// cancelled) whose window is launched or drained.
+    fn judge_served(&mut self, function: &str, d: &capacity_pilot::decision::Decision) {
+        let Some(rec) = self
+            .store
+            .records()
+            .into_iter()
+            .find(|r| r.request_id.as_str() == d.request_id)
+        else {
+            return;
+        };
+        if rec.status.is_terminal() && rec.status != RequestStatus::Ended {
+            match (function, d.action) {
+                ("launch-workloads", "launched") => {
+                    self.reached
+                        .insert("a window of a request over was launched".to_string());
+                }
+                ("cleanup-expired", "drained" | "draining") => {
+                    self.reached
+                        .insert("a window of a request over was drained".to_string());
+                }
+                _ => {}
+            }
+        }
+        if d.action != "swept" {
+            return;
+        }
+        // "terminated i-1, i-2 in <region>: ..."
+        let Some(ids) = d
+            .reason
+            .strip_prefix("terminated ")
+            .and_then(|r| r.split_once(" in "))
+            .map(|(ids, _)| ids)
+        else {
+            return;
+        };
+        for iid in ids.split(", ") {
+            let cr = self.cloud.with_world(|w| {
+                w.ec2
+                    .instances
+                    .get(iid)
+                    .and_then(|i| i.capacity_reservation_id.clone())
+            });
+            let Some(cr) = cr else { continue };
+            if let Some(w) = rec.windows.iter().find(|w| {
+                w.reservation_id() == cr
+                    && matches!(
+                        w.state,
+                        WindowState::Pending | WindowState::Launching | WindowState::Running
+                    )
+            }) {
+                self.problems.push(format!(
+                    "a paid window is served to its drain: the sweep terminated {iid} of {} \
+                     ({}), in its window {} ({}) before its drain",
+                    d.request_id, rec.status, w.key, w.state
+                ));
+            }
+        }
+    }
+
     /// Records how an invocation came out (`began`: its handler ran, whatever it came to),
     /// and schedules Lambda's retries of a failed one.
     fn finish(&mut self, p: Pending, ran: Ran, began: bool, now: DateTime<Utc>) {
@@ -1750,6 +1841,7 @@ impl Sim {
                         self.reached
                             .insert("a taken-over purchase was in doubt".to_string());
                     }
+                    self.judge_served(&p.function, &d);
                     self.trace(format!("  {} {}: {}", d.request_id, d.action, d.reason));
                 }
                 self.note_delivery(&p, now, true);

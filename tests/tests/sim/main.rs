@@ -207,6 +207,10 @@ const MUST_REACH: &[&str] = &[
     "a tick raced an invocation",
     "cleanup-expired was down",
     "purchase-capacity was down",
+    // ARCHITECTURE §9.1: a request over (failed, rejected, cancelled) still served its window
+    "a request holding a paid window was cancelled",
+    "a window of a request over was launched",
+    "a window of a request over was drained",
 ];
 
 /// `make test`'s seeds: the range of seeds.txt, on both cores, every promise kept, every

@@ -237,6 +237,10 @@ pub struct Scenario {
     /// so a takeover derives it from the lease (a worker of the old release died holding it,
     /// and the new release takes over).
     pub legacy_doubt: bool,
+    /// A requester cancels a request as soon as it holds a paid window while still
+    /// cancellable (a split's kept block while its replacement is searched for): the window
+    /// is served to its drain all the same (ARCHITECTURE §9.1).
+    pub cancel_kept: bool,
     /// Strays, bought by the harness when their request first waits to be purchased.
     pub strays: Vec<PlannedStray>,
     pub outages: Vec<Outage>,
@@ -551,6 +555,7 @@ impl Scenario {
         // the block and searches for a replacement segment.
         let refuse_later_block = r.chance(30);
         let legacy_doubt = r.chance(15);
+        let cancel_kept = r.chance(50);
         Scenario {
             seed,
             team_budgets,
@@ -569,6 +574,7 @@ impl Scenario {
             refused,
             refuse_later_block,
             legacy_doubt,
+            cancel_kept,
             strays,
             outages,
             concurrent_duplicates,
