@@ -204,10 +204,10 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                 },
             )
             .await?;
-        // Each owner's status, and the reservations of its windows not yet drained.
-        let mut status: BTreeMap<String, Option<RequestStatus>> = BTreeMap::new();
-        // `None`: a request the read shows due, not live, so its windows are not in hand.
-        let mut undrained: BTreeMap<String, Option<BTreeSet<String>>> = BTreeMap::new();
+        // Each owner's status, and the reservations of its windows not yet drained (`None`:
+        // a request the read shows due, not live, so its windows are not in hand).
+        type Owner = (Option<RequestStatus>, Option<BTreeSet<String>>);
+        let mut owners: BTreeMap<String, Owner> = BTreeMap::new();
         let mut orphans: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for i in found {
             if !i.state.is_live()
@@ -217,45 +217,38 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                 continue;
             }
             let owner = i.tags.get(REQUEST_TAG).cloned().unwrap_or_default();
-            let st = match status.get(&owner) {
-                Some(s) => *s,
-                None => {
-                    // The tick's read shows every request whose workloads may be running,
-                    // with its windows; only an owner it does not show is read.
-                    let (s, windows) = match RequestId::parse(&owner) {
-                        Ok(id) => match agenda.and_then(|a| a.status_of(&id)) {
-                            Some(s) => (Some(s), agenda.and_then(|a| shown_windows(a, &id))),
-                            None => match self.store.get_request(&id).await? {
-                                Some(r) => (Some(r.status), Some(r.windows)),
-                                None => (None, Some(vec![])),
-                            },
+            if !owners.contains_key(&owner) {
+                // The tick's read shows every request whose workloads may be running,
+                // with its windows; only an owner it does not show is read.
+                let (s, windows) = match RequestId::parse(&owner) {
+                    Ok(id) => match agenda.and_then(|a| a.status_of(&id)) {
+                        Some(s) => (Some(s), agenda.and_then(|a| shown_windows(a, &id))),
+                        None => match self.store.get_request(&id).await? {
+                            Some(r) => (Some(r.status), Some(r.windows)),
+                            None => (None, Some(vec![])),
                         },
-                        Err(_) => (None, Some(vec![])),
-                    };
-                    status.insert(owner.clone(), s);
-                    undrained.insert(
-                        owner.clone(),
-                        windows.map(|w| window::undrained_reservations(&w)),
-                    );
-                    s
-                }
-            };
+                    },
+                    Err(_) => (None, Some(vec![])),
+                };
+                let undrained = windows.map(|w| window::undrained_reservations(&w));
+                owners.insert(owner.clone(), (s, undrained));
+            }
+            let (st, undrained) = &owners[&owner];
             // A paid window is served to its drain whatever became of its request
             // (ARCHITECTURE §9.1): its instances are the drain's to stop, not the sweep's.
             // A request shown due but not live has no window running, but may have one a
             // launch has not committed yet: an instance in a reservation waits a tick.
-            let covered = i.reservation_id.as_ref().is_some_and(|r| {
-                undrained
-                    .get(&owner)
-                    .is_some_and(|u| u.as_ref().is_none_or(|u| u.contains(r)))
-            });
+            let covered = i
+                .reservation_id
+                .as_ref()
+                .is_some_and(|r| undrained.as_ref().is_none_or(|u| u.contains(r)));
             if st.is_none_or(RequestStatus::is_terminal) && !covered {
                 orphans.entry(owner).or_default().push(i.instance_id);
             }
         }
         let mut failed = None;
         for (owner, ids) in orphans {
-            let why = match status.get(&owner).copied().flatten() {
+            let why = match owners.get(&owner).and_then(|o| o.0) {
                 Some(s) => format!("its request {owner} is {s}"),
                 None => format!("no request {owner:?} is recorded"),
             };

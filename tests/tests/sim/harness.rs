@@ -1727,12 +1727,10 @@ impl Sim {
     /// its request has not begun its drain. Also notes a request over (failed, rejected,
     /// cancelled) whose window is launched or drained.
     fn judge_served(&mut self, function: &str, d: &capacity_pilot::decision::Decision) {
-        let Some(rec) = self
-            .store
-            .records()
-            .into_iter()
-            .find(|r| r.request_id.as_str() == d.request_id)
-        else {
+        if !matches!(d.action, "swept" | "launched" | "drained" | "draining") {
+            return;
+        }
+        let Some(rec) = self.store.record_of(&d.request_id) else {
             return;
         };
         if rec.status.is_terminal() && rec.status != RequestStatus::Ended {

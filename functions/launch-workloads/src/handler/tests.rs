@@ -537,9 +537,9 @@ async fn an_endpoint_name_still_deleting_is_waited_out_not_taken_for_created() {
     assert_eq!(w.status("r2").await, RequestStatus::Reserved);
 }
 
-#[tokio::test]
-async fn a_hyperpod_cluster_without_the_managed_tag_is_refused() {
-    let w = World::new();
+/// GIVEN request r1 for a HyperPod group in a cluster not tagged managed (so a launch is
+/// refused for good, ARCHITECTURE §8.7).
+fn theirs_hyperpod(w: &World) -> CapacityRequest {
     w.workloads.add_cluster("us-east-1", "theirs", false);
     let mut req = request("r1", "team-a", "5000");
     req.workload = WorkloadDetail::HyperpodCluster {
@@ -547,6 +547,13 @@ async fn a_hyperpod_cluster_without_the_managed_tag_is_refused() {
         instance_group_name: "g".into(),
         life_cycle_config: None,
     };
+    req
+}
+
+#[tokio::test]
+async fn a_hyperpod_cluster_without_the_managed_tag_is_refused() {
+    let w = World::new();
+    let req = theirs_hyperpod(&w);
     w.reserved(req, plan(TargetResource::HyperpodCluster), opens())
         .await;
     w.clock.set(opens());
@@ -1315,13 +1322,7 @@ async fn a_cancelled_or_failed_requests_kept_window_is_launched_when_it_opens() 
 async fn a_refused_launch_into_a_failed_requests_window_ends_that_window_not_the_request_again() {
     // GIVEN a failed request's kept window into which AWS refuses to launch for good
     let w = World::new();
-    w.workloads.add_cluster("us-east-1", "theirs", false);
-    let mut req = request("r1", "team-a", "5000");
-    req.workload = WorkloadDetail::HyperpodCluster {
-        cluster_name: "theirs".into(),
-        instance_group_name: "g".into(),
-        life_cycle_config: None,
-    };
+    let req = theirs_hyperpod(&w);
     kept_window_of(
         &w,
         req,
