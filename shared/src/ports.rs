@@ -579,6 +579,10 @@ pub struct CancelNote {
     /// stopped and settled first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub found: Option<RequestStatus>,
+    /// It asked for the paid windows to be stopped too (`stop_running`): applied once the
+    /// payment it waits for is taken, it stops the windows bought meanwhile.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stop_running: bool,
 }
 
 /// An `on-demand-first` request's run on demand or spot (ARCHITECTURE §4, §8.3): which
@@ -1410,6 +1414,16 @@ pub trait Store: Send + Sync {
         request_id: &str,
         event_key: &str,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
+
+    /// ARCHITECTURE §9.1's upgrade, once per table: removes the archival TTL from every
+    /// terminal request in the `work` index that holds a window not ended (written before
+    /// the rule, when a terminal write stamped it whatever its windows), and from its
+    /// children; recorded by an `UPGRADE#` item. `None` when it had run before; else how
+    /// many requests it changed.
+    fn unarchive_live_windows(
+        &self,
+        at: DateTime<Utc>,
+    ) -> impl Future<Output = Result<Option<usize>, PortError>> + Send;
 
     /// A tick's whole read, in one call while it fits a page ([`Agenda`]).
     fn agenda(&self, now: DateTime<Utc>) -> impl Future<Output = Result<Agenda, PortError>> + Send;

@@ -546,13 +546,22 @@ impl Flow {
 
     /// The requester's `Capacity Request Cancelled` for `id`, delivered to purchase-capacity.
     pub async fn cancel(&self, id: &str, event_id: &str) {
+        self.cancel_with(id, event_id, false).await;
+    }
+
+    /// The same, asking with `stop_running` for the paid windows to be stopped too.
+    pub async fn cancel_with(&self, id: &str, event_id: &str, stop_running: bool) {
         self.invoke(
             Function::Purchase,
             envelope(
                 "Capacity Request Cancelled",
                 SOURCE,
                 event_id,
-                json!({"request_id": id, "reason": "the work was called off"}),
+                json!({
+                    "request_id": id,
+                    "reason": "the work was called off",
+                    "stop_running": stop_running,
+                }),
             ),
         )
         .await

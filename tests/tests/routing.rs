@@ -51,6 +51,7 @@ fn expected(name: &str) -> (Bus, &'static [&'static str]) {
         // A launch is not a failure; schedules are their own rules, not patterns.
         "aws/ec2-instance-running.json" | "aws/scheduled-event.json" => (default, &[]),
         "inbound/capacity-request-cancelled.json"
+        | "inbound/capacity-request-cancelled-stop-running.json"
         | "inbound/capacity-purchase-approved.json"
         | "inbound/capacity-purchase-rejected.json" => (custom, &["purchase-capacity"]),
         // Nobody outside may speak for capacity-pilot, and capacity-pilot submits nothing.

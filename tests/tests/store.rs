@@ -1256,6 +1256,7 @@ async fn a_cancellation_kept_during_a_purchase_refuses_a_release_that_would_pass
             at: t0(),
             event_id: event.into(),
             found: None,
+            stop_running: false,
         }),
         reason: "buying; cancellation kept".into(),
         next_action_at: Some(t0() + Duration::minutes(15)),
@@ -2631,4 +2632,199 @@ async fn a_failed_requests_kept_window_outliving_the_archive_keeps_its_records_u
             .unwrap()
             .is_empty()
     );
+}
+
+// ---- the upgrade of a table written before windows outlived their request (issue 47) -----
+
+/// Items the store wrote at c0d3150, the commit before ARCHITECTURE §9.1 (issue 47): `kept`
+/// failed (Active to Failed at 2026-12-04 12:30) while its block `cr-k` (Dec 4 11:30 to Dec 6
+/// 11:30) ran, so META and its children carry a TTL 90 days on; `plain` failed holding
+/// nothing. Dumped (DynamoDB JSON, one Scan) by a test run at that commit: `running_block`,
+/// then those two transitions, as this file's helpers still write them.
+const PRE_47: &str = include_str!("../support/pre-47-store.json");
+
+async fn load_items(table: &TestTable, dump: &str) {
+    fn av(v: &serde_json::Value) -> AttributeValue {
+        let (t, x) = v.as_object().unwrap().iter().next().unwrap();
+        match t.as_str() {
+            "S" => AttributeValue::S(x.as_str().unwrap().into()),
+            "N" => AttributeValue::N(x.as_str().unwrap().into()),
+            "BOOL" => AttributeValue::Bool(x.as_bool().unwrap()),
+            "NULL" => AttributeValue::Null(true),
+            "M" => AttributeValue::M(
+                x.as_object()
+                    .unwrap()
+                    .iter()
+                    .map(|(k, v)| (k.clone(), av(v)))
+                    .collect(),
+            ),
+            "L" => AttributeValue::L(x.as_array().unwrap().iter().map(av).collect()),
+            other => panic!("{other}"),
+        }
+    }
+    let items: Vec<serde_json::Map<String, serde_json::Value>> =
+        serde_json::from_str(dump).unwrap();
+    for item in items {
+        table
+            .client
+            .put_item()
+            .table_name(&table.name)
+            .set_item(Some(item.iter().map(|(k, v)| (k.clone(), av(v))).collect()))
+            .send()
+            .await
+            .unwrap();
+    }
+}
+
+type FixtureCleaner = cleanup_expired::handler::Cleaner<
+    DynamoStore,
+    capacity_pilot::fakes::FakeMarket,
+    capacity_pilot::fakes::FakeWorkloads,
+    capacity_pilot::fakes::RecordingEvents,
+    capacity_pilot::fakes::ManualClock,
+>;
+
+fn fixture_cleaner(
+    store: &DynamoStore,
+    events: &capacity_pilot::fakes::RecordingEvents,
+    clock: &capacity_pilot::fakes::ManualClock,
+) -> FixtureCleaner {
+    let env: Vec<(&str, String)> = vec![
+        ("TABLE_NAME", "t".into()),
+        ("EVENT_BUS_NAME", "capacity-pilot".into()),
+        ("ALLOWED_REGIONS", "us-east-1".into()),
+        ("ALLOWED_REQUEST_SOURCES", "com.example.ml-platform".into()),
+        ("APPROVER_SOURCES", "com.example.approvals".into()),
+        ("TEAM_BUDGETS_USD", r#"{"*": "100000"}"#.into()),
+        (
+            "SAGEMAKER_EXECUTION_ROLE_ARN",
+            "arn:aws:iam::123456789012:role/sm".into(),
+        ),
+    ];
+    let config = capacity_pilot::config::Config::from_lookup(&move |k| {
+        env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+    })
+    .unwrap();
+    cleanup_expired::handler::Cleaner {
+        store: store.clone(),
+        market: capacity_pilot::fakes::FakeMarket::new(),
+        workloads: capacity_pilot::fakes::FakeWorkloads::new(),
+        events: events.clone(),
+        clock: clock.clone(),
+        config: std::sync::Arc::new(config),
+    }
+}
+
+fn schedule(
+    id: &str,
+) -> aws_lambda_events::event::eventbridge::EventBridgeEvent<serde_json::Value> {
+    serde_json::from_value(serde_json::json!({
+        "version": "0", "id": id, "detail-type": "Scheduled Event", "source": "aws.events",
+        "account": "123456789012", "time": "2026-12-01T09:00:00Z", "region": "us-east-1",
+        "resources": [], "detail": {}
+    }))
+    .unwrap()
+}
+
+fn has_ttl(item: &std::collections::HashMap<String, AttributeValue>) -> bool {
+    item.contains_key("expires_at")
+}
+
+#[tokio::test]
+async fn a_table_written_before_windows_outlived_their_request_is_upgraded_once_and_served() {
+    // GIVEN the items the commit before wrote: `kept` failed while its block ran, with a TTL
+    let table = TestTable::fresh().await.unwrap();
+    load_items(&table, PRE_47).await;
+    let meta = raw_item(&table, "REQ#kept", "META").await;
+    assert!(
+        has_ttl(&meta),
+        "the fixture is what the old store wrote: {meta:?}"
+    );
+    let kept = request_id("kept");
+
+    // THEN past that TTL, and before any upgrade, it is read as live (its window is not
+    // ended), while `plain`, which held nothing, is gone
+    let late = table.store();
+    late.begin_run(t0() + Duration::days(120));
+    let rec = late
+        .get_request(&kept)
+        .await
+        .unwrap()
+        .expect("read as live");
+    assert_eq!(rec.status, Failed);
+    assert_eq!(late.get_request(&request_id("plain")).await.unwrap(), None);
+
+    // WHEN the first cleanup tick runs, during the block
+    let store = table.store();
+    let events = capacity_pilot::fakes::RecordingEvents::new();
+    let block_start =
+        t0().date_naive().and_hms_opt(11, 30, 0).unwrap().and_utc() + Duration::days(3);
+    let clock = capacity_pilot::fakes::ManualClock::new(block_start + Duration::hours(2));
+    fixture_cleaner(&store, &events, &clock)
+        .handle(schedule("tick-1"))
+        .await
+        .unwrap();
+
+    // THEN the TTL is gone from META and every child the old ending write archived, not
+    // from `plain`, and the upgrade is recorded
+    for sk in ["META", "RES#cr-k", "OFFER#0000", "HIST#0000000007"] {
+        let item = raw_item(&table, "REQ#kept", sk).await;
+        assert!(!has_ttl(&item), "{sk}: {item:?}");
+    }
+    assert!(has_ttl(&raw_item(&table, "REQ#plain", "META").await));
+    let marker = raw_item(&table, "UPGRADE", "UPGRADE#window-ttl").await;
+    assert!(
+        marker["reason"]
+            .as_s()
+            .unwrap()
+            .contains("1 terminal request"),
+        "{marker:?}"
+    );
+
+    // AND it runs once: a new process finds it recorded and leaves a TTL put back by hand
+    table
+        .client
+        .update_item()
+        .table_name(&table.name)
+        .key("pk", AttributeValue::S("REQ#kept".into()))
+        .key("sk", AttributeValue::S("RES#cr-k".into()))
+        .update_expression("SET expires_at = :x")
+        .expression_attribute_values(":x", AttributeValue::N("1804163400".into()))
+        .send()
+        .await
+        .unwrap();
+    let again = table.store();
+    assert_eq!(again.unarchive_live_windows(t0()).await.unwrap(), None);
+    assert!(has_ttl(&raw_item(&table, "REQ#kept", "RES#cr-k").await));
+
+    // WHEN the block's drain start comes, and then its end
+    let rec = get(&store, "kept").await;
+    let held = store.reservations(&kept).await.unwrap();
+    let w = window::windows(&held, &rec.windows, DrainLead::of(&rec.request, 15))[0].clone();
+    assert_eq!(w.state, WindowState::Running);
+    clock.set(w.drain_at + Duration::minutes(1));
+    fixture_cleaner(&store, &events, &clock)
+        .handle(schedule("tick-2"))
+        .await
+        .unwrap();
+    // THEN it is drained on time, its request still Failed
+    let drained = events.published_of("Capacity Workload Drained");
+    assert_eq!(drained.len(), 1, "{:?}", events.published());
+    assert_eq!(drained[0].detail["late"], false);
+    let rec = get(&store, "kept").await;
+    assert_eq!(rec.status, Failed);
+    assert_eq!(rec.windows[0].state, WindowState::Draining);
+    clock.set(w.end() + Duration::minutes(1));
+    fixture_cleaner(&store, &events, &clock)
+        .handle(schedule("tick-3"))
+        .await
+        .unwrap();
+    // AND once its window has ended, it is archived by today's rule
+    assert_eq!(
+        events.published_of("Capacity Reservation Ended").len(),
+        1,
+        "{:?}",
+        events.published()
+    );
+    assert!(has_ttl(&raw_item(&table, "REQ#kept", "META").await));
 }

@@ -338,6 +338,7 @@ async fn play(seed: u64, steps: usize, reached: &mut Reached) {
                             at: now,
                             event_id: cause.clone(),
                             found: Some(r.status),
+                            stop_running: false,
                         })
                     }
                     8 | 9 => t = t.with_windows(windows(&mut rng, now)),
@@ -435,6 +436,7 @@ async fn play(seed: u64, steps: usize, reached: &mut Reached) {
                         at: now,
                         event_id: cause.clone(),
                         found: None,
+                        stop_running: false,
                     }),
                     reason: format!("step {step}: cancellation kept"),
                     next_action_at: next(&mut rng),

@@ -37,7 +37,7 @@ use capacity_pilot::workload::{self, DrainTarget};
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tracing::warn;
+use tracing::{info, warn};
 
 /// Both documented spellings of EC2's warning (aws-reference.md section 6.1).
 pub const EXPIRATION_WARNINGS: [&str; 2] = [
@@ -142,6 +142,21 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                 false
             }
         };
+        if scheduled {
+            // ARCHITECTURE §9.1, once per table: a terminal request written before the rule
+            // with a window not ended loses the TTL it was given then.
+            match self.store.unarchive_live_windows(now).await {
+                Ok(Some(upgraded)) => info!(
+                    upgraded,
+                    "upgrade done: terminal requests holding a window not ended keep no TTL"
+                ),
+                Ok(None) => {}
+                Err(e) => {
+                    warn!(error = %e, "the no-TTL-while-a-window-lives upgrade failed; the next tick tries again");
+                    errors.push(e);
+                }
+            }
+        }
         let mut agenda = None;
         if wake {
             let a = agenda.insert(self.store.agenda(now).await?);
@@ -823,6 +838,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             rec,
             RequestStatus::Cancelled,
             &reason,
+            vec![],
             vec![],
             after_settling(rec, settle),
         );

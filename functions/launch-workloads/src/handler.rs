@@ -864,23 +864,24 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         now: DateTime<Utc>,
         out: &mut Outcome,
     ) -> Result<(), PortError> {
-        let reservation_ids = self
-            .store
-            .reservations(&rec.request_id)
-            .await?
+        let held = self.store.reservations(&rec.request_id).await?;
+        // What runs on to its drain: this refusal ends the request, not its paid windows.
+        let kept_windows = window::kept(&held, &rec.windows, self.drain_lead(rec));
+        let reservation_ids = held
             .into_iter()
             .filter(|r| r.state.is_live())
             .map(|r| r.id)
             .collect();
         // A held on-demand estimate goes back, but for what ran of it.
-        let held = rec.open_debit.map_or(0, |d| settle.released(d).0);
+        let returned = rec.open_debit.map_or(0, |d| settle.released(d).0);
         let ev = events::RequestFailed {
             event_key: event_key(rec.request_id.as_str(), "failed", rec.version + 1),
             request_id: rec.request_id.to_string(),
             status_before: rec.status,
             reason: reason.clone(),
             reservation_ids,
-            spent_usd: MicroUsd(rec.spent.0 - held).to_usd(),
+            spent_usd: MicroUsd(rec.spent.0 - returned).to_usd(),
+            kept_windows,
         };
         let t = Transition::of(
             rec,

@@ -22,6 +22,7 @@ use capacity_pilot::domain::request::{
 use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::time_rules::{PURCHASE_LEAD, search_deadline};
+use capacity_pilot::domain::window::{self, DrainLead};
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     CapacityMarket, Cause, Clock, CreateOutcome, EventSink, NewRequest, OfferingQuery, Pacing,
@@ -228,6 +229,7 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
                 reason: reason.clone(),
                 reservation_ids: vec![],
                 spent_usd: Usd::ZERO,
+                kept_windows: vec![],
             };
             created = self
                 .store
@@ -655,6 +657,11 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
                 reason: t.reason.clone(),
                 reservation_ids: kept.iter().map(|r| r.id.clone()).collect(),
                 spent_usd: rec.spent.to_usd(),
+                kept_windows: window::kept(
+                    kept,
+                    &rec.windows,
+                    DrainLead::of(req, self.config.default_drain_minutes),
+                ),
             })];
         } else {
             action = "not-found";

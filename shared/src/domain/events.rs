@@ -15,6 +15,7 @@ use super::planner::{Plan, Rejection};
 use super::request::{FieldError, Strategy, WorkloadKind};
 use super::reservation::ReservationState;
 use super::status::RequestStatus;
+use super::window::KeptWindow;
 
 /// The `source` of every event we publish.
 pub const SOURCE: &str = "capacity-pilot";
@@ -300,6 +301,9 @@ pub struct RequestFailed {
     /// Anything bought before the failure (e.g. the first half of a split).
     pub reservation_ids: Vec<String>,
     pub spent_usd: Usd,
+    /// The paid windows not yet drained: each runs on to its `drain_at` (ARCHITECTURE §9.1).
+    #[serde(default)]
+    pub kept_windows: Vec<KeptWindow>,
 }
 detail!(RequestFailed, "Capacity Request Failed");
 
@@ -314,6 +318,13 @@ pub struct CancellationApplied {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status_before: Option<RequestStatus>,
     pub reason: String,
+    /// The paid windows the cancellation leaves running to their drain: it stops only what
+    /// is not yet bought.
+    #[serde(default)]
+    pub kept_windows: Vec<KeptWindow>,
+    /// The windows a cancellation with `stop_running` stopped: each is drained now.
+    #[serde(default)]
+    pub stopped_windows: Vec<KeptWindow>,
 }
 detail!(CancellationApplied, "Capacity Cancellation Applied");
 
@@ -327,6 +338,10 @@ pub struct CancellationRefused {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<RequestStatus>,
     pub reason: String,
+    /// The paid windows that run on to their drain (a cancellation with `stop_running`
+    /// stops them).
+    #[serde(default)]
+    pub kept_windows: Vec<KeptWindow>,
 }
 detail!(CancellationRefused, "Capacity Cancellation Refused");
 
@@ -337,6 +352,14 @@ pub struct CancelRequest {
     pub request_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Also stop the paid windows now, through their ordinary drain. Without it a
+    /// cancellation stops only what is not yet bought, and bought windows run to their drain.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub stop_running: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// `Capacity Purchase Approved` / `Capacity Purchase Rejected` (inbound).
@@ -494,6 +517,7 @@ pub fn ending_events(
     to: RequestStatus,
     reason: &str,
     kept: Vec<String>,
+    kept_windows: Vec<KeptWindow>,
     spent: MicroUsd,
 ) -> Vec<crate::ports::OutboundEvent> {
     let (id, version) = (rec.request_id.as_str(), rec.version + 1);
@@ -511,6 +535,8 @@ pub fn ending_events(
             request_id: id.to_string(),
             status_before: Some(before),
             reason: reason.to_string(),
+            kept_windows: kept_windows.clone(),
+            stopped_windows: vec![],
         }));
     }
     out.push(outbound(&RequestFailed {
@@ -520,6 +546,7 @@ pub fn ending_events(
         reason: reason.to_string(),
         reservation_ids: kept,
         spent_usd: spent.to_usd(),
+        kept_windows,
     }));
     out
 }

@@ -102,6 +102,16 @@ pub struct DrainLead {
     pub default_minutes: u32,
 }
 
+impl DrainLead {
+    /// The lead `request` asks for beside the deployment's `default_minutes`.
+    pub fn of(request: &super::request::CapacityRequest, default_minutes: u32) -> DrainLead {
+        DrainLead {
+            requested_minutes: request.drain_minutes,
+            default_minutes,
+        }
+    }
+}
+
 /// One window: a segment of a recorded reservation, with its state.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Window {
@@ -302,6 +312,28 @@ pub fn records_with(
     out
 }
 
+/// The records of `windows` with each of `stop` moved to `Stopping` at `at`, due at once
+/// whether it has opened or not: a cancellation with `stop_running` hands them to the
+/// ordinary drain, and nothing is launched into them again.
+pub fn records_stopping(
+    records: &[WindowRecord],
+    windows: &[Window],
+    stop: &[Window],
+    at: DateTime<Utc>,
+) -> Vec<WindowRecord> {
+    let mut out = records.to_vec();
+    for w in stop {
+        out = records_with(&out, windows, &w.key, WindowState::Stopping, at);
+        if let Some(r) = out.iter_mut().find(|r| r.key == w.key) {
+            r.next_action_at = Some(at);
+        }
+    }
+    if stop.is_empty() {
+        return records.to_vec();
+    }
+    out
+}
+
 /// `records` with every window of reservation `reservation_id` that never launched ended at
 /// `at`: the reservation went final before its window (a failed payment), so there is
 /// nothing to launch, drain or clean up, and its number stays taken.
@@ -352,6 +384,81 @@ pub fn all_records(
     }
     out.sort_by_key(|r| r.number);
     out
+}
+
+/// A window that runs on after its request stops searching or buying, or that a
+/// cancellation with `stop_running` stopped, as the answers list it (ARCHITECTURE §9.1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct KeptWindow {
+    /// Its number among the request's windows.
+    pub window: u32,
+    pub reservation_id: String,
+    /// Its state when the answer was written.
+    pub state: WindowState,
+    pub starts_at: DateTime<Utc>,
+    /// When its drain starts: what runs in it is stopped then.
+    pub drain_at: DateTime<Utc>,
+    pub ends_at: DateTime<Utc>,
+}
+
+impl KeptWindow {
+    pub fn of(w: &Window) -> KeptWindow {
+        KeptWindow {
+            window: w.number,
+            reservation_id: w.reservation.id.clone(),
+            state: w.state,
+            starts_at: w.start(),
+            drain_at: w.drain_at,
+            ends_at: w.end(),
+        }
+    }
+}
+
+/// The windows not yet drained (launched or not), in start order: what a request keeps
+/// running to its drain whatever its status, and what `stop_running` stops.
+pub fn undrained(
+    reservations: &[Reservation],
+    records: &[WindowRecord],
+    drain: DrainLead,
+) -> Vec<Window> {
+    windows(reservations, records, drain)
+        .into_iter()
+        .filter(|w| w.state.is_undrained())
+        .collect()
+}
+
+/// The undrained windows of `reservations`, as the answers list them.
+pub fn kept(
+    reservations: &[Reservation],
+    records: &[WindowRecord],
+    drain: DrainLead,
+) -> Vec<KeptWindow> {
+    listed(&undrained(reservations, records, drain))
+}
+
+/// `windows` as the answers list them.
+pub fn listed(windows: &[Window]) -> Vec<KeptWindow> {
+    windows.iter().map(KeptWindow::of).collect()
+}
+
+/// "window 2 (cr-1) drains at 2026-12-07 09:30 UTC; …", or "none".
+pub fn describe(windows: &[KeptWindow]) -> String {
+    if windows.is_empty() {
+        return "none".into();
+    }
+    windows
+        .iter()
+        .map(|w| {
+            format!(
+                "window {} ({}, {}) drains at {}",
+                w.window,
+                w.reservation_id,
+                w.state,
+                w.drain_at.format("%Y-%m-%d %H:%M UTC")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The statuses whose meaning is a summary of the windows: bought, and no search or

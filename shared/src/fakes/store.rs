@@ -114,6 +114,8 @@ struct State {
     /// Each region's Capacity Block search allowance ([`Pacing`]).
     allowances: BTreeMap<String, Allowance>,
     retention: Duration,
+    /// [`Store::unarchive_live_windows`] ran.
+    upgraded: bool,
     told: Option<DateTime<Utc>>,
     clock: Option<ManualClock>,
     faults: Faults<StoreOp>,
@@ -1377,6 +1379,26 @@ impl Store for InMemoryStore {
             e.claimed_until = None;
         }
         finish(after, Ok(()))
+    }
+
+    async fn unarchive_live_windows(&self, at: DateTime<Utc>) -> Result<Option<usize>, PortError> {
+        let mut s = lock(&self.state);
+        s.observe(at);
+        if s.upgraded {
+            return Ok(None);
+        }
+        let mut upgraded = 0;
+        for stored in s.requests.values_mut() {
+            if stored.expires_at.is_some()
+                && stored.record.status.is_terminal()
+                && !window::archivable(stored.record.status, &stored.record.windows)
+            {
+                stored.expires_at = None;
+                upgraded += 1;
+            }
+        }
+        s.upgraded = true;
+        Ok(Some(upgraded))
     }
 
     async fn agenda(&self, now: DateTime<Utc>) -> Result<Agenda, PortError> {

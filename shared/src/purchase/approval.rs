@@ -92,13 +92,15 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                     .map(|c| format!(": {c}"))
                     .unwrap_or_default()
             );
+            let (reservation_ids, kept_windows) = self.kept(&rec).await?;
             let failed = events::RequestFailed {
                 event_key: event_key(id.as_str(), "rejected", rec.version + 1),
                 request_id: id.to_string(),
                 status_before: rec.status,
                 reason: reason.clone(),
-                reservation_ids: self.kept(&id).await?,
+                reservation_ids,
                 spent_usd: rec.spent.to_usd(),
+                kept_windows,
             };
             let t = Transition::of(&rec, RequestStatus::Rejected, &reason, None, now, cause)
                 .with_outbox(vec![outbound(&failed)]);

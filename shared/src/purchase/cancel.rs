@@ -6,17 +6,22 @@
 use chrono::{DateTime, Utc};
 
 use super::{Outcome, Protocols};
+use crate::decision;
 use crate::decision::Decision;
 use crate::domain::events::{
-    CancelRequest, CancellationApplied, CancellationRefused, ending_events, outbound,
+    CancelRequest, CancellationApplied, CancellationRefused, EventDetail, ReservationExpiring,
+    ending_events, event_key, outbound,
 };
 use crate::domain::request::RequestId;
+use crate::domain::reservation::Reservation;
 use crate::domain::status::RequestStatus;
 use crate::domain::time_rules::PAYMENT_CHECK_EVERY;
+use crate::domain::window::{self, KeptWindow, Window};
 use crate::outbox;
 use crate::ports::{
-    CancelNote, CapacityMarket, Cause, EventSink, KeepCancellation, PortError, RequestRecord,
-    Store, TOMBSTONE_KEPT, Tombstone, TombstoneOutcome, Transition, WriteOutcome,
+    CancelNote, CapacityMarket, Cause, EventSink, KeepCancellation, OutboundEvent, PortError,
+    RequestRecord, Store, TOMBSTONE_KEPT, Tombstone, TombstoneOutcome, Transition, WindowUpdate,
+    WriteOutcome,
 };
 
 /// How often a cancellation that lost a write race is decided again within one invocation.
@@ -39,6 +44,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                     &c.request_id,
                     None,
                     format!("{:?} is not a request id", c.request_id),
+                    vec![],
                     cause,
                     out,
                 )
@@ -62,39 +68,114 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 }
                 continue;
             }
-            if !rec.status.is_cancellable() {
-                match self.keep_cancel(&rec, &reason, cause, now, out).await? {
+            // ARCHITECTURE §9.1: a cancellation stops what is not yet bought; the paid
+            // windows run on to their drain unless it asks `stop_running`.
+            let held = self.store.reservations(&id).await?;
+            let all = window::windows(&held, &rec.windows, self.drain_lead(&rec));
+            let undrained: Vec<Window> = all
+                .iter()
+                .filter(|w| w.state.is_undrained())
+                .cloned()
+                .collect();
+            let stop: &[Window] = if c.stop_running { &undrained } else { &[] };
+            if rec.status.is_cancellable() {
+                let kept = if c.stop_running {
+                    vec![]
+                } else {
+                    window::listed(&undrained)
+                };
+                let reason = if stop.is_empty() {
+                    reason
+                } else {
+                    format!("{reason}; {}", stopping(stop))
+                };
+                let live = held
+                    .iter()
+                    .filter(|r| r.state.is_live())
+                    .map(|r| r.id.clone())
+                    .collect();
+                let mut answers = ending_events(
+                    &rec,
+                    RequestStatus::Cancelled,
+                    &reason,
+                    live,
+                    kept,
+                    rec.spent,
+                );
+                with_stopped(&mut answers, stop);
+                answers.extend(expiring(&rec, stop, now));
+                let mut t =
+                    Transition::of(&rec, RequestStatus::Cancelled, &reason, None, now, cause)
+                        .with_outbox(answers);
+                if !stop.is_empty() {
+                    t = t.with_windows(window::records_stopping(&rec.windows, &all, stop, now));
+                }
+                match self.store.transition(t).await? {
+                    WriteOutcome::Applied { .. } => {
+                        out.decisions.push(Decision::new(&id, "cancelled", reason));
+                        return Ok(());
+                    }
+                    WriteOutcome::DuplicateEvent => return Ok(()),
+                    // Another worker moved the request on: read it again and decide again.
+                    _ => continue,
+                }
+            }
+            if let Some(keep) = self.keepable(&rec, &held, now) {
+                if !stop.is_empty() && !window::FOLLOWS_WINDOWS.contains(&rec.status) {
+                    // During a purchase, the windows bought already (a split's kept block)
+                    // are stopped now; the cancellation is then kept for what is being
+                    // bought, as a plain one is. A `Reserved` request's windows are stopped
+                    // when the payment it waits for is taken (payment.rs): stopping them now
+                    // would end the payment checks that only a `Reserved` request gets.
+                    match self
+                        .stop_windows(&rec, &all, stop, None, cause, now, out)
+                        .await?
+                    {
+                        WriteOutcome::DuplicateEvent => {}
+                        _ => continue,
+                    }
+                }
+                match self
+                    .keep_cancel(&rec, keep, &reason, c.stop_running, cause, now, out)
+                    .await?
+                {
                     Kept::Yes => return Ok(()),
                     Kept::Conflict => continue,
-                    Kept::No => {}
                 }
-                let why = format!(
-                    "the request is {} and purchases cannot be undone",
+            }
+            if !stop.is_empty() {
+                let answer = Answer {
+                    reason: &reason,
+                    status_before: rec.status,
+                };
+                match self
+                    .stop_windows(&rec, &all, stop, Some(answer), cause, now, out)
+                    .await?
+                {
+                    WriteOutcome::Applied { .. } | WriteOutcome::DuplicateEvent => return Ok(()),
+                    _ => continue,
+                }
+            }
+            let kept = window::listed(&undrained);
+            let why = if kept.is_empty() {
+                format!(
+                    "the request is {} and nothing is left to stop: no search, no purchase \
+                     not yet made, and no paid window not yet drained (stop_running would \
+                     stop nothing either)",
                     rec.status
-                );
-                return self
-                    .refuse_cancel(id.as_str(), Some(rec.status), why, cause, out)
-                    .await;
-            }
-            // A split's kept block stays bought: what is kept, and what stays spent.
-            let answers = ending_events(
-                &rec,
-                RequestStatus::Cancelled,
-                &reason,
-                self.kept(&id).await?,
-                rec.spent,
-            );
-            let t = Transition::of(&rec, RequestStatus::Cancelled, &reason, None, now, cause)
-                .with_outbox(answers);
-            match self.store.transition(t).await? {
-                WriteOutcome::Applied { .. } => {
-                    out.decisions.push(Decision::new(&id, "cancelled", reason));
-                    return Ok(());
-                }
-                WriteOutcome::DuplicateEvent => return Ok(()),
-                // Another worker moved the request on: read it again and decide again.
-                _ => continue,
-            }
+                )
+            } else {
+                format!(
+                    "the request is {} and purchases cannot be undone: nothing is left to \
+                     search for or buy, and its paid windows run on to their drain ({}); send \
+                     the cancellation again with stop_running: true to stop them now",
+                    rec.status,
+                    window::describe(&kept)
+                )
+            };
+            return self
+                .refuse_cancel(id.as_str(), Some(rec.status), why, kept, cause, out)
+                .await;
         }
         Err(PortError::Transient {
             service: "dynamodb",
@@ -130,6 +211,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             at: now,
             event_id: cause.event_id.clone(),
             found: Some(rec.status),
+            stop_running: false,
         };
         let why = format!(
             "{reason}: stopping what runs on demand, then settling the hours it ran; the \
@@ -171,6 +253,8 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             request_id: id.to_string(),
             status_before: None,
             reason: reason.clone(),
+            kept_windows: vec![],
+            stopped_windows: vec![],
         };
         let t = Tombstone {
             request_id: id.clone(),
@@ -191,53 +275,68 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
 
     /// ARCHITECTURE §8.3: a cancellation during `Purchasing`, or while a bought reservation's
     /// payment is not yet taken, is kept on the request: applied if the purchase does not
-    /// complete or the payment fails, refused once the payment is taken. Its answer comes
-    /// then; one already kept answers a later one too.
-    async fn keep_cancel(
+    /// complete or the payment fails, refused once the payment is taken (or, with
+    /// `stop_running`, applied then by stopping the windows). `None` when there is nothing
+    /// to keep it for.
+    fn keepable(
         &self,
         rec: &RequestRecord,
-        reason: &str,
-        cause: &Cause,
+        held: &[Reservation],
         now: DateTime<Utc>,
-        out: &mut Outcome,
-    ) -> Result<Kept, PortError> {
-        let id = &rec.request_id;
-        let (what, next) = match rec.status {
-            RequestStatus::Purchasing => (
-                "a purchase is under way: the cancellation is applied if it does not complete"
+    ) -> Option<Keep> {
+        match rec.status {
+            RequestStatus::Purchasing => Some(Keep {
+                what: "a purchase is under way: the cancellation is applied if it does not \
+                       complete"
                     .to_string(),
-                rec.next_action_at,
-            ),
+                next: rec.next_action_at,
+            }),
             RequestStatus::Reserved => {
-                let held = self.store.reservations(id).await?;
                 let unpaid: Vec<&str> = held
                     .iter()
                     .filter(|r| r.state.is_live() && !r.state.is_settled())
                     .map(|r| r.id.as_str())
                     .collect();
                 if unpaid.is_empty() {
-                    return Ok(Kept::No);
+                    return None;
                 }
-                (
-                    format!(
+                Some(Keep {
+                    what: format!(
                         "the payment for {} is not yet taken: the cancellation is applied if \
                          it fails, and refused once it is taken",
                         unpaid.join(", ")
                     ),
                     // Read again soon, whatever the payment checks had planned.
-                    Some(
+                    next: Some(
                         rec.next_action_at
                             .map_or(now, |t| t.min(now + PAYMENT_CHECK_EVERY)),
                     ),
-                )
+                })
             }
             // A cancelled on-demand run being stopped and settled.
-            RequestStatus::Draining if rec.run.is_some() && rec.cancel.is_some() => (
-                "the on-demand run is being stopped and settled".to_string(),
-                rec.next_action_at,
-            ),
-            _ => return Ok(Kept::No),
-        };
+            RequestStatus::Draining if rec.run.is_some() && rec.cancel.is_some() => Some(Keep {
+                what: "the on-demand run is being stopped and settled".to_string(),
+                next: rec.next_action_at,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Keeps the cancellation on `rec` for [`Self::keepable`]'s `keep`. Its answer comes
+    /// when it is decided; one already kept answers a later one too.
+    #[allow(clippy::too_many_arguments)]
+    async fn keep_cancel(
+        &self,
+        rec: &RequestRecord,
+        keep: Keep,
+        reason: &str,
+        stop_running: bool,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<Kept, PortError> {
+        let id = &rec.request_id;
+        let Keep { what, next } = keep;
         if let Some(kept) = &rec.cancel {
             out.decisions.push(Decision::new(
                 id,
@@ -259,6 +358,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 at: now,
                 event_id: cause.event_id.clone(),
                 found: None,
+                stop_running,
             }),
             reason: format!("{}; {reason}, kept: {what}", rec.reason),
             next_action_at: next,
@@ -276,11 +376,67 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         })
     }
 
+    /// ARCHITECTURE §9.1: `stop_running` hands each of `stop` to the ordinary drain now:
+    /// marked `Stopping` and due at once, its `Capacity Reservation Expiring` published, so
+    /// cleanup stops what runs in it, publishes `Capacity Workload Drained` and ends it; no
+    /// launch or replacement starts into it again. With `answer`, the write answers the
+    /// cancellation (`Capacity Cancellation Applied` listing what it stopped).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn stop_windows(
+        &self,
+        rec: &RequestRecord,
+        all: &[Window],
+        stop: &[Window],
+        answer: Option<Answer<'_>>,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<WriteOutcome, PortError> {
+        let what = stopping(stop);
+        let mut outbox = Vec::new();
+        let reason = match &answer {
+            Some(a) => {
+                let reason = format!("{}; {what}", a.reason);
+                outbox.push(outbound(&CancellationApplied {
+                    event_key: event_key(
+                        rec.request_id.as_str(),
+                        "cancellation-applied",
+                        rec.version + 1,
+                    ),
+                    request_id: rec.request_id.to_string(),
+                    status_before: Some(a.status_before),
+                    reason: reason.clone(),
+                    kept_windows: vec![],
+                    stopped_windows: window::listed(stop),
+                }));
+                reason
+            }
+            None => what.clone(),
+        };
+        outbox.extend(expiring(rec, stop, now));
+        let u = WindowUpdate::of(
+            rec,
+            window::records_stopping(&rec.windows, all, stop, now),
+            &format!("{}; {reason}", rec.reason),
+            now,
+            &cause.step("stop-running"),
+            outbox,
+        );
+        let w = self.store.update_windows(u).await?;
+        out.decisions.push(Decision::new(
+            &rec.request_id,
+            decision::written(&w, "stop-running"),
+            reason,
+        ));
+        Ok(w)
+    }
+
     async fn refuse_cancel(
         &self,
         request_id: &str,
         status: Option<RequestStatus>,
         why: String,
+        kept_windows: Vec<KeptWindow>,
         cause: &Cause,
         out: &mut Outcome,
     ) -> Result<(), PortError> {
@@ -289,6 +445,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             request_id: request_id.to_string(),
             status,
             reason: format!("cancellation refused: {why}"),
+            kept_windows,
         };
         outbox::publish_now(self.events, &[outbound(&ev)]).await?;
         if let Ok(id) = RequestId::parse(request_id) {
@@ -314,6 +471,61 @@ enum Kept {
     Yes,
     /// The request moved on: read it again.
     Conflict,
-    /// Nothing to keep it for: refuse it.
-    No,
+}
+
+/// Why a cancellation is kept on its request, and when the request is next read.
+struct Keep {
+    what: String,
+    next: Option<DateTime<Utc>>,
+}
+
+/// What a `stop_running` write answers: the cancellation's reason and the status it found.
+pub(crate) struct Answer<'a> {
+    pub reason: &'a str,
+    pub status_before: RequestStatus,
+}
+
+/// "stopping window 1 (cr-1, running) drains at …": what `stop_running` stops.
+fn stopping(stop: &[Window]) -> String {
+    format!(
+        "stop_running: stopping now, through the ordinary drain, {}",
+        window::describe(&window::listed(stop))
+    )
+    .replace("drains at", "which would have drained at")
+}
+
+/// The `Capacity Cancellation Applied` among `answers` lists the windows it stopped.
+fn with_stopped(answers: &mut [OutboundEvent], stop: &[Window]) {
+    if stop.is_empty() {
+        return;
+    }
+    let listed = serde_json::to_value(window::listed(stop)).expect("windows serialize");
+    for a in answers
+        .iter_mut()
+        .filter(|a| a.detail_type == CancellationApplied::DETAIL_TYPE)
+    {
+        a.detail["stopped_windows"] = listed.clone();
+    }
+}
+
+/// Each stopped window's `Capacity Reservation Expiring`, as its ordinary drain publishes it,
+/// with the drain starting now.
+fn expiring(rec: &RequestRecord, stop: &[Window], now: DateTime<Utc>) -> Vec<OutboundEvent> {
+    stop.iter()
+        .map(|w| {
+            outbound(&ReservationExpiring {
+                event_key: event_key(
+                    rec.request_id.as_str(),
+                    &format!("expiring-w{}", w.number),
+                    rec.version + 1,
+                ),
+                request_id: rec.request_id.to_string(),
+                reservation_ids: vec![w.reservation.id.clone()],
+                segment: w.number,
+                ends_at: w.end(),
+                drain_starts_at: now.min(w.drain_at),
+                forced_termination_at: w.forced_at,
+            })
+        })
+        .collect()
 }

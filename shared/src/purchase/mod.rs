@@ -19,8 +19,8 @@ use serde::Serialize;
 
 use crate::config::Config;
 use crate::decision::{self, Decision};
-use crate::domain::request::RequestId;
 use crate::domain::status::RequestStatus;
+use crate::domain::window::{self, DrainLead, KeptWindow};
 use crate::ports::{Cause, PortError, RequestRecord, SharedIds, Sleep, Store, Transition};
 
 /// What one invocation decided, and how many events it published.
@@ -46,16 +46,26 @@ pub struct Protocols<'a, S, M, E> {
 
 impl<S: Store, M, E> Protocols<'_, S, M, E> {
     /// The reservations a request keeps, as the table has them: those still live (a split's
-    /// bought block among them). What an ending request reports with what stays spent.
-    pub(crate) async fn kept(&self, id: &RequestId) -> Result<Vec<String>, PortError> {
-        Ok(self
-            .store
-            .reservations(id)
-            .await?
+    /// bought block among them), and its windows not yet drained, which run on to their
+    /// drain whatever becomes of it (ARCHITECTURE §9.1). What an ending request reports with
+    /// what stays spent.
+    pub(crate) async fn kept(
+        &self,
+        rec: &RequestRecord,
+    ) -> Result<(Vec<String>, Vec<KeptWindow>), PortError> {
+        let held = self.store.reservations(&rec.request_id).await?;
+        let windows = window::kept(&held, &rec.windows, self.drain_lead(rec));
+        let ids = held
             .into_iter()
             .filter(|r| r.state.is_live())
             .map(|r| r.id)
-            .collect())
+            .collect();
+        Ok((ids, windows))
+    }
+
+    /// The drain lead of `rec`'s windows.
+    pub(crate) fn drain_lead(&self, rec: &RequestRecord) -> DrainLead {
+        DrainLead::of(&rec.request, self.config.default_drain_minutes)
     }
 
     /// The request searches again, for `reason`: the plan it was to buy can no longer be

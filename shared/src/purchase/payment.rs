@@ -6,6 +6,7 @@
 use chrono::{DateTime, Duration, Utc};
 use tracing::warn;
 
+use super::cancel::Answer;
 use super::{Outcome, Protocols};
 use crate::decision::{self, Decision};
 use crate::domain::events::{
@@ -17,8 +18,8 @@ use crate::domain::status::RequestStatus;
 use crate::domain::time_rules::{LISTING_LAG_BOUND, PAYMENT_CHECK_EVERY, search_deadline};
 use crate::domain::window;
 use crate::ports::{
-    BudgetMonth, CapacityMarket, Cause, EventSink, KeepCancellation, PortError, Refund,
-    RequestRecord, Store, Transition,
+    BudgetMonth, CancelNote, CapacityMarket, Cause, EventSink, KeepCancellation, PortError, Refund,
+    RequestRecord, Store, Transition, WriteOutcome,
 };
 
 impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
@@ -83,6 +84,11 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         }
         if lost.is_empty() {
             let next = next_payment_check(held.iter(), now);
+            if let (None, Some(c)) = (next, &rec.cancel)
+                && c.stop_running
+            {
+                return self.stop_when_paid(&rec, &held, c, cause, now, out).await;
+            }
             if let (None, Some(c)) = (next, &rec.cancel) {
                 // Every payment is taken: the kept cancellation can no longer be applied. It
                 // is answered first; the next check records the states.
@@ -91,11 +97,18 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                      purchases cannot be undone (the cancellation was kept since {})",
                     c.at
                 );
+                let kept_windows = window::kept(&held, &rec.windows, self.drain_lead(&rec));
+                let why = format!(
+                    "{why}; its paid windows run on to their drain ({}): a cancellation with \
+                     stop_running: true stops them",
+                    window::describe(&kept_windows)
+                );
                 let refused = CancellationRefused {
                     event_key: format!("{id}:cancellation-refused:{}", c.event_id),
                     request_id: id.to_string(),
                     status: Some(rec.status),
                     reason: why.clone(),
+                    kept_windows,
                 };
                 let k = KeepCancellation {
                     request_id: id.clone(),
@@ -297,11 +310,14 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 .filter(|r| r.state.is_live() && !gone(r))
                 .map(|r| r.id.clone())
                 .collect();
+            let usable: Vec<Reservation> = held.iter().filter(|r| !gone(r)).cloned().collect();
+            let windows = window::kept(&usable, &rec.windows, self.drain_lead(&rec));
             outbox.extend(ending_events(
                 &rec,
                 to,
                 &reason,
                 kept,
+                windows,
                 MicroUsd(rec.spent.0 - returned.0),
             ));
         }
@@ -322,6 +338,62 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             decision::written(&w, "payment-failed"),
             reason,
         ));
+        Ok(())
+    }
+}
+
+impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
+    /// A cancellation with `stop_running` kept until the payment was taken (§8.3, §9.1):
+    /// what was bought cannot be undone, so it is applied by stopping the request's windows
+    /// through the ordinary drain, answered with what it stopped, and then cleared.
+    async fn stop_when_paid(
+        &self,
+        rec: &RequestRecord,
+        held: &[Reservation],
+        c: &CancelNote,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let all = window::windows(held, &rec.windows, self.drain_lead(rec));
+        let stop: Vec<window::Window> = all
+            .iter()
+            .filter(|w| w.state.is_undrained())
+            .cloned()
+            .collect();
+        let reason = format!(
+            "{}, kept since {} until the payment was taken, is applied",
+            c.reason, c.at
+        );
+        let answer = Answer {
+            reason: &reason,
+            status_before: c.found.unwrap_or(rec.status),
+        };
+        let w = self
+            .stop_windows(rec, &all, &stop, Some(answer), cause, now, out)
+            .await?;
+        if !matches!(w, WriteOutcome::Applied { .. }) {
+            return Ok(());
+        }
+        // Answered: the note goes (a crash before this leaves it on a request whose windows
+        // drain; nothing reads a note on a request without a purchase or run under way).
+        let Some(now_rec) = self.store.get_request(&rec.request_id).await? else {
+            return Ok(());
+        };
+        let k = KeepCancellation {
+            request_id: now_rec.request_id.clone(),
+            expected_version: now_rec.version,
+            status: now_rec.status,
+            note: None,
+            reason: now_rec.reason.clone(),
+            next_action_at: now_rec.next_action_at,
+            at: now,
+            caused_by: Cause::new(format!("{}#cancel-answered", cause.event_id)),
+            outbox: vec![],
+        };
+        if !now_rec.status.is_terminal() {
+            self.store.keep_cancellation(k).await?;
+        }
         Ok(())
     }
 }

@@ -828,8 +828,8 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 // As the table has the request now (Purchasing), without its open debit.
                 let now_rec = now_rec.as_ref().unwrap_or(rec);
                 let spent = MicroUsd(now_rec.spent.0 - now_rec.open_debit.map_or(0, |d| d.0));
-                let kept = self.kept(id).await?;
-                outbox = ending_events(now_rec, to, &reason, kept, spent);
+                let (kept, windows) = self.kept(now_rec).await?;
+                outbox = ending_events(now_rec, to, &reason, kept, windows, spent);
             }
             let w = self
                 .store
@@ -876,13 +876,15 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         cause: &Cause,
         out: &mut Outcome,
     ) -> Result<(), PortError> {
+        let (reservation_ids, kept_windows) = self.kept(rec).await?;
         let ev = events::RequestFailed {
             event_key: event_key(rec.request_id.as_str(), "failed", rec.version + 1),
             request_id: rec.request_id.to_string(),
             status_before: rec.status,
             reason: reason.clone(),
-            reservation_ids: self.kept(&rec.request_id).await?,
+            reservation_ids,
             spent_usd: rec.spent.to_usd(),
+            kept_windows,
         };
         let t = Transition::of(rec, RequestStatus::Failed, &reason, None, now, cause)
             .with_outbox(vec![outbound(&ev)]);

@@ -695,6 +695,80 @@ pub(crate) async fn a_missed_delivered_event_is_made_up_for_by_the_schedule() {
 }
 
 #[tokio::test]
+pub(crate) async fn a_running_block_is_stopped_early_only_by_a_cancellation_with_stop_running() {
+    // GIVEN a workload of 4 instances running in its block
+    let f = Flow::start().await;
+    let id = "life-stop";
+    let reserved = reserve_and_open(&f, id).await;
+    let cr = reservation_of(&reserved);
+    let end = time_of(&reserved["detail"]["end"]);
+    f.cloud.step(TimeDelta::minutes(1));
+    f.tick(Function::Launch).await.unwrap();
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+    assert_eq!(live_for(&f, id).len(), 4);
+
+    // WHEN the requester cancels without stop_running
+    f.cancel(id, "plain").await;
+    f.tick(Function::Cleanup).await.unwrap();
+    // THEN it is refused naming stop_running, and the paid block runs on
+    let refused = f.bus_for("Capacity Cancellation Refused", id);
+    assert_eq!(refused.len(), 1, "{refused:#?}");
+    assert!(
+        refused[0]["detail"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("stop_running: true"),
+        "{refused:#?}"
+    );
+    assert_eq!(live_for(&f, id).len(), 4);
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+
+    // WHEN it cancels with stop_running, and cleanup's schedule runs
+    f.cancel_with(id, "stop", true).await;
+    f.cloud.step(TimeDelta::minutes(1));
+    f.tick(Function::Cleanup).await.unwrap();
+    // THEN the workload is stopped through the ordinary drain, hours before its drain start
+    assert!(live_for(&f, id).is_empty(), "{:#?}", live_for(&f, id));
+    let applied = f.bus_for("Capacity Cancellation Applied", id);
+    assert_eq!(applied.len(), 1);
+    assert_eq!(
+        applied[0]["detail"]["stopped_windows"][0]["reservation_id"],
+        cr.as_str()
+    );
+    let drained = f.bus_for("Capacity Workload Drained", id);
+    assert_eq!(drained.len(), 1, "{drained:#?}");
+    assert_eq!(
+        drained[0]["detail"]["resource_ids"]
+            .as_array()
+            .unwrap()
+            .len(),
+        4
+    );
+    assert_eq!(f.status(id).await, RequestStatus::Draining);
+    // AND the block's end ends the request, once
+    f.cloud.advance_to(end);
+    f.tick(Function::Cleanup).await.unwrap();
+    assert_eq!(f.status(id).await, RequestStatus::Ended);
+    assert_published(
+        &f,
+        id,
+        &[
+            &["Capacity Request Accepted"],
+            &["Capacity Offerings Found"],
+            &["Capacity Reserved"],
+            &["Capacity Workload Launched"],
+            &["Capacity Cancellation Refused"],
+            &[
+                "Capacity Cancellation Applied",
+                "Capacity Reservation Expiring",
+            ],
+            &["Capacity Workload Drained"],
+            &["Capacity Reservation Ended"],
+        ],
+    );
+}
+
+#[tokio::test]
 pub(crate) async fn an_impaired_instance_is_replaced_in_the_same_block_once_its_slot_returns() {
     // GIVEN a running workload of 4 instances in a block
     let f = Flow::start().await;

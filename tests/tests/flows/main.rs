@@ -25,6 +25,7 @@ pub(crate) fn play_all() {
         ec2::duplicate_and_early_delivered_events_launch_the_workload_once,
         ec2::a_missed_delivered_event_is_made_up_for_by_the_schedule,
         ec2::an_impaired_instance_is_replaced_in_the_same_block_once_its_slot_returns,
+        ec2::a_running_block_is_stopped_early_only_by_a_cancellation_with_stop_running,
         ec2::an_event_lost_between_commit_and_publish_is_published_once_by_the_next_run,
         ec2::on_demand_first_without_on_demand_capacity_falls_back_to_one_reservation,
         ec2::on_demand_capacity_for_only_part_of_the_request_is_released_but_for_what_ran,

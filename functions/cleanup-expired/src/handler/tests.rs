@@ -897,6 +897,7 @@ async fn a_launch_landing_after_a_cancellations_first_stop_is_stopped_before_the
         at: cancelled_at,
         event_id: "cancel".into(),
         found: Some(RequestStatus::TryingOnDemand),
+        stop_running: false,
     });
     w.store.transition(cancel).await.unwrap();
     w.instance("i-1", "r-1", None, true);

@@ -13,6 +13,7 @@ use capacity_pilot::domain::planner::plan;
 use capacity_pilot::domain::request::CapacityRequest;
 use capacity_pilot::domain::reservation::ReservationState;
 use capacity_pilot::domain::status::RequestStatus;
+use capacity_pilot::domain::window::{WindowRecord, WindowState};
 use capacity_pilot::fakes::fixtures::{request, t0, team};
 use capacity_pilot::fakes::{
     FakeMarket, InMemoryStore, ManualClock, MarketOp, RecordingEvents, StoreOp,
@@ -1557,4 +1558,260 @@ async fn a_cancelled_split_that_kept_a_block_reports_the_block_and_what_stays_sp
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0].detail["reservation_ids"], json!(["cr-first"]));
     assert_eq!(failed[0].detail["spent_usd"], "3000");
+}
+
+// ---- paid windows outlive their request (ARCHITECTURE 9.1) --------------------------------
+
+fn cancel_with(id: &str, event_id: &str, stop_running: bool) -> EventBridgeEvent<Value> {
+    event(
+        "Capacity Request Cancelled",
+        "com.example.ml-platform",
+        event_id,
+        json!({"request_id": id, "reason": "the launch moved", "stop_running": stop_running}),
+    )
+}
+
+/// GIVEN r1 holds the live, paid block `cr-first` (cb-first's 24 h from `block`), whose
+/// window 1 is `state`, with the request in `status` and $3000 spent.
+fn holding(w: &World, status: RequestStatus, state: WindowState) -> RequestRecord {
+    let first = block("cb-first", "3000");
+    let mut rec = w.with_candidate(request("r1", "team-a", "5000"), block("cb-2", "1000"));
+    rec.status = status;
+    rec.spent = MicroUsd(3_000_000_000);
+    let start = first.segments[0].start;
+    rec.windows = vec![WindowRecord {
+        key: "cr-first#0".into(),
+        number: 1,
+        state,
+        next_action_at: Some(start + Duration::hours(20)),
+        updated_at: t0(),
+    }];
+    w.store.insert_record(rec.clone());
+    let mut kept = stray("p5.48xlarge", 2, "3000");
+    kept.id = "cr-first".into();
+    kept.segments = first.segments.clone();
+    w.store
+        .insert_reservation(&capacity_pilot::fakes::fixtures::request_id("r1"), kept);
+    // Inside the window, the workload running.
+    w.clock.set(start + Duration::hours(2));
+    w.store.advance_to(w.clock.get());
+    rec
+}
+
+fn window_state(w: &World) -> WindowState {
+    record(w, "r1").windows[0].state
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancellation_while_searching_stops_the_search_and_lists_the_running_block_it_keeps() {
+    // GIVEN a split searching for its second block while its first runs
+    let w = World::new();
+    holding(&w, RequestStatus::Searching, WindowState::Running);
+    // WHEN the requester cancels, without stop_running
+    w.purchaser(CAPS)
+        .handle(cancel_with("r1", "c1", false))
+        .await
+        .unwrap();
+    // THEN the search stops, the running block runs on to its drain, and both answers list it
+    // with its drain_at (before issue 47 neither listed a window)
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Cancelled, "{}", rec.reason);
+    assert_eq!(window_state(&w), WindowState::Running);
+    let applied = &w.events.published_of("Capacity Cancellation Applied")[0].detail;
+    let failed = &w.events.published_of("Capacity Request Failed")[0].detail;
+    for answer in [applied, failed] {
+        let kept = answer["kept_windows"].as_array().unwrap();
+        assert_eq!(kept.len(), 1, "{answer:#}");
+        assert_eq!(kept[0]["reservation_id"], "cr-first");
+        assert_eq!(kept[0]["state"], "running");
+        // 24 h block: forced termination 30 min before its end, the 10 min default drain
+        // lead before that.
+        let end = block("cb-first", "3000").segments[0].end;
+        let drain_at: chrono::DateTime<chrono::Utc> =
+            serde_json::from_value(kept[0]["drain_at"].clone()).unwrap();
+        assert!(
+            drain_at < end && drain_at > end - Duration::hours(2),
+            "{drain_at}"
+        );
+    }
+    assert_eq!(applied["stopped_windows"], json!([]));
+    assert!(
+        w.events
+            .published_of("Capacity Reservation Expiring")
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plain_cancellation_of_an_active_request_is_refused_naming_stop_running() {
+    // GIVEN an Active request whose paid block runs
+    let w = World::new();
+    holding(&w, RequestStatus::Active, WindowState::Running);
+    // WHEN the requester cancels without stop_running
+    w.purchaser(CAPS)
+        .handle(cancel_with("r1", "c1", false))
+        .await
+        .unwrap();
+    // THEN it is refused, saying the window runs on to its drain and how to stop it
+    let refused = &w.events.published_of("Capacity Cancellation Refused")[0].detail;
+    let why = refused["reason"].as_str().unwrap();
+    assert!(why.contains("stop_running: true"), "{why}");
+    assert!(
+        why.contains("window 1 (cr-first, running) drains at"),
+        "{why}"
+    );
+    assert_eq!(refused["kept_windows"][0]["reservation_id"], "cr-first");
+    assert_eq!(w.status("r1").await, RequestStatus::Active);
+    assert_eq!(window_state(&w), WindowState::Running);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancellation_with_stop_running_hands_an_active_requests_window_to_its_drain_now() {
+    // GIVEN an Active request whose paid block runs
+    let w = World::new();
+    holding(&w, RequestStatus::Active, WindowState::Running);
+    // WHEN the requester cancels with stop_running
+    w.purchaser(CAPS)
+        .handle(cancel_with("r1", "c1", true))
+        .await
+        .unwrap();
+    // THEN the window is stopping and due now, so cleanup drains it through the ordinary
+    // drain (Expiring now, then the stop, Drained and Ended); the request follows its window
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Draining, "{}", rec.reason);
+    assert_eq!(rec.windows[0].state, WindowState::Stopping);
+    assert_eq!(rec.windows[0].next_action_at, Some(w.clock.get()));
+    assert_eq!(rec.due_at(), Some(w.clock.get()));
+    let expiring = w.events.published_of("Capacity Reservation Expiring");
+    assert_eq!(expiring.len(), 1);
+    assert_eq!(expiring[0].detail["reservation_ids"], json!(["cr-first"]));
+    // AND the answer lists what it stopped
+    let applied = &w.events.published_of("Capacity Cancellation Applied")[0].detail;
+    assert_eq!(applied["status_before"], "Active");
+    assert_eq!(applied["stopped_windows"][0]["reservation_id"], "cr-first");
+    assert!(
+        w.events
+            .published_of("Capacity Cancellation Refused")
+            .is_empty()
+    );
+    // AND it is answered once: the same event again changes nothing
+    w.purchaser(CAPS)
+        .handle(cancel_with("r1", "c1", true))
+        .await
+        .unwrap();
+    assert_eq!(
+        w.events.published_of("Capacity Cancellation Applied").len(),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancellation_with_stop_running_while_searching_cancels_and_stops_the_kept_block() {
+    let w = World::new();
+    holding(&w, RequestStatus::Searching, WindowState::Running);
+    w.purchaser(CAPS)
+        .handle(cancel_with("r1", "c1", true))
+        .await
+        .unwrap();
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Cancelled, "{}", rec.reason);
+    assert_eq!(rec.windows[0].state, WindowState::Stopping);
+    let applied = &w.events.published_of("Capacity Cancellation Applied")[0].detail;
+    assert_eq!(applied["stopped_windows"][0]["reservation_id"], "cr-first");
+    assert_eq!(applied["kept_windows"], json!([]));
+    assert_eq!(
+        w.events.published_of("Capacity Reservation Expiring").len(),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_requests_kept_window_is_stopped_only_by_stop_running() {
+    // GIVEN a Failed request whose kept block still runs
+    let w = World::new();
+    holding(&w, RequestStatus::Failed, WindowState::Running);
+    // WHEN a plain cancellation comes: refused, naming stop_running; the window runs on
+    w.purchaser(CAPS)
+        .handle(cancel_with("r1", "c1", false))
+        .await
+        .unwrap();
+    let refused = &w.events.published_of("Capacity Cancellation Refused")[0].detail;
+    assert!(
+        refused["reason"].as_str().unwrap().contains("stop_running"),
+        "{refused:#}"
+    );
+    assert_eq!(window_state(&w), WindowState::Running);
+    // WHEN one with stop_running comes: the window is stopped, the request stays Failed
+    w.purchaser(CAPS)
+        .handle(cancel_with("r1", "c2", true))
+        .await
+        .unwrap();
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Failed);
+    assert_eq!(rec.windows[0].state, WindowState::Stopping);
+    let applied = &w.events.published_of("Capacity Cancellation Applied")[0].detail;
+    assert_eq!(applied["status_before"], "Failed");
+    assert_eq!(applied["stopped_windows"][0]["window"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancellation_with_nothing_left_to_stop_is_refused_saying_so() {
+    // GIVEN a request whose only window has ended
+    let w = World::new();
+    holding(&w, RequestStatus::Ended, WindowState::Ended);
+    for (i, stop) in [false, true].into_iter().enumerate() {
+        w.purchaser(CAPS)
+            .handle(cancel_with("r1", &format!("c{i}"), stop))
+            .await
+            .unwrap();
+    }
+    let refused = w.events.published_of("Capacity Cancellation Refused");
+    assert_eq!(refused.len(), 2);
+    for r in &refused {
+        let why = r.detail["reason"].as_str().unwrap();
+        assert!(why.contains("nothing is left to stop"), "{why}");
+        assert!(why.contains("stop_running"), "{why}");
+    }
+    assert!(
+        w.events
+            .published_of("Capacity Cancellation Applied")
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stop_running_cancellation_kept_for_a_pending_payment_stops_the_block_once_paid() {
+    // GIVEN r1's block bought, its payment pending, and a cancellation with stop_running
+    let w = World::new();
+    let (p, cr) = bought(&w).await;
+    p.handle(cancel_with("r1", "c1", true)).await.unwrap();
+    assert!(record(&w, "r1").cancel.as_ref().unwrap().stop_running);
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    // WHEN the payment is taken
+    w.market
+        .set_reservation_state(&cr, ReservationState::Scheduled);
+    w.clock.set(record(&w, "r1").next_action_at.unwrap());
+    p.handle(tick("t1")).await.unwrap();
+    // THEN it is applied by stopping the block's window, answered once with what it stopped,
+    // and cleared
+    let rec = record(&w, "r1");
+    assert_eq!(
+        rec.windows[0].state,
+        WindowState::Stopping,
+        "{}",
+        rec.reason
+    );
+    assert_eq!(rec.status, RequestStatus::Draining);
+    assert!(rec.cancel.is_none());
+    let applied = w.events.published_of("Capacity Cancellation Applied");
+    assert_eq!(applied.len(), 1);
+    assert_eq!(
+        applied[0].detail["stopped_windows"][0]["reservation_id"],
+        cr
+    );
+    assert!(
+        w.events
+            .published_of("Capacity Cancellation Refused")
+            .is_empty()
+    );
 }

@@ -11,7 +11,7 @@ mod item;
 mod seen;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use aws_sdk_dynamodb::Client;
@@ -26,9 +26,10 @@ use self::error::{Call, Committed, permanent, sdk_error, transaction_result, tra
 use self::expr::Expr;
 use self::item::{
     AFTER_OFFERS, HIST_PREFIX, Item, LEDGER_SK, META_SK, Meta, OFFER_PREFIX, RES_PREFIX, Read,
-    SLOT_PREFIX, TOMBSTONE_SK, WORK_INDEX, WORK_PARTITION, archive_at, attr, budget_pk,
-    epoch_micros, event_sk, history_sk, is_expired, json, key, kind, n, offer_sk, outbox_sk,
-    read_meta, request_pk, reservation_sk, s, slot_key, time, workload_sk,
+    SLOT_PREFIX, TOMBSTONE_SK, UPGRADE_PK, WINDOW_TTL_UPGRADE, WORK_INDEX, WORK_PARTITION,
+    archive_at, attr, budget_pk, epoch_micros, event_sk, history_sk, is_expired, is_gone, json,
+    keeps_live_window, key, kind, n, offer_sk, outbox_sk, read_meta, request_pk, reservation_sk, s,
+    slot_key, time, workload_sk,
 };
 use self::seen::{Seen, Write};
 use crate::aws::clock::SystemClock;
@@ -67,6 +68,8 @@ pub struct DynamoStore {
     /// Each transaction's `ClientRequestToken` (ARCHITECTURE §8.12): the SDK would draw one
     /// from the OS's randomness; ours comes from the id source, random in production.
     ids: SharedIds,
+    /// [`Store::unarchive_live_windows`] is known done: a warm process asks the table once.
+    upgraded: Arc<AtomicBool>,
 }
 
 impl DynamoStore {
@@ -114,6 +117,7 @@ impl DynamoStore {
             writes: Arc::new(AtomicU64::new(0)),
             seen: Arc::new(Mutex::new(Seen::default())),
             ids: Arc::new(RandomIds),
+            upgraded: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -701,7 +705,7 @@ impl DynamoStore {
 
     async fn read_meta(&self, request_id: &str) -> Result<Option<Meta>, PortError> {
         match self.get(key(request_pk(request_id), META_SK)).await? {
-            Some(item) if !is_expired(&item, self.now()) => Ok(Some(read_meta(&item)?)),
+            Some(item) if !is_gone(&item, self.now()) => Ok(Some(read_meta(&item)?)),
             _ => Ok(None),
         }
     }
@@ -796,6 +800,81 @@ impl DynamoStore {
                         .is_some_and(|se| se.is_conditional_check_failed_exception()) => {}
                 Err(err) => return Err(sdk_error("UpdateItem", err, Call::Write)),
             }
+        }
+        Ok(())
+    }
+
+    /// One conditional UpdateItem removing an item's TTL: false when its condition did not
+    /// hold (gone, or changed since it was read).
+    async fn remove_ttl(&self, k: Item, mut u: Expr) -> Result<bool, PortError> {
+        u.remove(attr::EXPIRES_AT);
+        let pkn = u.name(attr::PK);
+        u.condition(format!("attribute_exists({pkn})"));
+        let write = seen::key_of(&k).map(Write::Update);
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(k))
+            .set_update_expression(u.update_expression())
+            .set_condition_expression(u.condition_expression())
+            .set_expression_attribute_names(u.names())
+            .set_expression_attribute_values(u.values())
+            .send()
+            .await;
+        if let Some(w) = write {
+            self.wrote_one(w, result.is_ok());
+        }
+        match result {
+            Ok(_) => Ok(true),
+            Err(err)
+                if err
+                    .as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Ok(false)
+            }
+            Err(err) => Err(sdk_error("UpdateItem", err, Call::Write)),
+        }
+    }
+
+    /// Removes the TTL from the request of `meta` (a META item as the `work` index has it)
+    /// and from the children an ending write archived (candidates, reservations, workloads,
+    /// history); processed events and outbox items keep theirs. META only while its windows
+    /// are as read: a write since then set its TTL by the rule already.
+    async fn unarchive(&self, meta: &Item) -> Result<(), PortError> {
+        let r = Read::new(meta);
+        let request_id = r.str(attr::REQUEST_ID)?.to_string();
+        let pk_value = request_pk(&request_id);
+        let mut e = Expr::new();
+        let pkn = e.name(attr::PK);
+        let pv = e.value(s(pk_value.clone()));
+        for item in self.query(None, e, format!("{pkn} = {pv}")).await? {
+            let Some(AttributeValue::S(sk)) = item.get(attr::SK) else {
+                continue;
+            };
+            let archived_child = [
+                kind::OFFER,
+                kind::RESERVATION,
+                kind::WORKLOAD,
+                kind::HISTORY,
+            ]
+            .iter()
+            .any(|k| matches!(item.get(attr::KIND), Some(AttributeValue::S(v)) if v == k));
+            if !item.contains_key(attr::EXPIRES_AT) || !(sk == META_SK || archived_child) {
+                continue;
+            }
+            let mut u = Expr::new();
+            if sk == META_SK {
+                let windows = meta
+                    .get(attr::WINDOWS)
+                    .cloned()
+                    .ok_or_else(|| self::error::corrupt(format!("{request_id}: no windows")))?;
+                let (wn, wv) = (u.name(attr::WINDOWS), u.value(windows));
+                u.condition(format!("{wn} = {wv}"));
+            }
+            self.remove_ttl(key(pk_value.clone(), sk.clone()), u)
+                .await?;
         }
         Ok(())
     }
@@ -1137,7 +1216,7 @@ impl Store for DynamoStore {
         else {
             return Ok(None);
         };
-        if is_expired(meta_item, self.now()) {
+        if is_gone(meta_item, self.now()) {
             return Ok(None);
         }
         let Meta {
@@ -2067,6 +2146,74 @@ impl Store for DynamoStore {
             .map(drop)
     }
 
+    async fn unarchive_live_windows(&self, at: DateTime<Utc>) -> Result<Option<usize>, PortError> {
+        if self.upgraded.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let marker = key(UPGRADE_PK.to_string(), WINDOW_TTL_UPGRADE);
+        if self.get(marker.clone()).await?.is_some() {
+            self.upgraded.store(true, Ordering::Relaxed);
+            return Ok(None);
+        }
+        // Every request a tick can reach is in the `work` index: a window not ended keeps
+        // its request there (its next action, or what may run).
+        let mut e = Expr::new();
+        let gp = e.name(attr::GSI_PART);
+        let pv = e.value(s(WORK_PARTITION));
+        let mut upgraded = 0;
+        for i in self
+            .query(Some(WORK_INDEX), e, format!("{gp} = {pv}"))
+            .await?
+        {
+            let r = Read::new(&i);
+            if r.str(attr::SK)? != META_SK
+                || !i.contains_key(attr::EXPIRES_AT)
+                || !keeps_live_window(&i)
+            {
+                continue;
+            }
+            self.unarchive(&i).await?;
+            tracing::info!(
+                request_id = r.str(attr::REQUEST_ID)?,
+                "upgrade: a terminal request holding a window not ended keeps no TTL"
+            );
+            upgraded += 1;
+        }
+        let mut item = marker;
+        item.insert(attr::KIND.into(), s(kind::UPGRADE));
+        item.insert(attr::CREATED_AT.into(), time(at));
+        item.insert(
+            attr::REASON.into(),
+            s(format!(
+                "removed the TTL of {upgraded} terminal request(s) holding a window not ended \
+                 (ARCHITECTURE 9.1)"
+            )),
+        );
+        let mut c = Expr::new();
+        let pkn = c.name(attr::PK);
+        c.condition(format!("attribute_not_exists({pkn})"));
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .set_condition_expression(c.condition_expression())
+            .set_expression_attribute_names(c.names())
+            .send()
+            .await;
+        match result {
+            Ok(_) => {}
+            // Another invocation recorded it first: the same pass, done twice, harmlessly.
+            Err(err)
+                if err
+                    .as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) => {}
+            Err(err) => return Err(sdk_error("PutItem", err, Call::Write)),
+        }
+        self.upgraded.store(true, Ordering::Relaxed);
+        Ok(Some(upgraded))
+    }
+
     async fn agenda(&self, now: DateTime<Utc>) -> Result<Agenda, PortError> {
         let mut a = self.read_work(now.timestamp()).await?;
         // The index holds whole seconds; `next_action_at` is exact.
@@ -2115,7 +2262,7 @@ impl DynamoStore {
         let wall = self.now();
         let mut a = Agenda::default();
         for i in self.query(Some(WORK_INDEX), e, cond).await? {
-            if is_expired(&i, wall) {
+            if is_gone(&i, wall) {
                 continue;
             }
             let r = Read::new(&i);
