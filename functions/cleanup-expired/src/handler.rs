@@ -386,10 +386,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
     }
 
     fn drain_lead(&self, rec: &RequestRecord) -> DrainLead {
-        DrainLead {
-            requested_minutes: rec.request.drain_minutes,
-            default_minutes: self.config.default_drain_minutes,
-        }
+        DrainLead::of(&rec.request, self.config.default_drain_minutes)
     }
 
     /// Stops what runs in the window `w` ahead of its forced termination and marks it

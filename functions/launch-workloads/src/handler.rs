@@ -342,10 +342,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
     }
 
     fn drain_lead(&self, rec: &RequestRecord) -> DrainLead {
-        DrainLead {
-            requested_minutes: rec.request.drain_minutes,
-            default_minutes: self.config.default_drain_minutes,
-        }
+        DrainLead::of(&rec.request, self.config.default_drain_minutes)
     }
 
     // ---- on-demand-first ----------------------------------------------------------------

@@ -273,10 +273,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         // whatever the request's status (a split's kept block runs while its replacement is
         // searched for).
         let held = self.store.reservations(id).await?;
-        let lead = DrainLead {
-            requested_minutes: rec.request.drain_minutes,
-            default_minutes: self.config.default_drain_minutes,
-        };
+        let lead = DrainLead::of(&rec.request, self.config.default_drain_minutes);
         let running: BTreeSet<String> = window::windows(&held, &rec.windows, lead)
             .into_iter()
             .filter(|w| {

@@ -156,6 +156,20 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                     _ => continue,
                 }
             }
+            // A second delivery of a cancellation this request already applied (EventBridge
+            // delivers at least once) is not answered again: a Refused after its Applied
+            // would contradict it.
+            if self.applied_already(&id, cause).await? {
+                out.decisions.push(Decision::new(
+                    &id,
+                    "duplicate",
+                    format!(
+                        "cancellation event {} was applied already; its answer stands",
+                        cause.event_id
+                    ),
+                ));
+                return Ok(());
+            }
             let kept = window::listed(&undrained);
             let why = if kept.is_empty() {
                 format!(
@@ -429,6 +443,18 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             reason,
         ));
         Ok(w)
+    }
+
+    /// Whether a write caused by this cancellation event (or one of its steps) is in the
+    /// request's history. Read only on the way to a refusal.
+    async fn applied_already(&self, id: &RequestId, cause: &Cause) -> Result<bool, PortError> {
+        let step = format!("{}#", cause.event_id);
+        Ok(self
+            .store
+            .history(id)
+            .await?
+            .iter()
+            .any(|h| h.cause == cause.event_id || h.cause.starts_with(&step)))
     }
 
     async fn refuse_cancel(

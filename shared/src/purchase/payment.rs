@@ -276,6 +276,13 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 format!("; too late to search again (the deadline was {deadline})"),
             )
         };
+        // A cancellation kept for these payments is answered by the next check once every
+        // payment left is taken: it must come (before, a request that kept others stayed
+        // Reserved with no check due, its cancellation never answered).
+        let next = match (to, next, &rec.cancel) {
+            (RequestStatus::Reserved, None, Some(_)) => Some(now),
+            _ => next,
+        };
         let mut reason = format!("{}{then}", what.join("; "));
         if !notes.is_empty() {
             reason.push_str(&format!(" ({})", notes.join("; ")));

@@ -951,6 +951,103 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
         }
     }
 
+    // Every cancellation is answered (ARCHITECTURE §8.3): each one handled is followed by a
+    // `Capacity Cancellation Applied` or `Refused` for its request (one kept answers every
+    // cancellation kept meanwhile with one answer, after them all).
+    for d in sim
+        .delivered
+        .iter()
+        .filter(|d| d.handled && d.event["detail-type"] == "Capacity Request Cancelled")
+    {
+        let id = d.event["detail"]["request_id"].as_str().unwrap_or_default();
+        // From its first delivery: an attempt that failed after its write committed may have
+        // answered it already.
+        let first = sim
+            .delivered
+            .iter()
+            .filter(|e| e.event["id"] == d.event["id"])
+            .map(|e| e.at)
+            .min()
+            .unwrap_or(d.at);
+        let at = first - TimeDelta::seconds(1);
+        let answered = bus.iter().any(|e| {
+            matches!(
+                e["detail-type"].as_str(),
+                Some("Capacity Cancellation Applied" | "Capacity Cancellation Refused")
+            ) && e["detail"]["request_id"] == id
+                && time(&e["time"]).is_some_and(|t| t >= at)
+        });
+        if !answered {
+            out.push(format!(
+                "every cancellation is answered: {id}'s cancellation delivered at {} has no \
+                 answer",
+                d.at
+            ));
+        }
+    }
+    // A paid window runs to its drain unless `stop_running` stopped it (ARCHITECTURE §9.1):
+    // a drain before the window's drain start names a window a `Capacity Cancellation
+    // Applied` listed in `stopped_windows`; and every window so listed is drained.
+    let stopped = |id: &str, res: &str, number: u64| {
+        ours(&bus, "Capacity Cancellation Applied", id)
+            .iter()
+            .any(|e| {
+                e["detail"]["stopped_windows"].as_array().is_some_and(|ws| {
+                    ws.iter()
+                        .any(|w| w["reservation_id"] == res && w["window"] == number)
+                })
+            })
+    };
+    for r in recs.values() {
+        let id = r.request_id.as_str();
+        let held = reservations.get(&r.request_id).cloned().unwrap_or_default();
+        let lead = capacity_pilot::domain::window::DrainLead::of(
+            &r.request,
+            capacity_pilot::config::DEFAULT_DRAIN_MINUTES,
+        );
+        let windows = capacity_pilot::domain::window::windows(&held, &r.windows, lead);
+        for e in ours(&bus, "Capacity Workload Drained", id) {
+            let res = e["detail"]["reservation_id"].as_str().unwrap_or_default();
+            let number = e["detail"]["segment"].as_u64().unwrap_or_default();
+            let Some(w) = windows
+                .iter()
+                .find(|w| w.reservation.id == res && u64::from(w.number) == number)
+            else {
+                continue;
+            };
+            let Some(drained_at) = time(&e["detail"]["drained_at"]) else {
+                continue;
+            };
+            if drained_at + TimeDelta::minutes(1) < w.drain_at && !stopped(id, res, number) {
+                out.push(format!(
+                    "a paid window is served to its drain: {id}'s window {number} ({res}) was \
+                     drained at {drained_at}, before its drain start at {}, and no \
+                     stop_running asked it",
+                    w.drain_at
+                ));
+            }
+        }
+        for e in ours(&bus, "Capacity Cancellation Applied", id) {
+            for w in e["detail"]["stopped_windows"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                let drained = ours(&bus, "Capacity Workload Drained", id).iter().any(|d| {
+                    d["detail"]["reservation_id"] == w["reservation_id"]
+                        && d["detail"]["segment"] == w["window"]
+                });
+                if !drained {
+                    out.push(format!(
+                        "stop_running stops through the ordinary drain: {id}'s window {} ({}) \
+                         was listed stopped but never drained",
+                        w["window"], w["reservation_id"]
+                    ));
+                }
+            }
+        }
+    }
+
     // Inbound events judged as delivered.
     for planned in &sim.scenario.requests {
         let id = planned.detail["request_id"].as_str().unwrap_or_default();
@@ -1004,8 +1101,12 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
                 s.id, s.created
             ));
         }
-        // Cancelled before any purchase, it ends cancelled, unless it had ended by then.
-        if bought.is_empty() && r.status != RequestStatus::Cancelled {
+        // Cancelled before any purchase, it ends cancelled, unless it had ended by then. A
+        // stray it adopted counts as bought: the harness bought it, but the request holds it.
+        let adopted = reservations
+            .get(&r.request_id)
+            .is_some_and(|held| held.iter().any(|x| is_stray(sim, &x.id)));
+        if bought.is_empty() && !adopted && r.status != RequestStatus::Cancelled {
             let history = sim.store.history(&r.request_id).await.unwrap_or_default();
             if !history.iter().any(|h| h.to.is_terminal() && h.at <= tc) {
                 out.push(format!(
@@ -1030,6 +1131,14 @@ pub fn reached(sim: &Sim) -> BTreeSet<String> {
         .any(|e| e["detail-type"] == "Capacity Workload Drained" && e["detail"]["late"] == true)
     {
         out.insert("a late drain was published".to_string());
+    }
+    if sim.cloud.events(BUS).iter().any(|e| {
+        e["detail-type"] == "Capacity Cancellation Applied"
+            && e["detail"]["stopped_windows"]
+                .as_array()
+                .is_some_and(|w| !w.is_empty())
+    }) {
+        out.insert("stop_running stopped a paid window".to_string());
     }
     for s in counted(sim).iter() {
         out.insert(format!(

@@ -244,6 +244,8 @@ pub struct Sim {
     legacy: BTreeSet<String>,
     /// The requests cancelled while holding a paid window ([`Scenario::cancel_kept`]).
     cancelled_kept: BTreeSet<String>,
+    /// The requests whose running window was asked stopped ([`Scenario::stop_running`]).
+    stop_asked: BTreeSet<String>,
     /// purchase-capacity's purchase calls in the batch running.
     purchase_calls: PurchaseCalls,
     /// Each request's purchase lease token as last seen, to judge each new lease when written.
@@ -630,6 +632,7 @@ impl Sim {
             refusing,
             legacy: BTreeSet::new(),
             cancelled_kept: BTreeSet::new(),
+            stop_asked: BTreeSet::new(),
             purchase_calls,
             leases: BTreeMap::new(),
             lease_times: Vec::new(),
@@ -1018,6 +1021,7 @@ impl Sim {
             }
             self.note_leases(now);
             self.cancel_kept();
+            self.stop_running();
             let mut problems = std::mem::take(&mut self.problems);
             problems.extend(checks::per_step(self));
             if !problems.is_empty() {
@@ -1722,11 +1726,50 @@ impl Sim {
         }
     }
 
+    /// Whether the requester of `id` asks `stop_running` ([`Scenario::stop_running`]).
+    fn stops(&self, id: &str) -> bool {
+        self.scenario
+            .stop_running
+            .iter()
+            .any(|&i| self.scenario.requests[i].detail["request_id"] == id)
+    }
+
+    /// [`Scenario::stop_running`]: a request whose paid window runs, in whatever status, is
+    /// cancelled with `stop_running: true` by its requester, once.
+    fn stop_running(&mut self) {
+        if self.scenario.stop_running.is_empty() {
+            return;
+        }
+        for r in self.store.records() {
+            let id = r.request_id.to_string();
+            if self.stops(&id)
+                && r.windows.iter().any(|w| w.state == WindowState::Running)
+                && self.stop_asked.insert(id.clone())
+            {
+                self.reached
+                    .insert("stop_running was asked of a running window".to_string());
+                self.trace(format!(
+                    "requester stops {id}'s running windows ({})",
+                    r.status
+                ));
+                self.put(
+                    SOURCE,
+                    "Capacity Request Cancelled",
+                    &json!({"request_id": id, "reason": "done early", "stop_running": true}),
+                );
+            }
+        }
+    }
+
     /// A paid window is served to its drain, whatever becomes of its request (ARCHITECTURE
     /// §9.1): the orphan sweep never terminates an instance in a reservation whose window of
     /// its request has not begun its drain. Also notes a request over (failed, rejected,
     /// cancelled) whose window is launched or drained.
     fn judge_served(&mut self, function: &str, d: &capacity_pilot::decision::Decision) {
+        if matches!(d.action, "failed" | "rejected" | "cancelled") {
+            self.note_ended_holding(function, d);
+            return;
+        }
         if !matches!(d.action, "swept" | "launched" | "drained" | "draining") {
             return;
         }
@@ -1780,6 +1823,32 @@ impl Sim {
                 ));
             }
         }
+    }
+
+    /// ARCHITECTURE §9.1's N1 paths: which write made a request terminal while it held a
+    /// paid window not ended, for the generators' reach check.
+    fn note_ended_holding(&mut self, function: &str, d: &capacity_pilot::decision::Decision) {
+        let Some(rec) = self.store.record_of(&d.request_id) else {
+            return;
+        };
+        if !rec.status.is_terminal()
+            || rec.status == RequestStatus::Ended
+            || rec.windows.iter().all(|w| w.state == WindowState::Ended)
+        {
+            return;
+        }
+        let path = match (function, d.action) {
+            (_, "cancelled") => "cancelled",
+            (_, "rejected") => "rejected by its approver",
+            ("launch-workloads", _) => "failed: a launch refused",
+            ("search-offerings", _) if d.reason.contains("cap") => "failed: over its cap",
+            ("search-offerings", _) => "failed: its search refused",
+            (_, _) if d.reason.contains("cap") => "failed: over its cap",
+            ("purchase-capacity", _) => "failed: its purchase refused",
+            _ => "failed",
+        };
+        self.reached
+            .insert(format!("a request holding a paid window was {path}"));
     }
 
     /// Records how an invocation came out (`began`: its handler ran, whatever it came to),

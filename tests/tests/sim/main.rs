@@ -211,6 +211,9 @@ const MUST_REACH: &[&str] = &[
     "a request holding a paid window was cancelled",
     "a window of a request over was launched",
     "a window of a request over was drained",
+    // ARCHITECTURE §9.1: stopping paid workloads early is an explicit ask
+    "stop_running was asked of a running window",
+    "stop_running stopped a paid window",
 ];
 
 /// `make test`'s seeds: the range of seeds.txt, on both cores, every promise kept, every

@@ -241,6 +241,10 @@ pub struct Scenario {
     /// cancellable (a split's kept block while its replacement is searched for): the window
     /// is served to its drain all the same (ARCHITECTURE §9.1).
     pub cancel_kept: bool,
+    /// The requests (by index) whose requester asks `stop_running: true` as soon as a paid
+    /// window of theirs runs: the window is stopped through its ordinary drain, early, and
+    /// only then (ARCHITECTURE §9.1).
+    pub stop_running: Vec<usize>,
     /// Strays, bought by the harness when their request first waits to be purchased.
     pub strays: Vec<PlannedStray>,
     pub outages: Vec<Outage>,
@@ -556,6 +560,8 @@ impl Scenario {
         let refuse_later_block = r.chance(30);
         let legacy_doubt = r.chance(15);
         let cancel_kept = r.chance(50);
+        // Drawn last, so the draws above stay what each seed drew before.
+        let stop_running = (0..requests.len()).filter(|_| r.chance(20)).collect();
         Scenario {
             seed,
             team_budgets,
@@ -575,6 +581,7 @@ impl Scenario {
             refuse_later_block,
             legacy_doubt,
             cancel_kept,
+            stop_running,
             strays,
             outages,
             concurrent_duplicates,

@@ -1694,13 +1694,48 @@ async fn a_cancellation_with_stop_running_hands_an_active_requests_window_to_its
             .published_of("Capacity Cancellation Refused")
             .is_empty()
     );
-    // AND it is answered once: the same event again changes nothing
+    // AND it is answered once: the same event again changes nothing, and is not refused
+    // (before: a Refused, "nothing is left to stop", after its Applied)
     w.purchaser(CAPS)
         .handle(cancel_with("r1", "c1", true))
         .await
         .unwrap();
     assert_eq!(
         w.events.published_of("Capacity Cancellation Applied").len(),
+        1
+    );
+    assert!(
+        w.events
+            .published_of("Capacity Cancellation Refused")
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancellation_delivered_again_after_it_was_applied_is_not_refused() {
+    // GIVEN a cancellation applied (the request Cancelled)
+    let w = World::new();
+    holding(&w, RequestStatus::Searching, WindowState::Running);
+    let p = w.purchaser(CAPS);
+    p.handle(cancel_with("r1", "c1", false)).await.unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::Cancelled);
+    // WHEN EventBridge delivers it again
+    p.handle(cancel_with("r1", "c1", false)).await.unwrap();
+    // THEN its one answer stands: no Refused contradicts the Applied (before: a Refused,
+    // "the request is Cancelled", followed)
+    assert_eq!(
+        w.events.published_of("Capacity Cancellation Applied").len(),
+        1
+    );
+    assert!(
+        w.events
+            .published_of("Capacity Cancellation Refused")
+            .is_empty()
+    );
+    // AND another cancellation, a new event, is answered
+    p.handle(cancel_with("r1", "c2", false)).await.unwrap();
+    assert_eq!(
+        w.events.published_of("Capacity Cancellation Refused").len(),
         1
     );
 }
