@@ -583,6 +583,10 @@ pub struct CancelNote {
     /// payment it waits for is taken, it stops the windows bought meanwhile.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stop_running: bool,
+    /// The windows it stopped when it came (a purchase under way held others): its answer
+    /// lists them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stopped: Vec<crate::domain::window::KeptWindow>,
 }
 
 /// An `on-demand-first` request's run on demand or spot (ARCHITECTURE §4, §8.3): which

@@ -1257,6 +1257,7 @@ async fn a_cancellation_kept_during_a_purchase_refuses_a_release_that_would_pass
             event_id: event.into(),
             found: None,
             stop_running: false,
+            stopped: vec![],
         }),
         reason: "buying; cancellation kept".into(),
         next_action_at: Some(t0() + Duration::minutes(15)),

@@ -339,6 +339,7 @@ async fn play(seed: u64, steps: usize, reached: &mut Reached) {
                             event_id: cause.clone(),
                             found: Some(r.status),
                             stop_running: false,
+                            stopped: vec![],
                         })
                     }
                     8 | 9 => t = t.with_windows(windows(&mut rng, now)),
@@ -437,6 +438,7 @@ async fn play(seed: u64, steps: usize, reached: &mut Reached) {
                         event_id: cause.clone(),
                         found: None,
                         stop_running: false,
+                        stopped: vec![],
                     }),
                     reason: format!("step {step}: cancellation kept"),
                     next_action_at: next(&mut rng),

@@ -536,7 +536,12 @@ pub fn ending_events(
             status_before: Some(before),
             reason: reason.to_string(),
             kept_windows: kept_windows.clone(),
-            stopped_windows: vec![],
+            // What a kept cancellation with `stop_running` stopped when it came.
+            stopped_windows: rec
+                .cancel
+                .as_ref()
+                .map(|c| c.stopped.clone())
+                .unwrap_or_default(),
         }));
     }
     out.push(outbound(&RequestFailed {

@@ -50,6 +50,9 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 )
                 .await;
         };
+        // The windows this invocation stopped before keeping the cancellation (during a
+        // purchase): its answer, when it comes, lists them.
+        let mut stopped_first: Vec<KeptWindow> = Vec::new();
         for _ in 0..CANCEL_ATTEMPTS {
             let Some(rec) = self.store.get_request(&id).await? else {
                 // Its submission may be on its way (EventBridge does not order deliveries):
@@ -131,14 +134,23 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                         .stop_windows(&rec, &all, stop, None, cause, now, out)
                         .await?
                     {
+                        WriteOutcome::Applied { .. } => {
+                            stopped_first = window::listed(stop);
+                            continue;
+                        }
                         WriteOutcome::DuplicateEvent => {}
                         _ => continue,
                     }
                 }
-                match self
-                    .keep_cancel(&rec, keep, &reason, c.stop_running, cause, now, out)
-                    .await?
-                {
+                let note = CancelNote {
+                    reason: reason.clone(),
+                    at: now,
+                    event_id: cause.event_id.clone(),
+                    found: None,
+                    stop_running: c.stop_running,
+                    stopped: stopped_first.clone(),
+                };
+                match self.keep_cancel(&rec, keep, note, cause, now, out).await? {
                     Kept::Yes => return Ok(()),
                     Kept::Conflict => continue,
                 }
@@ -147,6 +159,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 let answer = Answer {
                     reason: &reason,
                     status_before: rec.status,
+                    stopped_before: &[],
                 };
                 match self
                     .stop_windows(&rec, &all, stop, Some(answer), cause, now, out)
@@ -226,6 +239,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             event_id: cause.event_id.clone(),
             found: Some(rec.status),
             stop_running: false,
+            stopped: vec![],
         };
         let why = format!(
             "{reason}: stopping what runs on demand, then settling the hours it ran; the \
@@ -343,8 +357,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         &self,
         rec: &RequestRecord,
         keep: Keep,
-        reason: &str,
-        stop_running: bool,
+        note: CancelNote,
         cause: &Cause,
         now: DateTime<Utc>,
         out: &mut Outcome,
@@ -363,18 +376,13 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             ));
             return Ok(Kept::Yes);
         }
+        let reason = format!("{}; {}, kept: {what}", rec.reason, note.reason);
         let k = KeepCancellation {
             request_id: id.clone(),
             expected_version: rec.version,
             status: rec.status,
-            note: Some(CancelNote {
-                reason: reason.to_string(),
-                at: now,
-                event_id: cause.event_id.clone(),
-                found: None,
-                stop_running,
-            }),
-            reason: format!("{}; {reason}, kept: {what}", rec.reason),
+            note: Some(note),
+            reason,
             next_action_at: next,
             at: now,
             caused_by: cause.clone(),
@@ -421,7 +429,12 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                     status_before: Some(a.status_before),
                     reason: reason.clone(),
                     kept_windows: vec![],
-                    stopped_windows: window::listed(stop),
+                    stopped_windows: a
+                        .stopped_before
+                        .iter()
+                        .cloned()
+                        .chain(window::listed(stop))
+                        .collect(),
                 }));
                 reason
             }
@@ -509,6 +522,8 @@ struct Keep {
 pub(crate) struct Answer<'a> {
     pub reason: &'a str,
     pub status_before: RequestStatus,
+    /// What it stopped before (kept, and applied now): listed first.
+    pub stopped_before: &'a [KeptWindow],
 }
 
 /// "stopping window 1 (cr-1, running) drains at …": what `stop_running` stops.

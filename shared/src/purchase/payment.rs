@@ -375,6 +375,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         let answer = Answer {
             reason: &reason,
             status_before: c.found.unwrap_or(rec.status),
+            stopped_before: &c.stopped,
         };
         let w = self
             .stop_windows(rec, &all, &stop, Some(answer), cause, now, out)

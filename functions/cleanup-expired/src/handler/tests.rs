@@ -898,6 +898,7 @@ async fn a_launch_landing_after_a_cancellations_first_stop_is_stopped_before_the
         event_id: "cancel".into(),
         found: Some(RequestStatus::TryingOnDemand),
         stop_running: false,
+        stopped: vec![],
     });
     w.store.transition(cancel).await.unwrap();
     w.instance("i-1", "r-1", None, true);
