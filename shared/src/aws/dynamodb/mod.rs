@@ -81,21 +81,28 @@ impl DynamoStore {
         event_key: &str,
         e: &Expr,
     ) -> Result<bool, PortError> {
+        self.conditional_update(key(request_pk(request_id), outbox_sk(event_key)), e)
+            .await
+    }
+
+    /// One conditional UpdateItem on the item `k`: true when applied, false when its
+    /// condition did not hold. What this run read of the item is forgotten either way.
+    async fn conditional_update(&self, k: Item, e: &Expr) -> Result<bool, PortError> {
+        let written = seen::key_of(&k).map(Write::Update);
         let result = self
             .client
             .update_item()
             .table_name(&self.table)
-            .set_key(Some(key(request_pk(request_id), outbox_sk(event_key))))
+            .set_key(Some(k))
             .set_update_expression(e.update_expression())
             .set_condition_expression(e.condition_expression())
             .set_expression_attribute_names(e.names())
             .set_expression_attribute_values(e.values())
             .send()
             .await;
-        self.wrote_one(
-            Write::Update((request_pk(request_id), outbox_sk(event_key))),
-            false,
-        );
+        if let Some(w) = written {
+            self.wrote_one(w, false);
+        }
         match result {
             Ok(_) => Ok(true),
             Err(err)
@@ -810,32 +817,7 @@ impl DynamoStore {
         u.remove(attr::EXPIRES_AT);
         let pkn = u.name(attr::PK);
         u.condition(format!("attribute_exists({pkn})"));
-        let write = seen::key_of(&k).map(Write::Update);
-        let result = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(k))
-            .set_update_expression(u.update_expression())
-            .set_condition_expression(u.condition_expression())
-            .set_expression_attribute_names(u.names())
-            .set_expression_attribute_values(u.values())
-            .send()
-            .await;
-        if let Some(w) = write {
-            self.wrote_one(w, result.is_ok());
-        }
-        match result {
-            Ok(_) => Ok(true),
-            Err(err)
-                if err
-                    .as_service_error()
-                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
-            {
-                Ok(false)
-            }
-            Err(err) => Err(sdk_error("UpdateItem", err, Call::Write)),
-        }
+        self.conditional_update(k, &u).await
     }
 
     /// Removes the TTL from the request of `meta` (a META item as the `work` index has it)
