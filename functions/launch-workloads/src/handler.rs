@@ -337,7 +337,12 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 ));
                 Ok(())
             }
-            Launch::Refuse(why) => self.fail(rec, why, Settle::Release, cause, now, out).await,
+            // The refused window ends with the request: no later tick launches into it, and
+            // the request's final event does not list it among what runs on.
+            Launch::Refuse(why) => {
+                self.fail(rec, why, Settle::Release, Some(&w.key), cause, now, out)
+                    .await
+            }
         }
     }
 
@@ -374,6 +379,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                     rec,
                     "the request names no instance type".into(),
                     Settle::Release,
+                    None,
                     cause,
                     now,
                     out,
@@ -390,7 +396,9 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 ),
                 _ => "on-demand-first: the request names no region".to_string(),
             };
-            return self.fail(rec, why, Settle::Release, cause, now, out).await;
+            return self
+                .fail(rec, why, Settle::Release, None, cause, now, out)
+                .await;
         }
         let hours = Decimal::from(req.duration_hours) * Decimal::from(req.instance_count);
         let mut attempts = vec![(ON_DEMAND, self.config.prices.on_demand(instance_type))];
@@ -506,7 +514,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                         // table: another run of this hold may have taken some back).
                         let ran = workload::started_in_hold(&self.store, &rec, label).await?;
                         let settle = brief_spend(cost, ran, req);
-                        return self.fail(&rec, why, settle, cause, now, out).await;
+                        return self.fail(&rec, why, settle, None, cause, now, out).await;
                     }
                     Launch::Starting(why) => {
                         // Stays TryingOnDemand (still due): the next tick looks again, and
@@ -852,18 +860,29 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         Ok(())
     }
 
+    /// The request fails for `reason`; with `refused`, the window whose launch was refused
+    /// ends in the same write.
+    #[allow(clippy::too_many_arguments)]
     async fn fail(
         &self,
         rec: &RequestRecord,
         reason: String,
         settle: Settle,
+        refused: Option<&str>,
         cause: &Cause,
         now: DateTime<Utc>,
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let held = self.store.reservations(&rec.request_id).await?;
+        let all = window::windows(&held, &rec.windows, self.drain_lead(rec));
+        let ended = refused
+            .map(|key| window::records_with(&rec.windows, &all, key, WindowState::Ended, now));
         // What runs on to its drain: this refusal ends the request, not its paid windows.
-        let kept_windows = window::kept(&held, &rec.windows, self.drain_lead(rec));
+        let kept_windows = window::listed(
+            &all.into_iter()
+                .filter(|w| w.state.is_undrained() && Some(w.key.as_str()) != refused)
+                .collect::<Vec<_>>(),
+        );
         let reservation_ids = held
             .into_iter()
             .filter(|r| r.state.is_live())
@@ -890,6 +909,10 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         )
         .with_outbox(vec![outbound(&ev)])
         .settling(settle);
+        let t = match ended {
+            Some(records) => t.with_windows(records),
+            None => t,
+        };
         let written = self.store.transition(t).await?;
         out.decisions.push(Decision::new(
             &rec.request_id,

@@ -571,6 +571,22 @@ async fn a_hyperpod_cluster_without_the_managed_tag_is_refused() {
         failed["reason"].as_str().unwrap().contains("managed"),
         "{failed}"
     );
+    // AND the refused window ends with the request, in the same write: nothing runs on in
+    // it, and the final event lists no window kept
+    assert_eq!(failed["kept_windows"], serde_json::json!([]));
+    let rec = w
+        .store
+        .get_request(&capacity_pilot::fakes::fixtures::request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        rec.windows
+            .iter()
+            .all(|x| x.state == capacity_pilot::domain::window::WindowState::Ended),
+        "{:?}",
+        rec.windows
+    );
 }
 
 fn on_demand_first(id: &str) -> CapacityRequest {

@@ -1850,3 +1850,54 @@ async fn a_stop_running_cancellation_kept_for_a_pending_payment_stops_the_block_
             .is_empty()
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approvers_rejection_of_a_replacement_lists_the_running_block_it_keeps() {
+    // GIVEN a split's replacement awaiting approval while its kept block runs
+    let w = World::new();
+    let mut req = request("r1", "team-a", "5000");
+    req.budget.approval_above = Some(Usd::parse("500").unwrap());
+    w.with_candidate(req, block("cb-2", "1000"));
+    let p = w.purchaser(CAPS);
+    p.handle(found("r1", "e1")).await.unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::AwaitingApproval);
+    let key =
+        w.events.published_of("Capacity Purchase Awaiting Approval")[0].detail["event_key"].clone();
+    let mut rec = record(&w, "r1");
+    let first = block("cb-first", "3000");
+    rec.windows = vec![WindowRecord {
+        key: "cr-first#0".into(),
+        number: 1,
+        state: WindowState::Running,
+        next_action_at: Some(first.segments[0].end - Duration::minutes(45)),
+        updated_at: t0(),
+    }];
+    w.store.insert_record(rec);
+    let mut kept = stray("p5.48xlarge", 2, "3000");
+    kept.id = "cr-first".into();
+    kept.segments = first.segments.clone();
+    w.store
+        .insert_reservation(&capacity_pilot::fakes::fixtures::request_id("r1"), kept);
+
+    // WHEN the approver rejects the replacement
+    p.handle(event(
+        "Capacity Purchase Rejected",
+        "com.example.approvals",
+        "a1",
+        json!({"request_id": "r1", "approver": "bob", "approves": key}),
+    ))
+    .await
+    .unwrap();
+
+    // THEN the request is Rejected, and its final event lists the block that runs on, with
+    // its drain_at (before issue 47 it listed none)
+    assert_eq!(w.status("r1").await, RequestStatus::Rejected);
+    let failed = &w.events.published_of("Capacity Request Failed")[0].detail;
+    assert_eq!(failed["kept_windows"][0]["reservation_id"], "cr-first");
+    assert_eq!(failed["kept_windows"][0]["state"], "running");
+    assert!(
+        failed["kept_windows"][0]["drain_at"].is_string(),
+        "{failed:#}"
+    );
+    assert_eq!(window_state(&w), WindowState::Running);
+}

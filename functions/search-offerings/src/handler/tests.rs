@@ -651,6 +651,12 @@ async fn a_replacement_not_found_by_its_deadline_fails_with_the_kept_block_recor
         reason.contains("replacement segment") && reason.contains("cr-first"),
         "{reason}"
     );
+    // AND it lists the kept block's window, which is still served to its drain
+    assert_eq!(failed["kept_windows"][0]["reservation_id"], "cr-first");
+    assert!(
+        failed["kept_windows"][0]["drain_at"].is_string(),
+        "{failed:#}"
+    );
 }
 
 #[tokio::test]
