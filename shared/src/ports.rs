@@ -1222,6 +1222,10 @@ pub struct Agenda {
     pub live: Vec<LiveRequest>,
     /// Oldest first ([`outbox_seq`]).
     pub outbox: Vec<OutboxItem>,
+    /// The requests read that carry the archival TTL though they are terminal and hold a
+    /// window not ended: written before ARCHITECTURE §9.1, each is due
+    /// [`Store::unarchive`].
+    pub stale_ttl: Vec<RequestId>,
 }
 
 impl Agenda {
@@ -1419,15 +1423,16 @@ pub trait Store: Send + Sync {
         event_key: &str,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
 
-    /// ARCHITECTURE §9.1's upgrade, once per table: removes the archival TTL from every
-    /// terminal request in the `work` index that holds a window not ended (written before
-    /// the rule, when a terminal write stamped it whatever its windows), and from its
-    /// children; recorded by an `UPGRADE#` item. `None` when it had run before; else how
-    /// many requests it changed.
-    fn unarchive_live_windows(
+    /// ARCHITECTURE §9.1's upgrade of a request written before the rule: a terminal request
+    /// holding a window not ended, which a terminal write then stamped with the archival TTL
+    /// whatever its windows, loses that TTL (META and its children) and takes its place in
+    /// the `work` index by today's rule (every tick's read, while a window of it may run).
+    /// Whether it changed anything (false for any other request).
+    fn unarchive(
         &self,
+        request_id: &RequestId,
         at: DateTime<Utc>,
-    ) -> impl Future<Output = Result<Option<usize>, PortError>> + Send;
+    ) -> impl Future<Output = Result<bool, PortError>> + Send;
 
     /// A tick's whole read, in one call while it fits a page ([`Agenda`]).
     fn agenda(&self, now: DateTime<Utc>) -> impl Future<Output = Result<Agenda, PortError>> + Send;

@@ -2687,6 +2687,7 @@ type FixtureCleaner = cleanup_expired::handler::Cleaner<
 
 fn fixture_cleaner(
     store: &DynamoStore,
+    workloads: &capacity_pilot::fakes::FakeWorkloads,
     events: &capacity_pilot::fakes::RecordingEvents,
     clock: &capacity_pilot::fakes::ManualClock,
 ) -> FixtureCleaner {
@@ -2709,7 +2710,7 @@ fn fixture_cleaner(
     cleanup_expired::handler::Cleaner {
         store: store.clone(),
         market: capacity_pilot::fakes::FakeMarket::new(),
-        workloads: capacity_pilot::fakes::FakeWorkloads::new(),
+        workloads: workloads.clone(),
         events: events.clone(),
         clock: clock.clone(),
         config: std::sync::Arc::new(config),
@@ -2733,7 +2734,8 @@ fn has_ttl(item: &std::collections::HashMap<String, AttributeValue>) -> bool {
 
 #[tokio::test]
 async fn a_table_written_before_windows_outlived_their_request_is_upgraded_once_and_served() {
-    // GIVEN the items the commit before wrote: `kept` failed while its block ran, with a TTL
+    // GIVEN the items the commit before wrote: `kept` failed while its block ran, with a TTL,
+    // and in the `work` index at its drain start only (a Failed request was not live then)
     let table = TestTable::fresh().await.unwrap();
     load_items(&table, PRE_47).await;
     let meta = raw_item(&table, "REQ#kept", "META").await;
@@ -2755,34 +2757,72 @@ async fn a_table_written_before_windows_outlived_their_request_is_upgraded_once_
     assert_eq!(rec.status, Failed);
     assert_eq!(late.get_request(&request_id("plain")).await.unwrap(), None);
 
-    // WHEN the first cleanup tick runs, during the block
+    // WHEN the first cleanup tick runs during the block, its instance running
     let store = table.store();
     let events = capacity_pilot::fakes::RecordingEvents::new();
+    let workloads = capacity_pilot::fakes::FakeWorkloads::new();
+    let tags = std::collections::BTreeMap::from([
+        (
+            capacity_pilot::domain::naming::MANAGED_TAG.to_string(),
+            "true".to_string(),
+        ),
+        (
+            capacity_pilot::domain::naming::DEPLOYMENT_TAG.to_string(),
+            capacity_pilot::config::DEFAULT_DEPLOYMENT_ID.to_string(),
+        ),
+        (
+            capacity_pilot::domain::naming::REQUEST_TAG.to_string(),
+            "kept".to_string(),
+        ),
+    ]);
+    workloads.add_instance(capacity_pilot::ports::InstanceInfo {
+        instance_id: "i-kept".into(),
+        region: "us-east-1".into(),
+        availability_zone: "us-east-1a".into(),
+        instance_type: "p5.48xlarge".into(),
+        state: capacity_pilot::ports::InstanceState::Running,
+        health: capacity_pilot::ports::InstanceHealth::Ok,
+        reservation_id: Some("cr-k".into()),
+        launched_at: None,
+        tags,
+    });
     let block_start =
         t0().date_naive().and_hms_opt(11, 30, 0).unwrap().and_utc() + Duration::days(3);
     let clock = capacity_pilot::fakes::ManualClock::new(block_start + Duration::hours(2));
-    fixture_cleaner(&store, &events, &clock)
+    let out = fixture_cleaner(&store, &workloads, &events, &clock)
         .handle(schedule("tick-1"))
         .await
         .unwrap();
 
-    // THEN the TTL is gone from META and every child the old ending write archived, not
-    // from `plain`, and the upgrade is recorded
+    // THEN the sweep, reading the instance's owner, upgrades it: the TTL is gone from META
+    // and every child the old ending write archived (not from `plain`), it is in every
+    // tick's read again, and its instance runs on
+    assert!(
+        out.decisions.iter().any(|d| d.action == "upgraded"),
+        "{:?}",
+        out.decisions
+    );
     for sk in ["META", "RES#cr-k", "OFFER#0000", "HIST#0000000007"] {
         let item = raw_item(&table, "REQ#kept", sk).await;
         assert!(!has_ttl(&item), "{sk}: {item:?}");
     }
     assert!(has_ttl(&raw_item(&table, "REQ#plain", "META").await));
-    let marker = raw_item(&table, "UPGRADE", "UPGRADE#window-ttl").await;
     assert!(
-        marker["reason"]
-            .as_s()
+        store
+            .agenda(clock.get())
+            .await
             .unwrap()
-            .contains("1 terminal request"),
-        "{marker:?}"
+            .live
+            .iter()
+            .any(|l| l.request_id == kept)
+    );
+    assert_eq!(
+        workloads.instance("i-kept").unwrap().state,
+        capacity_pilot::ports::InstanceState::Running
     );
 
-    // AND it runs once: a new process finds it recorded and leaves a TTL put back by hand
+    // AND it is upgraded once: the next tick (a new process's) finds nothing to upgrade, and
+    // leaves a TTL put back by hand on a child
     table
         .client
         .update_item()
@@ -2794,8 +2834,16 @@ async fn a_table_written_before_windows_outlived_their_request_is_upgraded_once_
         .send()
         .await
         .unwrap();
-    let again = table.store();
-    assert_eq!(again.unarchive_live_windows(t0()).await.unwrap(), None);
+    clock.set(block_start + Duration::hours(3));
+    let again = fixture_cleaner(&table.store(), &workloads, &events, &clock)
+        .handle(schedule("tick-1b"))
+        .await
+        .unwrap();
+    assert!(
+        !again.decisions.iter().any(|d| d.action == "upgraded"),
+        "{:?}",
+        again.decisions
+    );
     assert!(has_ttl(&raw_item(&table, "REQ#kept", "RES#cr-k").await));
 
     // WHEN the block's drain start comes, and then its end
@@ -2804,19 +2852,23 @@ async fn a_table_written_before_windows_outlived_their_request_is_upgraded_once_
     let w = window::windows(&held, &rec.windows, DrainLead::of(&rec.request, 15))[0].clone();
     assert_eq!(w.state, WindowState::Running);
     clock.set(w.drain_at + Duration::minutes(1));
-    fixture_cleaner(&store, &events, &clock)
+    fixture_cleaner(&store, &workloads, &events, &clock)
         .handle(schedule("tick-2"))
         .await
         .unwrap();
-    // THEN it is drained on time, its request still Failed
+    // THEN it is drained on time, its instance stopped, its request still Failed
     let drained = events.published_of("Capacity Workload Drained");
     assert_eq!(drained.len(), 1, "{:?}", events.published());
     assert_eq!(drained[0].detail["late"], false);
+    assert_ne!(
+        workloads.instance("i-kept").unwrap().state,
+        capacity_pilot::ports::InstanceState::Running
+    );
     let rec = get(&store, "kept").await;
     assert_eq!(rec.status, Failed);
     assert_eq!(rec.windows[0].state, WindowState::Draining);
     clock.set(w.end() + Duration::minutes(1));
-    fixture_cleaner(&store, &events, &clock)
+    fixture_cleaner(&store, &workloads, &events, &clock)
         .handle(schedule("tick-3"))
         .await
         .unwrap();

@@ -37,7 +37,7 @@ use capacity_pilot::workload::{self, DrainTarget};
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tracing::{info, warn};
+use tracing::warn;
 
 /// Both documented spellings of EC2's warning (aws-reference.md section 6.1).
 pub const EXPIRATION_WARNINGS: [&str; 2] = [
@@ -142,24 +142,18 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                 false
             }
         };
-        if scheduled {
-            // ARCHITECTURE §9.1, once per table: a terminal request written before the rule
-            // with a window not ended loses the TTL it was given then.
-            match self.store.unarchive_live_windows(now).await {
-                Ok(Some(upgraded)) => info!(
-                    upgraded,
-                    "upgrade done: terminal requests holding a window not ended keep no TTL"
-                ),
-                Ok(None) => {}
-                Err(e) => {
-                    warn!(error = %e, "the no-TTL-while-a-window-lives upgrade failed; the next tick tries again");
-                    errors.push(e);
-                }
-            }
-        }
         let mut agenda = None;
         if wake {
             let a = agenda.insert(self.store.agenda(now).await?);
+            // ARCHITECTURE §9.1's upgrade: a terminal request written before the rule with a
+            // window not ended loses the TTL it was given then, the first time a tick reads
+            // it (the sweep reads one whose window runs, below).
+            for id in a.stale_ttl.clone() {
+                if let Err(e) = self.upgrade(&id, now, &mut out).await {
+                    warn!(request_id = %id, error = %e, "upgrade failed; the next tick tries again");
+                    errors.push(e);
+                }
+            }
             // A request searching or buying is ours only for a window it holds.
             let mine = |d: &DueItem| {
                 FOLLOWS_WINDOWS.contains(&d.status)
@@ -184,7 +178,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         }
         if scheduled {
             for region in &self.config.allowed_regions {
-                if let Err(e) = self.sweep(region, agenda.as_ref(), &mut out).await {
+                if let Err(e) = self.sweep(region, agenda.as_ref(), now, &mut out).await {
                     warn!(region, error = %e, "sweeping orphaned instances failed");
                     errors.push(e);
                 }
@@ -207,6 +201,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         &self,
         region: &str,
         agenda: Option<&Agenda>,
+        now: DateTime<Utc>,
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let found = self
@@ -239,7 +234,16 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                     Ok(id) => match agenda.and_then(|a| a.status_of(&id)) {
                         Some(s) => (Some(s), agenda.and_then(|a| shown_windows(a, &id))),
                         None => match self.store.get_request(&id).await? {
-                            Some(r) => (Some(r.status), Some(r.windows)),
+                            Some(r) => {
+                                // One written before ARCHITECTURE §9.1 whose window runs:
+                                // the tick's read did not show it live.
+                                if r.status.is_terminal()
+                                    && !window::archivable(r.status, &r.windows)
+                                {
+                                    self.upgrade(&id, now, out).await?;
+                                }
+                                (Some(r.status), Some(r.windows))
+                            }
                             None => (None, Some(vec![])),
                         },
                     },
@@ -387,6 +391,27 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
 
     fn drain_lead(&self, rec: &RequestRecord) -> DrainLead {
         DrainLead::of(&rec.request, self.config.default_drain_minutes)
+    }
+
+    /// ARCHITECTURE §9.1's upgrade of `id`, if it was written before the rule
+    /// ([`Store::unarchive`]); said as a decision when it changed anything.
+    async fn upgrade(
+        &self,
+        id: &RequestId,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        if self.store.unarchive(id, now).await? {
+            out.decisions.push(Decision::new(
+                id,
+                "upgraded",
+                "written before paid windows outlived their request (ARCHITECTURE 9.1), it \
+                 carried the archival TTL while a window of it is not ended: the TTL is \
+                 removed from it and its items, and it is read every tick while that window \
+                 may run",
+            ));
+        }
+        Ok(())
     }
 
     /// Stops what runs in the window `w` ahead of its forced termination and marks it

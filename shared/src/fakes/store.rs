@@ -114,8 +114,6 @@ struct State {
     /// Each region's Capacity Block search allowance ([`Pacing`]).
     allowances: BTreeMap<String, Allowance>,
     retention: Duration,
-    /// [`Store::unarchive_live_windows`] ran.
-    upgraded: bool,
     told: Option<DateTime<Utc>>,
     clock: Option<ManualClock>,
     faults: Faults<StoreOp>,
@@ -655,6 +653,12 @@ impl State {
             .filter(|r| !self.expired(r.expires_at))
         {
             let rec = &r.record;
+            if r.expires_at.is_some()
+                && rec.status.is_terminal()
+                && !window::archivable(rec.status, &rec.windows)
+            {
+                a.stale_ttl.push(rec.request_id.clone());
+            }
             if let Some(at) = rec.due_at()
                 && at <= now
             {
@@ -1381,24 +1385,23 @@ impl Store for InMemoryStore {
         finish(after, Ok(()))
     }
 
-    async fn unarchive_live_windows(&self, at: DateTime<Utc>) -> Result<Option<usize>, PortError> {
+    async fn unarchive(
+        &self,
+        request_id: &RequestId,
+        at: DateTime<Utc>,
+    ) -> Result<bool, PortError> {
         let mut s = lock(&self.state);
         s.observe(at);
-        if s.upgraded {
-            return Ok(None);
+        let Some(stored) = s.requests.get_mut(request_id) else {
+            return Ok(false);
+        };
+        let stale = stored.expires_at.is_some()
+            && stored.record.status.is_terminal()
+            && !window::archivable(stored.record.status, &stored.record.windows);
+        if stale {
+            stored.expires_at = None;
         }
-        let mut upgraded = 0;
-        for stored in s.requests.values_mut() {
-            if stored.expires_at.is_some()
-                && stored.record.status.is_terminal()
-                && !window::archivable(stored.record.status, &stored.record.windows)
-            {
-                stored.expires_at = None;
-                upgraded += 1;
-            }
-        }
-        s.upgraded = true;
-        Ok(Some(upgraded))
+        Ok(stale)
     }
 
     async fn agenda(&self, now: DateTime<Utc>) -> Result<Agenda, PortError> {

@@ -1841,10 +1841,13 @@ impl Sim {
             (_, "cancelled") => "cancelled",
             (_, "rejected") => "rejected by its approver",
             ("launch-workloads", _) => "failed: a launch refused",
-            ("search-offerings", _) if d.reason.contains("cap") => "failed: over its cap",
-            ("search-offerings", _) => "failed: its search refused",
-            (_, _) if d.reason.contains("cap") => "failed: over its cap",
+            // The purchase's budget check ("team … budget … would be exceeded", "the
+            // request's max_upfront_usd … would be exceeded").
+            ("purchase-capacity", _) if d.reason.contains("would be exceeded") => {
+                "failed: over its cap"
+            }
             ("purchase-capacity", _) => "failed: its purchase refused",
+            ("search-offerings", _) => "failed: its search refused",
             _ => "failed",
         };
         self.reached

@@ -141,15 +141,9 @@ pub(super) mod kind {
     pub const HISTORY: &str = "history";
     /// A region's search allowance (`PACE#<region>`).
     pub const PACE: &str = "pace";
-    /// A one-time upgrade of the table, done (`UPGRADE`, `UPGRADE#<name>`).
-    pub const UPGRADE: &str = "upgrade";
 }
 
 pub(super) const META_SK: &str = "META";
-/// The partition of the table's one-time upgrades, each recorded once done.
-pub(super) const UPGRADE_PK: &str = "UPGRADE";
-/// ARCHITECTURE §9.1's: no TTL on a request while a window of it lives.
-pub(super) const WINDOW_TTL_UPGRADE: &str = "UPGRADE#window-ttl";
 pub(super) const LEDGER_SK: &str = "LEDGER";
 /// A cancellation that came before its request (sorts after `RES#`, outside `META..=OFFER$`).
 pub(super) const TOMBSTONE_SK: &str = "TOMBSTONE";
@@ -230,7 +224,7 @@ pub(super) fn archive_at(at: DateTime<Utc>) -> AttributeValue {
 /// Whether an item is gone for reads: past its TTL, unless it is a request's META holding a
 /// window not ended. A terminal request written before ARCHITECTURE §9.1 got its TTL whatever
 /// its windows; it is read as live until the upgrade
-/// ([`crate::ports::Store::unarchive_live_windows`]) removes that TTL.
+/// ([`crate::ports::Store::unarchive`]) removes that TTL.
 pub(super) fn is_gone(item: &Item, now: DateTime<Utc>) -> bool {
     is_expired(item, now) && !keeps_live_window(item)
 }

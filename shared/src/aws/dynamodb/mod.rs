@@ -11,7 +11,7 @@ mod item;
 mod seen;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use aws_sdk_dynamodb::Client;
@@ -26,10 +26,9 @@ use self::error::{Call, Committed, permanent, sdk_error, transaction_result, tra
 use self::expr::Expr;
 use self::item::{
     AFTER_OFFERS, HIST_PREFIX, Item, LEDGER_SK, META_SK, Meta, OFFER_PREFIX, RES_PREFIX, Read,
-    SLOT_PREFIX, TOMBSTONE_SK, UPGRADE_PK, WINDOW_TTL_UPGRADE, WORK_INDEX, WORK_PARTITION,
-    archive_at, attr, budget_pk, epoch_micros, event_sk, history_sk, is_expired, is_gone, json,
-    keeps_live_window, key, kind, n, offer_sk, outbox_sk, read_meta, request_pk, reservation_sk, s,
-    slot_key, time, workload_sk,
+    SLOT_PREFIX, TOMBSTONE_SK, WORK_INDEX, WORK_PARTITION, archive_at, attr, budget_pk,
+    epoch_micros, event_sk, history_sk, is_expired, is_gone, json, keeps_live_window, key, kind, n,
+    offer_sk, outbox_sk, read_meta, request_pk, reservation_sk, s, slot_key, time, workload_sk,
 };
 use self::seen::{Seen, Write};
 use crate::aws::clock::SystemClock;
@@ -68,8 +67,6 @@ pub struct DynamoStore {
     /// Each transaction's `ClientRequestToken` (ARCHITECTURE §8.12): the SDK would draw one
     /// from the OS's randomness; ours comes from the id source, random in production.
     ids: SharedIds,
-    /// [`Store::unarchive_live_windows`] is known done: a warm process asks the table once.
-    upgraded: Arc<AtomicBool>,
 }
 
 impl DynamoStore {
@@ -124,7 +121,6 @@ impl DynamoStore {
             writes: Arc::new(AtomicU64::new(0)),
             seen: Arc::new(Mutex::new(Seen::default())),
             ids: Arc::new(RandomIds),
-            upgraded: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -820,11 +816,12 @@ impl DynamoStore {
         self.conditional_update(k, &u).await
     }
 
-    /// Removes the TTL from the request of `meta` (a META item as the `work` index has it)
-    /// and from the children an ending write archived (candidates, reservations, workloads,
-    /// history); processed events and outbox items keep theirs. META only while its windows
-    /// are as read: a write since then set its TTL by the rule already.
-    async fn unarchive(&self, meta: &Item) -> Result<(), PortError> {
+    /// Removes the TTL from the request of `meta` (its META item as read) and from the
+    /// children an ending write archived (candidates, reservations, workloads, history);
+    /// processed events and outbox items keep theirs. META takes its place in the `work`
+    /// index by today's rule, and only while its windows are as read: a write since then
+    /// set both by the rule already.
+    async fn unarchive_items(&self, meta: &Item, at: DateTime<Utc>) -> Result<(), PortError> {
         let r = Read::new(meta);
         let request_id = r.str(attr::REQUEST_ID)?.to_string();
         let pk_value = request_pk(&request_id);
@@ -848,6 +845,13 @@ impl DynamoStore {
             }
             let mut u = Expr::new();
             if sk == META_SK {
+                let status = r.status(attr::STATUS)?;
+                let records: Vec<WindowRecord> = r.json(attr::WINDOWS)?;
+                let due = r.opt_time(attr::NEXT_ACTION_AT)?;
+                if let Some(t) = index_due(status, &records, due, at) {
+                    u.set(attr::GSI_PART, s(WORK_PARTITION))
+                        .set(attr::GSI_DUE, n(t.timestamp()));
+                }
                 let windows = meta
                     .get(attr::WINDOWS)
                     .cloned()
@@ -2128,72 +2132,26 @@ impl Store for DynamoStore {
             .map(drop)
     }
 
-    async fn unarchive_live_windows(&self, at: DateTime<Utc>) -> Result<Option<usize>, PortError> {
-        if self.upgraded.load(Ordering::Relaxed) {
-            return Ok(None);
-        }
-        let marker = key(UPGRADE_PK.to_string(), WINDOW_TTL_UPGRADE);
-        if self.get(marker.clone()).await?.is_some() {
-            self.upgraded.store(true, Ordering::Relaxed);
-            return Ok(None);
-        }
-        // Every request a tick can reach is in the `work` index: a window not ended keeps
-        // its request there (its next action, or what may run).
-        let mut e = Expr::new();
-        let gp = e.name(attr::GSI_PART);
-        let pv = e.value(s(WORK_PARTITION));
-        let mut upgraded = 0;
-        for i in self
-            .query(Some(WORK_INDEX), e, format!("{gp} = {pv}"))
+    async fn unarchive(
+        &self,
+        request_id: &RequestId,
+        at: DateTime<Utc>,
+    ) -> Result<bool, PortError> {
+        let Some(meta) = self
+            .get(key(request_pk(request_id.as_str()), META_SK))
             .await?
-        {
-            let r = Read::new(&i);
-            if r.str(attr::SK)? != META_SK
-                || !i.contains_key(attr::EXPIRES_AT)
-                || !keeps_live_window(&i)
-            {
-                continue;
-            }
-            self.unarchive(&i).await?;
-            tracing::info!(
-                request_id = r.str(attr::REQUEST_ID)?,
-                "upgrade: a terminal request holding a window not ended keeps no TTL"
-            );
-            upgraded += 1;
+        else {
+            return Ok(false);
+        };
+        if !meta.contains_key(attr::EXPIRES_AT) || !keeps_live_window(&meta) {
+            return Ok(false);
         }
-        let mut item = marker;
-        item.insert(attr::KIND.into(), s(kind::UPGRADE));
-        item.insert(attr::CREATED_AT.into(), time(at));
-        item.insert(
-            attr::REASON.into(),
-            s(format!(
-                "removed the TTL of {upgraded} terminal request(s) holding a window not ended \
-                 (ARCHITECTURE 9.1)"
-            )),
+        self.unarchive_items(&meta, at).await?;
+        tracing::info!(
+            request_id = %request_id,
+            "upgrade: a terminal request holding a window not ended keeps no TTL"
         );
-        let mut c = Expr::new();
-        let pkn = c.name(attr::PK);
-        c.condition(format!("attribute_not_exists({pkn})"));
-        let result = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .set_condition_expression(c.condition_expression())
-            .set_expression_attribute_names(c.names())
-            .send()
-            .await;
-        match result {
-            Ok(_) => {}
-            // Another invocation recorded it first: the same pass, done twice, harmlessly.
-            Err(err)
-                if err
-                    .as_service_error()
-                    .is_some_and(|se| se.is_conditional_check_failed_exception()) => {}
-            Err(err) => return Err(sdk_error("PutItem", err, Call::Write)),
-        }
-        self.upgraded.store(true, Ordering::Relaxed);
-        Ok(Some(upgraded))
+        Ok(true)
     }
 
     async fn agenda(&self, now: DateTime<Utc>) -> Result<Agenda, PortError> {
@@ -2265,6 +2223,9 @@ impl DynamoStore {
                 continue;
             }
             let request_id = r.request_id()?;
+            if i.contains_key(attr::EXPIRES_AT) && keeps_live_window(&i) {
+                a.stale_ttl.push(request_id.clone());
+            }
             let status = r.status(attr::STATUS)?;
             let windows: Vec<WindowRecord> = match r.opt_str(attr::WINDOWS)? {
                 Some(_) => r.json(attr::WINDOWS)?,
