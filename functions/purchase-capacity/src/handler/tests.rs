@@ -1441,7 +1441,14 @@ async fn a_cancellation_during_purchasing_is_kept_and_applied_when_the_purchase_
     assert_eq!(w.status("r1").await, RequestStatus::Purchasing);
 
     // WHEN the requester cancels, and reconciliation later finds nothing was bought
-    p.handle(cancel_event("r1", "c1")).await.unwrap();
+    let out = p.handle(cancel_event("r1", "c1")).await.unwrap();
+    // (kept by this cancellation, not found kept by an earlier one)
+    assert_eq!(out.decisions.len(), 1, "{:?}", out.decisions);
+    assert!(
+        !out.decisions[0].reason.contains("already kept"),
+        "{:?}",
+        out.decisions
+    );
     assert!(
         w.events
             .published_of("Capacity Cancellation Refused")
@@ -1608,10 +1615,14 @@ async fn a_cancellation_while_searching_stops_the_search_and_lists_the_running_b
     let w = World::new();
     holding(&w, RequestStatus::Searching, WindowState::Running);
     // WHEN the requester cancels, without stop_running
-    w.purchaser(CAPS)
+    let out = w
+        .purchaser(CAPS)
         .handle(cancel_with("r1", "c1", false))
         .await
         .unwrap();
+    // (decided once, as applied: not read again and taken for a duplicate)
+    let actions: Vec<&str> = out.decisions.iter().map(|d| d.action).collect();
+    assert_eq!(actions, ["cancelled"]);
     // THEN the search stops, the running block runs on to its drain, and both answers list it
     // with its drain_at (before issue 47 neither listed a window)
     let rec = record(&w, "r1");
@@ -1669,12 +1680,15 @@ async fn a_plain_cancellation_of_an_active_request_is_refused_naming_stop_runnin
 async fn a_cancellation_with_stop_running_hands_an_active_requests_window_to_its_drain_now() {
     // GIVEN an Active request whose paid block runs
     let w = World::new();
-    holding(&w, RequestStatus::Active, WindowState::Running);
+    let before = holding(&w, RequestStatus::Active, WindowState::Running);
     // WHEN the requester cancels with stop_running
-    w.purchaser(CAPS)
+    let out = w
+        .purchaser(CAPS)
         .handle(cancel_with("r1", "c1", true))
         .await
         .unwrap();
+    let actions: Vec<&str> = out.decisions.iter().map(|d| d.action).collect();
+    assert_eq!(actions, ["stop-running"]);
     // THEN the window is stopping and due now, so cleanup drains it through the ordinary
     // drain (Expiring now, then the stop, Drained and Ended); the request follows its window
     let rec = record(&w, "r1");
@@ -1688,6 +1702,23 @@ async fn a_cancellation_with_stop_running_hands_an_active_requests_window_to_its
     // AND the answer lists what it stopped
     let applied = &w.events.published_of("Capacity Cancellation Applied")[0].detail;
     assert_eq!(applied["status_before"], "Active");
+    // keyed by the version the write makes, and saying what it did
+    let v = before.version + 1;
+    assert_eq!(
+        applied["event_key"],
+        format!("r1:cancellation-applied:v{v}")
+    );
+    assert_eq!(
+        expiring[0].detail["event_key"],
+        format!("r1:expiring-w1:v{v}")
+    );
+    assert!(
+        applied["reason"]
+            .as_str()
+            .unwrap()
+            .contains("stop_running: stopping now, through the ordinary drain, window 1"),
+        "{applied:#}"
+    );
     assert_eq!(applied["stopped_windows"][0]["reservation_id"], "cr-first");
     assert!(
         w.events
@@ -1900,4 +1931,23 @@ async fn an_approvers_rejection_of_a_replacement_lists_the_running_block_it_keep
         "{failed:#}"
     );
     assert_eq!(window_state(&w), WindowState::Running);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancellation_of_a_draining_block_is_refused_not_kept() {
+    // GIVEN a request whose block is drained, waiting for its end (no on-demand run)
+    let w = World::new();
+    holding(&w, RequestStatus::Draining, WindowState::Draining);
+    // WHEN the requester cancels
+    w.purchaser(CAPS)
+        .handle(cancel_with("r1", "c1", false))
+        .await
+        .unwrap();
+    // THEN it is answered at once, refused: only a cancelled on-demand run being stopped
+    // keeps a cancellation in Draining
+    assert_eq!(
+        w.events.published_of("Capacity Cancellation Refused").len(),
+        1
+    );
+    assert!(record(&w, "r1").cancel.is_none());
 }
