@@ -328,9 +328,6 @@ pub fn records_stopping(
             r.next_action_at = Some(at);
         }
     }
-    if stop.is_empty() {
-        return records.to_vec();
-    }
     out
 }
 
