@@ -879,8 +879,9 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             .map(|key| window::records_with(&rec.windows, &all, key, WindowState::Ended, now));
         // What runs on to its drain: this refusal ends the request, not its paid windows.
         let kept_windows = window::listed(
-            &all.into_iter()
-                .filter(|w| w.state.is_undrained() && Some(w.key.as_str()) != refused)
+            &window::undrained_of(&all)
+                .into_iter()
+                .filter(|w| Some(w.key.as_str()) != refused)
                 .collect::<Vec<_>>(),
         );
         let reservation_ids = held

@@ -418,9 +418,15 @@ pub fn undrained(
     records: &[WindowRecord],
     drain: DrainLead,
 ) -> Vec<Window> {
-    windows(reservations, records, drain)
-        .into_iter()
+    undrained_of(&windows(reservations, records, drain))
+}
+
+/// Those of `windows` not yet drained (launched or not), in their order.
+pub fn undrained_of(windows: &[Window]) -> Vec<Window> {
+    windows
+        .iter()
         .filter(|w| w.state.is_undrained())
+        .cloned()
         .collect()
 }
 

@@ -75,11 +75,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             // windows run on to their drain unless it asks `stop_running`.
             let held = self.store.reservations(&id).await?;
             let all = window::windows(&held, &rec.windows, self.drain_lead(&rec));
-            let undrained: Vec<Window> = all
-                .iter()
-                .filter(|w| w.state.is_undrained())
-                .cloned()
-                .collect();
+            let undrained = window::undrained_of(&all);
             let stop: &[Window] = if c.stop_running { &undrained } else { &[] };
             if rec.status.is_cancellable() {
                 let kept = if c.stop_running {

@@ -363,11 +363,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let all = window::windows(held, &rec.windows, self.drain_lead(rec));
-        let stop: Vec<window::Window> = all
-            .iter()
-            .filter(|w| w.state.is_undrained())
-            .cloned()
-            .collect();
+        let stop = window::undrained_of(&all);
         let reason = format!(
             "{}, kept since {} until the payment was taken, is applied",
             c.reason, c.at

@@ -1951,3 +1951,99 @@ async fn a_cancellation_of_a_draining_block_is_refused_not_kept() {
     );
     assert!(record(&w, "r1").cancel.is_none());
 }
+
+/// A request `Draining` its on-demand run, with a cancellation kept or not.
+fn draining_run(w: &World, cancelled: bool) {
+    let mut rec = holding(w, RequestStatus::Draining, WindowState::Draining);
+    rec.windows.clear();
+    rec.run = Some(capacity_pilot::ports::OnDemandRun {
+        attempt: "on-demand".into(),
+        held_at: t0(),
+        started_at: Some(t0()),
+        launch_generations: 0,
+        claim: None,
+    });
+    rec.cancel = cancelled.then(|| capacity_pilot::ports::CancelNote {
+        reason: "not needed".into(),
+        at: t0(),
+        event_id: "c0".into(),
+        found: Some(RequestStatus::RunningOnDemand),
+        stop_running: false,
+        stopped: vec![],
+    });
+    w.store.insert_record(rec);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_cancellation_of_a_cancelled_on_demand_run_being_stopped_is_kept_with_the_first() {
+    // GIVEN an on-demand run being stopped and settled for a kept cancellation
+    let w = World::new();
+    draining_run(&w, true);
+    // WHEN another cancellation comes before it is settled
+    let out = w
+        .purchaser(CAPS)
+        .handle(cancel_with("r1", "c1", false))
+        .await
+        .unwrap();
+    // THEN it waits with the first for the settlement's answer: not refused, not applied
+    let actions: Vec<&str> = out.decisions.iter().map(|d| d.action).collect();
+    assert_eq!(actions, ["cancel-kept"], "{:?}", out.decisions);
+    assert!(
+        w.events
+            .published_of("Capacity Cancellation Refused")
+            .is_empty()
+    );
+    assert!(
+        w.events
+            .published_of("Capacity Cancellation Applied")
+            .is_empty()
+    );
+    assert_eq!(record(&w, "r1").cancel.unwrap().event_id, "c0");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancellation_of_an_on_demand_run_draining_at_its_end_is_refused_not_kept() {
+    // GIVEN an on-demand run being stopped at its end, no cancellation kept
+    let w = World::new();
+    draining_run(&w, false);
+    // WHEN the requester cancels
+    w.purchaser(CAPS)
+        .handle(cancel_with("r1", "c1", false))
+        .await
+        .unwrap();
+    // THEN it is refused at once: the run is ending already, and nothing is kept
+    assert_eq!(
+        w.events.published_of("Capacity Cancellation Refused").len(),
+        1
+    );
+    assert!(record(&w, "r1").cancel.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replacement_over_the_teams_cap_fails_the_request_listing_the_bought_block_it_keeps() {
+    // GIVEN a split that found its second block ($1000) while its first, bought, waits for
+    // its start, and a team that has spent $99,500 of its $100,000 this month
+    let w = World::new();
+    holding(&w, RequestStatus::OfferingsFound, WindowState::Pending);
+    w.clock.set(t0());
+    w.store.set_spent(
+        &team("team-a"),
+        &BudgetMonth::of(w.clock.get()),
+        MicroUsd(99_500_000_000),
+    );
+    // WHEN the replacement is found and would be bought
+    w.purchaser(CAPS).handle(found("r1", "e1")).await.unwrap();
+    // THEN nothing is bought, the request fails, and its final event lists the block that
+    // is still served, to its drain (before issue 47 it listed none and never launched it)
+    assert_eq!(w.market.purchase_count(), 0);
+    assert_eq!(w.status("r1").await, RequestStatus::Failed);
+    let failed = &w.events.published_of("Capacity Request Failed")[0].detail;
+    assert!(
+        failed["reason"].as_str().unwrap().contains("budget"),
+        "{failed:#}"
+    );
+    assert_eq!(failed["kept_windows"][0]["reservation_id"], "cr-first");
+    assert_eq!(failed["kept_windows"][0]["state"], "pending");
+    assert_eq!(failed["reservation_ids"], json!(["cr-first"]));
+    assert_eq!(window_state(&w), WindowState::Pending);
+}
