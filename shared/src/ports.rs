@@ -1226,9 +1226,31 @@ pub struct Agenda {
     /// window not ended: written before ARCHITECTURE §9.1, each is due
     /// [`Store::unarchive`].
     pub stale_ttl: Vec<RequestId>,
+    /// The reservations whose payment is due a read (ARCHITECTURE §9.1), earliest first.
+    pub payments: Vec<PaymentDue>,
+}
+
+/// A reservation whose payment is due a read, as the `work` index shows it
+/// ([`crate::domain::reservation::Reservation::payment_due`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PaymentDue {
+    pub request_id: RequestId,
+    pub reservation_id: String,
+    pub at: DateTime<Utc>,
 }
 
 impl Agenda {
+    /// The requests with a payment due a read at `now`, once each, earliest first.
+    pub fn payments_due(&self, now: DateTime<Utc>) -> Vec<RequestId> {
+        let mut ids: Vec<RequestId> = Vec::new();
+        for p in self.payments.iter().filter(|p| p.at <= now) {
+            if !ids.contains(&p.request_id) {
+                ids.push(p.request_id.clone());
+            }
+        }
+        ids
+    }
+
     /// The due requests in one of `statuses`, earliest first.
     pub fn due_in(&self, statuses: &[RequestStatus]) -> Vec<DueItem> {
         self.due

@@ -2806,6 +2806,16 @@ async fn a_table_written_before_windows_outlived_their_request_is_upgraded_once_
         let item = raw_item(&table, "REQ#kept", sk).await;
         assert!(!has_ttl(&item), "{sk}: {item:?}");
     }
+    // (a processed event's record keeps its own TTL: it is no part of what is served)
+    assert!(has_ttl(&raw_item(&table, "REQ#kept", "EVENT#fail").await));
+    assert!(has_ttl(&raw_item(&table, "REQ#plain", "META").await));
+    // (asked directly, a request with no window left is not upgraded: it keeps its TTL)
+    assert!(
+        !store
+            .unarchive(&request_id("plain"), clock.get())
+            .await
+            .unwrap()
+    );
     assert!(has_ttl(&raw_item(&table, "REQ#plain", "META").await));
     assert!(
         store
@@ -2880,4 +2890,75 @@ async fn a_table_written_before_windows_outlived_their_request_is_upgraded_once_
         events.published()
     );
     assert!(has_ttl(&raw_item(&table, "REQ#kept", "META").await));
+}
+
+#[tokio::test]
+async fn a_reservations_payment_check_is_in_the_work_index_in_any_status_until_it_is_settled() {
+    use capacity_pilot::domain::reservation::ReservationState;
+    use capacity_pilot::ports::PaymentDue;
+    // GIVEN a bought block whose payment is pending, its next check 10 min on
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let id = "pay";
+    request_with_offerings(&store, id, "ops").await;
+    store
+        .begin_purchase(begin_purchase(id, 3, OfferingsFound, id, t0(), None))
+        .await
+        .unwrap();
+    let check = t0() + Duration::minutes(10);
+    let mut bought = reservation("cr-pay", "1000");
+    bought.payment_check_at = Some(check);
+    let mut rec = record_reservation(id, id, bought, t0());
+    rec.next_action_at = Some(check);
+    store.record_reservation(rec).await.unwrap();
+    let due = PaymentDue {
+        request_id: request_id(id),
+        reservation_id: "cr-pay".into(),
+        at: check,
+    };
+    // THEN the tick's one read shows it when due, not before
+    assert_eq!(
+        store.agenda(check).await.unwrap().payments,
+        vec![due.clone()]
+    );
+    assert!(
+        store
+            .agenda(check - Duration::minutes(1))
+            .await
+            .unwrap()
+            .payments
+            .is_empty()
+    );
+
+    // WHEN the request fails for another reason, the block kept
+    let r = get(&store, id).await;
+    store
+        .transition(transition(id, r.version, Reserved, Failed, "failed"))
+        .await
+        .unwrap();
+    // THEN its payment is still due a read (before issue 48, only a Reserved request's was)
+    assert_eq!(store.agenda(check).await.unwrap().payments, vec![due]);
+
+    // WHEN a check records it scheduled, the status kept
+    let r = get(&store, id).await;
+    let mut paid = store.reservations(&request_id(id)).await.unwrap()[0].clone();
+    paid.state = ReservationState::Scheduled;
+    paid.payment_check_at = None;
+    let t = transition(id, r.version, Failed, Failed, "paid").with_reservations(vec![paid], None);
+    assert_eq!(
+        store.transition(t).await.unwrap(),
+        WriteOutcome::Applied {
+            version: r.version + 1
+        }
+    );
+    // THEN nothing is due for it any more, and the request is still Failed
+    assert!(
+        store
+            .agenda(check + Duration::days(1))
+            .await
+            .unwrap()
+            .payments
+            .is_empty()
+    );
+    assert_eq!(status_of(&store, id).await, Failed);
 }

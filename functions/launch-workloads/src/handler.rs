@@ -337,6 +337,35 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 ));
                 Ok(())
             }
+            // ARCHITECTURE §9.1: a block whose payment is not recorded as taken may have lost
+            // it; its payment is read now (by the purchase function) before anything fails.
+            // A failed payment then ends the window with its debit returned; one taken
+            // leaves the refusal to fail the request at the next launch.
+            Launch::Refuse(why) if !w.reservation.state.is_settled() => {
+                let mut r = w.reservation.clone();
+                r.payment_check_at = Some(now);
+                let reason = format!(
+                    "{why}; {} is not recorded as paid ({}), so its payment is read before \
+                     anything fails",
+                    r.id, r.state
+                );
+                let t = Transition::of(
+                    rec,
+                    rec.status,
+                    &reason,
+                    rec.next_action_at,
+                    now,
+                    &cause.step("read-payment"),
+                )
+                .with_reservations(vec![r], None);
+                let written = self.store.transition(t).await?;
+                out.decisions.push(Decision::new(
+                    id,
+                    decision::written(&written, "payment-read"),
+                    reason,
+                ));
+                Ok(())
+            }
             // The refused window ends with the request: no later tick launches into it, and
             // the request's final event does not list it among what runs on.
             Launch::Refuse(why) => {

@@ -71,8 +71,12 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     // Bought, until AWS reports each reservation scheduled.
                     RequestStatus::Reserved,
                 ]);
+                // ARCHITECTURE §9.1: a reservation's payment is read whatever its request's
+                // status; a request due for its own action is read below, payments included.
+                let mut payments = a.payments_due(now);
                 // Due for one of its windows only (launch and cleanup's): not read.
                 for item in due.into_iter().filter(|d| d.own_action_due(now)) {
+                    payments.retain(|id| id != &item.request_id);
                     let rec = match self.store.get_request(&item.request_id).await {
                         Ok(Some(rec)) => rec,
                         Ok(None) => continue,
@@ -92,6 +96,17 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     {
                         warn!(request_id = %item.request_id, error = %e, "purchase step failed");
                         errors.push(e);
+                    }
+                }
+                for id in payments {
+                    let step = match self.store.get_request(&id).await {
+                        Ok(Some(rec)) => self.protocols().track(rec, &cause, now, &mut out).await,
+                        Ok(None) => continue,
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = step {
+                        warn!(request_id = %id, error = %e, "payment check failed");
+                        errors.push(HandlerError::from(e));
                     }
                 }
             }

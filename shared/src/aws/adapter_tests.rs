@@ -780,3 +780,63 @@ async fn a_new_group_is_added_beside_the_others_and_an_update_already_done_is_no
         .unwrap();
     assert_eq!(never.num_calls(), 0);
 }
+
+/// A DynamoDB store whose client answers from `rules`, without retries.
+fn dynamo(rules: &[&Rule]) -> super::dynamodb::DynamoStore {
+    let mut interceptor =
+        aws_smithy_mocks::MockResponseInterceptor::new().rule_mode(RuleMode::MatchAny);
+    for r in rules {
+        interceptor = interceptor.with_rule(r);
+    }
+    let conf = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+        .region(aws_sdk_dynamodb::config::Region::new(REGION))
+        .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(
+            "AKID", "SECRET", None, None, "test",
+        ))
+        .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled())
+        .http_client(aws_smithy_mocks::create_mock_http_client())
+        .interceptor(interceptor)
+        .build();
+    super::dynamodb::DynamoStore::new(aws_sdk_dynamodb::Client::from_conf(conf), "state")
+}
+
+#[tokio::test]
+async fn a_conditional_update_refused_for_another_reason_is_an_error_not_a_condition_not_met() {
+    use crate::ports::Store;
+    // A condition not met: the outbox item is already archived, nothing to mark.
+    let unmet = mock!(aws_sdk_dynamodb::Client::update_item)
+        .sequence()
+        .http_status(
+            400,
+            json_error(
+                "com.amazonaws.dynamodb.v20120810#ConditionalCheckFailedException",
+                "The conditional request failed",
+            ),
+        )
+        .build();
+    dynamo(&[&unmet])
+        .mark_sent("r1", "r1:accepted")
+        .await
+        .unwrap();
+    // Throttled: surfaced, never read as a condition not met (the item would stay unsent
+    // or, for an upgrade, keep its TTL, with no one told).
+    let throttled = mock!(aws_sdk_dynamodb::Client::update_item)
+        .sequence()
+        .http_status(
+            400,
+            json_error(
+                "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException",
+                "Rate exceeded",
+            ),
+        )
+        .build();
+    let err = dynamo(&[&throttled])
+        .mark_sent("r1", "r1:accepted")
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("ProvisionedThroughputExceeded"),
+        "{err}"
+    );
+}

@@ -235,6 +235,7 @@ fn plan_reservation(
         }),
         bought_at: None,
         debit_month: None,
+        payment_check_at: None,
         deployment_tag: None,
     }))
 }
@@ -403,6 +404,7 @@ impl SageMakerAdapter {
             ultraserver: false,
             bought_at: None,
             debit_month: None,
+            payment_check_at: None,
             deployment_tag: None,
         })
     }

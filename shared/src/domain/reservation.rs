@@ -118,9 +118,21 @@ pub struct Reservation {
     /// records the reservation; a payment failure returns the debit there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub debit_month: Option<String>,
+    /// When the purchase function next reads its payment (ARCHITECTURE §9.1): set while it
+    /// is live and not yet scheduled, whatever its request's status; the `work` index holds
+    /// its item then. None on a record written before the rule: its request's next payment
+    /// check sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payment_check_at: Option<DateTime<Utc>>,
 }
 
 impl Reservation {
+    /// When its payment is next due a read: while it is live and not yet scheduled.
+    pub fn payment_due(&self) -> Option<DateTime<Utc>> {
+        self.payment_check_at
+            .filter(|_| self.state.is_live() && !self.state.is_settled())
+    }
+
     /// Their ids, comma-separated, as a decision's reason names them.
     pub fn id_list<'a>(reservations: impl IntoIterator<Item = &'a Reservation>) -> String {
         reservations

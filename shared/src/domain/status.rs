@@ -106,10 +106,12 @@ impl RequestStatus {
                 Reserved, Active, Draining, Searching, Cancelled, Ended, Failed,
             ],
             // Active -> Reserved: between the segments of a split plan.
-            Active => &[Draining, Reserved, Ended, Failed],
+            // Active, Draining -> Searching: a later block's payment failed, and the request
+            // searches again for what it lost while its windows run on (ARCHITECTURE §9.1).
+            Active => &[Draining, Reserved, Searching, Ended, Failed],
             // Draining -> Active: the next window opened before the drained one ended.
             // Draining -> Cancelled: a cancelled on-demand run, stopped and settled.
-            Draining => &[Active, Reserved, Ended, Cancelled, Failed],
+            Draining => &[Active, Reserved, Searching, Ended, Cancelled, Failed],
             // TryingOnDemand -> Searching: no on-demand capacity; fall back to a reservation.
             // TryingOnDemand -> TryingOnDemand holds or releases an on-demand estimate.
             // TryingOnDemand -> Draining: cancelled while an estimate is held (something may
@@ -131,6 +133,13 @@ impl RequestStatus {
 
     pub fn can_become(self, to: RequestStatus) -> bool {
         self.successors().contains(&to)
+    }
+
+    /// Whether a versioned write may take a request in `self` to `to`: a step of the life
+    /// cycle, or a write that keeps the status (a payment check recording what AWS reports
+    /// of a reservation, in any status: ARCHITECTURE §9.1), which is no step of it.
+    pub fn can_write(self, to: RequestStatus) -> bool {
+        self == to || self.can_become(to)
     }
 
     /// The checked step from `self` to `to`.

@@ -598,6 +598,7 @@ mod tests {
             ultraserver: false,
             bought_at: None,
             debit_month: None,
+            payment_check_at: None,
             deployment_tag: None,
         }
     }
@@ -658,8 +659,8 @@ mod tests {
         );
         let lost = ended.iter().find(|r| r.key == "cr-2#0").unwrap();
         assert_eq!(
-            (lost.state, lost.next_action_at),
-            (WindowState::Ended, None)
+            (lost.state, lost.next_action_at, lost.updated_at),
+            (WindowState::Ended, None, t(2))
         );
         assert_eq!(
             ended.iter().find(|r| r.key == "cr-1#0"),

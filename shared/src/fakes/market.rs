@@ -382,6 +382,7 @@ impl State {
             ultraserver: false,
             bought_at: None,
             debit_month: None,
+            payment_check_at: None,
         };
         let (unlisted_for, listed_from) = match &self.clock {
             Some(c) => (0, Some(c.get() + self.listing_lag_time)),

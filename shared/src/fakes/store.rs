@@ -22,8 +22,8 @@ use crate::domain::window;
 use crate::ports::{
     Agenda, BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
     HistoryEntry, KeepCancellation, LeaseWriteOutcome, LiveRequest, NewRequest, OutboundEvent,
-    OutboxItem, Pacing, PortError, RecordReservation, ReleaseUnbought, RequestRecord, Store,
-    Tombstone, TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord, WriteOutcome,
+    OutboxItem, Pacing, PaymentDue, PortError, RecordReservation, ReleaseUnbought, RequestRecord,
+    Store, Tombstone, TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord, WriteOutcome,
     outbox_seq,
 };
 use crate::search::{Allowance, DESCRIBE_PACE};
@@ -686,6 +686,25 @@ impl State {
         a.due.sort_by(|x, y| {
             (x.next_action_at, &x.request_id).cmp(&(y.next_action_at, &y.request_id))
         });
+        for (id, held) in &self.reservations {
+            if self.live(id).is_none() {
+                continue;
+            }
+            for r in held {
+                if let Some(at) = r.payment_due()
+                    && at <= now
+                {
+                    a.payments.push(PaymentDue {
+                        request_id: id.clone(),
+                        reservation_id: r.id.clone(),
+                        at,
+                    });
+                }
+            }
+        }
+        a.payments.sort_by(|x, y| {
+            (x.at, &x.request_id, &x.reservation_id).cmp(&(y.at, &y.request_id, &y.reservation_id))
+        });
         a.outbox = self.unsent();
         a
     }
@@ -770,7 +789,7 @@ impl State {
 
     fn transition(&mut self, t: Transition) -> Result<WriteOutcome, PortError> {
         use RequestStatus::Purchasing;
-        if !t.from.can_become(t.to) {
+        if !t.from.can_write(t.to) {
             return Err(illegal(t.from, t.to, "the life cycle does not allow it"));
         }
         if t.from == Purchasing || t.to == Purchasing {

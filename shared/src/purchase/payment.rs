@@ -23,10 +23,12 @@ use crate::ports::{
 };
 
 impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
-    /// ARCHITECTURE §8.5: a bought reservation is read again until AWS reports it scheduled
-    /// or later. One missing from the answer stays live (the listing lags, by id too); one
-    /// whose payment failed gives its debit back, is announced, and the request searches
-    /// again while its deadline allows.
+    /// ARCHITECTURE §8.5, §9.1: a bought reservation is read again until AWS reports it
+    /// scheduled or later, whatever its request's status (each reservation has its own next
+    /// check). One missing from the answer stays live (the listing lags, by id too); one
+    /// whose payment failed gives its debit back and is announced; a request not ended
+    /// searches again while its deadline allows, an ended one stays as it is. A request
+    /// buying (`Purchasing`) is left to its lease holder and read after.
     pub async fn track(
         &self,
         rec: RequestRecord,
@@ -35,7 +37,16 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let id = rec.request_id.clone();
+        if rec.status == RequestStatus::Purchasing {
+            out.decisions.push(Decision::new(
+                &id,
+                "waiting",
+                "a purchase is under way: its payments are read once it ends",
+            ));
+            return Ok(());
+        }
         let mut held = self.store.reservations(&id).await?;
+        // Every reservation read, with its state as AWS reports it and its next check.
         let mut changed: Vec<Reservation> = Vec::new();
         let mut notes: Vec<String> = Vec::new();
         let mut lost: Vec<Reservation> = Vec::new();
@@ -46,10 +57,13 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             match self.market.describe(r.product, &r.region, &r.id).await? {
                 Some(seen) if seen.state == r.state => {
                     notes.push(format!("{} is still {}", r.id, r.state));
+                    r.payment_check_at = payment_check_after(r, now);
+                    changed.push(r.clone());
                 }
                 Some(seen) => {
                     let was = r.state;
                     r.state = seen.state;
+                    r.payment_check_at = payment_check_after(r, now);
                     if r.state.is_final() {
                         lost.push(r.clone());
                     } else {
@@ -79,8 +93,31 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                             r.state
                         ));
                     }
+                    r.payment_check_at = payment_check_after(r, now);
+                    changed.push(r.clone());
                 }
             }
+        }
+        let reserved = rec.status == RequestStatus::Reserved;
+        if lost.is_empty() && !reserved {
+            // The request's own course goes on; only the reservations' records and next
+            // checks change.
+            let note = if notes.is_empty() {
+                "every reservation is scheduled or later".to_string()
+            } else {
+                notes.join("; ")
+            };
+            let reason = format!("{}{PAYMENT_NOTE}{note}", reserved_reason(&rec.reason));
+            let t = Transition::of(&rec, rec.status, &reason, rec.next_action_at, now, cause)
+                .with_reservations(changed, None);
+            let w = self.store.transition(t).await?;
+            let paid = held.iter().all(|r| payment_check_after(r, now).is_none());
+            out.decisions.push(Decision::new(
+                &id,
+                decision::written(&w, if paid { "paid" } else { "payment-pending" }),
+                note,
+            ));
+            return Ok(());
         }
         if lost.is_empty() {
             let next = next_payment_check(held.iter(), now);
@@ -228,6 +265,11 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 )
             });
         }
+        // A cancellation kept for the payments (only a `Reserved` request's is).
+        let kept_cancel = rec
+            .cancel
+            .as_ref()
+            .filter(|_| rec.status == RequestStatus::Reserved);
         let (to, next, then) = if !later.is_empty() {
             // Stay to take the rest at the next check.
             (
@@ -235,7 +277,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 Some(now),
                 "; the other losses follow".to_string(),
             )
-        } else if let Some(c) = rec.cancel.as_ref().filter(|_| others.is_empty()) {
+        } else if let Some(c) = kept_cancel.filter(|_| others.is_empty()) {
             // A kept cancellation (§8.3): nothing is bought again.
             (
                 RequestStatus::Cancelled,
@@ -254,7 +296,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                     rec.request.duration_hours
                 ),
             )
-        } else if now < deadline && rec.cancel.is_none() {
+        } else if now < deadline && kept_cancel.is_none() {
             (
                 RequestStatus::Searching,
                 Some(now),
@@ -276,14 +318,45 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 format!("; too late to search again (the deadline was {deadline})"),
             )
         };
+        // What that means for a request that is not `Reserved` (ARCHITECTURE §9.1): an ended
+        // one stays as it is; one running its windows goes on with what it keeps, or
+        // searches again for what it lost; one about to buy plans again.
+        let status = rec.status;
+        let (to, next, then) = match status {
+            RequestStatus::Reserved => (to, next, then),
+            s if s.is_terminal() => (
+                s,
+                rec.next_action_at,
+                format!("; the request stays {s}: nothing is bought for an ended request"),
+            ),
+            RequestStatus::Active | RequestStatus::Draining
+                if to != RequestStatus::Searching || !later.is_empty() =>
+            {
+                (status, rec.next_action_at, format!("; it stays {status}"))
+            }
+            RequestStatus::Active | RequestStatus::Draining => (to, next, then),
+            RequestStatus::OfferingsFound | RequestStatus::AwaitingApproval
+                if now < deadline && later.is_empty() =>
+            {
+                (
+                    RequestStatus::Searching,
+                    Some(now),
+                    format!("; the plan found counted on it: searching again until {deadline}"),
+                )
+            }
+            s => (s, rec.next_action_at, format!("; it stays {s}")),
+        };
         // A cancellation kept for these payments is answered by the next check once every
         // payment left is taken: it must come (before, a request that kept others stayed
         // Reserved with no check due, its cancellation never answered).
-        let next = match (to, next, &rec.cancel) {
+        let next = match (to, next, kept_cancel) {
             (RequestStatus::Reserved, None, Some(_)) => Some(now),
             _ => next,
         };
         let mut reason = format!("{}{then}", what.join("; "));
+        if to == status && status != RequestStatus::Reserved {
+            reason = format!("{}{PAYMENT_NOTE}{reason}", reserved_reason(&rec.reason));
+        }
         if !notes.is_empty() {
             reason.push_str(&format!(" ({})", notes.join("; ")));
         }
@@ -310,7 +383,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 reason: reason.clone(),
             }));
         }
-        if to.is_terminal() {
+        if to.is_terminal() && !status.is_terminal() {
             // What is kept: the live ones (a lost one's debit went back above).
             let kept = held
                 .iter()
@@ -410,18 +483,23 @@ fn reserved_reason(reason: &str) -> &str {
     reason.split(PAYMENT_NOTE).next().unwrap_or(reason)
 }
 
-/// When to read the request's reservations again: none once each is scheduled or later (or
-/// final); else every [`PAYMENT_CHECK_EVERY`], and once more just before the earliest
-/// unsettled one starts, so a failure is seen before its window would open.
+/// When to read the request's reservations again: the earliest of their own next checks
+/// ([`payment_check_after`]); none once each is scheduled or later (or final).
 pub(crate) fn next_payment_check<'a>(
     held: impl Iterator<Item = &'a Reservation>,
     now: DateTime<Utc>,
 ) -> Option<DateTime<Utc>> {
-    let first_start = held
-        .filter(|r| r.state.is_live() && !r.state.is_settled())
-        .map(Reservation::start)
-        .min()?;
-    let before_start = first_start - Duration::minutes(5);
+    held.filter_map(|r| payment_check_after(r, now)).min()
+}
+
+/// When to read `r`'s payment again after a read at `now` (ARCHITECTURE §9.1): none once it
+/// is scheduled or later (or final); else every [`PAYMENT_CHECK_EVERY`], and once more just
+/// before it starts, so a failure is seen before its window would open.
+pub(crate) fn payment_check_after(r: &Reservation, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    if !r.state.is_live() || r.state.is_settled() {
+        return None;
+    }
+    let before_start = r.start() - Duration::minutes(5);
     Some(if before_start > now {
         (now + PAYMENT_CHECK_EVERY).min(before_start)
     } else {

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use chrono::{DateTime, Duration, Utc};
 use tracing::warn;
 
-use super::payment::next_payment_check;
+use super::payment::{next_payment_check, payment_check_after};
 use super::{Outcome, Protocols};
 use crate::decision::{self, Decision};
 use crate::domain::events::{
@@ -472,6 +472,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             }
             let mut reservation = reservation;
             reservation.bought_at = Some(now);
+            reservation.payment_check_at = payment_check_after(&reservation, now);
             bought.push((reservation.clone(), adopted));
             let outbox = if last {
                 vec![outbound(&reserved_event(rec, Some(plan), &prior, &bought))]
@@ -647,6 +648,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         }
         let mut adopted = stray.clone();
         adopted.bought_at = Some(now);
+        adopted.payment_check_at = payment_check_after(&adopted, now);
         let w = self
             .store
             .record_reservation(RecordReservation {

@@ -698,24 +698,36 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
     }
 
     // An ending tells what was spent: a request's last `Capacity Request Failed` (failed or
-    // cancelled) gives the spend the table ends with.
+    // cancelled) gives the spend the table ends with, less what each `Capacity Payment
+    // Failed` after it returned (a kept block's payment fails after its request ended:
+    // ARCHITECTURE §9.1).
+    let usd_at = |v: &Value| {
+        // `Usd` is always written as a decimal string.
+        v.as_str()
+            .and_then(|v| v.parse::<Decimal>().ok())
+            .map(micros)
+    };
     for r in recs.values().filter(|r| r.status.is_terminal()) {
         let id = r.request_id.to_string();
         if unrecorded.contains(&id) {
             continue;
         }
-        let Some(last) = ours(&bus, "Capacity Request Failed", &id).last().copied() else {
+        let Some(at) = bus.iter().rposition(|e| {
+            e["detail-type"] == "Capacity Request Failed" && e["detail"]["request_id"] == id
+        }) else {
             continue;
         };
-        // `Usd` is always written as a decimal string.
-        let told = last["detail"]["spent_usd"]
-            .as_str()
-            .and_then(|v| v.parse::<Decimal>().ok())
-            .map(micros);
+        let last = &bus[at];
+        let returned: i64 = ours(&bus[at..], "Capacity Payment Failed", &id)
+            .iter()
+            .filter_map(|e| usd_at(&e["detail"]["returned_usd"]))
+            .sum();
+        let told = usd_at(&last["detail"]["spent_usd"]).map(|t| t - returned);
         if told != Some(r.spent.0) {
             out.push(format!(
-                "ending spend: {id}'s last Capacity Request Failed gives spent_usd {} but it \
-                 ends having spent {} micro-USD",
+                "ending spend: {id}'s last Capacity Request Failed gives spent_usd {}, less \
+                 {returned} micro-USD returned by later failed payments, but it ends having \
+                 spent {} micro-USD",
                 last["detail"]["spent_usd"], r.spent.0
             ));
         }

@@ -195,6 +195,7 @@ fn block(id: &str, count: u32, zone: &str) -> Reservation {
         ultraserver: false,
         bought_at: None,
         debit_month: None,
+        payment_check_at: None,
         deployment_tag: None,
     }
 }
@@ -1370,4 +1371,35 @@ async fn a_refused_launch_into_a_failed_requests_window_ends_that_window_not_the
             .all(|x| x.state == capacity_pilot::domain::window::WindowState::Ended)
     );
     assert!(w.events.published_of("Capacity Request Failed").is_empty());
+}
+
+#[tokio::test]
+async fn a_launch_refused_into_a_block_not_recorded_as_paid_reads_the_payment_instead_of_failing() {
+    // GIVEN r1's window open in a block whose payment is recorded pending, and a launch AWS
+    // refuses for good
+    let w = World::new();
+    let req = theirs_hyperpod(&w);
+    let mut unpaid = plan(TargetResource::HyperpodCluster);
+    unpaid.state = ReservationState::PaymentPending;
+    w.reserved(req, unpaid, opens()).await;
+    w.clock.set(opens());
+
+    // WHEN the schedule ticks at the window's start
+    let out = w.launcher().handle(tick("t1")).await.unwrap();
+
+    // THEN the request does not fail (before issue 48 it did, with the block's debit kept):
+    // the block's payment is due a read now, for the purchase function
+    assert!(
+        out.decisions.iter().any(|d| d.action == "payment-read"),
+        "{:?}",
+        out.decisions
+    );
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    assert!(w.events.published_of("Capacity Request Failed").is_empty());
+    let held = w
+        .store
+        .reservations(&capacity_pilot::fakes::fixtures::request_id("r1"))
+        .await
+        .unwrap();
+    assert_eq!(held[0].payment_due(), Some(opens()));
 }

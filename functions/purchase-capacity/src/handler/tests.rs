@@ -1192,6 +1192,7 @@ async fn buying_a_plan_again_after_a_failed_one_takes_the_next_plan_name() {
         ultraserver: false,
         bought_at: Some(t0()),
         debit_month: None,
+        payment_check_at: None,
         deployment_tag: None,
     };
     w.store.insert_reservation(&rec.request_id, failed);
@@ -1292,6 +1293,7 @@ fn stray(
         ultraserver: false,
         bought_at: None,
         debit_month: None,
+        payment_check_at: None,
         deployment_tag: Some(DEPLOYMENT.into()),
     }
 }
@@ -2046,4 +2048,99 @@ async fn a_replacement_over_the_teams_cap_fails_the_request_listing_the_bought_b
     assert_eq!(failed["kept_windows"][0]["state"], "pending");
     assert_eq!(failed["reservation_ids"], json!(["cr-first"]));
     assert_eq!(window_state(&w), WindowState::Pending);
+}
+
+/// r1 bought a block whose payment is pending, and then became `status` by another
+/// function's write (its window recorded pending); the clock at its payment's next check.
+async fn bought_then(w: &World, status: RequestStatus) -> (P, String) {
+    let (p, cr) = bought(w).await;
+    let held = w
+        .store
+        .reservations(&capacity_pilot::fakes::fixtures::request_id("r1"))
+        .await
+        .unwrap();
+    let check = held[0]
+        .payment_check_at
+        .expect("a bought block has its own payment check");
+    let mut rec = record(w, "r1");
+    rec.status = status;
+    rec.next_action_at = None;
+    rec.windows = vec![WindowRecord {
+        key: format!("{cr}#0"),
+        number: 1,
+        state: WindowState::Pending,
+        next_action_at: Some(held[0].start()),
+        updated_at: t0(),
+    }];
+    w.store.insert_record(rec);
+    w.clock.set(check);
+    (p, cr)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_requests_kept_block_whose_payment_fails_returns_its_debit_and_stays_failed() {
+    // GIVEN r1's block bought ($1661.18 debited), its payment pending, and r1 Failed since
+    // (a later step refused for good), the block kept for it
+    let w = World::new();
+    let (p, cr) = bought_then(&w, RequestStatus::Failed).await;
+    assert!(w.spent("team-a") > MicroUsd(0));
+    // WHEN the payment fails and the purchase schedule runs at the block's next check
+    w.market
+        .set_reservation_state(&cr, ReservationState::PaymentFailed);
+    let out = p.handle(tick("t1")).await.unwrap();
+    // THEN the debit goes back and the failure is announced (before issue 48 a Failed
+    // request's payments were never read: the ledger kept $1661.18 AWS never took), and
+    // the request stays Failed, buying nothing more; its lost window is ended
+    assert!(
+        out.decisions.iter().any(|d| d.action == "payment-failed"),
+        "{:?}",
+        out.decisions
+    );
+    assert_eq!(w.spent("team-a"), MicroUsd(0));
+    let failed = w.events.published_of("Capacity Payment Failed");
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].detail["searching_again"], false);
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Failed, "{}", rec.reason);
+    assert_eq!(rec.spent, MicroUsd(0));
+    assert_eq!(rec.windows[0].state, WindowState::Ended);
+    assert_eq!(w.market.purchase_count(), 1);
+    assert!(w.events.published_of("Capacity Request Failed").is_empty());
+    // AND nothing is due for it any more
+    w.clock.set(w.clock.get() + Duration::hours(1));
+    let again = p.handle(tick("t2")).await.unwrap();
+    assert!(again.decisions.is_empty(), "{:?}", again.decisions);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_active_requests_later_block_is_read_until_paid_and_searched_for_again_if_it_fails() {
+    // GIVEN r1 Active (as launch writes it once a first window opens) with its block's
+    // payment still pending
+    let w = World::new();
+    let (p, cr) = bought_then(&w, RequestStatus::Active).await;
+    // WHEN the schedule runs at the payment's check, the payment still pending
+    let out = p.handle(tick("t1")).await.unwrap();
+    // THEN it is read (before issue 48 only a Reserved request's payments were), and its
+    // next check is set, the request staying Active
+    let actions: Vec<&str> = out.decisions.iter().map(|d| d.action).collect();
+    assert_eq!(actions, ["payment-pending"], "{:?}", out.decisions);
+    assert_eq!(w.status("r1").await, RequestStatus::Active);
+    let held = w
+        .store
+        .reservations(&capacity_pilot::fakes::fixtures::request_id("r1"))
+        .await
+        .unwrap();
+    let next = held[0].payment_check_at.unwrap();
+    assert!(next > w.clock.get());
+    // WHEN the payment then fails, at the next check
+    w.market
+        .set_reservation_state(&cr, ReservationState::PaymentFailed);
+    w.clock.set(next);
+    p.handle(tick("t2")).await.unwrap();
+    // THEN the debit goes back and the request searches again for what it lost
+    assert_eq!(w.spent("team-a"), MicroUsd(0));
+    let failed = w.events.published_of("Capacity Payment Failed");
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].detail["searching_again"], true);
+    assert_eq!(w.status("r1").await, RequestStatus::Searching);
 }

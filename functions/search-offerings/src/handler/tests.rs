@@ -543,6 +543,7 @@ fn kept_first_half(w: &World, id: &str) {
             ultraserver: false,
             bought_at: None,
             debit_month: None,
+            payment_check_at: None,
             deployment_tag: None,
         },
     );

@@ -43,8 +43,8 @@ use crate::ports::SharedIds;
 use crate::ports::{
     Agenda, BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
     HistoryEntry, KeepCancellation, LeaseWriteOutcome, LiveRequest, NewRequest, OutboundEvent,
-    OutboxItem, Pacing, PortError, RecordReservation, ReleaseUnbought, RequestRecord, Store,
-    TOMBSTONE_KEPT, Tombstone, TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord,
+    OutboxItem, Pacing, PaymentDue, PortError, RecordReservation, ReleaseUnbought, RequestRecord,
+    Store, TOMBSTONE_KEPT, Tombstone, TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord,
     WriteOutcome, outbox_seq,
 };
 use crate::search::{Allowance, DESCRIBE_PACE};
@@ -384,6 +384,13 @@ fn reservation_item(
     res.insert(attr::UPFRONT_FEE_USD.into(), s(r.upfront_fee.to_string()));
     res.insert(attr::STATE.into(), s(r.state.to_string()));
     res.insert(attr::UPDATED_AT.into(), time(at));
+    // ARCHITECTURE §9.1: its payment has its own next action, whatever the request's status:
+    // the item sits in the `work` index at that time until AWS reports it scheduled or final.
+    if let Some(t) = r.payment_due() {
+        res.insert(attr::NEXT_ACTION_AT.into(), time(t));
+        res.insert(attr::GSI_PART.into(), s(WORK_PARTITION));
+        res.insert(attr::GSI_DUE.into(), n(t.timestamp()));
+    }
     if terminal {
         res.insert(attr::EXPIRES_AT.into(), archive_at(at));
     }
@@ -1228,7 +1235,7 @@ impl Store for DynamoStore {
 
     async fn transition(&self, t: Transition) -> Result<WriteOutcome, PortError> {
         use RequestStatus::Purchasing;
-        if !t.from.can_become(t.to) {
+        if !t.from.can_write(t.to) {
             return Err(illegal(t.from, t.to, "the life cycle does not allow it"));
         }
         if t.from == Purchasing || t.to == Purchasing {
@@ -2219,6 +2226,18 @@ impl DynamoStore {
                 });
                 continue;
             }
+            if let Some(reservation_id) = sk.strip_prefix(RES_PREFIX) {
+                if let Some(at) = r.opt_time(attr::NEXT_ACTION_AT)?
+                    && at.timestamp() <= until
+                {
+                    a.payments.push(PaymentDue {
+                        request_id: r.request_id()?,
+                        reservation_id: reservation_id.to_string(),
+                        at,
+                    });
+                }
+                continue;
+            }
             if sk != META_SK {
                 continue;
             }
@@ -2276,6 +2295,9 @@ impl DynamoStore {
         });
         // The index's order is its due times'; the agenda's is the request ids'.
         a.live.sort_by(|x, y| x.request_id.cmp(&y.request_id));
+        a.payments.sort_by(|x, y| {
+            (x.at, &x.request_id, &x.reservation_id).cmp(&(y.at, &y.request_id, &y.reservation_id))
+        });
         a.outbox.sort_by(|x, y| {
             (x.created_at, &x.request_id, x.seq, &x.event.event_key).cmp(&(
                 y.created_at,

@@ -119,6 +119,7 @@ fn reservation(rid: &str, res_id: &str, fee: &str) -> Reservation {
         ultraserver: false,
         bought_at: None,
         debit_month: None,
+        payment_check_at: None,
         deployment_tag: None,
     }
 }
