@@ -2102,6 +2102,12 @@ async fn a_failed_requests_kept_block_whose_payment_fails_returns_its_debit_and_
     assert_eq!(failed[0].detail["searching_again"], false);
     let rec = record(&w, "r1");
     assert_eq!(rec.status, RequestStatus::Failed, "{}", rec.reason);
+    assert!(
+        rec.reason
+            .contains("nothing is bought for an ended request"),
+        "{}",
+        rec.reason
+    );
     assert_eq!(rec.spent, MicroUsd(0));
     assert_eq!(rec.windows[0].state, WindowState::Ended);
     assert_eq!(w.market.purchase_count(), 1);
@@ -2143,4 +2149,67 @@ async fn an_active_requests_later_block_is_read_until_paid_and_searched_for_agai
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0].detail["searching_again"], true);
     assert_eq!(w.status("r1").await, RequestStatus::Searching);
+}
+
+/// The search deadline of r1, plus a minute.
+fn past_the_search_deadline(w: &World) -> chrono::DateTime<chrono::Utc> {
+    let rec = record(w, "r1");
+    capacity_pilot::domain::time_rules::search_deadline(
+        rec.request.window.latest_end,
+        rec.request.duration_hours,
+    ) + Duration::minutes(1)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_active_request_whose_later_block_fails_past_its_deadline_stays_active_with_what_runs() {
+    // GIVEN r1 Active, running a block of its own (scheduled), with a second block's payment
+    // pending, and its search deadline passed
+    let w = World::new();
+    let (p, cr) = bought_then(&w, RequestStatus::Active).await;
+    w.store.insert_reservation(
+        &capacity_pilot::fakes::fixtures::request_id("r1"),
+        stray("p5.48xlarge", 2, "3000"),
+    );
+    w.clock.set(past_the_search_deadline(&w).max(w.clock.get()));
+    // WHEN the second block's payment fails
+    w.market
+        .set_reservation_state(&cr, ReservationState::PaymentFailed);
+    p.handle(tick("t1")).await.unwrap();
+    // THEN its debit goes back, and the request stays Active with the block that runs (not
+    // Reserved: its windows say what it is)
+    assert_eq!(w.events.published_of("Capacity Payment Failed").len(), 1);
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Active, "{}", rec.reason);
+    assert!(rec.reason.contains("it stays Active"), "{}", rec.reason);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_about_to_buy_whose_kept_blocks_payment_fails_plans_again_within_its_deadline() {
+    // GIVEN r1 holding a block whose payment is pending, and a further plan found for it
+    let w = World::new();
+    let (p, cr) = bought_then(&w, RequestStatus::OfferingsFound).await;
+    // WHEN the block's payment fails
+    w.market
+        .set_reservation_state(&cr, ReservationState::PaymentFailed);
+    p.handle(tick("t1")).await.unwrap();
+    // THEN the plan, which counted on the block, is searched for again
+    let failed = w.events.published_of("Capacity Payment Failed");
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].detail["searching_again"], true);
+    assert_eq!(w.status("r1").await, RequestStatus::Searching);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_about_to_buy_whose_kept_blocks_payment_fails_past_its_deadline_stays() {
+    // GIVEN the same, past r1's search deadline
+    let w = World::new();
+    let (p, cr) = bought_then(&w, RequestStatus::OfferingsFound).await;
+    w.clock.set(past_the_search_deadline(&w).max(w.clock.get()));
+    w.market
+        .set_reservation_state(&cr, ReservationState::PaymentFailed);
+    p.handle(tick("t1")).await.unwrap();
+    // THEN the debit goes back and nothing is searched for: it is too late
+    let failed = w.events.published_of("Capacity Payment Failed");
+    assert_eq!(failed[0].detail["searching_again"], false);
+    assert_eq!(w.status("r1").await, RequestStatus::OfferingsFound);
 }
