@@ -506,3 +506,67 @@ pub(crate) fn payment_check_after(r: &Reservation, now: DateTime<Utc>) -> Option
         now + PAYMENT_CHECK_EVERY
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::money::Usd;
+    use crate::domain::offering::{Product, Segment};
+    use crate::domain::reservation::ReservationState;
+    use chrono::TimeZone;
+
+    fn starting(start: DateTime<Utc>, state: ReservationState) -> Reservation {
+        Reservation {
+            id: "cr-1".into(),
+            product: Product::CapacityBlock,
+            region: "us-east-1".into(),
+            instance_type: "p5.48xlarge".into(),
+            instance_count: 1,
+            segments: vec![Segment {
+                start,
+                end: start + Duration::hours(24),
+                availability_zone: None,
+            }],
+            upfront_fee: Usd::ZERO,
+            state,
+            offering_id: None,
+            request_tag: None,
+            deployment_tag: None,
+            ultraserver: false,
+            bought_at: None,
+            debit_month: None,
+            payment_check_at: None,
+        }
+    }
+
+    #[test]
+    fn a_payment_is_read_every_ten_minutes_and_once_more_five_minutes_before_its_start() {
+        let now = Utc.with_ymd_and_hms(2026, 12, 5, 10, 0, 0).unwrap();
+        let pending = ReservationState::PaymentPending;
+        // Far from its start: ten minutes on.
+        let far = starting(now + Duration::days(2), pending);
+        assert_eq!(
+            payment_check_after(&far, now),
+            Some(now + PAYMENT_CHECK_EVERY)
+        );
+        // Starting in 7 minutes: 5 minutes before it starts, so a failure is seen first.
+        let near = starting(now + Duration::minutes(7), pending);
+        assert_eq!(
+            payment_check_after(&near, now),
+            Some(now + Duration::minutes(2))
+        );
+        // Started: ten minutes on, until AWS settles it.
+        let started = starting(now - Duration::minutes(1), pending);
+        assert_eq!(
+            payment_check_after(&started, now),
+            Some(now + PAYMENT_CHECK_EVERY)
+        );
+        // Settled or final: none; and the request's next check is the earliest of its own.
+        let paid = starting(now + Duration::days(2), ReservationState::Scheduled);
+        assert_eq!(payment_check_after(&paid, now), None);
+        assert_eq!(
+            next_payment_check([&paid, &far, &near].into_iter(), now),
+            Some(now + Duration::minutes(2))
+        );
+    }
+}

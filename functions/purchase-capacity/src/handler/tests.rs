@@ -2083,6 +2083,7 @@ async fn a_failed_requests_kept_block_whose_payment_fails_returns_its_debit_and_
     // (a later step refused for good), the block kept for it
     let w = World::new();
     let (p, cr) = bought_then(&w, RequestStatus::Failed).await;
+    let failed_for = record(&w, "r1").reason;
     assert!(w.spent("team-a") > MicroUsd(0));
     // WHEN the payment fails and the purchase schedule runs at the block's next check
     w.market
@@ -2108,6 +2109,8 @@ async fn a_failed_requests_kept_block_whose_payment_fails_returns_its_debit_and_
         "{}",
         rec.reason
     );
+    // (what it failed for is still what its record says first)
+    assert!(rec.reason.starts_with(&failed_for), "{}", rec.reason);
     assert_eq!(rec.spent, MicroUsd(0));
     assert_eq!(rec.windows[0].state, WindowState::Ended);
     assert_eq!(w.market.purchase_count(), 1);
@@ -2148,7 +2151,10 @@ async fn an_active_requests_later_block_is_read_until_paid_and_searched_for_agai
     let failed = w.events.published_of("Capacity Payment Failed");
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0].detail["searching_again"], true);
-    assert_eq!(w.status("r1").await, RequestStatus::Searching);
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Searching);
+    // (its reason is the search's, not the Active one's with a payment note)
+    assert!(rec.reason.starts_with("AWS reports"), "{}", rec.reason);
 }
 
 /// The search deadline of r1, plus a minute.
