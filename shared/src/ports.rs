@@ -1231,12 +1231,12 @@ pub struct Agenda {
 }
 
 /// A reservation whose payment is due a read, as the `work` index shows it
-/// ([`crate::domain::reservation::Reservation::payment_due`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// ([`crate::domain::reservation::Reservation::payment_due`]); ordered earliest first.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct PaymentDue {
+    pub at: DateTime<Utc>,
     pub request_id: RequestId,
     pub reservation_id: String,
-    pub at: DateTime<Utc>,
 }
 
 impl Agenda {

@@ -166,28 +166,14 @@ impl Reservation {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fakes::fixtures::block_starting;
     use chrono::TimeZone;
 
     #[test]
     fn a_payment_is_due_a_read_only_while_it_is_live_and_not_yet_scheduled() {
         let at = Utc.with_ymd_and_hms(2026, 12, 5, 10, 0, 0).unwrap();
-        let mut r = Reservation {
-            id: "cr-1".into(),
-            product: Product::CapacityBlock,
-            region: "us-east-1".into(),
-            instance_type: "p5.48xlarge".into(),
-            instance_count: 1,
-            segments: vec![],
-            upfront_fee: Usd::ZERO,
-            state: ReservationState::PaymentPending,
-            offering_id: None,
-            request_tag: None,
-            deployment_tag: None,
-            ultraserver: false,
-            bought_at: None,
-            debit_month: None,
-            payment_check_at: Some(at),
-        };
+        let mut r = block_starting(at, ReservationState::PaymentPending);
+        r.payment_check_at = Some(at);
         assert_eq!(r.payment_due(), Some(at));
         // A check time left on a record AWS has since settled or ended is not due.
         for state in [

@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 
 use crate::domain::money::Usd;
-use crate::domain::offering::Product;
+use crate::domain::offering::{Product, Segment};
 use crate::domain::request::{
     Budget, CapacityRequest, LaunchTemplateRef, RequestId, Strategy, Team, Window, WorkloadDetail,
 };
+use crate::domain::reservation::{Reservation, ReservationState};
 use crate::ports::OutboundEvent;
 
 /// A fixed instant the fixtures measure from: 2026-12-01 09:00 UTC.
@@ -26,6 +27,32 @@ pub fn request_id(id: &str) -> RequestId {
 
 pub fn team(name: &str) -> Team {
     Team::parse(name).unwrap_or_else(|e| panic!("fixture team {name:?}: {e}"))
+}
+
+/// A one-instance, one-day Capacity Block `cr-1` starting at `start`, in `state`, with no fee
+/// and nothing else recorded.
+pub fn block_starting(start: DateTime<Utc>, state: ReservationState) -> Reservation {
+    Reservation {
+        id: "cr-1".into(),
+        product: Product::CapacityBlock,
+        region: "us-east-1".into(),
+        instance_type: "p5.48xlarge".into(),
+        instance_count: 1,
+        segments: vec![Segment {
+            start,
+            end: start + Duration::hours(24),
+            availability_zone: None,
+        }],
+        upfront_fee: Usd::ZERO,
+        state,
+        offering_id: None,
+        request_tag: None,
+        deployment_tag: None,
+        ultraserver: false,
+        bought_at: None,
+        debit_month: None,
+        payment_check_at: None,
+    }
 }
 
 /// A two-instance, one-day Capacity Block request for EC2 instances in us-east-1, any time

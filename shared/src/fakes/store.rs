@@ -702,9 +702,7 @@ impl State {
                 }
             }
         }
-        a.payments.sort_by(|x, y| {
-            (x.at, &x.request_id, &x.reservation_id).cmp(&(y.at, &y.request_id, &y.reservation_id))
-        });
+        a.payments.sort();
         a.outbox = self.unsent();
         a
     }

@@ -111,7 +111,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             let t = Transition::of(&rec, rec.status, &reason, rec.next_action_at, now, cause)
                 .with_reservations(changed, None);
             let w = self.store.transition(t).await?;
-            let paid = held.iter().all(|r| payment_check_after(r, now).is_none());
+            let paid = next_payment_check(held.iter(), now).is_none();
             out.decisions.push(Decision::new(
                 &id,
                 decision::written(&w, if paid { "paid" } else { "payment-pending" }),
@@ -510,34 +510,9 @@ pub(crate) fn payment_check_after(r: &Reservation, now: DateTime<Utc>) -> Option
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::money::Usd;
-    use crate::domain::offering::{Product, Segment};
     use crate::domain::reservation::ReservationState;
+    use crate::fakes::fixtures::block_starting as starting;
     use chrono::TimeZone;
-
-    fn starting(start: DateTime<Utc>, state: ReservationState) -> Reservation {
-        Reservation {
-            id: "cr-1".into(),
-            product: Product::CapacityBlock,
-            region: "us-east-1".into(),
-            instance_type: "p5.48xlarge".into(),
-            instance_count: 1,
-            segments: vec![Segment {
-                start,
-                end: start + Duration::hours(24),
-                availability_zone: None,
-            }],
-            upfront_fee: Usd::ZERO,
-            state,
-            offering_id: None,
-            request_tag: None,
-            deployment_tag: None,
-            ultraserver: false,
-            bought_at: None,
-            debit_month: None,
-            payment_check_at: None,
-        }
-    }
 
     #[test]
     fn a_payment_is_read_every_ten_minutes_and_once_more_five_minutes_before_its_start() {

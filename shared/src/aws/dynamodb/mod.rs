@@ -2295,9 +2295,7 @@ impl DynamoStore {
         });
         // The index's order is its due times'; the agenda's is the request ids'.
         a.live.sort_by(|x, y| x.request_id.cmp(&y.request_id));
-        a.payments.sort_by(|x, y| {
-            (x.at, &x.request_id, &x.reservation_id).cmp(&(y.at, &y.request_id, &y.reservation_id))
-        });
+        a.payments.sort();
         a.outbox.sort_by(|x, y| {
             (x.created_at, &x.request_id, x.seq, &x.event.event_key).cmp(&(
                 y.created_at,
