@@ -564,6 +564,25 @@ pub struct Doubt {
     pub since: DateTime<Utc>,
 }
 
+/// Whether the purchase under a lease called AWS (ARCHITECTURE §8.6 as amended in §9.1). The
+/// lease transaction of a new purchase writes [`PurchaseCall::None`]; before each purchase
+/// call a conditional write under the lease, confirmed before the call, records
+/// [`PurchaseCall::Called`] (a write whose outcome is unknown may have landed, so it counts
+/// as a call). A takeover keeps what it finds. A record with no marker at all was written
+/// before the marker was: its purchase is in doubt from its lease, as before.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PurchaseCall {
+    /// No lease of this request and plan recorded a call: nothing can have been bought.
+    None,
+    /// A call may have been made: the offerings called under this plan's leases, and the
+    /// time of the latest call, from which the doubt of what is not recorded stands.
+    Called {
+        at: DateTime<Utc>,
+        offering_ids: Vec<String>,
+    },
+}
+
 /// A cancellation that could not be applied when it came (ARCHITECTURE §8.3): it came during
 /// `Purchasing`, or while a bought reservation's payment was not yet taken. It is applied if
 /// the purchase does not complete or the payment fails, and refused once the payment is
@@ -651,9 +670,15 @@ pub struct RequestRecord {
     /// What has happened to each of its windows (ARCHITECTURE §8.4), in number order.
     pub windows: Vec<WindowRecord>,
     pub lease: Option<Lease>,
-    /// The purchase under way, recorded with its lease (§8.6).
+    /// The purchase under way, recorded with its lease (§8.6). On a terminal request: a
+    /// purchase that ended in doubt, reconciled hourly until its offerings end
+    /// ([`RequestRecord::in_doubt`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub doubt: Option<Doubt>,
+    /// Whether the purchase under the lease called AWS ([`PurchaseCall`]); `None` on a
+    /// record written before the marker was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub purchase_call: Option<PurchaseCall>,
     /// A cancellation kept until the purchase or its payment settles (§8.3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel: Option<CancelNote>,
@@ -686,6 +711,19 @@ impl RequestRecord {
         self.windows
             .iter()
             .any(|w| w.next_action_at.is_some_and(|t| t <= now))
+    }
+
+    /// Whether it ended with a purchase in doubt (ARCHITECTURE §9.1): a call may have bought
+    /// what reconciliation could not see. Its debit stays, and it is reconciled hourly until
+    /// the doubted offerings end.
+    pub fn in_doubt(&self) -> bool {
+        self.status.is_terminal() && self.doubt.is_some()
+    }
+
+    /// Whether it is archived (its TTL set): [`crate::domain::window::archivable`], and no
+    /// purchase of it in doubt.
+    pub fn archivable(&self) -> bool {
+        crate::domain::window::archivable(self.status, &self.windows) && !self.in_doubt()
     }
 
     /// Whether the function owning its status has work now: the request may be in the due
@@ -778,6 +816,9 @@ pub struct Transition {
     pub reservations: Vec<Reservation>,
     /// A kept debit going back: a reservation's payment failed (ARCHITECTURE §8.5).
     pub refund: Option<Refund>,
+    /// A terminal request's purchase in doubt is resolved: its doubt and call marker are
+    /// cleared ([`RequestRecord::in_doubt`]).
+    pub resolve_doubt: bool,
 }
 
 /// A kept purchase debit returned to the request's team ledger of `month` and taken out of
@@ -838,6 +879,7 @@ impl Transition {
             cancel: None,
             reservations: vec![],
             refund: None,
+            resolve_doubt: false,
         }
     }
 
@@ -972,6 +1014,7 @@ impl WindowUpdate {
             cancel: None,
             reservations: vec![],
             refund: None,
+            resolve_doubt: false,
         })
     }
 }
@@ -1027,6 +1070,38 @@ pub struct KeepCancellation {
     pub status: RequestStatus,
     /// `Some`: keep it; `None`: it was answered, clear it.
     pub note: Option<CancelNote>,
+    pub reason: String,
+    pub next_action_at: Option<DateTime<Utc>>,
+    pub at: DateTime<Utc>,
+    pub caused_by: Cause,
+    pub outbox: Vec<OutboundEvent>,
+}
+
+/// Records, under the lease and before the call, that the purchase is about to call AWS for
+/// `offering_ids` ([`PurchaseCall::Called`], joined to the offerings called before under this
+/// plan). Refused unless the request is `Purchasing` under this lease, unexpired at `at`.
+/// Makes a version and a history entry, so a takeover that read the request before it is
+/// refused and reads it again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MarkPurchaseCall {
+    pub request_id: RequestId,
+    pub lease_token: String,
+    pub offering_ids: Vec<String>,
+    pub reason: String,
+    pub at: DateTime<Utc>,
+    pub caused_by: Cause,
+}
+
+/// Ends a purchase whose call may have bought what reconciliation cannot see, past the
+/// request's purchase deadline (ARCHITECTURE §9.1): under the lease, to `Failed` (or
+/// `Cancelled`, applying a kept cancellation), keeping the open debit, the doubt and the call
+/// marker, and no TTL while the doubt stands; due again at `next_action_at` for the hourly
+/// reconciliation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailInDoubt {
+    pub request_id: RequestId,
+    pub lease_token: String,
+    pub to: RequestStatus,
     pub reason: String,
     pub next_action_at: Option<DateTime<Utc>>,
     pub at: DateTime<Utc>,
@@ -1393,6 +1468,18 @@ pub trait Store: Send + Sync {
     fn release_unbought(
         &self,
         r: ReleaseUnbought,
+    ) -> impl Future<Output = Result<LeaseWriteOutcome, PortError>> + Send;
+
+    /// Records that the purchase under the lease is about to call AWS ([`MarkPurchaseCall`]).
+    fn mark_purchase_call(
+        &self,
+        m: MarkPurchaseCall,
+    ) -> impl Future<Output = Result<LeaseWriteOutcome, PortError>> + Send;
+
+    /// Ends a purchase in doubt, keeping its debit ([`FailInDoubt`]).
+    fn fail_in_doubt(
+        &self,
+        f: FailInDoubt,
     ) -> impl Future<Output = Result<LeaseWriteOutcome, PortError>> + Send;
 
     fn reservations(

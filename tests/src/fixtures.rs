@@ -160,6 +160,7 @@ pub fn transition(
         cancel: None,
         reservations: vec![],
         refund: None,
+        resolve_doubt: false,
     }
 }
 

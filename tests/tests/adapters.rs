@@ -145,6 +145,59 @@ async fn capacity_block_offerings_carry_their_window_zone_fee_and_on_demand_pric
 }
 
 #[tokio::test]
+async fn reconciliation_falls_back_to_the_documented_state_filter_when_the_tag_filter_is_refused() {
+    // GIVEN an EC2 that refuses the undocumented tag filter (aws-reference 11.1), and two
+    // requests' blocks bought and listed
+    let env = env_with(Settings {
+        refuse_tag_filters: true,
+        listing_lag_seconds: 0,
+        ..Settings::default()
+    })
+    .await;
+    let offer = first_block(&env, 1, 24).await;
+    let mine = env
+        .market
+        .purchase(&offer, &purchase_spec("block-a"))
+        .await
+        .unwrap();
+    env.market
+        .purchase(&offer, &purchase_spec("block-b"))
+        .await
+        .unwrap();
+    // WHEN reconciliation looks for one request's
+    let found = env
+        .market
+        .find_by_request(
+            Product::CapacityBlock,
+            REGION,
+            &RequestId::parse("block-a").unwrap(),
+            "",
+        )
+        .await
+        .unwrap();
+    // THEN it finds exactly that request's block, by state and the tag matched here
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].id, mine.id);
+    assert_eq!(found[0].request_tag.as_deref(), Some("block-a"));
+    // AND the emulator does refuse the tag filter
+    let refused = aws_sdk_ec2::Client::new(&env.sdk)
+        .describe_capacity_reservations()
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name(format!("tag:{REQUEST_TAG}"))
+                .values("block-a")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        aws_sdk_ec2::error::ProvideErrorMetadata::code(&refused),
+        Some("InvalidParameterValue")
+    );
+}
+
+#[tokio::test]
 async fn a_bought_block_is_tagged_found_by_request_and_moves_through_its_states() {
     let env = env().await;
     let offer = first_block(&env, 1, 24).await;

@@ -2962,3 +2962,156 @@ async fn a_reservations_payment_check_is_in_the_work_index_in_any_status_until_i
     );
     assert_eq!(status_of(&store, id).await, Failed);
 }
+
+#[tokio::test]
+async fn a_purchase_call_is_recorded_under_the_lease_and_a_purchase_in_doubt_keeps_its_debit_unarchived()
+ {
+    use capacity_pilot::ports::{Doubt, FailInDoubt, MarkPurchaseCall, PurchaseCall};
+    use chrono::{DateTime, Utc};
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let id = "doubt";
+    request_with_offerings(&store, id, "ops").await;
+    let fee = usd("1000").to_micros_ceil();
+    let mut begin = begin_purchase(
+        id,
+        3,
+        OfferingsFound,
+        "a",
+        t0(),
+        Some(debit("ops", fee, MicroUsd(10_000_000_000))),
+    );
+    begin.doubt = Some(Doubt {
+        offering_ids: vec!["cb-1".into(), "cb-2".into()],
+        since: t0(),
+    });
+    store.begin_purchase(begin).await.unwrap();
+    // THEN a new purchase's lease records that nothing was called
+    assert_eq!(
+        get(&store, id).await.purchase_call,
+        Some(PurchaseCall::None)
+    );
+
+    let mark = |token: &str, offering: &str, at: DateTime<Utc>| MarkPurchaseCall {
+        request_id: request_id(id),
+        lease_token: token.into(),
+        offering_ids: vec![offering.into()],
+        reason: format!("calling for {offering}"),
+        at,
+        caused_by: Cause::new(format!("call-{token}-{offering}")),
+    };
+    // WHEN the holder records its calls
+    let at1 = t0() + Duration::minutes(1);
+    assert_eq!(
+        store
+            .mark_purchase_call(mark("a", "cb-1", at1))
+            .await
+            .unwrap(),
+        LeaseWriteOutcome::Applied { version: 5 }
+    );
+    let at2 = t0() + Duration::minutes(2);
+    store
+        .mark_purchase_call(mark("a", "cb-2", at2))
+        .await
+        .unwrap();
+    // THEN the marker holds every offering called and the latest call, each a version in the
+    // history, the status unchanged
+    let r = get(&store, id).await;
+    assert_eq!(
+        r.purchase_call,
+        Some(PurchaseCall::Called {
+            at: at2,
+            offering_ids: vec!["cb-1".into(), "cb-2".into()],
+        })
+    );
+    assert_eq!((r.status, r.version), (Purchasing, 6));
+    let history = store.history(&request_id(id)).await.unwrap();
+    assert_eq!(history.last().unwrap().reason, "calling for cb-2");
+    // AND another token, or the holder past its lease, records nothing
+    assert_eq!(
+        store
+            .mark_purchase_call(mark("z", "cb-3", at2))
+            .await
+            .unwrap(),
+        LeaseWriteOutcome::LeaseLost
+    );
+    let late = t0() + Duration::minutes(21);
+    assert_eq!(
+        store
+            .mark_purchase_call(mark("a", "cb-3", late))
+            .await
+            .unwrap(),
+        LeaseWriteOutcome::LeaseLost
+    );
+    // AND a takeover that read the request before the calls is refused; one that read it
+    // after keeps the marker
+    assert_eq!(
+        store
+            .begin_purchase(begin_purchase(id, 4, Purchasing, "b", late, None))
+            .await
+            .unwrap(),
+        BeginPurchaseOutcome::Conflict
+    );
+    store
+        .begin_purchase(begin_purchase(id, 6, Purchasing, "b", late, None))
+        .await
+        .unwrap();
+    assert!(matches!(
+        get(&store, id).await.purchase_call,
+        Some(PurchaseCall::Called { .. })
+    ));
+
+    // WHEN the takeover ends it in doubt
+    let next = late + Duration::hours(1);
+    let ended = store
+        .fail_in_doubt(FailInDoubt {
+            request_id: request_id(id),
+            lease_token: "b".into(),
+            to: Failed,
+            reason: "in doubt".into(),
+            next_action_at: Some(next),
+            at: late,
+            caused_by: Cause::new("in-doubt"),
+            outbox: vec![],
+        })
+        .await
+        .unwrap();
+    assert_eq!(ended, LeaseWriteOutcome::Applied { version: 8 });
+    // THEN it is Failed with the debit, doubt and marker kept, no lease and no TTL, and due
+    // for its reconciliation
+    let r = get(&store, id).await;
+    assert_eq!(
+        (r.status, r.open_debit, r.lease.clone()),
+        (Failed, Some(fee), None)
+    );
+    assert!(r.in_doubt());
+    assert!(r.purchase_call.is_some());
+    assert!(!has_ttl(&raw_item(&table, "REQ#doubt", "META").await));
+    let agenda = store.agenda(next).await.unwrap();
+    assert!(
+        agenda
+            .due
+            .iter()
+            .any(|d| d.request_id.as_str() == id && d.own_action_due(next)),
+        "{agenda:?}"
+    );
+
+    // WHEN the doubt is resolved with the fee kept
+    let mut t = transition(id, r.version, Failed, Failed, "resolved");
+    t.at = next;
+    t.settle = Some(Settle::Spend(fee));
+    t.resolve_doubt = true;
+    store.transition(t).await.unwrap();
+    // THEN the debit stays spent, the doubt and marker go, and the request is archived
+    let r = get(&store, id).await;
+    assert!(!r.in_doubt() && r.purchase_call.is_none() && r.open_debit.is_none());
+    assert_eq!(r.spent, fee);
+    assert_eq!(
+        store
+            .budget_spent(&team("ops"), &BudgetMonth::of(t0()))
+            .await
+            .unwrap(),
+        fee
+    );
+    assert!(has_ttl(&raw_item(&table, "REQ#doubt", "META").await));
+}

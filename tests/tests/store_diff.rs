@@ -9,8 +9,9 @@ use capacity_pilot::domain::status::RequestStatus::{self, *};
 use capacity_pilot::domain::window::{WindowRecord, WindowState};
 use capacity_pilot::fakes::InMemoryStore;
 use capacity_pilot::ports::{
-    BudgetMonth, CancelNote, Cause, CreateOutcome, Doubt, KeepCancellation, OnDemandRun, Pacing,
-    PortError, Refund, Settle, Store, Tombstone, WindowUpdate, WorkloadRecord,
+    BudgetMonth, CancelNote, Cause, CreateOutcome, Doubt, FailInDoubt, KeepCancellation,
+    LeaseWriteOutcome, MarkPurchaseCall, OnDemandRun, Pacing, PortError, Refund, Settle, Store,
+    Tombstone, WindowUpdate, WorkloadRecord,
 };
 use chrono::{DateTime, Duration, Utc};
 use integration_tests::TestTable;
@@ -133,6 +134,9 @@ async fn play(seed: u64, steps: usize, reached: &mut Reached) {
         memory: [memory.clone(), memory.clone(), memory],
     };
     let mut rng = Rng(seed);
+    // The call marker's and the doubt's draws (issue 48), apart, so every earlier draw of a
+    // seed stays what it was.
+    let mut extra = Rng(seed ^ 0x9e37_79b9_7f4a_7c15);
     let mut now: DateTime<Utc> = t0();
     let mut last_cause: std::collections::BTreeMap<&str, String> = Default::default();
     for step in 0..steps {
@@ -363,7 +367,7 @@ async fn play(seed: u64, steps: usize, reached: &mut Reached) {
                 let debit = (r.status != Purchasing)
                     .then(|| debit("ml", dollars(&mut rng, 1, 60), dollars(&mut rng, 20, 100)));
                 let mut b = begin_purchase(id, r.version, r.status, &token, now, debit);
-                b.caused_by = Cause::new(cause);
+                b.caused_by = Cause::new(cause.clone());
                 // Some leases outlast the steps to the request's next operation.
                 b.lease.expires_at = now + Duration::minutes(20 + 60 * rng.below(6) as i64);
                 if r.status != Purchasing || rng.chance(30) {
@@ -386,12 +390,61 @@ async fn play(seed: u64, steps: usize, reached: &mut Reached) {
                     },
                     &d,
                 );
+                if r.status == Purchasing || extra.chance(60) {
+                    // The holder records its call before making it (§9.1).
+                    let m = MarkPurchaseCall {
+                        request_id: rid.clone(),
+                        lease_token: token.clone(),
+                        offering_ids: vec![format!("cb-{step}")],
+                        reason: "calling AWS".into(),
+                        at: now,
+                        caused_by: Cause::new(format!("{cause}#call")),
+                    };
+                    let d = both!(s, w, format!("{at}: mark purchase call"), |st| st
+                        .mark_purchase_call(m.clone()));
+                    reached.saw("mark", &d);
+                    // A takeover that recorded a call ends it in doubt (§9.1).
+                    if r.status == Purchasing && matches!(d, Ok(LeaseWriteOutcome::Applied { .. }))
+                    {
+                        let f = FailInDoubt {
+                            request_id: rid.clone(),
+                            lease_token: token.clone(),
+                            to: if r.cancel.is_some() {
+                                Cancelled
+                            } else {
+                                RequestStatus::Failed
+                            },
+                            reason: "in doubt".into(),
+                            next_action_at: Some(now + Duration::hours(1)),
+                            at: now,
+                            caused_by: Cause::new(format!("{cause}#in-doubt")),
+                            outbox: vec![],
+                        };
+                        let d = both!(s, w, format!("{at}: fail in doubt"), |st| st
+                            .fail_in_doubt(f.clone()));
+                        reached.saw("in-doubt", &d);
+                    }
+                }
             }
             (4 | 40, Some(r)) if r.status == Purchasing => {
                 let token = match (&r.lease, rng.chance(20)) {
                     (Some(l), false) => l.token.clone(),
                     _ => "not-the-holder".to_string(),
                 };
+                if op == 4 && extra.chance(50) {
+                    // The call marker, under the lease, before a purchase call (§9.1).
+                    let m = MarkPurchaseCall {
+                        request_id: rid.clone(),
+                        lease_token: token.clone(),
+                        offering_ids: vec![format!("cb-{}", extra.below(3))],
+                        reason: "calling AWS".into(),
+                        at: now,
+                        caused_by: Cause::new(format!("{cause}#call")),
+                    };
+                    let d = both!(s, w, format!("{at}: mark purchase call"), |st| st
+                        .mark_purchase_call(m.clone()));
+                    reached.saw("mark", &d);
+                }
                 if op == 4 {
                     let mut rr = record_reservation(
                         id,
@@ -412,6 +465,21 @@ async fn play(seed: u64, steps: usize, reached: &mut Reached) {
                     let d = both!(s, w, format!("{at}: record reservation"), |st| st
                         .record_reservation(rr.clone()));
                     reached.saw("record", &d);
+                } else if extra.chance(30) {
+                    // A purchase ended in doubt, its debit kept (§9.1).
+                    let f = FailInDoubt {
+                        request_id: rid.clone(),
+                        lease_token: token.clone(),
+                        to: [RequestStatus::Failed, Cancelled][extra.below(2)],
+                        reason: "in doubt".into(),
+                        next_action_at: Some(now + Duration::hours(1)),
+                        at: now,
+                        caused_by: Cause::new(cause),
+                        outbox: vec![],
+                    };
+                    let d = both!(s, w, format!("{at}: fail in doubt"), |st| st
+                        .fail_in_doubt(f.clone()));
+                    reached.saw("in-doubt", &d);
                 } else {
                     let mut u = release_unbought(id, &token, now);
                     u.caused_by = Cause::new(cause);
@@ -657,6 +725,8 @@ async fn the_in_memory_store_answers_seeded_operation_sequences_as_dynamodb_does
         "takeover:Acquired",
         "record:Applied",
         "release:LeaseLost",
+        "mark:Applied",
+        "in-doubt:Applied",
         "keep:Applied",
         "race:Applied",
         "workload:Ok",

@@ -1,7 +1,8 @@
 //! purchase-capacity's dispatch: which wake-up goes to which purchase protocol
 //! ([`capacity_pilot::purchase`]). The schedule and `Capacity Offerings Found` take a request to
 //! the approval gate and the purchase, or, already Purchasing under an expired lease, to the
-//! takeover, or, Reserved, to its payment check; an approver's decision goes to the approval
+//! takeover, or, Reserved, to its payment check, or, ended with a purchase in doubt, to its
+//! hourly reconciliation; an approver's decision goes to the approval
 //! protocol, and on to the purchase when it approves; a cancellation to the cancellation's.
 //!
 //! Events only wake this function up: what to buy and for how much is read from the table.
@@ -70,6 +71,9 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     RequestStatus::Purchasing,
                     // Bought, until AWS reports each reservation scheduled.
                     RequestStatus::Reserved,
+                    // Ended with a purchase in doubt, reconciled hourly (ARCHITECTURE §9.1).
+                    RequestStatus::Failed,
+                    RequestStatus::Cancelled,
                 ]);
                 // ARCHITECTURE §9.1: a reservation's payment is read whatever its request's
                 // status; a request due for its own action is read below, payments included.
@@ -231,6 +235,12 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                     }
                     _ => self.protocols().take_over(rec, cause, now, out).await,
                 };
+            }
+            _ if rec.in_doubt() => {
+                return self
+                    .protocols()
+                    .reconcile_in_doubt(rec, cause, now, out)
+                    .await;
             }
             other => {
                 out.decisions.push(Decision::new(

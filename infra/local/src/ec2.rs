@@ -792,6 +792,15 @@ impl World {
             }
         }
         let filters = q.filters();
+        if self.settings.refuse_tag_filters
+            && let Some(f) = filters.iter().find(|f| f.name.starts_with("tag:"))
+        {
+            return Err(ApiError::ec2(
+                400,
+                "InvalidParameterValue",
+                format!("The filter '{}' is invalid", f.name),
+            ));
+        }
         let items: Vec<El> = self
             .ec2
             .reservations

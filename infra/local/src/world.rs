@@ -122,6 +122,11 @@ pub struct Settings {
     /// changed) answers `InvalidParameterCombination`. AWS launches with fewer interfaces;
     /// the harsher reading refuses (false: launch with the override's list as AWS does).
     pub refuse_dropped_interfaces: bool,
+    /// DescribeCapacityReservations with a `tag:<key>` filter answers `InvalidParameterValue`
+    /// "The filter 'tag:<key>' is invalid". Tag filters are not in the documented filter list
+    /// (aws-reference §11.1) though widely used: the harsher reading refuses them (default
+    /// false: they work, as they do today).
+    pub refuse_tag_filters: bool,
     /// Launches refused with an account or zone limit (`VcpuLimitExceeded`, …) before any
     /// capacity check. Capacity Block launches are never refused this way. Default: none.
     pub refusals: Vec<Refusal>,
@@ -236,6 +241,7 @@ impl Default for Settings {
             no_block_quota: Vec::new(),
             instance_listing_lag_seconds: 120,
             refuse_dropped_interfaces: true,
+            refuse_tag_filters: false,
             refusals: Vec::new(),
             run_instances_latency_ms: 50,
             cluster_omit_current_count: true,
@@ -709,7 +715,8 @@ mod tests {
              cluster_omit_current_count: false\n\
              endpoint_inactive_plan: refuse\n\
              endpoint_failures: 2\n\
-             refuse_partial_cluster_updates: false\n",
+             refuse_partial_cluster_updates: false\n\
+             refuse_tag_filters: true\n",
         )
         .expect("yaml");
         let s: Settings = serde_json::from_value(v).expect("settings");
@@ -724,9 +731,13 @@ mod tests {
         assert_eq!(s.endpoint_inactive_plan, InactivePlan::Refuse);
         assert_eq!(s.endpoint_failures, 2);
         assert!(!s.refuse_partial_cluster_updates);
+        assert!(s.refuse_tag_filters);
         let d = Settings::default();
         assert!(
-            d.refusals.is_empty() && d.refuse_dropped_interfaces && d.cluster_omit_current_count
+            d.refusals.is_empty()
+                && d.refuse_dropped_interfaces
+                && d.cluster_omit_current_count
+                && !d.refuse_tag_filters
         );
         assert_eq!(
             (d.instance_listing_lag_seconds, d.run_instances_latency_ms),

@@ -70,6 +70,27 @@ where
     move |e| classify(SERVICE, op, call, e)
 }
 
+/// The states of a reservation that exists or may still (`ReservationState::is_live`), as
+/// DescribeCapacityReservations' documented `state` filter names them.
+const LIVE_STATES: [&str; 8] = [
+    "pending",
+    "payment-pending",
+    "assessing",
+    "delayed",
+    "scheduled",
+    "active",
+    "unavailable",
+    "cancelling",
+];
+
+/// Whether EC2's refusal `code` is of a filter it does not take.
+fn refuses_filter(code: &str) -> bool {
+    matches!(
+        code,
+        "InvalidParameterValue" | "InvalidFilter" | "InvalidParameter" | "UnknownParameter"
+    )
+}
+
 fn tags_of(tags: &[Tag]) -> BTreeMap<String, String> {
     tags.iter()
         .filter_map(|t| {
@@ -413,22 +434,51 @@ impl Ec2Adapter {
             .transpose()
     }
 
-    /// Every Capacity Block reservation tagged with the request id, over every page.
+    /// Every Capacity Block reservation tagged with the request id, over every page. The tag
+    /// filter is widely used but undocumented (aws-reference §11.1): when EC2 refuses it, the
+    /// live reservations are listed by the documented `state` filter instead and the tag is
+    /// matched here (the caller matches it again, with the deployment's).
     pub async fn reservations_for_request(
         &self,
         region: &str,
         request_id: &RequestId,
     ) -> Result<Vec<Reservation>, PortError> {
+        let by_tag = Filter::builder()
+            .name(format!("tag:{REQUEST_TAG}"))
+            .values(request_id.as_str())
+            .build();
+        match self.blocks_where(region, by_tag).await {
+            Err(PortError::Permanent { code, message, .. }) if refuses_filter(&code) => {
+                tracing::warn!(
+                    region, request_id = %request_id, code, message,
+                    "the request-tag filter was refused; reconciling by the documented state filter"
+                );
+                let mut live = Filter::builder().name("state");
+                for state in LIVE_STATES {
+                    live = live.values(state);
+                }
+                Ok(self
+                    .blocks_where(region, live.build())
+                    .await?
+                    .into_iter()
+                    .filter(|r| r.request_tag.as_deref() == Some(request_id.as_str()))
+                    .collect())
+            }
+            other => other,
+        }
+    }
+
+    /// The Capacity Block reservations `filter` lists, over every page.
+    async fn blocks_where(
+        &self,
+        region: &str,
+        filter: Filter,
+    ) -> Result<Vec<Reservation>, PortError> {
         const OP: &str = "DescribeCapacityReservations";
         let mut pages = self
             .client(region)
             .describe_capacity_reservations()
-            .filters(
-                Filter::builder()
-                    .name(format!("tag:{REQUEST_TAG}"))
-                    .values(request_id.as_str())
-                    .build(),
-            )
+            .filters(filter)
             .into_paginator()
             .items()
             .send();

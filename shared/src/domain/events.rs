@@ -399,6 +399,28 @@ pub struct ReservationUnrecorded {
 }
 detail!(ReservationUnrecorded, "Capacity Reservation Unrecorded");
 
+/// A purchase that called AWS and could not be reconciled by its request's purchase deadline
+/// (ARCHITECTURE §9.1): AWS may have sold `offering_ids` and not let us see it. The request
+/// fails with its debit kept, and is reconciled hourly until the offerings end; what is then
+/// found is served as its window and announced as `Capacity Reservation Unrecorded`. The
+/// purchase function's `purchase-in-doubt` log line feeds the metric an alarm watches: a
+/// person should check the account's reservations and bill.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct PurchaseInDoubt {
+    pub event_key: String,
+    pub request_id: String,
+    /// The offerings called and not recorded.
+    pub offering_ids: Vec<String>,
+    /// The latest purchase call: the doubt stands from here.
+    pub since: DateTime<Utc>,
+    /// When the hourly reconciliation stops: the latest end of the doubted offerings.
+    pub reconciled_until: DateTime<Utc>,
+    /// The debit kept for what may have been bought.
+    pub kept_usd: Usd,
+    pub reason: String,
+}
+detail!(PurchaseInDoubt, "Capacity Purchase In Doubt");
+
 /// A `Capacity Purchase Approved` or `… Rejected` that answers no plan awaiting approval
 /// now: its `approves` is missing, or names an earlier plan (a late or redelivered
 /// decision after a re-search), or the request is no longer awaiting one.
@@ -462,6 +484,7 @@ pub fn schemas() -> Vec<(&'static str, schemars::Schema)> {
             "capacity-reservation-unrecorded",
             schema_for!(ReservationUnrecorded),
         ),
+        ("capacity-purchase-in-doubt", schema_for!(PurchaseInDoubt)),
         (
             "capacity-cancellation-applied",
             schema_for!(CancellationApplied),

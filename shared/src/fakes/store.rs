@@ -21,10 +21,10 @@ use crate::domain::status::RequestStatus;
 use crate::domain::window;
 use crate::ports::{
     Agenda, BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
-    HistoryEntry, KeepCancellation, LeaseWriteOutcome, LiveRequest, NewRequest, OutboundEvent,
-    OutboxItem, Pacing, PaymentDue, PortError, RecordReservation, ReleaseUnbought, RequestRecord,
-    Store, Tombstone, TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord, WriteOutcome,
-    outbox_seq,
+    FailInDoubt, HistoryEntry, KeepCancellation, LeaseWriteOutcome, LiveRequest, MarkPurchaseCall,
+    NewRequest, OutboundEvent, OutboxItem, Pacing, PaymentDue, PortError, PurchaseCall,
+    RecordReservation, ReleaseUnbought, RequestRecord, Store, Tombstone, TombstoneOutcome,
+    Transition, WindowUpdate, WorkloadRecord, WriteOutcome, outbox_seq,
 };
 use crate::search::{Allowance, DESCRIBE_PACE};
 
@@ -43,6 +43,8 @@ pub enum StoreOp {
     BeginPurchase,
     RecordReservation,
     ReleaseUnbought,
+    MarkPurchaseCall,
+    FailInDoubt,
     KeepCancellation,
     PutTombstone,
     UpdateWindows,
@@ -67,6 +69,8 @@ impl StoreOp {
                 | StoreOp::BeginPurchase
                 | StoreOp::RecordReservation
                 | StoreOp::ReleaseUnbought
+                | StoreOp::MarkPurchaseCall
+                | StoreOp::FailInDoubt
                 | StoreOp::KeepCancellation
                 | StoreOp::PutTombstone
                 | StoreOp::UpdateWindows
@@ -239,8 +243,7 @@ impl InMemoryStore {
         let open_debit_ledger = record
             .open_debit
             .map(|_| (record.team.clone(), BudgetMonth::of(record.updated_at)));
-        let expires_at = window::archivable(record.status, &record.windows)
-            .then(|| record.updated_at + s.retention);
+        let expires_at = record.archivable().then(|| record.updated_at + s.retention);
         s.requests.insert(
             record.request_id.clone(),
             Stored {
@@ -252,12 +255,13 @@ impl InMemoryStore {
         );
     }
 
-    /// Forgets a record's purchase doubt, leaving all else as it is: the record reads as one
-    /// written by a release before `doubt` was. Nothing is committed, so nothing is
-    /// published and the version stays.
+    /// Forgets a record's purchase doubt and call marker, leaving all else as it is: the
+    /// record reads as one written by a release before `doubt` was. Nothing is committed, so
+    /// nothing is published and the version stays.
     pub fn forget_doubt(&self, request_id: &RequestId) {
         if let Some(stored) = lock(&self.state).requests.get_mut(request_id) {
             stored.record.doubt = None;
+            stored.record.purchase_call = None;
         }
     }
 
@@ -653,10 +657,7 @@ impl State {
             .filter(|r| !self.expired(r.expires_at))
         {
             let rec = &r.record;
-            if r.expires_at.is_some()
-                && rec.status.is_terminal()
-                && !window::archivable(rec.status, &rec.windows)
-            {
+            if r.expires_at.is_some() && rec.status.is_terminal() && !rec.archivable() {
                 a.stale_ttl.push(rec.request_id.clone());
             }
             if let Some(at) = rec.due_at()
@@ -747,6 +748,7 @@ impl State {
             windows: Vec::new(),
             lease: None,
             doubt: None,
+            purchase_call: None,
             cancel: None,
             open_debit: None,
             run: None,
@@ -830,6 +832,12 @@ impl State {
             // On-demand spend: kept at once, or held as the open debit until settled.
             self.charge(d);
         }
+        // A reservation recorded here for the first time (a purchase in doubt found later)
+        // was bought with the open debit: its payment failure returns it to that month.
+        let month = self.requests[&t.request_id]
+            .open_debit_ledger
+            .as_ref()
+            .map(|(_, m)| m.0.clone());
         if let Some(how) = t.settle {
             let stored = self.requests.get_mut(&t.request_id).expect("checked above");
             let open = stored.record.open_debit.take().filter(|d| d.0 > 0);
@@ -869,9 +877,13 @@ impl State {
         if !t.reservations.is_empty() {
             let list = self.reservations.entry(t.request_id.clone()).or_default();
             for r in &t.reservations {
+                let mut r = r.clone();
+                if r.debit_month.is_none() {
+                    r.debit_month.clone_from(&month);
+                }
                 match list.iter_mut().find(|x| x.id == r.id) {
-                    Some(existing) => *existing = r.clone(),
-                    None => list.push(r.clone()),
+                    Some(existing) => *existing = r,
+                    None => list.push(r),
                 }
             }
         }
@@ -899,6 +911,10 @@ impl State {
         }
         if let Some(note) = t.cancel {
             record.cancel = Some(note);
+        }
+        if t.resolve_doubt {
+            record.doubt = None;
+            record.purchase_call = None;
         }
         follow_windows(record);
         archive(stored, t.at, self.retention);
@@ -999,6 +1015,10 @@ impl State {
         if let Some(d) = b.doubt {
             stored.record.doubt = Some(d);
         }
+        // A new purchase has called nothing yet; a takeover keeps what it finds.
+        if !takeover {
+            stored.record.purchase_call = Some(PurchaseCall::None);
+        }
         if let Some(d) = &b.debit {
             stored.record.spent.0 += d.amount.0;
             stored.record.open_debit = Some(d.amount);
@@ -1053,6 +1073,7 @@ impl State {
             }
             stored.record.lease = None;
             stored.record.doubt = None;
+            stored.record.purchase_call = None;
             stored.record.open_debit = None;
             stored.open_debit_ledger = None;
         } else if r.uncapped.is_none()
@@ -1139,6 +1160,7 @@ impl State {
         stored.record.open_debit = None;
         stored.record.lease = None;
         stored.record.doubt = None;
+        stored.record.purchase_call = None;
         let charged_to = stored.open_debit_ledger.take();
         if let (Some(amount), Some(key)) = (open, charged_to) {
             stored.record.spent.0 -= amount.0;
@@ -1146,6 +1168,79 @@ impl State {
         }
         let version = self.step(&r.request_id, r.to, &r.reason, r.next_action_at, r.at);
         self.commit(&r.request_id, &r.caused_by, r.at, &r.outbox);
+        Ok(LeaseWriteOutcome::Applied { version })
+    }
+
+    fn mark_purchase_call(&mut self, m: MarkPurchaseCall) -> Result<LeaseWriteOutcome, PortError> {
+        self.observe(m.at);
+        if self.seen(&m.request_id, &m.caused_by) {
+            return Ok(LeaseWriteOutcome::DuplicateEvent);
+        }
+        let unexpired = self
+            .live(&m.request_id)
+            .is_some_and(|s| s.record.lease.as_ref().is_some_and(|l| l.expires_at > m.at));
+        if !self.holds_lease(&m.request_id, &m.lease_token) || !unexpired {
+            return Ok(LeaseWriteOutcome::LeaseLost);
+        }
+        let stored = &self.requests[&m.request_id];
+        let next = stored.record.next_action_at;
+        let mut called = match &stored.record.purchase_call {
+            Some(PurchaseCall::Called { offering_ids, .. }) => offering_ids.clone(),
+            _ => Vec::new(),
+        };
+        for o in &m.offering_ids {
+            if !called.contains(o) {
+                called.push(o.clone());
+            }
+        }
+        let version = self.step(
+            &m.request_id,
+            RequestStatus::Purchasing,
+            &m.reason,
+            next,
+            m.at,
+        );
+        let stored = self.requests.get_mut(&m.request_id).expect("checked above");
+        stored.record.purchase_call = Some(PurchaseCall::Called {
+            at: m.at,
+            offering_ids: called,
+        });
+        self.commit(&m.request_id, &m.caused_by, m.at, &[]);
+        Ok(LeaseWriteOutcome::Applied { version })
+    }
+
+    fn fail_in_doubt(&mut self, f: FailInDoubt) -> Result<LeaseWriteOutcome, PortError> {
+        use RequestStatus::{Cancelled, Failed, Purchasing};
+        if !matches!(f.to, Failed | Cancelled) {
+            return Err(illegal(
+                Purchasing,
+                f.to,
+                "a purchase ends in doubt as Failed, or Cancelled applying a kept cancellation",
+            ));
+        }
+        self.observe(f.at);
+        if self.seen(&f.request_id, &f.caused_by) {
+            return Ok(LeaseWriteOutcome::DuplicateEvent);
+        }
+        if !self.holds_lease(&f.request_id, &f.lease_token) {
+            return Ok(LeaseWriteOutcome::LeaseLost);
+        }
+        let stored = self.requests.get_mut(&f.request_id).expect("checked above");
+        if stored.record.doubt.is_none() {
+            return Err(illegal(
+                Purchasing,
+                f.to,
+                "only a purchase with its doubt recorded ends in doubt",
+            ));
+        }
+        // A kept cancellation is applied, never passed over (§8.3).
+        if stored.record.cancel.is_some() && f.to != Cancelled {
+            return Ok(LeaseWriteOutcome::CancelKept);
+        }
+        stored.record.cancel = None;
+        stored.record.lease = None;
+        let version = self.step(&f.request_id, f.to, &f.reason, f.next_action_at, f.at);
+        self.commit(&f.request_id, &f.caused_by, f.at, &f.outbox);
         Ok(LeaseWriteOutcome::Applied { version })
     }
 
@@ -1291,6 +1386,24 @@ impl Store for InMemoryStore {
         finish(after, outcome)
     }
 
+    async fn mark_purchase_call(
+        &self,
+        m: MarkPurchaseCall,
+    ) -> Result<LeaseWriteOutcome, PortError> {
+        self.pause("MarkPurchaseCall").await;
+        let after = self.begin(StoreOp::MarkPurchaseCall)?;
+        let outcome = lock(&self.state).mark_purchase_call(m);
+        finish(after, outcome)
+    }
+
+    async fn fail_in_doubt(&self, f: FailInDoubt) -> Result<LeaseWriteOutcome, PortError> {
+        check_outbox(&f.outbox)?;
+        self.pause("FailInDoubt").await;
+        let after = self.begin(StoreOp::FailInDoubt)?;
+        let outcome = lock(&self.state).fail_in_doubt(f);
+        finish(after, outcome)
+    }
+
     async fn reservations(&self, request_id: &RequestId) -> Result<Vec<Reservation>, PortError> {
         self.pause("Reservations").await;
         let after = self.begin(StoreOp::Reservations)?;
@@ -1414,7 +1527,7 @@ impl Store for InMemoryStore {
         };
         let stale = stored.expires_at.is_some()
             && stored.record.status.is_terminal()
-            && !window::archivable(stored.record.status, &stored.record.windows);
+            && !stored.record.archivable();
         if stale {
             stored.expires_at = None;
         }
@@ -1461,10 +1574,10 @@ impl Store for InMemoryStore {
 }
 
 /// The request's archival after a write at `at`, as DynamoStore's: its TTL set once it is
-/// archivable ([`window::archivable`]), and none while a terminal request still holds a
-/// window to serve.
+/// archivable ([`RequestRecord::archivable`]), and none while a terminal request still holds
+/// a window to serve or a purchase in doubt.
 fn archive(stored: &mut Stored, at: DateTime<Utc>, retention: Duration) {
-    if window::archivable(stored.record.status, &stored.record.windows) {
+    if stored.record.archivable() {
         stored.expires_at = Some(at + retention);
     } else if stored.record.status.is_terminal() {
         stored.expires_at = None;

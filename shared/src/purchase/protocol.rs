@@ -22,11 +22,11 @@ use crate::domain::planner::Plan;
 use crate::domain::request::{CapacityRequest, RequestId, Strategy};
 use crate::domain::reservation::Reservation;
 use crate::domain::status::RequestStatus;
-use crate::domain::time_rules::{IN_DOUBT_WINDOW, PURCHASE_LEAD};
+use crate::domain::time_rules::{IN_DOUBT_WINDOW, PURCHASE_LEAD, search_deadline};
 use crate::ports::{
     AsyncSleep, BeginPurchase, BeginPurchaseOutcome, BudgetMonth, CapacityMarket, Cause, Debit,
-    Doubt, EventSink, Lease, LeaseWriteOutcome, PortError, PurchaseSpec, RecordReservation,
-    ReleaseUnbought, RequestRecord, Store, Transition,
+    Doubt, EventSink, Lease, LeaseWriteOutcome, MarkPurchaseCall, PortError, PurchaseCall,
+    PurchaseSpec, RecordReservation, ReleaseUnbought, RequestRecord, Store, Transition,
 };
 
 /// Longer than the function's timeout (`PurchaseCapacityFunction` in infra/template.yaml)
@@ -167,7 +167,13 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         }
     }
 
-    /// A worker died holding the lease: take over (no new debit) and reconcile.
+    /// A worker died holding the lease: take over (no new debit) and go on. What its purchase
+    /// calls may have bought ([`doubted`]) is reconciled and never bought again while in
+    /// doubt; a purchase that called nothing is released without asking AWS anything once its
+    /// plan is too soon to buy (to search again) or past its purchase deadline (to fail). One
+    /// that called and cannot be reconciled by then ends in doubt
+    /// ([`Self::end_in_doubt`]): nothing stays `Purchasing` past its deadline and the doubt
+    /// window (ARCHITECTURE §9.1).
     pub async fn take_over(
         &self,
         rec: RequestRecord,
@@ -188,7 +194,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         // a later takeover (this one dying, or ending in doubt) keeps the first beginning
         // instead of deriving a later one from this lease, which would slide the doubt
         // window forward at every takeover and hold the debit for ever.
-        let doubt = rec.doubt.clone().unwrap_or_else(|| Doubt {
+        let recorded = rec.doubt.clone().unwrap_or_else(|| Doubt {
             offering_ids: plan
                 .offering_ids()
                 .into_iter()
@@ -196,14 +202,20 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 .collect(),
             since: rec.lease.as_ref().map_or(now, |l| l.expires_at) - LEASE,
         });
+        let doubt = doubted(&rec, &recorded);
         let begin = BeginPurchase {
             request_id: id.clone(),
             expected_version: rec.version,
             from: RequestStatus::Purchasing,
             lease: lease.clone(),
             debit: None,
-            doubt: rec.doubt.is_none().then(|| doubt.clone()),
-            reason: "taking over an expired purchase lease; reconciling first".into(),
+            doubt: rec.doubt.is_none().then(|| recorded.clone()),
+            reason: if doubt.is_some() {
+                "taking over an expired purchase lease; reconciling first".into()
+            } else {
+                "taking over an expired purchase lease, under which no purchase call was made"
+                    .into()
+            },
             at: now,
             caused_by: cause.clone(),
             outbox: vec![],
@@ -215,8 +227,46 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                     "took-over",
                     "the previous purchase lease expired",
                 ));
-                self.execute(&rec, &plan, &lease, Some(&doubt), cause, now, out)
-                    .await
+                let deadline = purchase_deadline(&rec);
+                if doubt.is_none() && (now >= deadline || plan.start < now + PURCHASE_LEAD) {
+                    // No lease of this plan called AWS: nothing can have been bought, so
+                    // the debit goes back without asking AWS (which may be what failed).
+                    let (to, what) = if now < deadline {
+                        (
+                            RequestStatus::Searching,
+                            "its plan starts too soon to buy now, so the request searches again",
+                        )
+                    } else {
+                        (
+                            RequestStatus::Failed,
+                            "the request is past its purchase deadline",
+                        )
+                    };
+                    let reason = format!(
+                        "the purchase of {} stopped before calling AWS (its lease expired at \
+                         {}): nothing was bought, the debit is returned, and {what} \
+                         (purchase deadline {deadline})",
+                        plan.offering_ids().join(" + "),
+                        rec.lease.as_ref().map_or(now, |l| l.expires_at),
+                    );
+                    return self
+                        .release(&rec, &lease, to, reason, now, cause, out)
+                        .await;
+                }
+                // Else the purchase goes on: what was called is reconciled, and what no lease
+                // called is bought, as its first worker would have.
+                let went = self
+                    .execute(&rec, &plan, &lease, doubt.as_ref(), cause, now, out)
+                    .await;
+                match (went, &doubt) {
+                    // Past the deadline a purchase that may have bought cannot wait for
+                    // reconciliation any longer: it ends in doubt, its debit kept.
+                    (Err(e), Some(d)) if now >= deadline => {
+                        self.end_in_doubt(&rec, &plan, &lease, d, &e, cause, now, out)
+                            .await
+                    }
+                    (went, _) => went,
+                }
             }
             _ => {
                 out.decisions.push(Decision::new(
@@ -339,6 +389,14 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                         .await;
                 }
                 (None, None) => {
+                    // Recorded before the call, under the lease: from here a takeover knows
+                    // this offering may have been bought (ARCHITECTURE §9.1).
+                    if !self
+                        .mark_call(rec, offering, lease, i, cause, now, out)
+                        .await?
+                    {
+                        return Ok(());
+                    }
                     match self.buy(rec, offering, name).await {
                         Ok(r) => (r, false),
                         Err(PortError::OutcomeUnknown { message, .. }) => {
@@ -700,7 +758,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
     /// matched here, not only by AWS's filter (aws-reference §11.1: tag filters are
     /// undocumented): another request's or another stack's reservation is never adopted
     /// (ARCHITECTURE §8.6, §8.7).
-    async fn find_unrecorded(
+    pub(super) async fn find_unrecorded(
         &self,
         rec: &RequestRecord,
         plan: &Plan,
@@ -736,6 +794,49 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         Ok((adopt, unrecorded))
     }
 
+    /// Records, under the lease, that `offering` is about to be bought; true when the call
+    /// may go ahead. An error (a write whose outcome is unknown may have landed) or a lost
+    /// lease: no call is made.
+    #[allow(clippy::too_many_arguments)]
+    async fn mark_call(
+        &self,
+        rec: &RequestRecord,
+        offering: &Offering,
+        lease: &Lease,
+        i: usize,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<bool, PortError> {
+        let w = self
+            .store
+            .mark_purchase_call(MarkPurchaseCall {
+                request_id: rec.request_id.clone(),
+                lease_token: lease.token.clone(),
+                offering_ids: vec![offering.id.clone()],
+                reason: format!(
+                    "calling AWS to buy {} (${}); until it is recorded, what it bought is in doubt",
+                    offering.id, offering.upfront_fee
+                ),
+                at: now,
+                caused_by: Cause::new(format!("{}#call-{i}", cause.event_id)),
+            })
+            .await?;
+        if matches!(w, LeaseWriteOutcome::Applied { .. }) {
+            return Ok(true);
+        }
+        out.decisions.push(Decision::new(
+            &rec.request_id,
+            "lease-lost",
+            format!(
+                "the purchase of {} was not called: the lease was taken over before the call \
+                 could be recorded",
+                offering.id
+            ),
+        ));
+        Ok(false)
+    }
+
     async fn buy(
         &self,
         rec: &RequestRecord,
@@ -769,7 +870,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    async fn release(
+    pub(super) async fn release(
         &self,
         rec: &RequestRecord,
         lease: &Lease,
@@ -900,6 +1001,26 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
     }
 }
 
+/// The last moment the request's purchase may still end well: its search deadline, past
+/// which nothing feasible can be bought. A takeover past it ends the purchase (§9.1).
+pub fn purchase_deadline(rec: &RequestRecord) -> DateTime<Utc> {
+    search_deadline(rec.request.window.latest_end, rec.request.duration_hours)
+}
+
+/// What a takeover must reconcile before buying: the offerings the plan's leases called,
+/// from the latest call (ARCHITECTURE §9.1); none when no call was recorded. A record from
+/// before the call marker was is in doubt from its lease, as `recorded` says.
+pub fn doubted(rec: &RequestRecord, recorded: &Doubt) -> Option<Doubt> {
+    match &rec.purchase_call {
+        None => Some(recorded.clone()),
+        Some(PurchaseCall::None) => None,
+        Some(PurchaseCall::Called { at, offering_ids }) => Some(Doubt {
+            offering_ids: offering_ids.clone(),
+            since: *at,
+        }),
+    }
+}
+
 /// Whether reservation `r` is what buying `offering` gives: same type and count, starting
 /// within the hour (AWS may shift a block's start slightly).
 pub fn is_from(r: &Reservation, offering: &Offering) -> bool {
@@ -975,7 +1096,11 @@ fn serves(request: &CapacityRequest, r: &Reservation) -> bool {
     request.takes(r) && r.end() - r.start() >= request.duration()
 }
 
-fn unrecorded_event(id: &RequestId, r: &Reservation, reason: String) -> ReservationUnrecorded {
+pub(super) fn unrecorded_event(
+    id: &RequestId,
+    r: &Reservation,
+    reason: String,
+) -> ReservationUnrecorded {
     ReservationUnrecorded {
         event_key: format!("{id}:reservation-unrecorded:{}", r.id),
         request_id: id.to_string(),

@@ -80,6 +80,7 @@ fn record(req: CapacityRequest) -> RequestRecord {
         windows: vec![],
         lease: None,
         doubt: None,
+        purchase_call: None,
         cancel: None,
         open_debit: None,
         run: None,

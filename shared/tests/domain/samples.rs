@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 
 use capacity_pilot::domain::events::{
     ApprovalRefused, AwaitingApproval, CancellationApplied, CancellationRefused, EventDetail,
-    InstanceReplaced, NotFound, OfferingsFound, PaymentFailed, RequestAccepted, RequestFailed,
-    RequestRejected, ReservationEnded, ReservationExpiring, ReservationUnrecorded, Reserved,
-    WorkloadDrained, WorkloadLaunched,
+    InstanceReplaced, NotFound, OfferingsFound, PaymentFailed, PurchaseInDoubt, RequestAccepted,
+    RequestFailed, RequestRejected, ReservationEnded, ReservationExpiring, ReservationUnrecorded,
+    Reserved, WorkloadDrained, WorkloadLaunched,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -36,6 +36,7 @@ fn check(detail_type: &str, detail: &Value) -> Result<Value, String> {
         PaymentFailed::DETAIL_TYPE => round_trip::<PaymentFailed>(detail),
         ApprovalRefused::DETAIL_TYPE => round_trip::<ApprovalRefused>(detail),
         ReservationUnrecorded::DETAIL_TYPE => round_trip::<ReservationUnrecorded>(detail),
+        PurchaseInDoubt::DETAIL_TYPE => round_trip::<PurchaseInDoubt>(detail),
         CancellationApplied::DETAIL_TYPE => round_trip::<CancellationApplied>(detail),
         CancellationRefused::DETAIL_TYPE => round_trip::<CancellationRefused>(detail),
         WorkloadLaunched::DETAIL_TYPE => round_trip::<WorkloadLaunched>(detail),
@@ -83,6 +84,7 @@ fn every_emitted_sample_is_exactly_an_event_we_publish() {
         PaymentFailed::DETAIL_TYPE,
         ApprovalRefused::DETAIL_TYPE,
         ReservationUnrecorded::DETAIL_TYPE,
+        PurchaseInDoubt::DETAIL_TYPE,
         CancellationApplied::DETAIL_TYPE,
         CancellationRefused::DETAIL_TYPE,
         WorkloadLaunched::DETAIL_TYPE,

@@ -77,8 +77,15 @@ pub(crate) async fn a_request_is_searched_bought_once_and_announced_on_the_bus()
             RequestStatus::Searching,
             RequestStatus::OfferingsFound,
             RequestStatus::Purchasing,
+            // The purchase call, recorded under the lease before it is made (§9.1).
+            RequestStatus::Purchasing,
             RequestStatus::Reserved
         ]
+    );
+    assert!(
+        history[4].reason.starts_with("calling AWS to buy"),
+        "{:?}",
+        history[4]
     );
     assert!(
         history

@@ -23,7 +23,7 @@ use rust_decimal::prelude::ToPrimitive;
 use serde_json::{Value, json};
 
 use super::harness::{APPROVER, BUS, REGION, Sim};
-use super::scenario::Scenario;
+use super::scenario::{Scenario, t0};
 
 const REQUEST_TAG: &str = "capacity-pilot:request-id";
 
@@ -525,6 +525,31 @@ pub fn per_step(sim: &Sim) -> Vec<String> {
             out.push(format!(
                 "no TTL while a window lives: {} ({}) holds a window not ended and expires at {at}",
                 r.request_id, r.status
+            ));
+        }
+    }
+    // A purchase ends (ARCHITECTURE §9.1): nothing stays `Purchasing` past its purchase
+    // deadline and the doubt window. A takeover comes a lease after the last worker's, and
+    // one may wait out the doubt of a call made just before the deadline; allowed besides:
+    // two more leases for takeovers a fault or crash cut short, and any time the purchase
+    // function was down.
+    let now = sim.cloud.now();
+    for r in recs
+        .values()
+        .filter(|r| r.status == RequestStatus::Purchasing)
+    {
+        let deadline = capacity_pilot::purchase::protocol::purchase_deadline(r);
+        let lease = capacity_pilot::purchase::protocol::LEASE;
+        let bound = deadline + capacity_pilot::domain::time_rules::IN_DOUBT_WINDOW + lease * 4;
+        let down = sim.scenario.outages.iter().any(|o| {
+            o.function == "purchase-capacity"
+                && t0() + TimeDelta::minutes(o.from + o.minutes) > deadline
+        });
+        if now > bound && !down {
+            out.push(format!(
+                "a purchase ends: {} is still Purchasing at {now}, past its purchase deadline \
+                 {deadline} and the doubt window ({})",
+                r.request_id, r.reason
             ));
         }
     }

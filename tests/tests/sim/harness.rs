@@ -476,6 +476,7 @@ impl Sim {
             instance_listing_lag_seconds: t.instance_listing_lag_seconds,
             payment_minutes: t.payment_minutes,
             run_instances_latency_ms: 0,
+            refuse_tag_filters: scenario.refuse_tag_filters,
             ..Settings::default()
         };
         let cloud = LocalCloud::start(Options {

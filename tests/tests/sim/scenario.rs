@@ -250,6 +250,9 @@ pub struct Scenario {
     pub outages: Vec<Outage>,
     /// Whether an event delivered twice runs its two deliveries at once (interleaved).
     pub concurrent_duplicates: bool,
+    /// EC2 refuses the undocumented tag filter on DescribeCapacityReservations (the harsher
+    /// reading of aws-reference §11.1): reconciliation must use the documented filters.
+    pub refuse_tag_filters: bool,
     /// Never generated: a test sets it to show the checks catch what they should.
     pub sabotage: bool,
 }
@@ -562,6 +565,8 @@ impl Scenario {
         let cancel_kept = r.chance(50);
         // Drawn last, so the draws above stay what each seed drew before.
         let stop_running = (0..requests.len()).filter(|_| r.chance(20)).collect();
+        // (Issue 48, after every earlier draw.)
+        let refuse_tag_filters = r.chance(25);
         Scenario {
             seed,
             team_budgets,
@@ -585,6 +590,7 @@ impl Scenario {
             strays,
             outages,
             concurrent_duplicates,
+            refuse_tag_filters,
             sabotage: false,
         }
     }

@@ -106,6 +106,7 @@ impl World {
                 expires_at: t0() + Duration::days(30),
             }),
             doubt: None,
+            purchase_call: None,
             cancel: None,
             open_debit: None,
             run: None,

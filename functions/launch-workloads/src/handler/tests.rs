@@ -101,6 +101,7 @@ impl World {
             windows: vec![],
             lease: None,
             doubt: None,
+            purchase_call: None,
             cancel: None,
             open_debit: None,
             run: None,

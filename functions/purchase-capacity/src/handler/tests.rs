@@ -18,7 +18,7 @@ use capacity_pilot::fakes::fixtures::{request, t0, team};
 use capacity_pilot::fakes::{
     FakeMarket, InMemoryStore, ManualClock, MarketOp, RecordingEvents, StoreOp,
 };
-use capacity_pilot::ports::{BudgetMonth, PortError, RequestRecord, Store};
+use capacity_pilot::ports::{BudgetMonth, PortError, PurchaseCall, RequestRecord, Store};
 use chrono::Duration;
 use serde_json::{Value, json};
 
@@ -29,6 +29,9 @@ use capacity_pilot::domain::time_rules::IN_DOUBT_WINDOW;
 use capacity_pilot::purchase::protocol::LEASE;
 
 type P = Purchaser<InMemoryStore, FakeMarket, RecordingEvents, ManualClock>;
+
+/// A purchase that called AWS and could not be reconciled by its deadline (§9.1).
+mod doubt;
 
 struct World {
     store: InMemoryStore,
@@ -106,6 +109,7 @@ impl World {
             windows: vec![],
             lease: None,
             doubt: None,
+            purchase_call: None,
             cancel: None,
             open_debit: None,
             run: None,
@@ -779,8 +783,8 @@ async fn a_split_whose_kept_blocks_serve_it_is_reserved_not_searched_again() {
 
 #[tokio::test]
 async fn a_worker_taking_over_a_split_never_buys_its_recorded_first_block_again() {
-    // GIVEN a split plan whose worker dies right after recording the first block: whether it
-    // went on to buy the second cannot be known (ARCHITECTURE 8.6)
+    // GIVEN a split plan whose worker dies right after recording the first block, before it
+    // recorded a call for the second (ARCHITECTURE 9.1: the call marker)
     let w = World::new();
     split(&w, "r-take");
     w.store.commit_then_fail_next(
@@ -794,31 +798,38 @@ async fn a_worker_taking_over_a_split_never_buys_its_recorded_first_block_again(
     let p = w.purchaser(r#"{"*": "100000"}"#);
     assert!(p.handle(found("r-take", "e1")).await.is_err());
     assert_eq!(w.market.calls_of(MarketOp::Purchase), 1);
+    let rec = w
+        .store
+        .get_request(&capacity_pilot::fakes::fixtures::request_id("r-take"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(&rec.purchase_call, Some(PurchaseCall::Called { offering_ids, .. }) if offering_ids.len() == 1),
+        "{:?}",
+        rec.purchase_call
+    );
 
-    // WHEN the lease expires and a new worker takes over while the doubt stands
+    // WHEN the lease expires and a new worker takes over
     w.clock.advance(LEASE + Duration::minutes(1));
     w.store.advance_to(w.clock.get());
     p.handle(tick("t1")).await.unwrap();
 
-    // THEN it buys neither block again: the first is recorded, the second in doubt, and
-    // the whole debit stays
-    assert_eq!(w.market.calls_of(MarketOp::Purchase), 1);
-    assert_eq!(w.status("r-take").await, RequestStatus::Purchasing);
+    // THEN it never buys the recorded first block again, and buys the second, which no
+    // lease called, once: the request is Reserved with both and the whole debit kept
+    assert_eq!(w.market.calls_of(MarketOp::Purchase), 2);
+    assert_eq!(w.status("r-take").await, RequestStatus::Reserved);
+    assert_eq!(
+        w.store
+            .reservations(&capacity_pilot::fakes::fixtures::request_id("r-take"))
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
     assert_eq!(
         w.spent("team-a"),
         Usd::parse("6500").unwrap().to_micros_ceil()
-    );
-
-    // AND once the in-doubt window has passed with the second never listed, its part of
-    // the debit goes back and a replacement is searched for; the first block is kept
-    w.clock.advance(Duration::hours(1));
-    w.store.advance_to(w.clock.get());
-    p.handle(tick("t2")).await.unwrap();
-    assert_eq!(w.market.calls_of(MarketOp::Purchase), 1);
-    assert_eq!(w.status("r-take").await, RequestStatus::Searching);
-    assert_eq!(
-        w.spent("team-a"),
-        Usd::parse("3000").unwrap().to_micros_ceil()
     );
 }
 

@@ -90,6 +90,7 @@ impl World {
                 expires_at: t0() + Duration::days(30),
             }),
             doubt: None,
+            purchase_call: None,
             cancel: None,
             open_debit: None,
             run: None,
@@ -644,6 +645,7 @@ async fn on_demand_run(w: &World) -> Vec<String> {
         windows: vec![],
         lease: None,
         doubt: None,
+        purchase_call: None,
         cancel: None,
         open_debit: None,
         run: Some(capacity_pilot::ports::OnDemandRun {

@@ -518,6 +518,7 @@ fn kept_first_half(w: &World, id: &str) {
         windows: vec![],
         lease: None,
         doubt: None,
+        purchase_call: None,
         cancel: None,
         open_debit: None,
         run: None,

@@ -517,6 +517,48 @@ async fn capacity_blocks_and_reservations_filter_by_state_and_zone() {
 }
 
 #[tokio::test]
+async fn an_undocumented_tag_filter_can_be_refused() {
+    let mut options = Options {
+        seed: 42,
+        start: Some(t0()),
+        ..Options::default()
+    };
+    options.settings.listing_lag_seconds = 0;
+    options.settings.refuse_tag_filters = true;
+    let env = env_with(options).await;
+    let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+    buy(&env, &offer, "tagged").await;
+    let err = env
+        .ec2
+        .describe_capacity_reservations()
+        .filters(
+            Filter::builder()
+                .name("tag:capacity-pilot:request-id")
+                .values("tagged")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("InvalidParameterValue"));
+    assert!(
+        err.message()
+            .unwrap()
+            .contains("'tag:capacity-pilot:request-id'"),
+        "{err:?}"
+    );
+    // documented filters still answer
+    let by_state = env
+        .ec2
+        .describe_capacity_reservations()
+        .filters(Filter::builder().name("state").values("pending").build())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(by_state.capacity_reservations().len(), 1);
+}
+
+#[tokio::test]
 async fn an_extension_moves_the_end_and_the_warning_after_payment() {
     let env = env().await;
     let offer = offerings(&env, "p5.48xlarge", 1, 48).await.remove(0);

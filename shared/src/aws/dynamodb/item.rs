@@ -87,6 +87,8 @@ pub(super) mod attr {
     pub const LEASE_EXPIRES_US: &str = "lease_expires_us";
     /// The purchase under way (`ports::Doubt`), as JSON.
     pub const DOUBT: &str = "doubt";
+    /// Whether the purchase under the lease called AWS (`ports::PurchaseCall`), as JSON.
+    pub const PURCHASE_CALL: &str = "purchase_call";
     pub const CANCEL: &str = "cancel";
     /// An on-demand run's record (JSON).
     pub const RUN: &str = "run";
@@ -230,7 +232,8 @@ pub(super) fn is_gone(item: &Item, now: DateTime<Utc>) -> bool {
 }
 
 /// Whether `item` is the META of a Failed, Rejected or Cancelled request holding a window not
-/// ended, which ARCHITECTURE §9.1 keeps unarchived (`window::archivable`).
+/// ended or a purchase in doubt, which ARCHITECTURE §9.1 keeps unarchived
+/// (`RequestRecord::archivable`).
 pub(super) fn keeps_live_window(item: &Item) -> bool {
     let r = Read::new(item);
     let Ok(status) = r.status(attr::STATUS) else {
@@ -240,7 +243,8 @@ pub(super) fn keeps_live_window(item: &Item) -> bool {
         Ok(Some(_)) => r.json(attr::WINDOWS).unwrap_or_default(),
         _ => Vec::new(),
     };
-    status.is_terminal() && !crate::domain::window::archivable(status, &windows)
+    status.is_terminal()
+        && (!crate::domain::window::archivable(status, &windows) || item.contains_key(attr::DOUBT))
 }
 
 pub(super) fn is_expired(item: &Item, now: DateTime<Utc>) -> bool {
@@ -396,6 +400,10 @@ pub(super) fn read_meta(item: &Item) -> Result<Meta, PortError> {
         lease,
         doubt: match r.opt_str(attr::DOUBT)? {
             Some(_) => Some(r.json(attr::DOUBT)?),
+            None => None,
+        },
+        purchase_call: match r.opt_str(attr::PURCHASE_CALL)? {
+            Some(_) => Some(r.json(attr::PURCHASE_CALL)?),
             None => None,
         },
         cancel: match r.opt_str(attr::CANCEL)? {

@@ -42,10 +42,10 @@ use crate::domain::window::{self, WindowRecord};
 use crate::ports::SharedIds;
 use crate::ports::{
     Agenda, BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
-    HistoryEntry, KeepCancellation, LeaseWriteOutcome, LiveRequest, NewRequest, OutboundEvent,
-    OutboxItem, Pacing, PaymentDue, PortError, RecordReservation, ReleaseUnbought, RequestRecord,
-    Store, TOMBSTONE_KEPT, Tombstone, TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord,
-    WriteOutcome, outbox_seq,
+    FailInDoubt, HistoryEntry, KeepCancellation, LeaseWriteOutcome, LiveRequest, MarkPurchaseCall,
+    NewRequest, OutboundEvent, OutboxItem, Pacing, PaymentDue, PortError, PurchaseCall,
+    RecordReservation, ReleaseUnbought, RequestRecord, Store, TOMBSTONE_KEPT, Tombstone,
+    TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord, WriteOutcome, outbox_seq,
 };
 use crate::search::{Allowance, DESCRIBE_PACE};
 
@@ -354,14 +354,21 @@ fn meta_update(
         .set(attr::REASON, s(reason))
         .set(attr::UPDATED_AT, time(at));
     set_next_action(&mut e, status, next, windows, at)?;
-    archival(&mut e, status, windows, at);
+    archival(&mut e, status, windows, false, at);
     Ok(e)
 }
 
 /// The request's TTL: set once it is archivable ([`window::archivable`]), removed while a
-/// terminal request still holds a window to serve (ARCHITECTURE §9.1).
-fn archival(e: &mut Expr, status: RequestStatus, windows: &[WindowRecord], at: DateTime<Utc>) {
-    if window::archivable(status, windows) {
+/// terminal request still holds a window to serve or, `in_doubt`, a purchase whose doubt
+/// stands (ARCHITECTURE §9.1, [`RequestRecord::archivable`]).
+fn archival(
+    e: &mut Expr,
+    status: RequestStatus,
+    windows: &[WindowRecord],
+    in_doubt: bool,
+    at: DateTime<Utc>,
+) {
+    if window::archivable(status, windows) && !in_doubt {
         e.set(attr::EXPIRES_AT, archive_at(at));
     } else if status.is_terminal() {
         e.remove(attr::EXPIRES_AT);
@@ -1312,8 +1319,19 @@ impl Store for DynamoStore {
 
         let version = t.expected_version + 1;
         let windows = t.windows.as_ref().unwrap_or(&meta.record.windows);
-        let archived = window::archivable(t.to, windows);
-        let mut e = meta_update(t.to, version, &t.reason, t.next_action_at, windows, t.at)?;
+        // A purchase in doubt keeps a terminal request unarchived until it is resolved.
+        let in_doubt = t.to.is_terminal() && meta.record.doubt.is_some() && !t.resolve_doubt;
+        let archived = window::archivable(t.to, windows) && !in_doubt;
+        let mut e = Expr::new();
+        e.set(attr::STATUS, s(t.to.as_str()))
+            .set(attr::VERSION, n(version))
+            .set(attr::REASON, s(t.reason.as_str()))
+            .set(attr::UPDATED_AT, time(t.at));
+        set_next_action(&mut e, t.to, t.next_action_at, windows, t.at)?;
+        archival(&mut e, t.to, windows, in_doubt, t.at);
+        if t.resolve_doubt {
+            e.remove(attr::DOUBT).remove(attr::PURCHASE_CALL);
+        }
         condition_version_and_status(&mut e, t.expected_version, t.from);
         if let Some(d) = &t.debit {
             request_debit(&mut e, d);
@@ -1381,9 +1399,17 @@ impl Store for DynamoStore {
         }
         let mut plan_items = Vec::new();
         for r in &t.reservations {
+            // One recorded here for the first time (a purchase in doubt found later) was
+            // bought with the open debit: its payment failure returns it to that month.
+            let mut r = r.clone();
+            if r.debit_month.is_none()
+                && let Some((_, month)) = &meta.open_debit_ledger
+            {
+                r.debit_month = Some(month.0.clone());
+            }
             plan_items.push(put(
                 &self.table,
-                reservation_item(&pk, id, r, t.at, archived)?,
+                reservation_item(&pk, id, &r, t.at, archived)?,
                 None,
             )?);
         }
@@ -1520,9 +1546,11 @@ impl Store for DynamoStore {
             &u.windows,
             u.at,
         )?;
-        // A terminal request's last window ending archives it (ARCHITECTURE §9.1).
-        archival(&mut e, u.status, &u.windows, u.at);
-        let archived = window::archivable(u.status, &u.windows);
+        // A terminal request's last window ending archives it (ARCHITECTURE §9.1), unless a
+        // purchase of it is still in doubt.
+        let in_doubt = meta.record.in_doubt();
+        archival(&mut e, u.status, &u.windows, in_doubt, u.at);
+        let archived = window::archivable(u.status, &u.windows) && !in_doubt;
         condition_version_and_status(&mut e, u.expected_version, u.status);
         let mut items = vec![
             event_record(&self.table, &pk, &u.caused_by, u.at)?,
@@ -1631,6 +1659,13 @@ impl Store for DynamoStore {
             .set(attr::LEASE_EXPIRES_US, n(epoch_micros(b.lease.expires_at)));
         if let Some(d) = &b.doubt {
             e.set(attr::DOUBT, json("doubt", d)?);
+        }
+        // A new purchase has called nothing yet; a takeover keeps what it finds.
+        if !takeover {
+            e.set(
+                attr::PURCHASE_CALL,
+                json("purchase_call", &crate::ports::PurchaseCall::None)?,
+            );
         }
         condition_version_and_status(&mut e, b.expected_version, b.from);
         if takeover {
@@ -1776,6 +1811,7 @@ impl Store for DynamoStore {
                 // Bought: the debit is kept, and the lease and its doubt have served.
                 for a in [
                     attr::DOUBT,
+                    attr::PURCHASE_CALL,
                     attr::LEASE_TOKEN,
                     attr::LEASE_EXPIRES_AT,
                     attr::LEASE_EXPIRES_US,
@@ -1948,6 +1984,7 @@ impl Store for DynamoStore {
             for a in [
                 attr::CANCEL,
                 attr::DOUBT,
+                attr::PURCHASE_CALL,
                 attr::LEASE_TOKEN,
                 attr::LEASE_EXPIRES_AT,
                 attr::LEASE_EXPIRES_US,
@@ -2012,6 +2049,178 @@ impl Store for DynamoStore {
         Err(transient(
             "Contended",
             format!("{id}: the request kept changing under release_unbought"),
+        ))
+    }
+
+    async fn mark_purchase_call(
+        &self,
+        m: MarkPurchaseCall,
+    ) -> Result<LeaseWriteOutcome, PortError> {
+        let id = m.request_id.as_str();
+        let pk = request_pk(id);
+        for _ in 0..LEASE_WRITE_ATTEMPTS {
+            let meta =
+                match self.read_meta(id).await? {
+                    Some(meta)
+                        if meta.record.status == RequestStatus::Purchasing
+                            && meta.record.lease.as_ref().is_some_and(|l| {
+                                l.token == m.lease_token && l.expires_at > m.at
+                            }) =>
+                    {
+                        meta
+                    }
+                    _ => return self.lease_write_refused(id, &m.caused_by).await,
+                };
+            let mut called = match &meta.record.purchase_call {
+                Some(PurchaseCall::Called { offering_ids, .. }) => offering_ids.clone(),
+                _ => Vec::new(),
+            };
+            for o in &m.offering_ids {
+                if !called.contains(o) {
+                    called.push(o.clone());
+                }
+            }
+            let marker = PurchaseCall::Called {
+                at: m.at,
+                offering_ids: called,
+            };
+            let current = meta.record.version;
+            let version = current + 1;
+            // The status, its next action (the lease's expiry) and the index stay.
+            let mut e = Expr::new();
+            e.set(attr::VERSION, n(version))
+                .set(attr::REASON, s(m.reason.as_str()))
+                .set(attr::UPDATED_AT, time(m.at))
+                .set(attr::PURCHASE_CALL, json("purchase_call", &marker)?);
+            condition_version_and_status(&mut e, current, RequestStatus::Purchasing);
+            let tok = e.name(attr::LEASE_TOKEN);
+            let tv = e.value(s(m.lease_token.clone()));
+            e.condition(format!("{tok} = {tv}"));
+            let exp = e.name(attr::LEASE_EXPIRES_US);
+            let at = e.value(n(epoch_micros(m.at)));
+            e.condition(format!("{exp} > {at}"));
+            let mut items = vec![
+                event_record(&self.table, &pk, &m.caused_by, m.at)?,
+                update(&self.table, key(pk.clone(), META_SK), &e)?,
+            ];
+            items.extend(change_items(
+                &self.table,
+                id,
+                &[],
+                Change {
+                    version,
+                    from: Some(RequestStatus::Purchasing),
+                    to: RequestStatus::Purchasing,
+                    reason: &m.reason,
+                    cause: &m.caused_by,
+                    at: m.at,
+                    archived: false,
+                },
+            )?);
+            match self.transact(items).await? {
+                Committed::Yes => {
+                    tracing::info!(request_id = id, offerings = ?m.offering_ids, "purchase call recorded");
+                    return Ok(LeaseWriteOutcome::Applied { version });
+                }
+                c if c.failed(EVENT_ITEM) => return Ok(LeaseWriteOutcome::DuplicateEvent),
+                // The request moved between our read and our write: read again.
+                _ => continue,
+            }
+        }
+        Err(transient(
+            "Contended",
+            format!("{id}: the request kept changing under mark_purchase_call"),
+        ))
+    }
+
+    async fn fail_in_doubt(&self, f: FailInDoubt) -> Result<LeaseWriteOutcome, PortError> {
+        use RequestStatus::{Cancelled, Failed, Purchasing};
+        if !matches!(f.to, Failed | Cancelled) {
+            return Err(illegal(
+                Purchasing,
+                f.to,
+                "a purchase ends in doubt as Failed, or Cancelled applying a kept cancellation",
+            ));
+        }
+        let id = f.request_id.as_str();
+        let pk = request_pk(id);
+        for _ in 0..LEASE_WRITE_ATTEMPTS {
+            let meta = match self.read_meta(id).await? {
+                Some(m)
+                    if m.record.status == Purchasing
+                        && m.record
+                            .lease
+                            .as_ref()
+                            .is_some_and(|l| l.token == f.lease_token) =>
+                {
+                    m
+                }
+                _ => return self.lease_write_refused(id, &f.caused_by).await,
+            };
+            if meta.record.doubt.is_none() {
+                return Err(illegal(
+                    Purchasing,
+                    f.to,
+                    "only a purchase with its doubt recorded ends in doubt",
+                ));
+            }
+            // A kept cancellation is applied, never passed over (§8.3).
+            if meta.record.cancel.is_some() && f.to != Cancelled {
+                return Ok(LeaseWriteOutcome::CancelKept);
+            }
+            let current = meta.record.version;
+            let version = current + 1;
+            let windows = &meta.record.windows;
+            let mut e = Expr::new();
+            e.set(attr::STATUS, s(f.to.as_str()))
+                .set(attr::VERSION, n(version))
+                .set(attr::REASON, s(f.reason.as_str()))
+                .set(attr::UPDATED_AT, time(f.at));
+            set_next_action(&mut e, f.to, f.next_action_at, windows, f.at)?;
+            // The doubt, the call marker and the open debit stay; no TTL while they do.
+            archival(&mut e, f.to, windows, true, f.at);
+            for a in [
+                attr::CANCEL,
+                attr::LEASE_TOKEN,
+                attr::LEASE_EXPIRES_AT,
+                attr::LEASE_EXPIRES_US,
+            ] {
+                e.remove(a);
+            }
+            condition_version_and_status(&mut e, current, Purchasing);
+            let tok = e.name(attr::LEASE_TOKEN);
+            let tv = e.value(s(f.lease_token.clone()));
+            e.condition(format!("{tok} = {tv}"));
+            let mut items = vec![
+                event_record(&self.table, &pk, &f.caused_by, f.at)?,
+                update(&self.table, key(pk.clone(), META_SK), &e)?,
+            ];
+            items.extend(change_items(
+                &self.table,
+                id,
+                &f.outbox,
+                Change {
+                    version,
+                    from: Some(Purchasing),
+                    to: f.to,
+                    reason: &f.reason,
+                    cause: &f.caused_by,
+                    at: f.at,
+                    archived: false,
+                },
+            )?);
+            match self.transact(items).await? {
+                Committed::Yes => {
+                    tracing::warn!(request_id = id, to = %f.to, reason = %f.reason, "purchase ended in doubt; its debit is kept");
+                    return Ok(LeaseWriteOutcome::Applied { version });
+                }
+                c if c.failed(EVENT_ITEM) => return Ok(LeaseWriteOutcome::DuplicateEvent),
+                _ => continue,
+            }
+        }
+        Err(transient(
+            "Contended",
+            format!("{id}: the request kept changing under fail_in_doubt"),
         ))
     }
 

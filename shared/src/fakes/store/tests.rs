@@ -58,6 +58,7 @@ fn transition(rid: &str, version: u64, from: RequestStatus, to: RequestStatus) -
         cancel: None,
         reservations: vec![],
         refund: None,
+        resolve_doubt: false,
     }
 }
 

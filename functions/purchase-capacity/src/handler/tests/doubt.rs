@@ -1,0 +1,273 @@
+//! ARCHITECTURE §9.1: a purchase ends. A takeover whose plan called nothing gives the debit
+//! back without asking AWS; one that called and cannot reconcile by the purchase deadline
+//! ends in doubt with its debit kept, and is reconciled hourly until the offering ends.
+
+use super::*;
+use capacity_pilot::domain::request::RequestId;
+use capacity_pilot::purchase::doubt::IN_DOUBT_RECONCILE_EVERY;
+use chrono::{DateTime, Utc};
+
+fn rid(id: &str) -> RequestId {
+    capacity_pilot::fakes::fixtures::request_id(id)
+}
+
+/// A request whose purchase deadline (t0 + 26 h) falls before its block's start (t0 + 26.5 h)
+/// and end (t0 + 50.5 h).
+fn tight(w: &World, id: &str) -> RequestRecord {
+    let mut req = request(id, "team-a", "5000");
+    req.window.latest_end = t0() + Duration::hours(50) + Duration::minutes(30);
+    w.with_candidate(req, block("cb-1", "1661.18"))
+}
+
+fn deadline() -> DateTime<Utc> {
+    t0() + Duration::hours(26)
+}
+
+/// Reconciliation refused: what a tag filter refused, or an API that keeps failing, looks
+/// like.
+fn refused() -> PortError {
+    PortError::Permanent {
+        service: "ec2",
+        code: "InvalidParameterValue".into(),
+        message: "The filter 'tag:capacity-pilot:request-id' is invalid".into(),
+    }
+}
+
+fn at(w: &World, t: DateTime<Utc>) {
+    w.clock.set(t);
+    w.store.advance_to(t);
+}
+
+const FEE: MicroUsd = MicroUsd(1_661_180_000);
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_takeover_of_a_purchase_that_never_called_aws_buys_it_at_once_without_waiting_out_a_doubt()
+ {
+    // GIVEN a worker that took the lease and the debit and died before recording its call
+    // (the marker's write failed, so it never called)
+    let w = World::new();
+    tight(&w, "r1");
+    w.store
+        .fail_next(StoreOp::MarkPurchaseCall, errors_transient());
+    let p = w.purchaser(CAPS);
+    assert!(p.handle(found("r1", "e1")).await.is_err());
+    assert_eq!(w.market.purchase_count(), 0);
+    assert_eq!(w.status("r1").await, RequestStatus::Purchasing);
+    assert_eq!(record(&w, "r1").purchase_call, Some(PurchaseCall::None));
+    assert_eq!(w.spent("team-a"), FEE);
+
+    // WHEN its lease expires and a takeover comes, well within the doubt window of its lease
+    at(&w, t0() + LEASE + Duration::minutes(1));
+    p.handle(tick("t1")).await.unwrap();
+
+    // THEN nothing can have been bought, so nothing is waited for: the takeover goes on and
+    // buys the plan once, with the debit taken at the lease
+    assert_eq!(w.market.purchase_count(), 1);
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    assert_eq!(w.spent("team-a"), FEE);
+    let rec = record(&w, "r1");
+    assert_eq!(rec.purchase_call, None);
+    assert_eq!(rec.open_debit, None);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_takeover_past_the_deadline_of_a_purchase_that_never_called_fails_and_answers_a_kept_cancellation()
+ {
+    // GIVEN a purchase that never called AWS, a cancellation kept meanwhile
+    let w = World::new();
+    tight(&w, "r1");
+    w.store
+        .fail_next(StoreOp::MarkPurchaseCall, errors_transient());
+    let p = w.purchaser(CAPS);
+    assert!(p.handle(found("r1", "e1")).await.is_err());
+    p.handle(cancel_event("r1", "c1")).await.unwrap();
+    assert!(record(&w, "r1").cancel.is_some());
+
+    // WHEN the next takeover comes only past the purchase deadline, while reconciliation
+    // would be refused
+    at(&w, deadline() + Duration::minutes(1));
+    w.market.fail_next(MarketOp::FindByRequest, refused());
+    let looked = w.market.calls_of(MarketOp::FindByRequest);
+    p.handle(tick("t1")).await.unwrap();
+
+    // THEN without a look at AWS (which may be what fails), the cancellation is applied with
+    // the debit back, and answered
+    assert_eq!(w.market.calls_of(MarketOp::FindByRequest), looked);
+    assert_eq!(w.market.purchase_count(), 0);
+    assert_eq!(w.status("r1").await, RequestStatus::Cancelled);
+    assert_eq!(w.spent("team-a"), MicroUsd(0));
+    let applied = w.events.published_of("Capacity Cancellation Applied");
+    assert_eq!(applied.len(), 1, "{applied:?}");
+    assert!(
+        applied[0].detail["reason"]
+            .as_str()
+            .unwrap()
+            .contains("stopped before calling AWS")
+    );
+    assert!(record(&w, "r1").doubt.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_purchase_that_called_and_cannot_reconcile_past_its_deadline_fails_in_doubt_then_serves_what_is_found()
+ {
+    // GIVEN a purchase AWS took whose answer was lost, while the listing lags
+    let w = World::new();
+    tight(&w, "r1");
+    w.market.lose_next_purchase_response();
+    let p = w.purchaser(CAPS);
+    p.handle(found("r1", "e1")).await.unwrap();
+    assert_eq!(w.market.purchase_count(), 1);
+    assert_eq!(w.status("r1").await, RequestStatus::Purchasing);
+    assert!(matches!(
+        record(&w, "r1").purchase_call,
+        Some(PurchaseCall::Called { .. })
+    ));
+
+    // WHEN the takeover comes past the purchase deadline and reconciliation is refused
+    let now = deadline() + Duration::minutes(5);
+    at(&w, now);
+    w.market.fail_next(MarketOp::FindByRequest, refused());
+    p.handle(tick("t1")).await.unwrap();
+
+    // THEN the request fails in doubt: nothing bought again, the debit kept, a person told,
+    // and its reconciliation due in an hour; it is not archived while the doubt stands
+    assert_eq!(w.market.purchase_count(), 1);
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Failed);
+    assert!(rec.in_doubt(), "{rec:?}");
+    assert_eq!(rec.open_debit, Some(FEE));
+    assert_eq!(rec.lease, None);
+    assert_eq!(rec.next_action_at, Some(now + IN_DOUBT_RECONCILE_EVERY));
+    assert_eq!(w.spent("team-a"), FEE);
+    assert_eq!(w.store.expires_at(&rid("r1")), None);
+    let doubt = w.events.published_of("Capacity Purchase In Doubt");
+    assert_eq!(doubt.len(), 1, "{doubt:?}");
+    assert_eq!(doubt[0].detail["offering_ids"], json!(["cb-1"]));
+    assert_eq!(doubt[0].detail["kept_usd"], "1661.18");
+    assert!(
+        doubt[0].detail["reason"]
+            .as_str()
+            .unwrap()
+            .contains("InvalidParameterValue")
+    );
+    let failed = w.events.published_of("Capacity Request Failed");
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].detail["spent_usd"], "1661.18");
+
+    // AND an earlier tick does not reconcile it
+    let looked = w.market.calls_of(MarketOp::FindByRequest);
+    at(&w, now + Duration::minutes(30));
+    p.handle(tick("t2")).await.unwrap();
+    assert_eq!(w.market.calls_of(MarketOp::FindByRequest), looked);
+
+    // WHEN the hourly reconciliation finds the block listed at last
+    at(&w, now + IN_DOUBT_RECONCILE_EVERY);
+    p.handle(tick("t3")).await.unwrap();
+
+    // THEN it is the Failed request's window, already paid for, announced; the doubt is
+    // resolved with the whole fee kept, and nothing is bought
+    assert_eq!(w.market.purchase_count(), 1);
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Failed);
+    assert!(!rec.in_doubt(), "{rec:?}");
+    assert_eq!(rec.purchase_call, None);
+    assert_eq!(rec.open_debit, None);
+    assert_eq!(rec.spent, FEE);
+    assert_eq!(w.spent("team-a"), FEE);
+    assert_eq!(rec.windows.len(), 1, "{:?}", rec.windows);
+    let held = w.store.reservations(&rid("r1")).await.unwrap();
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].debit_month.as_deref(), Some("2026-12"));
+    assert!(held[0].payment_check_at.is_some());
+    let unrecorded = w.events.published_of("Capacity Reservation Unrecorded");
+    assert_eq!(unrecorded.len(), 1, "{unrecorded:?}");
+    assert_eq!(unrecorded[0].detail["reservation_id"], held[0].id.as_str());
+    // It keeps its records while its window lives.
+    assert_eq!(w.store.expires_at(&rid("r1")), None);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_purchase_in_doubt_never_listed_keeps_its_debit_to_the_offerings_end_then_is_archived() {
+    // GIVEN a purchase whose call's outcome is unknown (AWS sold nothing), ended in doubt past
+    // its deadline because reconciliation was refused
+    let w = World::new();
+    tight(&w, "r1");
+    w.market.fail_next(MarketOp::Purchase, errors_unknown());
+    let p = w.purchaser(CAPS);
+    p.handle(found("r1", "e1")).await.unwrap();
+    at(&w, deadline() + Duration::minutes(5));
+    w.market.fail_next(MarketOp::FindByRequest, refused());
+    p.handle(tick("t0")).await.unwrap();
+    assert!(record(&w, "r1").in_doubt());
+
+    // WHEN it is reconciled hourly and nothing is ever listed
+    let end = t0() + Duration::hours(50) + Duration::minutes(30);
+    let mut looks = 0;
+    for i in 1..40 {
+        let Some(next) = record(&w, "r1").next_action_at else {
+            break;
+        };
+        at(&w, next);
+        p.handle(tick(&format!("t{i}"))).await.unwrap();
+        looks += 1;
+        // (each look before the end leaves the debit, and the request unarchived)
+        if w.clock.get() < end {
+            assert_eq!(w.spent("team-a"), FEE);
+            assert_eq!(w.store.expires_at(&rid("r1")), None);
+        }
+    }
+
+    // THEN it looked about hourly until the offering's end, then closed the doubt with the
+    // fee kept as spent for a person to check, and the request is archived
+    assert!((24..=26).contains(&looks), "{looks} looks");
+    assert_eq!(w.clock.get(), end);
+    let rec = record(&w, "r1");
+    assert!(!rec.in_doubt());
+    assert_eq!(rec.next_action_at, None);
+    assert_eq!(rec.open_debit, None);
+    assert_eq!(rec.spent, FEE);
+    assert_eq!(w.spent("team-a"), FEE);
+    assert!(rec.reason.contains("stays spent"), "{}", rec.reason);
+    assert!(w.store.expires_at(&rid("r1")).is_some());
+    assert_eq!(w.market.purchase_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_takeover_before_the_deadline_whose_reconciliation_fails_stays_purchasing_and_is_retried()
+{
+    // GIVEN a purchase that called AWS (the answer lost)
+    let w = World::new();
+    tight(&w, "r1");
+    w.market.lose_next_purchase_response();
+    let p = w.purchaser(CAPS);
+    p.handle(found("r1", "e1")).await.unwrap();
+
+    // WHEN a takeover before the deadline cannot reconcile
+    at(&w, t0() + LEASE + Duration::minutes(1));
+    w.market.fail_next(MarketOp::FindByRequest, refused());
+    assert!(p.handle(tick("t1")).await.is_err());
+
+    // THEN it stays Purchasing with its debit, and the next takeover finds and records it
+    assert_eq!(w.status("r1").await, RequestStatus::Purchasing);
+    assert_eq!(w.spent("team-a"), FEE);
+    at(&w, t0() + LEASE * 2 + Duration::minutes(2));
+    p.handle(tick("t2")).await.unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    assert_eq!(w.market.purchase_count(), 1);
+    assert_eq!(w.spent("team-a"), FEE);
+}
+
+fn errors_transient() -> PortError {
+    PortError::Transient {
+        service: "dynamodb",
+        code: "InternalServerError".into(),
+        message: "the write's outcome is unknown".into(),
+    }
+}
+
+fn errors_unknown() -> PortError {
+    PortError::OutcomeUnknown {
+        service: "ec2",
+        message: "connection reset".into(),
+    }
+}
