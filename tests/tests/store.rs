@@ -3115,3 +3115,105 @@ async fn a_purchase_call_is_recorded_under_the_lease_and_a_purchase_in_doubt_kee
     );
     assert!(has_ttl(&raw_item(&table, "REQ#doubt", "META").await));
 }
+
+/// Items the store wrote at d9d5950, the commit before the purchase call marker (issue 48,
+/// ARCHITECTURE §9.1): `legacy` is Purchasing under the lease `old-worker` (taken at
+/// 2026-12-01 09:00, expiring 09:15), its debit of $7974.40 open and its doubt recorded
+/// (`cb-legacy`, since 09:00), with no `purchase_call` attribute. Dumped (DynamoDB JSON, one
+/// Scan) by a test run at that commit's store (331552f writes the same items): this file's
+/// helpers as they were, then `begin_purchase`.
+const PRE_48: &str = include_str!("../support/pre-48-store.json");
+
+fn fixture_purchaser(
+    store: &DynamoStore,
+    market: &capacity_pilot::fakes::FakeMarket,
+    events: &capacity_pilot::fakes::RecordingEvents,
+    clock: &capacity_pilot::fakes::ManualClock,
+) -> purchase_capacity::handler::Purchaser<
+    DynamoStore,
+    capacity_pilot::fakes::FakeMarket,
+    capacity_pilot::fakes::RecordingEvents,
+    capacity_pilot::fakes::ManualClock,
+> {
+    let env: Vec<(&str, String)> = vec![
+        ("TABLE_NAME", "t".into()),
+        ("EVENT_BUS_NAME", "capacity-pilot".into()),
+        ("ALLOWED_REGIONS", "us-east-1".into()),
+        ("ALLOWED_REQUEST_SOURCES", "com.example.ml-platform".into()),
+        ("APPROVER_SOURCES", "com.example.approvals".into()),
+        ("TEAM_BUDGETS_USD", r#"{"*": "100000"}"#.into()),
+        (
+            "SAGEMAKER_EXECUTION_ROLE_ARN",
+            "arn:aws:iam::123456789012:role/sm".into(),
+        ),
+    ];
+    let config = capacity_pilot::config::Config::from_lookup(&move |k| {
+        env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+    })
+    .unwrap();
+    purchase_capacity::handler::Purchaser {
+        store: store.clone(),
+        market: market.clone(),
+        events: events.clone(),
+        clock: clock.clone(),
+        config: std::sync::Arc::new(config),
+        ids: std::sync::Arc::new(capacity_pilot::aws::ids::RandomIds),
+        sleep: capacity_pilot::ports::default_sleep(),
+    }
+}
+
+#[tokio::test]
+async fn a_purchase_written_before_the_call_marker_is_in_doubt_from_its_lease_under_the_new_takeover()
+ {
+    // GIVEN the items the commit before wrote: `legacy` Purchasing under an expired lease,
+    // its debit open, no call marker
+    let table = TestTable::fresh().await.unwrap();
+    load_items(&table, PRE_48).await;
+    let store = table.store();
+    let legacy = get(&store, "legacy").await;
+    assert_eq!(
+        (legacy.status, legacy.purchase_call.clone()),
+        (Purchasing, None)
+    );
+    let fee = usd("7974.40").to_micros_ceil();
+    let month = BudgetMonth::of(t0());
+    assert_eq!(store.budget_spent(&team("ml"), &month).await.unwrap(), fee);
+    let market = capacity_pilot::fakes::FakeMarket::new();
+    let events = capacity_pilot::fakes::RecordingEvents::new();
+    let clock = capacity_pilot::fakes::ManualClock::new(t0() + Duration::minutes(20));
+
+    // WHEN the new purchase function's tick takes it over, AWS listing nothing for it
+    let out = fixture_purchaser(&store, &market, &events, &clock)
+        .handle(schedule("tick-1"))
+        .await
+        .unwrap();
+
+    // THEN, with no marker to say no call was made, it is in doubt from its lease, as
+    // before: nothing is bought, the debit stays, and no marker is made up
+    assert!(
+        out.decisions.iter().any(|d| d.action == "in-doubt"),
+        "{:?}",
+        out.decisions
+    );
+    assert_eq!(market.purchase_count(), 0);
+    let r = get(&store, "legacy").await;
+    assert_eq!((r.status, r.purchase_call.clone()), (Purchasing, None));
+    assert_eq!(r.open_debit, Some(fee));
+
+    // WHEN the doubt window from its lease has passed and the next takeover comes
+    clock.set(t0() + Duration::hours(1) + Duration::minutes(40));
+    let out = fixture_purchaser(&store, &market, &events, &clock)
+        .handle(schedule("tick-2"))
+        .await
+        .unwrap();
+
+    // THEN reconciliation, still finding nothing, returns the debit and searches again
+    assert_eq!(market.purchase_count(), 0);
+    let r = get(&store, "legacy").await;
+    assert_eq!(r.status, Searching, "{:?}", out.decisions);
+    assert_eq!(r.open_debit, None);
+    assert_eq!(
+        store.budget_spent(&team("ml"), &month).await.unwrap(),
+        MicroUsd(0)
+    );
+}

@@ -271,3 +271,55 @@ fn errors_unknown() -> PortError {
         message: "connection reset".into(),
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payment_due_while_a_purchase_holds_its_lease_waits_for_the_purchase_then_is_read() {
+    // GIVEN a split whose worker recorded the first block and died before calling for the
+    // second: the request is Purchasing under a lease for 15 minutes, the first block's
+    // payment due in 10
+    let w = World::new();
+    split(&w, "r1");
+    w.store
+        .commit_then_fail_next(StoreOp::RecordReservation, errors_transient());
+    let p = w.purchaser(r#"{"*": "100000"}"#);
+    assert!(p.handle(found("r1", "e1")).await.is_err());
+    let first = w.store.reservations(&rid("r1")).await.unwrap()[0].clone();
+    let due = first.payment_check_at.expect("a payment check");
+    assert!(due < t0() + LEASE);
+
+    // WHEN a tick comes while the payment is due and the lease is held
+    at(&w, due + Duration::minutes(1));
+    let described = w.market.calls_of(MarketOp::Describe);
+    let out = p.handle(tick("t1")).await.unwrap();
+
+    // THEN the payment waits for the purchase (the lease holder's): nothing is read
+    assert!(
+        out.decisions.iter().any(|d| d.action == "waiting"),
+        "{:?}",
+        out.decisions
+    );
+    assert_eq!(w.market.calls_of(MarketOp::Describe), described);
+    assert_eq!(w.status("r1").await, RequestStatus::Purchasing);
+
+    // WHEN the lease expires: the takeover buys the second block (no lease called for it),
+    // and the next tick reads the first block's payment, which AWS has taken
+    at(&w, t0() + LEASE + Duration::minutes(1));
+    p.handle(tick("t2")).await.unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    assert!(
+        w.market
+            .set_reservation_state(&first.id, ReservationState::Scheduled)
+    );
+    at(&w, t0() + LEASE + Duration::minutes(2));
+    p.handle(tick("t3")).await.unwrap();
+    assert!(w.market.calls_of(MarketOp::Describe) > described);
+    let read = w
+        .store
+        .reservations(&rid("r1"))
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|r| r.id == first.id)
+        .unwrap();
+    assert!(read.state.is_settled(), "{read:?}");
+}
