@@ -148,6 +148,16 @@ pub trait CapacityMarket: Send + Sync {
         request_id: &RequestId,
         plan_name: &str,
     ) -> impl Future<Output = Result<Vec<Reservation>, PortError>> + Send;
+
+    /// Every reservation in `region` of the deployment `deployment_id`, blocks and plans, each
+    /// with the request it is tagged (or named) for: what the detector of unrecorded
+    /// reservations reads (ARCHITECTURE §9.1). Matched by AWS's filter where it has one, and
+    /// by the caller again.
+    fn find_by_deployment(
+        &self,
+        region: &str,
+        deployment_id: &str,
+    ) -> impl Future<Output = Result<Vec<Reservation>, PortError>> + Send;
 }
 
 // =======================================================================================
@@ -1303,6 +1313,16 @@ pub struct Agenda {
     pub stale_ttl: Vec<RequestId>,
     /// The reservations whose payment is due a read (ARCHITECTURE §9.1), earliest first.
     pub payments: Vec<PaymentDue>,
+    /// The regions whose unrecorded-reservation detector is due (ARCHITECTURE §9.1).
+    pub detectors: Vec<DetectorDue>,
+}
+
+/// A region's deployment-wide detector of unrecorded reservations, due at `at`, as the
+/// `work` index shows it ([`Store::claim_detector`]).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct DetectorDue {
+    pub at: DateTime<Utc>,
+    pub region: String,
 }
 
 /// A reservation whose payment is due a read, as the `work` index shows it
@@ -1469,6 +1489,17 @@ pub trait Store: Send + Sync {
         &self,
         r: ReleaseUnbought,
     ) -> impl Future<Output = Result<LeaseWriteOutcome, PortError>> + Send;
+
+    /// Claims the run of `region`'s detector of unrecorded reservations (ARCHITECTURE §9.1)
+    /// and sets its next at `next`: from `seen`, the due time the tick read, or, with `None`,
+    /// when it has never run. False when another invocation claimed it first (or, with
+    /// `None`, it exists already).
+    fn claim_detector(
+        &self,
+        region: &str,
+        seen: Option<DateTime<Utc>>,
+        next: DateTime<Utc>,
+    ) -> impl Future<Output = Result<bool, PortError>> + Send;
 
     /// Records that the purchase under the lease is about to call AWS ([`MarkPurchaseCall`]).
     fn mark_purchase_call(

@@ -303,6 +303,7 @@ impl Flow {
             events,
             clock,
             config: config.clone(),
+            planted: Default::default(),
         };
         Flow {
             cloud,

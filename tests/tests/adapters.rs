@@ -198,6 +198,67 @@ async fn reconciliation_falls_back_to_the_documented_state_filter_when_the_tag_f
 }
 
 #[tokio::test]
+async fn the_detector_lists_this_deployments_blocks_by_tag_and_plans_by_name() {
+    use capacity_pilot::domain::naming::DEPLOYMENT_TAG;
+    // GIVEN, listed: a block tagged for this deployment, one tagged for another, and a plan
+    // named for this deployment (each bought for its own request)
+    let env = env_with(Settings {
+        listing_lag_seconds: 0,
+        ..Settings::default()
+    })
+    .await;
+    let offer = first_block(&env, 1, 24).await;
+    let mut mine = purchase_spec("dep-a");
+    mine.tags.insert(DEPLOYMENT_TAG.into(), "prod".into());
+    let block = env.market.purchase(&offer, &mine).await.unwrap();
+    let mut theirs = purchase_spec("dep-b");
+    theirs.tags.insert(DEPLOYMENT_TAG.into(), "staging".into());
+    env.market.purchase(&offer, &theirs).await.unwrap();
+    let product = Product::TrainingPlan {
+        target: TargetResource::TrainingJob,
+    };
+    let plans = env
+        .market
+        .search(&query(product, "ml.p5.48xlarge", 1, 48))
+        .await
+        .unwrap();
+    let plan = env
+        .market
+        .purchase(&plans[0], &purchase_spec("dep-c"))
+        .await
+        .unwrap();
+    // WHEN the detector lists this deployment's
+    let found = env.market.find_by_deployment(REGION, "prod").await.unwrap();
+    // THEN it gets the block and the plan, each with its request and deployment
+    let mut got: Vec<(String, Option<String>, Option<String>)> = found
+        .iter()
+        .map(|r| {
+            (
+                r.id.clone(),
+                r.request_tag.clone(),
+                r.deployment_tag.clone(),
+            )
+        })
+        .collect();
+    got.sort();
+    let mut want = vec![
+        (
+            block.id,
+            Some("dep-a".to_string()),
+            Some("prod".to_string()),
+        ),
+        (plan.id, Some("dep-c".to_string()), Some("prod".to_string())),
+    ];
+    want.sort();
+    assert_eq!(got, want);
+    // AND with the tag filter refused, the block is still found by state
+    env.cloud
+        .with_world(|w| w.settings.refuse_tag_filters = true);
+    let found = env.market.find_by_deployment(REGION, "prod").await.unwrap();
+    assert_eq!(found.len(), 2, "{found:?}");
+}
+
+#[tokio::test]
 async fn a_bought_block_is_tagged_found_by_request_and_moves_through_its_states() {
     let env = env().await;
     let offer = first_block(&env, 1, 24).await;

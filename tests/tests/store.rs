@@ -2714,6 +2714,7 @@ fn fixture_cleaner(
         events: events.clone(),
         clock: clock.clone(),
         config: std::sync::Arc::new(config),
+        planted: Default::default(),
     }
 }
 
@@ -3216,4 +3217,40 @@ async fn a_purchase_written_before_the_call_marker_is_in_doubt_from_its_lease_un
         store.budget_spent(&team("ml"), &month).await.unwrap(),
         MicroUsd(0)
     );
+}
+
+#[tokio::test]
+async fn a_regions_detector_is_planted_once_claimed_once_per_run_and_due_in_the_work_index() {
+    let table = TestTable::fresh().await.unwrap();
+    let (a, b) = (table.store(), table.store());
+    let next = t0() + Duration::hours(1);
+    // planted once: a second planting finds it there
+    assert!(a.claim_detector("us-east-1", None, next).await.unwrap());
+    assert!(!b.claim_detector("us-east-1", None, next).await.unwrap());
+    // due in the work index at its time, not before
+    assert!(
+        a.agenda(next - Duration::minutes(1))
+            .await
+            .unwrap()
+            .detectors
+            .is_empty()
+    );
+    let due = a.agenda(next).await.unwrap().detectors;
+    assert_eq!(due.len(), 1);
+    assert_eq!((due[0].region.as_str(), due[0].at), ("us-east-1", next));
+    // claimed by one of two runs that read it due
+    let later = next + Duration::hours(1);
+    assert!(
+        a.claim_detector("us-east-1", Some(next), later)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !b.claim_detector("us-east-1", Some(next), later)
+            .await
+            .unwrap()
+    );
+    assert!(a.agenda(next).await.unwrap().detectors.is_empty());
+    // regions apart
+    assert!(b.claim_detector("us-west-2", None, next).await.unwrap());
 }

@@ -98,6 +98,9 @@ pub struct Cleaner<S, M, W, E, C> {
     pub events: E,
     pub clock: C,
     pub config: Arc<Config>,
+    /// Whether this process has planted each region's detector of unrecorded reservations
+    /// ([`detect::Planted`]).
+    pub planted: detect::Planted,
 }
 
 impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<S, M, W, E, C> {
@@ -183,6 +186,15 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                     errors.push(e);
                 }
             }
+            // ARCHITECTURE §9.1: hourly per region, what this deployment holds and no
+            // request records.
+            for region in &self.config.allowed_regions {
+                if let Err(e) = self.detect(region, agenda.as_ref(), now, &mut out).await {
+                    warn!(region, error = %e, "detecting unrecorded reservations failed");
+                    errors.push(e);
+                }
+            }
+            self.planted.done();
         }
         out.published =
             outbox::flush(&self.store, &self.events, run.with_agenda(agenda.as_ref())).await?;
@@ -1113,6 +1125,8 @@ fn shown_windows(a: &Agenda, id: &RequestId) -> Option<Vec<window::WindowRecord>
             .map_or(Some(vec![]), |_| None),
     }
 }
+
+pub mod detect;
 
 #[cfg(test)]
 mod tests;

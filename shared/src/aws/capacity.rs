@@ -101,6 +101,23 @@ impl CapacityMarket for AwsMarket {
             p => Err(not_a_reservation(p)),
         }
     }
+
+    async fn find_by_deployment(
+        &self,
+        region: &str,
+        deployment_id: &str,
+    ) -> Result<Vec<Reservation>, PortError> {
+        let mut found = self
+            .ec2
+            .reservations_of_deployment(region, deployment_id)
+            .await?;
+        found.extend(
+            self.sagemaker
+                .plans_of_deployment(region, deployment_id)
+                .await?,
+        );
+        Ok(found)
+    }
 }
 
 /// `Workloads` over EC2 instances and SageMaker jobs, instance groups and endpoints.

@@ -434,24 +434,55 @@ impl Ec2Adapter {
             .transpose()
     }
 
-    /// Every Capacity Block reservation tagged with the request id, over every page. The tag
-    /// filter is widely used but undocumented (aws-reference §11.1): when EC2 refuses it, the
-    /// live reservations are listed by the documented `state` filter instead and the tag is
-    /// matched here (the caller matches it again, with the deployment's).
+    /// Every Capacity Block reservation tagged with the request id, over every page.
     pub async fn reservations_for_request(
         &self,
         region: &str,
         request_id: &RequestId,
     ) -> Result<Vec<Reservation>, PortError> {
+        self.blocks_tagged(region, REQUEST_TAG, request_id.as_str(), |r| {
+            r.request_tag.as_deref() == Some(request_id.as_str())
+        })
+        .await
+    }
+
+    /// Every Capacity Block reservation tagged for the deployment `deployment_id` (ARCHITECTURE
+    /// §8.7), over every page: what the detector of unrecorded reservations reads.
+    pub async fn reservations_of_deployment(
+        &self,
+        region: &str,
+        deployment_id: &str,
+    ) -> Result<Vec<Reservation>, PortError> {
+        self.blocks_tagged(region, DEPLOYMENT_TAG, deployment_id, |r| {
+            r.deployment_tag.as_deref() == Some(deployment_id)
+        })
+        .await
+    }
+
+    /// The Capacity Block reservations tagged `key` = `value`. The tag filter is widely used
+    /// but undocumented (aws-reference §11.1): when EC2 refuses it, the live reservations are
+    /// listed by the documented `state` filter instead and `tagged` matches the tag here (the
+    /// callers match it again).
+    async fn blocks_tagged(
+        &self,
+        region: &str,
+        key: &str,
+        value: &str,
+        tagged: impl Fn(&Reservation) -> bool,
+    ) -> Result<Vec<Reservation>, PortError> {
         let by_tag = Filter::builder()
-            .name(format!("tag:{REQUEST_TAG}"))
-            .values(request_id.as_str())
+            .name(format!("tag:{key}"))
+            .values(value)
             .build();
         match self.blocks_where(region, by_tag).await {
             Err(PortError::Permanent { code, message, .. }) if refuses_filter(&code) => {
                 tracing::warn!(
-                    region, request_id = %request_id, code, message,
-                    "the request-tag filter was refused; reconciling by the documented state filter"
+                    region,
+                    key,
+                    value,
+                    code,
+                    message,
+                    "the tag filter was refused; listing by the documented state filter"
                 );
                 let mut live = Filter::builder().name("state");
                 for state in LIVE_STATES {
@@ -461,7 +492,7 @@ impl Ec2Adapter {
                     .blocks_where(region, live.build())
                     .await?
                     .into_iter()
-                    .filter(|r| r.request_tag.as_deref() == Some(request_id.as_str()))
+                    .filter(|r| tagged(r))
                     .collect())
             }
             other => other,

@@ -505,6 +505,52 @@ impl SageMakerAdapter {
         Ok(found)
     }
 
+    /// Every training plan named for a request of the deployment `deployment_id` (the
+    /// deployment's hash in its name, ARCHITECTURE §8.7), over every page, each with its
+    /// request and deployment: what the detector of unrecorded reservations reads.
+    pub async fn plans_of_deployment(
+        &self,
+        region: &str,
+        deployment_id: &str,
+    ) -> Result<Vec<Reservation>, PortError> {
+        const OP: &str = "ListTrainingPlans";
+        let hash = crate::domain::naming::deployment_hash(deployment_id);
+        let mut found = Vec::new();
+        let mut pages = self
+            .client(region)
+            .list_training_plans()
+            .into_paginator()
+            .items()
+            .send();
+        while let Some(p) = pages.next().await {
+            let p = p.map_err(err(OP, Call::Retryable))?;
+            let Some(name) = p.training_plan_name() else {
+                continue;
+            };
+            let Some(request_id) = crate::domain::naming::plan_request(name, &hash) else {
+                continue;
+            };
+            let view = PlanView {
+                arn: p.training_plan_arn(),
+                name: Some(name),
+                status: p.status().map(|s| s.as_str()),
+                start: p.start_time(),
+                end: p.end_time(),
+                fee: p.upfront_fee(),
+                currency: p.currency_code(),
+                total_instances: p.total_instance_count(),
+                targets: p.target_resources(),
+                capacities: p.reserved_capacity_summaries(),
+            };
+            if let Some(mut r) = plan_reservation(OP, region, view)? {
+                r.request_tag = Some(request_id.to_string());
+                r.deployment_tag = Some(deployment_id.to_string());
+                found.push(r);
+            }
+        }
+        Ok(found)
+    }
+
     // ----------------------------------------------------------------------------------
     // Training jobs
     // ----------------------------------------------------------------------------------

@@ -85,6 +85,18 @@ pub fn plan_attempt(name: &str, request_id: &RequestId, hash: &str) -> Option<u3
     (ours || rest == request_id.as_str()).then_some(attempt)
 }
 
+/// The request whose [`plan_name`] `name` is, in the deployment whose [`deployment_hash`] is
+/// `hash`; none for another deployment's, or a name from before deployments were named.
+pub fn plan_request(name: &str, hash: &str) -> Option<RequestId> {
+    let rest = name.strip_prefix("cp")?;
+    let (attempt, rest) = rest.split_once('-')?;
+    if !(attempt.is_empty() || attempt.bytes().all(|b| b.is_ascii_digit())) {
+        return None;
+    }
+    let id = rest.strip_prefix(hash)?.strip_prefix('-')?;
+    RequestId::parse(id).ok()
+}
+
 /// The deployment hash in plan name `name` of `request_id`, when it has one.
 pub fn plan_name_hash<'a>(name: &'a str, request_id: &RequestId) -> Option<&'a str> {
     let rest = name.strip_prefix("cp")?;
@@ -114,6 +126,27 @@ pub fn workload_name(request_id: &RequestId, segment: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plan_name_says_its_request_only_in_its_own_deployment() {
+        let id = RequestId::parse("team-a-eval-7").unwrap();
+        let hash = deployment_hash("prod");
+        for attempt in [0, 1, 12] {
+            let name = plan_name(&id, "prod", attempt);
+            assert_eq!(plan_request(&name, &hash), Some(id.clone()), "{name}");
+            assert_eq!(plan_request(&name, &deployment_hash("staging")), None);
+        }
+        // before deployments were named, and names not ours
+        assert_eq!(plan_request("cp-team-a-eval-7", &hash), None);
+        assert_eq!(
+            plan_request(&format!("xy-{hash}-team-a-eval-7"), &hash),
+            None
+        );
+        assert_eq!(
+            plan_request(&format!("cpx-{hash}-team-a-eval-7"), &hash),
+            None
+        );
+    }
 
     #[test]
     fn a_resource_is_ours_only_with_our_managed_request_and_deployment_tags() {

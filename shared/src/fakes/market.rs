@@ -23,6 +23,7 @@ pub enum MarketOp {
     Purchase,
     Describe,
     FindByRequest,
+    FindByDeployment,
 }
 
 /// One call the market received, for assertions.
@@ -43,6 +44,10 @@ pub enum MarketCall {
         region: String,
         request_id: RequestId,
         plan_name: String,
+    },
+    FindByDeployment {
+        region: String,
+        deployment_id: String,
     },
 }
 
@@ -298,6 +303,7 @@ impl FakeMarket {
                     MarketCall::Purchase { .. } => MarketOp::Purchase,
                     MarketCall::Describe { .. } => MarketOp::Describe,
                     MarketCall::FindByRequest { .. } => MarketOp::FindByRequest,
+                    MarketCall::FindByDeployment { .. } => MarketOp::FindByDeployment,
                 }
             })
             .count()
@@ -526,6 +532,30 @@ impl CapacityMarket for FakeMarket {
             Some(e) => Err(e),
             None => Ok(found),
         }
+    }
+
+    async fn find_by_deployment(
+        &self,
+        region: &str,
+        deployment_id: &str,
+    ) -> Result<Vec<Reservation>, PortError> {
+        let mut s = lock(&self.state);
+        let now = s.clock.as_ref().map(ManualClock::get);
+        s.calls.push(MarketCall::FindByDeployment {
+            region: region.to_string(),
+            deployment_id: deployment_id.to_string(),
+        });
+        if let Some(Fault::Fail(e) | Fault::ApplyThenFail(e)) =
+            s.faults.next(MarketOp::FindByDeployment)
+        {
+            return Err(e);
+        }
+        Ok(s.reservations
+            .iter_mut()
+            .filter(|o| o.reservation.region == region)
+            .filter(|o| o.reservation.deployment_tag.as_deref() == Some(deployment_id))
+            .filter_map(|o| o.look_up(now))
+            .collect())
     }
 }
 

@@ -20,11 +20,11 @@ use crate::domain::reservation::Reservation;
 use crate::domain::status::RequestStatus;
 use crate::domain::window;
 use crate::ports::{
-    Agenda, BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
-    FailInDoubt, HistoryEntry, KeepCancellation, LeaseWriteOutcome, LiveRequest, MarkPurchaseCall,
-    NewRequest, OutboundEvent, OutboxItem, Pacing, PaymentDue, PortError, PurchaseCall,
-    RecordReservation, ReleaseUnbought, RequestRecord, Store, Tombstone, TombstoneOutcome,
-    Transition, WindowUpdate, WorkloadRecord, WriteOutcome, outbox_seq,
+    Agenda, BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit,
+    DetectorDue, DueItem, FailInDoubt, HistoryEntry, KeepCancellation, LeaseWriteOutcome,
+    LiveRequest, MarkPurchaseCall, NewRequest, OutboundEvent, OutboxItem, Pacing, PaymentDue,
+    PortError, PurchaseCall, RecordReservation, ReleaseUnbought, RequestRecord, Store, Tombstone,
+    TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord, WriteOutcome, outbox_seq,
 };
 use crate::search::{Allowance, DESCRIBE_PACE};
 
@@ -45,6 +45,7 @@ pub enum StoreOp {
     ReleaseUnbought,
     MarkPurchaseCall,
     FailInDoubt,
+    ClaimDetector,
     KeepCancellation,
     PutTombstone,
     UpdateWindows,
@@ -71,6 +72,7 @@ impl StoreOp {
                 | StoreOp::ReleaseUnbought
                 | StoreOp::MarkPurchaseCall
                 | StoreOp::FailInDoubt
+                | StoreOp::ClaimDetector
                 | StoreOp::KeepCancellation
                 | StoreOp::PutTombstone
                 | StoreOp::UpdateWindows
@@ -117,6 +119,8 @@ struct State {
     writes: u64,
     /// Each region's Capacity Block search allowance ([`Pacing`]).
     allowances: BTreeMap<String, Allowance>,
+    /// Each region's detector of unrecorded reservations: its next run.
+    detectors: BTreeMap<String, DateTime<Utc>>,
     retention: Duration,
     told: Option<DateTime<Utc>>,
     clock: Option<ManualClock>,
@@ -704,6 +708,16 @@ impl State {
             }
         }
         a.payments.sort();
+        a.detectors = self
+            .detectors
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(region, at)| DetectorDue {
+                at: *at,
+                region: region.clone(),
+            })
+            .collect();
+        a.detectors.sort();
         a.outbox = self.unsent();
         a
     }
@@ -1384,6 +1398,22 @@ impl Store for InMemoryStore {
         let after = self.begin(StoreOp::ReleaseUnbought)?;
         let outcome = lock(&self.state).release_unbought(r);
         finish(after, outcome)
+    }
+
+    async fn claim_detector(
+        &self,
+        region: &str,
+        seen: Option<DateTime<Utc>>,
+        next: DateTime<Utc>,
+    ) -> Result<bool, PortError> {
+        self.pause("ClaimDetector").await;
+        let after = self.begin(StoreOp::ClaimDetector)?;
+        let mut s = lock(&self.state);
+        let claimed = s.detectors.get(region).copied() == seen;
+        if claimed {
+            s.detectors.insert(region.to_string(), next);
+        }
+        finish(after, Ok(claimed))
     }
 
     async fn mark_purchase_call(

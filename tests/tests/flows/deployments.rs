@@ -92,6 +92,7 @@ async fn stack_b(f: &Flow) -> StackB {
             events: b.events.clone(),
             clock: b.clock.clone(),
             config: config.clone(),
+            planted: Default::default(),
         },
         table,
     }

@@ -594,6 +594,7 @@ impl Sim {
             events,
             clock: clock.clone(),
             config: config.clone(),
+            planted: Default::default(),
         };
         let foreign = checks::Foreign::set_up(&cloud, &scenario);
         let mut sim = Sim {

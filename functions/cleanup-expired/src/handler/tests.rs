@@ -23,6 +23,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde_json::{Value, json};
 
 use super::Cleaner;
+use super::detect::DETECT_EVERY;
 use capacity_pilot::config::DEFAULT_DEPLOYMENT_ID as DEPLOYMENT;
 
 type C = Cleaner<InMemoryStore, FakeMarket, FakeWorkloads, RecordingEvents, ManualClock>;
@@ -81,6 +82,7 @@ impl World {
             events: self.events.clone(),
             clock: self.clock.clone(),
             config: Arc::new(config),
+            planted: Default::default(),
         }
     }
 
@@ -1080,4 +1082,118 @@ async fn a_drain_stops_an_instance_launched_within_the_listing_lag_from_its_slot
         .collect();
     ids.sort();
     assert_eq!(ids, ["instance:i-1", "instance:i-2"]);
+}
+
+#[tokio::test]
+async fn the_hourly_detector_announces_live_reservations_of_this_deployment_that_no_request_records()
+ {
+    // GIVEN AWS listing, for this deployment: a block its request records, another of that
+    // request recorded nowhere, one for an id the table does not hold, one of a request
+    // buying now (its lease holder records it), one of another deployment, and one expired
+    let w = World::new();
+    w.market.set_listing_lag(0);
+    let ours = |mut r: Reservation| {
+        r.deployment_tag = Some(DEPLOYMENT.into());
+        r
+    };
+    let known = ours(block("cr-known", "r-known"));
+    w.seed(
+        request("r-known", "team-a", "5000"),
+        &[known],
+        RequestStatus::Reserved,
+        t0(),
+    )
+    .await;
+    w.market
+        .add_reservation(ours(block("cr-lost", "r-known")), None);
+    w.market
+        .add_reservation(ours(block("cr-ghost", "r-ghost")), None);
+    w.seed(
+        request("r-buying", "team-a", "5000"),
+        &[],
+        RequestStatus::Purchasing,
+        t0(),
+    )
+    .await;
+    w.market
+        .add_reservation(ours(block("cr-buying", "r-buying")), None);
+    let mut other = block("cr-other", "r-known");
+    other.deployment_tag = Some("another-stack".into());
+    w.market.add_reservation(other, None);
+    let mut expired = ours(block("cr-expired", "r-ghost"));
+    expired.state = ReservationState::Expired;
+    w.market.add_reservation(expired, None);
+
+    // WHEN the first scheduled tick runs
+    let out = w.tick_at(t0(), "t1").await;
+
+    // THEN exactly the two live ones no request records are announced, with why
+    let unrecorded = w.events.published_of("Capacity Reservation Unrecorded");
+    let mut ids: Vec<&str> = unrecorded
+        .iter()
+        .map(|e| e.detail["reservation_id"].as_str().unwrap())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["cr-ghost", "cr-lost"], "{:?}", out.decisions);
+    let ghost = unrecorded
+        .iter()
+        .find(|e| e.detail["reservation_id"] == "cr-ghost")
+        .unwrap();
+    assert_eq!(ghost.detail["request_id"], "r-ghost");
+    assert!(
+        ghost.detail["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no request of that id is in the table")
+    );
+    assert_eq!(
+        w.market
+            .calls_of(capacity_pilot::fakes::MarketOp::FindByDeployment),
+        1
+    );
+
+    // AND it runs hourly, not every tick
+    w.tick_at(t0() + Duration::minutes(30), "t2").await;
+    assert_eq!(
+        w.market
+            .calls_of(capacity_pilot::fakes::MarketOp::FindByDeployment),
+        1
+    );
+    w.tick_at(t0() + DETECT_EVERY, "t3").await;
+    assert_eq!(
+        w.market
+            .calls_of(capacity_pilot::fakes::MarketOp::FindByDeployment),
+        2
+    );
+    assert_eq!(
+        w.events
+            .published_of("Capacity Reservation Unrecorded")
+            .len(),
+        4
+    );
+}
+
+#[tokio::test]
+async fn of_cleanups_running_at_once_one_runs_the_detector() {
+    let w = World::new();
+    w.market.set_listing_lag(0);
+    let mut lost = block("cr-lost", "r-ghost");
+    lost.deployment_tag = Some(DEPLOYMENT.into());
+    w.market.add_reservation(lost, None);
+    w.clock.set(t0());
+    let (a, b) = (w.cleaner(), w.cleaner());
+    let (x, y) = tokio::join!(a.handle(scheduled("t1")), b.handle(scheduled("t2")));
+    x.unwrap();
+    y.unwrap();
+    assert_eq!(
+        w.market
+            .calls_of(capacity_pilot::fakes::MarketOp::FindByDeployment),
+        1
+    );
+    assert_eq!(
+        w.events
+            .published_of("Capacity Reservation Unrecorded")
+            .len(),
+        1
+    );
 }

@@ -11,6 +11,7 @@
 //! | `REQ#<id>`                | `EVENT#<event id>`                 | a processed event        |
 //! | `REQ#<id>`                | `OUTBOX#<event key>`               | an event to publish      |
 //! | `BUDGET#<team>#<yyyy-mm>` | `LEDGER`                           | a team's monthly spend   |
+//! | `DETECT#<region>`         | `DETECT#<region>`                  | a region's next detector |
 //!
 //! The request's windows (`domain::window`) live on its META item, as JSON in `windows`, so a
 //! window's step and the status it implies are one conditional write. `next_action_at` holds
@@ -89,6 +90,8 @@ pub(super) mod attr {
     pub const DOUBT: &str = "doubt";
     /// Whether the purchase under the lease called AWS (`ports::PurchaseCall`), as JSON.
     pub const PURCHASE_CALL: &str = "purchase_call";
+    /// A detector item's region.
+    pub const REGION: &str = "region";
     pub const CANCEL: &str = "cancel";
     /// An on-demand run's record (JSON).
     pub const RUN: &str = "run";
@@ -143,6 +146,9 @@ pub(super) mod kind {
     pub const HISTORY: &str = "history";
     /// A region's search allowance (`PACE#<region>`).
     pub const PACE: &str = "pace";
+    /// A region's detector of unrecorded reservations (`DETECT#<region>`), in the `work`
+    /// index at its next run.
+    pub const DETECTOR: &str = "detector";
 }
 
 pub(super) const META_SK: &str = "META";

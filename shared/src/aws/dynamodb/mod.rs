@@ -41,11 +41,12 @@ use crate::domain::status::RequestStatus;
 use crate::domain::window::{self, WindowRecord};
 use crate::ports::SharedIds;
 use crate::ports::{
-    Agenda, BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit, DueItem,
-    FailInDoubt, HistoryEntry, KeepCancellation, LeaseWriteOutcome, LiveRequest, MarkPurchaseCall,
-    NewRequest, OutboundEvent, OutboxItem, Pacing, PaymentDue, PortError, PurchaseCall,
-    RecordReservation, ReleaseUnbought, RequestRecord, Store, TOMBSTONE_KEPT, Tombstone,
-    TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord, WriteOutcome, outbox_seq,
+    Agenda, BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit,
+    DetectorDue, DueItem, FailInDoubt, HistoryEntry, KeepCancellation, LeaseWriteOutcome,
+    LiveRequest, MarkPurchaseCall, NewRequest, OutboundEvent, OutboxItem, Pacing, PaymentDue,
+    PortError, PurchaseCall, RecordReservation, ReleaseUnbought, RequestRecord, Store,
+    TOMBSTONE_KEPT, Tombstone, TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord,
+    WriteOutcome, outbox_seq,
 };
 use crate::search::{Allowance, DESCRIBE_PACE};
 
@@ -901,6 +902,16 @@ impl DynamoStore {
 /// invocation, written by conditional put on the version it was read at.
 fn pace_key(region: &str) -> Item {
     key(format!("PACE#{region}"), "PACE")
+}
+
+/// A region's detector item: partition and sort key alike.
+const DETECT_PREFIX: &str = "DETECT#";
+
+fn detector_key(region: &str) -> Item {
+    key(
+        format!("{DETECT_PREFIX}{region}"),
+        format!("{DETECT_PREFIX}{region}"),
+    )
 }
 
 /// How many times a pacing write is tried against other invocations' writes.
@@ -2052,6 +2063,50 @@ impl Store for DynamoStore {
         ))
     }
 
+    async fn claim_detector(
+        &self,
+        region: &str,
+        seen: Option<DateTime<Utc>>,
+        next: DateTime<Utc>,
+    ) -> Result<bool, PortError> {
+        let mut item = detector_key(region);
+        item.insert(attr::KIND.into(), s(kind::DETECTOR));
+        item.insert(attr::REGION.into(), s(region));
+        item.insert(attr::NEXT_ACTION_AT.into(), time(next));
+        item.insert(attr::GSI_PART.into(), s(WORK_PARTITION));
+        item.insert(attr::GSI_DUE.into(), n(next.timestamp()));
+        let (condition, values) = match seen {
+            None => ("attribute_not_exists(#n)".to_string(), None),
+            Some(at) => (
+                "#n = :n".to_string(),
+                Some(HashMap::from([(":n".to_string(), time(at))])),
+            ),
+        };
+        let written = item.clone();
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .condition_expression(condition)
+            .expression_attribute_names("#n", attr::NEXT_ACTION_AT)
+            .set_expression_attribute_values(values)
+            .send()
+            .await;
+        self.wrote_one(Write::Put(written), result.is_ok());
+        match result {
+            Ok(_) => Ok(true),
+            Err(err)
+                if err
+                    .as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Ok(false)
+            }
+            Err(err) => Err(sdk_error("PutItem", err, Call::Write)),
+        }
+    }
+
     async fn mark_purchase_call(
         &self,
         m: MarkPurchaseCall,
@@ -2435,6 +2490,14 @@ impl DynamoStore {
                 });
                 continue;
             }
+            if let Some(region) = sk.strip_prefix(DETECT_PREFIX) {
+                // (The index projects the keys and the due time: the region is in the key.)
+                a.detectors.push(DetectorDue {
+                    at: r.time(attr::NEXT_ACTION_AT)?,
+                    region: region.to_string(),
+                });
+                continue;
+            }
             if let Some(reservation_id) = sk.strip_prefix(RES_PREFIX) {
                 if let Some(at) = r.opt_time(attr::NEXT_ACTION_AT)?
                     && at.timestamp() <= until
@@ -2505,6 +2568,7 @@ impl DynamoStore {
         // The index's order is its due times'; the agenda's is the request ids'.
         a.live.sort_by(|x, y| x.request_id.cmp(&y.request_id));
         a.payments.sort();
+        a.detectors.sort();
         a.outbox.sort_by(|x, y| {
             (x.created_at, &x.request_id, x.seq, &x.event.event_key).cmp(&(
                 y.created_at,

@@ -143,6 +143,11 @@ async fn a_purchase_that_called_and_cannot_reconcile_past_its_deadline_fails_in_
     let doubt = w.events.published_of("Capacity Purchase In Doubt");
     assert_eq!(doubt.len(), 1, "{doubt:?}");
     assert_eq!(doubt[0].detail["offering_ids"], json!(["cb-1"]));
+    // (keyed by the version that ended it)
+    assert_eq!(
+        doubt[0].detail["event_key"],
+        format!("r1:purchase-in-doubt:v{}", rec.version)
+    );
     assert_eq!(doubt[0].detail["kept_usd"], "1661.18");
     assert!(
         doubt[0].detail["reason"]
