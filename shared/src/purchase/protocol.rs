@@ -646,16 +646,22 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             .cap_for(&rec.team)
             .unwrap_or(Usd::ZERO);
         let debit = Debit::of(rec, team_cap, fee, now);
-        // Whether it lands past a cap, as the ledger stands now (a concurrent debit may change
-        // that; the adoption does not depend on it, only the announcement).
+        // Whether it lands past a cap, as the ledger and the request stand now, the plan's
+        // open debit included (`rec` may be the read from before this lease's debit; a
+        // concurrent debit may change it again: the adoption does not depend on it, only the
+        // announcement).
+        let current = self.store.get_request(id).await?;
+        let (spent, open) = current
+            .as_ref()
+            .map_or((rec.spent, rec.open_debit), |c| (c.spent, c.open_debit));
         let given_back = if in_place {
-            rec.open_debit.unwrap_or(MicroUsd(0))
+            open.unwrap_or(MicroUsd(0))
         } else {
             MicroUsd(0)
         };
         let team_after =
             self.store.budget_spent(&rec.team, &debit.month).await?.0 + fee.0 - given_back.0;
-        let request_after = rec.spent.0 + fee.0 - given_back.0;
+        let request_after = spent.0 + fee.0 - given_back.0;
         let mut past = Vec::new();
         if team_after > debit.team_cap.0 {
             past.push(format!("team {}'s monthly cap of ${team_cap}", rec.team));

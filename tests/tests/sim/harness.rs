@@ -1895,7 +1895,9 @@ impl Sim {
                             .to_string(),
                         );
                     }
-                    if d.reason.contains(REFUSAL) {
+                    // (The purchase's own decision: a later one that quotes the request's
+                    // reason, a resubmission's rejection say, decides nothing about it.)
+                    if p.function == "purchase-capacity" && d.reason.contains(REFUSAL) {
                         self.refusals
                             .push((now, d.request_id.to_string(), d.action.to_string()));
                     }

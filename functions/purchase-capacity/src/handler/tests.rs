@@ -1391,6 +1391,35 @@ async fn a_stray_of_ours_that_does_not_serve_the_request_is_adopted_beside_the_p
 }
 
 #[tokio::test]
+async fn a_stray_beside_the_plan_that_with_the_plans_own_debit_passes_the_cap_is_announced() {
+    // GIVEN r1 (max $5000) holds, unrecorded, a $3500 block of ours it did not ask for: alone
+    // within the cap, past it with the plan's $1661.18 debited at the lease (seeds 1457 and
+    // 2612 of the simulation: the check read the request as it was before that debit)
+    let w = World::new();
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    w.market
+        .add_reservation(stray("p4d.24xlarge", 2, "3500"), None);
+
+    // WHEN the purchase reconciles before buying
+    w.purchaser(CAPS).handle(found("r1", "e1")).await.unwrap();
+
+    // THEN both are kept and debited, and the adoption past the cap is announced
+    assert_eq!(w.market.purchases_of("cb-1"), 1);
+    assert_eq!(w.spent("team-a"), MicroUsd(5_161_180_000));
+    let ev = w.events.published_of("Capacity Reservation Unrecorded");
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0].detail["reservation_id"], "cr-stray");
+    assert!(
+        ev[0].detail["reason"]
+            .as_str()
+            .unwrap()
+            .contains("max_upfront_usd"),
+        "{}",
+        ev[0].detail["reason"]
+    );
+}
+
+#[tokio::test]
 async fn a_stray_found_while_the_plans_purchase_is_in_doubt_is_kept_beside_it_not_in_its_place() {
     // GIVEN a lost purchase response whose block lists only after the lease, and then a stray
     // of ours that would serve the request
