@@ -359,6 +359,13 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             return Ok(());
         }
         let reservations = self.store.reservations(id).await?;
+        let rec = match self
+            .upgrade_payments(rec, &reservations, base, now, out)
+            .await?
+        {
+            Some(rec) => rec,
+            None => return Ok(()),
+        };
         let lead = self.drain_lead(&rec);
         let mut windows = window::windows(&reservations, &rec.windows, lead);
         if windows.is_empty() {
@@ -652,6 +659,57 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
     /// A request without reserved windows whose status follows them, or an on-demand or spot
     /// run: the run drains before its duration is over; a request with nothing bought left
     /// to end.
+    /// Issue 48's upgrade of old records (ARCHITECTURE §9.1): a reservation bought before each
+    /// had its own payment check, still unpaid, gets one now, so the purchase function's next
+    /// tick reads it whatever the request's status (before, only a `Reserved` request's were
+    /// read). The request as it stands after, or `None` when another writer moved it.
+    async fn upgrade_payments(
+        &self,
+        rec: RequestRecord,
+        reservations: &[capacity_pilot::domain::reservation::Reservation],
+        base: &str,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<Option<RequestRecord>, PortError> {
+        let unchecked: Vec<_> = reservations
+            .iter()
+            .filter(|r| r.payment_check_at.is_none() && r.state.is_live() && !r.state.is_settled())
+            .map(|r| {
+                let mut r = r.clone();
+                r.payment_check_at = Some(now);
+                r
+            })
+            .collect();
+        if unchecked.is_empty() || rec.status == RequestStatus::Purchasing {
+            return Ok(Some(rec));
+        }
+        let id = rec.request_id.clone();
+        let note = format!(
+            "{} bought before each reservation had its own payment check: its payment is read \
+             from now on",
+            capacity_pilot::domain::reservation::Reservation::id_list(&unchecked)
+        );
+        let mut t = Transition::of(
+            &rec,
+            rec.status,
+            &rec.reason,
+            rec.next_action_at,
+            now,
+            &Cause::new(format!("{base}#payments")),
+        );
+        t.reservations = unchecked;
+        let w = self.store.transition(t).await?;
+        out.decisions.push(Decision::new(
+            &id,
+            decision::written(&w, "payments-upgraded"),
+            note,
+        ));
+        if !matches!(w, WriteOutcome::Applied { .. }) {
+            return Ok(None);
+        }
+        self.store.get_request(&id).await
+    }
+
     async fn process_run(
         &self,
         rec: &RequestRecord,

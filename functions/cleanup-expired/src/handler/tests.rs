@@ -1197,3 +1197,56 @@ async fn of_cleanups_running_at_once_one_runs_the_detector() {
         1
     );
 }
+
+#[tokio::test]
+async fn an_unpaid_block_recorded_before_payments_were_checked_per_reservation_gets_its_check() {
+    // GIVEN an Active request (its first block running) that holds a later block still
+    // `pending`, recorded before each reservation had its own payment check
+    let w = World::new();
+    let running = block("cr-run", "r1");
+    let mut later = reservation(
+        "cr-later",
+        "r1",
+        Product::CapacityBlock,
+        end() + Duration::days(1),
+    );
+    later.state = ReservationState::Pending;
+    assert_eq!(later.payment_check_at, None);
+    w.seed(
+        request("r1", "team-a", "5000"),
+        &[running, later],
+        RequestStatus::Active,
+        open(),
+    )
+    .await;
+    let now = open() + Duration::hours(1);
+
+    // WHEN cleanup's tick reads it
+    let out = w.tick_at(now, "t1").await;
+
+    // THEN the pending block gets a payment check now (the purchase function's next tick
+    // reads it), the running one none, and the request is as it was
+    assert!(
+        out.decisions
+            .iter()
+            .any(|d| d.action == "payments-upgraded"),
+        "{:?}",
+        out.decisions
+    );
+    let held = w.store.reservations(&request_id("r1")).await.unwrap();
+    let check = |id: &str| held.iter().find(|r| r.id == id).unwrap().payment_check_at;
+    assert_eq!(check("cr-later"), Some(now));
+    assert_eq!(check("cr-run"), None);
+    assert_eq!(w.status("r1").await, RequestStatus::Active);
+    let due = w.store.agenda(now).await.unwrap().payments;
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].reservation_id, "cr-later");
+    // AND once: the next tick writes nothing more
+    let again = w.tick_at(now + Duration::minutes(5), "t2").await;
+    assert!(
+        !again
+            .decisions
+            .iter()
+            .any(|d| d.action == "payments-upgraded")
+    );
+}
