@@ -603,6 +603,27 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
             }
         }
     }
+    // A terminal request buys nothing (ARCHITECTURE §9.1): nothing AWS sold for a request
+    // (but the harness's strays) was bought after it first reached an ended status.
+    for r in recs.values().filter(|r| r.status.is_terminal()) {
+        let history = sim.store.history(&r.request_id).await.unwrap_or_default();
+        let Some(ended) = history
+            .iter()
+            .find(|h| h.to.is_terminal())
+            .map(|h| h.at)
+        else {
+            continue;
+        };
+        for s in sold.iter().filter(|s| {
+            s.request == r.request_id.as_str() && s.created > ended && !is_stray(sim, &s.id)
+        }) {
+            out.push(format!(
+                "a terminal request buys nothing: {} ended at {ended} ({}), and {} was bought \
+                 for it at {}",
+                r.request_id, r.status, s.id, s.created
+            ));
+        }
+    }
     // A stray is adopted: once listed, the next purchase lease its request takes reconciles
     // it into the request's record (and its fee into the ledger, which the ledger's checks
     // then hold to).
