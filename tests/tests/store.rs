@@ -2677,6 +2677,26 @@ async fn load_items(table: &TestTable, dump: &str) {
     }
 }
 
+/// The configuration the fixture functions run with.
+fn fixture_config() -> capacity_pilot::config::Config {
+    let env: Vec<(&str, String)> = vec![
+        ("TABLE_NAME", "t".into()),
+        ("EVENT_BUS_NAME", "capacity-pilot".into()),
+        ("ALLOWED_REGIONS", "us-east-1".into()),
+        ("ALLOWED_REQUEST_SOURCES", "com.example.ml-platform".into()),
+        ("APPROVER_SOURCES", "com.example.approvals".into()),
+        ("TEAM_BUDGETS_USD", r#"{"*": "100000"}"#.into()),
+        (
+            "SAGEMAKER_EXECUTION_ROLE_ARN",
+            "arn:aws:iam::123456789012:role/sm".into(),
+        ),
+    ];
+    capacity_pilot::config::Config::from_lookup(&move |k| {
+        env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+    })
+    .unwrap()
+}
+
 type FixtureCleaner = cleanup_expired::handler::Cleaner<
     DynamoStore,
     capacity_pilot::fakes::FakeMarket,
@@ -2691,22 +2711,7 @@ fn fixture_cleaner(
     events: &capacity_pilot::fakes::RecordingEvents,
     clock: &capacity_pilot::fakes::ManualClock,
 ) -> FixtureCleaner {
-    let env: Vec<(&str, String)> = vec![
-        ("TABLE_NAME", "t".into()),
-        ("EVENT_BUS_NAME", "capacity-pilot".into()),
-        ("ALLOWED_REGIONS", "us-east-1".into()),
-        ("ALLOWED_REQUEST_SOURCES", "com.example.ml-platform".into()),
-        ("APPROVER_SOURCES", "com.example.approvals".into()),
-        ("TEAM_BUDGETS_USD", r#"{"*": "100000"}"#.into()),
-        (
-            "SAGEMAKER_EXECUTION_ROLE_ARN",
-            "arn:aws:iam::123456789012:role/sm".into(),
-        ),
-    ];
-    let config = capacity_pilot::config::Config::from_lookup(&move |k| {
-        env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
-    })
-    .unwrap();
+    let config = fixture_config();
     cleanup_expired::handler::Cleaner {
         store: store.clone(),
         market: capacity_pilot::fakes::FakeMarket::new(),
@@ -3136,22 +3141,7 @@ fn fixture_purchaser(
     capacity_pilot::fakes::RecordingEvents,
     capacity_pilot::fakes::ManualClock,
 > {
-    let env: Vec<(&str, String)> = vec![
-        ("TABLE_NAME", "t".into()),
-        ("EVENT_BUS_NAME", "capacity-pilot".into()),
-        ("ALLOWED_REGIONS", "us-east-1".into()),
-        ("ALLOWED_REQUEST_SOURCES", "com.example.ml-platform".into()),
-        ("APPROVER_SOURCES", "com.example.approvals".into()),
-        ("TEAM_BUDGETS_USD", r#"{"*": "100000"}"#.into()),
-        (
-            "SAGEMAKER_EXECUTION_ROLE_ARN",
-            "arn:aws:iam::123456789012:role/sm".into(),
-        ),
-    ];
-    let config = capacity_pilot::config::Config::from_lookup(&move |k| {
-        env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
-    })
-    .unwrap();
+    let config = fixture_config();
     purchase_capacity::handler::Purchaser {
         store: store.clone(),
         market: market.clone(),

@@ -170,6 +170,24 @@ struct PlanView<'a> {
     capacities: &'a [ReservedCapacitySummary],
 }
 
+impl<'a> PlanView<'a> {
+    /// What ListTrainingPlans says of a plan.
+    fn of_summary(p: &'a aws_sdk_sagemaker::types::TrainingPlanSummary) -> PlanView<'a> {
+        PlanView {
+            arn: p.training_plan_arn(),
+            name: p.training_plan_name(),
+            status: p.status().map(|s| s.as_str()),
+            start: p.start_time(),
+            end: p.end_time(),
+            fee: p.upfront_fee(),
+            currency: p.currency_code(),
+            total_instances: p.total_instance_count(),
+            targets: p.target_resources(),
+            capacities: p.reserved_capacity_summaries(),
+        }
+    }
+}
+
 fn plan_reservation(
     op: &'static str,
     region: &str,
@@ -485,19 +503,7 @@ impl SageMakerAdapter {
             {
                 continue;
             }
-            let view = PlanView {
-                arn: p.training_plan_arn(),
-                name: Some(name),
-                status: p.status().map(|s| s.as_str()),
-                start: p.start_time(),
-                end: p.end_time(),
-                fee: p.upfront_fee(),
-                currency: p.currency_code(),
-                total_instances: p.total_instance_count(),
-                targets: p.target_resources(),
-                capacities: p.reserved_capacity_summaries(),
-            };
-            found.extend(plan_reservation(OP, region, view)?);
+            found.extend(plan_reservation(OP, region, PlanView::of_summary(&p))?);
         }
         for r in &mut found {
             r.request_tag = Some(request_id.to_string());
@@ -530,19 +536,7 @@ impl SageMakerAdapter {
             let Some(request_id) = crate::domain::naming::plan_request(name, &hash) else {
                 continue;
             };
-            let view = PlanView {
-                arn: p.training_plan_arn(),
-                name: Some(name),
-                status: p.status().map(|s| s.as_str()),
-                start: p.start_time(),
-                end: p.end_time(),
-                fee: p.upfront_fee(),
-                currency: p.currency_code(),
-                total_instances: p.total_instance_count(),
-                targets: p.target_resources(),
-                capacities: p.reserved_capacity_summaries(),
-            };
-            if let Some(mut r) = plan_reservation(OP, region, view)? {
+            if let Some(mut r) = plan_reservation(OP, region, PlanView::of_summary(&p))? {
                 r.request_tag = Some(request_id.to_string());
                 r.deployment_tag = Some(deployment_id.to_string());
                 found.push(r);

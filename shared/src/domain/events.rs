@@ -399,6 +399,30 @@ pub struct ReservationUnrecorded {
 }
 detail!(ReservationUnrecorded, "Capacity Reservation Unrecorded");
 
+impl ReservationUnrecorded {
+    /// The announcement of `r`, tagged for request `request_id`, with why; keyed by the
+    /// request and the reservation, so each is one event however often it is announced.
+    pub fn of(
+        request_id: &str,
+        r: &super::reservation::Reservation,
+        reason: String,
+    ) -> ReservationUnrecorded {
+        ReservationUnrecorded {
+            event_key: format!("{request_id}:reservation-unrecorded:{}", r.id),
+            request_id: request_id.to_string(),
+            reservation_id: r.id.clone(),
+            product: r.product,
+            region: r.region.clone(),
+            state: r.state,
+            instance_type: r.instance_type.clone(),
+            instance_count: r.instance_count,
+            start: r.start(),
+            end: r.end(),
+            reason,
+        }
+    }
+}
+
 /// A purchase that called AWS and could not be reconciled by its request's purchase deadline
 /// (ARCHITECTURE §9.1): AWS may have sold `offering_ids` and not let us see it. The request
 /// fails with its debit kept, and is reconciled hourly until the offerings end; what is then

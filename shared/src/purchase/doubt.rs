@@ -14,10 +14,12 @@ use chrono::{DateTime, Duration, Utc};
 use tracing::warn;
 
 use super::payment::payment_check_after;
-use super::protocol::{doubted, is_from, purchase_deadline, unrecorded_event};
+use super::protocol::{doubted, is_from, purchase_deadline};
 use super::{Outcome, Protocols};
 use crate::decision::{self, Decision};
-use crate::domain::events::{PurchaseInDoubt, ending_events, event_key, outbound};
+use crate::domain::events::{
+    PurchaseInDoubt, ReservationUnrecorded, ending_events, event_key, outbound,
+};
 use crate::domain::money::MicroUsd;
 use crate::domain::naming::plan_name;
 use crate::domain::offering::{Offering, Product};
@@ -258,7 +260,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         }
         let outbox = found
             .iter()
-            .map(|r| outbound(&unrecorded_event(&id, r, reason.clone())))
+            .map(|r| outbound(&ReservationUnrecorded::of(id.as_str(), r, reason.clone())))
             .collect();
         if resolved {
             // What the plan never called goes back; what was called stays spent.

@@ -708,7 +708,11 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         }
         if !past.is_empty() {
             warn!(alert = "reservation-unrecorded", request_id = %id, reservation_id = %stray.id, "{reason}");
-            outbox.push(outbound(&unrecorded_event(id, stray, reason.clone())));
+            outbox.push(outbound(&ReservationUnrecorded::of(
+                id.as_str(),
+                stray,
+                reason.clone(),
+            )));
         }
         let mut adopted = stray.clone();
         adopted.bought_at = Some(now);
@@ -1100,26 +1104,6 @@ fn reserved_event(
 /// least its instances, inside its window and at least its duration.
 fn serves(request: &CapacityRequest, r: &Reservation) -> bool {
     request.takes(r) && r.end() - r.start() >= request.duration()
-}
-
-pub(super) fn unrecorded_event(
-    id: &RequestId,
-    r: &Reservation,
-    reason: String,
-) -> ReservationUnrecorded {
-    ReservationUnrecorded {
-        event_key: format!("{id}:reservation-unrecorded:{}", r.id),
-        request_id: id.to_string(),
-        reservation_id: r.id.clone(),
-        product: r.product,
-        region: r.region.clone(),
-        state: r.state,
-        instance_type: r.instance_type.clone(),
-        instance_count: r.instance_count,
-        start: r.start(),
-        end: r.end(),
-        reason,
-    }
 }
 
 #[cfg(test)]

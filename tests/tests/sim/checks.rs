@@ -607,11 +607,7 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
     // (but the harness's strays) was bought after it first reached an ended status.
     for r in recs.values().filter(|r| r.status.is_terminal()) {
         let history = sim.store.history(&r.request_id).await.unwrap_or_default();
-        let Some(ended) = history
-            .iter()
-            .find(|h| h.to.is_terminal())
-            .map(|h| h.at)
-        else {
+        let Some(ended) = history.iter().find(|h| h.to.is_terminal()).map(|h| h.at) else {
             continue;
         };
         for s in sold.iter().filter(|s| {

@@ -124,19 +124,11 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                     }
                 );
                 warn!(alert = "reservation-unrecorded", request_id = %id, reservation_id = %r.id, "{reason}");
-                events.push(outbound(&ReservationUnrecorded {
-                    event_key: format!("{id}:reservation-unrecorded:{}", r.id),
-                    request_id: id.to_string(),
-                    reservation_id: r.id.clone(),
-                    product: r.product,
-                    region: r.region.clone(),
-                    state: r.state,
-                    instance_type: r.instance_type.clone(),
-                    instance_count: r.instance_count,
-                    start: r.start(),
-                    end: r.end(),
-                    reason: reason.clone(),
-                }));
+                events.push(outbound(&ReservationUnrecorded::of(
+                    id.as_str(),
+                    &r,
+                    reason.clone(),
+                )));
                 out.decisions
                     .push(Decision::new(&id, "reservation-unrecorded", reason));
             }

@@ -944,13 +944,24 @@ impl DynamoStore {
         item.insert(attr::KIND.into(), s(kind::PACE));
         item.insert(attr::DATA.into(), json("allowance", a)?);
         item.insert(attr::VERSION.into(), n(version + 1));
-        let (condition, values) = if version == 0 {
-            ("attribute_not_exists(#v)".to_string(), None)
-        } else {
-            (
-                "#v = :v".to_string(),
-                Some(HashMap::from([(":v".to_string(), n(version))])),
-            )
+        let expected = (version != 0).then(|| n(version));
+        self.put_if(item, attr::VERSION, expected).await
+    }
+
+    /// Puts `item` if its attribute `attr` is `expected`, or absent when `None`; false when
+    /// another writer's item stands there instead.
+    async fn put_if(
+        &self,
+        item: Item,
+        attr: &str,
+        expected: Option<AttributeValue>,
+    ) -> Result<bool, PortError> {
+        let (condition, values) = match expected {
+            None => ("attribute_not_exists(#c)".to_string(), None),
+            Some(v) => (
+                "#c = :c".to_string(),
+                Some(HashMap::from([(":c".to_string(), v)])),
+            ),
         };
         let written = item.clone();
         let result = self
@@ -959,7 +970,7 @@ impl DynamoStore {
             .table_name(&self.table)
             .set_item(Some(item))
             .condition_expression(condition)
-            .expression_attribute_names("#v", attr::VERSION)
+            .expression_attribute_names("#c", attr)
             .set_expression_attribute_values(values)
             .send()
             .await;
@@ -2075,36 +2086,8 @@ impl Store for DynamoStore {
         item.insert(attr::NEXT_ACTION_AT.into(), time(next));
         item.insert(attr::GSI_PART.into(), s(WORK_PARTITION));
         item.insert(attr::GSI_DUE.into(), n(next.timestamp()));
-        let (condition, values) = match seen {
-            None => ("attribute_not_exists(#n)".to_string(), None),
-            Some(at) => (
-                "#n = :n".to_string(),
-                Some(HashMap::from([(":n".to_string(), time(at))])),
-            ),
-        };
-        let written = item.clone();
-        let result = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .condition_expression(condition)
-            .expression_attribute_names("#n", attr::NEXT_ACTION_AT)
-            .set_expression_attribute_values(values)
-            .send()
-            .await;
-        self.wrote_one(Write::Put(written), result.is_ok());
-        match result {
-            Ok(_) => Ok(true),
-            Err(err)
-                if err
-                    .as_service_error()
-                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
-            {
-                Ok(false)
-            }
-            Err(err) => Err(sdk_error("PutItem", err, Call::Write)),
-        }
+        self.put_if(item, attr::NEXT_ACTION_AT, seen.map(time))
+            .await
     }
 
     async fn mark_purchase_call(
