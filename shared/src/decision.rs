@@ -96,6 +96,16 @@ impl Decision {
             reason: reason.into(),
         }
     }
+
+    /// A decision about something other than one request (a region's detector run), named
+    /// by `subject` where a request's id would be.
+    pub fn about(subject: &str, action: &'static str, reason: impl Into<String>) -> Decision {
+        Decision {
+            request_id: subject.to_string(),
+            action,
+            reason: reason.into(),
+        }
+    }
 }
 
 /// Logs each decision, with its reason, as one structured line.

@@ -70,7 +70,9 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         }
         let deployment = self.config.deployment_id.as_str();
         let mut by_request: BTreeMap<RequestId, Vec<Reservation>> = BTreeMap::new();
-        for r in self.market.find_by_deployment(region, deployment).await? {
+        let listed = self.market.find_by_deployment(region, deployment).await?;
+        let count = listed.len();
+        for r in listed {
             // Matched here too, not only by AWS's filter (aws-reference §11.1).
             if !r.state.is_live() || r.deployment_tag.as_deref() != Some(deployment) {
                 continue;
@@ -85,7 +87,9 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             by_request.entry(id).or_default().push(r);
         }
         let mut events = Vec::new();
+        let (mut left, mut live) = (0, 0);
         for (id, listed) in by_request {
+            live += listed.len();
             let rec = self.store.get_request(&id).await?;
             // Its own purchase reconciles it: the lease holder records what it bought, and a
             // purchase in doubt is reconciled hourly by the purchase function.
@@ -93,6 +97,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                 .as_ref()
                 .is_some_and(|r| r.status == RequestStatus::Purchasing || r.in_doubt())
             {
+                left += listed.len();
                 continue;
             }
             let recorded: BTreeSet<String> = match &rec {
@@ -133,6 +138,18 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                     .push(Decision::new(&id, "reservation-unrecorded", reason));
             }
         }
+        // The run itself is a decision: what was looked at, and what it came to.
+        out.decisions.push(Decision::about(
+            &format!("detector:{region}"),
+            "detected",
+            format!(
+                "AWS lists {count} reservation(s) of deployment {deployment} in {region}, {live} \
+                 live; {} recorded by no request (announced), {left} left to their request's \
+                 own reconciliation; next look at {}",
+                events.len(),
+                now + DETECT_EVERY
+            ),
+        ));
         if events.is_empty() {
             return Ok(());
         }

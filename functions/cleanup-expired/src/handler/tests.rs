@@ -1140,6 +1140,22 @@ async fn the_hourly_detector_announces_live_reservations_of_this_deployment_that
         .find(|e| e.detail["reservation_id"] == "cr-ghost")
         .unwrap();
     assert_eq!(ghost.detail["request_id"], "r-ghost");
+    // AND the run is a decision of its own, saying what it looked at
+    let run = out
+        .decisions
+        .iter()
+        .find(|d| d.action == "detected")
+        .expect("the detector's run");
+    assert_eq!(run.request_id, format!("detector:{REGION}"));
+    assert!(
+        run.reason.contains("5 reservation(s)")
+            && run.reason.contains("2 recorded by no request")
+            && run
+                .reason
+                .contains("1 left to their request's own reconciliation"),
+        "{}",
+        run.reason
+    );
     assert!(
         ghost.detail["reason"]
             .as_str()
