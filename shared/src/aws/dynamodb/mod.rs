@@ -880,6 +880,15 @@ impl DynamoStore {
         Ok(())
     }
 
+    /// The request as the holder of lease `token` reads it before a lease write: `None` when
+    /// it is not `Purchasing` under that lease (the write is refused).
+    async fn meta_under_lease(&self, id: &str, token: &str) -> Result<Option<Meta>, PortError> {
+        Ok(self.read_meta(id).await?.filter(|m| {
+            m.record.status == RequestStatus::Purchasing
+                && m.record.lease.as_ref().is_some_and(|l| l.token == token)
+        }))
+    }
+
     /// When a lease write's conditions fail: a replay of an applied write, or a lost lease.
     async fn lease_write_refused(
         &self,
@@ -1808,17 +1817,8 @@ impl Store for DynamoStore {
         held.push(r.reservation.clone());
         for _ in 0..LEASE_WRITE_ATTEMPTS {
             let mut reservation = r.reservation.clone();
-            let meta = match self.read_meta(id).await? {
-                Some(m)
-                    if m.record.status == Purchasing
-                        && m.record
-                            .lease
-                            .as_ref()
-                            .is_some_and(|l| l.token == r.lease_token) =>
-                {
-                    m
-                }
-                _ => return self.lease_write_refused(id, &r.caused_by).await,
+            let Some(meta) = self.meta_under_lease(id, &r.lease_token).await? else {
+                return self.lease_write_refused(id, &r.caused_by).await;
             };
             let current = meta.record.version;
             let version = current + 1;
@@ -1972,17 +1972,8 @@ impl Store for DynamoStore {
         let id = r.request_id.as_str();
         let pk = request_pk(id);
         for _ in 0..LEASE_WRITE_ATTEMPTS {
-            let meta = match self.read_meta(id).await? {
-                Some(m)
-                    if m.record.status == Purchasing
-                        && m.record
-                            .lease
-                            .as_ref()
-                            .is_some_and(|l| l.token == r.lease_token) =>
-                {
-                    m
-                }
-                _ => return self.lease_write_refused(id, &r.caused_by).await,
+            let Some(meta) = self.meta_under_lease(id, &r.lease_token).await? else {
+                return self.lease_write_refused(id, &r.caused_by).await;
             };
             // A kept cancellation is applied by the release, never passed over (§8.3); the
             // version condition below catches one kept after this read.
@@ -2097,18 +2088,14 @@ impl Store for DynamoStore {
         let id = m.request_id.as_str();
         let pk = request_pk(id);
         for _ in 0..LEASE_WRITE_ATTEMPTS {
-            let meta =
-                match self.read_meta(id).await? {
-                    Some(meta)
-                        if meta.record.status == RequestStatus::Purchasing
-                            && meta.record.lease.as_ref().is_some_and(|l| {
-                                l.token == m.lease_token && l.expires_at > m.at
-                            }) =>
-                    {
-                        meta
-                    }
-                    _ => return self.lease_write_refused(id, &m.caused_by).await,
-                };
+            // Under the lease, and before it expires: a call is made only while it is held.
+            let Some(meta) = self
+                .meta_under_lease(id, &m.lease_token)
+                .await?
+                .filter(|x| x.record.lease.as_ref().is_some_and(|l| l.expires_at > m.at))
+            else {
+                return self.lease_write_refused(id, &m.caused_by).await;
+            };
             let mut called = match &meta.record.purchase_call {
                 Some(PurchaseCall::Called { offering_ids, .. }) => offering_ids.clone(),
                 _ => Vec::new(),
@@ -2183,17 +2170,8 @@ impl Store for DynamoStore {
         let id = f.request_id.as_str();
         let pk = request_pk(id);
         for _ in 0..LEASE_WRITE_ATTEMPTS {
-            let meta = match self.read_meta(id).await? {
-                Some(m)
-                    if m.record.status == Purchasing
-                        && m.record
-                            .lease
-                            .as_ref()
-                            .is_some_and(|l| l.token == f.lease_token) =>
-                {
-                    m
-                }
-                _ => return self.lease_write_refused(id, &f.caused_by).await,
+            let Some(meta) = self.meta_under_lease(id, &f.lease_token).await? else {
+                return self.lease_write_refused(id, &f.caused_by).await;
             };
             if meta.record.doubt.is_none() {
                 return Err(illegal(
