@@ -644,6 +644,42 @@ fn is_zero(n: &u32) -> bool {
 }
 
 impl OnDemandRun {
+    /// What of `estimate` (for `count` instances over `hours` hours) stays spent by what the
+    /// run's slots ran (ARCHITECTURE §9.1): each instance from its launch to when it was first
+    /// seen not running (to `now` when never seen), in whole hours begun, at least one,
+    /// summed, at most `count` x `hours`. Only what ran in this hold counts (a released
+    /// hold's take-backs were settled with it). With no instance recorded (another kind, or
+    /// a run that never launched one) the run is settled by its length ([`Self::spent`]).
+    pub fn spent_by_slots(
+        &self,
+        estimate: MicroUsd,
+        count: u32,
+        hours: u32,
+        slots: &[WorkloadRecord],
+        now: DateTime<Utc>,
+    ) -> MicroUsd {
+        let from = Some(self.started_at.unwrap_or(self.held_at));
+        let ran: u64 = slots
+            .iter()
+            .filter(|w| w.reservation_id == self.attempt)
+            .flat_map(|w| w.runs(from, now))
+            .filter(|r| r.to >= self.held_at)
+            .map(|r| {
+                let secs = u64::try_from((r.to - r.from).num_seconds()).unwrap_or(0);
+                secs.div_ceil(3600).max(1)
+            })
+            .sum();
+        if ran == 0 {
+            return self.spent(estimate, hours, now);
+        }
+        let whole = u64::from(count.max(1)) * u64::from(hours.max(1));
+        let (Ok(total), true) = (u128::try_from(estimate.0), ran < whole) else {
+            return estimate;
+        };
+        let part = (total * u128::from(ran)).div_ceil(u128::from(whole));
+        MicroUsd(i64::try_from(part).unwrap_or(estimate.0))
+    }
+
     /// What of `estimate` (for a run of `hours` hours) stays spent when the run ends at
     /// `ended`: whole hours from its start, or from the hold when it never started (billing
     /// may begin while it is placed), at least one and at most `hours`. The harsher reading
@@ -1399,6 +1435,98 @@ pub struct WorkloadRecord {
     pub resource_id: String,
     pub state: String,
     pub updated_at: DateTime<Utc>,
+    /// When this generation's instance was launched, as EC2 reports it (ARCHITECTURE §9.1):
+    /// the start of what it is billed for. `None` on a slot recorded before runs were
+    /// settled by what ran, and on kinds other than EC2 instances.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<DateTime<Utc>>,
+    /// When this generation's instance was first seen not running: a state-change event's
+    /// `time`, or the tick that found it stopped, terminated or gone past the listing lag.
+    /// `None` while it runs, or when its end was never seen (it then counts to settlement).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<DateTime<Utc>>,
+    /// What the slot's earlier instances ran (replaced, or taken back and launched anew).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ran: Vec<Ran>,
+}
+
+/// One instance's run in a slot: from its launch to when it was first seen not running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ran {
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+}
+
+impl WorkloadRecord {
+    /// A new slot record: no run recorded yet.
+    pub fn new(
+        request_id: RequestId,
+        reservation_id: impl Into<String>,
+        slot: u32,
+        resource_id: impl Into<String>,
+        state: impl Into<String>,
+        now: DateTime<Utc>,
+    ) -> WorkloadRecord {
+        WorkloadRecord {
+            request_id,
+            reservation_id: reservation_id.into(),
+            slot,
+            generation: 0,
+            resource_id: resource_id.into(),
+            state: state.into(),
+            updated_at: now,
+            started_at: None,
+            ended_at: None,
+            ran: Vec::new(),
+        }
+    }
+
+    /// The slot's current instance seen not running at `at` (its first sight is kept; never
+    /// before its launch). `None` when that changes nothing.
+    pub fn seen_ended(&self, at: DateTime<Utc>) -> Option<WorkloadRecord> {
+        let started = self.started_at?;
+        if self.ended_at.is_some() {
+            return None;
+        }
+        Some(WorkloadRecord {
+            ended_at: Some(at.max(started)),
+            ..self.clone()
+        })
+    }
+
+    /// The slot with its current instance's run closed into `ran` (at its seen end, else
+    /// `now`): it is replaced or taken back, and its next instance starts a run of its own.
+    /// `fallback`: when a slot recorded before runs were started (its run's start).
+    pub fn closed(&self, fallback: Option<DateTime<Utc>>, now: DateTime<Utc>) -> WorkloadRecord {
+        let mut ran = self.ran.clone();
+        ran.extend(self.current(fallback, now));
+        WorkloadRecord {
+            started_at: None,
+            ended_at: None,
+            ran,
+            ..self.clone()
+        }
+    }
+
+    /// Every run of the slot, its current instance's counted to `now` unless its end was
+    /// seen. A slot recorded before runs were (no `started_at`) ran from `fallback` (its
+    /// run's start), as runs were settled before.
+    pub fn runs(&self, fallback: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Vec<Ran> {
+        let mut out = self.ran.clone();
+        out.extend(self.current(fallback, now));
+        out
+    }
+
+    /// The current instance's run: from its launch (or, on a slot recorded before launches
+    /// were, `fallback`) to its seen end or `now`.
+    fn current(&self, fallback: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Option<Ran> {
+        let legacy = self.ran.is_empty() && self.resource_id.starts_with("i-");
+        let from = self.started_at.or(fallback.filter(|_| legacy))?;
+        Some(Ran {
+            from,
+            to: self.ended_at.unwrap_or(now).max(from),
+        })
+    }
 }
 
 /// The pace of the searches AWS limits per account and region (ARCHITECTURE §8.8): every
@@ -1642,6 +1770,92 @@ mod tests {
             ..run
         };
         assert_eq!(placing.spent(estimate, 48, at(0, 30)), MicroUsd(2_000_001));
+    }
+
+    fn slot(n: u32, from: Option<DateTime<Utc>>, to: Option<DateTime<Utc>>) -> WorkloadRecord {
+        WorkloadRecord {
+            started_at: from,
+            ended_at: to,
+            ..WorkloadRecord::new(
+                RequestId::parse("r-1").unwrap(),
+                "spot",
+                n,
+                format!("i-{n}"),
+                "running",
+                at(0, 0),
+            )
+        }
+    }
+
+    #[test]
+    fn a_run_is_settled_by_what_each_instance_ran_until_seen_not_running() {
+        let run = OnDemandRun {
+            attempt: "spot".into(),
+            held_at: at(-1, 0),
+            started_at: Some(at(0, 5)),
+            launch_generations: 0,
+            claim: None,
+        };
+        // Two instances for 24 h: 48 instance-hours, a micro-dollar over $48.
+        let estimate = MicroUsd(48_000_001);
+        let now = at(20, 0);
+        // One reclaimed at 2 h 10 min (3 hours begun), one still running at 20 h.
+        let slots = [
+            slot(0, Some(at(0, 0)), Some(at(2, 10))),
+            slot(1, Some(at(0, 0)), None),
+        ];
+        assert_eq!(
+            run.spent_by_slots(estimate, 2, 24, &slots, now),
+            MicroUsd(23_000_001)
+        );
+        // Its end seen again, later, changes nothing; one seen before its launch ends there.
+        assert_eq!(slots[0].seen_ended(at(3, 0)), None);
+        assert_eq!(
+            slot(1, Some(at(0, 0)), None)
+                .seen_ended(at(-1, 0))
+                .unwrap()
+                .ended_at,
+            Some(at(0, 0))
+        );
+        // Replaced at 2 h 10 min, its replacement launched at 2 h 20 min: 3 + 18 hours.
+        let mut replaced = slots[0].closed(None, at(2, 15));
+        replaced.started_at = Some(at(2, 20));
+        assert_eq!(
+            replaced.ran,
+            vec![Ran {
+                from: at(0, 0),
+                to: at(2, 10)
+            }]
+        );
+        assert_eq!(
+            run.spent_by_slots(estimate, 2, 24, &[replaced, slots[1].clone()], now),
+            MicroUsd(41_000_001)
+        );
+        // Another attempt's slots, and runs that ended before this hold, are not this run's.
+        let mut before = slot(1, Some(at(-5, 0)), Some(at(-4, 0)));
+        before.reservation_id = "spot".into();
+        let mut other = slot(1, Some(at(0, 0)), None);
+        other.reservation_id = "on-demand".into();
+        assert_eq!(
+            run.spent_by_slots(estimate, 2, 24, &[slots[0].clone(), before, other], now),
+            MicroUsd(3_000_001)
+        );
+        // Never more than the estimate, however long it ran.
+        assert_eq!(
+            run.spent_by_slots(estimate, 2, 24, &slots, at(90, 0)),
+            estimate
+        );
+        // A slot recorded before launches were counts from the run's start, as before; with
+        // no slot at all the run is settled by its length.
+        let legacy = slot(0, None, None);
+        assert_eq!(
+            run.spent_by_slots(estimate, 1, 48, std::slice::from_ref(&legacy), at(2, 30)),
+            run.spent(estimate, 48, at(2, 30))
+        );
+        assert_eq!(
+            run.spent_by_slots(estimate, 2, 24, &[], at(2, 30)),
+            run.spent(estimate, 24, at(2, 30))
+        );
     }
 
     #[test]

@@ -993,6 +993,10 @@ async fn workloads_are_recorded_under_their_reservation_and_replaced_by_slot() {
         resource_id: id.into(),
         state: "running".into(),
         updated_at: t0(),
+
+        started_at: None,
+        ended_at: None,
+        ran: Vec::new(),
     };
 
     for rec in [w(0, 0, "i-0"), w(1, 0, "i-1"), w(1, 1, "i-1b")] {
@@ -1403,6 +1407,10 @@ async fn an_ended_requests_reservations_and_workloads_are_archived_with_it() {
             resource_id: "i-0".into(),
             state: "terminated".into(),
             updated_at: t0(),
+
+            started_at: None,
+            ended_at: None,
+            ran: Vec::new(),
         })
         .await
         .unwrap();
@@ -2050,6 +2058,10 @@ async fn a_tick_reads_what_is_due_what_runs_and_what_is_unsent_in_one_query() {
         resource_id: format!("i-{n}"),
         state: "running".into(),
         updated_at: a.start(),
+
+        started_at: None,
+        ended_at: None,
+        ran: Vec::new(),
     };
     for n in 0..2 {
         store.put_workload(slot(n)).await.unwrap();

@@ -532,6 +532,13 @@ async fn play(seed: u64, steps: usize, reached: &mut Reached) {
                     state: ["running", "launching:us-east-1:s-1:t", "terminated"][rng.below(3)]
                         .into(),
                     updated_at: now,
+                    // What ran is data both stores keep whole (no draw: the stream stays).
+                    started_at: Some(now),
+                    ended_at: (step % 2 == 0).then_some(now),
+                    ran: vec![capacity_pilot::ports::Ran {
+                        from: now - chrono::Duration::hours(1),
+                        to: now,
+                    }],
                 };
                 let d = both!(s, w, format!("{at}: put workload"), |st| st
                     .put_workload(wl.clone()));

@@ -30,7 +30,8 @@ use capacity_pilot::domain::window::{
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     Agenda, CapacityMarket, Cause, Clock, DueItem, EventSink, InstanceFilter, PortError,
-    RequestRecord, Settle, Store, Transition, WindowUpdate, Workloads, WriteOutcome,
+    RequestRecord, Settle, Store, Transition, WindowUpdate, WorkloadRecord, Workloads,
+    WriteOutcome,
 };
 use capacity_pilot::workload::ec2_instances::ours;
 use capacity_pilot::workload::{self, DrainTarget};
@@ -762,7 +763,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             "the drain start was reached",
             now,
         );
-        let (settle, settled) = run_settlement(rec, now);
+        let (settle, settled) = run_settlement(rec, &self.store.workloads(id).await?, now);
         let reason = format!("{reason}{settled}");
         let t = Transition::of(
             rec,
@@ -840,7 +841,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         cleaned.extend(orphans);
         // An estimate still held (its drain was written before runs were settled) is
         // settled now.
-        let (settle, settled) = run_settlement(rec, now);
+        let (settle, settled) = run_settlement(rec, &self.store.workloads(id).await?, now);
         let ended = ReservationEnded {
             event_key: event_key(id.as_str(), "ended", rec.version + 1),
             request_id: id.to_string(),
@@ -924,7 +925,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             .sweep_request(rec, &rec.request.regions, None, &stopped)
             .await?;
         stopped.extend(orphans);
-        let (settle, settled) = run_settlement(rec, now);
+        let (settle, settled) = run_settlement(rec, &self.store.workloads(id).await?, now);
         let reason = format!("{}; stopped {}{settled}", note.reason, listed(&stopped));
         let answers = ending_events(
             rec,
@@ -970,22 +971,25 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
 /// How an on-demand run's held estimate is settled if it ends now (ARCHITECTURE §4, §8.3):
 /// the hours it ran stay spent, the rest goes back; and the reason's words for it. Nothing
 /// when no estimate is held.
-fn run_settlement(rec: &RequestRecord, now: DateTime<Utc>) -> (Option<Settle>, String) {
+fn run_settlement(
+    rec: &RequestRecord,
+    slots: &[WorkloadRecord],
+    now: DateTime<Utc>,
+) -> (Option<Settle>, String) {
     let Some(open) = rec.open_debit else {
         return (None, String::new());
     };
-    let hours = rec.request.duration_hours;
-    let kept = rec
-        .run
-        .as_ref()
-        .map_or(open, |run| run.spent(open, hours, now));
+    let (hours, count) = (rec.request.duration_hours, rec.request.instance_count);
+    let kept = rec.run.as_ref().map_or(open, |run| {
+        run.spent_by_slots(open, count, hours, slots, now)
+    });
     let how = Settle::Spend(kept);
     let back = how.released(open);
     (
         Some(how),
         format!(
-            "; the run is settled by the hours it ran: ${} of the ${} estimate for {hours} h \
-             stays spent, ${} goes back",
+            "; the run is settled by the hours its instances ran: ${} of the ${} estimate \
+             for {count} x {hours} h stays spent, ${} goes back",
             kept.min(open).to_usd(),
             open.to_usd(),
             back.to_usd()

@@ -19,7 +19,7 @@ use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use capacity_pilot::config::Config;
 use capacity_pilot::decision;
 pub use capacity_pilot::decision::{Decision, HandlerError};
-use capacity_pilot::domain::events::{InstanceReplaced, event_key, outbound};
+use capacity_pilot::domain::events::{InstanceReplaced, WorkloadInterrupted, event_key, outbound};
 use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG};
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::RequestId;
@@ -29,8 +29,8 @@ use capacity_pilot::domain::time_rules::{LAUNCH_FUNCTION_TIMEOUT, LISTING_LAG_BO
 use capacity_pilot::domain::window::{self, DrainLead, WindowState};
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
-    Clock, EventSink, InstanceFilter, InstanceHealth, InstanceInfo, InstanceState, LiveRequest,
-    PortError, RequestRecord, Store, WorkloadRecord, Workloads,
+    Clock, EventSink, InstanceFilter, InstanceHealth, InstanceInfo, InstanceState, LaunchMarket,
+    LiveRequest, PortError, RequestRecord, Store, WorkloadRecord, Workloads,
 };
 use capacity_pilot::workload;
 use capacity_pilot::workload::ec2_instances::{self, Replacement};
@@ -48,6 +48,10 @@ pub const REPLACING: &str = "replacing";
 pub const RUNNING: &str = "running";
 /// The label of an on-demand run's slots (launch-workloads' `ON_DEMAND`).
 pub const ON_DEMAND: &str = "on-demand";
+/// The label of a spot run's slots (launch-workloads' `SPOT`).
+pub const SPOT: &str = "spot";
+/// A slot whose instance died past the replacement cap: left down, its run ended.
+pub const LEFT: &str = "left";
 
 #[derive(Debug, Default, Serialize)]
 pub struct Outcome {
@@ -67,8 +71,9 @@ pub struct Replacer<S, W, E, C> {
 enum Place {
     /// A Capacity Block: replacements launch into its reservation.
     Block(Box<Reservation>),
-    /// An on-demand run: replacements launch on demand where the old instance ran.
-    OnDemand,
+    /// An on-demand or spot run: replacements launch in its market where the old instance
+    /// ran.
+    Run(LaunchMarket),
 }
 
 /// Why a slot needs a new instance.
@@ -89,6 +94,9 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         // Which requests to look at: every live one on a tick, the owners an event names
         // (with the instances a Health event names).
         let mut named: Option<BTreeMap<RequestId, BTreeSet<String>>> = None;
+        // An instance a state change shows no longer running, and when: its slot's run ends
+        // there (ARCHITECTURE §9.1, settlement by what ran).
+        let mut ended: Option<(String, DateTime<Utc>)> = None;
         let region = ev.region.clone().unwrap_or_default();
         match (ev.detail_type.as_str(), ev.source.as_str()) {
             ("Scheduled Event", "aws.events") => {}
@@ -100,6 +108,14 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                     .unwrap_or_default();
                 let state = ev.detail.get("state").and_then(Value::as_str);
                 info!(instance_id, state, "instance state change");
+                if !instance_id.is_empty()
+                    && matches!(
+                        state,
+                        Some("stopping" | "stopped" | "shutting-down" | "terminated")
+                    )
+                {
+                    ended = Some((instance_id.to_string(), ev.time.unwrap_or(now).min(now)));
+                }
                 let targets = named.insert(BTreeMap::new());
                 if !instance_id.is_empty() {
                     for id in self.owners(&region, &[instance_id.to_string()]).await? {
@@ -145,13 +161,17 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                 named = Some(BTreeMap::new());
             }
         }
-        if named.as_ref().is_some_and(BTreeMap::is_empty) {
+        if named.as_ref().is_some_and(BTreeMap::is_empty) && ended.is_none() {
             out.published += outbox::flush(&self.store, &self.events, run).await?;
             decision::log(&out.decisions);
             return decision::finish(out, Vec::new());
         }
         // The tick's one read: the requests whose workloads may run, with their slots.
         let agenda = self.store.agenda(now).await?;
+        if let Some((instance_id, at)) = &ended {
+            self.note_end(&agenda.live, instance_id, *at, &mut out)
+                .await?;
+        }
         let mut errors = Vec::new();
         let mut listing: Option<BTreeMap<String, InstanceInfo>> = None;
         let none = BTreeSet::new();
@@ -204,6 +224,44 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             outbox::flush(&self.store, &self.events, run.with_agenda(Some(&agenda))).await?;
         decision::log(&out.decisions);
         decision::finish(out, errors)
+    }
+
+    /// The slot whose current instance is `instance_id` ends its run at `at`, the first time
+    /// it is seen so (a redelivered or later event changes nothing). Read again first: the
+    /// slot may have been replaced since the tick's read. A replacement written between
+    /// this read and the write below is overwritten with the older slot; the next tick then
+    /// replaces it again with the same generation, whose client token answers the same
+    /// instance, so nothing runs twice and its run is recorded from EC2's launch time.
+    async fn note_end(
+        &self,
+        live: &[LiveRequest],
+        instance_id: &str,
+        at: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        for l in live {
+            if !l.workloads.iter().any(|w| w.resource_id == instance_id) {
+                continue;
+            }
+            for w in self.store.workloads(&l.request_id).await? {
+                if w.resource_id != instance_id {
+                    continue;
+                }
+                if let Some(next) = w.seen_ended(at) {
+                    self.store.put_workload(next).await?;
+                    out.decisions.push(Decision::new(
+                        &l.request_id,
+                        "run-ended",
+                        format!(
+                            "{instance_id} in slot {} of {} was seen not running at {at}; its \
+                             run is settled to there",
+                            w.slot, w.reservation_id
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Every managed instance in the allowed regions, by id.
@@ -266,7 +324,10 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         if !workload::runs_instances(&rec.request) {
             return Ok(());
         }
-        if rec.status == RequestStatus::RunningOnDemand {
+        if matches!(
+            rec.status,
+            RequestStatus::RunningOnDemand | RequestStatus::RunningSpot
+        ) {
             return self.repair_run(&rec, flagged, seen, now, out).await;
         }
         // Only a window whose workload runs, and whose drain has not begun, is repaired,
@@ -297,10 +358,11 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             .await
     }
 
-    /// An on-demand run's instances, repaired as a block's are, until a replacement started
-    /// now would reach the run's drain. Each replacement runs on demand in the zone its old
-    /// instance ran in; the run's hold covers it, and the run is settled by the hours it ran
-    /// as before. (Spot runs are not repaired: an interrupted spot instance is spot's risk.)
+    /// An on-demand or spot run's instances, repaired as a block's are, until a replacement
+    /// started now would reach the run's drain. Each replacement runs in the run's market in
+    /// the zone its old instance ran in; the run's hold covers it, and the run is settled by
+    /// what its instances ran (ARCHITECTURE §9.1). A reclaimed spot instance is repaired on
+    /// spot, and each is announced `Capacity Workload Interrupted`.
     async fn repair_run(
         &self,
         rec: &RequestRecord,
@@ -320,7 +382,12 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             out.decisions.push(ignored(&rec.request_id, rec.status));
             return Ok(());
         };
-        let places = BTreeMap::from([(run.attempt.clone(), Place::OnDemand)]);
+        let market = if run.attempt == SPOT {
+            LaunchMarket::Spot
+        } else {
+            LaunchMarket::OnDemand
+        };
+        let places = BTreeMap::from([(run.attempt.clone(), Place::Run(market))]);
         let launched = BTreeMap::from([(run.attempt.clone(), run.launch_generations)]);
         self.repair(rec, places, &launched, flagged, seen, now, out)
             .await
@@ -340,6 +407,8 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let id = &rec.request_id;
+        // Where a run's slots recorded before launches were began.
+        let run_start = rec.run.as_ref().and_then(|r| r.started_at);
         let slots: Vec<WorkloadRecord> = self
             .store
             .workloads(id)
@@ -441,6 +510,26 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                             slot.resource_id, slot.slot, slot.reservation_id
                         );
                         warn!(request_id = %id, instance_id = %slot.resource_id, "replacement cap reached");
+                        // A dead instance left unreplaced has run its last: its run ends
+                        // where it was first seen so, and the slot is left (a spot run's
+                        // interruption is announced once, then).
+                        let dead = seen
+                            .get(&slot.resource_id)
+                            .is_none_or(|i| !i.state.is_live());
+                        if dead {
+                            let left = WorkloadRecord {
+                                state: LEFT.into(),
+                                ..slot.seen_ended(now).unwrap_or_else(|| slot.clone())
+                            };
+                            if matches!(place, Place::Run(LaunchMarket::Spot)) {
+                                let reason = format!(
+                                    "{reason}; the run goes on with its other instances, and is settled by what its instances ran"
+                                );
+                                self.interrupted(rec, &left, left.ended_at, None, reason, out)
+                                    .await?;
+                            }
+                            self.store.put_workload(left).await?;
+                        }
                         out.decisions.push(Decision::new(id, "capped", reason));
                         continue;
                     }
@@ -448,11 +537,12 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                     let old = seen.get(&slot.resource_id).cloned();
                     // Record the next generation first: a crash after the terminate then
                     // retries the launch, with the same new token, instead of replacing twice.
+                    // The old instance's run ends here (or where it was seen to).
                     let next = WorkloadRecord {
                         generation: slot.generation + 1,
                         state: REPLACING.into(),
                         updated_at: now,
-                        ..slot.clone()
+                        ..slot.closed(run_start, now)
                     };
                     self.store.put_workload(next.clone()).await?;
                     if let Some(i) = &old
@@ -499,9 +589,16 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                 )
                 .await?
             }
-            Place::OnDemand => {
-                ec2_instances::on_demand_replacement(&self.workloads, rec, slot, old, deployment)
-                    .await?
+            Place::Run(market) => {
+                ec2_instances::run_replacement(
+                    &self.workloads,
+                    rec,
+                    slot,
+                    old,
+                    market.clone(),
+                    deployment,
+                )
+                .await?
             }
         };
         let reservation_id = slot.reservation_id.as_str();
@@ -530,6 +627,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             Err(e) => return Err(e),
         };
         let new_id = launched.first().map(|i| i.instance_id.clone());
+        let started_at = launched.first().and_then(|i| i.launched_at).unwrap_or(now);
         let reason = format!(
             "{} in slot {} of {reservation_id}: {why}",
             slot.resource_id, slot.slot
@@ -559,12 +657,26 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             });
         }
         out.published += report.sent.len();
+        if matches!(place, Place::Run(LaunchMarket::Spot)) {
+            let cap = self.config.max_replacements_per_reservation;
+            let why = format!(
+                "{reason}; replaced on spot by {} (generation {}; at most {cap} replacements \
+                 per run); the run is settled by what its instances ran",
+                new_id.as_deref().unwrap_or("?"),
+                slot.generation
+            );
+            let at = slot.ran.last().map(|r| r.to);
+            self.interrupted(rec, slot, at, new_id.clone(), why, out)
+                .await?;
+        }
         if let Some(new_id) = &new_id {
             self.store
                 .put_workload(WorkloadRecord {
                     resource_id: new_id.clone(),
                     state: RUNNING.into(),
                     updated_at: now,
+                    started_at: Some(started_at.min(now)),
+                    ended_at: None,
                     ..slot.clone()
                 })
                 .await?;
@@ -578,6 +690,49 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                 slot.generation
             ),
         ));
+        Ok(())
+    }
+}
+
+impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
+    /// Announces a spot run's interrupted slot (`Capacity Workload Interrupted`), before the
+    /// slot's record says what became of it: a failure leaves the slot as it was, and the
+    /// next tick decides and announces again, with the same key.
+    async fn interrupted(
+        &self,
+        rec: &RequestRecord,
+        slot: &WorkloadRecord,
+        at: Option<DateTime<Utc>>,
+        replacement: Option<String>,
+        reason: String,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let id = &rec.request_id;
+        let event = WorkloadInterrupted {
+            // One per instance lost: a replacement's generation, or the one left down.
+            event_key: event_key(
+                id.as_str(),
+                &format!("interrupted-{}-{}", slot.reservation_id, slot.slot),
+                u64::from(slot.generation) + u64::from(replacement.is_none()),
+            ),
+            request_id: id.to_string(),
+            reservation_id: slot.reservation_id.clone(),
+            slot: slot.slot,
+            instance_id: slot.resource_id.clone(),
+            interrupted_at: at,
+            replacement_instance_id: replacement,
+            reason: reason.clone(),
+        };
+        let report = self.events.publish(&[outbound(&event)]).await?;
+        if let Some((_, code, message)) = report.failed.into_iter().next() {
+            return Err(PortError::Transient {
+                service: "events",
+                code,
+                message,
+            });
+        }
+        out.published += report.sent.len();
+        out.decisions.push(Decision::new(id, "interrupted", reason));
         Ok(())
     }
 }
@@ -602,6 +757,10 @@ fn verdict(
 ) -> (Verdict, Option<String>) {
     if slot.state == REPLACING {
         return (Verdict::Pending, None);
+    }
+    if slot.state == LEFT {
+        // Down past its cap: nothing more is done for it.
+        return (Verdict::Healthy, None);
     }
     let v = match seen.get(&slot.resource_id) {
         // Describe* lags new instances (aws-reference §11.3): one recorded less than the
@@ -642,12 +801,17 @@ fn verdict(
 /// The instance slots of a live request's running windows whose drain a replacement started
 /// now would not reach, as the tick's read shows them.
 fn watched_slots(live: &LiveRequest, now: DateTime<Utc>) -> Vec<WorkloadRecord> {
-    if live.status == RequestStatus::RunningOnDemand {
+    let run = match live.status {
+        RequestStatus::RunningOnDemand => Some(ON_DEMAND),
+        RequestStatus::RunningSpot => Some(SPOT),
+        _ => None,
+    };
+    if let Some(label) = run {
         // The run's record decides whether its drain is near ([`Replacer::repair_run`]).
         return live
             .workloads
             .iter()
-            .filter(|w| w.reservation_id == ON_DEMAND && w.resource_id.starts_with("i-"))
+            .filter(|w| w.reservation_id == label && w.resource_id.starts_with("i-"))
             .cloned()
             .collect();
     }

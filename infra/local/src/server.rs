@@ -437,6 +437,9 @@ pub struct PaymentFailures {
     pub request_id: String,
     #[serde(default = "one")]
     pub count: u32,
+    /// How many of the request's next purchases pay before these fail.
+    #[serde(default)]
+    pub after: u32,
 }
 
 fn one() -> u32 {
@@ -450,7 +453,8 @@ async fn payment_failures_get(State(app): State<App>) -> Json<Value> {
 async fn payment_failures_add(State(app): State<App>, body: Bytes) -> Response {
     match serde_json::from_slice::<PaymentFailures>(&body) {
         Ok(p) => {
-            app.lock().force_payment_failures(&p.request_id, p.count);
+            app.lock()
+                .force_payment_failures_after(&p.request_id, p.after, p.count);
             StatusCode::NO_CONTENT.into_response()
         }
         Err(e) => control_error(&ApiError::new(400, "BadRequest", e.to_string())),

@@ -352,6 +352,9 @@ pub struct World {
     /// Forced payment failures: how many of the next reservations (blocks or plans) bought
     /// with the tag [`REQUEST_TAG`] = the key will fail their payment.
     pub payment_failures: BTreeMap<String, u32>,
+    /// How many of the next reservations bought with the tag pay before its forced failures
+    /// apply (a split's later block, a replacement).
+    pub payment_passes: BTreeMap<String, u32>,
     /// AWS API calls served, per service (`ec2`, `sagemaker`, `events`), since the start.
     pub calls: BTreeMap<String, u64>,
     agenda: BTreeMap<(DateTime<Utc>, u64), Action>,
@@ -373,6 +376,7 @@ impl World {
             buses: BTreeMap::new(),
             faults: Vec::new(),
             payment_failures: BTreeMap::new(),
+            payment_passes: BTreeMap::new(),
             calls: BTreeMap::new(),
             agenda: BTreeMap::new(),
             seq: 0,
@@ -553,11 +557,36 @@ impl World {
             .or_default() += count;
     }
 
+    /// Control: as [`World::force_payment_failures`], once `after` more reservations bought
+    /// with the tag have paid.
+    pub fn force_payment_failures_after(&mut self, request_id: &str, after: u32, count: u32) {
+        if count == 0 {
+            return;
+        }
+        if after > 0 {
+            *self
+                .payment_passes
+                .entry(request_id.to_string())
+                .or_default() += after;
+        }
+        self.force_payment_failures(request_id, count);
+    }
+
     /// Whether a purchase tagged with `request_id` takes one of the forced payment failures.
     pub fn take_payment_failure(&mut self, request_id: Option<&str>) -> bool {
         let Some(id) = request_id else {
             return false;
         };
+        if !self.payment_failures.contains_key(id) {
+            return false;
+        }
+        if let Some(pass) = self.payment_passes.get_mut(id) {
+            *pass -= 1;
+            if *pass == 0 {
+                self.payment_passes.remove(id);
+            }
+            return false;
+        }
         let Some(n) = self.payment_failures.get_mut(id) else {
             return false;
         };
@@ -682,6 +711,7 @@ impl World {
             "event_counts": self.buses_by_label().into_iter().map(|(k, v)| (k, v.len())).collect::<HashMap<_, _>>(),
             "faults": self.faults,
             "payment_failures": self.payment_failures,
+            "payment_passes": self.payment_passes,
         })
     }
 

@@ -249,6 +249,29 @@ pub struct InstanceReplaced {
 }
 detail!(InstanceReplaced, "Capacity Instance Replaced");
 
+/// A spot run's instance reclaimed by EC2 (ARCHITECTURE §9.1): repaired on spot while the
+/// run has replacements left, else left down, the run going on with the rest and settled by
+/// what ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct WorkloadInterrupted {
+    pub event_key: String,
+    pub request_id: String,
+    /// `spot`: the run's attempt.
+    pub reservation_id: String,
+    pub slot: u32,
+    pub instance_id: String,
+    /// When it was first seen not running (a state-change event's time, or the tick that
+    /// found it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interrupted_at: Option<DateTime<Utc>>,
+    /// The spot instance launched in its place; none when it was not replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replacement_instance_id: Option<String>,
+    /// What happens to the run now, in words.
+    pub reason: String,
+}
+detail!(WorkloadInterrupted, "Capacity Workload Interrupted");
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ReservationExpiring {
     pub event_key: String,
@@ -520,6 +543,10 @@ pub fn schemas() -> Vec<(&'static str, schemars::Schema)> {
         ("capacity-payment-failed", schema_for!(PaymentFailed)),
         ("capacity-workload-launched", schema_for!(WorkloadLaunched)),
         ("capacity-instance-replaced", schema_for!(InstanceReplaced)),
+        (
+            "capacity-workload-interrupted",
+            schema_for!(WorkloadInterrupted),
+        ),
         (
             "capacity-reservation-expiring",
             schema_for!(ReservationExpiring),

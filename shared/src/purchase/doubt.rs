@@ -240,7 +240,10 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                     .unwrap_or_default()
             ),
             (Some(e), false) => format!(
-                "reconciliation failed ({e}); tried again at {}",
+                "reconciliation of the purchase of {} in doubt since {} failed ({e}); tried \
+                 again at {}",
+                unfound_ids.join(" + "),
+                doubt.since,
                 next_reconciliation(now, until)
             ),
             (None, false) => format!(
@@ -312,7 +315,9 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         let w = self.store.transition(t).await?;
         out.decisions.push(Decision::new(
             &id,
-            decision::written(&w, "in-doubt"),
+            // (Not the purchase's own `in-doubt`: the request has ended, and this is its
+            // hourly reconciliation.)
+            decision::written(&w, "reconciling-doubt"),
             reason,
         ));
         Ok(())

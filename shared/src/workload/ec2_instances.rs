@@ -16,7 +16,7 @@ use crate::domain::request::{LaunchTemplateRef, RequestId, WorkloadDetail};
 use crate::domain::reservation::Reservation;
 use crate::domain::time_rules::LAUNCH_RESERVE;
 use crate::ports::{
-    InstanceFilter, InstanceInfo, LaunchMarket, LaunchSpec, PortError, RequestRecord, Store,
+    InstanceFilter, InstanceInfo, LaunchMarket, LaunchSpec, PortError, Ran, RequestRecord, Store,
     WorkloadRecord, Workloads,
 };
 
@@ -112,6 +112,9 @@ pub(super) async fn launch<W: Workloads, S: Store>(
     let off_block = !matches!(t.market, LaunchMarket::CapacityBlock { .. });
     for slot in 0..t.instance_count {
         let mut generation = 0;
+        // What the slot's earlier instances ran (taken back in this hold): the relaunch's
+        // record keeps it, so the run is settled for them too.
+        let mut earlier = Vec::new();
         if let Some(w) = l.recorded.get(&slot) {
             let mut w = w.clone();
             if off_block && w.state == LAUNCHING {
@@ -127,6 +130,7 @@ pub(super) async fn launch<W: Workloads, S: Store>(
             // the next generation (a new client token: the old one answers the terminated
             // instance); one whose launch was refused, at its own; one whose launch here went
             // unanswered, with the same call. A block's dead slot is replace-unhealthy's.
+            earlier = w.closed(None, l.now).ran;
             generation = match w.state.as_str() {
                 LAUNCHING => w.generation,
                 TERMINATED if off_block => w.generation + 1,
@@ -155,6 +159,7 @@ pub(super) async fn launch<W: Workloads, S: Store>(
         if off_block {
             let mut record = l.record(slot, intent(&spec), LAUNCHING);
             record.generation = generation;
+            record.ran.clone_from(&earlier);
             l.store.put_workload(record).await?;
         }
         let launched = l.workloads.launch_instances(&spec).await;
@@ -170,6 +175,7 @@ pub(super) async fn launch<W: Workloads, S: Store>(
                     // Refused: nothing started (a transient error leaves the intent).
                     let mut record = l.record(slot, intent(&spec), UNLAUNCHED);
                     record.generation = generation;
+                    record.ran = earlier;
                     l.store.put_workload(record).await?;
                 }
                 return Ok(settled);
@@ -192,6 +198,9 @@ pub(super) async fn launch<W: Workloads, S: Store>(
         );
         let mut record = l.record(slot, instance.instance_id.clone(), instance.state.as_str());
         record.generation = generation;
+        // EC2's launch time: a retry's same call answers the instance the first one started.
+        record.started_at = Some(instance.launched_at.unwrap_or(l.now));
+        record.ran = earlier;
         l.store.put_workload(record).await?;
         ids.push(instance.instance_id);
     }
@@ -227,7 +236,7 @@ async fn finish_take_back<W: Workloads, S: Store>(
     let after = WorkloadRecord {
         state: TERMINATED.into(),
         updated_at: l.now,
-        ..w.clone()
+        ..w.closed(None, l.now)
     };
     l.store.put_workload(after.clone()).await?;
     Ok(after)
@@ -292,6 +301,10 @@ async fn settle_intent<W: Workloads, S: Store>(
                         .terminate_instances(region, std::slice::from_ref(&i.instance_id))
                         .await?;
                     after.state = TERMINATED.into();
+                    after.ran.push(Ran {
+                        from: i.launched_at.unwrap_or(l.now).min(l.now),
+                        to: l.now,
+                    });
                     after.resource_id = i.instance_id;
                 }
             }
@@ -345,7 +358,7 @@ pub(super) async fn undo<W: Workloads, S: Store>(
             .put_workload(WorkloadRecord {
                 state: TERMINATED.into(),
                 updated_at: now,
-                ..w
+                ..w.closed(None, now)
             })
             .await?;
     }
@@ -491,15 +504,16 @@ fn replaceable(rec: &RequestRecord) -> Result<(&LaunchTemplateRef, &[String]), S
     }
 }
 
-/// The launch that replaces `slot`'s instance of an on-demand run: in the zone (and so a
-/// subnet of the request's) that the old instance `old` ran in, on demand, with a client
-/// token of its own per generation (launch-workloads' tokens name the run's placements, and
-/// a replacement is none of them).
-pub async fn on_demand_replacement<W: Workloads>(
+/// The launch that replaces `slot`'s instance of an on-demand or spot run: in the zone (and
+/// so a subnet of the request's) that the old instance `old` ran in, in the run's `market`,
+/// with a client token of its own per generation (launch-workloads' tokens name the run's
+/// placements, and a replacement is none of them).
+pub async fn run_replacement<W: Workloads>(
     workloads: &W,
     rec: &RequestRecord,
     slot: &WorkloadRecord,
     old: Option<&InstanceInfo>,
+    market: LaunchMarket,
     deployment_id: &str,
 ) -> Result<Replacement, PortError> {
     let (template, subnet_ids) = match replaceable(rec) {
@@ -523,7 +537,7 @@ pub async fn on_demand_replacement<W: Workloads>(
     };
     Ok(Replacement::Launch(LaunchSpec {
         region: old.region.clone(),
-        market: LaunchMarket::OnDemand,
+        market,
         instance_type: old.instance_type.clone(),
         count: 1,
         subnet_id,

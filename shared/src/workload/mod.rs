@@ -317,15 +317,14 @@ struct Launching<'a, W, S> {
 impl<W, S> Launching<'_, W, S> {
     /// The record of a resource launched in the target, at the launch's generation 0.
     fn record(&self, slot: u32, resource_id: String, state: &str) -> WorkloadRecord {
-        WorkloadRecord {
-            request_id: self.rec.request_id.clone(),
-            reservation_id: self.target.reservation_id.clone(),
+        WorkloadRecord::new(
+            self.rec.request_id.clone(),
+            self.target.reservation_id.clone(),
             slot,
-            generation: 0,
             resource_id,
-            state: state.to_string(),
-            updated_at: self.now,
-        }
+            state,
+            self.now,
+        )
     }
 }
 

@@ -459,6 +459,10 @@ fn group_record(reservation_id: &str) -> WorkloadRecord {
         resource_id: "research/gpu".into(),
         state: "Updating".into(),
         updated_at: t0(),
+
+        started_at: None,
+        ended_at: None,
+        ran: Vec::new(),
     }
 }
 

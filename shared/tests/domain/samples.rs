@@ -9,7 +9,7 @@ use capacity_pilot::domain::events::{
     ApprovalRefused, AwaitingApproval, CancellationApplied, CancellationRefused, EventDetail,
     InstanceReplaced, NotFound, OfferingsFound, PaymentFailed, PurchaseInDoubt, RequestAccepted,
     RequestFailed, RequestRejected, ReservationEnded, ReservationExpiring, ReservationUnrecorded,
-    Reserved, WorkloadDrained, WorkloadLaunched,
+    Reserved, WorkloadDrained, WorkloadInterrupted, WorkloadLaunched,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -41,6 +41,7 @@ fn check(detail_type: &str, detail: &Value) -> Result<Value, String> {
         CancellationRefused::DETAIL_TYPE => round_trip::<CancellationRefused>(detail),
         WorkloadLaunched::DETAIL_TYPE => round_trip::<WorkloadLaunched>(detail),
         InstanceReplaced::DETAIL_TYPE => round_trip::<InstanceReplaced>(detail),
+        WorkloadInterrupted::DETAIL_TYPE => round_trip::<WorkloadInterrupted>(detail),
         ReservationExpiring::DETAIL_TYPE => round_trip::<ReservationExpiring>(detail),
         WorkloadDrained::DETAIL_TYPE => round_trip::<WorkloadDrained>(detail),
         ReservationEnded::DETAIL_TYPE => round_trip::<ReservationEnded>(detail),
@@ -89,6 +90,7 @@ fn every_emitted_sample_is_exactly_an_event_we_publish() {
         CancellationRefused::DETAIL_TYPE,
         WorkloadLaunched::DETAIL_TYPE,
         InstanceReplaced::DETAIL_TYPE,
+        WorkloadInterrupted::DETAIL_TYPE,
         ReservationExpiring::DETAIL_TYPE,
         WorkloadDrained::DETAIL_TYPE,
         ReservationEnded::DETAIL_TYPE,

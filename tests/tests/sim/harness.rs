@@ -234,6 +234,12 @@ pub struct Sim {
     /// What the run reached (published detail-types, retries, the DLQ, faults that struck),
     /// for the generators' reach check.
     pub reached: BTreeSet<String>,
+    /// The requests whose purchase in doubt was resolved at its offering's end with nothing
+    /// listed: its debit is kept spent for a person to check (`checks::unverified`).
+    pub unverified: BTreeSet<String>,
+    /// The requests whose purchase ended in doubt: its lease could not reconcile, so a stray
+    /// listed for it is the detector's to announce, not a lease's to adopt.
+    pub ended_in_doubt: BTreeSet<String>,
     /// The foreign resources set up at the start, as they were.
     pub foreign: checks::Foreign,
     /// What purchase-capacity's invocations asked to sleep (its retries' backoff).
@@ -477,6 +483,17 @@ impl Sim {
             payment_minutes: t.payment_minutes,
             run_instances_latency_ms: 0,
             refuse_tag_filters: scenario.refuse_tag_filters,
+            refusals: if scenario.spot_runs {
+                vec![local_cloud::world::Refusal {
+                    code: local_cloud::world::RefusalCode::VcpuLimitExceeded,
+                    region: REGION.to_string(),
+                    zone: None,
+                    instance_type: None,
+                    market: local_cloud::world::RefusalMarket::OnDemand,
+                }]
+            } else {
+                Vec::new()
+            },
             ..Settings::default()
         };
         let cloud = LocalCloud::start(Options {
@@ -629,6 +646,8 @@ impl Sim {
             invocations: 0,
             by_function: BTreeMap::new(),
             reached: BTreeSet::new(),
+            unverified: BTreeSet::new(),
+            ended_in_doubt: BTreeSet::new(),
             foreign,
             slept,
             refusing,
@@ -951,6 +970,12 @@ impl Sim {
             {
                 self.cloud
                     .with_world(|w| w.force_payment_failures(id, r.payment_failures));
+            }
+            if let (Some(after), Some(id)) =
+                (r.payment_failure_after, r.detail["request_id"].as_str())
+            {
+                self.cloud
+                    .with_world(|w| w.force_payment_failures_after(id, after, 1));
             }
             if r.detail["workload"]["kind"] == "hyperpod-cluster" {
                 let name = r.detail["workload"]["cluster_name"].clone();
@@ -1461,23 +1486,36 @@ impl Sim {
                                 == id.as_str()
                                 && (i.state == "running" || i.state == "pending")
                         })
-                        .map(|i| (i.launch_time, i.launch_index, i.id.clone()))
+                        .map(|i| {
+                            let spot = i.lifecycle == local_cloud::ec2::Lifecycle::Spot;
+                            (i.launch_time, i.launch_index, i.id.clone(), spot)
+                        })
                         .collect();
                     live.sort();
-                    let iid = live.get(index).map(|(_, _, id)| id.clone())?;
-                    let r = if impair {
-                        w.impair_instance(&iid, true)
-                    } else {
-                        w.fail_instance(&iid)
+                    let (iid, spot) = live.get(index).map(|(_, _, id, s)| (id.clone(), *s))?;
+                    // A spot instance that fails is reclaimed: EC2's two-minute warning, then
+                    // its termination.
+                    let r = match (impair, spot) {
+                        (true, _) => w.impair_instance(&iid, true),
+                        (false, true) => w.interrupt_spot(&iid),
+                        (false, false) => w.fail_instance(&iid),
                     };
-                    r.ok().map(|_| iid)
+                    r.ok().map(|_| (iid, spot))
                 });
-                if let Some(iid) = done {
+                if let Some((iid, spot)) = done {
                     self.trace(format!(
                         "fault: instance {iid} of {} {}",
                         id.as_str().unwrap_or(""),
-                        if impair { "impaired" } else { "stopped" }
+                        match (impair, spot) {
+                            (true, _) => "impaired",
+                            (false, true) => "reclaimed (spot)",
+                            (false, false) => "stopped",
+                        }
                     ));
+                    if spot && !impair {
+                        self.reached
+                            .insert("a spot instance was reclaimed".to_string());
+                    }
                 }
             }
             Act::Settle => {
@@ -1903,6 +1941,17 @@ impl Sim {
                     }
                     if d.action == "in-doubt" {
                         self.judge_doubt(&d.request_id.to_string(), &d.reason, now);
+                    }
+                    if d.action == "ended-in-doubt" {
+                        self.ended_in_doubt.insert(d.request_id.to_string());
+                    }
+                    if d.action == "doubt-resolved" && d.reason.contains("was listed up to its end")
+                    {
+                        self.unverified.insert(d.request_id.to_string());
+                        self.reached.insert(
+                            "a purchase in doubt was kept spent unverified at its offering's end"
+                                .to_string(),
+                        );
                     }
                     if d.action == "in-doubt"
                         && d.reason.contains("is not listed")

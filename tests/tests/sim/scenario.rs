@@ -70,6 +70,9 @@ pub struct PlannedRequest {
     pub approver: Approver,
     /// Forced payment failures of its next purchases.
     pub payment_failures: u32,
+    /// A forced payment failure of a later purchase: after this many have paid (a split's
+    /// later block, a replacement, a block kept by a request that has since failed).
+    pub payment_failure_after: Option<u32>,
     /// (hours after its first launch, which live instance) to fail or impair.
     pub instance_failures: Vec<(i64, usize, bool)>,
     /// Its requester looked the price up first: just before it submits, its
@@ -253,6 +256,10 @@ pub struct Scenario {
     /// EC2 refuses the undocumented tag filter on DescribeCapacityReservations (the harsher
     /// reading of aws-reference §11.1): reconciliation must use the documented filters.
     pub refuse_tag_filters: bool,
+    /// The account may not launch on demand (`VcpuLimitExceeded`), and on-demand-first
+    /// requests are interruptible: their runs are spot runs, which reclaims interrupt
+    /// (ARCHITECTURE §9.1: repaired on spot, settled by what ran).
+    pub spot_runs: bool,
     /// Never generated: a test sets it to show the checks catch what they should.
     pub sabotage: bool,
 }
@@ -567,6 +574,54 @@ impl Scenario {
         let stop_running = (0..requests.len()).filter(|_| r.chance(20)).collect();
         // (Issue 48, after every earlier draw.)
         let refuse_tag_filters = r.chance(25);
+        // (Issue 48, spot runs, after every earlier draw.)
+        let spot_runs = r.chance(30);
+        if spot_runs {
+            for req in requests.iter_mut() {
+                if req.detail["workload"]["kind"] == "ec2-instances" && r.chance(40) {
+                    req.detail["strategy"] = json!("on-demand-first");
+                }
+                if req.detail["strategy"] == "on-demand-first" {
+                    req.detail["interruptible"] = json!(true);
+                    // EC2 reclaims one of its instances, mostly.
+                    let hours = req.detail["duration_hours"].as_i64().unwrap_or(24);
+                    if r.chance(70) {
+                        req.instance_failures
+                            .push((r.range(0, (hours - 2).max(1)), 0, false));
+                    }
+                }
+            }
+        }
+        // (Issue 48, payments and reconciliation, after every earlier draw.) A payment that
+        // fails on a later purchase of a request: its split's later block, a replacement, or a
+        // block it keeps once it has failed.
+        for req in requests.iter_mut() {
+            if req.payment_failures == 0 && r.chance(15) {
+                req.payment_failure_after = Some(r.range(1, 2) as u32);
+            }
+        }
+        // Reconciliation refused outright for hours after a purchase's answer was lost: the
+        // purchase must end in doubt at its deadline and be reconciled hourly after.
+        if r.chance(20) {
+            let op = *r.pick(&["PurchaseCapacityBlock", "CreateTrainingPlan"]);
+            api_faults.push(ApiFault {
+                at: 0,
+                operation: op,
+                kind: ApiFaultKind::LostResponse,
+                count: 1,
+            });
+            let read = if op == "PurchaseCapacityBlock" {
+                "DescribeCapacityReservations"
+            } else {
+                "ListTrainingPlans"
+            };
+            api_faults.push(ApiFault {
+                at: 0,
+                operation: read,
+                kind: ApiFaultKind::InternalError,
+                count: 5000,
+            });
+        }
         Scenario {
             seed,
             team_budgets,
@@ -591,6 +646,7 @@ impl Scenario {
             outages,
             concurrent_duplicates,
             refuse_tag_filters,
+            spot_runs,
             sabotage: false,
         }
     }
@@ -737,6 +793,7 @@ fn request(r: &mut Rng, seed: u64, i: usize) -> PlannedRequest {
         resubmit,
         approver,
         payment_failures,
+        payment_failure_after: None,
         instance_failures,
         cap_at_quote: false,
     }

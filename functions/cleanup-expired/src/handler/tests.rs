@@ -308,6 +308,10 @@ async fn drain_happens_before_forced_termination_for_capacity_blocks_hyperpod_an
                         resource_id: "hp/workers".into(),
                         state: "Updating".into(),
                         updated_at: t0(),
+
+                        started_at: None,
+                        ended_at: None,
+                        ran: Vec::new(),
                     })
                     .await
                     .unwrap();
@@ -1062,6 +1066,10 @@ async fn a_drain_stops_an_instance_launched_within_the_listing_lag_from_its_slot
                 resource_id: instance.into(),
                 state: "running".into(),
                 updated_at: drain_at - Duration::minutes(1),
+
+                started_at: None,
+                ended_at: None,
+                ran: Vec::new(),
             })
             .await
             .unwrap();
@@ -1265,4 +1273,78 @@ async fn an_unpaid_block_recorded_before_payments_were_checked_per_reservation_g
             .iter()
             .any(|d| d.action == "payments-upgraded")
     );
+}
+
+#[tokio::test]
+async fn a_spot_run_is_settled_by_what_its_instances_ran_not_by_its_length() {
+    // Issue 48, N7. GIVEN a spot run of two instances for 24 h, started at t0 with its
+    // estimate held; EC2 reclaimed one at t0 + 2 h 10 min (its slot records where it was seen
+    // not running) and nothing replaced it; the other runs on
+    use capacity_pilot::ports::{BudgetMonth, Debit, OnDemandRun, Transition, WorkloadRecord};
+    let w = World::new();
+    let mut req = request("r-1", "team-a", "50000");
+    req.strategy = capacity_pilot::domain::request::Strategy::OnDemandFirst;
+    req.interruptible = true;
+    req.instance_count = 2;
+    req.duration_hours = 24;
+    let mut rec = w.seed(req, &[], RequestStatus::TryingOnDemand, t0()).await;
+    rec.spent = MicroUsd(0);
+    w.store.insert_record(rec.clone());
+    let estimate = MicroUsd(48_000_000_000);
+    let run = OnDemandRun {
+        attempt: "spot".into(),
+        held_at: t0(),
+        started_at: Some(t0()),
+        launch_generations: 0,
+        claim: None,
+    };
+    let hold = Transition::of(
+        &rec,
+        RequestStatus::RunningSpot,
+        "running on spot",
+        Some(t0() + Duration::hours(24) - Duration::minutes(15)),
+        t0(),
+        &Cause::new("hold"),
+    )
+    .holding(Debit::of(
+        &rec,
+        Usd::parse("100000").unwrap(),
+        estimate,
+        t0(),
+    ))
+    .with_run(run);
+    w.store.transition(hold).await.unwrap();
+    for (slot, id, ended) in [
+        (0, "i-1", Some(t0() + Duration::minutes(130))),
+        (1, "i-2", None),
+    ] {
+        w.instance(id, "r-1", None, true);
+        w.store
+            .put_workload(WorkloadRecord {
+                started_at: Some(t0()),
+                ended_at: ended,
+                ..WorkloadRecord::new(request_id("r-1"), "spot", slot, id, "running", t0())
+            })
+            .await
+            .unwrap();
+    }
+
+    // WHEN cleanup drains the run at its drain start (24 h less the 15 min drain)
+    let drain_at = t0() + Duration::hours(24) - Duration::minutes(15);
+    w.tick_at(drain_at, "c1").await;
+
+    // THEN it keeps 3 + 24 of the 48 instance-hours held (each begun hour whole), not all 48,
+    // and the rest goes back to the team's month
+    let rec = w.record("r-1").await;
+    assert_eq!(rec.status, RequestStatus::Draining, "{}", rec.reason);
+    let kept = MicroUsd(27_000_000_000);
+    assert_eq!(rec.spent, kept, "{}", rec.reason);
+    assert_eq!(
+        w.store
+            .budget_spent(&rec.team, &BudgetMonth::of(t0()))
+            .await
+            .unwrap(),
+        kept
+    );
+    assert!(rec.reason.contains("2 x 24 h"), "{}", rec.reason);
 }

@@ -527,6 +527,10 @@ async fn an_endpoint_name_still_deleting_is_waited_out_not_taken_for_created() {
             resource_id: "ep".into(),
             state: "Retrying".into(),
             updated_at: opens(),
+
+            started_at: None,
+            ended_at: None,
+            ran: Vec::new(),
         })
         .await
         .unwrap();

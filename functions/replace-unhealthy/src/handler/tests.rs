@@ -21,7 +21,7 @@ use capacity_pilot::ports::{
     Cause, InstanceHealth, InstanceInfo, InstanceState, LaunchMarket, LaunchSpec, Lease, PortError,
     RecordReservation, RequestRecord, Store, WorkloadRecord, Workloads,
 };
-use chrono::Duration;
+use chrono::{DateTime, Duration, Utc};
 use serde_json::{Value, json};
 
 use super::{REPLACING, Replacer};
@@ -169,6 +169,10 @@ impl World {
                     resource_id: launched[0].instance_id.clone(),
                     state: "running".into(),
                     updated_at: t0() + Duration::hours(2),
+
+                    started_at: None,
+                    ended_at: None,
+                    ran: Vec::new(),
                 })
                 .await
                 .unwrap();
@@ -593,6 +597,17 @@ async fn an_instance_failing_within_a_function_timeout_of_the_drain_is_not_repla
 /// GIVEN r-2, an on-demand-first request running two on-demand instances since +2 h (as
 /// launch-workloads leaves it: RunningOnDemand, its run started, next due at its drain).
 async fn on_demand_run(w: &World) -> Vec<String> {
+    run_of(w, LaunchMarket::OnDemand).await
+}
+
+/// GIVEN r-2 running two instances in `market` (on demand or spot) since +2 h, each slot
+/// recording its launch.
+async fn run_of(w: &World, market: LaunchMarket) -> Vec<String> {
+    let label = if market == LaunchMarket::Spot {
+        "spot"
+    } else {
+        "on-demand"
+    };
     let mut req = request("r-2", "team-a", "50000");
     req.instance_count = 2;
     let mut tags = BTreeMap::new();
@@ -610,12 +625,12 @@ async fn on_demand_run(w: &World) -> Vec<String> {
             .workloads
             .launch_instances(&LaunchSpec {
                 region: REGION.into(),
-                market: LaunchMarket::OnDemand,
+                market: market.clone(),
                 instance_type: "p5.48xlarge".into(),
                 count: 1,
                 subnet_id: "subnet-a".into(),
                 launch_template: template.clone(),
-                client_token: client_token("r-2:on-demand", slot, 0),
+                client_token: client_token(&format!("r-2:{label}"), slot, 0),
                 tags: tags.clone(),
             })
             .await
@@ -623,12 +638,15 @@ async fn on_demand_run(w: &World) -> Vec<String> {
         w.store
             .put_workload(WorkloadRecord {
                 request_id: request_id("r-2"),
-                reservation_id: "on-demand".into(),
+                reservation_id: label.into(),
                 slot,
                 generation: 0,
                 resource_id: launched[0].instance_id.clone(),
                 state: "running".into(),
                 updated_at: t0() + Duration::hours(2),
+                started_at: Some(t0() + Duration::hours(2)),
+                ended_at: None,
+                ran: Vec::new(),
             })
             .await
             .unwrap();
@@ -638,7 +656,11 @@ async fn on_demand_run(w: &World) -> Vec<String> {
         request_id: req.id.clone(),
         team: req.team.clone(),
         request: req.clone(),
-        status: RequestStatus::RunningOnDemand,
+        status: if market == LaunchMarket::Spot {
+            RequestStatus::RunningSpot
+        } else {
+            RequestStatus::RunningOnDemand
+        },
         version: 4,
         reason: "seed".into(),
         next_action_at: Some(t0() + Duration::hours(20)),
@@ -649,7 +671,7 @@ async fn on_demand_run(w: &World) -> Vec<String> {
         cancel: None,
         open_debit: None,
         run: Some(capacity_pilot::ports::OnDemandRun {
-            attempt: "on-demand".into(),
+            attempt: label.into(),
             held_at: t0() + Duration::hours(2),
             started_at: Some(t0() + Duration::hours(2)),
             launch_generations: 0,
@@ -805,4 +827,93 @@ async fn an_impaired_instance_in_a_failed_requests_running_window_is_replaced() 
     assert_eq!(w.live().len(), 2);
     assert_eq!(w.events.published_of(REPLACED).len(), 1);
     assert!(out.decisions.iter().any(|d| d.action == "replaced"));
+}
+
+fn state_change_at(instance_id: &str, state: &str, at: DateTime<Utc>) -> EventBridgeEvent<Value> {
+    let mut ev = state_change(instance_id, state);
+    ev.time = Some(at);
+    ev
+}
+
+const INTERRUPTED: &str = "Capacity Workload Interrupted";
+
+#[tokio::test]
+async fn a_reclaimed_spot_instance_is_repaired_on_spot_and_its_run_ends_where_ec2_said() {
+    // GIVEN a spot run of two since +2 h; EC2 reclaims one, its state change stamped +2 h 40
+    let w = World::new(1).await;
+    let ids = run_of(&w, LaunchMarket::Spot).await;
+    w.workloads
+        .set_instance_state(&ids[1], InstanceState::Terminated);
+    let reclaimed = t0() + Duration::minutes(160);
+    // WHEN the state change arrives (at +3 h), and again, later (a redelivery)
+    let out = w
+        .replacer(&[])
+        .handle(state_change_at(&ids[1], "terminated", reclaimed))
+        .await
+        .unwrap();
+    w.clock.set(t0() + Duration::hours(4));
+    w.replacer(&[])
+        .handle(state_change_at(
+            &ids[1],
+            "terminated",
+            reclaimed + Duration::hours(1),
+        ))
+        .await
+        .unwrap();
+    // THEN it is replaced on spot in its subnet, with a token of its own
+    let launch = w.launches().pop().unwrap();
+    assert_eq!(launch.market, LaunchMarket::Spot, "{:?}", out.decisions);
+    assert_eq!(
+        launch.client_token,
+        client_token("r-2:spot:replacement", 1, 1)
+    );
+    // AND the slot keeps the old instance's run, to where EC2 said it ended, and the new one's
+    // from its launch
+    let slots = w.store.workloads(&request_id("r-2")).await.unwrap();
+    let slot = slots.iter().find(|s| s.slot == 1).unwrap();
+    assert_eq!(
+        slot.ran,
+        vec![capacity_pilot::ports::Ran {
+            from: t0() + Duration::hours(2),
+            to: reclaimed
+        }]
+    );
+    assert_eq!(slot.started_at, Some(t0() + Duration::hours(3)));
+    assert_eq!((slot.generation, slot.state.as_str()), (1, "running"));
+    // AND the interruption is announced once, naming both instances
+    let ev = w.events.published_of(INTERRUPTED);
+    assert_eq!(ev.len(), 1);
+    assert_eq!(ev[0].detail["instance_id"], json!(ids[1]));
+    assert_eq!(
+        ev[0].detail["replacement_instance_id"],
+        json!(slot.resource_id)
+    );
+    assert_eq!(ev[0].detail["interrupted_at"], json!(reclaimed));
+}
+
+#[tokio::test]
+async fn a_spot_run_past_its_replacement_cap_is_left_down_announced_once_and_its_run_ends() {
+    // GIVEN a spot run of two allowed no replacements, one of whose instances EC2 reclaimed
+    // and no event told of
+    let w = World::new(1).await;
+    let ids = run_of(&w, LaunchMarket::Spot).await;
+    w.workloads
+        .set_instance_state(&ids[0], InstanceState::Terminated);
+    let r = w.replacer(&[("MAX_REPLACEMENTS_PER_RESERVATION", "0")]);
+    // WHEN two ticks look
+    let out = r.handle(scheduled("tick-1")).await.unwrap();
+    w.clock.set(t0() + Duration::hours(4));
+    r.handle(scheduled("tick-2")).await.unwrap();
+    // THEN nothing is launched, the slot is left with its run ended when the first tick saw
+    // it, and the interruption is announced once
+    assert_eq!(w.launches().len(), 3, "{:?}", out.decisions);
+    let slots = w.store.workloads(&request_id("r-2")).await.unwrap();
+    let slot = slots.iter().find(|s| s.slot == 0).unwrap();
+    assert_eq!(slot.state, super::LEFT);
+    assert_eq!(slot.ended_at, Some(t0() + Duration::hours(3)));
+    let ev = w.events.published_of(INTERRUPTED);
+    assert_eq!(ev.len(), 1);
+    assert_eq!(ev[0].detail["replacement_instance_id"], Value::Null);
+    // AND an on-demand run's replacement is announced as a replacement only
+    assert!(w.events.published_of(REPLACED).is_empty());
 }

@@ -890,6 +890,32 @@ async fn a_forced_payment_failure_fails_the_next_blocks_bought_for_a_request_at_
 }
 
 #[tokio::test]
+async fn a_forced_payment_failure_after_some_purchases_lets_those_pay_first() {
+    // Control: `after` purchases of the request pay, then the forced failures apply (a
+    // split's later block, a replacement).
+    let env = env_without_lag().await;
+    let url = env.cloud.url();
+    let (status, _) = http(
+        &url,
+        "POST",
+        "/_local/payment-failures",
+        Some(r#"{"request_id": "later", "count": 1, "after": 1}"#),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+    let first = buy(&env, &offer, "later").await;
+    let second = buy(&env, &offer, "later").await;
+    let third = buy(&env, &offer, "later").await;
+    let [first, second, third] =
+        [first, second, third].map(|c| c.capacity_reservation_id().unwrap().to_string());
+    env.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(state_of(&env, &first).await, "scheduled");
+    assert_eq!(state_of(&env, &second).await, "payment-failed");
+    assert_eq!(state_of(&env, &third).await, "scheduled");
+}
+
+#[tokio::test]
 async fn a_new_block_is_missing_from_every_describe_until_the_listing_lag_has_passed() {
     let env = env().await;
     let offer = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);

@@ -1176,6 +1176,10 @@ async fn an_ended_request_is_archived_after_the_retention_and_its_id_is_free_aga
             resource_id: "i-1".into(),
             state: "running".into(),
             updated_at: t0(),
+
+            started_at: None,
+            ended_at: None,
+            ran: Vec::new(),
         })
         .await
         .unwrap();
@@ -1244,6 +1248,10 @@ async fn a_workload_record_is_kept_per_reservation_and_slot_and_replaced_by_the_
         resource_id: resource.into(),
         state: "running".into(),
         updated_at: t0(),
+
+        started_at: None,
+        ended_at: None,
+        ran: Vec::new(),
     };
     store.put_workload(w(0, 0, "i-a")).await.unwrap();
     store.put_workload(w(1, 0, "i-b")).await.unwrap();
