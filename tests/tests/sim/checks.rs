@@ -357,10 +357,16 @@ fn on_demand_hours_wrong(sim: &Sim, r: &RequestRecord, charged: i64) -> Option<S
             .filter(|i| i.tags.get(REQUEST_TAG) == Some(&id))
             .filter(|i| !sim.foreign.instances.contains_key(&i.id))
             .map(|i| {
-                let secs = (i.terminated_at.unwrap_or(w.now) - i.launch_time).num_seconds();
+                let ended = i.terminated_at.unwrap_or(w.now);
+                let secs = (ended - i.launch_time).num_seconds();
                 let hours = (secs.div_euclid(3600) + i64::from(secs % 3600 != 0)).clamp(1, cap);
+                // What could be seen of it: an end while replace-unhealthy (which sees
+                // ends) was down is first seen when it is back.
+                let seen = (seen_end(sim, ended).min(w.now) - i.launch_time).num_seconds();
+                let seen = (seen.div_euclid(3600) + i64::from(seen % 3600 != 0)).clamp(1, cap);
                 (
                     hours,
+                    seen,
                     i.lifecycle == Lifecycle::Spot,
                     i.instance_type.clone(),
                 )
@@ -373,7 +379,7 @@ fn on_demand_hours_wrong(sim: &Sim, r: &RequestRecord, charged: i64) -> Option<S
     let (mut lo, mut hi, mut hours) = (0, 0, 0);
     let mut estimates = BTreeMap::new();
     let whole = i64::from(r.request.instance_count) * cap;
-    for (h, spot, ty) in &ran {
+    for (h, seen, spot, ty) in &ran {
         let price = if *spot {
             sim.config.prices.spot(ty)
         } else {
@@ -382,7 +388,7 @@ fn on_demand_hours_wrong(sim: &Sim, r: &RequestRecord, charged: i64) -> Option<S
         .to_micros_ceil()
         .0;
         lo += (h - 1).max(1) * price;
-        hi += (h + 1) * price;
+        hi += (seen + 1) * price;
         hours += h;
         estimates.insert(*spot, whole * price);
     }
@@ -394,6 +400,17 @@ fn on_demand_hours_wrong(sim: &Sim, r: &RequestRecord, charged: i64) -> Option<S
              by EC2 but it is charged {charged} micro-USD, outside [{lo}, {hi}]"
         )
     })
+}
+
+/// When an instance that ended at `ended` could first be seen ended: at once, or when
+/// replace-unhealthy, down then, is back.
+fn seen_end(sim: &Sim, ended: DateTime<Utc>) -> DateTime<Utc> {
+    sim.scenario
+        .outages
+        .iter()
+        .filter(|o| o.function == "replace-unhealthy" && o.covers(ended))
+        .map(|o| t0() + TimeDelta::minutes(o.from + o.minutes))
+        .fold(ended, DateTime::max)
 }
 
 /// The fees of a record's recorded reservations that AWS sold live-or-paid.
@@ -663,10 +680,17 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
         .iter()
         .filter(|t| !sim.ended_in_doubt.contains(&t.request))
     {
+        // While reconciliation is refused (the scenario's outage of it, to the faults' end),
+        // no lease can adopt anything: one after it must.
+        let readable = if sim.scenario.reconcile_outage {
+            t.listed_at.max(sim.scenario.faults_end())
+        } else {
+            t.listed_at
+        };
         let purchased_after = sim
             .lease_times
             .iter()
-            .any(|(id, at)| *id == t.request && *at >= t.listed_at);
+            .any(|(id, at)| *id == t.request && *at >= readable);
         let live = self::sold(&sim.cloud)
             .iter()
             .any(|s| s.id == t.id && s.live_or_paid);

@@ -857,6 +857,17 @@ impl Sim {
         }
     }
 
+    /// The requests whose purchase in doubt was resolved with nothing listed, by their records:
+    /// the write may land in an invocation that then fails (another request's error, a lost
+    /// answer), whose decisions the harness never sees.
+    fn note_unverified(&mut self) {
+        for r in self.store.records() {
+            if r.status.is_terminal() && r.reason.contains("was listed up to its end") {
+                self.unverified.insert(r.request_id.to_string());
+            }
+        }
+    }
+
     /// An `in-doubt` decision is judged when it is made: the purchase it doubts is of an
     /// offering of the request's plan that no reservation recorded for the request serves
     /// already (else the purchase waits out the doubt window over what it holds), begun at
@@ -1047,6 +1058,7 @@ impl Sim {
                 self.invoke(p).await;
             }
             self.note_leases(now);
+            self.note_unverified();
             self.cancel_kept();
             self.stop_running();
             let mut problems = std::mem::take(&mut self.problems);

@@ -260,6 +260,9 @@ pub struct Scenario {
     /// requests are interruptible: their runs are spot runs, which reclaims interrupt
     /// (ARCHITECTURE §9.1: repaired on spot, settled by what ran).
     pub spot_runs: bool,
+    /// Reconciliation's reads (DescribeCapacityReservations, ListTrainingPlans) are refused
+    /// from the start until the faults end, after a purchase's answer was lost.
+    pub reconcile_outage: bool,
     /// Never generated: a test sets it to show the checks catch what they should.
     pub sabotage: bool,
 }
@@ -602,7 +605,8 @@ impl Scenario {
         }
         // Reconciliation refused outright for hours after a purchase's answer was lost: the
         // purchase must end in doubt at its deadline and be reconciled hourly after.
-        if r.chance(20) {
+        let reconcile_outage = r.chance(20);
+        if reconcile_outage {
             let op = *r.pick(&["PurchaseCapacityBlock", "CreateTrainingPlan"]);
             api_faults.push(ApiFault {
                 at: 0,
@@ -647,6 +651,7 @@ impl Scenario {
             concurrent_duplicates,
             refuse_tag_filters,
             spot_runs,
+            reconcile_outage,
             sabotage: false,
         }
     }
