@@ -648,15 +648,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         // No status changes, so there is no outbox write to carry this event: publish it
         // before recording the slot as running, so a failure leaves the slot `replacing` and
         // the next tick relaunches (same token, same instance) and publishes again.
-        let report = self.events.publish(&[outbound(&event)]).await?;
-        if let Some((_, code, message)) = report.failed.into_iter().next() {
-            return Err(PortError::Transient {
-                service: "events",
-                code,
-                message,
-            });
-        }
-        out.published += report.sent.len();
+        self.publish_now(outbound(&event), out).await?;
         if matches!(place, Place::Run(LaunchMarket::Spot)) {
             let cap = self.config.max_replacements_per_reservation;
             let why = format!(
@@ -723,7 +715,20 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             replacement_instance_id: replacement,
             reason: reason.clone(),
         };
-        let report = self.events.publish(&[outbound(&event)]).await?;
+        self.publish_now(outbound(&event), out).await?;
+        out.decisions.push(Decision::new(id, "interrupted", reason));
+        Ok(())
+    }
+
+    /// Publishes `event` now, with no outbox (no status changes to carry it): an entry the
+    /// bus refused is an error, so the caller's next step (the slot's record) is not written
+    /// and the next tick publishes again, with the same key.
+    async fn publish_now(
+        &self,
+        event: capacity_pilot::ports::OutboundEvent,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let report = self.events.publish(&[event]).await?;
         if let Some((_, code, message)) = report.failed.into_iter().next() {
             return Err(PortError::Transient {
                 service: "events",
@@ -732,7 +737,6 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             });
         }
         out.published += report.sent.len();
-        out.decisions.push(Decision::new(id, "interrupted", reason));
         Ok(())
     }
 }

@@ -1579,6 +1579,41 @@ async fn a_kept_cancellation_is_refused_once_the_payment_is_taken() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancellation_kept_during_a_purchase_that_then_records_a_paid_block_is_refused() {
+    // Issue 48 (sim seed 4313). GIVEN a purchase whose answer was lost (AWS sold the block),
+    // r1 Purchasing, and a cancellation kept meanwhile
+    let w = World::new();
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    w.market.lose_next_purchase_response();
+    let p = w.purchaser(CAPS);
+    p.handle(found("r1", "e1")).await.unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::Purchasing);
+    p.handle(cancel_event("r1", "c1")).await.unwrap();
+    assert!(
+        record(&w, "r1").cancel.is_some(),
+        "the cancellation is kept"
+    );
+    // WHEN the takeover finds the block, its payment already taken, and records it
+    for r in w.market.reservations() {
+        w.market
+            .set_reservation_state(&r.id, ReservationState::Scheduled);
+    }
+    w.clock.set(t0() + Duration::minutes(16));
+    w.store.advance_to(w.clock.get());
+    p.handle(tick("t1")).await.unwrap();
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Reserved, "{}", rec.reason);
+    // THEN a check is due at once, and it answers the cancellation: refused, the payment
+    // being taken; nothing is bought again
+    assert_eq!(rec.next_action_at, Some(w.clock.get()));
+    p.handle(tick("t2")).await.unwrap();
+    let refused = w.events.published_of("Capacity Cancellation Refused");
+    assert_eq!(refused.len(), 1, "{}", record(&w, "r1").reason);
+    assert!(record(&w, "r1").cancel.is_none());
+    assert_eq!(w.market.purchase_count(), 1);
+}
+
 #[tokio::test]
 async fn a_cancelled_split_that_kept_a_block_reports_the_block_and_what_stays_spent() {
     // GIVEN a split whose second block went after its first was bought: Searching, with the
