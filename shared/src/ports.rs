@@ -1817,6 +1817,14 @@ mod tests {
                 .ended_at,
             Some(at(0, 0))
         );
+        // Closed at 2 h 15 min and never relaunched (the replacement still waits for
+        // capacity): its old run only, 3 + 20 hours, not counted again to now.
+        let waiting = slots[0].closed(None, at(2, 15));
+        assert_eq!((waiting.started_at, waiting.ended_at), (None, None));
+        assert_eq!(
+            run.spent_by_slots(estimate, 2, 24, &[waiting, slots[1].clone()], now),
+            MicroUsd(23_000_001)
+        );
         // Replaced at 2 h 10 min, its replacement launched at 2 h 20 min: 3 + 18 hours.
         let mut replaced = slots[0].closed(None, at(2, 15));
         replaced.started_at = Some(at(2, 20));
