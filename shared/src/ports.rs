@@ -664,20 +664,16 @@ impl OnDemandRun {
             .filter(|w| w.reservation_id == self.attempt)
             .flat_map(|w| w.runs(from, now))
             .filter(|r| r.to >= self.held_at)
-            .map(|r| {
-                let secs = u64::try_from((r.to - r.from).num_seconds()).unwrap_or(0);
-                secs.div_ceil(3600).max(1)
-            })
+            .map(|r| hours_begun(r.from, r.to).max(1))
             .sum();
         if ran == 0 {
             return self.spent(estimate, hours, now);
         }
-        let whole = u64::from(count.max(1)) * u64::from(hours.max(1));
-        let (Ok(total), true) = (u128::try_from(estimate.0), ran < whole) else {
-            return estimate;
-        };
-        let part = (total * u128::from(ran)).div_ceil(u128::from(whole));
-        MicroUsd(i64::try_from(part).unwrap_or(estimate.0))
+        share(
+            estimate,
+            ran,
+            u64::from(count.max(1)) * u64::from(hours.max(1)),
+        )
     }
 
     /// What of `estimate` (for a run of `hours` hours) stays spent when the run ends at
@@ -686,16 +682,26 @@ impl OnDemandRun {
     /// of per-second billing: an hour begun is an hour spent.
     pub fn spent(&self, estimate: MicroUsd, hours: u32, ended: DateTime<Utc>) -> MicroUsd {
         let from = self.started_at.unwrap_or(self.held_at);
-        let secs = u64::try_from((ended - from).num_seconds()).unwrap_or(0);
-        let ran = u32::try_from(secs.div_ceil(3600))
-            .unwrap_or(u32::MAX)
-            .clamp(1, hours.max(1));
-        let (Ok(whole), true) = (u128::try_from(estimate.0), ran < hours) else {
-            return estimate;
-        };
-        let part = (whole * u128::from(ran)).div_ceil(u128::from(hours));
-        MicroUsd(i64::try_from(part).unwrap_or(estimate.0))
+        let ran = hours_begun(from, ended).clamp(1, u64::from(hours.max(1)));
+        share(estimate, ran, u64::from(hours))
     }
+}
+
+/// The whole hours begun between `from` and `to` (none when `to` is not after `from`).
+fn hours_begun(from: DateTime<Utc>, to: DateTime<Utc>) -> u64 {
+    u64::try_from((to - from).num_seconds())
+        .unwrap_or(0)
+        .div_ceil(3600)
+}
+
+/// `ran` of `whole` parts of `estimate`, rounded up to the micro-dollar; the whole estimate
+/// once `ran` reaches `whole`.
+fn share(estimate: MicroUsd, ran: u64, whole: u64) -> MicroUsd {
+    let (Ok(total), true) = (u128::try_from(estimate.0), ran < whole) else {
+        return estimate;
+    };
+    let part = (total * u128::from(ran)).div_ceil(u128::from(whole));
+    MicroUsd(i64::try_from(part).unwrap_or(estimate.0))
 }
 
 /// A request as stored.
@@ -1498,12 +1504,10 @@ impl WorkloadRecord {
     /// `now`): it is replaced or taken back, and its next instance starts a run of its own.
     /// `fallback`: when a slot recorded before runs were started (its run's start).
     pub fn closed(&self, fallback: Option<DateTime<Utc>>, now: DateTime<Utc>) -> WorkloadRecord {
-        let mut ran = self.ran.clone();
-        ran.extend(self.current(fallback, now));
         WorkloadRecord {
             started_at: None,
             ended_at: None,
-            ran,
+            ran: self.runs(fallback, now),
             ..self.clone()
         }
     }

@@ -357,13 +357,16 @@ fn on_demand_hours_wrong(sim: &Sim, r: &RequestRecord, charged: i64) -> Option<S
             .filter(|i| i.tags.get(REQUEST_TAG) == Some(&id))
             .filter(|i| !sim.foreign.instances.contains_key(&i.id))
             .map(|i| {
+                // Hours begun from its launch to `to`, at least one, at most the run's.
+                let hours_to = |to: DateTime<Utc>| {
+                    let secs = (to - i.launch_time).num_seconds();
+                    (secs.div_euclid(3600) + i64::from(secs % 3600 != 0)).clamp(1, cap)
+                };
                 let ended = i.terminated_at.unwrap_or(w.now);
-                let secs = (ended - i.launch_time).num_seconds();
-                let hours = (secs.div_euclid(3600) + i64::from(secs % 3600 != 0)).clamp(1, cap);
+                let hours = hours_to(ended);
                 // What could be seen of it: an end while replace-unhealthy (which sees
                 // ends) was down is first seen when it is back.
-                let seen = (seen_end(sim, ended).min(w.now) - i.launch_time).num_seconds();
-                let seen = (seen.div_euclid(3600) + i64::from(seen % 3600 != 0)).clamp(1, cap);
+                let seen = hours_to(seen_end(sim, ended).min(w.now));
                 (
                     hours,
                     seen,
