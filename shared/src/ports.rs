@@ -637,6 +637,19 @@ pub struct OnDemandRun {
     /// no other invocation launches it (two at once each take back the other's instances).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim: Option<Lease>,
+    /// A spot run that lost an instance it could not repair within the replacement cap
+    /// falls back as `on-demand-first` does (ARCHITECTURE §9.1): written with `Draining`,
+    /// cleanup-expired then stops the run, settles what it ran and searches for the earliest
+    /// feasible reservation. Kept after, as the run's history.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fall_back: Option<FallBack>,
+}
+
+/// Why and when a spot run fell back to a reservation ([`OnDemandRun::fall_back`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FallBack {
+    pub reason: String,
+    pub at: DateTime<Utc>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -782,6 +795,45 @@ impl RequestRecord {
     /// index only for one of its windows.
     pub fn own_action_due(&self, now: DateTime<Utc>) -> bool {
         self.next_action_at.is_some_and(|t| t <= now)
+    }
+
+    /// What of its duration a spot run served before it fell back (ARCHITECTURE §9.1): the
+    /// whole hours from the run's start to its fall-back. Spot runs only an `interruptible`
+    /// workload, one that keeps its work across an interruption, so only the rest is still
+    /// needed. Nothing for any other request.
+    pub fn served(&self) -> chrono::Duration {
+        let Some(run) = &self.run else {
+            return chrono::Duration::zero();
+        };
+        match (run.started_at, &run.fall_back) {
+            (Some(from), Some(f)) if f.at > from => {
+                let hours = (f.at - from).num_hours();
+                chrono::Duration::hours(hours.min(i64::from(self.request.duration_hours)))
+            }
+            _ => chrono::Duration::zero(),
+        }
+    }
+
+    /// What of its duration it still needs reserved: all of it, less what a spot run that
+    /// fell back served ([`Self::served`]).
+    pub fn needed(&self) -> chrono::Duration {
+        self.request.duration() - self.served()
+    }
+
+    /// What it still needs reserved, in the whole days a request asks for: its duration, or
+    /// after a spot run's fall-back the days that cover the rest (at least one).
+    pub fn needed_hours(&self) -> u32 {
+        if self.served().is_zero() {
+            return self.request.duration_hours;
+        }
+        let hours = u32::try_from(self.needed().num_hours()).unwrap_or(0);
+        hours.div_ceil(24).max(1) * 24
+    }
+
+    /// Whether what it `held` already serves it: the reservations it takes cover what it
+    /// still needs ([`Self::needed`]), so nothing more is to be bought for it.
+    pub fn is_served_by<'a>(&self, held: impl IntoIterator<Item = &'a Reservation>) -> bool {
+        self.request.covered_by(held) >= self.needed()
     }
 }
 
@@ -1760,6 +1812,7 @@ mod tests {
             started_at: Some(at(0, 0)),
             launch_generations: 0,
             claim: None,
+            fall_back: None,
         };
         let estimate = MicroUsd(48_000_001);
         // 2 h 30 min: 3 of 48 hours, rounded up to the micro-dollar.
@@ -1799,6 +1852,7 @@ mod tests {
             started_at: Some(at(0, 5)),
             launch_generations: 0,
             claim: None,
+            fall_back: None,
         };
         // Two instances for 24 h: 48 instance-hours, a micro-dollar over $48.
         let estimate = MicroUsd(48_000_001);

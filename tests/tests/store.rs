@@ -2365,6 +2365,7 @@ async fn a_held_run_estimate_is_settled_by_what_ran_exactly_once() {
         started_at: Some(t0()),
         launch_generations: 0,
         claim: None,
+        fall_back: None,
     };
     let mut t = transition(id, 2, TryingOnDemand, RunningOnDemand, "run");
     t.run = Some(run.clone());

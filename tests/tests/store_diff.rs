@@ -315,6 +315,7 @@ async fn play(seed: u64, steps: usize, reached: &mut Reached) {
                             started_at: None,
                             launch_generations: 0,
                             claim: None,
+                            fall_back: None,
                         })
                     }
                     4 | 5 => {

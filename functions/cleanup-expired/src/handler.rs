@@ -23,13 +23,15 @@ use capacity_pilot::domain::naming::{DEPLOYMENT_TAG, MANAGED_TAG, REQUEST_TAG};
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::status::RequestStatus;
-use capacity_pilot::domain::time_rules::{LAUNCH_FUNCTION_TIMEOUT, LISTING_LAG_BOUND};
+use capacity_pilot::domain::time_rules::{
+    LAUNCH_FUNCTION_TIMEOUT, LISTING_LAG_BOUND, PURCHASE_LEAD,
+};
 use capacity_pilot::domain::window::{
     self, DrainLead, FOLLOWS_WINDOWS, HOLDS_WINDOWS, WindowState,
 };
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
-    Agenda, CapacityMarket, Cause, Clock, DueItem, EventSink, InstanceFilter, PortError,
+    Agenda, CapacityMarket, Cause, Clock, DueItem, EventSink, FallBack, InstanceFilter, PortError,
     RequestRecord, Settle, Store, Transition, WindowUpdate, WorkloadRecord, Workloads,
     WriteOutcome,
 };
@@ -725,6 +727,12 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         {
             return self.cancel_run(rec, base, now, out).await;
         }
+        if rec.status == RequestStatus::Draining
+            && rec.open_debit.is_some()
+            && let Some(fall_back) = rec.run.as_ref().and_then(|r| r.fall_back.as_ref())
+        {
+            return self.fall_back_run(rec, fall_back, base, now, out).await;
+        }
         let windows = run_windows(rec, self.config.default_drain_minutes);
         if rec.status == RequestStatus::Draining {
             return self.end_if_over(rec, &windows, base, now, out).await;
@@ -878,10 +886,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
     }
 
     /// ARCHITECTURE §8.3: a cancelled on-demand or spot run (or attempt): stops whatever
-    /// runs for it, found by tag and name (a launch may have run without being recorded);
-    /// then, once every launch begun before the cancellation has ended and EC2 lists what it
-    /// started ([`LAUNCH_FUNCTION_TIMEOUT`] and [`LISTING_LAG_BOUND`] after it, stopping again
-    /// meanwhile), settles the hours it ran (to now, so never less than it ran) and answers. Until then it waits, due, for the next tick.
+    /// runs for it and settles the hours it ran ([`Cleaner::take_back`]), then answers.
     async fn cancel_run(
         &self,
         rec: &RequestRecord,
@@ -893,39 +898,12 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         let Some(note) = &rec.cancel else {
             return Ok(());
         };
-        // The run's window, as a drain sees it: every region of the request, on demand.
-        let mut stopped = Vec::new();
-        for w in run_windows(rec, self.config.default_drain_minutes) {
-            stopped.extend(self.stop(rec, &w).await?);
-        }
-        // Every launch begun before the cancellation has ended a function timeout after it,
-        // and an instance it started is listed by EC2 within the listing-lag bound (Describe*
-        // lag new instances, aws-reference §11.3): the last sweep comes after both, so it sees
-        // an instance launched just before the cancel took hold. SageMaker's are found by
-        // name.
-        let settle_from = note.at
-            + if workload::runs_instances(&rec.request) {
-                LAUNCH_FUNCTION_TIMEOUT.max(LISTING_LAG_BOUND)
-            } else {
-                LAUNCH_FUNCTION_TIMEOUT
-            };
-        if now < settle_from {
-            out.decisions.push(Decision::new(
-                id,
-                "waiting",
-                format!(
-                    "cancelled: stopped {}; a launch begun before the cancellation may still \
-                     be in flight, so it is stopped again and settled from {settle_from}",
-                    listed(&stopped)
-                ),
-            ));
+        let Some((stopped, settle, settled)) = self
+            .take_back(rec, note.at, "cancelled", "the cancellation", now, out)
+            .await?
+        else {
             return Ok(());
-        }
-        let orphans = self
-            .sweep_request(rec, &rec.request.regions, None, &stopped)
-            .await?;
-        stopped.extend(orphans);
-        let (settle, settled) = run_settlement(rec, &self.store.workloads(id).await?, now);
+        };
         let reason = format!("{}; stopped {}{settled}", note.reason, listed(&stopped));
         let answers = ending_events(
             rec,
@@ -952,6 +930,105 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             reason,
         ));
         Ok(())
+    }
+
+    /// ARCHITECTURE §9.1: a spot run that could not be repaired falls back as
+    /// `on-demand-first` does: stopped and settled by what its instances ran
+    /// ([`Cleaner::take_back`]), then `Searching` for the earliest feasible reservation, as
+    /// on-demand-first's fall-back from on-demand is.
+    async fn fall_back_run(
+        &self,
+        rec: &RequestRecord,
+        fall_back: &FallBack,
+        base: &str,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let id = &rec.request_id;
+        let Some((stopped, settle, settled)) = self
+            .take_back(rec, fall_back.at, "falling back", "the fall-back", now, out)
+            .await?
+        else {
+            return Ok(());
+        };
+        let reason = format!(
+            "spot: {}; stopped {}{settled}; falling back to the earliest feasible reservation \
+             for the {} h of its {} h the run did not serve (in whole days), which starts no \
+             sooner than {}",
+            fall_back.reason,
+            listed(&stopped),
+            rec.needed().num_hours(),
+            rec.request.duration_hours,
+            now + PURCHASE_LEAD
+        );
+        let t = Transition::of(
+            rec,
+            RequestStatus::Searching,
+            &reason,
+            Some(now),
+            now,
+            &Cause::new(format!("{base}#fall-back")),
+        )
+        .settling(settle);
+        let written = self.store.transition(t).await?;
+        out.decisions.push(Decision::new(
+            id,
+            decision::written(&written, "fell-back"),
+            reason,
+        ));
+        Ok(())
+    }
+
+    /// Takes an on-demand or spot run back (ARCHITECTURE §8.3) for what happened at `since`
+    /// (a cancellation, a fall-back): stops whatever runs for it, found by tag and name (a
+    /// launch may have run without being recorded); then, once every launch begun before
+    /// `since` has ended and EC2 lists what it started ([`LAUNCH_FUNCTION_TIMEOUT`] and
+    /// [`LISTING_LAG_BOUND`] after it, stopping again meanwhile), sweeps and says how the run
+    /// settles (to now, so never less than it ran): what was stopped, the settlement and its
+    /// words. `None` while it waits, due, for the next tick.
+    async fn take_back(
+        &self,
+        rec: &RequestRecord,
+        since: DateTime<Utc>,
+        doing: &str,
+        what: &str,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<Option<(Vec<String>, Option<Settle>, String)>, PortError> {
+        let id = &rec.request_id;
+        // The run's window, as a drain sees it: every region of the request, on demand.
+        let mut stopped = Vec::new();
+        for w in run_windows(rec, self.config.default_drain_minutes) {
+            stopped.extend(self.stop(rec, &w).await?);
+        }
+        // Every launch begun before `since` has ended a function timeout after it, and an
+        // instance it started is listed by EC2 within the listing-lag bound (Describe* lag
+        // new instances, aws-reference §11.3): the last sweep comes after both, so it sees
+        // an instance launched just before. SageMaker's are found by name.
+        let settle_from = since
+            + if workload::runs_instances(&rec.request) {
+                LAUNCH_FUNCTION_TIMEOUT.max(LISTING_LAG_BOUND)
+            } else {
+                LAUNCH_FUNCTION_TIMEOUT
+            };
+        if now < settle_from {
+            out.decisions.push(Decision::new(
+                id,
+                "waiting",
+                format!(
+                    "{doing}: stopped {}; a launch begun before {what} may still be in \
+                     flight, so it is stopped again and settled from {settle_from}",
+                    listed(&stopped)
+                ),
+            ));
+            return Ok(None);
+        }
+        let orphans = self
+            .sweep_request(rec, &rec.request.regions, None, &stopped)
+            .await?;
+        stopped.extend(orphans);
+        let (settle, settled) = run_settlement(rec, &self.store.workloads(id).await?, now);
+        Ok(Some((stopped, settle, settled)))
     }
 
     /// Stops the window's workload; returns what it acted on. Its kind's module says how;

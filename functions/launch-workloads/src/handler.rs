@@ -453,6 +453,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 started_at: None,
                 launch_generations: 0,
                 claim: None,
+                fall_back: None,
             });
             match self.claim(&rec, run, cause, now, out).await? {
                 Some(claimed) => rec = claimed,
@@ -667,6 +668,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             started_at: None,
             launch_generations: 0,
             claim: Some(claim_of(cause, now)),
+            fall_back: None,
         });
         Ok(match self.store.transition(t).await? {
             WriteOutcome::Applied { .. } => {
@@ -837,6 +839,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             started_at: Some(now),
             launch_generations,
             claim: None,
+            fall_back: None,
         });
         let w = self.store.transition(tr).await?;
         out.decisions

@@ -11,6 +11,11 @@
 //! `MAX_UNHEALTHY_SHARE` of a request's instances look unhealthy (that smells of a wider
 //! problem, which replacing would only make worse), though one bad instance is always
 //! repaired. Instances without the managed tag are never touched.
+//!
+//! A spot run's reclaimed instances are repaired on spot within the cap; a spot run that
+//! cannot get back what EC2 took (past the cap, or more than the share at once) falls back
+//! as `on-demand-first` does: it is written `Draining` with its fall-back, and
+//! cleanup-expired stops it, settles what it ran and searches for a reservation.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -29,8 +34,9 @@ use capacity_pilot::domain::time_rules::{LAUNCH_FUNCTION_TIMEOUT, LISTING_LAG_BO
 use capacity_pilot::domain::window::{self, DrainLead, WindowState};
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
-    Clock, EventSink, InstanceFilter, InstanceHealth, InstanceInfo, InstanceState, LaunchMarket,
-    LiveRequest, PortError, RequestRecord, Store, WorkloadRecord, Workloads,
+    Cause, Clock, EventSink, FallBack, InstanceFilter, InstanceHealth, InstanceInfo, InstanceState,
+    LaunchMarket, LiveRequest, OnDemandRun, PortError, RequestRecord, Store, Transition,
+    WorkloadRecord, Workloads,
 };
 use capacity_pilot::workload;
 use capacity_pilot::workload::ec2_instances::{self, Replacement};
@@ -90,6 +96,12 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
     pub async fn handle(&self, ev: EventBridgeEvent<Value>) -> Result<Outcome, HandlerError> {
         let now = self.clock.now().await?;
         let run = outbox::Run::start(&self.store, now);
+        // What a status this function writes (a spot run's fall-back) was caused by.
+        let cause = Cause::new(
+            ev.id
+                .clone()
+                .unwrap_or_else(|| format!("replace-unhealthy@{now}")),
+        );
         let mut out = Outcome::default();
         // Which requests to look at: every live one on a tick, the owners an event names
         // (with the instances a Health event names).
@@ -196,14 +208,16 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                 Some(l) => &*l,
                 None => listing.insert(self.listing().await?),
             };
-            let suspect = watched
-                .iter()
-                .any(|s| !matches!(verdict(s, seen, flagged, now).0, Verdict::Healthy));
+            // A spot run's slot left down is a fall-back not yet written (a crash between).
+            let suspect = watched.iter().any(|s| {
+                !matches!(verdict(s, seen, flagged, now).0, Verdict::Healthy)
+                    || (live.status == RequestStatus::RunningSpot && s.state == LEFT)
+            });
             if !suspect {
                 continue;
             }
             if let Err(e) = self
-                .process(&live.request_id, flagged, seen, now, &mut out)
+                .process(&live.request_id, flagged, seen, &cause, now, &mut out)
                 .await
             {
                 warn!(request_id = %live.request_id, error = %e, "replacement step failed");
@@ -315,6 +329,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         id: &RequestId,
         flagged: &BTreeSet<String>,
         seen: &BTreeMap<String, InstanceInfo>,
+        cause: &Cause,
         now: DateTime<Utc>,
         out: &mut Outcome,
     ) -> Result<(), PortError> {
@@ -328,7 +343,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             rec.status,
             RequestStatus::RunningOnDemand | RequestStatus::RunningSpot
         ) {
-            return self.repair_run(&rec, flagged, seen, now, out).await;
+            return self.repair_run(&rec, flagged, seen, cause, now, out).await;
         }
         // Only a window whose workload runs, and whose drain has not begun, is repaired,
         // whatever the request's status (a split's kept block runs while its replacement is
@@ -354,20 +369,31 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             .filter(|r| r.product == Product::CapacityBlock && running.contains(&r.id))
             .map(|r| (r.id.clone(), Place::Block(Box::new(r))))
             .collect();
-        self.repair(&rec, places, &BTreeMap::new(), flagged, seen, now, out)
-            .await
+        self.repair(
+            &rec,
+            places,
+            &BTreeMap::new(),
+            flagged,
+            seen,
+            cause,
+            now,
+            out,
+        )
+        .await
     }
 
     /// An on-demand or spot run's instances, repaired as a block's are, until a replacement
     /// started now would reach the run's drain. Each replacement runs in the run's market in
     /// the zone its old instance ran in; the run's hold covers it, and the run is settled by
     /// what its instances ran (ARCHITECTURE §9.1). A reclaimed spot instance is repaired on
-    /// spot, and each is announced `Capacity Workload Interrupted`.
+    /// spot, and each is announced `Capacity Workload Interrupted`; a spot run that cannot be
+    /// repaired falls back ([`Replacer::fall_back`]).
     async fn repair_run(
         &self,
         rec: &RequestRecord,
         flagged: &BTreeSet<String>,
         seen: &BTreeMap<String, InstanceInfo>,
+        cause: &Cause,
         now: DateTime<Utc>,
         out: &mut Outcome,
     ) -> Result<(), PortError> {
@@ -389,7 +415,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         };
         let places = BTreeMap::from([(run.attempt.clone(), Place::Run(market))]);
         let launched = BTreeMap::from([(run.attempt.clone(), run.launch_generations)]);
-        self.repair(rec, places, &launched, flagged, seen, now, out)
+        self.repair(rec, places, &launched, flagged, seen, cause, now, out)
             .await
     }
 
@@ -403,6 +429,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         launched: &BTreeMap<String, u32>,
         flagged: &BTreeSet<String>,
         seen: &BTreeMap<String, InstanceInfo>,
+        cause: &Cause,
         now: DateTime<Utc>,
         out: &mut Outcome,
     ) -> Result<(), PortError> {
@@ -432,6 +459,23 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             .iter()
             .filter(|(_, v)| !matches!(v, Verdict::Healthy | Verdict::Unlisted))
             .count();
+        // Replacements so far per reservation: every generation past the first is one.
+        let mut used: BTreeMap<String, u32> = BTreeMap::new();
+        for (slot, _) in &work {
+            *used.entry(slot.reservation_id.clone()).or_default() += slot.generation;
+        }
+        for (place, n) in launched {
+            if let Some(u) = used.get_mut(place) {
+                *u = u.saturating_sub(*n);
+            }
+        }
+        if places
+            .values()
+            .any(|p| matches!(p, Place::Run(LaunchMarket::Spot)))
+            && let Some(why) = self.spot_lost(&work, &used, bad, seen)
+        {
+            return self.fall_back(rec, &work, seen, why, cause, now, out).await;
+        }
         if bad == 0 {
             return Ok(());
         }
@@ -447,16 +491,6 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             warn!(request_id = %id, bad, total, %share, "unhealthy share exceeded; not replacing");
             out.decisions.push(Decision::new(id, "held", reason));
             return Ok(());
-        }
-        // Replacements so far per reservation: every generation past the first is one.
-        let mut used: BTreeMap<String, u32> = BTreeMap::new();
-        for (slot, _) in &work {
-            *used.entry(slot.reservation_id.clone()).or_default() += slot.generation;
-        }
-        for (place, n) in launched {
-            if let Some(u) = used.get_mut(place) {
-                *u = u.saturating_sub(*n);
-            }
         }
         // Where a replacement whose old instance is no longer listed goes on demand: where
         // the run's other instances are (its slots share one placement).
@@ -512,23 +546,9 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                         warn!(request_id = %id, instance_id = %slot.resource_id, "replacement cap reached");
                         // A dead instance left unreplaced has run its last: its run ends
                         // where it was first seen so, and the slot is left (a spot run's
-                        // interruption is announced once, then).
-                        let dead = seen
-                            .get(&slot.resource_id)
-                            .is_none_or(|i| !i.state.is_live());
-                        if dead {
-                            let left = WorkloadRecord {
-                                state: LEFT.into(),
-                                ..slot.seen_ended(now).unwrap_or_else(|| slot.clone())
-                            };
-                            if matches!(place, Place::Run(LaunchMarket::Spot)) {
-                                let reason = format!(
-                                    "{reason}; the run goes on with its other instances, and is settled by what its instances ran"
-                                );
-                                self.interrupted(rec, &left, left.ended_at, None, reason, out)
-                                    .await?;
-                            }
-                            self.store.put_workload(left).await?;
+                        // falls back before this: `spot_lost`).
+                        if is_dead(&slot, seen) {
+                            self.store.put_workload(left(&slot, now)).await?;
                         }
                         out.decisions.push(Decision::new(id, "capped", reason));
                         continue;
@@ -699,24 +719,125 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         reason: String,
         out: &mut Outcome,
     ) -> Result<(), PortError> {
-        let id = &rec.request_id;
-        let event = WorkloadInterrupted {
-            // One per instance lost: a replacement's generation, or the one left down.
-            event_key: event_key(
-                id.as_str(),
-                &format!("interrupted-{}-{}", slot.reservation_id, slot.slot),
-                u64::from(slot.generation) + u64::from(replacement.is_none()),
-            ),
-            request_id: id.to_string(),
-            reservation_id: slot.reservation_id.clone(),
-            slot: slot.slot,
-            instance_id: slot.resource_id.clone(),
-            interrupted_at: at,
-            replacement_instance_id: replacement,
-            reason: reason.clone(),
-        };
+        let event = interruption(rec, slot, at, replacement, &reason);
         self.publish_now(outbound(&event), out).await?;
-        out.decisions.push(Decision::new(id, "interrupted", reason));
+        out.decisions
+            .push(Decision::new(&rec.request_id, "interrupted", reason));
+        Ok(())
+    }
+
+    /// Why a spot run cannot get back what EC2 took from it, if it cannot: an instance lost
+    /// (reclaimed, or gone unlisted) that its replacements so far (`used`) and the cap leave
+    /// no room to replace with every other unhealthy one, or more than the unhealthy share of
+    /// them bad at once (spot capacity is going), or a slot already left down.
+    fn spot_lost(
+        &self,
+        work: &[(WorkloadRecord, Verdict)],
+        used: &BTreeMap<String, u32>,
+        bad: usize,
+        seen: &BTreeMap<String, InstanceInfo>,
+    ) -> Option<String> {
+        let lost = work
+            .iter()
+            .filter(|(w, v)| lost(w, v, seen))
+            .map(|(w, _)| w.resource_id.as_str())
+            .collect::<Vec<_>>();
+        if lost.is_empty() {
+            return None;
+        }
+        let lost = format!(
+            "{} of its {} spot instances ({}) taken back by EC2",
+            lost.len(),
+            work.len(),
+            lost.join(", ")
+        );
+        let cap = self.config.max_replacements_per_reservation;
+        let share = self.config.max_unhealthy_share;
+        let unhealthy = work
+            .iter()
+            .filter(|(_, v)| matches!(v, Verdict::Unhealthy(_)))
+            .count();
+        let count = used.values().sum::<u32>();
+        let total = work.len();
+        if work.iter().any(|(w, _)| w.state == LEFT)
+            || u64::from(count) + unhealthy as u64 > u64::from(cap)
+        {
+            Some(format!(
+                "{lost}, and replacing them would pass the cap (the run had {count} of at most \
+                 {cap} replacements)"
+            ))
+        } else if bad > 1 && Decimal::from(bad) > share * Decimal::from(total) {
+            Some(format!(
+                "{lost}, and {bad} of {total} are down at once, more than the allowed share \
+                 {share}: spot capacity is going"
+            ))
+        } else {
+            None
+        }
+    }
+
+    /// ARCHITECTURE §9.1: a spot run that cannot be repaired falls back as `on-demand-first`
+    /// does. Each lost slot is left down with its run ended where it was first seen so; then
+    /// one write takes the request to `Draining` with its fall-back and announces each lost
+    /// instance (`Capacity Workload Interrupted`) from the outbox. Cleanup-expired stops the
+    /// rest, waits out any replacement begun before, settles the run by what its instances
+    /// ran, and searches for the earliest feasible reservation. A crash between the two
+    /// writes leaves a slot `left` in a spot run, which the next tick falls back for again.
+    #[allow(clippy::too_many_arguments)]
+    async fn fall_back(
+        &self,
+        rec: &RequestRecord,
+        work: &[(WorkloadRecord, Verdict)],
+        seen: &BTreeMap<String, InstanceInfo>,
+        why: String,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let id = &rec.request_id;
+        let Some(run) = rec.run.clone() else {
+            return Ok(());
+        };
+        let reason = format!(
+            "spot: {why}; falling back as on-demand-first does: the run is stopped and \
+             settled by what its instances ran, then the earliest feasible reservation is \
+             searched for"
+        );
+        let mut outbox = Vec::new();
+        for (slot, _) in work.iter().filter(|(w, v)| lost(w, v, seen)) {
+            let left = if slot.state == LEFT {
+                slot.clone()
+            } else {
+                let left = left(slot, now);
+                self.store.put_workload(left.clone()).await?;
+                left
+            };
+            let event = interruption(rec, &left, left.ended_at, None, &reason);
+            outbox.push(outbound(&event));
+        }
+        let t = Transition::of(
+            rec,
+            RequestStatus::Draining,
+            &reason,
+            Some(now),
+            now,
+            &cause.step("fall-back"),
+        )
+        .with_outbox(outbox)
+        .with_run(OnDemandRun {
+            fall_back: Some(FallBack {
+                reason: why,
+                at: now,
+            }),
+            ..run
+        });
+        let written = self.store.transition(t).await?;
+        warn!(request_id = %id, "spot run lost past its caps; falling back to a reservation");
+        out.decisions.push(Decision::new(
+            id,
+            decision::written(&written, "falling-back"),
+            reason,
+        ));
         Ok(())
     }
 
@@ -738,6 +859,52 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         }
         out.published += report.sent.len();
         Ok(())
+    }
+}
+
+/// `Capacity Workload Interrupted` for `slot`'s instance, ended `at`: one per instance lost,
+/// keyed by its replacement's generation, or by the next one when it is left down.
+fn interruption(
+    rec: &RequestRecord,
+    slot: &WorkloadRecord,
+    at: Option<DateTime<Utc>>,
+    replacement: Option<String>,
+    reason: &str,
+) -> WorkloadInterrupted {
+    let id = rec.request_id.as_str();
+    WorkloadInterrupted {
+        event_key: event_key(
+            id,
+            &format!("interrupted-{}-{}", slot.reservation_id, slot.slot),
+            u64::from(slot.generation) + u64::from(replacement.is_none()),
+        ),
+        request_id: id.to_string(),
+        reservation_id: slot.reservation_id.clone(),
+        slot: slot.slot,
+        instance_id: slot.resource_id.clone(),
+        falls_back: replacement.is_none(),
+        interrupted_at: at,
+        replacement_instance_id: replacement,
+        reason: reason.to_string(),
+    }
+}
+
+/// Whether `slot`'s instance has run its last: not listed, or listed not running.
+fn is_dead(slot: &WorkloadRecord, seen: &BTreeMap<String, InstanceInfo>) -> bool {
+    seen.get(&slot.resource_id)
+        .is_none_or(|i| !i.state.is_live())
+}
+
+/// Whether a spot run lost `slot`: left down already, or dead and due a replacement.
+fn lost(slot: &WorkloadRecord, v: &Verdict, seen: &BTreeMap<String, InstanceInfo>) -> bool {
+    slot.state == LEFT || (matches!(v, Verdict::Unhealthy(_)) && is_dead(slot, seen))
+}
+
+/// `slot` left down: its run ends where it was first seen so (`now` when not before).
+fn left(slot: &WorkloadRecord, now: DateTime<Utc>) -> WorkloadRecord {
+    WorkloadRecord {
+        state: LEFT.into(),
+        ..slot.seen_ended(now).unwrap_or_else(|| slot.clone())
     }
 }
 

@@ -709,27 +709,39 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
 /// What is kept counts for what it covers of the request (`CapacityRequest::covered_by`):
 /// only what the request takes, and each hour once, so a stray adopted beside the plan that
 /// overlaps its block, or one of another type, does not make it look served. (A request that
-/// what it keeps serves is `Reserved` by the purchase that kept it, never searched for.)
+/// what it keeps serves is `Reserved` by the purchase that kept it, never searched for.) A
+/// spot run that fell back served part of the duration (`RequestRecord::served`): only the
+/// rest is needed, in whole days, within the money left.
 pub fn remaining(rec: &RequestRecord, kept: &[Reservation]) -> CapacityRequest {
     let mut need = rec.request.clone();
     let kept: Vec<&Reservation> = kept.iter().filter(|r| need.takes(r)).collect();
+    let served = rec.served();
+    if kept.is_empty() && served.is_zero() {
+        return need;
+    }
+    let left = (rec.needed() - need.covered_by(kept.iter().copied())).num_minutes();
+    let mut hours = (left.max(0) + 59) / 60;
+    if kept
+        .first()
+        .is_none_or(|first| first.product == Product::CapacityBlock)
+    {
+        // Blocks come in whole days: a kept block that started mid-day covers a part more
+        // than its days, and what is left is asked for in whole days (EC2 refuses a
+        // 13-hour duration); so is what a spot run left (a request is whole days).
+        hours = (hours + 23) / 24 * 24;
+    }
+    if kept.is_empty() {
+        hours = hours.max(24);
+    }
+    need.duration_hours = u32::try_from(hours).unwrap_or(0);
+    need.budget.max_upfront = need.budget.max_upfront - rec.spent.to_usd();
     let Some(first) = kept.first() else {
         return need;
     };
-    let left = (need.duration() - need.covered_by(kept.iter().copied())).num_minutes();
-    let mut hours = (left.max(0) + 59) / 60;
-    if first.product == Product::CapacityBlock {
-        // Blocks come in whole days: a kept block that started mid-day covers a part more
-        // than its days, and what is left is asked for in whole days (EC2 refuses a
-        // 13-hour duration).
-        hours = (hours + 23) / 24 * 24;
-    }
-    need.duration_hours = u32::try_from(hours).unwrap_or(0);
     need.allow_split = false;
     need.regions = vec![first.region.clone()];
     need.instance_types = vec![first.instance_type.clone()];
     need.products = vec![first.product];
-    need.budget.max_upfront = need.budget.max_upfront - rec.spent.to_usd();
     need
 }
 

@@ -250,8 +250,8 @@ pub struct InstanceReplaced {
 detail!(InstanceReplaced, "Capacity Instance Replaced");
 
 /// A spot run's instance reclaimed by EC2 (ARCHITECTURE §9.1): repaired on spot while the
-/// run has replacements left, else left down, the run going on with the rest and settled by
-/// what ran.
+/// run has replacements left; else left down, and the run falls back as `on-demand-first`
+/// does (stopped, settled by what ran, the request searching for a reservation).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct WorkloadInterrupted {
     pub event_key: String,
@@ -267,6 +267,11 @@ pub struct WorkloadInterrupted {
     /// The spot instance launched in its place; none when it was not replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replacement_instance_id: Option<String>,
+    /// The run could not be repaired (past `MAX_REPLACEMENTS_PER_RESERVATION`, or more than
+    /// `MAX_UNHEALTHY_SHARE` of it lost at once): it is stopped and settled by what its
+    /// instances ran, and the request searches for the earliest feasible reservation.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub falls_back: bool,
     /// What happens to the run now, in words.
     pub reason: String,
 }

@@ -111,6 +111,8 @@ impl RequestStatus {
             Active => &[Draining, Reserved, Searching, Ended, Failed],
             // Draining -> Active: the next window opened before the drained one ended.
             // Draining -> Cancelled: a cancelled on-demand run, stopped and settled.
+            // Draining -> Searching: also a spot run that could not be repaired, stopped and
+            // settled, falling back to a reservation (ARCHITECTURE §9.1).
             Draining => &[Active, Reserved, Searching, Ended, Cancelled, Failed],
             // TryingOnDemand -> Searching: no on-demand capacity; fall back to a reservation.
             // TryingOnDemand -> TryingOnDemand holds or releases an on-demand estimate.
@@ -126,6 +128,7 @@ impl RequestStatus {
                 Failed,
             ],
             RunningOnDemand => &[Draining, Ended, Failed],
+            // RunningSpot -> Draining: its drain, a cancellation, or its fall-back.
             RunningSpot => &[Draining, Ended, Failed],
             Ended | Rejected | Cancelled | Failed => &[],
         }

@@ -224,6 +224,14 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         let running = match rec.status {
             RequestStatus::RunningOnDemand | RequestStatus::RunningSpot => true,
             RequestStatus::TryingOnDemand => rec.open_debit.is_some() || rec.run.is_some(),
+            // A spot run falling back (ARCHITECTURE §9.1): nothing is bought yet, so the
+            // cancellation is kept and applied when the run is settled, in the fall-back's
+            // place.
+            RequestStatus::Draining => {
+                rec.cancel.is_none()
+                    && rec.open_debit.is_some()
+                    && rec.run.as_ref().is_some_and(|r| r.fall_back.is_some())
+            }
             _ => false,
         };
         if !running {

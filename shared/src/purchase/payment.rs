@@ -245,7 +245,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             .iter()
             .filter(|r| !gone(r) && (r.state.is_live() || later.iter().any(|l| l.id == r.id)))
             .collect();
-        let deadline = search_deadline(rec.request.window.latest_end, rec.request.duration_hours);
+        let deadline = search_deadline(rec.request.window.latest_end, rec.needed_hours());
         let mut what: Vec<String> = Vec::new();
         for l in &lost {
             what.push(if l.state.is_unpaid() {
@@ -284,7 +284,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 None,
                 format!("; {}, kept since {}, is applied", c.reason, c.at),
             )
-        } else if rec.request.is_served_by(others.iter().copied()) {
+        } else if rec.is_served_by(others.iter().copied()) {
             // What it keeps still serves it (a stray adopted beside the plan): nothing is
             // searched for, which would ask for 0 hours more.
             (
@@ -293,7 +293,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 format!(
                     "; what it keeps, {}, still covers its {} h, so it stays Reserved",
                     Reservation::id_list(others.iter().copied()),
-                    rec.request.duration_hours
+                    rec.needed().num_hours()
                 ),
             )
         } else if now < deadline && kept_cancel.is_none() {

@@ -19,7 +19,7 @@ use crate::domain::money::{MicroUsd, Usd};
 use crate::domain::naming::{plan_name, resource_tags};
 use crate::domain::offering::{Offering, Product};
 use crate::domain::planner::Plan;
-use crate::domain::request::{CapacityRequest, RequestId, Strategy};
+use crate::domain::request::{RequestId, Strategy};
 use crate::domain::reservation::Reservation;
 use crate::domain::status::RequestStatus;
 use crate::domain::time_rules::{IN_DOUBT_WINDOW, PURCHASE_LEAD, search_deadline};
@@ -611,7 +611,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             // Not while the plan's own purchase is in doubt: that may yet be listed, and the
             // plan's debit must stay for it.
             let in_place =
-                unclouded && bought.is_empty() && prior.is_empty() && serves(&rec.request, &stray);
+                unclouded && bought.is_empty() && prior.is_empty() && serves(rec, &stray);
             let id = stray.id.clone();
             if !self
                 .adopt_stray(rec, lease, &stray, in_place, cause, now, out)
@@ -926,13 +926,13 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 ),
                 // What it keeps serves it already: searching again would look for 0 hours
                 // more (which EC2 refuses), and failing would leave it unused.
-                None if to != RequestStatus::Cancelled && rec.request.is_served_by(&held) => (
+                None if to != RequestStatus::Cancelled && rec.is_served_by(&held) => (
                     RequestStatus::Reserved,
                     format!(
                         "{reason}; but what it keeps, {}, already covers its {} h, so the \
                          request is Reserved with it and nothing more is searched for or bought",
                         Reservation::id_list(&held),
-                        rec.request.duration_hours
+                        rec.needed().num_hours()
                     ),
                 ),
                 None => (to, reason.clone()),
@@ -1020,7 +1020,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
 /// The last moment the request's purchase may still end well: its search deadline, past
 /// which nothing feasible can be bought. A takeover past it ends the purchase (§9.1).
 pub fn purchase_deadline(rec: &RequestRecord) -> DateTime<Utc> {
-    search_deadline(rec.request.window.latest_end, rec.request.duration_hours)
+    search_deadline(rec.request.window.latest_end, rec.needed_hours())
 }
 
 /// What a takeover must reconcile before buying: the offerings the plan's leases called,
@@ -1106,10 +1106,11 @@ fn reserved_event(
     }
 }
 
-/// Whether reservation `r` alone serves `request`: a product, region and type it allows, at
-/// least its instances, inside its window and at least its duration.
-fn serves(request: &CapacityRequest, r: &Reservation) -> bool {
-    request.takes(r) && r.end() - r.start() >= request.duration()
+/// Whether reservation `r` alone serves `rec`: a product, region and type it allows, at
+/// least its instances, inside its window and at least what it still needs (its duration,
+/// less what a spot run that fell back served).
+fn serves(rec: &RequestRecord, r: &Reservation) -> bool {
+    rec.request.takes(r) && r.end() - r.start() >= rec.needed()
 }
 
 #[cfg(test)]

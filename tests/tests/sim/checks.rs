@@ -544,12 +544,14 @@ pub fn per_step(sim: &Sim) -> Vec<String> {
             .flat_map(|x| &x.segments)
             .map(|g| (g.end - g.start).num_minutes())
             .sum();
-        if minutes < i64::from(want.duration_hours) * 60 {
+        // A spot run that fell back served part of it (ARCHITECTURE §9.1): whole hours from
+        // its start to its fall-back, by the run's record.
+        let needed = i64::from(want.duration_hours) * 60 - r.served().num_minutes();
+        if minutes < needed {
             out.push(format!(
                 "reserved with what serves it: {} is Reserved, but what it holds of its types, \
-                 count and window covers {minutes} of its {} min",
+                 count and window covers {minutes} of the {needed} min it needs",
                 r.request_id,
-                i64::from(want.duration_hours) * 60
             ));
         }
     }
@@ -984,7 +986,37 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
         }
     }
 
-    // Nothing on demand is left running after its request ended.
+    // A spot run that fell back served no more than spot ran (ARCHITECTURE §9.1): what its
+    // request no longer asks for is within the span EC2 ran its spot instances.
+    for r in recs.values().filter(|r| !r.served().is_zero()) {
+        let id = r.request_id.to_string();
+        let span = sim.cloud.with_world(|w| {
+            let spot: Vec<_> = w
+                .ec2
+                .instances
+                .values()
+                .filter(|i| i.lifecycle == Lifecycle::Spot)
+                .filter(|i| i.tags.get(REQUEST_TAG) == Some(&id))
+                .collect();
+            let from = spot.iter().map(|i| i.launch_time).min()?;
+            let to = spot
+                .iter()
+                .map(|i| i.terminated_at.unwrap_or(w.now))
+                .max()?;
+            Some(to - from)
+        });
+        if span.is_none_or(|s| r.served() > s) {
+            out.push(format!(
+                "served by what ran: {id}'s spot run is counted to have served {} min, but EC2 \
+                 ran its spot instances over {:?} min",
+                r.served().num_minutes(),
+                span.map(|s| s.num_minutes())
+            ));
+        }
+    }
+
+    // Nothing on demand is left running after its request ended, or after its run did (a
+    // spot run's fall-back stops it before the request searches: ARCHITECTURE §9.1).
     let live_od: Vec<(String, String)> = sim.cloud.with_world(|w| {
         w.ec2
             .instances
@@ -996,9 +1028,20 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
             .collect()
     });
     for (req, iid) in live_od {
-        if recs.get(&req).is_none_or(|r| r.status.is_terminal()) {
+        let running = |r: &RequestRecord| {
+            matches!(
+                r.status,
+                RequestStatus::TryingOnDemand
+                    | RequestStatus::RunningOnDemand
+                    | RequestStatus::RunningSpot
+            ) || (r.status == RequestStatus::Draining && r.open_debit.is_some())
+        };
+        if recs.get(&req).is_none_or(|r| !running(r)) {
             out.push(format!(
-                "nothing on demand left: {iid} of ended request {req} is still running"
+                "nothing on demand left: {iid} of request {req} ({}), whose run ended, is still \
+                 running",
+                recs.get(&req)
+                    .map_or("no record".to_string(), |r| r.status.to_string())
             ));
         }
     }
@@ -1334,6 +1377,15 @@ pub fn reached(sim: &Sim) -> BTreeSet<String> {
     }
     for r in recs.values() {
         out.insert(format!("a request ended {}", r.status));
+        if r.run.as_ref().is_some_and(|x| x.fall_back.is_some()) && r.open_debit.is_none() {
+            out.insert("a spot run fell back to a reservation".to_string());
+            if reservations
+                .get(&r.request_id)
+                .is_some_and(|l| !l.is_empty())
+            {
+                out.insert("a spot run's fall-back bought a reservation".to_string());
+            }
+        }
         let od = on_demand_part(r, recorded_fees(&reservations, &sold, r));
         // A charge of -1 is outside any bounds: `Some` says the hours check applies to it.
         if r.status.is_terminal() && od > 0 && on_demand_hours_wrong(sim, r, -1).is_some() {

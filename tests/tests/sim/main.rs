@@ -177,6 +177,8 @@ const MUST_REACH: &[&str] = &[
     "an EC2 instance ran (Spot)",
     "a spot instance was reclaimed",
     "Capacity Workload Interrupted",
+    "a spot run fell back to a reservation",
+    "a spot run's fall-back bought a reservation",
     "an EC2 instance ran (CapacityBlock)",
     "SageMaker Endpoint State Change",
     "a HyperPod group was created",

@@ -626,6 +626,38 @@ impl Scenario {
                 count: 5000,
             });
         }
+        // (Issue 48, spot fall-back, after every earlier draw.) EC2 reclaims a spot run past
+        // its repairs: the newest instance every hour, once more than the replacement cap
+        // allows, or every instance at once (spot capacity going).
+        if spot_runs {
+            for req in requests
+                .iter_mut()
+                .filter(|q| q.detail["strategy"] == "on-demand-first")
+            {
+                if !r.chance(35) {
+                    continue;
+                }
+                let hours = req.detail["duration_hours"].as_i64().unwrap_or(24);
+                let count = req.detail["instance_count"].as_u64().unwrap_or(1) as usize;
+                // Early (a reservation for the rest may still fit the window), or any time.
+                let at = if r.chance(50) {
+                    r.range(0, 4)
+                } else {
+                    r.range(0, (hours - 8).max(1))
+                };
+                if r.chance(50) {
+                    let cap = i64::from(capacity_pilot::config::DEFAULT_MAX_REPLACEMENTS);
+                    for k in 0..=cap {
+                        req.instance_failures
+                            .push((at + k, count.saturating_sub(1), false));
+                    }
+                } else {
+                    for i in (0..count).rev() {
+                        req.instance_failures.push((at, i, false));
+                    }
+                }
+            }
+        }
         Scenario {
             seed,
             team_budgets,

@@ -888,6 +888,7 @@ async fn a_launch_landing_after_a_cancellations_first_stop_is_stopped_before_the
         started_at: None,
         launch_generations: 0,
         claim: None,
+        fall_back: None,
     });
     w.store.transition(hold).await.unwrap();
     let cancelled_at = t0() + Duration::minutes(10);
@@ -1297,6 +1298,7 @@ async fn a_spot_run_is_settled_by_what_its_instances_ran_not_by_its_length() {
         started_at: Some(t0()),
         launch_generations: 0,
         claim: None,
+        fall_back: None,
     };
     let hold = Transition::of(
         &rec,
@@ -1347,4 +1349,125 @@ async fn a_spot_run_is_settled_by_what_its_instances_ran_not_by_its_length() {
         kept
     );
     assert!(rec.reason.contains("2 x 24 h"), "{}", rec.reason);
+}
+
+#[tokio::test]
+async fn a_spot_run_falling_back_is_stopped_settled_by_what_ran_and_searches_again() {
+    // Issue 48, spot repair's fall-back. GIVEN a spot run of two for 24 h since t0, its
+    // estimate held; EC2 took i-1 back at t0 + 2 h 10 min, past the replacement cap, and
+    // replace-unhealthy wrote the fall-back at t0 + 2 h 20 min; i-2 still runs
+    use capacity_pilot::ports::{
+        BudgetMonth, Debit, FallBack, OnDemandRun, Transition, WorkloadRecord,
+    };
+    let w = World::new();
+    let mut req = request("r-1", "team-a", "50000");
+    req.strategy = capacity_pilot::domain::request::Strategy::OnDemandFirst;
+    req.interruptible = true;
+    req.instance_count = 2;
+    req.duration_hours = 24;
+    let mut rec = w.seed(req, &[], RequestStatus::TryingOnDemand, t0()).await;
+    rec.spent = MicroUsd(0);
+    w.store.insert_record(rec.clone());
+    let estimate = MicroUsd(48_000_000_000);
+    let run = OnDemandRun {
+        attempt: "spot".into(),
+        held_at: t0(),
+        started_at: Some(t0()),
+        launch_generations: 0,
+        claim: None,
+        fall_back: None,
+    };
+    let hold = Transition::of(
+        &rec,
+        RequestStatus::RunningSpot,
+        "running on spot",
+        Some(t0() + Duration::hours(24) - Duration::minutes(15)),
+        t0(),
+        &Cause::new("hold"),
+    )
+    .holding(Debit::of(
+        &rec,
+        Usd::parse("100000").unwrap(),
+        estimate,
+        t0(),
+    ))
+    .with_run(run.clone());
+    w.store.transition(hold).await.unwrap();
+    for (slot, id, state, ended) in [
+        (0, "i-1", "left", Some(t0() + Duration::minutes(130))),
+        (1, "i-2", "running", None),
+    ] {
+        w.instance(id, "r-1", None, true);
+        if ended.is_some() {
+            w.workloads
+                .set_instance_state(id, InstanceState::Terminated);
+        }
+        w.store
+            .put_workload(WorkloadRecord {
+                started_at: Some(t0()),
+                ended_at: ended,
+                ..WorkloadRecord::new(request_id("r-1"), "spot", slot, id, state, t0())
+            })
+            .await
+            .unwrap();
+    }
+    let at = t0() + Duration::minutes(140);
+    let rec = w.record("r-1").await;
+    let fall_back = Transition::of(
+        &rec,
+        RequestStatus::Draining,
+        "spot: lost; falling back",
+        Some(at),
+        at,
+        &Cause::new("fall-back"),
+    )
+    .with_run(OnDemandRun {
+        fall_back: Some(FallBack {
+            reason: "1 of its 2 spot instances (i-1) taken back by EC2".into(),
+            at,
+        }),
+        ..run
+    });
+    w.store.transition(fall_back).await.unwrap();
+
+    // WHEN cleanup runs at once
+    w.tick_at(at, "c1").await;
+    // THEN it stops what runs, and waits out a replacement begun before the fall-back
+    assert_eq!(w.state_of("i-2"), InstanceState::Terminated);
+    let rec = w.record("r-1").await;
+    assert_eq!(rec.status, RequestStatus::Draining, "{}", rec.reason);
+    assert_eq!(rec.open_debit, Some(estimate));
+
+    // WHEN a replacement begun before the fall-back lands i-3, and cleanup runs within the
+    // listing lag
+    w.instance("i-3", "r-1", None, true);
+    w.tick_at(at + Duration::minutes(5), "c2").await;
+    // THEN it is stopped, and the run still waits to be settled
+    assert_eq!(w.state_of("i-3"), InstanceState::Terminated);
+    assert_eq!(w.status("r-1").await, RequestStatus::Draining);
+
+    // WHEN cleanup runs past the launch timeout and the listing lag
+    let settled_at = at + Duration::minutes(20);
+    w.tick_at(settled_at, "c3").await;
+    // THEN the run is settled by what its instances ran (i-1 3 h begun, i-2 3 h to now: 6 of
+    // the 48 held), the rest goes back, and the request searches at once for a reservation
+    let rec = w.record("r-1").await;
+    assert_eq!(rec.status, RequestStatus::Searching, "{}", rec.reason);
+    assert_eq!(rec.next_action_at, Some(settled_at));
+    assert_eq!(rec.open_debit, None);
+    let kept = MicroUsd(6_000_000_000);
+    assert_eq!(rec.spent, kept, "{}", rec.reason);
+    assert_eq!(
+        w.store
+            .budget_spent(&rec.team, &BudgetMonth::of(t0()))
+            .await
+            .unwrap(),
+        kept
+    );
+    assert!(rec.reason.contains("falling back"), "{}", rec.reason);
+    assert!(rec.reason.contains("i-1"), "{}", rec.reason);
+    assert!(rec.run.unwrap().fall_back.is_some());
+    // AND a later tick changes nothing
+    w.tick_at(settled_at + Duration::minutes(5), "c4").await;
+    assert_eq!(w.record("r-1").await.version, rec.version);
 }

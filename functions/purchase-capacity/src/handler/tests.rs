@@ -2039,6 +2039,7 @@ fn draining_run(w: &World, cancelled: bool) {
         started_at: Some(t0()),
         launch_generations: 0,
         claim: None,
+        fall_back: None,
     });
     rec.cancel = cancelled.then(|| capacity_pilot::ports::CancelNote {
         reason: "not needed".into(),
@@ -2094,6 +2095,45 @@ async fn a_cancellation_of_an_on_demand_run_draining_at_its_end_is_refused_not_k
         1
     );
     assert!(record(&w, "r1").cancel.is_none());
+}
+
+/// A spot run `Draining` for its fall-back to a reservation (issue 48), its estimate held.
+fn falling_back(w: &World) {
+    draining_run(w, false);
+    let mut rec = record(w, "r1");
+    rec.open_debit = Some(MicroUsd(1_000_000_000));
+    let run = rec.run.as_mut().unwrap();
+    run.attempt = "spot".into();
+    run.fall_back = Some(capacity_pilot::ports::FallBack {
+        reason: "1 of its 2 spot instances taken back by EC2".into(),
+        at: t0(),
+    });
+    w.store.insert_record(rec);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancellation_of_a_spot_run_falling_back_is_kept_for_its_settlement() {
+    // Issue 48. GIVEN a spot run being stopped to fall back to a reservation: nothing bought
+    let w = World::new();
+    falling_back(&w);
+    // WHEN the requester cancels
+    let out = w
+        .purchaser(CAPS)
+        .handle(cancel_with("r1", "c1", false))
+        .await
+        .unwrap();
+    // THEN it is kept, applied when cleanup settles the run in the fall-back's place; not
+    // refused as a drain at the run's end is
+    let actions: Vec<&str> = out.decisions.iter().map(|d| d.action).collect();
+    assert_eq!(actions, ["cancel-kept"], "{:?}", out.decisions);
+    assert!(
+        w.events
+            .published_of("Capacity Cancellation Refused")
+            .is_empty()
+    );
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Draining);
+    assert_eq!(rec.cancel.unwrap().event_id, "c1");
 }
 
 #[tokio::test(flavor = "multi_thread")]

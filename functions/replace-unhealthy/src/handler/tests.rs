@@ -676,6 +676,7 @@ async fn run_of(w: &World, market: LaunchMarket) -> Vec<String> {
             started_at: Some(t0() + Duration::hours(2)),
             launch_generations: 0,
             claim: None,
+            fall_back: None,
         }),
         search: None,
         spent: MicroUsd(0),
@@ -839,20 +840,22 @@ const INTERRUPTED: &str = "Capacity Workload Interrupted";
 
 #[tokio::test]
 async fn a_reclaimed_spot_instance_is_repaired_on_spot_and_its_run_ends_where_ec2_said() {
-    // GIVEN a spot run of two since +2 h; EC2 reclaims one, its state change stamped +2 h 40
+    // GIVEN a spot run of two since +2 h, allowed one replacement; EC2 reclaims one, its
+    // state change stamped +2 h 40
     let w = World::new(1).await;
     let ids = run_of(&w, LaunchMarket::Spot).await;
     w.workloads
         .set_instance_state(&ids[1], InstanceState::Terminated);
     let reclaimed = t0() + Duration::minutes(160);
+    let one = [("MAX_REPLACEMENTS_PER_RESERVATION", "1")];
     // WHEN the state change arrives (at +3 h), and again, later (a redelivery)
     let out = w
-        .replacer(&[])
+        .replacer(&one)
         .handle(state_change_at(&ids[1], "terminated", reclaimed))
         .await
         .unwrap();
     w.clock.set(t0() + Duration::hours(4));
-    w.replacer(&[])
+    w.replacer(&one)
         .handle(state_change_at(
             &ids[1],
             "terminated",
@@ -889,12 +892,13 @@ async fn a_reclaimed_spot_instance_is_repaired_on_spot_and_its_run_ends_where_ec
         json!(slot.resource_id)
     );
     assert_eq!(ev[0].detail["interrupted_at"], json!(reclaimed));
+    assert_eq!(ev[0].detail["falls_back"], Value::Null);
 }
 
 #[tokio::test]
-async fn a_spot_run_past_its_replacement_cap_is_left_down_announced_once_and_its_run_ends() {
-    // GIVEN a spot run of two allowed no replacements, one of whose instances EC2 reclaimed
-    // and no event told of
+async fn a_spot_run_past_its_replacement_cap_falls_back_announcing_the_loss_once() {
+    // Issue 48, spot repair's fall-back. GIVEN a spot run of two allowed no replacements,
+    // one of whose instances EC2 reclaimed and no event told of
     let w = World::new(1).await;
     let ids = run_of(&w, LaunchMarket::Spot).await;
     w.workloads
@@ -903,17 +907,139 @@ async fn a_spot_run_past_its_replacement_cap_is_left_down_announced_once_and_its
     // WHEN two ticks look
     let out = r.handle(scheduled("tick-1")).await.unwrap();
     w.clock.set(t0() + Duration::hours(4));
-    r.handle(scheduled("tick-2")).await.unwrap();
-    // THEN nothing is launched, the slot is left with its run ended when the first tick saw
-    // it, and the interruption is announced once
+    let later = r.handle(scheduled("tick-2")).await.unwrap();
+    // THEN nothing is launched, and the slot is left with its run ended when the first tick
+    // saw it
     assert_eq!(w.launches().len(), 3, "{:?}", out.decisions);
     let slots = w.store.workloads(&request_id("r-2")).await.unwrap();
     let slot = slots.iter().find(|s| s.slot == 0).unwrap();
     assert_eq!(slot.state, super::LEFT);
     assert_eq!(slot.ended_at, Some(t0() + Duration::hours(3)));
+    // AND the run falls back: Draining at once, its fall-back recorded for cleanup-expired,
+    // the other instance left for cleanup's stop and settlement
+    let rec = w
+        .store
+        .get_request(&request_id("r-2"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.status, RequestStatus::Draining, "{}", rec.reason);
+    assert_eq!(rec.next_action_at, Some(t0() + Duration::hours(3)));
+    let fall_back = rec.run.as_ref().unwrap().fall_back.as_ref().unwrap();
+    assert_eq!(fall_back.at, t0() + Duration::hours(3));
+    assert!(fall_back.reason.contains(&ids[0]), "{}", fall_back.reason);
+    assert!(rec.reason.contains("falling back"), "{}", rec.reason);
+    assert_eq!(
+        w.workloads.instance(&ids[1]).unwrap().state,
+        InstanceState::Running
+    );
+    // AND the interruption is announced once, with no replacement, and the later tick does
+    // nothing to a run falling back
+    let ev = w.events.published_of(INTERRUPTED);
+    assert_eq!(ev.len(), 1, "{:?}", later.decisions);
+    assert_eq!(ev[0].detail["replacement_instance_id"], Value::Null);
+    assert_eq!(ev[0].detail["falls_back"], true);
+    assert_eq!(ev[0].detail["instance_id"], json!(ids[0]));
+    assert!(w.events.published_of(REPLACED).is_empty());
+    assert_eq!(
+        w.store
+            .get_request(&request_id("r-2"))
+            .await
+            .unwrap()
+            .unwrap()
+            .version,
+        rec.version
+    );
+}
+
+#[tokio::test]
+async fn a_spot_slot_left_down_before_its_fall_back_was_written_falls_back_on_the_next_tick() {
+    // The guard's adversary: the invocation that left the slot down died before the
+    // request's write. GIVEN a spot run whose slot 0 is left, its instance terminated
+    let w = World::new(1).await;
+    let ids = run_of(&w, LaunchMarket::Spot).await;
+    w.workloads
+        .set_instance_state(&ids[0], InstanceState::Terminated);
+    let slot = w.store.workloads(&request_id("r-2")).await.unwrap()[0].clone();
+    w.store
+        .put_workload(WorkloadRecord {
+            state: super::LEFT.into(),
+            ended_at: Some(t0() + Duration::minutes(170)),
+            ..slot
+        })
+        .await
+        .unwrap();
+    // WHEN the next tick looks, the cap not reached (the default, 3)
+    w.tick("tick-1").await;
+    // THEN it falls back, with nothing launched, the run ended where it was recorded
+    let rec = w
+        .store
+        .get_request(&request_id("r-2"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.status, RequestStatus::Draining, "{}", rec.reason);
+    assert!(rec.run.unwrap().fall_back.is_some());
+    assert_eq!(w.launches().len(), 3);
     let ev = w.events.published_of(INTERRUPTED);
     assert_eq!(ev.len(), 1);
-    assert_eq!(ev[0].detail["replacement_instance_id"], Value::Null);
-    // AND an on-demand run's replacement is announced as a replacement only
-    assert!(w.events.published_of(REPLACED).is_empty());
+    assert_eq!(
+        ev[0].detail["interrupted_at"],
+        json!(t0() + Duration::minutes(170))
+    );
+}
+
+#[tokio::test]
+async fn a_spot_run_losing_more_than_the_unhealthy_share_at_once_falls_back() {
+    // GIVEN a spot run of two, both reclaimed at once (more than the 0.5 share), with every
+    // replacement of the cap still allowed
+    let w = World::new(1).await;
+    let ids = run_of(&w, LaunchMarket::Spot).await;
+    for id in &ids {
+        w.workloads
+            .set_instance_state(id, InstanceState::Terminated);
+    }
+    // WHEN the tick looks
+    w.tick("tick-1").await;
+    // THEN it replaces nothing (spot capacity is going) and falls back, announcing both
+    assert_eq!(w.launches().len(), 3);
+    let rec = w
+        .store
+        .get_request(&request_id("r-2"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.status, RequestStatus::Draining, "{}", rec.reason);
+    assert!(rec.reason.contains("2 of 2"), "{}", rec.reason);
+    assert_eq!(w.events.published_of(INTERRUPTED).len(), 2);
+}
+
+#[tokio::test]
+async fn an_on_demand_run_past_its_replacement_cap_is_left_down_and_runs_on() {
+    // GIVEN an on-demand run of two allowed no replacements, one of whose instances stopped
+    let w = World::new(1).await;
+    let ids = on_demand_run(&w).await;
+    w.workloads
+        .set_instance_state(&ids[0], InstanceState::Terminated);
+    // WHEN the tick looks
+    w.replacer(&[("MAX_REPLACEMENTS_PER_RESERVATION", "0")])
+        .handle(scheduled("tick-1"))
+        .await
+        .unwrap();
+    // THEN the slot is left down, its run ended, and the run goes on: only spot falls back
+    let slots = w.store.workloads(&request_id("r-2")).await.unwrap();
+    assert_eq!(
+        slots.iter().find(|s| s.slot == 0).unwrap().state,
+        super::LEFT
+    );
+    assert_eq!(
+        w.store
+            .get_request(&request_id("r-2"))
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        RequestStatus::RunningOnDemand
+    );
+    assert!(w.events.published().is_empty());
 }

@@ -1003,3 +1003,101 @@ async fn searches_are_paced_per_region_and_the_deferred_go_first_next_tick() {
     assert_eq!(rec.status, RequestStatus::OfferingsFound, "{}", rec.reason);
     assert!(!rec.reason.contains("decided without"), "{}", rec.reason);
 }
+
+/// GIVEN request `id` (48 h of 4 p5 between day 2 and day 5 13:30, $10,000) whose spot run
+/// started on day 2 and fell back `served` later, having spent $2000 of it: `Searching`.
+fn fell_back(w: &World, id: &str, served: Duration) {
+    use capacity_pilot::fakes::fixtures::request;
+    use capacity_pilot::ports::{FallBack, OnDemandRun, RequestRecord};
+    let mut req = request(id, "team-a", "10000");
+    req.instance_count = 4;
+    req.duration_hours = 48;
+    req.strategy = capacity_pilot::domain::request::Strategy::OnDemandFirst;
+    req.interruptible = true;
+    req.window.earliest_start = day(2);
+    req.window.latest_end = day(5) + Duration::hours(2);
+    w.workloads
+        .add_subnet("us-east-1", "subnet-a", "us-east-1a");
+    w.store.insert_record(RequestRecord {
+        request_id: req.id.clone(),
+        team: req.team.clone(),
+        request: req.clone(),
+        status: RequestStatus::Searching,
+        version: 9,
+        reason: "spot: falling back".into(),
+        next_action_at: Some(t0()),
+        windows: vec![],
+        lease: None,
+        doubt: None,
+        purchase_call: None,
+        cancel: None,
+        open_debit: None,
+        run: Some(OnDemandRun {
+            attempt: "spot".into(),
+            held_at: day(2),
+            started_at: Some(day(2)),
+            launch_generations: 0,
+            claim: None,
+            fall_back: Some(FallBack {
+                reason: "1 of its 4 spot instances taken back by EC2".into(),
+                at: day(2) + served,
+            }),
+        }),
+        search: None,
+        spent: Usd::parse("2000").unwrap().to_micros_ceil(),
+        candidates: vec![],
+        created_at: t0(),
+        updated_at: t0(),
+    });
+}
+
+#[tokio::test]
+async fn a_spot_run_that_fell_back_searches_for_the_days_it_did_not_serve() {
+    // Issue 48, spot fall-back. GIVEN a 48 h spot run that served 30 h 40 min before it fell
+    // back, past the search deadline for the whole 48 h (day 3 01:30) but not for one day
+    let w = World::new();
+    fell_back(&w, "r-fb", Duration::minutes(30 * 60 + 40));
+    w.clock.set(day(3) + Duration::hours(18));
+    // and on sale within the window: a 24 h block within its $8000 left, and one above it
+    w.market.list_all([
+        block("cb-day", day(4), 24, "7000"),
+        block("cb-dear", day(4), 24, "8500"),
+    ]);
+
+    // WHEN the schedule runs the search
+    w.searcher().handle(tick("t1")).await.unwrap();
+
+    // THEN it asks for the whole day that covers the 18 h left (not 48 h, which no longer
+    // fits, nor 17 h, which EC2 does not sell) within the money left, and finds it
+    let rec = w
+        .store
+        .get_request(&request_id("r-fb"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.status, RequestStatus::OfferingsFound, "{}", rec.reason);
+    assert_eq!(rec.needed_hours(), 24);
+    let found = &w.events.published_of("Capacity Offerings Found")[0].detail;
+    assert_eq!(found["plans"][0]["offering_ids"], json!(["cb-day"]));
+    assert_eq!(found["plans"].as_array().unwrap().len(), 1, "{found}");
+    let need = super::remaining(&rec, &[]);
+    assert_eq!(need.duration_hours, 24);
+    assert_eq!(need.budget.max_upfront, Usd::parse("8000").unwrap());
+}
+
+#[tokio::test]
+async fn a_spot_run_that_fell_back_early_searches_for_every_day_left() {
+    // GIVEN a 48 h spot run that served 20 h: 28 h are left
+    let w = World::new();
+    fell_back(&w, "r-early", Duration::hours(20));
+    let rec = w
+        .store
+        .get_request(&request_id("r-early"))
+        .await
+        .unwrap()
+        .unwrap();
+    // THEN the search asks for the two whole days that cover them
+    assert_eq!(rec.served(), Duration::hours(20));
+    assert_eq!(super::remaining(&rec, &[]).duration_hours, 48);
+    assert_eq!(rec.needed_hours(), 48);
+}
