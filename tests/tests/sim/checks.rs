@@ -986,6 +986,88 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
         }
     }
 
+    // A spot run never runs short (ARCHITECTURE §9.1): while a request is RunningSpot, EC2
+    // runs all of its instances but for a while after a reclaim (the two-minute warning, a
+    // replacement, the listing lag); a run that cannot get one back falls back. A while:
+    // two hours, with the time replace-unhealthy was down.
+    for r in recs.values().filter(|r| r.request.interruptible) {
+        let history = sim.store.history(&r.request_id).await.unwrap_or_default();
+        let mut spans = Vec::new();
+        for (i, h) in history.iter().enumerate() {
+            if h.to == RequestStatus::RunningSpot && h.from != Some(RequestStatus::RunningSpot) {
+                let until = history[i + 1..]
+                    .iter()
+                    .find(|n| n.to != RequestStatus::RunningSpot)
+                    .map_or(end, |n| n.at);
+                spans.push((h.at, until));
+            }
+        }
+        if spans.is_empty() {
+            continue;
+        }
+        let id = r.request_id.to_string();
+        let mut changes: Vec<(DateTime<Utc>, i64)> = sim.cloud.with_world(|w| {
+            w.ec2
+                .instances
+                .values()
+                .filter(|i| i.lifecycle == Lifecycle::Spot)
+                .filter(|i| i.tags.get(REQUEST_TAG) == Some(&id))
+                .flat_map(|i| {
+                    let mut c = vec![(i.launch_time, 1)];
+                    c.extend(i.terminated_at.map(|t| (t, -1)));
+                    c
+                })
+                .collect()
+        });
+        changes.sort();
+        let want = i64::from(r.request.instance_count);
+        for (from, until) in spans {
+            let mut live = changes
+                .iter()
+                .filter(|(t, _)| *t <= from)
+                .map(|(_, d)| d)
+                .sum::<i64>();
+            let mut short_since = (live < want).then_some(from);
+            let mut worst: Option<(DateTime<Utc>, DateTime<Utc>)> = None;
+            let points = changes
+                .iter()
+                .filter(|(t, _)| *t > from && *t < until)
+                .copied()
+                .chain([(until, 0)]);
+            for (t, d) in points {
+                if let Some(since) = short_since {
+                    let down = (t - since)
+                        - sim
+                            .scenario
+                            .outages
+                            .iter()
+                            .filter(|o| o.function == "replace-unhealthy")
+                            .map(|o| {
+                                let a = t0() + TimeDelta::minutes(o.from);
+                                let b = a + TimeDelta::minutes(o.minutes);
+                                (b.min(t) - a.max(since)).max(TimeDelta::zero())
+                            })
+                            .sum::<TimeDelta>();
+                    if down > TimeDelta::hours(2) && worst.is_none() {
+                        worst = Some((since, t));
+                    }
+                }
+                live += d;
+                short_since = match (short_since, live < want) {
+                    (Some(s), true) => Some(s),
+                    (None, true) => Some(t),
+                    _ => None,
+                };
+            }
+            if let Some((since, to)) = worst {
+                out.push(format!(
+                    "a spot run never runs short: {id} was RunningSpot with fewer than its \
+                     {want} spot instances from {since} to {to}"
+                ));
+            }
+        }
+    }
+
     // A spot run that fell back served no more than spot ran (ARCHITECTURE §9.1): what its
     // request no longer asks for is within the span EC2 ran its spot instances.
     for r in recs.values().filter(|r| !r.served().is_zero()) {
