@@ -1281,55 +1281,9 @@ async fn a_spot_run_is_settled_by_what_its_instances_ran_not_by_its_length() {
     // Issue 48, N7. GIVEN a spot run of two instances for 24 h, started at t0 with its
     // estimate held; EC2 reclaimed one at t0 + 2 h 10 min (its slot records where it was seen
     // not running) and nothing replaced it; the other runs on
-    use capacity_pilot::ports::{BudgetMonth, Debit, OnDemandRun, Transition, WorkloadRecord};
+    use capacity_pilot::ports::BudgetMonth;
     let w = World::new();
-    let mut req = request("r-1", "team-a", "50000");
-    req.strategy = capacity_pilot::domain::request::Strategy::OnDemandFirst;
-    req.interruptible = true;
-    req.instance_count = 2;
-    req.duration_hours = 24;
-    let mut rec = w.seed(req, &[], RequestStatus::TryingOnDemand, t0()).await;
-    rec.spent = MicroUsd(0);
-    w.store.insert_record(rec.clone());
-    let estimate = MicroUsd(48_000_000_000);
-    let run = OnDemandRun {
-        attempt: "spot".into(),
-        held_at: t0(),
-        started_at: Some(t0()),
-        launch_generations: 0,
-        claim: None,
-        fall_back: None,
-    };
-    let hold = Transition::of(
-        &rec,
-        RequestStatus::RunningSpot,
-        "running on spot",
-        Some(t0() + Duration::hours(24) - Duration::minutes(15)),
-        t0(),
-        &Cause::new("hold"),
-    )
-    .holding(Debit::of(
-        &rec,
-        Usd::parse("100000").unwrap(),
-        estimate,
-        t0(),
-    ))
-    .with_run(run);
-    w.store.transition(hold).await.unwrap();
-    for (slot, id, ended) in [
-        (0, "i-1", Some(t0() + Duration::minutes(130))),
-        (1, "i-2", None),
-    ] {
-        w.instance(id, "r-1", None, true);
-        w.store
-            .put_workload(WorkloadRecord {
-                started_at: Some(t0()),
-                ended_at: ended,
-                ..WorkloadRecord::new(request_id("r-1"), "spot", slot, id, "running", t0())
-            })
-            .await
-            .unwrap();
-    }
+    spot_run_of_two(&w, "running").await;
 
     // WHEN cleanup drains the run at its drain start (24 h less the 15 min drain)
     let drain_at = t0() + Duration::hours(24) - Duration::minutes(15);
@@ -1356,61 +1310,12 @@ async fn a_spot_run_falling_back_is_stopped_settled_by_what_ran_and_searches_aga
     // Issue 48, spot repair's fall-back. GIVEN a spot run of two for 24 h since t0, its
     // estimate held; EC2 took i-1 back at t0 + 2 h 10 min, past the replacement cap, and
     // replace-unhealthy wrote the fall-back at t0 + 2 h 20 min; i-2 still runs
-    use capacity_pilot::ports::{
-        BudgetMonth, Debit, FallBack, OnDemandRun, Transition, WorkloadRecord,
-    };
+    use capacity_pilot::ports::{BudgetMonth, FallBack, OnDemandRun, Transition};
     let w = World::new();
-    let mut req = request("r-1", "team-a", "50000");
-    req.strategy = capacity_pilot::domain::request::Strategy::OnDemandFirst;
-    req.interruptible = true;
-    req.instance_count = 2;
-    req.duration_hours = 24;
-    let mut rec = w.seed(req, &[], RequestStatus::TryingOnDemand, t0()).await;
-    rec.spent = MicroUsd(0);
-    w.store.insert_record(rec.clone());
-    let estimate = MicroUsd(48_000_000_000);
-    let run = OnDemandRun {
-        attempt: "spot".into(),
-        held_at: t0(),
-        started_at: Some(t0()),
-        launch_generations: 0,
-        claim: None,
-        fall_back: None,
-    };
-    let hold = Transition::of(
-        &rec,
-        RequestStatus::RunningSpot,
-        "running on spot",
-        Some(t0() + Duration::hours(24) - Duration::minutes(15)),
-        t0(),
-        &Cause::new("hold"),
-    )
-    .holding(Debit::of(
-        &rec,
-        Usd::parse("100000").unwrap(),
-        estimate,
-        t0(),
-    ))
-    .with_run(run.clone());
-    w.store.transition(hold).await.unwrap();
-    for (slot, id, state, ended) in [
-        (0, "i-1", "left", Some(t0() + Duration::minutes(130))),
-        (1, "i-2", "running", None),
-    ] {
-        w.instance(id, "r-1", None, true);
-        if ended.is_some() {
-            w.workloads
-                .set_instance_state(id, InstanceState::Terminated);
-        }
-        w.store
-            .put_workload(WorkloadRecord {
-                started_at: Some(t0()),
-                ended_at: ended,
-                ..WorkloadRecord::new(request_id("r-1"), "spot", slot, id, state, t0())
-            })
-            .await
-            .unwrap();
-    }
+    let estimate = spot_run_of_two(&w, "left").await;
+    w.workloads
+        .set_instance_state("i-1", InstanceState::Terminated);
+    let run = w.record("r-1").await.run.unwrap();
     let at = t0() + Duration::minutes(140);
     let rec = w.record("r-1").await;
     let fall_back = Transition::of(
@@ -1470,4 +1375,59 @@ async fn a_spot_run_falling_back_is_stopped_settled_by_what_ran_and_searches_aga
     // AND a later tick changes nothing
     w.tick_at(settled_at + Duration::minutes(5), "c4").await;
     assert_eq!(w.record("r-1").await.version, rec.version);
+}
+
+/// GIVEN r-1, a spot run of two instances for 24 h started at t0, its $48,000 estimate held
+/// (returned); EC2 took i-1 back at t0 + 2 h 10 min (its slot, in `first_state`, records
+/// where it was seen not running) and nothing replaced it; i-2 runs on.
+async fn spot_run_of_two(w: &World, first_state: &str) -> MicroUsd {
+    use capacity_pilot::ports::{Debit, OnDemandRun, Transition, WorkloadRecord};
+    let mut req = request("r-1", "team-a", "50000");
+    req.strategy = capacity_pilot::domain::request::Strategy::OnDemandFirst;
+    req.interruptible = true;
+    req.instance_count = 2;
+    req.duration_hours = 24;
+    let mut rec = w.seed(req, &[], RequestStatus::TryingOnDemand, t0()).await;
+    rec.spent = MicroUsd(0);
+    w.store.insert_record(rec.clone());
+    let estimate = MicroUsd(48_000_000_000);
+    let run = OnDemandRun {
+        attempt: "spot".into(),
+        held_at: t0(),
+        started_at: Some(t0()),
+        launch_generations: 0,
+        claim: None,
+        fall_back: None,
+    };
+    let hold = Transition::of(
+        &rec,
+        RequestStatus::RunningSpot,
+        "running on spot",
+        Some(t0() + Duration::hours(24) - Duration::minutes(15)),
+        t0(),
+        &Cause::new("hold"),
+    )
+    .holding(Debit::of(
+        &rec,
+        Usd::parse("100000").unwrap(),
+        estimate,
+        t0(),
+    ))
+    .with_run(run);
+    w.store.transition(hold).await.unwrap();
+    for (slot, id, state, ended) in [
+        (0, "i-1", first_state, Some(t0() + Duration::minutes(130))),
+        (1, "i-2", "running", None),
+    ] {
+        w.instance(id, "r-1", None, true);
+        w.store
+            .put_workload(WorkloadRecord {
+                started_at: Some(t0()),
+                ended_at: ended,
+                ..WorkloadRecord::new(request_id("r-1"), "spot", slot, id, state, t0())
+            })
+            .await
+            .unwrap();
+    }
+    estimate
 }
