@@ -453,8 +453,9 @@ fn money(sim: &Sim, sold: &[Sold]) -> BTreeMap<String, (i64, i64)> {
     }
     for r in recs.values() {
         let fees = recorded_fees(&reservations, sold, r);
+        let kept = unverified(sim, r, fees);
         let e = out.entry(r.team.to_string()).or_default();
-        e.1 += r.open_debit.map_or(0, |d| d.0) + on_demand_part(r, fees) + unverified(sim, r, fees);
+        e.1 += r.open_debit.map_or(0, |d| d.0) + on_demand_part(r, fees + kept) + kept;
     }
     out
 }
@@ -463,10 +464,14 @@ fn money(sim: &Sim, sold: &[Sold]) -> BTreeMap<String, (i64, i64)> {
 /// before its offering ended (ARCHITECTURE §9.1: kept for a person to check against the
 /// bill, the harsher reading of a block that may no longer be listed once expired).
 fn unverified(sim: &Sim, r: &RequestRecord, fees: i64) -> i64 {
-    if r.request.strategy == Strategy::OnDemandFirst
-        || !sim.unverified.contains(r.request_id.as_str())
-    {
+    let id = r.request_id.as_str();
+    if !sim.unverified.contains(id) {
         return 0;
+    }
+    // An on-demand-first request's spend is its run's too (a spot run that fell back, then
+    // bought in doubt): only what the doubt held is kept unverified.
+    if r.request.strategy == Strategy::OnDemandFirst {
+        return sim.doubt_debits.get(id).copied().unwrap_or(0);
     }
     (r.spent.0 - r.open_debit.map_or(0, |d| d.0) - fees).max(0)
 }
@@ -749,8 +754,8 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
             ));
         }
         let fees = recorded_fees(&reservations, &sold, r);
-        let od = on_demand_part(r, fees);
         let kept = unverified(sim, r, fees);
+        let od = on_demand_part(r, fees + kept);
         *expect.entry(r.team.to_string()).or_default() += od + kept;
         if let Some(why) = on_demand_hours_wrong(sim, r, od) {
             out.push(why);
@@ -1468,7 +1473,8 @@ pub fn reached(sim: &Sim) -> BTreeSet<String> {
                 out.insert("a spot run's fall-back bought a reservation".to_string());
             }
         }
-        let od = on_demand_part(r, recorded_fees(&reservations, &sold, r));
+        let fees = recorded_fees(&reservations, &sold, r);
+        let od = on_demand_part(r, fees + unverified(sim, r, fees));
         // A charge of -1 is outside any bounds: `Some` says the hours check applies to it.
         if r.status.is_terminal() && od > 0 && on_demand_hours_wrong(sim, r, -1).is_some() {
             out.insert("an on-demand run was charged its hours".to_string());

@@ -237,6 +237,10 @@ pub struct Sim {
     /// The requests whose purchase in doubt was resolved at its offering's end with nothing
     /// listed: its debit is kept spent for a person to check (`checks::unverified`).
     pub unverified: BTreeSet<String>,
+    /// Per request, the debit its purchase in doubt held when last seen (micro-USD): what is
+    /// kept unverified if nothing is listed. An on-demand-first request's is told apart from
+    /// what its run spent by it (a spot run that fell back, then bought in doubt).
+    pub doubt_debits: BTreeMap<String, i64>,
     /// The requests whose purchase ended in doubt: its lease could not reconcile, so a stray
     /// listed for it is the detector's to announce, not a lease's to adopt.
     pub ended_in_doubt: BTreeSet<String>,
@@ -647,6 +651,7 @@ impl Sim {
             by_function: BTreeMap::new(),
             reached: BTreeSet::new(),
             unverified: BTreeSet::new(),
+            doubt_debits: BTreeMap::new(),
             ended_in_doubt: BTreeSet::new(),
             foreign,
             slept,
@@ -864,6 +869,9 @@ impl Sim {
         for r in self.store.records() {
             if r.status.is_terminal() && r.reason.contains("was listed up to its end") {
                 self.unverified.insert(r.request_id.to_string());
+            }
+            if let (Some(_), Some(d)) = (&r.doubt, r.open_debit) {
+                self.doubt_debits.insert(r.request_id.to_string(), d.0);
             }
         }
     }
