@@ -806,9 +806,9 @@ impl RequestRecord {
             return chrono::Duration::zero();
         };
         match (run.started_at, &run.fall_back) {
-            (Some(from), Some(f)) if f.at > from => {
+            (Some(from), Some(f)) => {
                 let hours = (f.at - from).num_hours();
-                chrono::Duration::hours(hours.min(i64::from(self.request.duration_hours)))
+                chrono::Duration::hours(hours.clamp(0, i64::from(self.request.duration_hours)))
             }
             _ => chrono::Duration::zero(),
         }

@@ -2137,6 +2137,35 @@ async fn a_cancellation_of_a_spot_run_falling_back_is_kept_for_its_settlement() 
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_second_cancellation_of_a_spot_run_falling_back_is_kept_with_the_first() {
+    // GIVEN a spot run falling back, a cancellation (c0) kept already
+    let w = World::new();
+    falling_back(&w);
+    let mut rec = record(&w, "r1");
+    rec.cancel = Some(capacity_pilot::ports::CancelNote {
+        reason: "not needed".into(),
+        at: t0(),
+        event_id: "c0".into(),
+        found: Some(RequestStatus::Draining),
+        stop_running: false,
+        stopped: vec![],
+    });
+    w.store.insert_record(rec);
+    // WHEN another comes before the settlement
+    w.purchaser(CAPS)
+        .handle(cancel_with("r1", "c1", false))
+        .await
+        .unwrap();
+    // THEN the first stands, to be answered with it; nothing is refused
+    assert_eq!(record(&w, "r1").cancel.unwrap().event_id, "c0");
+    assert!(
+        w.events
+            .published_of("Capacity Cancellation Refused")
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_replacement_over_the_teams_cap_fails_the_request_listing_the_bought_block_it_keeps() {
     // GIVEN a split that found its second block ($1000) while its first, bought, waits for
     // its start, and a team that has spent $99,500 of its $100,000 this month

@@ -1043,3 +1043,92 @@ async fn an_on_demand_run_past_its_replacement_cap_is_left_down_and_runs_on() {
     );
     assert!(w.events.published().is_empty());
 }
+
+#[tokio::test]
+async fn one_reclaimed_spot_instance_is_repaired_whatever_the_unhealthy_share() {
+    // GIVEN a spot run of two, one reclaimed, under a share (0.4) that one of two exceeds
+    let w = World::new(1).await;
+    let ids = run_of(&w, LaunchMarket::Spot).await;
+    w.workloads
+        .set_instance_state(&ids[0], InstanceState::Terminated);
+    // WHEN the tick looks
+    w.replacer(&[("MAX_UNHEALTHY_SHARE", "0.4")])
+        .handle(scheduled("tick-1"))
+        .await
+        .unwrap();
+    // THEN it is replaced on spot (one bad instance is always repaired), not fallen back
+    assert_eq!(w.launches().len(), 4);
+    assert_eq!(w.launches().pop().unwrap().market, LaunchMarket::Spot);
+    assert_eq!(
+        w.store
+            .get_request(&request_id("r-2"))
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        RequestStatus::RunningSpot
+    );
+}
+
+#[tokio::test]
+async fn a_spot_run_losing_exactly_the_unhealthy_share_is_repaired() {
+    // GIVEN a spot run of two, both reclaimed, under a share of 1 (all may be bad at once)
+    let w = World::new(1).await;
+    let ids = run_of(&w, LaunchMarket::Spot).await;
+    for id in &ids {
+        w.workloads
+            .set_instance_state(id, InstanceState::Terminated);
+    }
+    // WHEN the tick looks
+    w.replacer(&[("MAX_UNHEALTHY_SHARE", "1")])
+        .handle(scheduled("tick-1"))
+        .await
+        .unwrap();
+    // THEN both are replaced on spot: the share is not passed, and the cap has room
+    assert_eq!(w.launches().len(), 5);
+    assert_eq!(
+        w.store
+            .get_request(&request_id("r-2"))
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        RequestStatus::RunningSpot
+    );
+}
+
+#[tokio::test]
+async fn an_impaired_spot_instance_past_the_cap_is_left_running_not_fallen_back() {
+    // GIVEN a spot run whose slot 0 had its three replacements, its instance now impaired but
+    // running (not taken back by EC2)
+    let w = World::new(1).await;
+    let ids = run_of(&w, LaunchMarket::Spot).await;
+    let slot = w.store.workloads(&request_id("r-2")).await.unwrap()[0].clone();
+    w.store
+        .put_workload(WorkloadRecord {
+            generation: 3,
+            ..slot
+        })
+        .await
+        .unwrap();
+    w.workloads
+        .set_instance_health(&ids[0], InstanceHealth::Impaired);
+    // WHEN the tick looks
+    let out = w.tick("tick-1").await;
+    // THEN the cap holds and the run goes on: only a lost instance makes a spot run fall back
+    assert!(
+        out.decisions.iter().any(|d| d.action == "capped"),
+        "{:?}",
+        out.decisions
+    );
+    assert_eq!(
+        w.store
+            .get_request(&request_id("r-2"))
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        RequestStatus::RunningSpot
+    );
+    assert!(w.events.published_of(INTERRUPTED).is_empty());
+}

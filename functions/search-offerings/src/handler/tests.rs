@@ -1087,9 +1087,10 @@ async fn a_spot_run_that_fell_back_searches_for_the_days_it_did_not_serve() {
 
 #[tokio::test]
 async fn a_spot_run_that_fell_back_early_searches_for_every_day_left() {
-    // GIVEN a 48 h spot run that served 20 h: 28 h are left
+    // GIVEN a 48 h spot run that served 23 h 59 min, so 23 h (whole hours served): 25 h
+    // are left
     let w = World::new();
-    fell_back(&w, "r-early", Duration::hours(20));
+    fell_back(&w, "r-early", Duration::minutes(23 * 60 + 59));
     let rec = w
         .store
         .get_request(&request_id("r-early"))
@@ -1097,7 +1098,7 @@ async fn a_spot_run_that_fell_back_early_searches_for_every_day_left() {
         .unwrap()
         .unwrap();
     // THEN the search asks for the two whole days that cover them
-    assert_eq!(rec.served(), Duration::hours(20));
+    assert_eq!(rec.served(), Duration::hours(23));
     assert_eq!(super::remaining(&rec, &[]).duration_hours, 48);
     assert_eq!(rec.needed_hours(), 48);
 }
