@@ -428,12 +428,6 @@ impl CapacityRequest {
         }
         covered
     }
-
-    /// Whether what it `held` already serves it: the reservations it takes cover its whole
-    /// duration, so nothing more is to be bought for it.
-    pub fn is_served_by<'a>(&self, held: impl IntoIterator<Item = &'a Reservation>) -> bool {
-        self.covered_by(held) >= self.duration()
-    }
 }
 
 fn kind_of(w: &WorkloadDetail) -> WorkloadKind {
