@@ -215,6 +215,14 @@ impl World {
         self.replacer(&[]).handle(scheduled(id)).await.unwrap()
     }
 
+    async fn record(&self, id: &str) -> RequestRecord {
+        self.store
+            .get_request(&request_id(id))
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
     async fn slots(&self) -> Vec<WorkloadRecord> {
         self.store.workloads(&request_id("r-1")).await.unwrap()
     }
@@ -941,15 +949,7 @@ async fn a_spot_run_past_its_replacement_cap_falls_back_announcing_the_loss_once
     assert_eq!(ev[0].detail["falls_back"], true);
     assert_eq!(ev[0].detail["instance_id"], json!(ids[0]));
     assert!(w.events.published_of(REPLACED).is_empty());
-    assert_eq!(
-        w.store
-            .get_request(&request_id("r-2"))
-            .await
-            .unwrap()
-            .unwrap()
-            .version,
-        rec.version
-    );
+    assert_eq!(w.record("r-2").await.version, rec.version);
 }
 
 #[tokio::test]
@@ -1032,15 +1032,7 @@ async fn an_on_demand_run_past_its_replacement_cap_is_left_down_and_runs_on() {
         slots.iter().find(|s| s.slot == 0).unwrap().state,
         super::LEFT
     );
-    assert_eq!(
-        w.store
-            .get_request(&request_id("r-2"))
-            .await
-            .unwrap()
-            .unwrap()
-            .status,
-        RequestStatus::RunningOnDemand
-    );
+    assert_eq!(w.record("r-2").await.status, RequestStatus::RunningOnDemand);
     assert!(w.events.published().is_empty());
 }
 
@@ -1059,15 +1051,7 @@ async fn one_reclaimed_spot_instance_is_repaired_whatever_the_unhealthy_share() 
     // THEN it is replaced on spot (one bad instance is always repaired), not fallen back
     assert_eq!(w.launches().len(), 4);
     assert_eq!(w.launches().pop().unwrap().market, LaunchMarket::Spot);
-    assert_eq!(
-        w.store
-            .get_request(&request_id("r-2"))
-            .await
-            .unwrap()
-            .unwrap()
-            .status,
-        RequestStatus::RunningSpot
-    );
+    assert_eq!(w.record("r-2").await.status, RequestStatus::RunningSpot);
 }
 
 #[tokio::test]
@@ -1086,15 +1070,7 @@ async fn a_spot_run_losing_exactly_the_unhealthy_share_is_repaired() {
         .unwrap();
     // THEN both are replaced on spot: the share is not passed, and the cap has room
     assert_eq!(w.launches().len(), 5);
-    assert_eq!(
-        w.store
-            .get_request(&request_id("r-2"))
-            .await
-            .unwrap()
-            .unwrap()
-            .status,
-        RequestStatus::RunningSpot
-    );
+    assert_eq!(w.record("r-2").await.status, RequestStatus::RunningSpot);
 }
 
 #[tokio::test]
@@ -1121,14 +1097,6 @@ async fn an_impaired_spot_instance_past_the_cap_is_left_running_not_fallen_back(
         "{:?}",
         out.decisions
     );
-    assert_eq!(
-        w.store
-            .get_request(&request_id("r-2"))
-            .await
-            .unwrap()
-            .unwrap()
-            .status,
-        RequestStatus::RunningSpot
-    );
+    assert_eq!(w.record("r-2").await.status, RequestStatus::RunningSpot);
     assert!(w.events.published_of(INTERRUPTED).is_empty());
 }
