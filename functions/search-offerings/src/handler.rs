@@ -715,29 +715,24 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
 pub fn remaining(rec: &RequestRecord, kept: &[Reservation]) -> CapacityRequest {
     let mut need = rec.request.clone();
     let kept: Vec<&Reservation> = kept.iter().filter(|r| need.takes(r)).collect();
-    let served = rec.served();
-    if kept.is_empty() && served.is_zero() {
+    let Some(first) = kept.first() else {
+        // A spot run that fell back needs only the whole days it did not serve.
+        if !rec.served().is_zero() {
+            need.duration_hours = rec.needed_hours();
+            need.budget.max_upfront = need.budget.max_upfront - rec.spent.to_usd();
+        }
         return need;
-    }
+    };
     let left = (rec.needed() - need.covered_by(kept.iter().copied())).num_minutes();
     let mut hours = (left.max(0) + 59) / 60;
-    if kept
-        .first()
-        .is_none_or(|first| first.product == Product::CapacityBlock)
-    {
+    if first.product == Product::CapacityBlock {
         // Blocks come in whole days: a kept block that started mid-day covers a part more
         // than its days, and what is left is asked for in whole days (EC2 refuses a
-        // 13-hour duration); so is what a spot run left (a request is whole days).
+        // 13-hour duration).
         hours = (hours + 23) / 24 * 24;
-    }
-    if kept.is_empty() {
-        hours = hours.max(24);
     }
     need.duration_hours = u32::try_from(hours).unwrap_or(0);
     need.budget.max_upfront = need.budget.max_upfront - rec.spent.to_usd();
-    let Some(first) = kept.first() else {
-        return need;
-    };
     need.allow_split = false;
     need.regions = vec![first.region.clone()];
     need.instance_types = vec![first.instance_type.clone()];
