@@ -37,11 +37,16 @@ pub struct Config {
     /// 0 < share <= 1: above it, replace-unhealthy stops and alarms instead.
     pub max_unhealthy_share: Decimal,
     pub sagemaker_execution_role_arn: String,
-    /// This stack's identity (ARCHITECTURE §8.7, `DEPLOYMENT_ID`, the stack name unless the
-    /// `DeploymentId` parameter says otherwise): the `capacity-pilot:deployment` tag on all
+    /// This stack's identity (ARCHITECTURE §8.7 and §9.8, `DEPLOYMENT_ID`: the UUID part of
+    /// the stack's id unless the `DeploymentId` parameter says otherwise; pinned in the table): the `capacity-pilot:deployment` tag on all
     /// we create, and a hash in training plan names, so that two stacks given the same
     /// request id never adopt each other's reservations.
     pub deployment_id: String,
+    /// The id a table written before ids were pinned was used under (`UNPINNED_DEPLOYMENT_ID`:
+    /// the `DeploymentId` parameter, or the stack name when it is empty, as the template set
+    /// `DEPLOYMENT_ID` before; `DEPLOYMENT_ID` when unset). Such a table is pinned to it at
+    /// the first cold start, and a `DEPLOYMENT_ID` that differs is refused.
+    pub unpinned_deployment_id: String,
     pub instance_types: SupportedInstanceTypes,
     pub prices: PriceTable,
     /// Local runs only: the simulated clock's URL.
@@ -68,7 +73,8 @@ impl fmt::Display for ConfigError {
 }
 
 pub const DEFAULT_DRAIN_MINUTES: u32 = 15;
-/// `DEPLOYMENT_ID` when unset (the template always sets it, to the stack name by default).
+/// `DEPLOYMENT_ID` when unset (the template always sets it: by default to the UUID part of
+/// the stack's id, which no other stack, in any region or account, shares).
 pub const DEFAULT_DEPLOYMENT_ID: &str = "capacity-pilot";
 pub const DEFAULT_MAX_REPLACEMENTS: u32 = 3;
 
@@ -221,6 +227,9 @@ impl Config {
                 "must be 1-128 letters, digits, '-', '_' or '.' (a stack name fits)",
             );
         }
+        let unpinned_deployment_id = r
+            .get("UNPINNED_DEPLOYMENT_ID")
+            .unwrap_or_else(|| deployment_id.clone());
         let instance_types = r
             .json::<SupportedInstanceTypes>("SUPPORTED_INSTANCE_TYPES")
             .unwrap_or_default();
@@ -252,6 +261,7 @@ impl Config {
             max_unhealthy_share,
             sagemaker_execution_role_arn,
             deployment_id,
+            unpinned_deployment_id,
             instance_types,
             prices,
             clock_url,

@@ -5,10 +5,12 @@ use std::future::Future;
 use std::sync::Arc;
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use chrono::{DateTime, Utc};
 use lambda_runtime::{Diagnostic, Error, LambdaEvent, service_fn};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::aws::dynamodb::{DynamoStore, Pinned};
 use crate::aws::wiring::Adapters;
 use crate::config::Config;
 use crate::decision::HandlerError;
@@ -20,7 +22,48 @@ pub async fn cold_start() -> Result<(Arc<Config>, Adapters), Error> {
     lambda_runtime::tracing::init_default_subscriber();
     let config = Arc::new(Config::from_env()?);
     let adapters = Adapters::from_env(&config).await?;
+    let now = crate::ports::Clock::now(&adapters.clock).await?;
+    check_deployment(&adapters.store, &config, now).await?;
     Ok((config, adapters))
+}
+
+/// A cold start against a table pinned to another deployment id (ARCHITECTURE §9.8): it
+/// stops, naming both ids and the parameter that sets this one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "DeploymentIdChanged: table {table} belongs to deployment id {pinned:?}, but this \
+     function's DEPLOYMENT_ID is {configured:?}. What the table's requests bought and launched \
+     is tagged capacity-pilot:deployment={pinned:?}, and a deployment finds, drains and sweeps \
+     only what carries its own id, so this one will not start. Set the stack's DeploymentId \
+     parameter to {pinned:?} and deploy again (or give this stack a new table)"
+)]
+pub struct DeploymentIdChanged {
+    pub table: String,
+    pub pinned: String,
+    pub configured: String,
+}
+
+/// Pins the table's deployment id at the first cold start and refuses a different one after.
+pub async fn check_deployment(
+    store: &DynamoStore,
+    config: &Config,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    match store
+        .pin_deployment(&config.deployment_id, &config.unpinned_deployment_id, now)
+        .await?
+    {
+        Pinned::Same => Ok(()),
+        Pinned::Changed { pinned, configured } => {
+            let e = DeploymentIdChanged {
+                table: config.table_name.clone(),
+                pinned,
+                configured,
+            };
+            tracing::error!(error_type = "DeploymentIdChanged", "{e}");
+            Err(e.into())
+        }
+    }
 }
 
 /// Serves each invocation's EventBridge event to `handle` until the runtime stops. A failed

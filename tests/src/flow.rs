@@ -305,6 +305,19 @@ impl Flow {
             config: config.clone(),
             planted: Default::default(),
         };
+        // Each function's cold start pins and checks the table's deployment id, as `main`
+        // does (ARCHITECTURE §9.8), through its own recorded client.
+        for store in [
+            &searcher.store,
+            &purchaser.store,
+            &launcher.store,
+            &replacer.store,
+            &cleaner.store,
+        ] {
+            capacity_pilot::lambda::check_deployment(store, &config, t0())
+                .await
+                .expect("the cold start's deployment id");
+        }
         Flow {
             cloud,
             table,

@@ -2692,7 +2692,12 @@ async fn load_items(table: &TestTable, dump: &str) {
 
 /// The configuration the fixture functions run with.
 fn fixture_config() -> capacity_pilot::config::Config {
-    let env: Vec<(&str, String)> = vec![
+    fixture_config_with(&[])
+}
+
+/// [`fixture_config`] with `extra` variables set as well.
+fn fixture_config_with(extra: &[(&str, &str)]) -> capacity_pilot::config::Config {
+    let mut env: Vec<(&str, String)> = vec![
         ("TABLE_NAME", "t".into()),
         ("EVENT_BUS_NAME", "capacity-pilot".into()),
         ("ALLOWED_REGIONS", "us-east-1".into()),
@@ -2704,6 +2709,7 @@ fn fixture_config() -> capacity_pilot::config::Config {
             "arn:aws:iam::123456789012:role/sm".into(),
         ),
     ];
+    env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
     capacity_pilot::config::Config::from_lookup(&move |k| {
         env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
     })
@@ -3256,4 +3262,150 @@ async fn a_regions_detector_is_planted_once_claimed_once_per_run_and_due_in_the_
     assert!(a.agenda(next).await.unwrap().detectors.is_empty());
     // regions apart
     assert!(b.claim_detector("us-west-2", None, next).await.unwrap());
+}
+
+/// The deployment id a function's cold start runs under (`DEPLOYMENT_ID`), with the id the
+/// template gave before ids were pinned (`UNPINNED_DEPLOYMENT_ID`).
+fn deployment(id: &str, unpinned: &str) -> capacity_pilot::config::Config {
+    fixture_config_with(&[("DEPLOYMENT_ID", id), ("UNPINNED_DEPLOYMENT_ID", unpinned)])
+}
+
+/// The cold start's check (ARCHITECTURE §9.8): `Err` carries the refusal.
+async fn cold_start_check(
+    store: &DynamoStore,
+    config: &capacity_pilot::config::Config,
+) -> Result<(), capacity_pilot::lambda::DeploymentIdChanged> {
+    capacity_pilot::lambda::check_deployment(store, config, t0())
+        .await
+        .map_err(|e| {
+            e.downcast_ref::<capacity_pilot::lambda::DeploymentIdChanged>()
+                .unwrap_or_else(|| panic!("not a DeploymentIdChanged: {e}"))
+                .clone()
+        })
+}
+
+const STACK_UUID: &str = "1c2fa620-982a-11e3-aff7-50e2416294e0";
+
+#[tokio::test]
+async fn a_table_written_before_ids_were_pinned_refuses_the_new_default_until_deployment_id_is_the_stack_name()
+ {
+    // GIVEN items an earlier commit wrote (no DEPLOYMENT#ID) under the stack name, the old
+    // default id
+    let table = TestTable::fresh().await.unwrap();
+    load_items(&table, PRE_48).await;
+    let store = table.store();
+
+    // WHEN the upgraded stack's cold start runs with the new default, the stack id's UUID
+    let refused = cold_start_check(&store, &deployment(STACK_UUID, "capacity-pilot-prod")).await;
+
+    // THEN it is refused, naming both ids and the parameter, and the table is pinned to the
+    // stack name
+    let e = refused.unwrap_err();
+    assert_eq!(
+        (e.pinned.as_str(), e.configured.as_str()),
+        ("capacity-pilot-prod", STACK_UUID)
+    );
+    let message = e.to_string();
+    for part in [
+        "DeploymentIdChanged",
+        "\"capacity-pilot-prod\"",
+        STACK_UUID,
+        "DeploymentId parameter",
+    ] {
+        assert!(message.contains(part), "{part} missing from {message}");
+    }
+    let item = raw_item(&table, "DEPLOYMENT#ID", "DEPLOYMENT#ID").await;
+    assert_eq!(
+        item["deployment_id"],
+        AttributeValue::S("capacity-pilot-prod".into())
+    );
+    // AND a second cold start under the new default is refused the same way
+    assert!(
+        cold_start_check(&store, &deployment(STACK_UUID, "capacity-pilot-prod"))
+            .await
+            .is_err()
+    );
+
+    // WHEN DeploymentId is set to the stack name
+    let kept = cold_start_check(
+        &table.store(),
+        &deployment("capacity-pilot-prod", "capacity-pilot-prod"),
+    )
+    .await;
+
+    // THEN it starts
+    assert_eq!(kept, Ok(()));
+}
+
+#[tokio::test]
+async fn a_new_table_is_pinned_to_its_first_deployment_id_and_refuses_another() {
+    // GIVEN an empty table (a new stack): its id is the configured one, whatever the old
+    // default would have been
+    let table = TestTable::fresh().await.unwrap();
+    let first = deployment(STACK_UUID, "capacity-pilot-prod");
+    assert_eq!(cold_start_check(&table.store(), &first).await, Ok(()));
+    assert_eq!(cold_start_check(&table.store(), &first).await, Ok(()));
+
+    // WHEN a stack with another id (a replacement stack, a second region) starts on it
+    let other = "5e0b8c10-0000-11f0-8000-0242ac120002";
+    let refused = cold_start_check(&table.store(), &deployment(other, other)).await;
+
+    // THEN it is refused: the table stays this deployment's
+    let e = refused.unwrap_err();
+    assert_eq!(
+        (e.pinned.as_str(), e.configured.as_str()),
+        (STACK_UUID, other)
+    );
+}
+
+#[tokio::test]
+async fn a_table_whose_requests_have_all_ended_is_pinned_to_the_configured_id() {
+    // GIVEN an old table holding only an ended request (out of the work index: nothing it
+    // bought or launched is live)
+    let table = TestTable::fresh().await.unwrap();
+    table
+        .client
+        .put_item()
+        .table_name(&table.name)
+        .item("pk", AttributeValue::S("REQ#ended".into()))
+        .item("sk", AttributeValue::S("META".into()))
+        .item("status", AttributeValue::S("Completed".into()))
+        .send()
+        .await
+        .unwrap();
+
+    // WHEN the upgraded stack starts with the new default
+    let started = cold_start_check(
+        &table.store(),
+        &deployment(STACK_UUID, "capacity-pilot-prod"),
+    )
+    .await;
+
+    // THEN it starts, and the table is pinned to it
+    assert_eq!(started, Ok(()));
+    let item = raw_item(&table, "DEPLOYMENT#ID", "DEPLOYMENT#ID").await;
+    assert_eq!(item["deployment_id"], AttributeValue::S(STACK_UUID.into()));
+}
+
+#[tokio::test]
+async fn two_first_cold_starts_at_once_pin_one_id_and_the_other_is_refused() {
+    let table = TestTable::fresh().await.unwrap();
+    let (a, b) = (table.store(), table.store());
+    let (ca, cb) = (
+        deployment("stack-a", "stack-a"),
+        deployment("stack-b", "stack-b"),
+    );
+    let (ra, rb) = tokio::join!(cold_start_check(&a, &ca), cold_start_check(&b, &cb));
+    let pinned =
+        match raw_item(&table, "DEPLOYMENT#ID", "DEPLOYMENT#ID").await["deployment_id"].clone() {
+            AttributeValue::S(id) => id,
+            other => panic!("{other:?}"),
+        };
+    let (won, lost) = if pinned == "stack-a" {
+        (ra, rb)
+    } else {
+        (rb, ra)
+    };
+    assert_eq!(won, Ok(()));
+    assert_eq!(lost.unwrap_err().pinned, pinned);
 }

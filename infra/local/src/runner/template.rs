@@ -78,9 +78,14 @@ pub fn functions(template: &Value, locals: &Locals) -> anyhow::Result<Vec<Functi
 /// The stack name `Ref: AWS::StackName` resolves to when run locally.
 pub const LOCAL_STACK_NAME: &str = "capacity-pilot-local";
 
+/// The stack id `Ref: AWS::StackId` resolves to when run locally (CloudFormation's form:
+/// `arn:aws:cloudformation:<region>:<account>:stack/<name>/<uuid>`).
+pub const LOCAL_STACK_ID: &str = "arn:aws:cloudformation:us-east-1:123456789012:stack/\
+                                  capacity-pilot-local/0b6f3e40-0000-4000-8000-00000000c0de";
+
 /// A literal; `{Ref: X}` with X a resource the runner provides, a parameter (the runner's
 /// value, else its `Default`) or `AWS::NoValue` (`None`: unset); or `Fn::If` on one of the
-/// template's `Conditions`.
+/// template's `Conditions`; or `Fn::Select` of an index in a list (`Fn::Split` or a literal).
 fn resolve(template: &Value, locals: &Locals, v: &Value) -> anyhow::Result<Option<String>> {
     match v {
         Value::String(s) => Ok(Some(s.clone())),
@@ -93,6 +98,9 @@ fn resolve(template: &Value, locals: &Locals, v: &Value) -> anyhow::Result<Optio
             }
             if name == "AWS::StackName" {
                 return Ok(Some(LOCAL_STACK_NAME.to_string()));
+            }
+            if name == "AWS::StackId" {
+                return Ok(Some(LOCAL_STACK_ID.to_string()));
             }
             if let Some(r) = locals.resources.get(name) {
                 return Ok(Some(r.clone()));
@@ -128,9 +136,51 @@ fn resolve(template: &Value, locals: &Locals, v: &Value) -> anyhow::Result<Optio
             };
             resolve(template, locals, branch)
         }
-        other => {
-            bail!("{other} is not a value the local runner resolves (a literal, Ref or Fn::If)")
+        Value::Object(o) if o.len() == 1 && o.contains_key("Fn::Select") => {
+            let args = o["Fn::Select"]
+                .as_array()
+                .filter(|a| a.len() == 2)
+                .ok_or_else(|| anyhow!("Fn::Select takes [index, list]"))?;
+            let index = match &args[0] {
+                Value::Number(n) => n.as_u64(),
+                Value::String(s) => s.parse().ok(),
+                _ => None,
+            }
+            .ok_or_else(|| anyhow!("Fn::Select's index {} is not a number", args[0]))?;
+            let items = list(template, locals, &args[1])?;
+            let n = items.len();
+            let item = usize::try_from(index)
+                .ok()
+                .and_then(|i| items.into_iter().nth(i))
+                .ok_or_else(|| anyhow!("Fn::Select's index {index} is past its {n} items"))?;
+            Ok(Some(item))
         }
+        other => bail!(
+            "{other} is not a value the local runner resolves (a literal, Ref, Fn::If or \
+             Fn::Select)"
+        ),
+    }
+}
+
+/// A list: `Fn::Split` of a value, or a literal list of values.
+fn list(template: &Value, locals: &Locals, v: &Value) -> anyhow::Result<Vec<String>> {
+    match v {
+        Value::Object(o) if o.len() == 1 && o.contains_key("Fn::Split") => {
+            let args = o["Fn::Split"]
+                .as_array()
+                .filter(|a| a.len() == 2)
+                .ok_or_else(|| anyhow!("Fn::Split takes [delimiter, value]"))?;
+            let delimiter = args[0]
+                .as_str()
+                .ok_or_else(|| anyhow!("Fn::Split's delimiter is not a string"))?;
+            let value = resolve(template, locals, &args[1])?.unwrap_or_default();
+            Ok(value.split(delimiter).map(str::to_string).collect())
+        }
+        Value::Array(items) => items
+            .iter()
+            .map(|i| resolve(template, locals, i).map(Option::unwrap_or_default))
+            .collect(),
+        other => bail!("{other} is not a list the local runner resolves (Fn::Split or a list)"),
     }
 }
 
@@ -205,5 +255,27 @@ mod tests {
         assert_eq!(f.env["N"], "5");
         assert_eq!(f.env["OPT"], "x");
         assert!(!f.env.contains_key("NOT"), "AWS::NoValue leaves it unset");
+    }
+
+    #[test]
+    fn the_stack_ids_uuid_is_selected_from_its_split() {
+        let t = json!({
+            "Globals": {"Function": {"Environment": {"Variables": {
+                "ID": {"Fn::Select": [2, {"Fn::Split": ["/", {"Ref": "AWS::StackId"}]}]},
+                "NAME": {"Fn::Select": ["1", ["a", {"Ref": "AWS::StackName"}]]},
+                "PAST": {"Fn::Select": [3, {"Fn::Split": ["/", {"Ref": "AWS::StackId"}]}]}}}}},
+            "Resources": {"F": {"Type": "AWS::Serverless::Function",
+                "Properties": {"CodeUri": "../target/lambda/f-fn/"}}}
+        });
+        let err = functions(&t, &Locals::default()).unwrap_err().to_string();
+        assert!(err.contains("index 3 is past its 3 items"), "{err}");
+        let mut t = t;
+        t["Globals"]["Function"]["Environment"]["Variables"]
+            .as_object_mut()
+            .unwrap()
+            .remove("PAST");
+        let f = &functions(&t, &Locals::default()).unwrap()[0];
+        assert_eq!(f.env["ID"], "0b6f3e40-0000-4000-8000-00000000c0de");
+        assert_eq!(f.env["NAME"], LOCAL_STACK_NAME);
     }
 }

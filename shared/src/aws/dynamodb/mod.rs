@@ -5,6 +5,7 @@
 //! transaction's cancellation reasons (and, where the outcome needs numbers, one consistent
 //! read) into `Conflict`, `DuplicateEvent`, `LeaseHeld`, `LeaseLost` or an over-budget.
 
+mod deployment;
 mod error;
 mod expr;
 mod item;
@@ -20,6 +21,7 @@ use aws_sdk_dynamodb::types::{
 };
 use chrono::{DateTime, Utc};
 
+pub use deployment::Pinned;
 pub use item::ARCHIVE_AFTER;
 
 use self::error::{Call, Committed, permanent, sdk_error, transaction_result, transient};
