@@ -824,6 +824,20 @@ fn check_window(
             "is more than 8 weeks ahead; reservations start at most 8 weeks out",
         );
     }
+    // A reservation starts at most 8 weeks out, so no window ends later than that plus its
+    // length: a later latest_end would only keep the request searching (review N18).
+    if let Some(h) = duration_hours
+        && latest > now + MAX_ADVANCE + Duration::hours(i64::from(h))
+    {
+        p.add(
+            "latest_end",
+            format!(
+                "is more than 8 weeks plus duration_hours ({h} h) ahead; reservations start at \
+                 most 8 weeks out, so nothing bought could end after {}",
+                (now + MAX_ADVANCE + Duration::hours(i64::from(h))).to_rfc3339()
+            ),
+        );
+    }
     (p.0.len() == before).then_some(Window {
         earliest_start: earliest,
         latest_end: latest,

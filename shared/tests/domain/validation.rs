@@ -259,16 +259,23 @@ fn a_training_plan_holds_a_power_of_two_up_to_64_instances() {
     }
 }
 
+/// A `latest_end` a day later than `hours` from `ec2()`'s earliest start (2026-12-07).
+fn ends_a_day_after(hours: i64) -> String {
+    let earliest = Utc.with_ymd_and_hms(2026, 12, 7, 0, 0, 0).unwrap();
+    (earliest + chrono::Duration::hours(hours + 24)).to_rfc3339()
+}
+
 #[test]
 fn capacity_block_durations_are_1_to_14_days_then_weeks_to_182_days() {
     let mut v = ec2();
-    v["latest_end"] = json!("2027-06-30T11:30:00Z");
     for days in [1, 2, 13, 14, 21, 28, 182] {
         v["duration_hours"] = json!(days * 24);
+        v["latest_end"] = json!(ends_a_day_after(days * 24));
         assert!(parse(&v).is_ok(), "{days} days");
     }
     for days in [15, 16, 20, 22, 189] {
         v["duration_hours"] = json!(days * 24);
+        v["latest_end"] = json!(ends_a_day_after(days * 24));
         assert_eq!(fields(&v), ["duration_hours"], "{days} days");
     }
     v["duration_hours"] = json!(36);
@@ -278,13 +285,14 @@ fn capacity_block_durations_are_1_to_14_days_then_weeks_to_182_days() {
 #[test]
 fn training_plan_durations_are_1_to_182_days_in_1_day_steps() {
     let mut v = training();
-    v["latest_end"] = json!("2027-06-30T11:30:00Z");
     for days in [1, 15, 16, 100, 182] {
         v["duration_hours"] = json!(days * 24);
+        v["latest_end"] = json!(ends_a_day_after(days * 24));
         assert!(parse(&v).is_ok(), "{days} days");
     }
     for hours in [183 * 24, 30, 0] {
         v["duration_hours"] = json!(hours);
+        v["latest_end"] = json!(ends_a_day_after(hours.max(24)));
         assert_eq!(fields(&v), ["duration_hours"], "{hours} h");
     }
 }
@@ -308,10 +316,27 @@ fn the_window_must_be_at_least_the_duration() {
 fn the_start_may_be_at_most_8_weeks_ahead() {
     let mut v = ec2();
     v["earliest_start"] = json!("2027-01-26T00:00:00Z");
-    v["latest_end"] = json!("2027-02-10T11:30:00Z");
-    assert_eq!(fields(&v), ["earliest_start"]);
+    v["latest_end"] = json!("2027-01-28T00:00:00Z");
+    // (a window that starts too late ends too late as well)
+    assert_eq!(fields(&v), ["earliest_start", "latest_end"]);
     v["earliest_start"] = json!("2027-01-25T12:00:00Z");
+    v["latest_end"] = json!("2027-01-27T12:00:00Z");
     assert!(parse(&v).is_ok(), "exactly 8 weeks");
+}
+
+#[test]
+fn the_end_may_be_at_most_8_weeks_plus_the_duration_ahead() {
+    // now is 2026-11-30T12:00Z; 8 weeks on is 2027-01-25T12:00Z, plus 48 h 2027-01-27T12:00Z
+    let mut v = ec2();
+    v["latest_end"] = json!("2027-01-27T12:00:01Z");
+    assert_eq!(fields(&v), ["latest_end"]);
+    let m = message(&v, "latest_end");
+    assert!(
+        m.contains("8 weeks plus duration_hours (48 h)") && m.contains("2027-01-27T12:00:00"),
+        "{m}"
+    );
+    v["latest_end"] = json!("2027-01-27T12:00:00Z");
+    assert!(parse(&v).is_ok(), "exactly 8 weeks plus 48 h");
 }
 
 #[test]
