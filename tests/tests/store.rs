@@ -2635,7 +2635,19 @@ async fn a_failed_requests_kept_window_outliving_the_archive_keeps_its_records_u
         WriteOutcome::Applied { .. }
     ));
 
-    // THEN it is archived with its children, and reads ignore it
+    // THEN it is archived with its children, and reads ignore it; it has left the work
+    // index, so no later tick reads it (review N17)
+    let meta = raw_item(&table, "REQ#kept", "META").await;
+    assert!(
+        !meta.contains_key("gsi_due") && !meta.contains_key("gsi_part"),
+        "{meta:?}"
+    );
+    let agenda = store
+        .agenda(chrono::Utc::now() + Duration::days(400))
+        .await
+        .unwrap();
+    assert!(!agenda.live.iter().any(|l| l.request_id.as_str() == "kept"));
+    assert!(!agenda.due.iter().any(|d| d.request_id.as_str() == "kept"));
     let res = raw_item(&table, "REQ#kept", "RES#cr-k").await;
     assert!(res.contains_key("expires_at"), "{res:?}");
     assert_eq!(store.get_request(&request_id("kept")).await.unwrap(), None);
