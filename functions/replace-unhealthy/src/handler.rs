@@ -1003,8 +1003,10 @@ fn watched_slots(live: &LiveRequest, now: DateTime<Utc>) -> Vec<WorkloadRecord> 
         .collect()
 }
 
+/// Tagged `capacity-pilot:managed=true`, the value the IAM conditions on TerminateInstances
+/// demand (any other value is not ours to replace; review M8a).
 fn is_managed(i: &InstanceInfo) -> bool {
-    i.tags.contains_key(MANAGED_TAG)
+    i.tags.get(MANAGED_TAG).map(String::as_str) == Some("true")
 }
 
 /// The request a managed instance belongs to; `None` for anything we must not touch.

@@ -573,6 +573,39 @@ async fn an_instance_group_reports_counts_and_whether_its_cluster_is_ours() {
     assert_eq!(other.instance_group_name, None);
 }
 
+#[tokio::test]
+async fn a_cluster_is_ours_only_when_its_managed_tag_is_true() {
+    for (value, ours) in [
+        ("true", true),
+        ("True", false),
+        ("yes", false),
+        ("false", false),
+    ] {
+        let describe = mock!(aws_sdk_sagemaker::Client::describe_cluster).then_output(|| {
+            DescribeClusterOutput::builder()
+                .cluster_arn("arn:aws:sagemaker:us-east-1:1:cluster/abc")
+                .cluster_name("c")
+                .build()
+        });
+        let tags = mock!(aws_sdk_sagemaker::Client::list_tags).then_output(move || {
+            ListTagsOutput::builder()
+                .tags(
+                    aws_sdk_sagemaker::types::Tag::builder()
+                        .key(MANAGED_TAG)
+                        .value(value)
+                        .build(),
+                )
+                .build()
+        });
+        let g = sagemaker(&[&describe, &tags], false)
+            .describe_instance_group(REGION, "c", "g")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(g.cluster_managed, ours, "capacity-pilot:managed={value}");
+    }
+}
+
 #[test]
 fn every_capacity_reservation_state_is_known_and_only_the_final_ones_are_not_live() {
     use super::ec2::reservation_state;

@@ -769,6 +769,7 @@ impl SageMakerAdapter {
         Ok(tags)
     }
 
+    /// Whether the resource carries `capacity-pilot:managed=true`.
     async fn has_managed_tag(&self, region: &str, arn: &str) -> Result<bool, PortError> {
         const OP: &str = "ListTags";
         let mut pages = self
@@ -780,8 +781,11 @@ impl SageMakerAdapter {
             .send();
         while let Some(t) = pages.next().await {
             let t = t.map_err(err(OP, Call::Retryable))?;
+            // Only "true" counts, as the IAM conditions that guard UpdateCluster demand: a
+            // cluster tagged `True`, `yes` or `false` would pass a presence check, have a
+            // plan bought for it, and then be denied the update (review M8a).
             if t.key() == Some(MANAGED_TAG) {
-                return Ok(true);
+                return Ok(t.value() == Some("true"));
             }
         }
         Ok(false)

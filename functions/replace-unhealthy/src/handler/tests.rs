@@ -500,6 +500,30 @@ async fn the_unhealthy_share_cap_holds() {
 }
 
 #[tokio::test]
+async fn a_slots_instance_whose_managed_tag_is_not_true_is_not_replaced() {
+    // (IAM lets TerminateInstances act only on capacity-pilot:managed=true: review M8a)
+    for value in ["false", "True"] {
+        // GIVEN a running block whose first slot's instance was retagged, then impaired
+        let w = World::new(2).await;
+        let sick = w.slots().await[0].resource_id.clone();
+        let mut i = w.workloads.instance(&sick).unwrap();
+        i.tags.insert(MANAGED_TAG.to_string(), value.to_string());
+        i.health = InstanceHealth::Impaired;
+        w.workloads.add_instance(i);
+        // WHEN the schedule polls
+        w.tick("tick-1").await;
+        // THEN it is not terminated or replaced: it is not ours to touch
+        assert!(
+            w.workloads
+                .calls_of(WorkloadsOp::TerminateInstances)
+                .is_empty(),
+            "capacity-pilot:managed={value}"
+        );
+        assert!(w.events.published_of(REPLACED).is_empty());
+    }
+}
+
+#[tokio::test]
 async fn unmanaged_instances_are_never_touched() {
     // GIVEN an impaired, stopped instance tagged for the request but without the managed tag
     let w = World::new(2).await;
