@@ -1277,6 +1277,40 @@ async fn an_unpaid_block_recorded_before_payments_were_checked_per_reservation_g
 }
 
 #[tokio::test]
+async fn a_payment_check_upgrade_does_not_hold_back_the_drain_due_in_the_same_tick() {
+    // GIVEN the request above, unchecked block and all, read first by the tick that finds
+    // its running block past its end
+    let w = World::new();
+    w.instance("i-1", "r1", Some("cr-run"), true);
+    let mut later = reservation(
+        "cr-later",
+        "r1",
+        Product::CapacityBlock,
+        end() + Duration::days(1),
+    );
+    later.state = ReservationState::Pending;
+    w.seed(
+        request("r1", "team-a", "5000"),
+        &[block("cr-run", "r1"), later],
+        RequestStatus::Active,
+        open(),
+    )
+    .await;
+
+    // WHEN that tick runs
+    let out = w.tick_at(end() + Duration::minutes(10), "t1").await;
+
+    // THEN it gives the block its check and, in the same run, drains the ended window
+    let actions: Vec<&str> = out.decisions.iter().map(|d| d.action).collect();
+    assert!(actions.contains(&"payments-upgraded"), "{actions:?}");
+    assert_eq!(w.events.published_of(DRAINED).len(), 1, "{actions:?}");
+    assert_eq!(
+        w.workloads.instance("i-1").unwrap().state,
+        InstanceState::Terminated
+    );
+}
+
+#[tokio::test]
 async fn a_spot_run_is_settled_by_what_its_instances_ran_not_by_its_length() {
     // Issue 48, N7. GIVEN a spot run of two instances for 24 h, started at t0 with its
     // estimate held; EC2 reclaimed one at t0 + 2 h 10 min (its slot records where it was seen
@@ -1303,6 +1337,20 @@ async fn a_spot_run_is_settled_by_what_its_instances_ran_not_by_its_length() {
         kept
     );
     assert!(rec.reason.contains("2 x 24 h"), "{}", rec.reason);
+
+    // WHEN the run's end passes
+    w.tick_at(t0() + Duration::hours(24), "c2").await;
+
+    // THEN it ends, announced once with what it kept
+    assert_eq!(w.status("r-1").await, RequestStatus::Ended);
+    let ended = w.events.published_of(ENDED);
+    assert_eq!(ended.len(), 1);
+    assert_eq!(
+        ended[0].detail["spent_usd"],
+        json!("27000"),
+        "{}",
+        ended[0].detail
+    );
 }
 
 #[tokio::test]
