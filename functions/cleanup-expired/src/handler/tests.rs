@@ -1199,6 +1199,35 @@ async fn the_hourly_detector_announces_live_reservations_of_this_deployment_that
 }
 
 #[tokio::test]
+async fn a_process_plants_its_detectors_once_then_claims_only_those_due() {
+    use capacity_pilot::fakes::StoreOp;
+    let w = World::new();
+    let cleaner = w.cleaner();
+    let claims = || {
+        w.store
+            .calls()
+            .iter()
+            .filter(|op| **op == StoreOp::ClaimDetector)
+            .count()
+    };
+    // GIVEN a process whose first tick planted its region's detector
+    w.clock.set(t0());
+    cleaner.handle(scheduled("t1")).await.unwrap();
+    assert_eq!(claims(), 1);
+    // WHEN its next ticks run before the detector is due
+    w.clock.set(t0() + Duration::minutes(5));
+    cleaner.handle(scheduled("t2")).await.unwrap();
+    w.clock.set(t0() + Duration::minutes(10));
+    cleaner.handle(scheduled("t3")).await.unwrap();
+    // THEN they make no write for it (a quiet tick stays one read)
+    assert_eq!(claims(), 1);
+    // AND the tick it is due claims and runs it
+    w.clock.set(t0() + DETECT_EVERY);
+    cleaner.handle(scheduled("t4")).await.unwrap();
+    assert_eq!(claims(), 2);
+}
+
+#[tokio::test]
 async fn of_cleanups_running_at_once_one_runs_the_detector() {
     let w = World::new();
     w.market.set_listing_lag(0);
