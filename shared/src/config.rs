@@ -8,7 +8,7 @@ use rust_decimal::Decimal;
 
 use crate::domain::catalog::{PriceTable, SupportedInstanceTypes};
 use crate::domain::money::Usd;
-use crate::domain::request::{Team, is_region_name};
+use crate::domain::request::{FieldError, Team, is_region_name};
 
 /// Each team's monthly cap; `*` is the default for teams not listed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +21,23 @@ impl TeamBudgets {
     /// The team's monthly cap; `None` means the team may not spend at all.
     pub fn cap_for(&self, team: &Team) -> Option<Usd> {
         self.caps.get(team.as_str()).copied().or(self.default)
+    }
+
+    /// Why a request of `team` is rejected at submission: the team may not spend (no cap
+    /// names it and there is no `*` default; `TeamBudgetsUsd` defaults to `{}`, so nothing
+    /// is spent until an operator says who may). `None` when it has a cap.
+    pub fn submission_problem(&self, team: &Team) -> Option<FieldError> {
+        if self.cap_for(team).is_some() {
+            return None;
+        }
+        Some(FieldError {
+            field: "team".into(),
+            message: format!(
+                "{team:?} may not spend: the stack's TeamBudgetsUsd parameter \
+                 (TEAM_BUDGETS_USD) gives it no monthly cap and has no \"*\" default; an \
+                 operator adds one (team names are matched exactly)"
+            ),
+        })
     }
 }
 

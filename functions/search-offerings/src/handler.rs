@@ -179,10 +179,14 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
                 return Ok(None);
             }
         };
-        if let Some(problem) =
-            workload::submission_problem(&self.workloads, &self.config.deployment_id, &request)
-                .await?
-        {
+        let refused = match self.config.team_budgets.submission_problem(&request.team) {
+            Some(p) => Some(p),
+            None => {
+                workload::submission_problem(&self.workloads, &self.config.deployment_id, &request)
+                    .await?
+            }
+        };
+        if let Some(problem) = refused {
             out.decisions.push(Decision {
                 request_id: claimed_id.clone().unwrap_or_default(),
                 action: "rejected",

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
-use capacity_pilot::config::Config;
+use capacity_pilot::config::{Config, TeamBudgets};
 use capacity_pilot::domain::catalog::PriceTable;
 use capacity_pilot::domain::money::Usd;
 use capacity_pilot::domain::offering::{Offering, Product, Segment};
@@ -206,6 +206,51 @@ async fn an_invalid_request_is_rejected_naming_every_field_and_nothing_is_record
     );
     assert_eq!(rejected["request_id"], "r1");
     assert_eq!(rejected["event_id"], "e1");
+}
+
+#[tokio::test]
+async fn a_request_from_a_team_with_no_cap_is_rejected_naming_team_and_the_parameter() {
+    // GIVEN caps for team-a only, and no "*" default (review N8)
+    let w = World::new();
+    let mut searcher = w.searcher();
+    let mut config = (*searcher.config).clone();
+    config.team_budgets = TeamBudgets {
+        caps: [("team-a".to_string(), Usd::parse("1000").unwrap())].into(),
+        default: None,
+    };
+    searcher.config = Arc::new(config);
+    // WHEN team-b (and Team-A, another ledger) submit
+    let mut d = detail("r1");
+    d["team"] = json!("team-b");
+    searcher.handle(submitted(SOURCE, "e1", d)).await.unwrap();
+    let mut d = detail("r2");
+    d["team"] = json!("Team-A");
+    searcher.handle(submitted(SOURCE, "e2", d)).await.unwrap();
+    // THEN both are rejected naming team and TeamBudgetsUsd, and nothing is recorded
+    let rejected = w.events.published_of("Capacity Request Rejected");
+    assert_eq!(rejected.len(), 2);
+    for (r, id) in rejected.iter().zip(["r1", "r2"]) {
+        assert_eq!(r.detail["request_id"], id);
+        assert_eq!(r.detail["problems"][0]["field"], "team");
+        let m = r.detail["problems"][0]["message"].as_str().unwrap();
+        assert!(
+            m.contains("TeamBudgetsUsd") && m.contains("may not spend"),
+            "{m}"
+        );
+        assert!(
+            w.store
+                .get_request(&request_id(id))
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+    // AND team-a's is accepted
+    searcher
+        .handle(submitted(SOURCE, "e3", detail("r3")))
+        .await
+        .unwrap();
+    assert_ne!(w.status("r3").await, RequestStatus::Rejected);
 }
 
 #[tokio::test]
