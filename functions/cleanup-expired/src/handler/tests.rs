@@ -1158,6 +1158,7 @@ async fn the_hourly_detector_announces_live_reservations_of_this_deployment_that
     assert_eq!(run.request_id, format!("detector:{REGION}"));
     assert!(
         run.reason.contains("5 reservation(s)")
+            && run.reason.contains(", 4 live;")
             && run.reason.contains("2 recorded by no request")
             && run
                 .reason
