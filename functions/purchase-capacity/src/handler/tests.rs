@@ -416,6 +416,31 @@ async fn a_fee_above_the_approval_threshold_waits_for_an_approver() {
     assert_eq!(w.status("r1").await, RequestStatus::Reserved);
 }
 
+#[tokio::test]
+async fn an_event_for_a_request_with_nothing_to_buy_is_ignored_saying_why() {
+    // GIVEN r1 back to searching (not in doubt) when a late Offerings Found arrives
+    let w = World::new();
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    let mut rec = w.store.record_of("r1").unwrap();
+    rec.status = RequestStatus::Searching;
+    w.store.insert_record(rec);
+    // WHEN the purchase function reads it
+    let out = w.purchaser(CAPS).handle(found("r1", "e1")).await.unwrap();
+    // THEN it buys nothing and says why
+    let d = out
+        .decisions
+        .iter()
+        .find(|d| d.request_id == "r1")
+        .expect("a decision for r1");
+    assert_eq!(d.action, "ignored", "{:?}", out.decisions);
+    assert!(
+        d.reason.contains("nothing to buy while the request is"),
+        "{}",
+        d.reason
+    );
+    assert_eq!(w.market.purchase_count(), 0);
+}
+
 /// The approval-gated request r1 awaiting approval of cb-1; the key it awaits under.
 async fn awaiting(w: &World, p: &P, event_id: &str) -> String {
     p.handle(found("r1", event_id)).await.unwrap();
