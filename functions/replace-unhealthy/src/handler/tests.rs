@@ -871,6 +871,25 @@ fn state_change_at(instance_id: &str, state: &str, at: DateTime<Utc>) -> EventBr
 const INTERRUPTED: &str = "Capacity Workload Interrupted";
 
 #[tokio::test]
+async fn a_state_change_to_running_does_not_end_a_slots_run() {
+    // GIVEN an on-demand run of two since +2 h
+    let w = World::new(1).await;
+    let ids = run_of(&w, LaunchMarket::OnDemand).await;
+    // WHEN EC2 says one of them is running (a start, a reboot's return)
+    let at = t0() + Duration::hours(3);
+    w.clock.set(at);
+    let out = w
+        .replacer(&[])
+        .handle(state_change_at(&ids[0], "running", at))
+        .await
+        .unwrap();
+    // THEN its slot's run goes on: no end is recorded
+    assert!(!out.decisions.iter().any(|d| d.action == "run-ended"));
+    let slots = w.store.workloads(&request_id("r-2")).await.unwrap();
+    assert!(slots.iter().all(|s| s.ended_at.is_none()), "{slots:?}");
+}
+
+#[tokio::test]
 async fn a_reclaimed_spot_instance_is_repaired_on_spot_and_its_run_ends_where_ec2_said() {
     // GIVEN a spot run of two since +2 h, allowed one replacement; EC2 reclaims one, its
     // state change stamped +2 h 40
