@@ -37,12 +37,31 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         now: DateTime<Utc>,
         out: &mut Outcome,
     ) -> Result<Option<RequestRecord>, PortError> {
-        let Ok(id) = RequestId::parse(&d.request_id) else {
+        let rec = match RequestId::parse(&d.request_id) {
+            Ok(id) => self.store.get_request(&id).await?,
+            Err(_) => None,
+        };
+        let Some(rec) = rec else {
+            // Answered, not dropped: the approver learns nothing will be bought (review N12).
+            let reason = format!(
+                "{} by {} refused: no request {:?} is recorded (never submitted, rejected at \
+                 submission, or archived)",
+                if approved { "approval" } else { "rejection" },
+                d.approver,
+                d.request_id
+            );
+            let ev = ApprovalRefused {
+                event_key: format!("{}:approval-refused:{}", d.request_id, cause.event_id),
+                request_id: d.request_id.clone(),
+                reason: reason.clone(),
+                current_event_key: None,
+            };
+            outbox::publish_now(self.events, &[outbound(&ev)]).await?;
+            out.decisions
+                .push(Decision::about(&d.request_id, "approval-refused", reason));
             return Ok(None);
         };
-        let Some(rec) = self.store.get_request(&id).await? else {
-            return Ok(None);
-        };
+        let id = rec.request_id.clone();
         // ARCHITECTURE 8.2: a decision answers one Awaiting Approval, bound to its plan.
         let current = (rec.status == RequestStatus::AwaitingApproval)
             .then(|| rec.candidates.first())

@@ -441,6 +441,36 @@ async fn an_event_for_a_request_with_nothing_to_buy_is_ignored_saying_why() {
     assert_eq!(w.market.purchase_count(), 0);
 }
 
+#[tokio::test]
+async fn an_approval_for_an_unknown_request_is_answered_refused() {
+    // GIVEN no request r-none (and an id that is not one)
+    let w = World::new();
+    let p = w.purchaser(CAPS);
+    // WHEN an approver approves r-none, and rejects "Not An Id!"
+    for (detail_type, id, event_id) in [
+        ("Capacity Purchase Approved", "r-none", "a1"),
+        ("Capacity Purchase Rejected", "Not An Id!", "a2"),
+    ] {
+        let decision = event(
+            detail_type,
+            "com.example.approvals",
+            event_id,
+            json!({"request_id": id, "approver": "alice", "approves": "k"}),
+        );
+        p.handle(decision).await.unwrap();
+    }
+    // THEN each is answered Approval Refused, saying no such request is recorded (review N12)
+    let refused = w.events.published_of("Capacity Purchase Approval Refused");
+    assert_eq!(refused.len(), 2);
+    assert_eq!(refused[0].detail["request_id"], "r-none");
+    assert_eq!(refused[1].detail["request_id"], "Not An Id!");
+    for r in &refused {
+        let reason = r.detail["reason"].as_str().unwrap();
+        assert!(reason.contains("is recorded"), "{reason}");
+    }
+    assert_eq!(w.market.purchase_count(), 0);
+}
+
 /// The approval-gated request r1 awaiting approval of cb-1; the key it awaits under.
 async fn awaiting(w: &World, p: &P, event_id: &str) -> String {
     p.handle(found("r1", event_id)).await.unwrap();
