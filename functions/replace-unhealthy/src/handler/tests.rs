@@ -871,6 +871,50 @@ fn state_change_at(instance_id: &str, state: &str, at: DateTime<Utc>) -> EventBr
 const INTERRUPTED: &str = "Capacity Workload Interrupted";
 
 #[tokio::test]
+async fn healthy_runs_cost_a_tick_no_reads_and_an_end_reads_only_its_owner() {
+    use capacity_pilot::fakes::StoreOp;
+    // GIVEN a running block (r-1) and a healthy spot run (r-2)
+    let w = World::new(1).await;
+    let ids = run_of(&w, LaunchMarket::Spot).await;
+    let reads = |w: &World| {
+        w.store
+            .calls()
+            .into_iter()
+            .filter(|op| matches!(op, StoreOp::GetRequest | StoreOp::Workloads))
+            .count()
+    };
+    let before = reads(&w);
+    // WHEN the schedule polls
+    w.tick("tick-1").await;
+    // THEN nothing is suspect, so no request or slot is read past the tick's agenda
+    assert_eq!(reads(&w), before);
+    // WHEN EC2 says one of r-2's instances stopped
+    let at = t0() + Duration::hours(3);
+    w.clock.set(at);
+    let before = w.store.calls().len();
+    w.replacer(&[])
+        .handle(state_change_at(&ids[0], "stopped", at))
+        .await
+        .unwrap();
+    // THEN only r-2's slots are read for its end (r-1's are not)
+    let workload_reads = w.store.calls()[before..]
+        .iter()
+        .filter(|op| **op == StoreOp::Workloads)
+        .count();
+    let repaired = w.store.calls()[before..]
+        .iter()
+        .filter(|op| **op == StoreOp::GetRequest)
+        .count();
+    assert!(workload_reads >= 1);
+    assert_eq!(
+        workload_reads,
+        1 + repaired,
+        "{:?}",
+        &w.store.calls()[before..]
+    );
+}
+
+#[tokio::test]
 async fn a_state_change_to_running_does_not_end_a_slots_run() {
     // GIVEN an on-demand run of two since +2 h
     let w = World::new(1).await;
