@@ -873,3 +873,30 @@ async fn a_conditional_update_refused_for_another_reason_is_an_error_not_a_condi
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_plan_described_under_another_name_is_not_taken_for_the_requests() {
+    // GIVEN SageMaker answering DescribeTrainingPlan for request r-a's name with r-A's plan
+    // (names that differ only in case, were SageMaker to fold them: review N15)
+    use aws_sdk_sagemaker::operation::describe_training_plan::DescribeTrainingPlanOutput;
+    use aws_sdk_sagemaker::operation::list_training_plans::ListTrainingPlansOutput;
+    let id = RequestId::parse("r-a").unwrap();
+    let ours = "cp-0123456789-r-a";
+    let describe = mock!(aws_sdk_sagemaker::Client::describe_training_plan).then_output(|| {
+        DescribeTrainingPlanOutput::builder()
+            .training_plan_arn("arn:aws:sagemaker:us-east-1:1:training-plan/cp-0123456789-r-A")
+            .training_plan_name("cp-0123456789-r-A")
+            .status("Active".into())
+            .target_resources("training-job".into())
+            .build()
+    });
+    let list = mock!(aws_sdk_sagemaker::Client::list_training_plans)
+        .then_output(|| ListTrainingPlansOutput::builder().build());
+    // WHEN the request's plans are read
+    let found = sagemaker(&[&describe, &list], false)
+        .plans_for_request(REGION, &id, ours)
+        .await
+        .unwrap();
+    // THEN it is not adopted, nor stamped with r-a's tag
+    assert!(found.is_empty(), "{found:?}");
+}

@@ -433,6 +433,17 @@ impl SageMakerAdapter {
         region: &str,
         name_or_arn: &str,
     ) -> Result<Option<Reservation>, PortError> {
+        self.describe_plan_named(region, name_or_arn, None).await
+    }
+
+    /// [`Self::describe_plan`]; with `exact`, a plan SageMaker returns under another name
+    /// (names that differ only in case, if SageMaker folds them) is not taken for it.
+    async fn describe_plan_named(
+        &self,
+        region: &str,
+        name_or_arn: &str,
+        exact: Option<&str>,
+    ) -> Result<Option<Reservation>, PortError> {
         const OP: &str = "DescribeTrainingPlan";
         let res = self
             .client(region)
@@ -450,6 +461,16 @@ impl SageMakerAdapter {
                 return Err(f.into_port(SERVICE, Call::Retryable));
             }
         };
+        if let Some(want) = exact
+            && p.training_plan_name() != Some(want)
+        {
+            tracing::warn!(
+                asked = want,
+                returned = p.training_plan_name(),
+                "DescribeTrainingPlan returned a plan of another name; not taken as ours"
+            );
+            return Ok(None);
+        }
         plan_reservation(
             OP,
             region,
@@ -478,8 +499,10 @@ impl SageMakerAdapter {
         plan_name: &str,
     ) -> Result<Vec<Reservation>, PortError> {
         const OP: &str = "ListTrainingPlans";
+        // Only the plan of exactly this name: another request's id may differ from this one
+        // only in case (review N15), and this request's tag is stamped on what is found.
         let mut found: Vec<Reservation> = self
-            .describe_plan(region, plan_name)
+            .describe_plan_named(region, plan_name, Some(plan_name))
             .await?
             .into_iter()
             .collect();
