@@ -915,6 +915,46 @@ async fn healthy_runs_cost_a_tick_no_reads_and_an_end_reads_only_its_owner() {
 }
 
 #[tokio::test]
+async fn a_spot_run_watches_only_its_own_slots_not_an_earlier_attempts() {
+    // GIVEN a healthy spot run of two whose request first tried on demand: that attempt's
+    // slot is recorded terminated (its instance long gone)
+    let w = World::new(1).await;
+    run_of(&w, LaunchMarket::Spot).await;
+    w.store
+        .put_workload(WorkloadRecord {
+            request_id: request_id("r-2"),
+            reservation_id: "on-demand".into(),
+            slot: 0,
+            generation: 0,
+            resource_id: "i-0ondemand0000000".into(),
+            state: "terminated".into(),
+            updated_at: t0() + Duration::hours(1),
+            started_at: None,
+            ended_at: None,
+            ran: Vec::new(),
+        })
+        .await
+        .unwrap();
+    let launched = w.launches().len();
+    let calls = w.store.calls().len();
+    // WHEN the schedule polls, hours on
+    w.clock.set(t0() + Duration::hours(5));
+    let out = w.replacer(&[]).handle(scheduled("tick-1")).await.unwrap();
+    // THEN the old attempt's slot is not watched: the run is not even read again, and
+    // nothing is launched or announced
+    use capacity_pilot::fakes::StoreOp;
+    assert!(
+        !w.store.calls()[calls..]
+            .iter()
+            .any(|op| matches!(op, StoreOp::GetRequest | StoreOp::Workloads)),
+        "{:?}",
+        &w.store.calls()[calls..]
+    );
+    assert_eq!(w.launches().len(), launched, "{:?}", out.decisions);
+    assert!(w.events.published_of(REPLACED).is_empty());
+}
+
+#[tokio::test]
 async fn a_state_change_to_running_does_not_end_a_slots_run() {
     // GIVEN an on-demand run of two since +2 h
     let w = World::new(1).await;
@@ -949,6 +989,9 @@ async fn a_reclaimed_spot_instance_is_repaired_on_spot_and_its_run_ends_where_ec
         .handle(state_change_at(&ids[1], "terminated", reclaimed))
         .await
         .unwrap();
+    // (what it published, it counts)
+    assert_eq!(out.published, w.events.detail_types().len());
+    assert!(out.published >= 2, "{:?}", w.events.detail_types());
     w.clock.set(t0() + Duration::hours(4));
     w.replacer(&one)
         .handle(state_change_at(
@@ -988,6 +1031,12 @@ async fn a_reclaimed_spot_instance_is_repaired_on_spot_and_its_run_ends_where_ec
     );
     assert_eq!(ev[0].detail["interrupted_at"], json!(reclaimed));
     assert_eq!(ev[0].detail["falls_back"], Value::Null);
+    // keyed by the replacement's generation, so a second reclaim of the slot is another
+    // event, not a duplicate a consumer drops
+    assert_eq!(
+        ev[0].detail["event_key"],
+        json!("r-2:interrupted-spot-1:v1")
+    );
 }
 
 #[tokio::test]
