@@ -187,6 +187,12 @@ async fn a_purchase_that_called_and_cannot_reconcile_past_its_deadline_fails_in_
     let unrecorded = w.events.published_of("Capacity Reservation Unrecorded");
     assert_eq!(unrecorded.len(), 1, "{unrecorded:?}");
     assert_eq!(unrecorded[0].detail["reservation_id"], held[0].id.as_str());
+    // (its reason says what was found, and no "nothing was listed")
+    let said = unrecorded[0].detail["reason"].as_str().unwrap();
+    assert!(
+        said.starts_with("found ") && !said.contains("nothing from"),
+        "{said}"
+    );
     // It keeps its records while its window lives.
     assert_eq!(w.store.expires_at(&rid("r1")), None);
 }
@@ -327,4 +333,68 @@ async fn a_payment_due_while_a_purchase_holds_its_lease_waits_for_the_purchase_t
         .find(|r| r.id == first.id)
         .unwrap();
     assert!(read.state.is_settled(), "{read:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_split_in_doubt_never_listed_keeps_what_it_called_and_returns_what_it_never_called() {
+    // GIVEN a split (cb-first $3000, cb-second $3500) whose first call's outcome is unknown
+    // (AWS sold nothing), so the second is never called; its purchase ends in doubt past its
+    // deadline, reconciliation refused
+    let w = World::new();
+    let mut req = request("r-split", "team-a", "50000");
+    req.duration_hours = 48;
+    req.allow_split = true;
+    // (its purchase deadline, latest_end less 48 h and the lead, is deadline())
+    req.window.latest_end = t0() + Duration::hours(74) + Duration::minutes(30);
+    let first = block("cb-first", "3000");
+    let mut second = block("cb-second", "3500");
+    for s in &mut second.segments {
+        s.start += Duration::hours(24);
+        s.end += Duration::hours(24);
+    }
+    let rec = w.with_candidates(req, vec![first, second]);
+    assert_eq!(rec.candidates[0].offering_ids(), ["cb-first", "cb-second"]);
+    w.market.fail_next(MarketOp::Purchase, errors_unknown());
+    let p = w.purchaser(CAPS);
+    p.handle(found("r-split", "e1")).await.unwrap();
+    assert_eq!(w.market.purchase_count(), 0);
+    let both = Usd::parse("6500").unwrap().to_micros_ceil();
+    assert_eq!(w.spent("team-a"), both);
+    at(&w, deadline() + Duration::minutes(5));
+    w.market.fail_next(MarketOp::FindByRequest, refused());
+    p.handle(tick("d1")).await.unwrap();
+    let rec = record(&w, "r-split");
+    assert_eq!(rec.status, RequestStatus::Failed, "{}", rec.reason);
+    assert!(rec.in_doubt(), "{}", rec.reason);
+    // (the call marker names what was called: cb-first only)
+    assert!(
+        matches!(&rec.purchase_call, Some(PurchaseCall::Called { offering_ids, .. })
+            if offering_ids == &["cb-first".to_string()]),
+        "{:?}",
+        rec.purchase_call
+    );
+
+    // WHEN it is reconciled hourly to the doubted offering's end and nothing is listed
+    for i in 1..80 {
+        let Some(next) = record(&w, "r-split").next_action_at else {
+            break;
+        };
+        at(&w, next);
+        p.handle(tick(&format!("t{i}"))).await.unwrap();
+    }
+
+    // THEN the doubt is closed keeping only what was called (cb-first's fee): cb-second's,
+    // never called, went back
+    let rec = record(&w, "r-split");
+    assert!(!rec.in_doubt(), "{}", rec.reason);
+    assert!(
+        rec.reason
+            .starts_with("nothing from cb-first was listed up to its end"),
+        "{}",
+        rec.reason
+    );
+    let first = Usd::parse("3000").unwrap().to_micros_ceil();
+    assert_eq!(rec.spent, first, "{}", rec.reason);
+    assert_eq!(w.spent("team-a"), first);
+    assert_eq!(w.market.purchase_count(), 0);
 }
