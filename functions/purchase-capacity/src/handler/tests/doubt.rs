@@ -398,3 +398,32 @@ async fn a_split_in_doubt_never_listed_keeps_what_it_called_and_returns_what_it_
     assert_eq!(w.spent("team-a"), first);
     assert_eq!(w.market.purchase_count(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_doubt_with_no_plan_recorded_to_reconcile_against_is_closed_with_its_debit_kept() {
+    // GIVEN a request ended in doubt (its call's outcome unknown, reconciliation refused)
+    // whose record holds no plan to reconcile against
+    let w = World::new();
+    tight(&w, "r1");
+    w.market.fail_next(MarketOp::Purchase, errors_unknown());
+    let p = w.purchaser(CAPS);
+    p.handle(found("r1", "e1")).await.unwrap();
+    at(&w, deadline() + Duration::minutes(5));
+    w.market.fail_next(MarketOp::FindByRequest, refused());
+    p.handle(tick("t0")).await.unwrap();
+    let mut rec = record(&w, "r1");
+    assert!(rec.in_doubt());
+    rec.candidates.clear();
+    w.store.insert_record(rec.clone());
+
+    // WHEN its hourly reconciliation comes
+    at(&w, rec.next_action_at.unwrap());
+    p.handle(tick("t1")).await.unwrap();
+
+    // THEN the doubt is closed, the fee kept as spent for a person to check, and it says why
+    let rec = record(&w, "r1");
+    assert!(!rec.in_doubt(), "{}", rec.reason);
+    assert_eq!((rec.open_debit, rec.spent), (None, FEE));
+    assert_eq!(w.spent("team-a"), FEE);
+    assert!(rec.reason.contains("no plan is recorded"), "{}", rec.reason);
+}
