@@ -427,3 +427,55 @@ async fn a_doubt_with_no_plan_recorded_to_reconcile_against_is_closed_with_its_d
     assert_eq!(w.spent("team-a"), FEE);
     assert!(rec.reason.contains("no plan is recorded"), "{}", rec.reason);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_block_found_while_another_stays_in_doubt_is_recorded_and_served_at_once() {
+    // GIVEN a split whose first block AWS sold with the answer lost, recorded before the call
+    // marker (so both of its offerings are in doubt), ended in doubt past its deadline
+    let w = World::new();
+    let mut req = request("r-split", "team-a", "50000");
+    req.duration_hours = 48;
+    req.allow_split = true;
+    req.window.latest_end = t0() + Duration::hours(74) + Duration::minutes(30);
+    let first = block("cb-first", "3000");
+    let mut second = block("cb-second", "3500");
+    for s in &mut second.segments {
+        s.start += Duration::hours(24);
+        s.end += Duration::hours(24);
+    }
+    w.with_candidates(req, vec![first, second]);
+    w.market.lose_next_purchase_response();
+    let p = w.purchaser(CAPS);
+    p.handle(found("r-split", "e1")).await.unwrap();
+    assert_eq!(w.market.purchase_count(), 1);
+    let mut legacy = record(&w, "r-split");
+    legacy.purchase_call = None;
+    w.store.insert_record(legacy);
+    at(&w, deadline() + Duration::minutes(5));
+    w.market.fail_next(MarketOp::FindByRequest, refused());
+    p.handle(tick("t1")).await.unwrap();
+    let rec = record(&w, "r-split");
+    assert!(
+        rec.in_doubt() && rec.status == RequestStatus::Failed,
+        "{}",
+        rec.reason
+    );
+
+    // WHEN the hourly reconciliation lists the first block, and not the second
+    at(&w, rec.next_action_at.unwrap());
+    p.handle(tick("t2")).await.unwrap();
+
+    // THEN the first is recorded now, as the request's window, while the second stays in
+    // doubt: it is served from its start, not when the doubt ends a day later
+    let rec = record(&w, "r-split");
+    assert!(rec.in_doubt(), "{}", rec.reason);
+    let held = w.store.reservations(&rid("r-split")).await.unwrap();
+    assert_eq!(held.len(), 1, "{}", rec.reason);
+    assert_eq!(rec.windows.len(), 1, "{:?}", rec.windows);
+    assert_eq!(
+        w.events
+            .published_of("Capacity Reservation Unrecorded")
+            .len(),
+        1
+    );
+}
