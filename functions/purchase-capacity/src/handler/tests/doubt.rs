@@ -479,3 +479,31 @@ async fn a_block_found_while_another_stays_in_doubt_is_recorded_and_served_at_on
         1
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_takeover_of_a_purchase_that_never_called_whose_plan_now_starts_too_soon_searches_again()
+{
+    // GIVEN a purchase that never called AWS (the marker's write failed), its request's
+    // window wide (purchase deadline t0 + 50 h) and its block at t0 + 26.5 h
+    let w = World::new();
+    let mut req = request("r1", "team-a", "5000");
+    req.window.latest_end = t0() + Duration::hours(74) + Duration::minutes(30);
+    w.with_candidate(req, block("cb-1", "1661.18"));
+    w.store
+        .fail_next(StoreOp::MarkPurchaseCall, errors_transient());
+    let p = w.purchaser(CAPS);
+    assert!(p.handle(found("r1", "e1")).await.is_err());
+
+    // WHEN the takeover comes within the purchase lead of the block's start, long before the
+    // deadline
+    at(&w, t0() + Duration::hours(26) + Duration::minutes(5));
+    p.handle(tick("t1")).await.unwrap();
+
+    // THEN nothing is bought (too late for that block), the debit goes back without asking
+    // AWS, and the request searches again
+    assert_eq!(w.market.purchase_count(), 0);
+    assert_eq!(w.status("r1").await, RequestStatus::Searching);
+    assert_eq!(w.spent("team-a"), MicroUsd(0));
+    let rec = record(&w, "r1");
+    assert!(rec.reason.contains("starts too soon"), "{}", rec.reason);
+}
