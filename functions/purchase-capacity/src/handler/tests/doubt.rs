@@ -494,6 +494,8 @@ async fn a_takeover_of_a_purchase_that_never_called_whose_plan_now_starts_too_so
     let p = w.purchaser(CAPS);
     assert!(p.handle(found("r1", "e1")).await.is_err());
 
+    // (a takeover exactly the purchase lead before the block's start still buys it: see
+    // the test below)
     // WHEN the takeover comes within the purchase lead of the block's start, long before the
     // deadline
     at(&w, t0() + Duration::hours(26) + Duration::minutes(5));
@@ -506,4 +508,23 @@ async fn a_takeover_of_a_purchase_that_never_called_whose_plan_now_starts_too_so
     assert_eq!(w.spent("team-a"), MicroUsd(0));
     let rec = record(&w, "r1");
     assert!(rec.reason.contains("starts too soon"), "{}", rec.reason);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_takeover_of_a_purchase_that_never_called_exactly_the_lead_before_its_start_buys_it() {
+    // GIVEN the purchase above, never called
+    let w = World::new();
+    let mut req = request("r1", "team-a", "5000");
+    req.window.latest_end = t0() + Duration::hours(74) + Duration::minutes(30);
+    w.with_candidate(req, block("cb-1", "1661.18"));
+    w.store
+        .fail_next(StoreOp::MarkPurchaseCall, errors_transient());
+    let p = w.purchaser(CAPS);
+    assert!(p.handle(found("r1", "e1")).await.is_err());
+    // WHEN the takeover comes exactly the purchase lead before the block's start
+    at(&w, t0() + Duration::hours(26));
+    p.handle(tick("t1")).await.unwrap();
+    // THEN it may still buy it, and does, once
+    assert_eq!(w.market.purchase_count(), 1);
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
 }
