@@ -528,3 +528,21 @@ async fn a_takeover_of_a_purchase_that_never_called_exactly_the_lead_before_its_
     assert_eq!(w.market.purchase_count(), 1);
     assert_eq!(w.status("r1").await, RequestStatus::Reserved);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_takeover_of_a_purchase_that_never_called_at_its_deadline_fails() {
+    // GIVEN a purchase that never called AWS
+    let w = World::new();
+    tight(&w, "r1");
+    w.store
+        .fail_next(StoreOp::MarkPurchaseCall, errors_transient());
+    let p = w.purchaser(CAPS);
+    assert!(p.handle(found("r1", "e1")).await.is_err());
+    // WHEN the takeover comes exactly at the purchase deadline
+    at(&w, deadline());
+    p.handle(tick("t1")).await.unwrap();
+    // THEN the request fails (nothing feasible is left to search for), the debit back
+    assert_eq!(w.market.purchase_count(), 0);
+    assert_eq!(w.status("r1").await, RequestStatus::Failed);
+    assert_eq!(w.spent("team-a"), MicroUsd(0));
+}
