@@ -1416,6 +1416,31 @@ async fn a_stray_of_ours_that_serves_the_request_reserves_it_in_place_of_the_pla
 }
 
 #[tokio::test]
+async fn a_stray_adopted_in_place_counts_the_plans_returned_debit_against_the_team_cap() {
+    // GIVEN team-a's cap is $8000, and r1's $6000 stray serves it: after adoption the team
+    // holds $6000 (the plan's $1661.18 debit returned), within its cap
+    let w = World::new();
+    w.with_candidate(request("r1", "team-a", "50000"), block("cb-1", "1661.18"));
+    w.market
+        .add_reservation(stray("p5.48xlarge", 7, "6000"), None);
+    // WHEN the purchase reconciles before buying
+    w.purchaser(r#"{"team-a": "8000"}"#)
+        .handle(found("r1", "e1"))
+        .await
+        .unwrap();
+    // THEN it is adopted with no word of a cap passed: nothing to announce
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    assert_eq!(w.spent("team-a"), MicroUsd(6_000_000_000));
+    assert!(
+        w.events
+            .published_of("Capacity Reservation Unrecorded")
+            .is_empty(),
+        "{:?}",
+        w.events.detail_types()
+    );
+}
+
+#[tokio::test]
 async fn a_stray_of_ours_that_does_not_serve_the_request_is_adopted_beside_the_plan() {
     // GIVEN r1 holds, unrecorded, a live block of ours of a type it did not ask for
     let w = World::new();
