@@ -1416,28 +1416,44 @@ async fn a_stray_of_ours_that_serves_the_request_reserves_it_in_place_of_the_pla
 }
 
 #[tokio::test]
-async fn a_stray_adopted_in_place_counts_the_plans_returned_debit_against_the_team_cap() {
-    // GIVEN team-a's cap is $8000, and r1's $6000 stray serves it: after adoption the team
-    // holds $6000 (the plan's $1661.18 debit returned), within its cap
-    let w = World::new();
-    w.with_candidate(request("r1", "team-a", "50000"), block("cb-1", "1661.18"));
-    w.market
-        .add_reservation(stray("p5.48xlarge", 7, "6000"), None);
-    // WHEN the purchase reconciles before buying
-    w.purchaser(r#"{"team-a": "8000"}"#)
-        .handle(found("r1", "e1"))
-        .await
-        .unwrap();
-    // THEN it is adopted with no word of a cap passed: nothing to announce
-    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
-    assert_eq!(w.spent("team-a"), MicroUsd(6_000_000_000));
-    assert!(
-        w.events
-            .published_of("Capacity Reservation Unrecorded")
-            .is_empty(),
-        "{:?}",
-        w.events.detail_types()
-    );
+async fn a_stray_adopted_in_place_is_announced_only_when_it_passes_a_cap_net_of_the_plans_debit() {
+    // r1's $6000 stray serves it; adopting it returns the plan's $1661.18 debit, so the team
+    // and the request each hold $6000 after. Announced only past a cap (team cap, request
+    // max_upfront_usd, what the announcement names).
+    for (team_cap, max_upfront, past) in [
+        ("8000", "50000", None),
+        ("100000", "7000", None),
+        ("5000", "50000", Some("monthly cap")),
+        ("100000", "5500", Some("max_upfront_usd")),
+    ] {
+        let w = World::new();
+        w.with_candidate(
+            request("r1", "team-a", max_upfront),
+            block("cb-1", "1661.18"),
+        );
+        w.market
+            .add_reservation(stray("p5.48xlarge", 7, "6000"), None);
+        // WHEN the purchase reconciles before buying
+        w.purchaser(&format!(r#"{{"team-a": "{team_cap}"}}"#))
+            .handle(found("r1", "e1"))
+            .await
+            .unwrap();
+        // THEN it is adopted, and announced only when past a cap
+        assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+        assert_eq!(w.spent("team-a"), MicroUsd(6_000_000_000));
+        let announced = w.events.published_of("Capacity Reservation Unrecorded");
+        match past {
+            None => assert!(
+                announced.is_empty(),
+                "{team_cap}/{max_upfront}: {announced:?}"
+            ),
+            Some(what) => {
+                assert_eq!(announced.len(), 1, "{team_cap}/{max_upfront}");
+                let reason = announced[0].detail["reason"].as_str().unwrap();
+                assert!(reason.contains(what), "{reason}");
+            }
+        }
+    }
 }
 
 #[tokio::test]
