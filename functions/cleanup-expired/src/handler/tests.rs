@@ -1253,12 +1253,9 @@ async fn of_cleanups_running_at_once_one_runs_the_detector() {
     );
 }
 
-#[tokio::test]
-async fn an_unpaid_block_recorded_before_payments_were_checked_per_reservation_gets_its_check() {
-    // GIVEN an Active request (its first block running) that holds a later block still
-    // `pending`, recorded before each reservation had its own payment check
-    let w = World::new();
-    let running = block("cr-run", "r1");
+/// GIVEN r1 Active (its first block cr-run running) holding a later block cr-later still
+/// `pending`, recorded before each reservation had its own payment check.
+async fn active_with_an_unchecked_later_block(w: &World) {
     let mut later = reservation(
         "cr-later",
         "r1",
@@ -1269,11 +1266,19 @@ async fn an_unpaid_block_recorded_before_payments_were_checked_per_reservation_g
     assert_eq!(later.payment_check_at, None);
     w.seed(
         request("r1", "team-a", "5000"),
-        &[running, later],
+        &[block("cr-run", "r1"), later],
         RequestStatus::Active,
         open(),
     )
     .await;
+}
+
+#[tokio::test]
+async fn an_unpaid_block_recorded_before_payments_were_checked_per_reservation_gets_its_check() {
+    // GIVEN an Active request (its first block running) that holds a later block still
+    // `pending`, recorded before each reservation had its own payment check
+    let w = World::new();
+    active_with_an_unchecked_later_block(&w).await;
     let now = open() + Duration::hours(1);
 
     // WHEN cleanup's tick reads it
@@ -1312,20 +1317,7 @@ async fn a_payment_check_upgrade_does_not_hold_back_the_drain_due_in_the_same_ti
     // its running block past its end
     let w = World::new();
     w.instance("i-1", "r1", Some("cr-run"), true);
-    let mut later = reservation(
-        "cr-later",
-        "r1",
-        Product::CapacityBlock,
-        end() + Duration::days(1),
-    );
-    later.state = ReservationState::Pending;
-    w.seed(
-        request("r1", "team-a", "5000"),
-        &[block("cr-run", "r1"), later],
-        RequestStatus::Active,
-        open(),
-    )
-    .await;
+    active_with_an_unchecked_later_block(&w).await;
 
     // WHEN that tick runs
     let out = w.tick_at(end() + Duration::minutes(10), "t1").await;

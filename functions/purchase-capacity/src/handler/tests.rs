@@ -727,9 +727,21 @@ async fn an_unsent_event_left_by_a_failed_publish_goes_out_on_the_next_run() {
 
 /// GIVEN a 48 h request planned as two adjacent 24 h blocks, both on sale.
 fn split(w: &World, id: &str) -> RequestRecord {
+    split_until(w, id, None)
+}
+
+/// [`split`], its window ending at `latest_end` when given.
+fn split_until(
+    w: &World,
+    id: &str,
+    latest_end: Option<chrono::DateTime<chrono::Utc>>,
+) -> RequestRecord {
     let mut req = request(id, "team-a", "50000");
     req.duration_hours = 48;
     req.allow_split = true;
+    if let Some(end) = latest_end {
+        req.window.latest_end = end;
+    }
     let first = block("cb-first", "3000");
     let mut second = block("cb-second", "3500");
     for s in &mut second.segments {

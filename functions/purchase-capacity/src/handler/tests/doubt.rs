@@ -40,6 +40,16 @@ fn at(w: &World, t: DateTime<Utc>) {
 
 const FEE: MicroUsd = MicroUsd(1_661_180_000);
 
+/// r-split, a split (cb-first $3000, cb-second $3500) whose purchase deadline, its
+/// latest_end less 48 h and the lead, is [`deadline`].
+fn wide_split(w: &World) -> RequestRecord {
+    split_until(
+        w,
+        "r-split",
+        Some(t0() + Duration::hours(74) + Duration::minutes(30)),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_takeover_of_a_purchase_that_never_called_aws_buys_it_at_once_without_waiting_out_a_doubt()
  {
@@ -341,19 +351,7 @@ async fn a_split_in_doubt_never_listed_keeps_what_it_called_and_returns_what_it_
     // (AWS sold nothing), so the second is never called; its purchase ends in doubt past its
     // deadline, reconciliation refused
     let w = World::new();
-    let mut req = request("r-split", "team-a", "50000");
-    req.duration_hours = 48;
-    req.allow_split = true;
-    // (its purchase deadline, latest_end less 48 h and the lead, is deadline())
-    req.window.latest_end = t0() + Duration::hours(74) + Duration::minutes(30);
-    let first = block("cb-first", "3000");
-    let mut second = block("cb-second", "3500");
-    for s in &mut second.segments {
-        s.start += Duration::hours(24);
-        s.end += Duration::hours(24);
-    }
-    let rec = w.with_candidates(req, vec![first, second]);
-    assert_eq!(rec.candidates[0].offering_ids(), ["cb-first", "cb-second"]);
+    wide_split(&w);
     w.market.fail_next(MarketOp::Purchase, errors_unknown());
     let p = w.purchaser(CAPS);
     p.handle(found("r-split", "e1")).await.unwrap();
@@ -433,17 +431,7 @@ async fn a_block_found_while_another_stays_in_doubt_is_recorded_and_served_at_on
     // GIVEN a split whose first block AWS sold with the answer lost, recorded before the call
     // marker (so both of its offerings are in doubt), ended in doubt past its deadline
     let w = World::new();
-    let mut req = request("r-split", "team-a", "50000");
-    req.duration_hours = 48;
-    req.allow_split = true;
-    req.window.latest_end = t0() + Duration::hours(74) + Duration::minutes(30);
-    let first = block("cb-first", "3000");
-    let mut second = block("cb-second", "3500");
-    for s in &mut second.segments {
-        s.start += Duration::hours(24);
-        s.end += Duration::hours(24);
-    }
-    w.with_candidates(req, vec![first, second]);
+    wide_split(&w);
     w.market.lose_next_purchase_response();
     let p = w.purchaser(CAPS);
     p.handle(found("r-split", "e1")).await.unwrap();
