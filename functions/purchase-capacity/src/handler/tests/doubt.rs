@@ -40,6 +40,19 @@ fn at(w: &World, t: DateTime<Utc>) {
 
 const FEE: MicroUsd = MicroUsd(1_661_180_000);
 
+/// GIVEN r1 (see [`tight`]) whose purchase call's outcome was unknown (AWS sold nothing),
+/// ended in doubt past its deadline because reconciliation was refused.
+async fn ended_in_doubt_with_nothing_sold(w: &World) -> P {
+    tight(w, "r1");
+    w.market.fail_next(MarketOp::Purchase, errors_unknown());
+    let p = w.purchaser(CAPS);
+    p.handle(found("r1", "e1")).await.unwrap();
+    at(w, deadline() + Duration::minutes(5));
+    w.market.fail_next(MarketOp::FindByRequest, refused());
+    p.handle(tick("t0")).await.unwrap();
+    p
+}
+
 /// r-split, a split (cb-first $3000, cb-second $3500) whose purchase deadline, its
 /// latest_end less 48 h and the lead, is [`deadline`].
 fn wide_split(w: &World) -> RequestRecord {
@@ -212,13 +225,7 @@ async fn a_purchase_in_doubt_never_listed_keeps_its_debit_to_the_offerings_end_t
     // GIVEN a purchase whose call's outcome is unknown (AWS sold nothing), ended in doubt past
     // its deadline because reconciliation was refused
     let w = World::new();
-    tight(&w, "r1");
-    w.market.fail_next(MarketOp::Purchase, errors_unknown());
-    let p = w.purchaser(CAPS);
-    p.handle(found("r1", "e1")).await.unwrap();
-    at(&w, deadline() + Duration::minutes(5));
-    w.market.fail_next(MarketOp::FindByRequest, refused());
-    p.handle(tick("t0")).await.unwrap();
+    let p = ended_in_doubt_with_nothing_sold(&w).await;
     assert!(record(&w, "r1").in_doubt());
 
     // WHEN it is reconciled hourly and nothing is ever listed
@@ -402,13 +409,7 @@ async fn a_doubt_with_no_plan_recorded_to_reconcile_against_is_closed_with_its_d
     // GIVEN a request ended in doubt (its call's outcome unknown, reconciliation refused)
     // whose record holds no plan to reconcile against
     let w = World::new();
-    tight(&w, "r1");
-    w.market.fail_next(MarketOp::Purchase, errors_unknown());
-    let p = w.purchaser(CAPS);
-    p.handle(found("r1", "e1")).await.unwrap();
-    at(&w, deadline() + Duration::minutes(5));
-    w.market.fail_next(MarketOp::FindByRequest, refused());
-    p.handle(tick("t0")).await.unwrap();
+    let p = ended_in_doubt_with_nothing_sold(&w).await;
     let mut rec = record(&w, "r1");
     assert!(rec.in_doubt());
     rec.candidates.clear();
