@@ -55,9 +55,10 @@ pub struct Config {
     pub max_unhealthy_share: Decimal,
     pub sagemaker_execution_role_arn: String,
     /// This stack's identity (ARCHITECTURE §8.7 and §9.8, `DEPLOYMENT_ID`: the UUID part of
-    /// the stack's id unless the `DeploymentId` parameter says otherwise; pinned in the table): the `capacity-pilot:deployment` tag on all
-    /// we create, and a hash in training plan names, so that two stacks given the same
-    /// request id never adopt each other's reservations.
+    /// the stack's id unless the `DeploymentId` parameter says otherwise; pinned in the
+    /// table): the `capacity-pilot:deployment` tag on all we create, and a hash in training
+    /// plan names, so that two stacks given the same request id never adopt each other's
+    /// reservations.
     pub deployment_id: String,
     /// The id a table written before ids were pinned was used under (`UNPINNED_DEPLOYMENT_ID`:
     /// the `DeploymentId` parameter, or the stack name when it is empty, as the template set
