@@ -888,6 +888,8 @@ async fn a_plan_described_under_another_name_is_not_taken_for_the_requests() {
             .training_plan_name("cp-0123456789-r-A")
             .status("Active".into())
             .target_resources("training-job".into())
+            .upfront_fee("1000.00")
+            .currency_code("USD")
             .build()
     });
     let list = mock!(aws_sdk_sagemaker::Client::list_training_plans)
@@ -899,4 +901,205 @@ async fn a_plan_described_under_another_name_is_not_taken_for_the_requests() {
         .unwrap();
     // THEN it is not adopted, nor stamped with r-a's tag
     assert!(found.is_empty(), "{found:?}");
+}
+
+/// A Capacity Block reservation as EC2 lists it, tagged for `request` and `deployment`.
+fn listed_block(
+    id: &str,
+    request: &str,
+    deployment: &str,
+) -> aws_sdk_ec2::types::CapacityReservation {
+    use aws_sdk_ec2::types::{CapacityReservation, CapacityReservationState, Tag};
+    let start = Utc.with_ymd_and_hms(2026, 12, 10, 11, 30, 0).unwrap();
+    CapacityReservation::builder()
+        .capacity_reservation_id(id)
+        .instance_type("p5.48xlarge")
+        .total_instance_count(2)
+        .start_date(aws_smithy_types::DateTime::from_secs(start.timestamp()))
+        .end_date(aws_smithy_types::DateTime::from_secs(
+            start.timestamp() + 86_400,
+        ))
+        .state(CapacityReservationState::Scheduled)
+        .reservation_type("capacity-block".into())
+        .tags(
+            Tag::builder()
+                .key(crate::domain::naming::REQUEST_TAG)
+                .value(request)
+                .build(),
+        )
+        .tags(
+            Tag::builder()
+                .key(crate::domain::naming::DEPLOYMENT_TAG)
+                .value(deployment)
+                .build(),
+        )
+        .build()
+}
+
+#[tokio::test]
+async fn a_refused_tag_filter_falls_back_to_the_state_filter_and_matches_the_tag_here() {
+    // GIVEN EC2 refusing the tag filter, then listing by state two live blocks of two requests
+    // (and of two deployments)
+    let rule = mock!(aws_sdk_ec2::Client::describe_capacity_reservations)
+        .sequence()
+        .http_status(
+            400,
+            ec2_error(
+                "InvalidParameterValue",
+                "The filter 'tag:capacity-pilot:request-id' is invalid",
+            ),
+        )
+        .output(|| {
+            DescribeCapacityReservationsOutput::builder()
+                .capacity_reservations(listed_block("cr-1", "r1", "dep-a"))
+                .capacity_reservations(listed_block("cr-2", "r2", "dep-b"))
+                .build()
+        })
+        .times(2)
+        .build();
+    let adapter = ec2(&[&rule], false);
+    // WHEN a request's blocks are read
+    let id = RequestId::parse("r1").unwrap();
+    let mine = adapter.reservations_for_request(REGION, &id).await.unwrap();
+    // THEN only its own are returned, from the state listing
+    assert_eq!(
+        mine.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        ["cr-1"]
+    );
+    assert_eq!(rule.num_calls(), 2);
+}
+
+#[tokio::test]
+async fn a_refused_tag_filter_falls_back_for_the_deployments_blocks_too() {
+    let rule = mock!(aws_sdk_ec2::Client::describe_capacity_reservations)
+        .sequence()
+        .http_status(400, ec2_error("InvalidFilter", "The filter is invalid"))
+        .output(|| {
+            DescribeCapacityReservationsOutput::builder()
+                .capacity_reservations(listed_block("cr-1", "r1", "dep-a"))
+                .capacity_reservations(listed_block("cr-2", "r2", "dep-b"))
+                .build()
+        })
+        .build();
+    let ours = ec2(&[&rule], false)
+        .reservations_of_deployment(REGION, "dep-b")
+        .await
+        .unwrap();
+    assert_eq!(
+        ours.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        ["cr-2"]
+    );
+}
+
+#[tokio::test]
+async fn another_refusal_of_the_tag_filtered_listing_is_an_error_not_a_fallback() {
+    // GIVEN EC2 refusing the call itself (not the filter), then answering a second call
+    let rule = mock!(aws_sdk_ec2::Client::describe_capacity_reservations)
+        .sequence()
+        .http_status(
+            403,
+            ec2_error("UnauthorizedOperation", "You are not authorized"),
+        )
+        .output(|| {
+            DescribeCapacityReservationsOutput::builder()
+                .capacity_reservations(listed_block("cr-1", "r1", "dep-a"))
+                .build()
+        })
+        .build();
+    let adapter = ec2(&[&rule], false);
+    let id = RequestId::parse("r1").unwrap();
+    // THEN reconciliation fails (it must not read "nothing bought" from another listing)
+    let err = adapter
+        .reservations_for_request(REGION, &id)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, PortError::Permanent { code, .. } if code == "UnauthorizedOperation"),
+        "{err:?}"
+    );
+    assert_eq!(rule.num_calls(), 1);
+}
+
+#[tokio::test]
+async fn a_tag_filtered_listing_keeps_only_capacity_blocks() {
+    let rule = mock!(aws_sdk_ec2::Client::describe_capacity_reservations).then_output(|| {
+        let mut odcr = listed_block("cr-odcr", "r1", "dep-a");
+        odcr.reservation_type = Some("default".into());
+        DescribeCapacityReservationsOutput::builder()
+            .capacity_reservations(listed_block("cr-1", "r1", "dep-a"))
+            .capacity_reservations(odcr)
+            .build()
+    });
+    let id = RequestId::parse("r1").unwrap();
+    let found = ec2(&[&rule], false)
+        .reservations_for_request(REGION, &id)
+        .await
+        .unwrap();
+    assert_eq!(
+        found.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        ["cr-1"]
+    );
+}
+
+#[tokio::test]
+async fn a_requests_plan_is_found_by_its_exact_name_and_tagged_for_it() {
+    use aws_sdk_sagemaker::operation::describe_training_plan::DescribeTrainingPlanOutput;
+    use aws_sdk_sagemaker::operation::list_training_plans::ListTrainingPlansOutput;
+    let id = RequestId::parse("r-a").unwrap();
+    let name = crate::domain::naming::plan_name(&id, "dep-a", 0);
+    let arn = format!("arn:aws:sagemaker:us-east-1:1:training-plan/{name}");
+    let (n, a) = (name.clone(), arn.clone());
+    let describe =
+        mock!(aws_sdk_sagemaker::Client::describe_training_plan).then_output(move || {
+            DescribeTrainingPlanOutput::builder()
+                .training_plan_arn(&a)
+                .training_plan_name(&n)
+                .status("Active".into())
+                .target_resources("training-job".into())
+                .upfront_fee("1000.00")
+                .currency_code("USD")
+                .build()
+        });
+    let list = mock!(aws_sdk_sagemaker::Client::list_training_plans)
+        .then_output(|| ListTrainingPlansOutput::builder().build());
+    let found = sagemaker(&[&describe, &list], false)
+        .plans_for_request(REGION, &id, &name)
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].id, arn);
+    assert_eq!(found[0].request_tag.as_deref(), Some("r-a"));
+}
+
+#[tokio::test]
+async fn the_deployments_plans_are_those_named_with_its_hash() {
+    use aws_sdk_sagemaker::operation::list_training_plans::ListTrainingPlansOutput;
+    use aws_sdk_sagemaker::types::TrainingPlanSummary;
+    let summary = |request: &str, deployment: &str| {
+        let name =
+            crate::domain::naming::plan_name(&RequestId::parse(request).unwrap(), deployment, 0);
+        TrainingPlanSummary::builder()
+            .training_plan_arn(format!(
+                "arn:aws:sagemaker:us-east-1:1:training-plan/{name}"
+            ))
+            .training_plan_name(name)
+            .status("Active".into())
+            .target_resources("training-job".into())
+            .upfront_fee("1000.00")
+            .currency_code("USD")
+            .build()
+    };
+    let list = mock!(aws_sdk_sagemaker::Client::list_training_plans).then_output(move || {
+        ListTrainingPlansOutput::builder()
+            .training_plan_summaries(summary("r-1", "dep-a"))
+            .training_plan_summaries(summary("r-2", "dep-b"))
+            .build()
+    });
+    let ours = sagemaker(&[&list], false)
+        .plans_of_deployment(REGION, "dep-a")
+        .await
+        .unwrap();
+    assert_eq!(ours.len(), 1, "{ours:?}");
+    assert_eq!(ours[0].request_tag.as_deref(), Some("r-1"));
+    assert_eq!(ours[0].deployment_tag.as_deref(), Some("dep-a"));
 }
