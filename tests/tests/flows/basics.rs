@@ -222,3 +222,52 @@ pub(crate) async fn an_invalid_request_is_rejected_on_the_bus_naming_every_field
     assert_eq!(fields, ["instance_count", "regions[0]"]);
     assert_eq!(rejected[0]["source"], "capacity-pilot");
 }
+
+#[tokio::test]
+pub(crate) async fn a_bought_block_the_table_no_longer_records_is_announced_by_the_hourly_detector()
+{
+    // GIVEN a block bought and recorded, whose RES# item the table then lost (a restore from
+    // an older backup, say); the emulator lists it at once
+    let f = Flow::start().await;
+    f.cloud.with_world(|w| w.settings.listing_lag_seconds = 0);
+    let id = "flow-lost-record";
+    f.submit(f.ec2_request(id)).await;
+    f.deliver().await;
+    assert_eq!(f.status(id).await, RequestStatus::Reserved);
+    let held = f
+        .table
+        .store()
+        .reservations(&RequestId::parse(id).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 1);
+    f.table
+        .client
+        .delete_item()
+        .table_name(&f.table.name)
+        .key(
+            "pk",
+            aws_sdk_dynamodb::types::AttributeValue::S(format!("REQ#{id}")),
+        )
+        .key(
+            "sk",
+            aws_sdk_dynamodb::types::AttributeValue::S(format!("RES#{}", held[0].id)),
+        )
+        .send()
+        .await
+        .unwrap();
+
+    // WHEN cleanup-expired's scheduled tick runs (its first plants and runs the detector)
+    f.tick(integration_tests::flow::Function::Cleanup)
+        .await
+        .unwrap();
+
+    // THEN the detector, listing through the real adapters, announces it
+    let unrecorded = f.bus("Capacity Reservation Unrecorded");
+    assert_eq!(unrecorded.len(), 1, "{unrecorded:?}");
+    assert_eq!(
+        unrecorded[0]["detail"]["reservation_id"],
+        held[0].id.as_str()
+    );
+    assert_eq!(unrecorded[0]["detail"]["request_id"], id);
+}

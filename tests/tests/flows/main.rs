@@ -19,6 +19,7 @@ pub(crate) fn play_all() {
         basics::without_listing_lag_a_lost_purchase_response_is_adopted_at_once,
         basics::with_the_documented_payment_pending_first_state_a_block_is_bought_and_tracked_until_scheduled,
         basics::an_invalid_request_is_rejected_on_the_bus_naming_every_field,
+        basics::a_bought_block_the_table_no_longer_records_is_announced_by_the_hourly_detector,
         ec2::an_ec2_request_lives_from_submission_to_the_end_of_its_block,
         ec2::a_500_on_the_purchase_is_reconciled_through_the_in_doubt_window_then_bought_once,
         ec2::two_purchase_invocations_at_once_buy_one_block,
