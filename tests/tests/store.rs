@@ -3064,6 +3064,24 @@ async fn a_purchase_call_is_recorded_under_the_lease_and_a_purchase_in_doubt_kee
     assert_eq!((r.status, r.version), (Purchasing, 6));
     let history = store.history(&request_id(id)).await.unwrap();
     assert_eq!(history.last().unwrap().reason, "calling for cb-2");
+    // AND the same call's record redelivered is a duplicate, writing nothing
+    assert_eq!(
+        store
+            .mark_purchase_call(mark("a", "cb-2", at2))
+            .await
+            .unwrap(),
+        LeaseWriteOutcome::DuplicateEvent
+    );
+    assert_eq!(get(&store, id).await.version, 6);
+    // AND at the lease's very expiry no call may be recorded
+    let expiry = r.lease.as_ref().unwrap().expires_at;
+    assert_eq!(
+        store
+            .mark_purchase_call(mark("a", "cb-3", expiry))
+            .await
+            .unwrap(),
+        LeaseWriteOutcome::LeaseLost
+    );
     // AND another token, or the holder past its lease, records nothing
     assert_eq!(
         store
@@ -3114,6 +3132,23 @@ async fn a_purchase_call_is_recorded_under_the_lease_and_a_purchase_in_doubt_kee
         .await
         .unwrap();
     assert_eq!(ended, LeaseWriteOutcome::Applied { version: 8 });
+    // (the same ending redelivered is a duplicate)
+    assert_eq!(
+        store
+            .fail_in_doubt(FailInDoubt {
+                request_id: request_id(id),
+                lease_token: "b".into(),
+                to: Failed,
+                reason: "in doubt".into(),
+                next_action_at: Some(next),
+                at: late,
+                caused_by: Cause::new("in-doubt"),
+                outbox: vec![],
+            })
+            .await
+            .unwrap(),
+        LeaseWriteOutcome::DuplicateEvent
+    );
     // THEN it is Failed with the debit, doubt and marker kept, no lease and no TTL, and due
     // for its reconciliation
     let r = get(&store, id).await;
