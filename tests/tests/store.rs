@@ -3456,3 +3456,73 @@ async fn two_first_cold_starts_at_once_pin_one_id_and_the_other_is_refused() {
     assert_eq!(won, Ok(()));
     assert_eq!(lost.unwrap_err().pinned, pinned);
 }
+
+#[tokio::test]
+async fn a_purchase_ending_in_doubt_under_a_kept_cancellation_ends_cancelled_never_failed() {
+    use capacity_pilot::ports::{Doubt, FailInDoubt};
+    // GIVEN a purchase under lease "a" with its doubt recorded, and a cancellation kept on it
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let id = "doubt-kept";
+    request_with_offerings(&store, id, "ops").await;
+    let fee = usd("1000").to_micros_ceil();
+    let mut begin = begin_purchase(
+        id,
+        3,
+        OfferingsFound,
+        "a",
+        t0(),
+        Some(debit("ops", fee, MicroUsd(10_000_000_000))),
+    );
+    begin.doubt = Some(Doubt {
+        offering_ids: vec!["cb-1".into()],
+        since: t0(),
+    });
+    store.begin_purchase(begin).await.unwrap();
+    let version = get(&store, id).await.version;
+    let kept = store
+        .keep_cancellation(KeepCancellation {
+            request_id: request_id(id),
+            expected_version: version,
+            status: Purchasing,
+            note: Some(CancelNote {
+                reason: "cancelled by the requester".into(),
+                at: t0(),
+                event_id: "c1".into(),
+                found: None,
+                stop_running: false,
+                stopped: vec![],
+            }),
+            reason: "buying; cancellation kept".into(),
+            next_action_at: Some(t0() + Duration::minutes(15)),
+            at: t0(),
+            caused_by: Cause::new("c1"),
+            outbox: vec![],
+        })
+        .await
+        .unwrap();
+    assert!(matches!(kept, WriteOutcome::Applied { .. }), "{kept:?}");
+    let end = |to, event: &str| FailInDoubt {
+        request_id: request_id(id),
+        lease_token: "a".into(),
+        to,
+        reason: "in doubt".into(),
+        next_action_at: Some(t0() + Duration::hours(1)),
+        at: t0() + Duration::minutes(5),
+        caused_by: Cause::new(event),
+        outbox: vec![],
+    };
+    // WHEN the lease holder ends it in doubt as Failed, THEN the store says a cancellation is
+    // kept, and writes nothing
+    assert_eq!(
+        store.fail_in_doubt(end(Failed, "e1")).await.unwrap(),
+        LeaseWriteOutcome::CancelKept
+    );
+    assert_eq!(get(&store, id).await.status, Purchasing);
+    // AND ended as Cancelled, it is applied
+    assert!(matches!(
+        store.fail_in_doubt(end(Cancelled, "e2")).await.unwrap(),
+        LeaseWriteOutcome::Applied { .. }
+    ));
+    assert_eq!(get(&store, id).await.status, Cancelled);
+}
