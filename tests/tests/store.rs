@@ -3000,15 +3000,10 @@ async fn a_reservations_payment_check_is_in_the_work_index_in_any_status_until_i
     assert_eq!(status_of(&store, id).await, Failed);
 }
 
-#[tokio::test]
-async fn a_purchase_call_is_recorded_under_the_lease_and_a_purchase_in_doubt_keeps_its_debit_unarchived()
- {
-    use capacity_pilot::ports::{Doubt, FailInDoubt, MarkPurchaseCall, PurchaseCall};
-    use chrono::{DateTime, Utc};
-    let table = TestTable::fresh().await.unwrap();
-    let store = table.store();
-    let id = "doubt";
-    request_with_offerings(&store, id, "ops").await;
+/// GIVEN `id` buying under lease "a" (taken at t0) with a $1000 debit of team ops, its doubt
+/// recorded for `offerings`; the fee debited.
+async fn buying_in_doubt(store: &DynamoStore, id: &str, offerings: &[&str]) -> MicroUsd {
+    request_with_offerings(store, id, "ops").await;
     let fee = usd("1000").to_micros_ceil();
     let mut begin = begin_purchase(
         id,
@@ -3018,11 +3013,23 @@ async fn a_purchase_call_is_recorded_under_the_lease_and_a_purchase_in_doubt_kee
         t0(),
         Some(debit("ops", fee, MicroUsd(10_000_000_000))),
     );
-    begin.doubt = Some(Doubt {
-        offering_ids: vec!["cb-1".into(), "cb-2".into()],
+    begin.doubt = Some(capacity_pilot::ports::Doubt {
+        offering_ids: offerings.iter().map(|o| o.to_string()).collect(),
         since: t0(),
     });
     store.begin_purchase(begin).await.unwrap();
+    fee
+}
+
+#[tokio::test]
+async fn a_purchase_call_is_recorded_under_the_lease_and_a_purchase_in_doubt_keeps_its_debit_unarchived()
+ {
+    use capacity_pilot::ports::{FailInDoubt, MarkPurchaseCall, PurchaseCall};
+    use chrono::{DateTime, Utc};
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let id = "doubt";
+    let fee = buying_in_doubt(&store, id, &["cb-1", "cb-2"]).await;
     // THEN a new purchase's lease records that nothing was called
     assert_eq!(
         get(&store, id).await.purchase_call,
@@ -3459,26 +3466,12 @@ async fn two_first_cold_starts_at_once_pin_one_id_and_the_other_is_refused() {
 
 #[tokio::test]
 async fn a_purchase_ending_in_doubt_under_a_kept_cancellation_ends_cancelled_never_failed() {
-    use capacity_pilot::ports::{Doubt, FailInDoubt};
+    use capacity_pilot::ports::FailInDoubt;
     // GIVEN a purchase under lease "a" with its doubt recorded, and a cancellation kept on it
     let table = TestTable::fresh().await.unwrap();
     let store = table.store();
     let id = "doubt-kept";
-    request_with_offerings(&store, id, "ops").await;
-    let fee = usd("1000").to_micros_ceil();
-    let mut begin = begin_purchase(
-        id,
-        3,
-        OfferingsFound,
-        "a",
-        t0(),
-        Some(debit("ops", fee, MicroUsd(10_000_000_000))),
-    );
-    begin.doubt = Some(Doubt {
-        offering_ids: vec!["cb-1".into()],
-        since: t0(),
-    });
-    store.begin_purchase(begin).await.unwrap();
+    buying_in_doubt(&store, id, &["cb-1"]).await;
     let version = get(&store, id).await.version;
     let kept = store
         .keep_cancellation(KeepCancellation {

@@ -874,26 +874,40 @@ async fn a_conditional_update_refused_for_another_reason_is_an_error_not_a_condi
     );
 }
 
-#[tokio::test]
-async fn a_plan_described_under_another_name_is_not_taken_for_the_requests() {
-    // GIVEN SageMaker answering DescribeTrainingPlan for request r-a's name with r-A's plan
-    // (names that differ only in case, were SageMaker to fold them: review N15)
+fn plan_arn(name: &str) -> String {
+    format!("arn:aws:sagemaker:us-east-1:1:training-plan/{name}")
+}
+
+/// DescribeTrainingPlan answering with an active training-job plan named `name`.
+fn described_plan(name: &str) -> Rule {
     use aws_sdk_sagemaker::operation::describe_training_plan::DescribeTrainingPlanOutput;
-    use aws_sdk_sagemaker::operation::list_training_plans::ListTrainingPlansOutput;
-    let id = RequestId::parse("r-a").unwrap();
-    let ours = "cp-0123456789-r-a";
-    let describe = mock!(aws_sdk_sagemaker::Client::describe_training_plan).then_output(|| {
+    let name = name.to_string();
+    mock!(aws_sdk_sagemaker::Client::describe_training_plan).then_output(move || {
         DescribeTrainingPlanOutput::builder()
-            .training_plan_arn("arn:aws:sagemaker:us-east-1:1:training-plan/cp-0123456789-r-A")
-            .training_plan_name("cp-0123456789-r-A")
+            .training_plan_arn(plan_arn(&name))
+            .training_plan_name(&name)
             .status("Active".into())
             .target_resources("training-job".into())
             .upfront_fee("1000.00")
             .currency_code("USD")
             .build()
-    });
-    let list = mock!(aws_sdk_sagemaker::Client::list_training_plans)
-        .then_output(|| ListTrainingPlansOutput::builder().build());
+    })
+}
+
+/// ListTrainingPlans listing nothing.
+fn no_listed_plans() -> Rule {
+    use aws_sdk_sagemaker::operation::list_training_plans::ListTrainingPlansOutput;
+    mock!(aws_sdk_sagemaker::Client::list_training_plans)
+        .then_output(|| ListTrainingPlansOutput::builder().build())
+}
+
+#[tokio::test]
+async fn a_plan_described_under_another_name_is_not_taken_for_the_requests() {
+    // GIVEN SageMaker answering DescribeTrainingPlan for request r-a's name with r-A's plan
+    // (names that differ only in case, were SageMaker to fold them: review N15)
+    let id = RequestId::parse("r-a").unwrap();
+    let ours = "cp-0123456789-r-a";
+    let (describe, list) = (described_plan("cp-0123456789-r-A"), no_listed_plans());
     // WHEN the request's plans are read
     let found = sagemaker(&[&describe, &list], false)
         .plans_for_request(REGION, &id, ours)
@@ -1043,25 +1057,10 @@ async fn a_tag_filtered_listing_keeps_only_capacity_blocks() {
 
 #[tokio::test]
 async fn a_requests_plan_is_found_by_its_exact_name_and_tagged_for_it() {
-    use aws_sdk_sagemaker::operation::describe_training_plan::DescribeTrainingPlanOutput;
-    use aws_sdk_sagemaker::operation::list_training_plans::ListTrainingPlansOutput;
     let id = RequestId::parse("r-a").unwrap();
     let name = crate::domain::naming::plan_name(&id, "dep-a", 0);
-    let arn = format!("arn:aws:sagemaker:us-east-1:1:training-plan/{name}");
-    let (n, a) = (name.clone(), arn.clone());
-    let describe =
-        mock!(aws_sdk_sagemaker::Client::describe_training_plan).then_output(move || {
-            DescribeTrainingPlanOutput::builder()
-                .training_plan_arn(&a)
-                .training_plan_name(&n)
-                .status("Active".into())
-                .target_resources("training-job".into())
-                .upfront_fee("1000.00")
-                .currency_code("USD")
-                .build()
-        });
-    let list = mock!(aws_sdk_sagemaker::Client::list_training_plans)
-        .then_output(|| ListTrainingPlansOutput::builder().build());
+    let arn = plan_arn(&name);
+    let (describe, list) = (described_plan(&name), no_listed_plans());
     let found = sagemaker(&[&describe, &list], false)
         .plans_for_request(REGION, &id, &name)
         .await

@@ -53,6 +53,23 @@ async fn ended_in_doubt_with_nothing_sold(w: &World) -> P {
     p
 }
 
+/// GIVEN r1's purchase that never called AWS: the marker's write failed, so the worker
+/// holding the lease and the debit stopped before its call.
+async fn never_called(w: &World) -> P {
+    w.store
+        .fail_next(StoreOp::MarkPurchaseCall, errors_transient());
+    let p = w.purchaser(CAPS);
+    assert!(p.handle(found("r1", "e1")).await.is_err());
+    p
+}
+
+/// r1 with a wide window (purchase deadline t0 + 50 h) and its block at t0 + 26.5 h.
+fn wide(w: &World) -> RequestRecord {
+    let mut req = request("r1", "team-a", "5000");
+    req.window.latest_end = t0() + Duration::hours(74) + Duration::minutes(30);
+    w.with_candidate(req, block("cb-1", "1661.18"))
+}
+
 /// r-split, a split (cb-first $3000, cb-second $3500) whose purchase deadline, its
 /// latest_end less 48 h and the lead, is [`deadline`].
 fn wide_split(w: &World) -> RequestRecord {
@@ -70,10 +87,7 @@ async fn a_takeover_of_a_purchase_that_never_called_aws_buys_it_at_once_without_
     // (the marker's write failed, so it never called)
     let w = World::new();
     tight(&w, "r1");
-    w.store
-        .fail_next(StoreOp::MarkPurchaseCall, errors_transient());
-    let p = w.purchaser(CAPS);
-    assert!(p.handle(found("r1", "e1")).await.is_err());
+    let p = never_called(&w).await;
     assert_eq!(w.market.purchase_count(), 0);
     assert_eq!(w.status("r1").await, RequestStatus::Purchasing);
     assert_eq!(record(&w, "r1").purchase_call, Some(PurchaseCall::None));
@@ -99,10 +113,7 @@ async fn a_takeover_past_the_deadline_of_a_purchase_that_never_called_fails_and_
     // GIVEN a purchase that never called AWS, a cancellation kept meanwhile
     let w = World::new();
     tight(&w, "r1");
-    w.store
-        .fail_next(StoreOp::MarkPurchaseCall, errors_transient());
-    let p = w.purchaser(CAPS);
-    assert!(p.handle(found("r1", "e1")).await.is_err());
+    let p = never_called(&w).await;
     p.handle(cancel_event("r1", "c1")).await.unwrap();
     assert!(record(&w, "r1").cancel.is_some());
 
@@ -475,13 +486,8 @@ async fn a_takeover_of_a_purchase_that_never_called_whose_plan_now_starts_too_so
     // GIVEN a purchase that never called AWS (the marker's write failed), its request's
     // window wide (purchase deadline t0 + 50 h) and its block at t0 + 26.5 h
     let w = World::new();
-    let mut req = request("r1", "team-a", "5000");
-    req.window.latest_end = t0() + Duration::hours(74) + Duration::minutes(30);
-    w.with_candidate(req, block("cb-1", "1661.18"));
-    w.store
-        .fail_next(StoreOp::MarkPurchaseCall, errors_transient());
-    let p = w.purchaser(CAPS);
-    assert!(p.handle(found("r1", "e1")).await.is_err());
+    wide(&w);
+    let p = never_called(&w).await;
 
     // (a takeover exactly the purchase lead before the block's start still buys it: see
     // the test below)
@@ -503,13 +509,8 @@ async fn a_takeover_of_a_purchase_that_never_called_whose_plan_now_starts_too_so
 async fn a_takeover_of_a_purchase_that_never_called_exactly_the_lead_before_its_start_buys_it() {
     // GIVEN the purchase above, never called
     let w = World::new();
-    let mut req = request("r1", "team-a", "5000");
-    req.window.latest_end = t0() + Duration::hours(74) + Duration::minutes(30);
-    w.with_candidate(req, block("cb-1", "1661.18"));
-    w.store
-        .fail_next(StoreOp::MarkPurchaseCall, errors_transient());
-    let p = w.purchaser(CAPS);
-    assert!(p.handle(found("r1", "e1")).await.is_err());
+    wide(&w);
+    let p = never_called(&w).await;
     // WHEN the takeover comes exactly the purchase lead before the block's start
     at(&w, t0() + Duration::hours(26));
     p.handle(tick("t1")).await.unwrap();
@@ -523,10 +524,7 @@ async fn a_takeover_of_a_purchase_that_never_called_at_its_deadline_fails() {
     // GIVEN a purchase that never called AWS
     let w = World::new();
     tight(&w, "r1");
-    w.store
-        .fail_next(StoreOp::MarkPurchaseCall, errors_transient());
-    let p = w.purchaser(CAPS);
-    assert!(p.handle(found("r1", "e1")).await.is_err());
+    let p = never_called(&w).await;
     // WHEN the takeover comes exactly at the purchase deadline
     at(&w, deadline());
     p.handle(tick("t1")).await.unwrap();
