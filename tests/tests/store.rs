@@ -3125,35 +3125,21 @@ async fn a_purchase_call_is_recorded_under_the_lease_and_a_purchase_in_doubt_kee
 
     // WHEN the takeover ends it in doubt
     let next = late + Duration::hours(1);
-    let ended = store
-        .fail_in_doubt(FailInDoubt {
-            request_id: request_id(id),
-            lease_token: "b".into(),
-            to: Failed,
-            reason: "in doubt".into(),
-            next_action_at: Some(next),
-            at: late,
-            caused_by: Cause::new("in-doubt"),
-            outbox: vec![],
-        })
-        .await
-        .unwrap();
+    let in_doubt = FailInDoubt {
+        request_id: request_id(id),
+        lease_token: "b".into(),
+        to: Failed,
+        reason: "in doubt".into(),
+        next_action_at: Some(next),
+        at: late,
+        caused_by: Cause::new("in-doubt"),
+        outbox: vec![],
+    };
+    let ended = store.fail_in_doubt(in_doubt.clone()).await.unwrap();
     assert_eq!(ended, LeaseWriteOutcome::Applied { version: 8 });
     // (the same ending redelivered is a duplicate)
     assert_eq!(
-        store
-            .fail_in_doubt(FailInDoubt {
-                request_id: request_id(id),
-                lease_token: "b".into(),
-                to: Failed,
-                reason: "in doubt".into(),
-                next_action_at: Some(next),
-                at: late,
-                caused_by: Cause::new("in-doubt"),
-                outbox: vec![],
-            })
-            .await
-            .unwrap(),
+        store.fail_in_doubt(in_doubt).await.unwrap(),
         LeaseWriteOutcome::DuplicateEvent
     );
     // THEN it is Failed with the debit, doubt and marker kept, no lease and no TTL, and due
