@@ -43,23 +43,14 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         };
         let Some(rec) = rec else {
             // Answered, not dropped: the approver learns nothing will be bought (review N12).
-            let reason = format!(
-                "{} by {} refused: no request {:?} is recorded (never submitted, rejected at \
-                 submission, or archived)",
-                if approved { "approval" } else { "rejection" },
-                d.approver,
+            let why = format!(
+                "no request {:?} is recorded (never submitted, rejected at submission, or \
+                 archived)",
                 d.request_id
             );
-            let ev = ApprovalRefused {
-                event_key: format!("{}:approval-refused:{}", d.request_id, cause.event_id),
-                request_id: d.request_id.clone(),
-                reason: reason.clone(),
-                current_event_key: None,
-            };
-            outbox::publish_now(self.events, &[outbound(&ev)]).await?;
-            out.decisions
-                .push(Decision::about(&d.request_id, "approval-refused", reason));
-            return Ok(None);
+            return self
+                .refuse(d, approved, &d.request_id, why, None, cause, out)
+                .await;
         };
         let id = rec.request_id.clone();
         // ARCHITECTURE 8.2: a decision answers one Awaiting Approval, bound to its plan.
@@ -84,21 +75,9 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             _ => None,
         };
         if let Some(why) = refused {
-            let reason = format!(
-                "{} by {} refused: {why}",
-                if approved { "approval" } else { "rejection" },
-                d.approver
-            );
-            let ev = ApprovalRefused {
-                event_key: format!("{id}:approval-refused:{}", cause.event_id),
-                request_id: id.to_string(),
-                reason: reason.clone(),
-                current_event_key: current,
-            };
-            outbox::publish_now(self.events, &[outbound(&ev)]).await?;
-            out.decisions
-                .push(Decision::new(&id, "approval-refused", reason));
-            return Ok(None);
+            return self
+                .refuse(d, approved, id.as_str(), why, current, cause, out)
+                .await;
         }
         if approved {
             Ok(Some(rec))
@@ -131,6 +110,36 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             ));
             Ok(None)
         }
+    }
+
+    /// Answers decision `d` about `request_id` with `Capacity Purchase Approval Refused`,
+    /// saying `why` (and the key a decision must name now, `current`); nothing is bought.
+    #[allow(clippy::too_many_arguments)]
+    async fn refuse(
+        &self,
+        d: &PurchaseDecision,
+        approved: bool,
+        request_id: &str,
+        why: String,
+        current: Option<String>,
+        cause: &Cause,
+        out: &mut Outcome,
+    ) -> Result<Option<RequestRecord>, PortError> {
+        let reason = format!(
+            "{} by {} refused: {why}",
+            if approved { "approval" } else { "rejection" },
+            d.approver
+        );
+        let ev = ApprovalRefused {
+            event_key: format!("{request_id}:approval-refused:{}", cause.event_id),
+            request_id: request_id.to_string(),
+            reason: reason.clone(),
+            current_event_key: current,
+        };
+        outbox::publish_now(self.events, &[outbound(&ev)]).await?;
+        out.decisions
+            .push(Decision::about(request_id, "approval-refused", reason));
+        Ok(None)
     }
 
     /// Whether `plan` may be bought now: above the request's `approval_above` and not
