@@ -43,7 +43,9 @@ pub struct DeploymentIdChanged {
     pub configured: String,
 }
 
-/// Pins the table's deployment id at the first cold start and refuses a different one after.
+/// Pins the table's deployment id at the first cold start and refuses a different one after;
+/// on a table written before workload names were claimed, claims its live requests' names
+/// once (ARCHITECTURE §9.8).
 pub async fn check_deployment(
     store: &DynamoStore,
     config: &Config,
@@ -53,7 +55,10 @@ pub async fn check_deployment(
         .pin_deployment(&config.deployment_id, &config.unpinned_deployment_id, now)
         .await?
     {
-        Pinned::Same => Ok(()),
+        Pinned::Same => {
+            store.claim_live_requests(now).await?;
+            Ok(())
+        }
         Pinned::Changed { pinned, configured } => {
             let e = DeploymentIdChanged {
                 table: config.table_name.clone(),

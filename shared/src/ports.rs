@@ -850,6 +850,62 @@ pub struct NewRequest {
     pub at: DateTime<Utc>,
     pub caused_by: Cause,
     pub outbox: Vec<OutboundEvent>,
+    /// The workload names it claims (ARCHITECTURE §9.8), written in the same transaction,
+    /// each on the version read: two submissions that read one claim cannot both commit.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claims: Vec<ClaimWrite>,
+}
+
+/// A workload name a request claims in a region (ARCHITECTURE §9.8): an inference endpoint,
+/// or a HyperPod cluster's instance group. AWS compares these names case-insensitively, so
+/// the name is kept lower-cased.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ClaimKey {
+    pub region: String,
+    /// `endpoint` or `hyperpod-group`.
+    pub kind: String,
+    /// The endpoint name, or `<cluster>/<group>`, lower-cased.
+    pub name: String,
+}
+
+impl ClaimKey {
+    pub fn new(region: &str, kind: &str, name: &str) -> ClaimKey {
+        ClaimKey {
+            region: region.to_string(),
+            kind: kind.to_string(),
+            name: name.to_lowercase(),
+        }
+    }
+}
+
+impl std::fmt::Display for ClaimKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}#{}#{}", self.region, self.kind, self.name)
+    }
+}
+
+/// One request's claim on a name: the interval it may hold it in, as written (the request's
+/// `[earliest_start, latest_end]`); a reader narrows it by the request's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claimant {
+    pub request_id: RequestId,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+}
+
+/// `CLAIM#<region>#<kind>#<name>`: who claims the name, at `version`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub version: u64,
+    pub claimants: Vec<Claimant>,
+}
+
+/// A claim's next contents, written only if it is still at `read` (`None`: absent).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimWrite {
+    pub key: ClaimKey,
+    pub read: Option<u64>,
+    pub claimants: Vec<Claimant>,
 }
 
 /// A debit against the team's monthly cap and the request's own cap, applied in the same
@@ -1296,6 +1352,9 @@ pub enum CreateOutcome {
     /// A request with this id exists (the caller's idempotency key).
     AlreadyExists,
     DuplicateEvent,
+    /// A claim it writes is no longer at the version read: nothing was written; read the
+    /// claims again and decide again.
+    ClaimChanged,
     /// Its cancellation came first (§8.3): nothing was written; record it `Cancelled`.
     Tombstoned(Tombstone),
 }
@@ -1615,6 +1674,15 @@ pub trait Store: Send + Sync {
         &self,
         new: NewRequest,
     ) -> impl Future<Output = Result<CreateOutcome, PortError>> + Send;
+
+    /// Who claims a workload name ([`ClaimKey`]), by a fresh read.
+    fn claim(
+        &self,
+        key: &ClaimKey,
+    ) -> impl Future<Output = Result<Option<Claim>, PortError>> + Send;
+
+    /// Writes a claim's next contents if it is still at the version read; false when not.
+    fn write_claim(&self, w: ClaimWrite) -> impl Future<Output = Result<bool, PortError>> + Send;
 
     /// A request, or `None` (also when archived and past its TTL).
     fn get_request(

@@ -86,6 +86,7 @@ pub fn new_request(id: &str, team_name: &str, next_action_at: Option<DateTime<Ut
         at: t0(),
         caused_by: Cause::new(format!("submit-{id}")),
         outbox: vec![event(&format!("{id}-accepted"))],
+        claims: vec![],
     }
 }
 

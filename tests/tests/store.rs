@@ -3505,3 +3505,168 @@ async fn a_purchase_ending_in_doubt_under_a_kept_cancellation_ends_cancelled_nev
     ));
     assert_eq!(get(&store, id).await.status, Cancelled);
 }
+
+// ---- workload names' claims (ARCHITECTURE 9.8) --------------------------------------------
+
+fn claim_of(id: &str, read: Option<u64>, with: &[&str]) -> capacity_pilot::ports::ClaimWrite {
+    capacity_pilot::ports::ClaimWrite {
+        key: capacity_pilot::ports::ClaimKey::new("us-east-1", "endpoint", "LLM"),
+        read,
+        claimants: with
+            .iter()
+            .map(|c| capacity_pilot::ports::Claimant {
+                request_id: request_id(c),
+                from: t0(),
+                to: t0() + Duration::days(7),
+            })
+            .chain(std::iter::once(capacity_pilot::ports::Claimant {
+                request_id: request_id(id),
+                from: t0(),
+                to: t0() + Duration::days(7),
+            }))
+            .collect(),
+    }
+}
+
+#[tokio::test]
+async fn a_request_writes_its_claim_on_the_version_read_or_nothing_at_all() {
+    // GIVEN a fresh table
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let key = claim_of("c-1", None, &[]).key;
+
+    // WHEN c-1 is created claiming the name, read absent
+    let mut first = new_request("c-1", "ml", None);
+    first.claims = vec![claim_of("c-1", None, &[])];
+    assert_eq!(
+        store.create_request(first).await.unwrap(),
+        CreateOutcome::Created { version: 1 }
+    );
+    // THEN the claim is at version 1 and lists it (under the lower-cased name)
+    let claim = table.store().claim(&key).await.unwrap().unwrap();
+    assert_eq!(key.name, "llm");
+    assert_eq!(claim.version, 1);
+    assert_eq!(claim.claimants, claim_of("c-1", None, &[]).claimants);
+
+    // WHEN c-2 is created on the claim as it read it before c-1 (absent)
+    let mut stale = new_request("c-2", "ml", None);
+    stale.claims = vec![claim_of("c-2", None, &[])];
+    // THEN nothing of c-2 is written: no request, no claimant, no outbox item
+    assert_eq!(
+        store.create_request(stale).await.unwrap(),
+        CreateOutcome::ClaimChanged
+    );
+    let fresh = table.store();
+    assert!(
+        fresh
+            .get_request(&request_id("c-2"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(fresh.claim(&key).await.unwrap().unwrap().version, 1);
+    assert!(
+        !fresh
+            .unsent_outbox(100)
+            .await
+            .unwrap()
+            .iter()
+            .any(|o| o.event.event_key.starts_with("c-2"))
+    );
+
+    // WHEN c-2 reads it again (version 1) and is created beside c-1
+    let mut again = new_request("c-2", "ml", None);
+    again.claims = vec![claim_of("c-2", Some(1), &["c-1"])];
+    assert_eq!(
+        store.create_request(again).await.unwrap(),
+        CreateOutcome::Created { version: 1 }
+    );
+    // THEN the claim is at version 2 listing both; a lone write on version 1 is refused
+    let claim = table.store().claim(&key).await.unwrap().unwrap();
+    assert_eq!(claim.version, 2);
+    assert_eq!(claim.claimants.len(), 2);
+    assert!(
+        !store
+            .write_claim(claim_of("c-3", Some(1), &[]))
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .write_claim(claim_of("c-3", Some(2), &["c-1", "c-2"]))
+            .await
+            .unwrap()
+    );
+    assert_eq!(table.store().claim(&key).await.unwrap().unwrap().version, 3);
+    // AND a claim write to an absent claim refuses one that exists
+    assert!(!store.write_claim(claim_of("c-4", None, &[])).await.unwrap());
+}
+
+#[tokio::test]
+async fn live_requests_recorded_before_claims_are_claimed_once_at_a_cold_start() {
+    use capacity_pilot::domain::request::WorkloadDetail;
+    use capacity_pilot::workload::claims::{Claiming, prepare};
+    // GIVEN a table as the commit before claims wrote it: u-1 (live) and u-2 (ended, no
+    // window) naming endpoint llm, and an EC2 request, none claiming anything
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let endpoint = |id: &str| {
+        let mut n = new_request(id, "ml", Some(t0()));
+        n.request.instance_types = vec!["ml.p5.48xlarge".into()];
+        n.request.workload = WorkloadDetail::InferenceEndpoint {
+            model_name: "m".into(),
+            endpoint_name: "llm".into(),
+            variant_name: "primary".into(),
+        };
+        n
+    };
+    for n in [
+        endpoint("u-1"),
+        endpoint("u-2"),
+        new_request("u-3", "ml", Some(t0())),
+    ] {
+        store.create_request(n).await.unwrap();
+    }
+    store
+        .transition(transition("u-2", 1, Accepted, Cancelled, "cancel-u-2"))
+        .await
+        .unwrap();
+    let key = capacity_pilot::ports::ClaimKey::new("us-east-1", "endpoint", "llm");
+    assert!(store.claim(&key).await.unwrap().is_none());
+
+    // WHEN the first cold start after the upgrade runs, then another two hours on
+    let added = table.store().claim_live_requests(t0()).await.unwrap();
+    let again = table
+        .store()
+        .claim_live_requests(t0() + Duration::hours(2))
+        .await
+        .unwrap();
+
+    // THEN the live request claims its name (the ended one is not in the index), once
+    assert_eq!((added, again), (1, 0));
+    let claim = table.store().claim(&key).await.unwrap().unwrap();
+    let ids: Vec<String> = claim
+        .claimants
+        .iter()
+        .map(|c| c.request_id.to_string())
+        .collect();
+    assert_eq!(ids, ["u-1"]);
+    // AND a new request naming it over the same interval is refused, naming u-1
+    let n = endpoint("u-4");
+    match prepare(&table.store(), &n.request, t0()).await.unwrap() {
+        Claiming::Refused(e) => {
+            assert_eq!(e.field, "workload.endpoint_name");
+            assert!(e.message.contains("request u-1"), "{}", e.message);
+        }
+        other => panic!("{other:?}"),
+    }
+    // AND a cold start within the hour passes again, adding nothing listed already
+    assert_eq!(
+        table
+            .store()
+            .claim_live_requests(t0() + Duration::minutes(30))
+            .await
+            .unwrap(),
+        0
+    );
+}

@@ -30,6 +30,7 @@ use capacity_pilot::ports::{
 };
 use capacity_pilot::search::{self, SearchRound};
 use capacity_pilot::workload;
+use capacity_pilot::workload::claims::{self, Claiming};
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 use serde_json::Value;
@@ -205,19 +206,50 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
             workload_kind: request.workload_kind(),
             search_deadline: deadline,
         };
-        let mut created = self
-            .store
-            .create_request(NewRequest {
-                request: request.clone(),
-                source: source.to_string(),
-                cancelled: None,
-                reason: format!("accepted from {source}; searching until {deadline}"),
-                next_action_at: Some(now),
-                at: now,
-                caused_by: cause.clone(),
-                outbox: vec![outbound(&accepted)],
-            })
-            .await?;
+        // Its workload names are claimed with it (ARCHITECTURE §9.8): read, decided, and
+        // written on the versions read, again when another submission wrote one first.
+        let mut tries = 0;
+        let mut created = loop {
+            let claims = match claims::prepare(&self.store, &request, now).await? {
+                Claiming::Writes(w) => w,
+                // A redelivery of a recorded request is answered as one, below.
+                Claiming::Refused(_) if self.store.get_request(&id).await?.is_some() => vec![],
+                Claiming::Refused(problem) => {
+                    out.decisions
+                        .push(Decision::new(&id, "rejected", problem.to_string()));
+                    reject(vec![problem]).await?;
+                    return Ok(None);
+                }
+            };
+            let created = self
+                .store
+                .create_request(NewRequest {
+                    request: request.clone(),
+                    source: source.to_string(),
+                    cancelled: None,
+                    reason: format!("accepted from {source}; searching until {deadline}"),
+                    next_action_at: Some(now),
+                    at: now,
+                    caused_by: cause.clone(),
+                    outbox: vec![outbound(&accepted)],
+                    claims,
+                })
+                .await?;
+            match created {
+                CreateOutcome::ClaimChanged if tries < CLAIM_TRIES => tries += 1,
+                CreateOutcome::ClaimChanged => {
+                    return Err(PortError::Transient {
+                        service: "dynamodb",
+                        code: "Contended".into(),
+                        message: format!(
+                            "{id}: its workload name's claim changed under it {CLAIM_TRIES} \
+                             times; the submission is retried"
+                        ),
+                    });
+                }
+                c => break c,
+            }
+        };
         if let CreateOutcome::Tombstoned(t) = &created {
             // ARCHITECTURE 8.3: its cancellation came first, from the same source, and was
             // answered then; the request is recorded cancelled, and nothing is searched.
@@ -246,6 +278,7 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
                     at: now,
                     caused_by: cause.clone(),
                     outbox: vec![outbound(&failed)],
+                    claims: vec![],
                 })
                 .await?;
             if let CreateOutcome::Created { .. } = created {
@@ -254,12 +287,15 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
             }
         }
         match created {
-            // (A record created cancelled honours no tombstone: not reached.)
-            CreateOutcome::Tombstoned(_) => Err(PortError::Transient {
-                service: "dynamodb",
-                code: "Contended".into(),
-                message: format!("{id}: the submission met a tombstone twice"),
-            }),
+            // (A record created cancelled honours no tombstone, and claims nothing: not
+            // reached.)
+            CreateOutcome::Tombstoned(_) | CreateOutcome::ClaimChanged => {
+                Err(PortError::Transient {
+                    service: "dynamodb",
+                    code: "Contended".into(),
+                    message: format!("{id}: the submission met a tombstone twice"),
+                })
+            }
             CreateOutcome::Created { .. } => {
                 out.decisions
                     .push(Decision::new(&id, "accepted", "validated and recorded"));
@@ -785,6 +821,9 @@ fn summarize(rejections: &[capacity_pilot::domain::planner::Rejection]) -> Strin
         Some(r) => format!("; e.g. {}: {}", r.offering_id, r.reason),
     }
 }
+
+/// How often a submission reads and writes its claims again when another wrote one first.
+const CLAIM_TRIES: u32 = 4;
 
 fn problem(field: &str, message: String) -> FieldError {
     FieldError {

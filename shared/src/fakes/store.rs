@@ -20,11 +20,12 @@ use crate::domain::reservation::Reservation;
 use crate::domain::status::RequestStatus;
 use crate::domain::window;
 use crate::ports::{
-    Agenda, BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit,
-    DetectorDue, DueItem, FailInDoubt, HistoryEntry, KeepCancellation, LeaseWriteOutcome,
-    LiveRequest, MarkPurchaseCall, NewRequest, OutboundEvent, OutboxItem, Pacing, PaymentDue,
-    PortError, PurchaseCall, RecordReservation, ReleaseUnbought, RequestRecord, Store, Tombstone,
-    TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord, WriteOutcome, outbox_seq,
+    Agenda, BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, Claim, ClaimKey, ClaimWrite,
+    CreateOutcome, Debit, DetectorDue, DueItem, FailInDoubt, HistoryEntry, KeepCancellation,
+    LeaseWriteOutcome, LiveRequest, MarkPurchaseCall, NewRequest, OutboundEvent, OutboxItem,
+    Pacing, PaymentDue, PortError, PurchaseCall, RecordReservation, ReleaseUnbought, RequestRecord,
+    Store, Tombstone, TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord, WriteOutcome,
+    outbox_seq,
 };
 use crate::search::{Allowance, DESCRIBE_PACE};
 
@@ -38,6 +39,8 @@ const SERVICE: &str = "store";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum StoreOp {
     CreateRequest,
+    Claim,
+    WriteClaim,
     GetRequest,
     Transition,
     BeginPurchase,
@@ -66,6 +69,7 @@ impl StoreOp {
         matches!(
             self,
             StoreOp::CreateRequest
+                | StoreOp::WriteClaim
                 | StoreOp::Transition
                 | StoreOp::BeginPurchase
                 | StoreOp::RecordReservation
@@ -114,6 +118,8 @@ struct State {
     outbox: BTreeMap<(String, String), OutboxEntry>,
     ledger: BTreeMap<(Team, BudgetMonth), i64>,
     tombstones: BTreeMap<RequestId, Tombstone>,
+    /// Workload names and who claims them (ARCHITECTURE §9.8).
+    claims: BTreeMap<ClaimKey, Claim>,
     history: BTreeMap<RequestId, Vec<HistoryEntry>>,
     /// Committed writes of requests ([`Store::outbox_writes`]).
     writes: u64,
@@ -744,6 +750,17 @@ impl State {
         {
             return CreateOutcome::Tombstoned(t.clone());
         }
+        // Every claim at the version read, or nothing is written.
+        if new
+            .claims
+            .iter()
+            .any(|w| self.claims.get(&w.key).map(|c| c.version) != w.read)
+        {
+            return CreateOutcome::ClaimChanged;
+        }
+        for w in &new.claims {
+            self.put_claim(w);
+        }
         // An archived request past its TTL frees its id; its items went with it.
         self.reservations.remove(&id);
         self.workloads.remove(&id);
@@ -783,6 +800,16 @@ impl State {
         );
         self.commit(&id, &new.caused_by, new.at, &new.outbox);
         CreateOutcome::Created { version: 1 }
+    }
+
+    fn put_claim(&mut self, w: &ClaimWrite) {
+        self.claims.insert(
+            w.key.clone(),
+            Claim {
+                version: w.read.map_or(1, |v| v + 1),
+                claimants: w.claimants.clone(),
+            },
+        );
     }
 
     fn put_tombstone(&mut self, t: Tombstone, outbox: &[OutboundEvent]) -> TombstoneOutcome {
@@ -1317,6 +1344,25 @@ impl Store for InMemoryStore {
         let after = self.begin(StoreOp::CreateRequest)?;
         let outcome = lock(&self.state).create_request(new);
         finish(after, Ok(outcome))
+    }
+
+    async fn claim(&self, key: &ClaimKey) -> Result<Option<Claim>, PortError> {
+        self.pause("Claim").await;
+        let after = self.begin(StoreOp::Claim)?;
+        let found = lock(&self.state).claims.get(key).cloned();
+        finish(after, Ok(found))
+    }
+
+    async fn write_claim(&self, w: ClaimWrite) -> Result<bool, PortError> {
+        self.pause("WriteClaim").await;
+        let after = self.begin(StoreOp::WriteClaim)?;
+        let mut s = lock(&self.state);
+        let written = s.claims.get(&w.key).map(|c| c.version) == w.read;
+        if written {
+            s.put_claim(&w);
+        }
+        drop(s);
+        finish(after, Ok(written))
     }
 
     async fn get_request(

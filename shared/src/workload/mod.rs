@@ -3,6 +3,7 @@
 //! outside the kind modules (and the request parser) that tells the kinds apart, so a new
 //! kind, or a change to one, touches one module and one `match` here.
 
+pub mod claims;
 pub mod ec2_instances;
 pub mod hyperpod_cluster;
 pub mod inference_endpoint;

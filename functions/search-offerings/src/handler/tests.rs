@@ -1147,3 +1147,262 @@ async fn a_spot_run_that_fell_back_early_searches_for_every_day_left() {
     assert_eq!(super::remaining(&rec, &[]).duration_hours, 48);
     assert_eq!(rec.needed_hours(), 48);
 }
+
+// ---- workload names claimed by one live request at a time (ARCHITECTURE 9.8) --------------
+
+/// An endpoint request named `endpoint` wanting 48 h between days `from` and `to`.
+fn endpoint(id: &str, endpoint: &str, from: u32, to: u32) -> Value {
+    let mut d = detail(id);
+    d["instance_types"] = json!(["ml.p5.48xlarge"]);
+    d["instance_count"] = json!(1);
+    d["earliest_start"] = json!(day(from).to_rfc3339());
+    d["latest_end"] = json!(day(to).to_rfc3339());
+    d["workload"] = json!({"kind": "inference-endpoint", "model_name": "m",
+        "endpoint_name": endpoint, "variant_name": "primary"});
+    d
+}
+
+fn rejection(w: &World) -> (String, String) {
+    let rejected = w.events.published_of("Capacity Request Rejected");
+    assert_eq!(rejected.len(), 1, "{:?}", w.events.detail_types());
+    let p = &rejected[0].detail["problems"][0];
+    (
+        p["field"].as_str().unwrap().to_string(),
+        p["message"].as_str().unwrap().to_string(),
+    )
+}
+
+async fn claimants(w: &World, name: &str) -> Vec<String> {
+    use capacity_pilot::ports::ClaimKey;
+    let key = ClaimKey::new("us-east-1", "endpoint", name);
+    w.store
+        .claim(&key)
+        .await
+        .unwrap()
+        .map(|c| {
+            c.claimants
+                .iter()
+                .map(|c| c.request_id.to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_second_live_request_naming_one_endpoint_over_an_overlapping_window_is_rejected_naming_the_first()
+ {
+    // GIVEN r1 recorded, claiming endpoint llm from day 2 to day 9
+    let w = World::new();
+    let s = w.searcher();
+    s.handle(submitted(SOURCE, "e1", endpoint("r1", "llm", 2, 9)))
+        .await
+        .unwrap();
+    assert_eq!(claimants(&w, "llm").await, ["r1"]);
+    w.events.clear();
+
+    // WHEN r2 names it too (in another case: AWS's names ignore case), from day 8 to day 12
+    s.handle(submitted(SOURCE, "e2", endpoint("r2", "LLM", 8, 12)))
+        .await
+        .unwrap();
+
+    // THEN r2 is rejected naming the field and r1, and nothing of it is recorded
+    let (field, message) = rejection(&w);
+    assert_eq!(field, "workload.endpoint_name");
+    assert!(
+        message.contains("request r1") && message.contains("llm"),
+        "{message}"
+    );
+    assert!(
+        w.store
+            .get_request(&request_id("r2"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(claimants(&w, "llm").await, ["r1"]);
+
+    // AND r3, wanting it from day 9 on (where r1's interval ends), is accepted beside r1
+    w.events.clear();
+    s.handle(submitted(SOURCE, "e3", endpoint("r3", "llm", 9, 14)))
+        .await
+        .unwrap();
+    assert_eq!(w.events.detail_types()[0], "Capacity Request Accepted");
+    assert_eq!(claimants(&w, "llm").await, ["r1", "r3"]);
+}
+
+#[tokio::test]
+async fn a_request_that_ended_leaves_its_name_or_keeps_it_over_its_paid_windows_only() {
+    use capacity_pilot::domain::reservation::{Reservation, ReservationState};
+    use capacity_pilot::domain::window::{WindowRecord, WindowState};
+    for paid in [false, true] {
+        // GIVEN r1 claiming llm from day 2 to day 9, then ended (Failed); when `paid`, with a
+        // bought window of days 3-5 not ended
+        let w = World::new();
+        let s = w.searcher();
+        s.handle(submitted(SOURCE, "e1", endpoint("r1", "llm", 2, 9)))
+            .await
+            .unwrap();
+        let mut r1 = w
+            .store
+            .get_request(&request_id("r1"))
+            .await
+            .unwrap()
+            .unwrap();
+        r1.status = RequestStatus::Failed;
+        r1.next_action_at = None;
+        if paid {
+            r1.windows = vec![WindowRecord {
+                key: "cr-1#0".into(),
+                number: 1,
+                state: WindowState::Pending,
+                next_action_at: Some(day(3)),
+                updated_at: t0(),
+            }];
+            w.store.insert_reservation(
+                &r1.request_id,
+                Reservation {
+                    id: "cr-1".into(),
+                    product: Product::CapacityBlock,
+                    region: "us-east-1".into(),
+                    instance_type: "ml.p5.48xlarge".into(),
+                    instance_count: 1,
+                    segments: block("o", day(3), 48, "100").segments,
+                    upfront_fee: Usd::parse("100").unwrap(),
+                    state: ReservationState::Scheduled,
+                    offering_id: None,
+                    request_tag: Some("r1".into()),
+                    ultraserver: false,
+                    bought_at: None,
+                    debit_month: None,
+                    payment_check_at: None,
+                    deployment_tag: None,
+                },
+            );
+        }
+        w.store.insert_record(r1);
+        w.events.clear();
+
+        // WHEN r2 wants llm from day 4 to day 9
+        s.handle(submitted(SOURCE, "e2", endpoint("r2", "llm", 4, 9)))
+            .await
+            .unwrap();
+
+        if paid {
+            // THEN with the paid window (to day 5) still to run, r2 is refused, naming r1 and
+            // the window's end, not r1's whole interval
+            let (field, message) = rejection(&w);
+            assert_eq!(field, "workload.endpoint_name");
+            assert!(
+                message.contains("r1") && message.contains(&day(5).to_rfc3339()),
+                "{message}"
+            );
+            // AND r3 from day 5 on is accepted
+            w.events.clear();
+            s.handle(submitted(SOURCE, "e3", endpoint("r3", "llm", 5, 9)))
+                .await
+                .unwrap();
+            assert_eq!(w.events.detail_types()[0], "Capacity Request Accepted");
+            assert_eq!(claimants(&w, "llm").await, ["r1", "r3"]);
+        } else {
+            // THEN without one, r1 has left: r2 is accepted and r1 dropped from the claim
+            assert_eq!(w.events.detail_types()[0], "Capacity Request Accepted");
+            assert_eq!(claimants(&w, "llm").await, ["r2"]);
+        }
+    }
+}
+
+#[tokio::test]
+async fn two_submissions_racing_for_one_name_cannot_both_be_recorded() {
+    // GIVEN a store whose calls interleave, two searchers
+    let w = World::new();
+    w.store.interleave();
+    let (a, b) = (w.searcher(), w.searcher());
+
+    // WHEN r1 and r2 name llm over one interval at the same moment (both read it unclaimed)
+    let (ra, rb) = tokio::join!(
+        a.handle(submitted(SOURCE, "e1", endpoint("r1", "llm", 2, 9))),
+        b.handle(submitted(SOURCE, "e2", endpoint("r2", "llm", 2, 9))),
+    );
+    ra.unwrap();
+    rb.unwrap();
+
+    // THEN exactly one is recorded and claims it; the other is rejected naming it
+    let recorded: Vec<bool> = [
+        w.store
+            .get_request(&request_id("r1"))
+            .await
+            .unwrap()
+            .is_some(),
+        w.store
+            .get_request(&request_id("r2"))
+            .await
+            .unwrap()
+            .is_some(),
+    ]
+    .into();
+    assert_eq!(recorded.iter().filter(|r| **r).count(), 1, "{recorded:?}");
+    let winner = if recorded[0] { "r1" } else { "r2" };
+    assert_eq!(claimants(&w, "llm").await, [winner]);
+    let (field, message) = rejection(&w);
+    assert_eq!(field, "workload.endpoint_name");
+    assert!(message.contains(&format!("request {winner}")), "{message}");
+}
+
+#[tokio::test]
+async fn a_redelivered_submission_of_a_recorded_request_is_a_duplicate_even_beside_an_overlapping_claimant()
+ {
+    // GIVEN r1 and r2 both recorded naming llm over one interval (as a table written before
+    // claims may hold them: r2's claim put beside r1's by the upgrade)
+    let w = World::new();
+    let s = w.searcher();
+    s.handle(submitted(SOURCE, "e1", endpoint("r1", "llm", 2, 9)))
+        .await
+        .unwrap();
+    let mut claim = w
+        .store
+        .claim(&capacity_pilot::ports::ClaimKey::new(
+            "us-east-1",
+            "endpoint",
+            "llm",
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut r2 = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    r2.request_id = request_id("r2");
+    r2.request.id = request_id("r2");
+    w.store.insert_record(r2);
+    let mut second = claim.claimants[0].clone();
+    second.request_id = request_id("r2");
+    claim.claimants.push(second);
+    assert!(
+        w.store
+            .write_claim(capacity_pilot::ports::ClaimWrite {
+                key: capacity_pilot::ports::ClaimKey::new("us-east-1", "endpoint", "llm"),
+                read: Some(claim.version),
+                claimants: claim.claimants,
+            })
+            .await
+            .unwrap()
+    );
+    w.events.clear();
+
+    // WHEN r2's submission is delivered again
+    let mut d = endpoint("r2", "llm", 2, 9);
+    d["request_id"] = json!("r2");
+    s.handle(submitted(SOURCE, "e9", d)).await.unwrap();
+
+    // THEN it is answered as a duplicate, not rejected for r1's claim
+    assert!(
+        w.events
+            .published_of("Capacity Request Rejected")
+            .is_empty(),
+        "{:?}",
+        w.events.detail_types()
+    );
+}

@@ -5,6 +5,7 @@
 //! transaction's cancellation reasons (and, where the outcome needs numbers, one consistent
 //! read) into `Conflict`, `DuplicateEvent`, `LeaseHeld`, `LeaseLost` or an over-budget.
 
+mod claims;
 mod deployment;
 mod error;
 mod expr;
@@ -43,11 +44,11 @@ use crate::domain::status::RequestStatus;
 use crate::domain::window::{self, WindowRecord};
 use crate::ports::SharedIds;
 use crate::ports::{
-    Agenda, BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, CreateOutcome, Debit,
-    DetectorDue, DueItem, FailInDoubt, HistoryEntry, KeepCancellation, LeaseWriteOutcome,
-    LiveRequest, MarkPurchaseCall, NewRequest, OutboundEvent, OutboxItem, Pacing, PaymentDue,
-    PortError, PurchaseCall, RecordReservation, ReleaseUnbought, RequestRecord, Store,
-    TOMBSTONE_KEPT, Tombstone, TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord,
+    Agenda, BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, Claim, ClaimKey, ClaimWrite,
+    CreateOutcome, Debit, DetectorDue, DueItem, FailInDoubt, HistoryEntry, KeepCancellation,
+    LeaseWriteOutcome, LiveRequest, MarkPurchaseCall, NewRequest, OutboundEvent, OutboxItem,
+    Pacing, PaymentDue, PortError, PurchaseCall, RecordReservation, ReleaseUnbought, RequestRecord,
+    Store, TOMBSTONE_KEPT, Tombstone, TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord,
     WriteOutcome, outbox_seq,
 };
 use crate::search::{Allowance, DESCRIBE_PACE};
@@ -1107,6 +1108,11 @@ impl Store for DynamoStore {
                 &t,
             )?);
         }
+        let claims_from = items.len();
+        for w in &new.claims {
+            items.push(claims::claim_put(&self.table, w, new.at)?);
+        }
+        let claims_to = items.len();
         items.extend(change_items(
             &self.table,
             &id,
@@ -1143,8 +1149,17 @@ impl Store for DynamoStore {
                     }
                 }
             }
+            c if (claims_from..claims_to).any(|i| c.failed(i)) => CreateOutcome::ClaimChanged,
             _ => CreateOutcome::AlreadyExists,
         })
+    }
+
+    async fn claim(&self, key: &ClaimKey) -> Result<Option<Claim>, PortError> {
+        self.read_claim(key).await
+    }
+
+    async fn write_claim(&self, w: ClaimWrite) -> Result<bool, PortError> {
+        self.put_claim(w).await
     }
 
     async fn put_tombstone(

@@ -34,6 +34,7 @@ fn new_request(rid: &str, max_upfront: &str, cause: &str) -> NewRequest {
             "Capacity Request Accepted",
             rid,
         )],
+        claims: vec![],
     }
 }
 
