@@ -898,6 +898,9 @@ pub struct Claimant {
 pub struct Claim {
     pub version: u64,
     pub claimants: Vec<Claimant>,
+    /// For a HyperPod group: the last claimant that created (or reused) it and has left,
+    /// kept when it is dropped, so a later request may reuse the group.
+    pub made_by: Option<RequestId>,
 }
 
 /// A claim's next contents, written only if it is still at `read` (`None`: absent).
@@ -906,6 +909,8 @@ pub struct ClaimWrite {
     pub key: ClaimKey,
     pub read: Option<u64>,
     pub claimants: Vec<Claimant>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub made_by: Option<RequestId>,
 }
 
 /// A debit against the team's monthly cap and the request's own cap, applied in the same

@@ -3525,6 +3525,7 @@ fn claim_of(id: &str, read: Option<u64>, with: &[&str]) -> capacity_pilot::ports
                 to: t0() + Duration::days(7),
             }))
             .collect(),
+        made_by: None,
     }
 }
 

@@ -183,8 +183,14 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
         let refused = match self.config.team_budgets.submission_problem(&request.team) {
             Some(p) => Some(p),
             None => {
-                workload::submission_problem(&self.workloads, &self.config.deployment_id, &request)
-                    .await?
+                workload::submission_problem(
+                    &self.workloads,
+                    &self.store,
+                    &self.config.deployment_id,
+                    &request,
+                    now,
+                )
+                .await?
             }
         };
         if let Some(problem) = refused {

@@ -808,6 +808,7 @@ impl State {
             Claim {
                 version: w.read.map_or(1, |v| v + 1),
                 claimants: w.claimants.clone(),
+                made_by: w.made_by.clone(),
             },
         );
     }

@@ -16,10 +16,14 @@
 //! A claimant that has left is dropped by the next write of the claim. A request whose
 //! interval overlaps what another still holds is rejected, naming the field and the other
 //! request.
+//!
+//! A HyperPod group is left on its cluster, scaled to zero, when its request ends. A later
+//! request naming it may take it over when our table says one of its requests created it and
+//! has left ([`left_by_its_maker`]); the claim keeps that request (`made_by`) when it drops it.
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::request::{CapacityRequest, FieldError, WorkloadDetail};
+use crate::domain::request::{CapacityRequest, FieldError, RequestId, WorkloadDetail};
 use crate::ports::{ClaimKey, ClaimWrite, Claimant, PortError, RequestRecord, Store};
 
 /// An inference endpoint's name.
@@ -125,9 +129,9 @@ pub async fn prepare<S: Store>(
     let mine = claimant(req);
     let mut writes = Vec::new();
     for (key, field) in keys(req) {
-        let (read, before) = match store.claim(&key).await? {
-            Some(c) => (Some(c.version), c.claimants),
-            None => (None, Vec::new()),
+        let (read, before, mut made_by) = match store.claim(&key).await? {
+            Some(c) => (Some(c.version), c.claimants, c.made_by),
+            None => (None, Vec::new(), None),
         };
         let mut claimants = Vec::new();
         for c in before {
@@ -136,6 +140,10 @@ pub async fn prepare<S: Store>(
                 continue;
             }
             let Some(h) = held(store, &key, &c, now).await? else {
+                // It has left: dropped, remembered as the group's maker if it made one.
+                if made(store, &key, &c.request_id).await? {
+                    made_by = Some(c.request_id);
+                }
                 continue;
             };
             if h.from < mine.to && mine.from < h.to {
@@ -148,9 +156,43 @@ pub async fn prepare<S: Store>(
             key,
             read,
             claimants,
+            made_by,
         });
     }
     Ok(Claiming::Writes(writes))
+}
+
+/// Whether request `id`'s records show it created (or took over) the HyperPod group `key`
+/// names. Endpoints are told apart by their tags, not by this.
+async fn made<S: Store>(store: &S, key: &ClaimKey, id: &RequestId) -> Result<bool, PortError> {
+    if key.kind != HYPERPOD_GROUP {
+        return Ok(false);
+    }
+    Ok(store
+        .workloads(id)
+        .await?
+        .iter()
+        .any(|w| w.resource_id.to_lowercase() == key.name))
+}
+
+/// The request of this table that created the HyperPod group `key` names and has left its
+/// claim, so that `me` may take the group over (ARCHITECTURE §9.8): a group carries no tags,
+/// and only our table can say it is ours. `None` when no such request is known.
+pub async fn left_by_its_maker<S: Store>(
+    store: &S,
+    key: &ClaimKey,
+    me: &RequestId,
+    now: DateTime<Utc>,
+) -> Result<Option<RequestId>, PortError> {
+    let Some(claim) = store.claim(key).await? else {
+        return Ok(None);
+    };
+    for c in claim.claimants.iter().filter(|c| &c.request_id != me) {
+        if held(store, key, c, now).await?.is_none() && made(store, key, &c.request_id).await? {
+            return Ok(Some(c.request_id.clone()));
+        }
+    }
+    Ok(claim.made_by.filter(|m| m != me))
 }
 
 fn refusal(key: &ClaimKey, field: &str, other: &Claimant, h: &Held) -> FieldError {

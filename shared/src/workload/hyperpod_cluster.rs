@@ -11,8 +11,11 @@ use crate::config::Config;
 use crate::domain::naming::MANAGED_TAG;
 use crate::domain::offering::Offering;
 use crate::domain::planner::Rejection;
-use crate::domain::request::{FieldError, LifeCycleConfig, RequestId};
-use crate::ports::{InstanceGroupSpec, PortError, Store, Workloads};
+use crate::domain::request::{CapacityRequest, FieldError, LifeCycleConfig, RequestId};
+use crate::ports::{ClaimKey, InstanceGroupSpec, PortError, Store, Workloads};
+use chrono::{DateTime, Utc};
+
+use super::claims;
 
 /// The state of a group's record written before the UpdateCluster call that creates it.
 const REQUESTED: &str = "Requested";
@@ -47,6 +50,11 @@ impl<'a> Group<'a> {
         }
     }
 
+    /// `<cluster>/<group>`: its workload records' resource id, and its claim's name.
+    fn resource(&self) -> String {
+        format!("{}/{}", self.cluster_name, self.instance_group_name)
+    }
+
     /// The group at `instance_count` (0 scales it away), on the plan when there is one.
     fn spec(
         &self,
@@ -70,14 +78,31 @@ impl<'a> Group<'a> {
     }
 }
 
+/// Whether the group may be taken over by request `id`: our table records that another of
+/// its requests created it and has left its claim (ARCHITECTURE §9.8).
+async fn left_to_us<S: Store>(
+    store: &S,
+    region: &str,
+    g: &Group<'_>,
+    id: &RequestId,
+    now: DateTime<Utc>,
+) -> Result<bool, PortError> {
+    let key = ClaimKey::new(region, claims::HYPERPOD_GROUP, &g.resource());
+    Ok(claims::left_by_its_maker(store, &key, id, now)
+        .await?
+        .is_some())
+}
+
 /// A request whose cluster carries the managed tag in none of its regions is refused at
 /// once: nothing would ever run on what it bought.
-pub(super) async fn submission_problem<W: Workloads>(
+pub(super) async fn submission_problem<W: Workloads, S: Store>(
     workloads: &W,
-    regions: &[String],
+    store: &S,
+    req: &CapacityRequest,
     g: &Group<'_>,
+    now: DateTime<Utc>,
 ) -> Result<Option<FieldError>, PortError> {
-    let cluster_name = g.cluster_name;
+    let (regions, cluster_name) = (&req.regions, g.cluster_name);
     let mut unmanaged_in = Vec::new();
     for region in regions {
         match workloads
@@ -85,15 +110,19 @@ pub(super) async fn submission_problem<W: Workloads>(
             .await?
         {
             // A group carries no tags: it is ours only if our table records that we created
-            // it (ARCHITECTURE §8.7), which no request not yet recorded can have done.
+            // it (ARCHITECTURE §8.7): no request not yet recorded can have, but one that has
+            // ended may have left it behind, scaled to zero, for this one (§9.8).
             Some(group) if group.cluster_managed && group.instance_group_name.is_some() => {
+                if left_to_us(store, region, g, &req.id, now).await? {
+                    return Ok(None);
+                }
                 return Ok(Some(FieldError {
                     field: "workload.instance_group_name".to_string(),
                     message: format!(
                         "HyperPod cluster {cluster_name} in {region} already has an instance \
-                         group named {}, which capacity-pilot did not create for this request; \
-                         it would resize and then scale it to zero, so choose a new \
-                         instance_group_name",
+                         group named {}, which capacity-pilot did not create (no request of \
+                         this deployment that has ended made it); it would resize and then \
+                         scale it to zero, so choose a new instance_group_name",
                         g.instance_group_name
                     ),
                 }));
@@ -189,12 +218,14 @@ pub(super) async fn launch<W: Workloads, S: Store>(
                 )));
             }
             Some(group)
-                if group.instance_group_name.is_some() && !ours(l.store, id, &resource).await? =>
+                if group.instance_group_name.is_some()
+                    && !ours(l.store, id, &resource).await?
+                    && !left_to_us(l.store, &t.region, g, id, l.now).await? =>
             {
                 return Ok(Launch::Refuse(format!(
                     "HyperPod cluster {cluster_name} already has an instance group named {}, \
-                     which capacity-pilot did not create for this request (our table has no \
-                     record of it); nothing was changed",
+                     which capacity-pilot did not create for this request or for one that has \
+                     ended (our table has no record of it); nothing was changed",
                     g.instance_group_name
                 )));
             }

@@ -97,10 +97,12 @@ pub struct DrainTarget {
 /// Why a request cannot be accepted, found by asking AWS rather than by parsing: a HyperPod
 /// cluster we do not manage, or a group or an endpoint of the request's name that is not
 /// ours (ARCHITECTURE §8.7).
-pub async fn submission_problem<W: Workloads>(
+pub async fn submission_problem<W: Workloads, S: Store>(
     workloads: &W,
+    store: &S,
     deployment: &str,
     req: &CapacityRequest,
+    now: DateTime<Utc>,
 ) -> Result<Option<FieldError>, PortError> {
     match &req.workload {
         WorkloadDetail::HyperpodCluster {
@@ -109,7 +111,7 @@ pub async fn submission_problem<W: Workloads>(
             life_cycle_config,
         } => {
             let group = Group::new(cluster_name, instance_group_name, life_cycle_config);
-            hyperpod_cluster::submission_problem(workloads, &req.regions, &group).await
+            hyperpod_cluster::submission_problem(workloads, store, req, &group, now).await
         }
         WorkloadDetail::InferenceEndpoint { endpoint_name, .. } => {
             inference_endpoint::submission_problem(

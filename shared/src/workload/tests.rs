@@ -213,7 +213,7 @@ async fn a_hyperpod_request_on_an_unmanaged_cluster_has_a_submission_problem() {
     let mut req = request("req-1", "team-a", "50000");
     hyperpod(&mut req);
 
-    let problem = submission_problem(&workloads, DEPLOYMENT, &req)
+    let problem = submission_problem(&workloads, &InMemoryStore::new(), DEPLOYMENT, &req, t0())
         .await
         .unwrap();
 
@@ -230,9 +230,15 @@ async fn a_hyperpod_request_on_an_unmanaged_cluster_has_a_submission_problem() {
 async fn a_request_for_ec2_instances_has_no_submission_problem_and_asks_aws_nothing() {
     let workloads = FakeWorkloads::new();
 
-    let problem = submission_problem(&workloads, DEPLOYMENT, &request("req-1", "team-a", "50000"))
-        .await
-        .unwrap();
+    let problem = submission_problem(
+        &workloads,
+        &InMemoryStore::new(),
+        DEPLOYMENT,
+        &request("req-1", "team-a", "50000"),
+        t0(),
+    )
+    .await
+    .unwrap();
 
     assert_eq!(problem, None);
     assert!(workloads.calls().is_empty());
@@ -519,7 +525,7 @@ async fn an_endpoint_name_taken_by_something_not_ours_is_a_submission_problem() 
         let mut req = request("req-1", "team-a", "50000");
         endpoint(&mut req);
 
-        let problem = submission_problem(&workloads, DEPLOYMENT, &req)
+        let problem = submission_problem(&workloads, &InMemoryStore::new(), DEPLOYMENT, &req, t0())
             .await
             .unwrap()
             .unwrap_or_else(|| panic!("{who} endpoint is a problem"));
@@ -536,14 +542,14 @@ async fn an_endpoint_name_taken_by_something_not_ours_is_a_submission_problem() 
     let mut req = request("req-1", "team-a", "50000");
     endpoint(&mut req);
     assert_eq!(
-        submission_problem(&workloads, DEPLOYMENT, &req)
+        submission_problem(&workloads, &InMemoryStore::new(), DEPLOYMENT, &req, t0())
             .await
             .unwrap(),
         None
     );
     workloads.add_foreign_endpoint(REGION, "shared-llm", ours_for("req-1"));
     assert_eq!(
-        submission_problem(&workloads, DEPLOYMENT, &req)
+        submission_problem(&workloads, &InMemoryStore::new(), DEPLOYMENT, &req, t0())
             .await
             .unwrap(),
         None
@@ -605,7 +611,7 @@ async fn a_hyperpod_request_naming_an_existing_group_has_a_submission_problem() 
     let mut req = request("req-1", "team-a", "50000");
     hyperpod(&mut req);
 
-    let problem = submission_problem(&workloads, DEPLOYMENT, &req)
+    let problem = submission_problem(&workloads, &InMemoryStore::new(), DEPLOYMENT, &req, t0())
         .await
         .unwrap()
         .expect("an existing group is a problem");

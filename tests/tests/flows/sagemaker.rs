@@ -668,6 +668,34 @@ pub(crate) async fn a_managed_hyperpod_cluster_gets_its_instance_group_on_the_pl
         f.team_spent("team-f", t0()).await,
         fee(&plan).to_micros_ceil()
     );
+
+    // WHEN, the group left on the cluster at zero, a third request names it (ARCHITECTURE
+    // 9.8: a group an ended request of ours created may be reused)
+    let third = "tp-hyperpod-3";
+    let mut again = hyperpod_request(third, "team-f-research");
+    again["earliest_start"] = json!((seg.end + TimeDelta::days(1)).to_rfc3339());
+    again["latest_end"] = json!((seg.end + TimeDelta::days(15)).to_rfc3339());
+    let status = submit_and_buy(&f, again).await;
+
+    // THEN it is accepted and bought, and at its plan's start the launch takes the group over
+    // on the new plan
+    assert!(
+        f.bus_for("Capacity Request Rejected", third).is_empty(),
+        "{:?}",
+        f.bus_for("Capacity Request Rejected", third)
+    );
+    assert_eq!(status, RequestStatus::Reserved);
+    let next = plans(&f)
+        .into_iter()
+        .find(|p| p.name == plan_name_for(third, 0))
+        .expect("the third request's plan");
+    f.cloud.advance_to(next.offering.segments[0].start);
+    tick(&f, Function::Launch).await;
+    let c = cluster(&f, "team-f-research");
+    assert_eq!(c.groups.len(), 1);
+    assert_eq!(c.groups[0].target, 2);
+    assert_eq!(c.groups[0].plan_arn.as_deref(), Some(next.arn.as_str()));
+    assert_eq!(f.status(third).await, RequestStatus::Active);
 }
 
 #[tokio::test]

@@ -1386,6 +1386,7 @@ async fn a_redelivered_submission_of_a_recorded_request_is_a_duplicate_even_besi
                 key: capacity_pilot::ports::ClaimKey::new("us-east-1", "endpoint", "llm"),
                 read: Some(claim.version),
                 claimants: claim.claimants,
+                made_by: None,
             })
             .await
             .unwrap()

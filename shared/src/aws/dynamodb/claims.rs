@@ -2,7 +2,7 @@
 //!
 //! | pk                                  | sk      | what                              |
 //! |-------------------------------------|---------|-----------------------------------|
-//! | `CLAIM#<region>#<kind>#<name>`      | `CLAIM` | `version`, `claimants` (JSON)     |
+//! | `CLAIM#<region>#<kind>#<name>`      | `CLAIM` | `version`, `claimants` (JSON), `made_by` |
 //!
 //! Written with a request (in its creating transaction) or alone, each time conditional on
 //! the version read (absent: `attribute_not_exists`). No TTL: a claimant that has left is
@@ -18,6 +18,7 @@ use crate::workload::claims;
 
 const CLAIM_SK: &str = "CLAIM";
 const CLAIMANTS: &str = "claimants";
+const MADE_BY: &str = "made_by";
 const KIND: &str = "claim";
 
 fn claim_key(k: &ClaimKey) -> Item {
@@ -29,6 +30,9 @@ fn item(w: &ClaimWrite, at: chrono::DateTime<chrono::Utc>) -> Result<Item, PortE
     item.insert(attr::KIND.into(), s(KIND));
     item.insert(attr::VERSION.into(), n(w.read.map_or(1, |v| v + 1)));
     item.insert(CLAIMANTS.into(), json(CLAIMANTS, &w.claimants)?);
+    if let Some(m) = &w.made_by {
+        item.insert(MADE_BY.into(), s(m.as_str()));
+    }
     item.insert(attr::UPDATED_AT.into(), time(at));
     Ok(item)
 }
@@ -67,6 +71,11 @@ impl DynamoStore {
         Ok(Some(Claim {
             version: r.int(attr::VERSION)? as u64,
             claimants: r.json(CLAIMANTS)?,
+            made_by: r
+                .opt_str(MADE_BY)?
+                .map(crate::domain::request::RequestId::parse)
+                .transpose()
+                .map_err(super::error::corrupt)?,
         }))
     }
 
@@ -136,9 +145,9 @@ impl DynamoStore {
             let mine = claims::claimant(&rec.request);
             for (k, _) in claims::keys(&rec.request) {
                 loop {
-                    let (read, mut claimants) = match self.read_claim(&k).await? {
-                        Some(c) => (Some(c.version), c.claimants),
-                        None => (None, Vec::new()),
+                    let (read, mut claimants, made_by) = match self.read_claim(&k).await? {
+                        Some(c) => (Some(c.version), c.claimants, c.made_by),
+                        None => (None, Vec::new(), None),
                     };
                     if claimants.iter().any(|c| c.request_id == mine.request_id) {
                         break;
@@ -148,6 +157,7 @@ impl DynamoStore {
                         key: k.clone(),
                         read,
                         claimants,
+                        made_by,
                     };
                     if self.put_claim(w).await? {
                         added += 1;
