@@ -8,7 +8,8 @@
 //!
 //! A claimant is read lazily, by its record, when another request meets it:
 //! - live: it holds the name over its whole `[earliest_start, latest_end]`, since until it ends
-//!   it may buy (again: a payment that failed, a split's lost segment) anywhere in it;
+//!   it may buy (again: a payment that failed, a split's lost segment) anywhere in it; so does
+//!   one ended with a purchase in doubt, whose reconciliation may yet record a window;
 //! - ended: it holds the name only over its bought windows in the claim's region that have not
 //!   ended (a paid window outlives its request, §9.1); with none, it has left;
 //! - archived, or its id now names another request: it has left.
@@ -85,7 +86,9 @@ pub async fn held<S: Store>(
     if !keys(&record.request).iter().any(|(k, _)| k == key) {
         return Ok(None);
     }
-    if !record.status.is_terminal() {
+    // Live, or ended with a purchase in doubt: reconciliation may yet find what it bought,
+    // anywhere in its interval, and record it as a window.
+    if !record.status.is_terminal() || record.in_doubt() {
         return Ok(Some(Held {
             from: c.from,
             to: c.to,

@@ -477,10 +477,73 @@ fn unverified(sim: &Sim, r: &RequestRecord, fees: i64) -> i64 {
 }
 
 /// The promises that hold after every moment.
+/// One name, one request at a time (ARCHITECTURE §9.8): of two recorded requests naming one
+/// endpoint or HyperPod group in a region, no reservations AWS sold them (live, or paid and
+/// over) overlap in time, and no two live claims overlap: a live request's (or one ended in
+/// doubt) over its whole interval, an ended one's over its sold windows not yet over.
+fn one_name_one_request(
+    sim: &Sim,
+    recs: &BTreeMap<String, RequestRecord>,
+    sold: &[Sold],
+) -> Vec<String> {
+    use capacity_pilot::workload::claims::keys;
+    let now = sim.cloud.now();
+    let mut out = Vec::new();
+    let paid = |id: &str| -> Vec<&Sold> {
+        sold.iter()
+            .filter(|s| s.request == id && s.live_or_paid)
+            .collect()
+    };
+    let holds = |r: &RequestRecord| -> Vec<(DateTime<Utc>, DateTime<Utc>)> {
+        if !r.status.is_terminal() || r.in_doubt() {
+            return vec![(r.request.window.earliest_start, r.request.window.latest_end)];
+        }
+        paid(r.request_id.as_str())
+            .into_iter()
+            .filter(|s| s.end > now)
+            .map(|s| (s.start, s.end))
+            .collect()
+    };
+    let list: Vec<&RequestRecord> = recs.values().collect();
+    for (i, a) in list.iter().enumerate() {
+        for b in list.iter().skip(i + 1) {
+            let shared = keys(&a.request)
+                .into_iter()
+                .map(|(k, _)| k)
+                .find(|k| keys(&b.request).iter().any(|(l, _)| l == k));
+            let Some(key) = shared else { continue };
+            let (x, y) = (a.request_id.as_str(), b.request_id.as_str());
+            for p in paid(x) {
+                for q in paid(y)
+                    .into_iter()
+                    .filter(|q| p.start < q.end && q.start < p.end)
+                {
+                    out.push(format!(
+                        "one name, one request at a time: {x}'s {} and {y}'s {} overlap, both \
+                         for {key}",
+                        p.id, q.id
+                    ));
+                }
+            }
+            for (f, t) in holds(a) {
+                for (g, u) in holds(b).into_iter().filter(|(g, u)| f < *u && *g < t) {
+                    out.push(format!(
+                        "no overlapping live claims: {x} ({}) holds {key} {f}..{t} and {y} ({}) \
+                         holds it {g}..{u}",
+                        a.status, b.status
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
 pub fn per_step(sim: &Sim) -> Vec<String> {
     let mut out = Vec::new();
     let sold = counted(sim);
     let recs = records(sim);
+    out.extend(one_name_one_request(sim, &recs, &sold));
     // One reservation per window: a request's live-or-paid reservations cover no more
     // windows than it has (a plan covers its segments), and no two of them overlap in time.
     // (A stray was bought behind the system's back, for no window it decided: one listed
@@ -890,12 +953,16 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
         }
         match recs.get(id) {
             Some(r) => {
-                let waiting = r.next_action_at.is_some_and(|t| t > end) && !r.reason.is_empty();
+                // Due in the work index: at its own next action or its windows' (a window
+                // drained early by stop_running is next due at its end, to be cleaned up).
+                let waiting = r.due_at().is_some_and(|t| t > end) && !r.reason.is_empty();
                 if !r.status.is_terminal() && !waiting {
                     out.push(format!(
                         "no request lost: {id} is {} with no future next action ({:?}), \
                          reason {:?}",
-                        r.status, r.next_action_at, r.reason
+                        r.status,
+                        r.due_at(),
+                        r.reason
                     ));
                 }
                 if r.reason.is_empty() {
@@ -1425,6 +1492,25 @@ pub fn reached(sim: &Sim) -> BTreeSet<String> {
         out.insert(format!("delivered: {dt} from {source}"));
     }
     let recs = records(sim);
+    if sim.cloud.events(BUS).iter().any(|e| {
+        e["detail-type"] == "Capacity Request Rejected"
+            && e["detail"]["problems"]
+                .to_string()
+                .contains("is claimed by request")
+    }) {
+        out.insert("a submission was refused for a name another request claims".to_string());
+    }
+    {
+        use capacity_pilot::workload::claims::keys;
+        let named: Vec<_> = recs.values().flat_map(|r| keys(&r.request)).collect();
+        if named
+            .iter()
+            .enumerate()
+            .any(|(i, (k, _))| named.iter().skip(i + 1).any(|(l, _)| l == k))
+        {
+            out.insert("two requests naming one workload were both recorded".to_string());
+        }
+    }
     let sold = counted(sim);
     let reservations = sim.store.all_reservations();
     for (at, id, _) in &sim.refusals {

@@ -182,6 +182,8 @@ const MUST_REACH: &[&str] = &[
     "an EC2 instance ran (CapacityBlock)",
     "SageMaker Endpoint State Change",
     "a HyperPod group was created",
+    "a submission was refused for a name another request claims",
+    "two requests naming one workload were both recorded",
     "an event was delivered twice",
     "an event was delayed",
     "an event was dropped",

@@ -658,6 +658,54 @@ impl Scenario {
                 }
             }
         }
+        // (Issue 49, after every earlier draw.) Two requests naming one workload: the second
+        // takes the first's endpoint (in upper case half the time: AWS's names ignore case) or
+        // HyperPod group, over its own window; the first to be recorded claims it.
+        // (Only a SageMaker second request: the EC2 paths' draws above stay as they were.)
+        let shared_name = r.chance(60);
+        let kind = requests[0].detail["workload"]["kind"].clone();
+        let named = |k: &Value| k == "inference-endpoint" || k == "hyperpod-cluster";
+        if shared_name
+            && named(&kind)
+            && (named(&requests[1].detail["workload"]["kind"])
+                || requests[1].detail["workload"]["kind"] == "training-job")
+        {
+            let mut workload = requests[0].detail["workload"].clone();
+            if kind == "inference-endpoint" && r.chance(50) {
+                let upper = workload["endpoint_name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_uppercase();
+                workload["endpoint_name"] = json!(upper);
+            }
+            let second = &mut requests[1];
+            second.detail["workload"] = workload.clone();
+            // Half the time after the first's interval: the name is used in turn.
+            if r.chance(50) {
+                let at = |v: &Value| {
+                    v.as_str()
+                        .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
+                        .map(|t| t.with_timezone(&Utc))
+                };
+                let first_end = at(&requests[0].detail["latest_end"]);
+                let second = &mut requests[1];
+                let span = at(&second.detail["latest_end"])
+                    .zip(at(&second.detail["earliest_start"]))
+                    .map(|(l, e)| l - e);
+                if let (Some(from), Some(span)) = (first_end, span) {
+                    let from = from + TimeDelta::hours(r.range(0, 12));
+                    let iso = |t: DateTime<Utc>| t.format("%Y-%m-%dT%H:%M:%SZ").to_string();
+                    second.detail["earliest_start"] = json!(iso(from));
+                    second.detail["latest_end"] = json!(iso(from + span));
+                }
+            }
+            let second = &mut requests[1];
+            if let Some((_, again)) = &mut second.resubmit {
+                again["workload"] = workload;
+                again["earliest_start"] = second.detail["earliest_start"].clone();
+                again["latest_end"] = second.detail["latest_end"].clone();
+            }
+        }
         Scenario {
             seed,
             team_budgets,

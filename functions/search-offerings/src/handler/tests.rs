@@ -1312,6 +1312,44 @@ async fn a_request_that_ended_leaves_its_name_or_keeps_it_over_its_paid_windows_
 }
 
 #[tokio::test]
+async fn a_request_that_ended_with_a_purchase_in_doubt_keeps_its_whole_interval() {
+    // GIVEN r1 claiming llm from day 2 to day 9, ended (Failed) with a purchase in doubt and no
+    // window: hourly reconciliation may still find the plan and record it as a window
+    let w = World::new();
+    let s = w.searcher();
+    s.handle(submitted(SOURCE, "e1", endpoint("r1", "llm", 2, 9)))
+        .await
+        .unwrap();
+    let mut r1 = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    r1.status = RequestStatus::Failed;
+    r1.next_action_at = None;
+    r1.doubt = Some(capacity_pilot::ports::Doubt {
+        offering_ids: vec!["tp-offer".into()],
+        since: t0(),
+    });
+    w.store.insert_record(r1);
+    w.events.clear();
+
+    // WHEN r2 wants llm from day 4 to day 9
+    s.handle(submitted(SOURCE, "e2", endpoint("r2", "llm", 4, 9)))
+        .await
+        .unwrap();
+
+    // THEN it is refused, naming r1 and its whole interval
+    let (field, message) = rejection(&w);
+    assert_eq!(field, "workload.endpoint_name");
+    assert!(
+        message.contains("request r1") && message.contains(&day(9).to_rfc3339()),
+        "{message}"
+    );
+}
+
+#[tokio::test]
 async fn two_submissions_racing_for_one_name_cannot_both_be_recorded() {
     // GIVEN a store whose calls interleave, two searchers
     let w = World::new();
