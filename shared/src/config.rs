@@ -20,7 +20,10 @@ pub struct TeamBudgets {
 impl TeamBudgets {
     /// The team's monthly cap; `None` means the team may not spend at all.
     pub fn cap_for(&self, team: &Team) -> Option<Usd> {
-        self.caps.get(team.as_str()).copied().or(self.default)
+        self.caps
+            .get(team.ledger().as_str())
+            .copied()
+            .or(self.default)
     }
 
     /// Why a request of `team` is rejected at submission: the team may not spend (no cap
@@ -35,7 +38,7 @@ impl TeamBudgets {
             message: format!(
                 "{team:?} may not spend: the stack's TeamBudgetsUsd parameter \
                  (TEAM_BUDGETS_USD) gives it no monthly cap and has no \"*\" default; an \
-                 operator adds one (team names are matched exactly)"
+                 operator adds one (team names are matched ignoring case)"
             ),
         })
     }
@@ -303,8 +306,16 @@ fn parse_team_budgets(v: &str) -> Result<TeamBudgets, String> {
         if team == "*" {
             default = Some(cap);
         } else {
-            Team::parse(&team).map_err(|e| format!("team {team:?} {e}"))?;
-            caps.insert(team, cap);
+            // Caps and ledgers ignore case (ARCHITECTURE §9.8): two spellings of one team
+            // would be two caps for one ledger.
+            let key = Team::parse(&team)
+                .map_err(|e| format!("team {team:?} {e}"))?
+                .ledger();
+            if caps.insert(key.to_string(), cap).is_some() {
+                return Err(format!(
+                    "names team \"{key}\" twice (team names are matched ignoring case)"
+                ));
+            }
         }
     }
     Ok(TeamBudgets { caps, default })
@@ -432,5 +443,20 @@ mod tests {
         pairs.push(("ALLOWED_REQUEST_SOURCES", "capacity-pilot,com.example"));
         let err = Config::from_lookup(&env(&pairs)).unwrap_err();
         assert_eq!(err.problems[0].0, "ALLOWED_REQUEST_SOURCES");
+    }
+
+    #[test]
+    fn team_caps_ignore_case_and_one_team_named_twice_is_refused() {
+        let b = parse_team_budgets(r#"{"Team-A": "2000", "*": "10"}"#).unwrap();
+        assert_eq!(
+            b.cap_for(&Team::parse("team-a").unwrap()),
+            Some(Usd::parse("2000").unwrap())
+        );
+        assert_eq!(
+            b.cap_for(&Team::parse("TEAM-A").unwrap()),
+            Some(Usd::parse("2000").unwrap())
+        );
+        let twice = parse_team_budgets(r#"{"Team-A": "2000", "team-a": "10"}"#).unwrap_err();
+        assert!(twice.contains("\"team-a\" twice"), "{twice}");
     }
 }

@@ -926,16 +926,34 @@ pub struct Debit {
 }
 
 impl Debit {
-    /// `amount` for `rec`, charged to its team's ledger for the month of `at`, within the
-    /// team's monthly cap `team_cap` and the request's own `max_upfront_usd`.
+    /// `amount` for `rec`, charged to its team's ledger (the lower-cased team, §9.8) for the
+    /// month of `at`, within the team's monthly cap `team_cap` and the request's own
+    /// `max_upfront_usd`.
     pub fn of(rec: &RequestRecord, team_cap: Usd, amount: MicroUsd, at: DateTime<Utc>) -> Debit {
         Debit {
-            team: rec.team.clone(),
+            team: rec.team.ledger(),
             month: BudgetMonth::of(at),
             amount,
             team_cap: team_cap.to_micros_ceil(),
             request_cap: rec.request.budget.max_upfront.to_micros_ceil(),
         }
+    }
+
+    /// The debit within what is left of the team's cap once the month's spend under the
+    /// key debits used before §9.8 (the team exactly as `rec` gives it, when that is not
+    /// lower-case) is counted: the month the upgrade lands in keeps one cap. One read, only
+    /// for such a team; that ledger only shrinks after the upgrade (releases and refunds
+    /// credit it), so a stale read errs on the safe side.
+    pub async fn within_older_ledger<S: Store>(
+        mut self,
+        store: &S,
+        rec: &RequestRecord,
+    ) -> Result<Debit, PortError> {
+        if rec.team != self.team {
+            let before = store.budget_spent(&rec.team, &self.month).await?;
+            self.team_cap = MicroUsd(self.team_cap.0 - before.0);
+        }
+        Ok(self)
     }
 
     /// Whether a request that has spent `spent` cannot take this debit within its own cap.
@@ -986,12 +1004,16 @@ pub struct Transition {
     pub resolve_doubt: bool,
 }
 
-/// A kept purchase debit returned to the request's team ledger of `month` and taken out of
-/// the request's `spent`; refused if either holds less.
+/// A kept purchase debit returned to the ledger it was charged to (`team`, `month`) and taken
+/// out of the request's `spent`; refused if either holds less.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Refund {
     pub month: BudgetMonth,
     pub amount: MicroUsd,
+    /// The ledger's team, as the debit recorded it; `None` (a reservation recorded before
+    /// debits recorded it): the request's team exactly as given, the key debits used then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<Team>,
 }
 
 /// The fate of a held debit.

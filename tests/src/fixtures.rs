@@ -129,6 +129,7 @@ pub fn reservation(id: &str, fee: &str) -> Reservation {
         ultraserver: false,
         bought_at: None,
         debit_month: None,
+        debit_team: None,
         payment_check_at: None,
         deployment_tag: None,
     }

@@ -593,9 +593,10 @@ async fn an_expired_lease_lets_a_second_worker_take_over_and_the_first_workers_l
         (r.status, r.open_debit, r.lease, r.spent),
         (Reserved, None, None, amount)
     );
-    // (stamped with the month its debit was charged to)
+    // (stamped with the ledger its debit was charged to: team and month)
     let mut recorded = reservation("cr-aaa", "7974.40");
     recorded.debit_month = Some(BudgetMonth::of(t0()).0);
+    recorded.debit_team = Some("ml".into());
     assert_eq!(
         store.reservations(&request_id("lease-1")).await.unwrap(),
         vec![recorded]
@@ -2248,6 +2249,7 @@ async fn a_failed_payment_returns_the_kept_debit_to_its_month_once_and_records_t
             Some(Refund {
                 month: month.clone(),
                 amount: failed,
+                team: None,
             }),
         );
     assert_eq!(
@@ -2283,6 +2285,7 @@ async fn a_failed_payment_returns_the_kept_debit_to_its_month_once_and_records_t
         Some(Refund {
             month: month.clone(),
             amount: MicroUsd(kept.0 + 1),
+            team: None,
         }),
     );
     assert_eq!(store.transition(t).await.unwrap(), WriteOutcome::Conflict);
@@ -3670,4 +3673,77 @@ async fn live_requests_recorded_before_claims_are_claimed_once_at_a_cold_start()
             .unwrap(),
         0
     );
+}
+
+#[tokio::test]
+async fn a_refund_returns_a_debit_to_the_ledger_it_was_charged_to_old_key_or_new() {
+    use capacity_pilot::domain::reservation::ReservationState;
+    use capacity_pilot::ports::Refund;
+    // GIVEN team "Ops" (mixed case): one request charged before §9.8 under its exact key
+    // "Ops", one charged after under the lower-cased key "ops"
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let cap = usd("100000").to_micros_ceil();
+    let fee = usd("1000").to_micros_ceil();
+    let month = BudgetMonth::of(t0());
+    for (id, key) in [("old", "Ops"), ("new", "ops")] {
+        request_with_offerings(&store, id, "Ops").await;
+        store
+            .begin_purchase(begin_purchase(
+                id,
+                3,
+                OfferingsFound,
+                id,
+                t0(),
+                Some(debit(key, fee, cap)),
+            ))
+            .await
+            .unwrap();
+        let rec = record_reservation(id, id, reservation(&format!("cr-{id}"), "1000"), t0());
+        store.record_reservation(rec).await.unwrap();
+    }
+    let held = store.reservations(&request_id("new")).await.unwrap();
+    assert_eq!(
+        held[0].debit_team.as_deref(),
+        Some("ops"),
+        "stamped when recorded"
+    );
+    for key in ["Ops", "ops"] {
+        assert_eq!(store.budget_spent(&team(key), &month).await.unwrap(), fee);
+    }
+
+    // WHEN both payments fail: the old reservation's record as written before (no ledger
+    // team: the refund names none), the new one's naming its ledger
+    for (id, refund_team) in [("old", None), ("new", Some(team("ops")))] {
+        let r = get(&store, id).await;
+        let mut lost = store.reservations(&request_id(id)).await.unwrap()[0].clone();
+        lost.state = ReservationState::PaymentFailed;
+        if refund_team.is_none() {
+            lost.debit_team = None;
+        }
+        let t = transition(id, r.version, Reserved, Searching, &format!("failed-{id}"))
+            .with_reservations(
+                vec![lost],
+                Some(Refund {
+                    month: month.clone(),
+                    amount: fee,
+                    team: refund_team,
+                }),
+            );
+        assert_eq!(
+            store.transition(t).await.unwrap(),
+            WriteOutcome::Applied {
+                version: r.version + 1
+            }
+        );
+    }
+
+    // THEN each debit went back to its own ledger
+    for key in ["Ops", "ops"] {
+        assert_eq!(
+            store.budget_spent(&team(key), &month).await.unwrap(),
+            MicroUsd(0),
+            "{key}"
+        );
+    }
 }

@@ -334,6 +334,7 @@ async fn play(seed: u64, steps: usize, reached: &mut Reached) {
                             Some(Refund {
                                 month,
                                 amount: dollars(&mut rng, 1, 8),
+                                team: None,
                             }),
                         );
                     }

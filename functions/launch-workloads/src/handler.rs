@@ -647,7 +647,9 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 rec.team
             )));
         };
-        let debit = Debit::of(rec, team_cap, cost.to_micros_ceil(), now);
+        let debit = Debit::of(rec, team_cap, cost.to_micros_ceil(), now)
+            .within_older_ledger(&self.store, rec)
+            .await?;
         let reason = format!(
             "on-demand-first: holding the {label} estimate ${cost} against team {}'s cap \
              before launching",

@@ -399,6 +399,7 @@ impl Ec2Adapter {
             ultraserver: cr.instance_type().is_some_and(|t| t.starts_with("u-")),
             bought_at: None,
             debit_month: None,
+            debit_team: None,
             payment_check_at: None,
             deployment_tag: tags.get(DEPLOYMENT_TAG).cloned(),
         })

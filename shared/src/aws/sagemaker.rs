@@ -253,6 +253,7 @@ fn plan_reservation(
         }),
         bought_at: None,
         debit_month: None,
+        debit_team: None,
         payment_check_at: None,
         deployment_tag: None,
     }))
@@ -422,6 +423,7 @@ impl SageMakerAdapter {
             ultraserver: false,
             bought_at: None,
             debit_month: None,
+            debit_team: None,
             payment_check_at: None,
             deployment_tag: None,
         })

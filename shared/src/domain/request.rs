@@ -272,6 +272,12 @@ impl Team {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The team as budgets know it (ARCHITECTURE §9.8): lower-cased, so `Team-A` and `team-a`
+    /// share one cap and one ledger. The request keeps the team as it was given.
+    pub fn ledger(&self) -> Team {
+        Team(self.0.to_ascii_lowercase())
+    }
 }
 
 impl fmt::Display for Team {

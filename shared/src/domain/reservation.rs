@@ -118,6 +118,11 @@ pub struct Reservation {
     /// records the reservation; a payment failure returns the debit there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub debit_month: Option<String>,
+    /// The team ledger its debit was charged to (the lower-cased team, ARCHITECTURE §9.8),
+    /// stamped with `debit_month`; a payment failure returns the debit there. `None` on a
+    /// record written before: its debit went to the request's team exactly as given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debit_team: Option<String>,
     /// When the purchase function next reads its payment (ARCHITECTURE §9.1): set while it
     /// is live and not yet scheduled, whatever its request's status; the `work` index holds
     /// its item then. None on a record written before the rule: its request's next payment

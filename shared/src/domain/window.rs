@@ -598,6 +598,7 @@ mod tests {
             ultraserver: false,
             bought_at: None,
             debit_month: None,
+            debit_team: None,
             payment_check_at: None,
             deployment_tag: None,
         }

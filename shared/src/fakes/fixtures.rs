@@ -51,6 +51,7 @@ pub fn block_starting(start: DateTime<Utc>, state: ReservationState) -> Reservat
         ultraserver: false,
         bought_at: None,
         debit_month: None,
+        debit_team: None,
         payment_check_at: None,
     }
 }

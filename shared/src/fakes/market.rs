@@ -388,6 +388,7 @@ impl State {
             ultraserver: false,
             bought_at: None,
             debit_month: None,
+            debit_team: None,
             payment_check_at: None,
         };
         let (unlisted_for, listed_from) = match &self.clock {

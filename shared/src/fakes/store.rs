@@ -876,10 +876,10 @@ impl State {
         }
         // A reservation recorded here for the first time (a purchase in doubt found later)
         // was bought with the open debit: its payment failure returns it to that month.
-        let month = self.requests[&t.request_id]
+        let ledger_of_open = self.requests[&t.request_id]
             .open_debit_ledger
             .as_ref()
-            .map(|(_, m)| m.0.clone());
+            .map(|(team, m)| (team.to_string(), m.0.clone()));
         if let Some(how) = t.settle {
             let stored = self.requests.get_mut(&t.request_id).expect("checked above");
             let open = stored.record.open_debit.take().filter(|d| d.0 > 0);
@@ -898,7 +898,8 @@ impl State {
         }
         if let Some(r) = &t.refund {
             let stored = self.requests.get_mut(&t.request_id).expect("checked above");
-            let key = (stored.record.team.clone(), r.month.clone());
+            let team = r.team.clone().unwrap_or_else(|| stored.record.team.clone());
+            let key = (team, r.month.clone());
             let ledger = self.ledger.get(&key).copied().unwrap_or(0);
             if stored.record.spent.0 < r.amount.0 {
                 return Ok(WriteOutcome::Conflict);
@@ -920,8 +921,11 @@ impl State {
             let list = self.reservations.entry(t.request_id.clone()).or_default();
             for r in &t.reservations {
                 let mut r = r.clone();
-                if r.debit_month.is_none() {
-                    r.debit_month.clone_from(&month);
+                if r.debit_month.is_none()
+                    && let Some((team, month)) = &ledger_of_open
+                {
+                    r.debit_month = Some(month.clone());
+                    r.debit_team = Some(team.clone());
                 }
                 match list.iter_mut().find(|x| x.id == r.id) {
                     Some(existing) => *existing = r,
@@ -1092,8 +1096,10 @@ impl State {
         // The month its debit was charged to, where a payment failure returns it.
         if let Some(d) = &r.uncapped {
             reservation.debit_month = Some(d.month.0.clone());
-        } else if let Some((_, month)) = &stored.open_debit_ledger {
+            reservation.debit_team = Some(d.team.to_string());
+        } else if let Some((team, month)) = &stored.open_debit_ledger {
             reservation.debit_month = Some(month.0.clone());
+            reservation.debit_team = Some(team.to_string());
         }
         if let Some(d) = &r.uncapped {
             // A stray: charged whatever the caps say; the plan's open debit is untouched.

@@ -13,6 +13,7 @@ use crate::domain::events::{
     CancellationRefused, PaymentFailed, ending_events, event_key, outbound,
 };
 use crate::domain::money::MicroUsd;
+use crate::domain::request::Team;
 use crate::domain::reservation::Reservation;
 use crate::domain::status::RequestStatus;
 use crate::domain::time_rules::{LISTING_LAG_BOUND, PAYMENT_CHECK_EVERY, search_deadline};
@@ -209,18 +210,27 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
     ) -> Result<(), PortError> {
         let id = &rec.request_id;
         let version = rec.version + 1;
-        let month_of = |r: &Reservation| {
-            r.debit_month
+        // The ledger each debit went to: its team's key as recorded (before §9.8's lower-cased
+        // keys: the request's team as given), and its month.
+        let ledger_of = |r: &Reservation| {
+            let month = r
+                .debit_month
                 .clone()
                 .map(BudgetMonth)
-                .unwrap_or_else(|| BudgetMonth::of(r.bought_at.unwrap_or(rec.updated_at)))
+                .unwrap_or_else(|| BudgetMonth::of(r.bought_at.unwrap_or(rec.updated_at)));
+            let team = r
+                .debit_team
+                .as_deref()
+                .and_then(|t| Team::parse(t).ok())
+                .unwrap_or_else(|| rec.team.clone());
+            (team, month)
         };
-        // One refund per write, to one ledger month: a loss charged to another month (a rare
-        // split bought across a month's end) waits for the next check, right after this.
-        let month = lost.iter().find(|r| r.state.is_unpaid()).map(&month_of);
+        // One refund per write, to one ledger: a loss charged to another (a rare split bought
+        // across a month's end) waits for the next check, right after this.
+        let ledger = lost.iter().find(|r| r.state.is_unpaid()).map(&ledger_of);
         let (lost, later): (Vec<Reservation>, Vec<Reservation>) = lost
             .into_iter()
-            .partition(|r| !r.state.is_unpaid() || Some(month_of(r)) == month);
+            .partition(|r| !r.state.is_unpaid() || Some(ledger_of(r)) == ledger);
         // Not recorded yet: read again, and handled, at the next check.
         for r in &later {
             notes.push(format!(
@@ -235,10 +245,13 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 .sum::<i64>()
                 .min(rec.spent.0),
         );
-        let refund = month.filter(|_| returned.0 > 0).map(|month| Refund {
-            month,
-            amount: returned,
-        });
+        let refund = ledger
+            .filter(|_| returned.0 > 0)
+            .map(|(team, month)| Refund {
+                month,
+                amount: returned,
+                team: Some(team),
+            });
         let gone = |r: &Reservation| lost.iter().any(|l| l.id == r.id);
         // What the request still holds: the live, and the losses left for the next check.
         let others: Vec<&Reservation> = held

@@ -98,12 +98,15 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         let approved_note = approver
             .map(|a| format!(", approved by {a}"))
             .unwrap_or_default();
+        let debit = Debit::of(rec, team_cap, amount, now)
+            .within_older_ledger(self.store, rec)
+            .await?;
         let begin = BeginPurchase {
             request_id: id.clone(),
             expected_version: rec.version,
             from: rec.status,
             lease: lease.clone(),
-            debit: Some(Debit::of(rec, team_cap, amount, now)),
+            debit: Some(debit),
             // Doubt stands from here (ARCHITECTURE 8.6): a worker that takes over cannot
             // know whether these were bought.
             doubt: Some(Doubt {
@@ -650,7 +653,9 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             .team_budgets
             .cap_for(&rec.team)
             .unwrap_or(Usd::ZERO);
-        let debit = Debit::of(rec, team_cap, fee, now);
+        let debit = Debit::of(rec, team_cap, fee, now)
+            .within_older_ledger(self.store, rec)
+            .await?;
         // Whether it lands past a cap, as the ledger and the request stand now, the plan's
         // open debit included (`rec` may be the read from before this lease's debit; a
         // concurrent debit may change it again: the adoption does not depend on it, only the
@@ -665,7 +670,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             MicroUsd(0)
         };
         let team_after =
-            self.store.budget_spent(&rec.team, &debit.month).await?.0 + fee.0 - given_back.0;
+            self.store.budget_spent(&debit.team, &debit.month).await?.0 + fee.0 - given_back.0;
         let request_after = spent.0 + fee.0 - given_back.0;
         let mut past = Vec::new();
         if team_after > debit.team_cap.0 {

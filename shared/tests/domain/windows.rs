@@ -167,6 +167,7 @@ fn reservations_strategy() -> impl Strategy<Value = Vec<Reservation>> {
                     ultraserver,
                     bought_at: None,
                     debit_month: None,
+                    debit_team: None,
                     payment_check_at: None,
                     deployment_tag: None,
                 }

@@ -306,8 +306,9 @@ fn records(sim: &Sim) -> BTreeMap<String, RequestRecord> {
 
 /// The team of a request id: its record's, else the scenario's first request of that id.
 fn team_of(sim: &Sim, recs: &BTreeMap<String, RequestRecord>, id: &str) -> String {
+    // (Ledgers are the lower-cased team's, ARCHITECTURE §9.8.)
     if let Some(r) = recs.get(id) {
-        return r.team.to_string();
+        return r.team.ledger().to_string();
     }
     sim.scenario
         .requests
@@ -315,13 +316,15 @@ fn team_of(sim: &Sim, recs: &BTreeMap<String, RequestRecord>, id: &str) -> Strin
         .find(|r| r.detail["request_id"] == id)
         .and_then(|r| r.detail["team"].as_str())
         .unwrap_or("?")
-        .to_string()
+        .to_ascii_lowercase()
 }
 
+/// What each team's ledgers hold, one team whatever the case of its ledgers' keys: a team
+/// split across ledgers by spelling would have a cap per spelling (review N8).
 fn ledger(sim: &Sim) -> BTreeMap<String, i64> {
     let mut out: BTreeMap<String, i64> = BTreeMap::new();
     for ((team, _month), v) in sim.store.ledger() {
-        *out.entry(team.to_string()).or_default() += v.0;
+        *out.entry(team.ledger().to_string()).or_default() += v.0;
     }
     out
 }
@@ -454,7 +457,7 @@ fn money(sim: &Sim, sold: &[Sold]) -> BTreeMap<String, (i64, i64)> {
     for r in recs.values() {
         let fees = recorded_fees(&reservations, sold, r);
         let kept = unverified(sim, r, fees);
-        let e = out.entry(r.team.to_string()).or_default();
+        let e = out.entry(r.team.ledger().to_string()).or_default();
         e.1 += r.open_debit.map_or(0, |d| d.0) + on_demand_part(r, fees + kept) + kept;
     }
     out
@@ -819,7 +822,7 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
         let fees = recorded_fees(&reservations, &sold, r);
         let kept = unverified(sim, r, fees);
         let od = on_demand_part(r, fees + kept);
-        *expect.entry(r.team.to_string()).or_default() += od + kept;
+        *expect.entry(r.team.ledger().to_string()).or_default() += od + kept;
         if let Some(why) = on_demand_hours_wrong(sim, r, od) {
             out.push(why);
         }
@@ -862,9 +865,9 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
             .team_budgets
             .cap_for(&capacity_pilot::domain::request::Team::parse(team).expect("a team"))
             .map(|c| c.to_micros_ceil().0);
-        let adopted = recs
-            .values()
-            .any(|r| r.team.to_string() == *team && unrecorded.contains(&r.request_id.to_string()));
+        let adopted = recs.values().any(|r| {
+            r.team.ledger().to_string() == *team && unrecorded.contains(&r.request_id.to_string())
+        });
         if let Some(cap) = cap
             && *l > cap
             && !adopted

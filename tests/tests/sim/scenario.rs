@@ -706,6 +706,21 @@ impl Scenario {
                 again["latest_end"] = second.detail["latest_end"].clone();
             }
         }
+        // (Issue 49, after every earlier draw.) Teams spelled in other cases: one team, one
+        // cap, one ledger.
+        for req in requests.iter_mut() {
+            if req.invalid.is_empty() && r.chance(20) {
+                let spelled = match req.detail["team"].as_str() {
+                    Some("team-a") => *r.pick(&["Team-A", "TEAM-a"]),
+                    Some("team-b") => "Team-B",
+                    _ => continue,
+                };
+                req.detail["team"] = json!(spelled);
+                if let Some((_, again)) = &mut req.resubmit {
+                    again["team"] = json!(spelled);
+                }
+            }
+        }
         Scenario {
             seed,
             team_budgets,

@@ -250,6 +250,7 @@ fn reservation(id: &str, req: &str, product: Product, start: DateTime<Utc>) -> R
         ultraserver: false,
         bought_at: None,
         debit_month: None,
+        debit_team: None,
         payment_check_at: None,
         deployment_tag: None,
     }

@@ -196,6 +196,7 @@ fn block(id: &str, count: u32, zone: &str) -> Reservation {
         ultraserver: false,
         bought_at: None,
         debit_month: None,
+        debit_team: None,
         payment_check_at: None,
         deployment_tag: None,
     }

@@ -370,6 +370,45 @@ async fn a_plan_over_the_teams_monthly_cap_fails_with_the_reason_and_debits_noth
 }
 
 #[tokio::test]
+async fn a_team_spelled_in_another_case_has_its_teams_cap_and_ledger() {
+    // GIVEN caps naming "Team-A" (a cap of $2000) and a request of team "TEAM-a", whose team
+    // spent $500 this month under the ledger key debits used before (its exact spelling)
+    let w = World::new();
+    w.with_candidate(request("r1", "TEAM-a", "5000"), block("cb-1", "1661.18"));
+    w.store.set_spent(
+        &team("TEAM-a"),
+        &BudgetMonth::of(t0()),
+        MicroUsd(500_000_000),
+    );
+    let p = w.purchaser(r#"{"Team-A": "2000", "*": "100000"}"#);
+
+    // WHEN its $1661.18 plan is bought
+    p.handle(found("r1", "e1")).await.unwrap();
+
+    // THEN it is refused by the team's $2000 cap ($500 + $1661.18 passes it), not bought
+    // under the "*" default; nothing is debited
+    assert_eq!(w.market.calls_of(MarketOp::Purchase), 0);
+    assert_eq!(w.status("r1").await, RequestStatus::Failed);
+    assert_eq!(w.spent("team-a"), MicroUsd(0));
+
+    // AND without the older spend, the same plan is bought and charged to the lower-cased
+    // ledger, stamped on the reservation, where its payment failure would return it
+    let w = World::new();
+    w.with_candidate(request("r2", "TEAM-a", "5000"), block("cb-2", "1661.18"));
+    let p = w.purchaser(r#"{"Team-A": "2000", "*": "100000"}"#);
+    p.handle(found("r2", "e2")).await.unwrap();
+    assert_eq!(w.status("r2").await, RequestStatus::Reserved);
+    assert_eq!(w.spent("team-a"), MicroUsd(1_661_180_000));
+    assert_eq!(w.spent("TEAM-a"), MicroUsd(0));
+    let held = w
+        .store
+        .reservations(&capacity_pilot::fakes::fixtures::request_id("r2"))
+        .await
+        .unwrap();
+    assert_eq!(held[0].debit_team.as_deref(), Some("team-a"));
+}
+
+#[tokio::test]
 async fn a_fee_above_the_approval_threshold_waits_for_an_approver() {
     let w = World::new();
     let mut req = request("r1", "team-a", "5000");
@@ -1270,6 +1309,7 @@ async fn buying_a_plan_again_after_a_failed_one_takes_the_next_plan_name() {
         ultraserver: false,
         bought_at: Some(t0()),
         debit_month: None,
+        debit_team: None,
         payment_check_at: None,
         deployment_tag: None,
     };
@@ -1371,6 +1411,7 @@ fn stray(
         ultraserver: false,
         bought_at: None,
         debit_month: None,
+        debit_team: None,
         payment_check_at: None,
         deployment_tag: Some(DEPLOYMENT.into()),
     }

@@ -73,6 +73,7 @@ impl World {
             ultraserver: false,
             bought_at: None,
             debit_month: None,
+            debit_team: None,
             payment_check_at: None,
             deployment_tag: None,
         };

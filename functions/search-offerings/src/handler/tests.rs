@@ -219,32 +219,40 @@ async fn a_request_from_a_team_with_no_cap_is_rejected_naming_team_and_the_param
         default: None,
     };
     searcher.config = Arc::new(config);
-    // WHEN team-b (and Team-A, another ledger) submit
+    // WHEN team-b submits
     let mut d = detail("r1");
     d["team"] = json!("team-b");
     searcher.handle(submitted(SOURCE, "e1", d)).await.unwrap();
+    // THEN it is rejected naming team and TeamBudgetsUsd, and nothing is recorded
+    let rejected = w.events.published_of("Capacity Request Rejected");
+    assert_eq!(rejected.len(), 1);
+    let r = &rejected[0];
+    assert_eq!(r.detail["request_id"], "r1");
+    assert_eq!(r.detail["problems"][0]["field"], "team");
+    let m = r.detail["problems"][0]["message"].as_str().unwrap();
+    assert!(
+        m.contains("TeamBudgetsUsd") && m.contains("may not spend"),
+        "{m}"
+    );
+    assert!(
+        w.store
+            .get_request(&request_id("r1"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // AND Team-A, team-a's cap in another case (§9.8: caps and ledgers ignore case), is
+    // accepted, its team kept as given
     let mut d = detail("r2");
     d["team"] = json!("Team-A");
     searcher.handle(submitted(SOURCE, "e2", d)).await.unwrap();
-    // THEN both are rejected naming team and TeamBudgetsUsd, and nothing is recorded
-    let rejected = w.events.published_of("Capacity Request Rejected");
-    assert_eq!(rejected.len(), 2);
-    for (r, id) in rejected.iter().zip(["r1", "r2"]) {
-        assert_eq!(r.detail["request_id"], id);
-        assert_eq!(r.detail["problems"][0]["field"], "team");
-        let m = r.detail["problems"][0]["message"].as_str().unwrap();
-        assert!(
-            m.contains("TeamBudgetsUsd") && m.contains("may not spend"),
-            "{m}"
-        );
-        assert!(
-            w.store
-                .get_request(&request_id(id))
-                .await
-                .unwrap()
-                .is_none()
-        );
-    }
+    let r2 = w
+        .store
+        .get_request(&request_id("r2"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r2.team.as_str(), "Team-A");
     // AND team-a's is accepted
     searcher
         .handle(submitted(SOURCE, "e3", detail("r3")))
@@ -589,6 +597,7 @@ fn kept_first_half(w: &World, id: &str) {
             ultraserver: false,
             bought_at: None,
             debit_month: None,
+            debit_team: None,
             payment_check_at: None,
             deployment_tag: None,
         },
@@ -1274,6 +1283,7 @@ async fn a_request_that_ended_leaves_its_name_or_keeps_it_over_its_paid_windows_
                     ultraserver: false,
                     bought_at: None,
                     debit_month: None,
+                    debit_team: None,
                     payment_check_at: None,
                     deployment_tag: None,
                 },

@@ -1439,7 +1439,9 @@ impl Store for DynamoStore {
             e.condition(format!("{spent} >= {amt}"));
             refund = Some(ledger_credit(
                 &self.table,
-                meta.record.team.as_str(),
+                r.team
+                    .as_ref()
+                    .map_or(meta.record.team.as_str(), |t| t.as_str()),
                 &r.month,
                 r.amount,
                 t.at,
@@ -1451,9 +1453,10 @@ impl Store for DynamoStore {
             // bought with the open debit: its payment failure returns it to that month.
             let mut r = r.clone();
             if r.debit_month.is_none()
-                && let Some((_, month)) = &meta.open_debit_ledger
+                && let Some((team, month)) = &meta.open_debit_ledger
             {
                 r.debit_month = Some(month.0.clone());
+                r.debit_team = Some(team.clone());
             }
             plan_items.push(put(
                 &self.table,
@@ -1870,8 +1873,10 @@ impl Store for DynamoStore {
             // The month its debit was charged to, where a payment failure returns it.
             if let Some(d) = &r.uncapped {
                 reservation.debit_month = Some(d.month.0.clone());
-            } else if let Some((_, month)) = &meta.open_debit_ledger {
+                reservation.debit_team = Some(d.team.to_string());
+            } else if let Some((team, month)) = &meta.open_debit_ledger {
                 reservation.debit_month = Some(month.0.clone());
+                reservation.debit_team = Some(team.clone());
             }
             let ledgers = stray_ledgers(&self.table, id, &r, &meta, &mut e)?;
             let res = reservation_item(&pk, id, &reservation, r.at, false)?;

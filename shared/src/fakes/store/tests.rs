@@ -121,6 +121,7 @@ fn reservation(rid: &str, res_id: &str, fee: &str) -> Reservation {
         ultraserver: false,
         bought_at: None,
         debit_month: None,
+        debit_team: None,
         payment_check_at: None,
         deployment_tag: None,
     }
@@ -992,9 +993,10 @@ async fn recording_the_reservation_keeps_the_debit_and_ends_the_lease() {
     let r = store.get_request(&id(R1)).await.unwrap().unwrap();
     assert_eq!((r.status, r.open_debit, r.lease), (Reserved, None, None));
     assert_eq!(r.spent, MicroUsd(1_000_000_000));
-    // AND the reservation carries the month its debit was charged to
+    // AND the reservation carries the ledger its debit was charged to: the team's, its month
     let mut recorded = reservation(R1, "cr-1", "1000");
     recorded.debit_month = Some(month().0);
+    recorded.debit_team = Some("ml-research".into());
     assert_eq!(store.reservations(&id(R1)).await.unwrap(), vec![recorded]);
     assert!(
         store
