@@ -72,6 +72,24 @@ pub struct Config {
     pub prices: PriceTable,
     /// Local runs only: the simulated clock's URL.
     pub clock_url: Option<String>,
+    /// The deployment's approval threshold (`APPROVE_ABOVE_USD`, the `ApproveAboveUsd`
+    /// parameter; unset by default): a request's effective threshold is the lower of its own
+    /// `approval_above_usd` and this, on its whole spend (ARCHITECTURE §9.8).
+    pub approve_above: Option<Usd>,
+}
+
+impl Config {
+    /// The approval threshold that applies to `request`: the lower of its own and the
+    /// deployment's; `None` when neither sets one.
+    pub fn approval_threshold(
+        &self,
+        request: &crate::domain::request::CapacityRequest,
+    ) -> Option<Usd> {
+        match (request.budget.approval_above, self.approve_above) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 /// Every variable at fault, with what is wrong with it.
@@ -264,6 +282,19 @@ impl Config {
             None => PriceTable::default(),
         };
         let clock_url = r.get("CAPACITY_PILOT_CLOCK_URL");
+        let approve_above = match r.get("APPROVE_ABOVE_USD").filter(|v| !v.trim().is_empty()) {
+            None => None,
+            Some(v) => match Usd::parse(v.trim()) {
+                Ok(u) if u >= Usd::ZERO => Some(u),
+                _ => {
+                    r.fail(
+                        "APPROVE_ABOVE_USD",
+                        format!("must be a non-negative decimal of USD, got {v:?}"),
+                    );
+                    None
+                }
+            },
+        };
 
         if !r.problems.is_empty() {
             return Err(ConfigError {
@@ -286,6 +317,7 @@ impl Config {
             instance_types,
             prices,
             clock_url,
+            approve_above,
         })
     }
 }

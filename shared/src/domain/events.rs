@@ -165,7 +165,11 @@ pub struct AwaitingApproval {
     pub request_id: String,
     pub team: String,
     pub upfront_fee_usd: Usd,
+    /// The threshold that applies: the lower of the request's and the deployment's.
     pub approval_above_usd: Usd,
+    /// What the request has spent before this fee: the threshold is on the two together.
+    #[serde(default)]
+    pub spent_usd: Usd,
     pub plan: PlanSummary,
 }
 detail!(AwaitingApproval, "Capacity Purchase Awaiting Approval");

@@ -142,9 +142,10 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         Ok(None)
     }
 
-    /// Whether `plan` may be bought now: above the request's `approval_above` and not
-    /// approved (`approver`), the request waits for an approver (announced once), or
-    /// searches again once the offering's purchase deadline passed unapproved.
+    /// Whether `plan` may be bought now: when the request's spend plus its fee is above the
+    /// threshold ([`crate::config::Config::approval_threshold`]) and it is not approved
+    /// (`approver`), the request waits for an approver (announced once), or searches again
+    /// once the offering's purchase deadline passed unapproved.
     pub async fn gate(
         &self,
         rec: &RequestRecord,
@@ -155,9 +156,12 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         out: &mut Outcome,
     ) -> Result<Gate, PortError> {
         let id = &rec.request_id;
-        let threshold = rec.request.budget.approval_above;
+        // On the request's whole spend (review N9): what it has spent, this fee included, so a
+        // replacement or a split's later segment cannot pass a threshold piece by piece.
+        let threshold = self.config.approval_threshold(&rec.request);
+        let total = rec.spent.0 + plan.upfront_fee.to_micros_ceil().0;
         if let Some(limit) = threshold
-            && plan.upfront_fee > limit
+            && total > limit.to_micros_ceil().0
             && approver.is_none()
         {
             if rec.status == RequestStatus::AwaitingApproval {
@@ -168,16 +172,27 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 }
                 return Ok(Gate::Held);
             }
-            let reason = format!(
-                "upfront fee ${} is above the approval threshold ${}; waiting for an approver",
-                plan.upfront_fee, limit
-            );
+            let spent = rec.spent.to_usd();
+            let reason = if rec.spent.0 > 0 {
+                format!(
+                    "upfront fee ${} on top of the ${spent} the request has spent is above the \
+                     approval threshold ${limit}; waiting for an approver",
+                    plan.upfront_fee
+                )
+            } else {
+                format!(
+                    "upfront fee ${} is above the approval threshold ${limit}; waiting for an \
+                     approver",
+                    plan.upfront_fee
+                )
+            };
             let ev = AwaitingApproval {
                 event_key: awaiting_approval_key(id.as_str(), plan),
                 request_id: id.to_string(),
                 team: rec.team.to_string(),
                 upfront_fee_usd: plan.upfront_fee,
                 approval_above_usd: limit,
+                spent_usd: spent,
                 plan: PlanSummary::from(plan),
             };
             let t = Transition::of(

@@ -409,6 +409,54 @@ async fn a_team_spelled_in_another_case_has_its_teams_cap_and_ledger() {
 }
 
 #[tokio::test]
+async fn the_approval_threshold_is_on_the_requests_whole_spend_and_the_lower_of_two() {
+    // GIVEN a request with approval above $3000 that has spent $2000 already (a split's kept
+    // first block), its replacement plan $1661.18: each fee alone is under the threshold
+    let w = World::new();
+    let mut req = request("r1", "team-a", "5000");
+    req.budget.approval_above = Some(Usd::parse("3000").unwrap());
+    let mut rec = w.with_candidate(req, block("cb-1", "1661.18"));
+    rec.spent = Usd::parse("2000").unwrap().to_micros_ceil();
+    w.store.insert_record(rec);
+    let p = w.purchaser(CAPS);
+
+    // WHEN the purchase step runs
+    p.handle(found("r1", "e1")).await.unwrap();
+
+    // THEN it waits for an approver: $2000 + $1661.18 passes $3000 (review N9)
+    assert_eq!(w.status("r1").await, RequestStatus::AwaitingApproval);
+    assert_eq!(w.market.purchase_count(), 0);
+    let asked = &w.events.published_of("Capacity Purchase Awaiting Approval")[0].detail;
+    assert_eq!(asked["spent_usd"], "2000");
+    assert_eq!(asked["approval_above_usd"], "3000");
+
+    // AND a request with no threshold of its own waits under the deployment's
+    // (ApproveAboveUsd), the lower of the two applying when both are set
+    for (own, deployment, waits) in [
+        (None, "1000", true),
+        (Some("5000"), "1000", true),
+        (Some("1000"), "5000", true),
+        (None, "5000", false),
+    ] {
+        let w = World::new();
+        let mut req = request("r2", "team-a", "5000");
+        req.budget.approval_above = own.map(|a| Usd::parse(a).unwrap());
+        w.with_candidate(req, block("cb-2", "1661.18"));
+        let mut p = w.purchaser(CAPS);
+        let mut config = (*p.config).clone();
+        config.approve_above = Some(Usd::parse(deployment).unwrap());
+        p.config = Arc::new(config);
+        p.handle(found("r2", "e2")).await.unwrap();
+        let want = if waits {
+            RequestStatus::AwaitingApproval
+        } else {
+            RequestStatus::Reserved
+        };
+        assert_eq!(w.status("r2").await, want, "{own:?} {deployment}");
+    }
+}
+
+#[tokio::test]
 async fn a_fee_above_the_approval_threshold_waits_for_an_approver() {
     let w = World::new();
     let mut req = request("r1", "team-a", "5000");
