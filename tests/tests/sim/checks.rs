@@ -1378,11 +1378,19 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
             .iter()
             .filter(|s| s.request == id && !is_stray(sim, &s.id))
             .collect();
-        // A purchase above the approval threshold came after an approval naming its plan,
-        // from an approver source.
+        // A purchase that takes the request's spend above the approval threshold (what it
+        // had bought and kept before, this fee included: review N9) came after an approval
+        // naming its plan, from an approver source.
         if let Some(above) = r.request.budget.approval_above {
             let above = above.to_micros_ceil().0;
-            for s in bought.iter().filter(|s| s.fee > above) {
+            let before = |s: &Sold| -> i64 {
+                bought
+                    .iter()
+                    .filter(|b| b.live_or_paid && b.created < s.created)
+                    .map(|b| b.fee)
+                    .sum()
+            };
+            for s in bought.iter().filter(|s| before(s) + s.fee > above) {
                 let approved = sim.delivered.iter().any(|d| {
                     d.event["detail-type"] == "Capacity Purchase Approved"
                         && d.event["source"] == APPROVER
@@ -1394,9 +1402,12 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
                 });
                 if !approved {
                     out.push(format!(
-                        "judged as delivered: {id} bought {} ({} micro-USD, above its approval \
-                         threshold) with no valid approval delivered first",
-                        s.id, s.fee
+                        "no spend past its gate: {id} bought {} ({} micro-USD, after {} \
+                         micro-USD bought before: above its approval threshold) with no valid \
+                         approval delivered first",
+                        s.id,
+                        s.fee,
+                        before(s)
                     ));
                 }
             }

@@ -721,6 +721,20 @@ impl Scenario {
                 }
             }
         }
+        // (Issue 49, after every earlier draw.) An approval threshold between a split's half
+        // and its whole: each block alone is under it, the two together above.
+        for req in requests.iter_mut() {
+            let split = req.detail["allow_split"] == true;
+            if split && req.detail["budget"]["approval_above_usd"].is_string() && r.chance(60) {
+                let hours = req.detail["duration_hours"].as_i64().unwrap_or(48);
+                let count = req.detail["instance_count"].as_i64().unwrap_or(1);
+                let estimate = 35 * hours * count;
+                req.detail["budget"]["approval_above_usd"] = json!((estimate * 3 / 4).to_string());
+                if let Some((_, again)) = &mut req.resubmit {
+                    again["budget"] = req.detail["budget"].clone();
+                }
+            }
+        }
         Scenario {
             seed,
             team_budgets,
