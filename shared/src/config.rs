@@ -76,6 +76,10 @@ pub struct Config {
     /// parameter; unset by default): a request's effective threshold is the lower of its own
     /// `approval_above_usd` and this, on its whole spend (ARCHITECTURE §9.8).
     pub approve_above: Option<Usd>,
+    /// Whether an approval can ever arrive (`APPROVALS_ENABLED`: the template sets it true
+    /// only when `ApproverPrincipals` names someone; true when unset). Without approvers, a
+    /// request that could pass its threshold is rejected at submission.
+    pub approvals_enabled: bool,
 }
 
 impl Config {
@@ -282,6 +286,17 @@ impl Config {
             None => PriceTable::default(),
         };
         let clock_url = r.get("CAPACITY_PILOT_CLOCK_URL");
+        let approvals_enabled = match r.get("APPROVALS_ENABLED").as_deref().map(str::trim) {
+            None | Some("true") => true,
+            Some("false") => false,
+            Some(v) => {
+                r.fail(
+                    "APPROVALS_ENABLED",
+                    format!("must be true or false, got {v:?}"),
+                );
+                true
+            }
+        };
         let approve_above = match r.get("APPROVE_ABOVE_USD").filter(|v| !v.trim().is_empty()) {
             None => None,
             Some(v) => match Usd::parse(v.trim()) {
@@ -318,6 +333,7 @@ impl Config {
             prices,
             clock_url,
             approve_above,
+            approvals_enabled,
         })
     }
 }

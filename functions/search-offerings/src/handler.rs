@@ -182,6 +182,7 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
         };
         let refused = match self.config.team_budgets.submission_problem(&request.team) {
             Some(p) => Some(p),
+            None if let Some(p) = self.unapprovable(&request) => Some(p),
             None => {
                 workload::submission_problem(
                     &self.workloads,
@@ -342,6 +343,28 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
                 Ok(None)
             }
         }
+    }
+
+    /// Why a request is refused for its approval threshold (ARCHITECTURE §9.8): it could spend
+    /// past it, and this deployment has no approver, so its purchase would wait for an
+    /// approval that can never come.
+    fn unapprovable(&self, request: &CapacityRequest) -> Option<FieldError> {
+        let threshold = self.config.approval_threshold(request)?;
+        if self.config.approvals_enabled || request.budget.max_upfront <= threshold {
+            return None;
+        }
+        Some(problem(
+            "budget.approval_above_usd",
+            format!(
+                "the request may spend ${} (budget.max_upfront_usd), above its approval \
+                 threshold ${threshold} (the lower of budget.approval_above_usd and the stack's \
+                 ApproveAboveUsd), but this deployment has no approver: the stack's \
+                 ApproverPrincipals parameter is empty (APPROVALS_ENABLED=false), so no \
+                 approval could arrive; lower budget.max_upfront_usd to ${threshold}, or an \
+                 operator sets ApproverPrincipals",
+                request.budget.max_upfront
+            ),
+        ))
     }
 
     async fn search(

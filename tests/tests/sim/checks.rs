@@ -44,6 +44,8 @@ pub struct Sold {
     pub windows: usize,
     /// Its other name: a block's `cb-` id, a plan's name.
     pub alt: String,
+    /// The offering a block was bought from (empty for a plan).
+    pub offering: String,
 }
 
 /// A block the harness bought for a request behind the system's back (a purchase whose
@@ -165,6 +167,7 @@ pub fn sold(cloud: &LocalCloud) -> Vec<Sold> {
                 plan: false,
                 windows: 1,
                 alt: cr.block_id.clone(),
+                offering: cr.offering_id.clone(),
             });
         }
         for p in w.sm.plans.values() {
@@ -183,6 +186,7 @@ pub fn sold(cloud: &LocalCloud) -> Vec<Sold> {
                 plan: true,
                 windows: p.offering.segments.len(),
                 alt: p.name.clone(),
+                offering: String::new(),
             });
         }
         out
@@ -1398,7 +1402,16 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
                         && d.at <= s.created
                         && ours(&bus, "Capacity Purchase Awaiting Approval", id)
                             .iter()
-                            .any(|a| a["detail"]["event_key"] == d.event["detail"]["approves"])
+                            .any(|a| {
+                                // (An approval is for the plan it names: a block bought later,
+                                // a replacement, needs its own. A plan's offerings are not
+                                // named by what AWS sold, so any of the request's will do.)
+                                a["detail"]["event_key"] == d.event["detail"]["approves"]
+                                    && (s.plan
+                                        || a["detail"]["plan"]["offering_ids"]
+                                            .as_array()
+                                            .is_some_and(|o| o.iter().any(|x| x == &s.offering)))
+                            })
                 });
                 if !approved {
                     out.push(format!(

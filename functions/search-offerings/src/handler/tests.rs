@@ -1455,3 +1455,50 @@ async fn a_redelivered_submission_of_a_recorded_request_is_a_duplicate_even_besi
         w.events.detail_types()
     );
 }
+
+#[tokio::test]
+async fn a_request_that_could_pass_its_threshold_is_rejected_where_no_approver_is_configured() {
+    // GIVEN a deployment with no approver (ApproverPrincipals empty: APPROVALS_ENABLED=false)
+    let w = World::new();
+    let mut searcher = w.searcher();
+    let mut config = (*searcher.config).clone();
+    config.approvals_enabled = false;
+    searcher.config = Arc::new(config);
+
+    // WHEN a request that may spend $10000 asks for approval above $8000
+    let mut d = detail("r1");
+    d["budget"] = json!({"max_upfront_usd": "10000", "approval_above_usd": "8000"});
+    searcher.handle(submitted(SOURCE, "e1", d)).await.unwrap();
+
+    // THEN it is rejected naming the field and the parameter, and nothing is recorded
+    let (field, message) = rejection(&w);
+    assert_eq!(field, "budget.approval_above_usd");
+    assert!(message.contains("ApproverPrincipals"), "{message}");
+    assert!(
+        w.store
+            .get_request(&request_id("r1"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // AND one whose cap is within its threshold is accepted; with an approver, both are
+    w.events.clear();
+    let mut d = detail("r2");
+    d["budget"] = json!({"max_upfront_usd": "8000", "approval_above_usd": "8000"});
+    searcher.handle(submitted(SOURCE, "e2", d)).await.unwrap();
+    assert_eq!(w.events.detail_types()[0], "Capacity Request Accepted");
+    let mut d = detail("r3");
+    d["budget"] = json!({"max_upfront_usd": "10000", "approval_above_usd": "8000"});
+    w.searcher()
+        .handle(submitted(SOURCE, "e3", d))
+        .await
+        .unwrap();
+    assert!(
+        w.store
+            .get_request(&request_id("r3"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+}

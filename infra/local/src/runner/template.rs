@@ -155,9 +155,19 @@ fn resolve(template: &Value, locals: &Locals, v: &Value) -> anyhow::Result<Optio
                 .ok_or_else(|| anyhow!("Fn::Select's index {index} is past its {n} items"))?;
             Ok(Some(item))
         }
+        Value::Object(o) if o.len() == 1 && o.contains_key("Fn::Join") => {
+            let args = o["Fn::Join"]
+                .as_array()
+                .filter(|a| a.len() == 2)
+                .ok_or_else(|| anyhow!("Fn::Join takes [delimiter, list]"))?;
+            let delimiter = args[0]
+                .as_str()
+                .ok_or_else(|| anyhow!("Fn::Join's delimiter is not a string"))?;
+            Ok(Some(list(template, locals, &args[1])?.join(delimiter)))
+        }
         other => bail!(
-            "{other} is not a value the local runner resolves (a literal, Ref, Fn::If or \
-             Fn::Select)"
+            "{other} is not a value the local runner resolves (a literal, Ref, Fn::If, \
+             Fn::Select or Fn::Join)"
         ),
     }
 }
@@ -180,7 +190,17 @@ fn list(template: &Value, locals: &Locals, v: &Value) -> anyhow::Result<Vec<Stri
             .iter()
             .map(|i| resolve(template, locals, i).map(Option::unwrap_or_default))
             .collect(),
-        other => bail!("{other} is not a list the local runner resolves (Fn::Split or a list)"),
+        // A CommaDelimitedList parameter: its value is the comma list.
+        Value::Object(o) if o.len() == 1 && o.contains_key("Ref") => {
+            Ok(match resolve(template, locals, v)? {
+                Some(s) if !s.is_empty() => s.split(',').map(str::to_string).collect(),
+                _ => vec![],
+            })
+        }
+        other => bail!(
+            "{other} is not a list the local runner resolves (Fn::Split, a list, or a Ref of a \
+             comma list)"
+        ),
     }
 }
 
