@@ -1239,6 +1239,23 @@ async fn a_second_live_request_naming_one_endpoint_over_an_overlapping_window_is
     assert_eq!(claimants(&w, "llm").await, ["r1", "r3"]);
 }
 
+/// r1 recorded claiming endpoint llm from day 2 to day 9, read back ended (`Failed`, nothing
+/// due): the caller adds what it holds and stores it.
+async fn ended_claimant(w: &World, s: &S) -> capacity_pilot::ports::RequestRecord {
+    s.handle(submitted(SOURCE, "e1", endpoint("r1", "llm", 2, 9)))
+        .await
+        .unwrap();
+    let mut r1 = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    r1.status = RequestStatus::Failed;
+    r1.next_action_at = None;
+    r1
+}
+
 #[tokio::test]
 async fn a_request_that_ended_leaves_its_name_or_keeps_it_over_its_paid_windows_only() {
     use capacity_pilot::domain::reservation::{Reservation, ReservationState};
@@ -1248,17 +1265,7 @@ async fn a_request_that_ended_leaves_its_name_or_keeps_it_over_its_paid_windows_
         // bought window of days 3-5 not ended
         let w = World::new();
         let s = w.searcher();
-        s.handle(submitted(SOURCE, "e1", endpoint("r1", "llm", 2, 9)))
-            .await
-            .unwrap();
-        let mut r1 = w
-            .store
-            .get_request(&request_id("r1"))
-            .await
-            .unwrap()
-            .unwrap();
-        r1.status = RequestStatus::Failed;
-        r1.next_action_at = None;
+        let mut r1 = ended_claimant(&w, &s).await;
         if paid {
             r1.windows = vec![WindowRecord {
                 key: "cr-1#0".into(),
@@ -1327,17 +1334,7 @@ async fn a_request_that_ended_with_a_purchase_in_doubt_keeps_its_whole_interval(
     // window: hourly reconciliation may still find the plan and record it as a window
     let w = World::new();
     let s = w.searcher();
-    s.handle(submitted(SOURCE, "e1", endpoint("r1", "llm", 2, 9)))
-        .await
-        .unwrap();
-    let mut r1 = w
-        .store
-        .get_request(&request_id("r1"))
-        .await
-        .unwrap()
-        .unwrap();
-    r1.status = RequestStatus::Failed;
-    r1.next_action_at = None;
+    let mut r1 = ended_claimant(&w, &s).await;
     r1.doubt = Some(capacity_pilot::ports::Doubt {
         offering_ids: vec!["tp-offer".into()],
         since: t0(),
