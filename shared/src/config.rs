@@ -80,9 +80,29 @@ pub struct Config {
     /// only when `ApproverPrincipals` names someone; true when unset). Without approvers, a
     /// request that could pass its threshold is rejected at submission.
     pub approvals_enabled: bool,
+    /// Which sources may submit for a team (`TEAM_SOURCES`, the `TeamSources` parameter: a
+    /// JSON map of team, lower-cased, to sources); a team not listed may be submitted for by
+    /// any allowed source.
+    pub team_sources: BTreeMap<String, Vec<String>>,
 }
 
 impl Config {
+    /// Why `source` may not submit for `team` (`TEAM_SOURCES`): `None` when it may.
+    pub fn team_source_problem(&self, team: &Team, source: &str) -> Option<FieldError> {
+        let sources = self.team_sources.get(team.ledger().as_str())?;
+        if sources.iter().any(|s| s == source) {
+            return None;
+        }
+        Some(FieldError {
+            field: "team".into(),
+            message: format!(
+                "{source:?} may not submit requests for team {team}: the stack's TeamSources \
+                 parameter (TEAM_SOURCES) lets only {} submit for it",
+                sources.join(", ")
+            ),
+        })
+    }
+
     /// The approval threshold that applies to `request`: the lower of its own and the
     /// deployment's; `None` when neither sets one.
     pub fn approval_threshold(
@@ -286,6 +306,37 @@ impl Config {
             None => PriceTable::default(),
         };
         let clock_url = r.get("CAPACITY_PILOT_CLOCK_URL");
+        let mut team_sources = BTreeMap::new();
+        for (team, sources) in r
+            .json::<BTreeMap<String, Vec<String>>>("TEAM_SOURCES")
+            .unwrap_or_default()
+        {
+            let key = match Team::parse(&team) {
+                Ok(t) => t.ledger().to_string(),
+                Err(e) => {
+                    r.fail("TEAM_SOURCES", format!("team {team:?} {e}"));
+                    continue;
+                }
+            };
+            for s in sources
+                .iter()
+                .filter(|s| !allowed_request_sources.contains(s))
+            {
+                r.fail(
+                    "TEAM_SOURCES",
+                    format!(
+                        "gives team {team:?} the source {s:?}, which is not one of \
+                         ALLOWED_REQUEST_SOURCES"
+                    ),
+                );
+            }
+            if team_sources.insert(key, sources).is_some() {
+                r.fail(
+                    "TEAM_SOURCES",
+                    format!("names team {team:?} twice (team names are matched ignoring case)"),
+                );
+            }
+        }
         let approvals_enabled = match r.get("APPROVALS_ENABLED").as_deref().map(str::trim) {
             None | Some("true") => true,
             Some("false") => false,
@@ -334,6 +385,7 @@ impl Config {
             clock_url,
             approve_above,
             approvals_enabled,
+            team_sources,
         })
     }
 }
@@ -506,5 +558,22 @@ mod tests {
         );
         let twice = parse_team_budgets(r#"{"Team-A": "2000", "team-a": "10"}"#).unwrap_err();
         assert!(twice.contains("\"team-a\" twice"), "{twice}");
+    }
+
+    #[test]
+    fn team_sources_name_allowed_sources_and_each_team_once() {
+        let mut vars = FULL.to_vec();
+        vars.push(("TEAM_SOURCES", r#"{"Team-A": ["com.example.ml-platform"]}"#));
+        let c = Config::from_lookup(&env(&vars)).unwrap();
+        assert_eq!(c.team_sources["team-a"], ["com.example.ml-platform"]);
+        for bad in [
+            r#"{"team-a": ["com.example.elsewhere"]}"#,
+            r#"{"team-a": [], "TEAM-A": []}"#,
+        ] {
+            let mut vars = FULL.to_vec();
+            vars.push(("TEAM_SOURCES", bad));
+            let e = Config::from_lookup(&env(&vars)).unwrap_err();
+            assert!(e.to_string().contains("TEAM_SOURCES"), "{e}");
+        }
     }
 }

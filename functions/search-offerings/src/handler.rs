@@ -182,6 +182,7 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
         };
         let refused = match self.config.team_budgets.submission_problem(&request.team) {
             Some(p) => Some(p),
+            None if let Some(p) = self.config.team_source_problem(&request.team, source) => Some(p),
             None if let Some(p) = self.unapprovable(&request) => Some(p),
             None => {
                 workload::submission_problem(

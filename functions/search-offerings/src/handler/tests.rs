@@ -1499,3 +1499,60 @@ async fn a_request_that_could_pass_its_threshold_is_rejected_where_no_approver_i
             .is_some()
     );
 }
+
+#[tokio::test]
+async fn a_source_not_given_a_team_by_team_sources_cannot_submit_for_it() {
+    // GIVEN TEAM_SOURCES giving team-a to com.example.team-a only (both sources allowed)
+    let w = World::new();
+    let mut searcher = w.searcher();
+    let mut config = (*searcher.config).clone();
+    config
+        .allowed_request_sources
+        .push("com.example.team-a".into());
+    config.team_sources = [("team-a".to_string(), vec!["com.example.team-a".to_string()])].into();
+    searcher.config = Arc::new(config);
+
+    // WHEN the platform's source submits for Team-A (team-a in another case)
+    let mut d = detail("r1");
+    d["team"] = json!("Team-A");
+    searcher.handle(submitted(SOURCE, "e1", d)).await.unwrap();
+
+    // THEN it is rejected naming team and the parameter, and nothing is recorded
+    let (field, message) = rejection(&w);
+    assert_eq!(field, "team");
+    assert!(
+        message.contains("TeamSources") && message.contains(SOURCE),
+        "{message}"
+    );
+    assert!(
+        w.store
+            .get_request(&request_id("r1"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // AND team-a's own source may, and a team the map does not name may be submitted by any
+    w.events.clear();
+    searcher
+        .handle(submitted("com.example.team-a", "e2", detail("r2")))
+        .await
+        .unwrap();
+    let mut d = detail("r3");
+    d["team"] = json!("team-z");
+    searcher.handle(submitted(SOURCE, "e3", d)).await.unwrap();
+    assert!(
+        w.store
+            .get_request(&request_id("r2"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        w.store
+            .get_request(&request_id("r3"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
