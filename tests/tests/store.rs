@@ -20,6 +20,28 @@ use chrono::Duration;
 use integration_tests::TestTable;
 use integration_tests::fixtures::*;
 
+/// A requester's cancellation kept on `id`'s purchase under way at `version`, by `event`.
+fn cancellation_kept(id: &str, version: u64, event: &str) -> KeepCancellation {
+    KeepCancellation {
+        request_id: request_id(id),
+        expected_version: version,
+        status: Purchasing,
+        note: Some(CancelNote {
+            reason: "cancelled by the requester".into(),
+            at: t0(),
+            event_id: event.into(),
+            found: None,
+            stop_running: false,
+            stopped: vec![],
+        }),
+        reason: "buying; cancellation kept".into(),
+        next_action_at: Some(t0() + Duration::minutes(15)),
+        at: t0(),
+        caused_by: Cause::new(event),
+        outbox: vec![],
+    }
+}
+
 /// GIVEN a recorded request, moved to `OfferingsFound` with two candidate plans.
 /// Returns its version.
 async fn request_with_offerings(store: &DynamoStore, id: &str, team_name: &str) -> u64 {
@@ -1252,24 +1274,7 @@ async fn a_cancellation_kept_during_a_purchase_refuses_a_release_that_would_pass
         ))
         .await
         .unwrap();
-    let keep = |version: u64, event: &str| KeepCancellation {
-        request_id: request_id("kept"),
-        expected_version: version,
-        status: Purchasing,
-        note: Some(CancelNote {
-            reason: "cancelled by the requester".into(),
-            at: t0(),
-            event_id: event.into(),
-            found: None,
-            stop_running: false,
-            stopped: vec![],
-        }),
-        reason: "buying; cancellation kept".into(),
-        next_action_at: Some(t0() + Duration::minutes(15)),
-        at: t0(),
-        caused_by: Cause::new(event),
-        outbox: vec![],
-    };
+    let keep = |version: u64, event: &str| cancellation_kept("kept", version, event);
 
     // WHEN a cancellation is kept on it (a stale one is a conflict)
     assert_eq!(
@@ -3463,24 +3468,7 @@ async fn a_purchase_ending_in_doubt_under_a_kept_cancellation_ends_cancelled_nev
     buying_in_doubt(&store, id, &["cb-1"]).await;
     let version = get(&store, id).await.version;
     let kept = store
-        .keep_cancellation(KeepCancellation {
-            request_id: request_id(id),
-            expected_version: version,
-            status: Purchasing,
-            note: Some(CancelNote {
-                reason: "cancelled by the requester".into(),
-                at: t0(),
-                event_id: "c1".into(),
-                found: None,
-                stop_running: false,
-                stopped: vec![],
-            }),
-            reason: "buying; cancellation kept".into(),
-            next_action_at: Some(t0() + Duration::minutes(15)),
-            at: t0(),
-            caused_by: Cause::new("c1"),
-            outbox: vec![],
-        })
+        .keep_cancellation(cancellation_kept(id, version, "c1"))
         .await
         .unwrap();
     assert!(matches!(kept, WriteOutcome::Applied { .. }), "{kept:?}");

@@ -1258,8 +1258,9 @@ async fn ended_claimant(w: &World, s: &S) -> capacity_pilot::ports::RequestRecor
 
 #[tokio::test]
 async fn a_request_that_ended_leaves_its_name_or_keeps_it_over_its_paid_windows_only() {
-    use capacity_pilot::domain::reservation::{Reservation, ReservationState};
+    use capacity_pilot::domain::reservation::ReservationState;
     use capacity_pilot::domain::window::{WindowRecord, WindowState};
+    use capacity_pilot::fakes::fixtures::block_starting;
     for paid in [false, true] {
         // GIVEN r1 claiming llm from day 2 to day 9, then ended (Failed); when `paid`, with a
         // bought window of days 3-5 not ended
@@ -1274,27 +1275,10 @@ async fn a_request_that_ended_leaves_its_name_or_keeps_it_over_its_paid_windows_
                 next_action_at: Some(day(3)),
                 updated_at: t0(),
             }];
-            w.store.insert_reservation(
-                &r1.request_id,
-                Reservation {
-                    id: "cr-1".into(),
-                    product: Product::CapacityBlock,
-                    region: "us-east-1".into(),
-                    instance_type: "ml.p5.48xlarge".into(),
-                    instance_count: 1,
-                    segments: block("o", day(3), 48, "100").segments,
-                    upfront_fee: Usd::parse("100").unwrap(),
-                    state: ReservationState::Scheduled,
-                    offering_id: None,
-                    request_tag: Some("r1".into()),
-                    ultraserver: false,
-                    bought_at: None,
-                    debit_month: None,
-                    debit_team: None,
-                    payment_check_at: None,
-                    deployment_tag: None,
-                },
-            );
+            // (Its block, cr-1, days 3-5.)
+            let mut paid = block_starting(day(3), ReservationState::Scheduled);
+            paid.segments[0].end = day(5);
+            w.store.insert_reservation(&r1.request_id, paid);
         }
         w.store.insert_record(r1);
         w.events.clear();
