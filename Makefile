@@ -35,9 +35,34 @@ lint-rust: no-mutants
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 # A check is suppressed only in the template, beside the resource, with its reason.
+# checkov knows no AWS::LanguageExtensions: a Fn::ForEach in Resources makes it drop the SAM
+# Globals (every function would lack its dead-letter queue) and skip what the loop makes. So it
+# scans each template as deployed: expanded by cfn-lint's implementation of the transforms
+# (Fn::ForEach, and the Globals merged into the functions), as JSON under $(IAC_EXPANDED).
+IAC_EXPANDED := $(IAC)/expanded
+define EXPAND_TEMPLATES
+import json, os, sys
+from cfnlint.decode import decode
+from cfnlint.template import Template
+for path in sys.argv[2:]:
+    template, errors = decode(path)
+    if not errors:
+        cfn = Template(path, template)
+        errors = cfn.transform()
+    if errors:
+        sys.exit("\n".join(f"{path}: {e}" for e in errors))
+    cfn.template.pop("Globals", None)
+    name = os.path.splitext(os.path.basename(path))[0] + ".json"
+    with open(os.path.join(sys.argv[1], name), "w") as out:
+        json.dump(cfn.template, out, indent=1)
+endef
+export EXPAND_TEMPLATES
 lint-iac: venv-iac
 	$(IAC)/bin/cfn-lint $(TEMPLATE) $(FORWARDER)
-	$(IAC)/bin/checkov --quiet --compact --skip-download --framework cloudformation -f $(TEMPLATE) -f $(FORWARDER)
+	rm -rf $(IAC_EXPANDED) && mkdir -p $(IAC_EXPANDED)
+	$(IAC)/bin/python -c "$$EXPAND_TEMPLATES" $(IAC_EXPANDED) $(TEMPLATE) $(FORWARDER)
+	$(IAC)/bin/checkov --quiet --compact --skip-download --framework cloudformation \
+		$(foreach t,$(TEMPLATE) $(FORWARDER),-f $(IAC_EXPANDED)/$(basename $(notdir $(t))).json)
 
 ## build: the five Lambda binaries for arm64 (cargo-lambda), where infra/template.yaml expects
 ## them, and nothing else of the workspace (local-cloud and the tests are not deployed);

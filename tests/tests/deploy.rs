@@ -3,8 +3,9 @@
 //! EventBridge may use, and a topic policy letting both publish), the region forwarder
 //! (ARCHITECTURE 8.9: exactly the home rules' AWS-event patterns, to the home default bus,
 //! with a role that may do nothing else), `make deploy-forwarders` run against a stub
-//! `sam`, and a release profile that leaves cargo-lambda nothing to choose. Nothing here touches
-//! the network or AWS.
+//! `sam`, a release profile that leaves cargo-lambda nothing to choose, and the bus policy's
+//! SourcePrincipals guards (issue 49, Teams), expanded from their `Fn::ForEach` as
+//! CloudFormation would. Nothing here touches the network or AWS.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -634,4 +635,377 @@ fn the_release_profile_leaves_nothing_for_cargo_lambda_to_choose() {
     // What the README's figures were measured with: a panic aborts the process (a crash,
     // which every handler survives), for 13-15% smaller packages than unwinding.
     assert_eq!(release["panic"].as_str(), Some("abort"));
+}
+
+// SourcePrincipals (issue 49, Teams): the bus denies each listed source to every principal not
+// listed for it. The template makes one guard per entry with Fn::ForEach (the
+// AWS::LanguageExtensions transform); these tests expand it as CloudFormation does, for a
+// value of the parameter, and read the statements that would be deployed.
+
+const SOURCE_PRINCIPALS: &str = "SourcePrincipals";
+const TEAM_A: &str = "com.example.team-a";
+const TEAM_A_ROLES: [&str; 2] = [
+    "arn:aws:iam::111122223333:role/a",
+    "arn:aws:iam::111122223333:role/b",
+];
+
+/// A string with `${id}` replaced by `item` and `&{id}` by its alphanumerics.
+fn substitute_str(s: &str, id: &str, item: &str) -> String {
+    let alphanumerics: String = item.chars().filter(char::is_ascii_alphanumeric).collect();
+    s.replace(&format!("${{{id}}}"), item)
+        .replace(&format!("&{{{id}}}"), &alphanumerics)
+}
+
+/// A loop's fragment for one item: `${id}` and `&{id}` in keys and strings, and `{"Ref": id}`.
+fn substitute(v: &Value, id: &str, item: &str) -> Value {
+    match v {
+        Value::String(s) => Value::String(substitute_str(s, id, item)),
+        Value::Array(all) => Value::Array(all.iter().map(|x| substitute(x, id, item)).collect()),
+        Value::Object(o) if o.len() == 1 && o.get("Ref") == Some(&json!(id)) => json!(item),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, x)| (substitute_str(k, id, item), substitute(x, id, item)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// A section (Conditions, Resources) with every `Fn::ForEach::<loop>: [id, collection,
+/// fragment]` replaced by the fragment once per item: the collection is a literal list, or a
+/// `Ref` of a comma-list parameter (`""` is one empty item, as CloudFormation has it).
+fn expand_for_each(
+    section: &Map<String, Value>,
+    params: &BTreeMap<&str, &str>,
+) -> Map<String, Value> {
+    let mut out = Map::new();
+    for (key, value) in section {
+        let Some(name) = key.strip_prefix("Fn::ForEach::") else {
+            assert!(
+                out.insert(key.clone(), value.clone()).is_none(),
+                "{key} twice"
+            );
+            continue;
+        };
+        let args = value
+            .as_array()
+            .filter(|a| a.len() == 3)
+            .unwrap_or_else(|| {
+                panic!("Fn::ForEach::{name} takes [identifier, collection, fragment]")
+            });
+        let id = args[0].as_str().expect("the loop's identifier");
+        let items: Vec<String> = match &args[1] {
+            Value::Array(items) => items
+                .iter()
+                .map(|i| i.as_str().unwrap().to_string())
+                .collect(),
+            c => {
+                let param = c["Ref"].as_str().expect("a literal list or a Ref");
+                params[param].split(',').map(str::to_string).collect()
+            }
+        };
+        for item in items {
+            let fragment = substitute(&args[2], id, &item);
+            for (k, v) in expand_for_each(fragment.as_object().expect("a fragment"), params) {
+                assert!(
+                    !out.contains_key(&k) && !section.contains_key(&k),
+                    "Fn::ForEach::{name} makes {k} twice"
+                );
+                out.insert(k, v);
+            }
+        }
+    }
+    out
+}
+
+/// A value with the intrinsic functions the guards use resolved for `params` (a parameter not
+/// given takes its Default); `Ref` of a resource and `Fn::GetAtt` stay as written. Panics
+/// where CloudFormation would fail the deployment (an index past a list, say).
+fn resolve(t: &Value, params: &BTreeMap<&str, &str>, v: &Value) -> Value {
+    let param = |name: &str| -> Option<String> {
+        params.get(name).map(|s| s.to_string()).or_else(|| {
+            t["Parameters"][name]["Default"]
+                .as_str()
+                .map(str::to_string)
+        })
+    };
+    let text = |x: &Value| -> String {
+        match resolve(t, params, x) {
+            Value::String(s) => s,
+            Value::Number(n) => n.to_string(),
+            other => panic!("not a string: {other}"),
+        }
+    };
+    let list = |x: &Value| -> Vec<Value> {
+        match resolve(t, params, x) {
+            Value::Array(all) => all,
+            other => panic!("not a list: {other}"),
+        }
+    };
+    let Some((f, args)) = v
+        .as_object()
+        .filter(|o| o.len() == 1)
+        .and_then(|o| o.iter().next())
+    else {
+        return match v {
+            Value::Object(o) => Value::Object(
+                o.iter()
+                    .map(|(k, x)| (k.clone(), resolve(t, params, x)))
+                    .collect(),
+            ),
+            Value::Array(all) => Value::Array(all.iter().map(|x| resolve(t, params, x)).collect()),
+            other => other.clone(),
+        };
+    };
+    let arg = |i: usize| &args[i];
+    match f.as_str() {
+        "Ref" => param(args.as_str().unwrap()).map_or_else(|| v.clone(), Value::String),
+        "Fn::GetAtt" => v.clone(),
+        "Fn::Sub" => {
+            let mut s = args.as_str().expect("Fn::Sub of a string").to_string();
+            for name in t["Parameters"].as_object().unwrap().keys() {
+                if let Some(value) = param(name) {
+                    s = s.replace(&format!("${{{name}}}"), &value);
+                }
+            }
+            assert!(!s.contains("${"), "Fn::Sub leaves {s}");
+            json!(s)
+        }
+        "Fn::Split" => json!(
+            text(arg(1))
+                .split(text(arg(0)).as_str())
+                .collect::<Vec<_>>()
+        ),
+        "Fn::Join" => json!(
+            list(arg(1))
+                .iter()
+                .map(|x| x.as_str().expect("Fn::Join of strings").to_string())
+                .collect::<Vec<_>>()
+                .join(&text(arg(0)))
+        ),
+        "Fn::Select" => {
+            let index: usize = text(arg(0)).parse().expect("Fn::Select's index");
+            let items = list(arg(1));
+            items
+                .get(index)
+                .unwrap_or_else(|| panic!("Fn::Select: no index {index} in {items:?}"))
+                .clone()
+        }
+        "Fn::FindInMap" => {
+            let keys: Vec<String> = (0..3).map(|i| text(arg(i))).collect();
+            let found = &t["Mappings"][&keys[0]][&keys[1]][&keys[2]];
+            assert!(!found.is_null(), "Fn::FindInMap finds nothing at {keys:?}");
+            found.clone()
+        }
+        "Fn::Equals" => json!(resolve(t, params, arg(0)) == resolve(t, params, arg(1))),
+        "Fn::Not" => json!(resolve(t, params, arg(0)) == json!(false)),
+        _ => Value::Object(
+            v.as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, x)| (k.clone(), resolve(t, params, x)))
+                .collect(),
+        ),
+    }
+}
+
+/// The EventBusPolicy resources the template's Fn::ForEach loops make for `SourcePrincipals =
+/// value`, as (logical id, created: its condition holds, Properties resolved).
+fn source_guards(t: &Value, value: &str) -> Vec<(String, bool, Value)> {
+    let params = BTreeMap::from([(SOURCE_PRINCIPALS, value)]);
+    let conditions = expand_for_each(t["Conditions"].as_object().unwrap(), &params);
+    let looped: Map<String, Value> = resources(t)
+        .iter()
+        .filter(|(k, _)| k.starts_with("Fn::ForEach::"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut out = vec![];
+    for (id, r) in expand_for_each(&looped, &params) {
+        assert!(
+            !resources(t).contains_key(&id),
+            "{id}: a logical id the template already has"
+        );
+        if r["Type"] != "AWS::Events::EventBusPolicy" {
+            continue;
+        }
+        let created = match resolve(t, &params, &r["Condition"]) {
+            Value::Null => true,
+            Value::String(name) => {
+                let c = conditions
+                    .get(&name)
+                    .unwrap_or_else(|| panic!("{id}: no condition {name}"));
+                resolve(t, &params, c) == json!(true)
+            }
+            other => panic!("{id}: Condition {other}"),
+        };
+        out.push((id, created, resolve(t, &params, &r["Properties"])));
+    }
+    // In the slots' order (BusSourcePrincipalsGuard0, 1, ..., 9), not the ids' sort order.
+    out.sort_by_key(|(id, _, _)| (id.len(), id.clone()));
+    out
+}
+
+/// Each created guard's statement checked as a Deny of PutEvents on the stack's bus with a
+/// source and principals only, as (StatementId, events:source, aws:PrincipalArn).
+fn guard_statements(guards: &[(String, bool, Value)]) -> Vec<(String, Value, Value)> {
+    let mut out = vec![];
+    for (id, _, p) in guards.iter().filter(|(_, created, _)| *created) {
+        let s = &p["Statement"];
+        assert_eq!(
+            s["Effect"], "Deny",
+            "{id}: an explicit Deny outranks every Allow"
+        );
+        assert_eq!(s["Principal"], "*", "{id}: for every principal");
+        assert_eq!(strings(&s["Action"]), ["events:PutEvents"], "{id}");
+        assert_eq!(s["Resource"], json!({"Fn::GetAtt": ["Bus", "Arn"]}), "{id}");
+        assert_eq!(p["EventBusName"], json!({"Ref": "Bus"}), "{id}");
+        let condition = s["Condition"].as_object().expect("a Condition");
+        let keys: BTreeSet<&str> = condition.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            BTreeSet::from(["ArnNotLike", "StringEquals"]),
+            "{id}: nothing else narrows it"
+        );
+        assert_eq!(
+            condition["StringEquals"].as_object().unwrap().len(),
+            1,
+            "{id}"
+        );
+        assert_eq!(
+            condition["ArnNotLike"].as_object().unwrap().len(),
+            1,
+            "{id}"
+        );
+        let sid = p["StatementId"]
+            .as_str()
+            .expect("a StatementId")
+            .to_string();
+        out.push((
+            sid,
+            condition["StringEquals"]["events:source"].clone(),
+            condition["ArnNotLike"]["aws:PrincipalArn"].clone(),
+        ));
+    }
+    out
+}
+
+#[test]
+fn source_principals_denies_each_listed_source_to_every_principal_not_listed_for_it() {
+    let t = yaml("infra/template.yaml");
+    let p = &t["Parameters"][SOURCE_PRINCIPALS];
+    assert_eq!(p["Default"], "", "empty by default: no guard");
+    assert_eq!(
+        t["Transform"],
+        json!(["AWS::LanguageExtensions", "AWS::Serverless-2016-10-31"]),
+        "Fn::ForEach needs AWS::LanguageExtensions, before the SAM transform"
+    );
+
+    // GIVEN two entries, team A's with two principals
+    let team_a = format!("{TEAM_A}={}", TEAM_A_ROLES.join("|"));
+    let value = format!("{team_a},com.example.team-b=arn:aws:iam::111122223333:role/c");
+    // WHEN the loops are expanded for them
+    let guards = source_guards(&t, &value);
+    let statements = guard_statements(&guards);
+    // THEN one Deny per entry, each of its own source to all but its own principals
+    assert_eq!(
+        statements
+            .iter()
+            .map(|(_, source, principals)| (source.clone(), principals.clone()))
+            .collect::<Vec<_>>(),
+        [
+            (json!(TEAM_A), json!(TEAM_A_ROLES)),
+            (
+                json!("com.example.team-b"),
+                json!(["arn:aws:iam::111122223333:role/c"])
+            ),
+        ]
+    );
+    // ... under statement ids of their own, valid for EventBridge and no other statement's
+    let mut ids: BTreeSet<String> = of_type(&t, "AWS::Events::EventBusPolicy")
+        .iter()
+        .map(|(_, r)| r["Properties"]["StatementId"].as_str().unwrap().to_string())
+        .collect();
+    for (sid, _, _) in &statements {
+        assert!(
+            !sid.is_empty()
+                && sid.len() <= 64
+                && sid
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+            "{sid}: a StatementId is 1-64 of [a-zA-Z0-9-_]"
+        );
+        assert!(ids.insert(sid.clone()), "{sid} twice");
+    }
+}
+
+#[test]
+fn source_principals_empty_makes_no_statement_and_every_slot_is_used_up_to_the_pattern_limit() {
+    let t = yaml("infra/template.yaml");
+    // GIVEN the default, empty: no guard is created ...
+    let guards = source_guards(&t, "");
+    assert!(
+        !guards.is_empty(),
+        "the loops make no guard resource at all"
+    );
+    assert!(
+        guards.iter().all(|(_, created, _)| !created),
+        "an empty SourcePrincipals creates a guard: {guards:#?}"
+    );
+    // ... and each would still resolve (no index past a list) to a source no event has
+    for (id, _, p) in &guards {
+        let source = &p["Statement"]["Condition"]["StringEquals"]["events:source"];
+        assert_eq!(source, "", "{id}: PutEvents takes no empty source");
+    }
+
+    // GIVEN 1 to as many entries as the parameter's pattern allows: each has its slot, in
+    // order, and no other slot is created
+    let pattern = t["Parameters"][SOURCE_PRINCIPALS]["AllowedPattern"]
+        .as_str()
+        .unwrap();
+    let most: usize = pattern
+        .rsplit_once("{0,")
+        .and_then(|(_, rest)| rest.split_once('}'))
+        .map(|(n, _)| n.parse::<usize>().unwrap() + 1)
+        .expect("the pattern bounds the number of entries");
+    assert_eq!(guards.len(), most, "one slot per entry the pattern allows");
+    let entry = |i: usize| format!("com.example.team-{i}=arn:aws:iam::111122223333:role/team-{i}");
+    for n in 1..=most {
+        let value: Vec<String> = (0..n).map(entry).collect();
+        let statements = guard_statements(&source_guards(&t, &value.join(",")));
+        let got: Vec<(Value, Value)> = statements
+            .into_iter()
+            .map(|(_, source, principals)| (source, principals))
+            .collect();
+        let want: Vec<(Value, Value)> = (0..n)
+            .map(|i| {
+                (
+                    json!(format!("com.example.team-{i}")),
+                    json!([format!("arn:aws:iam::111122223333:role/team-{i}")]),
+                )
+            })
+            .collect();
+        assert_eq!(got, want, "{n} entries");
+    }
+}
+
+/// The local runner builds the functions' environment from the template and the rules from
+/// its Resources: Fn::ForEach keys (lists, not resources) and the Transform list change neither.
+#[test]
+fn the_local_runner_still_reads_the_template() {
+    use local_cloud::runner::template::{Locals, functions};
+    let t = yaml("infra/template.yaml");
+    let scenario = yaml("infra/local/scenarios/default.yaml");
+    let mut locals = Locals::default();
+    for (k, v) in scenario["parameters"].as_object().unwrap() {
+        locals
+            .parameters
+            .insert(k.clone(), v.as_str().unwrap().to_string());
+    }
+    locals.resources.insert("StateTable".into(), "table".into());
+    locals.resources.insert("Bus".into(), "bus".into());
+    let specs = functions(&t, &locals).expect("the runner reads the template");
+    assert_eq!(specs.len(), 5);
+    assert!(specs.iter().all(|f| f.env["EVENT_BUS_NAME"] == "bus"));
+    local_cloud::rules::Rules::from_template(&root().join("infra/template.yaml"))
+        .expect("the rules read the template");
 }
