@@ -17,7 +17,7 @@ IAC := $(VENV)/iac
 TEMPLATE := infra/template.yaml
 FORWARDER := infra/region-forwarder.yaml
 
-.PHONY: test lint lint-rust lint-iac fmt soak run venv venv-iac schemas build bench deploy deploy-forwarders \
+.PHONY: test lint lint-rust lint-iac fmt soak run venv venv-iac schemas build bench deploy sam-check deploy-forwarders \
 	mutants mutants-store mutants-tree no-mutants
 
 ## test: every test, lint included (what CI runs)
@@ -74,9 +74,16 @@ build: $(IAC)/.cargo-lambda
 
 ## deploy: sam deploy of the built functions; `make deploy GUIDED=1` the first time asks for
 ## the parameters and saves them in samconfig.toml
-deploy: build
-	@command -v sam >/dev/null || { echo "make deploy needs the AWS SAM CLI: https://docs.aws.amazon.com/serverless-application-model/latest/developerguide/install-sam-cli.html" >&2; exit 1; }
+## needs SAM CLI 1.160.0 or later: the template's SourcePrincipals guards are Fn::ForEach
+## (AWS::LanguageExtensions), which older ones fail on; checked before the long build.
+SAM_MIN := 1.160.0
+deploy: sam-check build
 	sam deploy $(if $(GUIDED),--guided)
+
+sam-check:
+	@command -v sam >/dev/null || { echo "make deploy needs the AWS SAM CLI: https://docs.aws.amazon.com/serverless-application-model/latest/developerguide/install-sam-cli.html" >&2; exit 1; }
+	@v=$$(sam --version | sed -n 's/.*version \([0-9][0-9.]*\).*/\1/p'); \
+	printf '%s\n%s\n' "$(SAM_MIN)" "$$v" | sort -V -C || { echo "make deploy needs SAM CLI $(SAM_MIN) or later (the template's Fn::ForEach, AWS::LanguageExtensions); this one is '$$v': upgrade it, e.g. pip install -U aws-sam-cli" >&2; exit 1; }
 
 ## deploy-forwarders: the region forwarder (infra/region-forwarder.yaml, ARCHITECTURE 8.9) as
 ## stack capacity-pilot-forwarder in each region of REGIONS (comma list, default the template's

@@ -1009,3 +1009,52 @@ fn the_local_runner_still_reads_the_template() {
     local_cloud::rules::Rules::from_template(&root().join("infra/template.yaml"))
         .expect("the rules read the template");
 }
+
+/// `make -s sam-check` with a `sam` on PATH that says it is `version`.
+fn sam_check(version: &str) -> Output {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = stub_sam(&format!("sam-check-{version}"));
+    let sam = dir.join("sam");
+    std::fs::write(
+        &sam,
+        format!("#!/bin/sh\necho \"SAM CLI, version {version}\"\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&sam, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let make = ["/usr/bin/make", "/bin/make"]
+        .into_iter()
+        .find(|m| Path::new(m).exists())
+        .unwrap_or("make");
+    Command::new(make)
+        .current_dir(root())
+        .args(["-s", "sam-check"])
+        .env("PATH", with_stub_path(&dir))
+        .env_remove("MAKEFLAGS")
+        .env_remove("MFLAGS")
+        .env_remove("MAKELEVEL")
+        .output()
+        .expect("make")
+}
+
+#[test]
+fn make_deploy_refuses_a_sam_cli_too_old_for_the_templates_for_each_before_building() {
+    for old in ["1.150.2", "1.159.9", "1.99.0"] {
+        let out = sam_check(old);
+        assert!(!out.status.success(), "{old} was accepted");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(said.contains("1.160.0") && said.contains(old), "{said}");
+    }
+    for new in ["1.160.0", "1.171.1", "2.0.0"] {
+        let out = sam_check(new);
+        assert!(
+            out.status.success(),
+            "{new}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let makefile = std::fs::read_to_string(root().join("Makefile")).unwrap();
+    assert!(
+        makefile.contains("deploy: sam-check build"),
+        "the check runs before the release build"
+    );
+}
