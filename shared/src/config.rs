@@ -80,6 +80,10 @@ pub struct Config {
     /// only when `ApproverPrincipals` names someone; true when unset). Without approvers, a
     /// request that could pass its threshold is rejected at submission.
     pub approvals_enabled: bool,
+    /// How long an on-demand or spot hold above the approval threshold waits for an
+    /// approver (`HOLD_APPROVAL_MINUTES`, 30 by default) before the request falls back to the
+    /// reservation search: an on-demand run is wanted now or not at all.
+    pub hold_approval_minutes: u32,
     /// Which sources may submit for a team (`TEAM_SOURCES`, the `TeamSources` parameter: a
     /// JSON map of team, lower-cased, to sources); a team not listed may be submitted for by
     /// any allowed source.
@@ -136,6 +140,8 @@ impl fmt::Display for ConfigError {
 }
 
 pub const DEFAULT_DRAIN_MINUTES: u32 = 15;
+/// How long a hold waits for an approver by default (`HOLD_APPROVAL_MINUTES`).
+pub const DEFAULT_HOLD_APPROVAL_MINUTES: u32 = 30;
 /// `DEPLOYMENT_ID` when unset (the template always sets it: by default to the UUID part of
 /// the stack's id, which no other stack, in any region or account, shares).
 pub const DEFAULT_DEPLOYMENT_ID: &str = "capacity-pilot";
@@ -255,6 +261,11 @@ impl Config {
         };
 
         let default_drain_minutes = r.number("DEFAULT_DRAIN_MINUTES", DEFAULT_DRAIN_MINUTES);
+        let hold_approval_minutes =
+            r.number("HOLD_APPROVAL_MINUTES", DEFAULT_HOLD_APPROVAL_MINUTES);
+        if hold_approval_minutes == 0 {
+            r.fail("HOLD_APPROVAL_MINUTES", "must be at least 1");
+        }
         let max_replacements_per_reservation =
             r.number("MAX_REPLACEMENTS_PER_RESERVATION", DEFAULT_MAX_REPLACEMENTS);
         let max_unhealthy_share = match r.get("MAX_UNHEALTHY_SHARE") {
@@ -385,6 +396,7 @@ impl Config {
             clock_url,
             approve_above,
             approvals_enabled,
+            hold_approval_minutes,
             team_sources,
         })
     }

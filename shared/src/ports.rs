@@ -643,6 +643,22 @@ pub struct OnDemandRun {
     /// feasible reservation. Kept after, as the run's history.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fall_back: Option<FallBack>,
+    /// The approval this attempt's hold asked for, its estimate being above the request's
+    /// approval threshold (review N9): written with `AwaitingApproval` before anything is
+    /// held, and with `TryingOnDemand` once approved, so the hold goes on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<HoldApproval>,
+}
+
+/// An on-demand or spot hold's approval ([`OnDemandRun::approval`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HoldApproval {
+    /// The estimate asked for: an approval lets at most this be held.
+    pub estimate: Usd,
+    pub asked_at: DateTime<Utc>,
+    /// Who approved; `None` while it waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_by: Option<String>,
 }
 
 /// Why and when a spot run fell back to a reservation ([`OnDemandRun::fall_back`]).
@@ -1908,6 +1924,7 @@ mod tests {
             launch_generations: 0,
             claim: None,
             fall_back: None,
+            approval: None,
         };
         let estimate = MicroUsd(48_000_001);
         // 2 h 30 min: 3 of 48 hours, rounded up to the micro-dollar.
@@ -1948,6 +1965,7 @@ mod tests {
             launch_generations: 0,
             claim: None,
             fall_back: None,
+            approval: None,
         };
         // Two instances for 24 h: 48 instance-hours, a micro-dollar over $48.
         let estimate = MicroUsd(48_000_001);

@@ -2374,6 +2374,7 @@ async fn a_held_run_estimate_is_settled_by_what_ran_exactly_once() {
         launch_generations: 0,
         claim: None,
         fall_back: None,
+        approval: None,
     };
     let mut t = transition(id, 2, TryingOnDemand, RunningOnDemand, "run");
     t.run = Some(run.clone());

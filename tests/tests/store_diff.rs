@@ -316,6 +316,7 @@ async fn play(seed: u64, steps: usize, reached: &mut Reached) {
                             launch_generations: 0,
                             claim: None,
                             fall_back: None,
+                            approval: None,
                         })
                     }
                     4 | 5 => {

@@ -32,6 +32,7 @@ use capacity_pilot::ports::{
     OnDemandRun, PortError, RequestRecord, Settle, Store, Transition, WallDeadline, WindowUpdate,
     Workloads, WriteOutcome,
 };
+use capacity_pilot::purchase::approval;
 use capacity_pilot::workload::refusal::{self, Placement};
 use capacity_pilot::workload::{self, Launch, Target};
 use chrono::{DateTime, Duration, Utc};
@@ -454,15 +455,21 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 launch_generations: 0,
                 claim: None,
                 fall_back: None,
+                approval: None,
             });
             match self.claim(&rec, run, cause, now, out).await? {
                 Some(claimed) => rec = claimed,
                 None => return Ok(()),
             }
         }
+        // An approved hold goes on from its attempt: those before it were tried before it
+        // asked (review N9).
+        let approved = approval::approved_hold(&rec)
+            .and_then(|(run, _)| attempts.iter().position(|(l, _)| *l == run.attempt));
         for (i, (label, price)) in attempts.into_iter().enumerate() {
             let cost = match (held, rec.open_debit) {
                 (Some(h), _) if i < h => continue,
+                (None, _) if approved.is_some_and(|a| i < a) => continue,
                 (Some(h), Some(open)) if i == h => open.to_usd(),
                 _ => {
                     let Some(price) = price else {
@@ -473,6 +480,26 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                         continue;
                     };
                     let cost = Usd::new(price.amount() * hours);
+                    // Above the approval threshold, the hold waits for an approver first.
+                    if let Some(limit) = approval::hold_threshold(&self.config, &rec, label, cost) {
+                        let (w, reason) = approval::ask_for_hold(
+                            &self.store,
+                            &self.config,
+                            &rec,
+                            label,
+                            cost,
+                            limit,
+                            cause,
+                            now,
+                        )
+                        .await?;
+                        out.decisions.push(Decision::new(
+                            id,
+                            decision::written(&w, "awaiting-approval"),
+                            reason,
+                        ));
+                        return Ok(());
+                    }
                     match self.hold(&rec, label, cost, cause, now, out).await? {
                         Held::Yes(r) => rec = *r,
                         Held::No(why) => {
@@ -671,6 +698,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             launch_generations: 0,
             claim: Some(claim_of(cause, now)),
             fall_back: None,
+            approval: None,
         });
         Ok(match self.store.transition(t).await? {
             WriteOutcome::Applied { .. } => {
@@ -842,6 +870,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             launch_generations,
             claim: None,
             fall_back: None,
+            approval: None,
         });
         let w = self.store.transition(tr).await?;
         out.decisions

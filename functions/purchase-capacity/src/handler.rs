@@ -22,7 +22,7 @@ use capacity_pilot::ports::{
 };
 pub use capacity_pilot::purchase::Outcome;
 use capacity_pilot::purchase::Protocols;
-use capacity_pilot::purchase::approval::Gate;
+use capacity_pilot::purchase::approval::{self, Gate};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use tracing::warn;
@@ -218,6 +218,10 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
     ) -> Result<(), PortError> {
         let id = rec.request_id.clone();
         match rec.status {
+            // An on-demand or spot hold waiting for an approver: nothing to buy here.
+            RequestStatus::AwaitingApproval if approval::hold_awaiting(&rec).is_some() => {
+                return self.protocols().hold_waits(&rec, cause, now, out).await;
+            }
             RequestStatus::OfferingsFound | RequestStatus::AwaitingApproval => {}
             RequestStatus::Reserved => return self.protocols().track(rec, cause, now, out).await,
             RequestStatus::Purchasing => {

@@ -161,16 +161,74 @@ detail!(NotFound, "Capacity Not Found");
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct AwaitingApproval {
+    /// `<request>:awaiting-approval:<what>:v<n>`: `<what>` binds it to what it would let be
+    /// spent (a plan's offerings and fee, or a hold's kind and estimate), `v<n>` to this
+    /// asking, so a plan that comes back to approval is announced afresh (review N11). A
+    /// decision names this key, or its part before `:v<n>`.
     pub event_key: String,
     pub request_id: String,
     pub team: String,
+    /// What waits for approval: a reservation's purchase (`plan`), or an on-demand or spot
+    /// hold (`hold`).
+    #[serde(default)]
+    pub kind: ApprovalKind,
+    /// The reservation's upfront fee, or the hold's estimate: what is debited once approved.
     pub upfront_fee_usd: Usd,
     /// The threshold that applies: the lower of the request's and the deployment's.
     pub approval_above_usd: Usd,
     /// What the request has spent before this fee: the threshold is on the two together.
     #[serde(default)]
     pub spent_usd: Usd,
-    pub plan: PlanSummary,
+    /// The plan to buy, for a reservation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanSummary>,
+    /// The run to hold, for on-demand or spot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<HoldSummary>,
+}
+
+/// What an approval would let be spent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum ApprovalKind {
+    /// A capacity block or training plan, bought upfront.
+    #[default]
+    Reservation,
+    /// An on-demand run, its estimate held against the caps and settled by what ran.
+    OnDemand,
+    /// A spot run, likewise.
+    Spot,
+}
+
+impl ApprovalKind {
+    /// The kind of a hold's attempt (`on-demand` or `spot`).
+    pub fn of_attempt(attempt: &str) -> ApprovalKind {
+        if attempt == "spot" {
+            ApprovalKind::Spot
+        } else {
+            ApprovalKind::OnDemand
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalKind::Reservation => "reservation",
+            ApprovalKind::OnDemand => "on-demand",
+            ApprovalKind::Spot => "spot",
+        }
+    }
+}
+
+/// An on-demand or spot run awaiting approval, as events describe it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct HoldSummary {
+    pub instance_type: String,
+    pub instance_count: u32,
+    pub duration_hours: u32,
+    /// Where it would run, in the order tried.
+    pub regions: Vec<String>,
+    /// The price table's estimate for the whole run: count x hours x hourly price.
+    pub estimate_usd: Usd,
 }
 detail!(AwaitingApproval, "Capacity Purchase Awaiting Approval");
 
@@ -485,15 +543,18 @@ pub struct ApprovalRefused {
     pub event_key: String,
     pub request_id: String,
     pub reason: String,
-    /// The key a decision must name now; none when nothing awaits approval.
+    /// What a decision must name now: the `event_key` of the Awaiting Approval it answers
+    /// without its asking (`:v<n>`), which names the plan or hold; none when nothing awaits
+    /// approval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_event_key: Option<String>,
 }
 detail!(ApprovalRefused, "Capacity Purchase Approval Refused");
 
-/// The `event_key` of the `Capacity Purchase Awaiting Approval` for `plan`: bound to the
-/// plan (its offerings and fee), so an approval names exactly what it lets be bought, and
-/// a re-search that chose another plan makes an earlier approval stale.
+/// What an approval of `plan` names: `<request>:awaiting-approval:<hash>`, the hash of the
+/// plan's offerings and fee, so an approval names exactly what it lets be bought, and a
+/// re-search that chose another plan makes an earlier approval stale. The event's key adds
+/// the asking ([`asked_key`]).
 pub fn awaiting_approval_key(request_id: &str, plan: &Plan) -> String {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
@@ -504,6 +565,37 @@ pub fn awaiting_approval_key(request_id: &str, plan: &Plan) -> String {
     h.update(plan.upfront_fee.to_string().as_bytes());
     let digest = hex::encode(h.finalize());
     format!("{request_id}:awaiting-approval:{}", &digest[..16])
+}
+
+/// What an approval of an on-demand or spot hold names: its kind and estimate.
+pub fn hold_approval_key(request_id: &str, kind: ApprovalKind, estimate: Usd) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = hex::encode(Sha256::digest(
+        format!("{}\0{estimate}", kind.as_str()).as_bytes(),
+    ));
+    format!(
+        "{request_id}:awaiting-approval:{}-{}",
+        kind.as_str(),
+        &digest[..16]
+    )
+}
+
+/// The `event_key` of the `Capacity Purchase Awaiting Approval` asking for `approves`
+/// ([`awaiting_approval_key`], [`hold_approval_key`]) in the write of `version`: unique to
+/// each asking (review N11: a de-duplicating approver dropped a plan that came back).
+pub fn asked_key(approves: &str, version: u64) -> String {
+    format!("{approves}:v{version}")
+}
+
+/// Whether a decision naming `named` answers what `approves` names: the asking's key
+/// ([`asked_key`], any asking: the same plan or hold, approved once, stays approved) or
+/// `approves` itself (as keys were before they carried the asking).
+pub fn names(named: &str, approves: &str) -> bool {
+    named == approves
+        || named
+            .strip_prefix(approves)
+            .and_then(|rest| rest.strip_prefix(":v"))
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Every schema we check in: file stem -> schema.

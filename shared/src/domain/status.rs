@@ -94,7 +94,15 @@ impl RequestStatus {
             NotFound => &[NotFound, Searching, OfferingsFound, Cancelled, Failed],
             // Back to Searching when the chosen offering has gone.
             OfferingsFound => &[AwaitingApproval, Purchasing, Searching, Cancelled, Failed],
-            AwaitingApproval => &[Purchasing, Searching, Rejected, Cancelled, Failed],
+            // AwaitingApproval -> TryingOnDemand: an on-demand or spot hold approved (N9).
+            AwaitingApproval => &[
+                Purchasing,
+                TryingOnDemand,
+                Searching,
+                Rejected,
+                Cancelled,
+                Failed,
+            ],
             // Purchasing -> Purchasing: a second worker takes over an expired lease.
             // Purchasing -> Searching: reconciled, nothing bought, the offering has gone.
             // Purchasing -> Cancelled: a kept cancellation, the purchase not completed.
@@ -118,8 +126,10 @@ impl RequestStatus {
             // TryingOnDemand -> TryingOnDemand holds or releases an on-demand estimate.
             // TryingOnDemand -> Draining: cancelled while an estimate is held (something may
             // be starting), so it is stopped and settled before the answer.
+            // TryingOnDemand -> AwaitingApproval: a hold above the approval threshold.
             TryingOnDemand => &[
                 TryingOnDemand,
+                AwaitingApproval,
                 RunningOnDemand,
                 RunningSpot,
                 Searching,

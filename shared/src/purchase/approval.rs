@@ -1,21 +1,29 @@
-//! The approval gate (ARCHITECTURE §8.2): a plan whose upfront fee is above the request's
-//! `approval_above` is bought only once an approver answers the `Capacity Purchase Awaiting
-//! Approval` that named it; a decision for any other plan, or none, is refused and buys nothing.
+//! The approval gate (ARCHITECTURE §8.2, §9.8): a plan whose upfront fee takes the request's
+//! spend above its approval threshold is bought only once an approver answers the `Capacity
+//! Purchase Awaiting Approval` that named it; a decision for any other plan, or none, is
+//! refused and buys nothing. An on-demand or spot hold above it likewise waits, at most
+//! `HOLD_APPROVAL_MINUTES`, before launch-workloads holds its estimate (review N9).
 
 use chrono::{DateTime, Utc};
 
 use super::{Outcome, Protocols};
+use crate::config::Config;
 use crate::decision::{self, Decision};
 use crate::domain::events::{
-    self, ApprovalRefused, AwaitingApproval, PlanSummary, PurchaseDecision, awaiting_approval_key,
-    event_key, outbound,
+    self, ApprovalKind, ApprovalRefused, AwaitingApproval, HoldSummary, PlanSummary,
+    PurchaseDecision, asked_key, awaiting_approval_key, event_key, hold_approval_key, names,
+    outbound,
 };
+use crate::domain::money::Usd;
 use crate::domain::planner::Plan;
 use crate::domain::request::RequestId;
 use crate::domain::status::RequestStatus;
 use crate::domain::time_rules::PURCHASE_LEAD;
 use crate::outbox;
-use crate::ports::{CapacityMarket, Cause, EventSink, PortError, RequestRecord, Store, Transition};
+use crate::ports::{
+    CapacityMarket, Cause, EventSink, HoldApproval, OnDemandRun, PortError, RequestRecord, Store,
+    Transition, WriteOutcome,
+};
 
 /// What the gate let through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,11 +61,8 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 .await;
         };
         let id = rec.request_id.clone();
-        // ARCHITECTURE 8.2: a decision answers one Awaiting Approval, bound to its plan.
-        let current = (rec.status == RequestStatus::AwaitingApproval)
-            .then(|| rec.candidates.first())
-            .flatten()
-            .map(|p| awaiting_approval_key(id.as_str(), p));
+        // ARCHITECTURE 8.2: a decision answers one Awaiting Approval, bound to its plan or hold.
+        let current = awaiting(&rec);
         let refused = match (d.approves.as_deref(), current.as_deref()) {
             (None, _) => Some(
                 "it names no plan: `approves` must be the event_key of the Capacity Purchase \
@@ -68,15 +73,34 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 "it answers {k}, but nothing awaits approval while the request is {}",
                 rec.status
             )),
-            (Some(k), Some(c)) if k != c => Some(format!(
-                "it answers {k}, but the plan awaiting approval now is {c} (the request \
-                 searched again since)"
+            (Some(k), Some(c)) if !names(k, c) => Some(format!(
+                "it answers {k}, but what awaits approval now is {c} (the request searched or \
+                 tried again since)"
             )),
-            _ => None,
+            // Past its deadline the request is about to search again: an approval that would
+            // buy nothing is told so (review N12), not consumed silently.
+            _ => approved.then(|| self.past_deadline(&rec, now)).flatten(),
         };
         if let Some(why) = refused {
+            if self.applied_already(&id, cause).await? {
+                out.decisions.push(Decision::new(
+                    &id,
+                    "duplicate",
+                    format!(
+                        "decision event {} was applied already; its answer stands",
+                        cause.event_id
+                    ),
+                ));
+                return Ok(None);
+            }
             return self
                 .refuse(d, approved, id.as_str(), why, current, cause, out)
+                .await;
+        }
+        if let Some((run, asked)) = hold_awaiting(&rec) {
+            let (run, asked) = (run.clone(), asked.clone());
+            return self
+                .decide_hold(&rec, d, approved, run, asked, cause, now, out)
                 .await;
         }
         if approved {
@@ -187,13 +211,15 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 )
             };
             let ev = AwaitingApproval {
-                event_key: awaiting_approval_key(id.as_str(), plan),
+                event_key: asked_key(&awaiting_approval_key(id.as_str(), plan), rec.version + 1),
                 request_id: id.to_string(),
                 team: rec.team.to_string(),
+                kind: ApprovalKind::Reservation,
                 upfront_fee_usd: plan.upfront_fee,
                 approval_above_usd: limit,
                 spent_usd: spent,
-                plan: PlanSummary::from(plan),
+                plan: Some(PlanSummary::from(plan)),
+                hold: None,
             };
             let t = Transition::of(
                 rec,
@@ -214,4 +240,278 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         }
         Ok(Gate::Open)
     }
+
+    /// Why an approval of what `rec` awaits comes too late to be acted on: the plan's
+    /// purchase deadline, or the hold's wait, has passed. `None` while it is in time.
+    fn past_deadline(&self, rec: &RequestRecord, now: DateTime<Utc>) -> Option<String> {
+        if let Some((run, asked)) = hold_awaiting(rec) {
+            let until = asked.asked_at + self.hold_wait();
+            return (now >= until).then(|| {
+                format!(
+                    "it came after the {} hold's wait for approval ended at {until}; the \
+                     request falls back to the reservation search",
+                    run.attempt
+                )
+            });
+        }
+        let plan = rec.candidates.first()?;
+        let deadline = plan.start - PURCHASE_LEAD;
+        (now >= deadline).then(|| {
+            format!(
+                "it came after the plan's purchase deadline {deadline}; the request searches \
+                 again"
+            )
+        })
+    }
+
+    fn hold_wait(&self) -> chrono::Duration {
+        chrono::Duration::minutes(i64::from(self.config.hold_approval_minutes))
+    }
+
+    /// An approver's decision on the hold `rec` awaits: approved, the request goes back to
+    /// launch-workloads to hold and launch it; rejected, it falls back to the reservation
+    /// search (ARCHITECTURE §9.8).
+    #[allow(clippy::too_many_arguments)]
+    async fn decide_hold(
+        &self,
+        rec: &RequestRecord,
+        d: &PurchaseDecision,
+        approved: bool,
+        run: OnDemandRun,
+        asked: HoldApproval,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<Option<RequestRecord>, PortError> {
+        let id = &rec.request_id;
+        if !approved {
+            let reason = format!(
+                "the {} hold of ${} was rejected by approver {}{}; searching for a reservation \
+                 instead",
+                run.attempt,
+                asked.estimate,
+                d.approver,
+                d.comment
+                    .as_deref()
+                    .map(|c| format!(": {c}"))
+                    .unwrap_or_default()
+            );
+            self.end_hold_wait(rec, run, &reason, cause, now, out)
+                .await?;
+            return Ok(None);
+        }
+        let reason = format!(
+            "the {} hold of ${} was approved by {}; holding it and launching",
+            run.attempt, asked.estimate, d.approver
+        );
+        let approval = HoldApproval {
+            approved_by: Some(d.approver.clone()),
+            ..asked
+        };
+        let t = Transition::of(
+            rec,
+            RequestStatus::TryingOnDemand,
+            &reason,
+            Some(now),
+            now,
+            cause,
+        )
+        .with_run(OnDemandRun {
+            approval: Some(approval),
+            ..run
+        });
+        let w = self.store.transition(t).await?;
+        out.decisions.push(Decision::new(
+            id,
+            decision::written(&w, "hold-approved"),
+            reason,
+        ));
+        Ok(None)
+    }
+
+    /// A hold awaiting approval, at its wake-up: once its wait is over unanswered, the
+    /// request falls back to the reservation search.
+    pub async fn hold_waits(
+        &self,
+        rec: &RequestRecord,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let Some((run, asked)) = hold_awaiting(rec) else {
+            return Ok(());
+        };
+        let until = asked.asked_at + self.hold_wait();
+        if now < until {
+            out.decisions.push(Decision::new(
+                &rec.request_id,
+                "waiting",
+                format!(
+                    "the {} hold of ${} waits for an approver until {until}",
+                    run.attempt, asked.estimate
+                ),
+            ));
+            return Ok(());
+        }
+        let reason = format!(
+            "no approver answered the {} hold of ${} within {} min; searching for a \
+             reservation instead",
+            run.attempt, asked.estimate, self.config.hold_approval_minutes
+        );
+        self.end_hold_wait(rec, run.clone(), &reason, cause, now, out)
+            .await
+    }
+
+    /// The hold's wait ends unapproved: the request searches for a reservation, the asked
+    /// approval cleared so that nothing later reads it as pending.
+    async fn end_hold_wait(
+        &self,
+        rec: &RequestRecord,
+        run: OnDemandRun,
+        reason: &str,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let t = Transition::of(rec, RequestStatus::Searching, reason, Some(now), now, cause)
+            .with_run(OnDemandRun {
+                approval: None,
+                ..run
+            });
+        let w = self.store.transition(t).await?;
+        out.decisions.push(Decision::new(
+            &rec.request_id,
+            decision::written(&w, "fell-back"),
+            reason,
+        ));
+        Ok(())
+    }
+}
+
+/// The hold `rec` awaits approval for, when it waits for one (not for a plan).
+pub fn hold_awaiting(rec: &RequestRecord) -> Option<(&OnDemandRun, &HoldApproval)> {
+    if rec.status != RequestStatus::AwaitingApproval {
+        return None;
+    }
+    let run = rec.run.as_ref()?;
+    let asked = run.approval.as_ref().filter(|a| a.approved_by.is_none())?;
+    Some((run, asked))
+}
+
+/// What a decision must name now ([`names`]): the hold or the plan `rec` awaits approval for.
+fn awaiting(rec: &RequestRecord) -> Option<String> {
+    if rec.status != RequestStatus::AwaitingApproval {
+        return None;
+    }
+    let id = rec.request_id.as_str();
+    match hold_awaiting(rec) {
+        Some((run, asked)) => Some(hold_approval_key(
+            id,
+            ApprovalKind::of_attempt(&run.attempt),
+            asked.estimate,
+        )),
+        None => rec.candidates.first().map(|p| awaiting_approval_key(id, p)),
+    }
+}
+
+/// The threshold an on-demand or spot hold of `estimate` for `attempt` must wait for an
+/// approver under: the request's spend with this estimate is above it and no approval of
+/// this attempt covers the estimate. `None`: the hold may go on.
+pub fn hold_threshold(
+    config: &Config,
+    rec: &RequestRecord,
+    attempt: &str,
+    estimate: Usd,
+) -> Option<Usd> {
+    let limit = config.approval_threshold(&rec.request)?;
+    let total = rec.spent.0 + estimate.to_micros_ceil().0;
+    if total <= limit.to_micros_ceil().0 {
+        return None;
+    }
+    let approved = approved_hold(rec).is_some_and(|(run, a)| {
+        run.attempt == attempt && estimate.to_micros_ceil() <= a.estimate.to_micros_ceil()
+    });
+    (!approved).then_some(limit)
+}
+
+/// The approved hold `rec` goes on with, if any: its attempt was approved by an approver.
+pub fn approved_hold(rec: &RequestRecord) -> Option<(&OnDemandRun, &HoldApproval)> {
+    let run = rec.run.as_ref()?;
+    let a = run.approval.as_ref().filter(|a| a.approved_by.is_some())?;
+    Some((run, a))
+}
+
+/// Asks for approval of `attempt`'s hold of `estimate`, above `limit`: the request waits in
+/// `AwaitingApproval` until an approver answers or the wait ends, nothing held meanwhile.
+#[allow(clippy::too_many_arguments)]
+pub async fn ask_for_hold<S: Store>(
+    store: &S,
+    config: &Config,
+    rec: &RequestRecord,
+    attempt: &str,
+    estimate: Usd,
+    limit: Usd,
+    cause: &Cause,
+    now: DateTime<Utc>,
+) -> Result<(WriteOutcome, String), PortError> {
+    let req = &rec.request;
+    let kind = ApprovalKind::of_attempt(attempt);
+    let spent = rec.spent.to_usd();
+    let wait = config.hold_approval_minutes;
+    let reason = if rec.spent.0 > 0 {
+        format!(
+            "on-demand-first: the {attempt} estimate ${estimate} on top of the ${spent} the \
+             request has spent is above the approval threshold ${limit}; waiting up to {wait} \
+             min for an approver"
+        )
+    } else {
+        format!(
+            "on-demand-first: the {attempt} estimate ${estimate} is above the approval \
+             threshold ${limit}; waiting up to {wait} min for an approver"
+        )
+    };
+    let ev = AwaitingApproval {
+        event_key: asked_key(
+            &hold_approval_key(rec.request_id.as_str(), kind, estimate),
+            rec.version + 1,
+        ),
+        request_id: rec.request_id.to_string(),
+        team: rec.team.to_string(),
+        kind,
+        upfront_fee_usd: estimate,
+        approval_above_usd: limit,
+        spent_usd: spent,
+        plan: None,
+        hold: Some(HoldSummary {
+            instance_type: req.instance_types.first().cloned().unwrap_or_default(),
+            instance_count: req.instance_count,
+            duration_hours: req.duration_hours,
+            regions: req.regions.clone(),
+            estimate_usd: estimate,
+        }),
+    };
+    let run = OnDemandRun {
+        attempt: attempt.to_string(),
+        held_at: now,
+        started_at: None,
+        launch_generations: 0,
+        claim: None,
+        fall_back: None,
+        approval: Some(HoldApproval {
+            estimate,
+            asked_at: now,
+            approved_by: None,
+        }),
+    };
+    let t = Transition::of(
+        rec,
+        RequestStatus::AwaitingApproval,
+        &reason,
+        Some(now + chrono::Duration::minutes(i64::from(wait))),
+        now,
+        &cause.step(&format!("ask-{attempt}")),
+    )
+    .with_run(run)
+    .with_outbox(vec![outbound(&ev)]);
+    Ok((store.transition(t).await?, reason))
 }

@@ -464,16 +464,6 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
 
     /// Whether a write caused by this cancellation event (or one of its steps) is in the
     /// request's history. Read only on the way to a refusal.
-    async fn applied_already(&self, id: &RequestId, cause: &Cause) -> Result<bool, PortError> {
-        let step = format!("{}#", cause.event_id);
-        Ok(self
-            .store
-            .history(id)
-            .await?
-            .iter()
-            .any(|h| h.cause == cause.event_id || h.cause.starts_with(&step)))
-    }
-
     async fn refuse_cancel(
         &self,
         request_id: &str,

@@ -22,6 +22,7 @@ use serde::Serialize;
 
 use crate::config::Config;
 use crate::decision::{self, Decision};
+use crate::domain::request::RequestId;
 use crate::domain::status::RequestStatus;
 use crate::domain::window::{self, DrainLead, KeptWindow};
 use crate::ports::{Cause, PortError, RequestRecord, SharedIds, Sleep, Store, Transition};
@@ -64,6 +65,24 @@ impl<S: Store, M, E> Protocols<'_, S, M, E> {
             .map(|r| r.id)
             .collect();
         Ok((ids, windows))
+    }
+
+    /// Whether an inbound event (`cause`) was applied to request `id` already: a write of its
+    /// own or of one of its steps is in the request's history. A second delivery of it
+    /// (EventBridge delivers at least once) is not answered again: a refusal after what it
+    /// did would contradict it (review N12).
+    pub(crate) async fn applied_already(
+        &self,
+        id: &RequestId,
+        cause: &Cause,
+    ) -> Result<bool, PortError> {
+        let step = format!("{}#", cause.event_id);
+        Ok(self
+            .store
+            .history(id)
+            .await?
+            .iter()
+            .any(|h| h.cause == cause.event_id || h.cause.starts_with(&step)))
     }
 
     /// The drain lead of `rec`'s windows.

@@ -535,11 +535,15 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             reservation.bought_at = Some(now);
             reservation.payment_check_at = payment_check_after(&reservation, now);
             bought.push((reservation.clone(), adopted));
-            let outbox = if last {
-                vec![outbound(&reserved_event(rec, Some(plan), &prior, &bought))]
-            } else {
-                vec![]
-            };
+            // Each reservation is announced once, in the write that records it (review N13):
+            // a split's first block even when its later one is never bought, and never again
+            // beside a replacement bought after a payment failure.
+            let outbox = vec![outbound(&reserved_event(
+                rec,
+                Some(plan),
+                &bought[bought.len() - 1..],
+                rec.version + 1 + bought.len() as u64,
+            ))];
             let w = self
                 .store
                 .record_reservation(RecordReservation {
@@ -707,15 +711,14 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         if !past.is_empty() {
             reason.push_str(&format!("; the debit goes past {}", past.join(" and ")));
         }
-        let mut outbox = Vec::new();
-        if in_place {
-            outbox.push(outbound(&reserved_event(
-                rec,
-                None,
-                &[],
-                &[(stray.clone(), true)],
-            )));
-        }
+        // Announced as it is recorded, in the plan's place or beside it: it is the request's,
+        // paid for and debited (review N13).
+        let mut outbox = vec![outbound(&reserved_event(
+            rec,
+            None,
+            &[(stray.clone(), true)],
+            rec.version + 2,
+        ))];
         if !past.is_empty() {
             warn!(alert = "reservation-unrecorded", request_id = %id, reservation_id = %stray.id, "{reason}");
             outbox.push(outbound(&ReservationUnrecorded::of(
@@ -942,12 +945,8 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 ),
                 None => (to, reason.clone()),
             };
+            // (Reserved with what it keeps: each of those was announced when recorded.)
             let mut outbox = vec![];
-            if to == RequestStatus::Reserved {
-                // Keyed by the version this write makes.
-                let now_rec = now_rec.as_ref().unwrap_or(rec);
-                outbox.push(outbound(&reserved_event(now_rec, None, &held, &[])));
-            }
             if to.is_terminal() {
                 // As the table has the request now (Purchasing), without its open debit.
                 let now_rec = now_rec.as_ref().unwrap_or(rec);
@@ -1065,41 +1064,45 @@ pub fn is_ours(r: &Reservation, id: &RequestId, deployment: &str, offering: &Off
     for_request && for_deployment
 }
 
-/// What the request now holds: this plan's reservations and any bought before it (a split's
-/// kept block, when this plan replaced its lost segment).
-/// `plan`: `None` when a stray reserves the request in a plan's place.
+/// `Capacity Reserved` for `new`, the reservations one write records for the request
+/// (bought, or `true`: adopted), keyed by `version`: each reservation is announced once, so
+/// the fees of a request's Reserved events sum to what it bought (review N13).
+/// `plan`: the plan bought, `None` for a stray adopted.
 fn reserved_event(
     rec: &RequestRecord,
     plan: Option<&Plan>,
-    prior: &[Reservation],
-    bought: &[(Reservation, bool)],
+    new: &[(Reservation, bool)],
+    version: u64,
 ) -> Reserved {
-    let prior: Vec<(Reservation, bool)> = prior.iter().map(|r| (r.clone(), false)).collect();
-    let all: Vec<&(Reservation, bool)> = prior.iter().chain(bought).collect();
-    let fee: Usd = all.iter().map(|(r, _)| r.upfront_fee).sum();
-    // The plan's on-demand comparison covers its own hours only.
+    let fee: Usd = new.iter().map(|(r, _)| r.upfront_fee).sum();
+    // The plan's on-demand comparison covers the whole plan: only a plan of one offering is
+    // announced whole.
     let on_demand = plan
-        .and_then(|p| p.on_demand_cost)
-        .filter(|_| prior.is_empty());
-    let first = &all.first().expect("a reservation to announce").0;
+        .filter(|p| p.offerings.len() == 1)
+        .and_then(|p| p.on_demand_cost);
+    let first = &new.first().expect("a reservation to announce").0;
     Reserved {
+        // A stray's names it: two adopted from one read of the request share the version.
         event_key: event_key(
             rec.request_id.as_str(),
-            "reserved",
-            rec.version + 1 + bought.len() as u64,
+            &match plan {
+                Some(_) => "reserved".to_string(),
+                None => format!("reserved-{}", first.id),
+            },
+            version,
         ),
         request_id: rec.request_id.to_string(),
-        reservation_ids: all.iter().map(|(r, _)| r.id.clone()).collect(),
+        reservation_ids: new.iter().map(|(r, _)| r.id.clone()).collect(),
         product: plan.map_or(first.product, |p| p.product),
         region: first.region.clone(),
         instance_type: first.instance_type.clone(),
         instance_count: first.instance_count,
-        start: all
+        start: new
             .iter()
             .map(|(r, _)| r.start())
             .min()
             .unwrap_or(first.start()),
-        end: all
+        end: new
             .iter()
             .map(|(r, _)| r.end())
             .max()
@@ -1107,7 +1110,7 @@ fn reserved_event(
         upfront_fee_usd: fee,
         on_demand_cost_usd: on_demand,
         saving_usd: on_demand.map(|od| od - fee),
-        adopted: bought.iter().any(|(_, a)| *a),
+        adopted: new.iter().any(|(_, a)| *a),
     }
 }
 

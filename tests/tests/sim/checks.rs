@@ -1424,6 +1424,46 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
                     ));
                 }
             }
+            // An on-demand or spot run is a spend too (review N9): a run whose estimate alone
+            // is above the threshold (the gate is on the request's spend with it, at least
+            // the estimate) launched after an approval of a hold of its kind.
+            for l in ours(&bus, "Capacity Workload Launched", id) {
+                let kind = l["detail"]["reservation_id"].as_str().unwrap_or_default();
+                let Some(cost) = l["detail"]["estimated_cost_usd"]
+                    .as_str()
+                    .and_then(|c| c.parse::<Decimal>().ok())
+                else {
+                    continue;
+                };
+                let Some(launched) = time(&l["detail"]["launched_at"]) else {
+                    continue;
+                };
+                if micros(cost) <= above {
+                    continue;
+                }
+                let approved = sim.delivered.iter().any(|d| {
+                    d.event["detail-type"] == "Capacity Purchase Approved"
+                        && d.event["source"] == APPROVER
+                        && d.event["detail"]["request_id"] == id
+                        && d.at <= launched
+                        && ours(&bus, "Capacity Purchase Awaiting Approval", id)
+                            .iter()
+                            .any(|a| {
+                                a["detail"]["kind"] == kind
+                                    && d.event["detail"]["approves"]
+                                        .as_str()
+                                        .zip(a["detail"]["event_key"].as_str())
+                                        .is_some_and(|(named, key)| key.starts_with(named))
+                            })
+                });
+                if !approved {
+                    out.push(format!(
+                        "no spend past its gate: {id}'s {kind} run launched at {launched}, its \
+                         estimate ${cost} above its approval threshold, with no approval of a \
+                         {kind} hold delivered first"
+                    ));
+                }
+            }
         }
         // A cancellation delivered before any purchase leaves nothing bought after it, and
         // the request cancelled.

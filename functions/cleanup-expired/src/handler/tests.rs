@@ -890,6 +890,7 @@ async fn a_launch_landing_after_a_cancellations_first_stop_is_stopped_before_the
         launch_generations: 0,
         claim: None,
         fall_back: None,
+        approval: None,
     });
     w.store.transition(hold).await.unwrap();
     let cancelled_at = t0() + Duration::minutes(10);
@@ -1469,6 +1470,7 @@ async fn spot_run_of_two(w: &World, first_state: &str) -> MicroUsd {
         launch_generations: 0,
         claim: None,
         fall_back: None,
+        approval: None,
     };
     let hold = Transition::of(
         &rec,

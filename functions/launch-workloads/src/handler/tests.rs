@@ -1409,3 +1409,159 @@ async fn a_launch_refused_into_a_block_not_recorded_as_paid_reads_the_payment_in
         .unwrap();
     assert_eq!(held[0].payment_due(), Some(opens()));
 }
+
+// ---- holds above the approval threshold (review N9) ----------------------------------------
+
+/// An approver's decision on `r1`'s hold awaiting approval, through the purchase protocols
+/// purchase-capacity answers it with.
+async fn decide_hold(w: &World, l: &L, approves: &str, approved: bool) {
+    use capacity_pilot::domain::events::PurchaseDecision;
+    use capacity_pilot::purchase::{Outcome, Protocols};
+    let market = capacity_pilot::fakes::FakeMarket::new();
+    let ids: capacity_pilot::ports::SharedIds = Arc::new(capacity_pilot::aws::ids::RandomIds);
+    let sleep = capacity_pilot::ports::default_sleep();
+    let p = Protocols {
+        store: &w.store,
+        market: &market,
+        events: &w.events,
+        config: &l.config,
+        ids: &ids,
+        sleep: &sleep,
+    };
+    let d = PurchaseDecision {
+        request_id: "r1".into(),
+        approver: "alice".into(),
+        approves: Some(approves.into()),
+        comment: None,
+    };
+    let bought = p
+        .decide(
+            &d,
+            approved,
+            &Cause::new(format!("decision-{approves}")),
+            w.clock.get(),
+            &mut Outcome::default(),
+        )
+        .await
+        .unwrap();
+    assert!(bought.is_none(), "a hold's approval buys nothing");
+}
+
+fn asked_for(w: &World) -> Vec<Value> {
+    w.events
+        .published_of("Capacity Purchase Awaiting Approval")
+        .into_iter()
+        .map(|e| e.detail.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn an_on_demand_hold_above_the_approval_threshold_holds_and_launches_nothing_until_approved()
+{
+    // GIVEN an on-demand-first request whose estimate ($2,641.92) is above its threshold
+    let w = World::new();
+    let mut req = on_demand_first("r1");
+    req.budget.approval_above = Some(Usd::parse("1000").unwrap());
+    w.record(req, RequestStatus::TryingOnDemand, t0());
+    let l = w.launcher();
+
+    // WHEN its desired start comes
+    l.handle(tick("t1")).await.unwrap();
+    l.handle(tick("t2")).await.unwrap();
+
+    // THEN it awaits an approver, nothing held or launched, announced once with its kind
+    let rec = w.record_of("r1").await;
+    assert_eq!(rec.status, RequestStatus::AwaitingApproval);
+    assert_eq!(rec.open_debit, None);
+    assert_eq!(w.spent(), MicroUsd(0));
+    assert!(w.launches().is_empty());
+    assert_eq!(rec.next_action_at, Some(t0() + Duration::minutes(30)));
+    let asked = asked_for(&w);
+    assert_eq!(asked.len(), 1);
+    assert_eq!(asked[0]["kind"], "on-demand");
+    assert_eq!(asked[0]["upfront_fee_usd"], "2641.92");
+    assert_eq!(asked[0]["approval_above_usd"], "1000");
+    assert_eq!(asked[0]["hold"]["estimate_usd"], "2641.92");
+    assert_eq!(asked[0]["hold"]["instance_count"], 2);
+    assert!(asked[0].get("plan").is_none());
+    let key = asked[0]["event_key"].as_str().unwrap().to_string();
+    assert!(key.starts_with("r1:awaiting-approval:on-demand-"), "{key}");
+
+    // AND once approved, the next tick holds the estimate and launches
+    decide_hold(&w, &l, &key, true).await;
+    assert_eq!(w.status("r1").await, RequestStatus::TryingOnDemand);
+    l.handle(tick("t3")).await.unwrap();
+    l.handle(tick("t4")).await.unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::RunningOnDemand);
+    assert_eq!(w.spent(), MicroUsd(2_641_920_000));
+    assert_eq!(
+        asked_for(&w).len(),
+        1,
+        "an approved hold is not asked for again"
+    );
+}
+
+#[tokio::test]
+async fn the_deployments_threshold_gates_a_hold_on_the_requests_whole_spend() {
+    // GIVEN APPROVE_ABOVE_USD $3,000 and a request that already spent $500: the estimate
+    // alone ($2,641.92) is below it, the two together are not
+    let w = World::new();
+    w.record(on_demand_first("r1"), RequestStatus::TryingOnDemand, t0());
+    let mut rec = w.record_of("r1").await;
+    rec.spent = Usd::parse("500").unwrap().to_micros_ceil();
+    w.store.insert_record(rec);
+    let l = w.launcher_with(&[("APPROVE_ABOVE_USD", "3000")]);
+
+    l.handle(tick("t1")).await.unwrap();
+
+    let rec = w.record_of("r1").await;
+    assert_eq!(rec.status, RequestStatus::AwaitingApproval);
+    assert!(w.launches().is_empty());
+    assert_eq!(asked_for(&w)[0]["spent_usd"], "500");
+    assert!(rec.reason.contains("on top of the $500"), "{}", rec.reason);
+
+    // AND without the earlier spend the same hold goes on unasked
+    let w = World::new();
+    w.record(on_demand_first("r1"), RequestStatus::TryingOnDemand, t0());
+    let l = w.launcher_with(&[("APPROVE_ABOVE_USD", "3000")]);
+    l.handle(tick("t1")).await.unwrap();
+    l.handle(tick("t2")).await.unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::RunningOnDemand);
+    assert!(asked_for(&w).is_empty());
+}
+
+#[tokio::test]
+async fn an_approved_spot_hold_goes_on_from_spot_without_asking_for_on_demand_again() {
+    // GIVEN an interruptible request whose on-demand and spot estimates are both above its
+    // threshold, and no on-demand capacity
+    let w = World::new();
+    let mut req = on_demand_first("r1");
+    req.interruptible = true;
+    req.budget.approval_above = Some(Usd::parse("100").unwrap());
+    w.record(req, RequestStatus::TryingOnDemand, t0());
+    w.workloads.deny_capacity(LaunchKind::OnDemand);
+    let l = w.launcher();
+
+    // WHEN on-demand is approved, held, finds no capacity and is released, and spot is asked
+    l.handle(tick("t1")).await.unwrap();
+    let on_demand = asked_for(&w)[0]["event_key"].as_str().unwrap().to_string();
+    decide_hold(&w, &l, &on_demand, true).await;
+    l.handle(tick("t2")).await.unwrap();
+    let asked = asked_for(&w);
+    assert_eq!(asked.len(), 2, "{asked:?}");
+    assert_eq!(asked[1]["kind"], "spot");
+    assert_eq!(w.status("r1").await, RequestStatus::AwaitingApproval);
+    assert_eq!(
+        w.spent(),
+        MicroUsd(0),
+        "the on-demand estimate was released"
+    );
+
+    // THEN spot's approval runs spot, and on-demand is not asked for again
+    let spot = asked[1]["event_key"].as_str().unwrap().to_string();
+    decide_hold(&w, &l, &spot, true).await;
+    l.handle(tick("t3")).await.unwrap();
+    l.handle(tick("t4")).await.unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::RunningSpot);
+    assert_eq!(asked_for(&w).len(), 2);
+}

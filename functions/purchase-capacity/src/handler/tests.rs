@@ -572,6 +572,13 @@ async fn awaiting(w: &World, p: &P, event_id: &str) -> String {
         .to_string()
 }
 
+/// What an Awaiting Approval's `key` names, without its asking (`:v<n>`).
+fn asked(key: &str) -> &str {
+    key.rsplit_once(":v")
+        .expect("an asking's key ends in :v<n>")
+        .0
+}
+
 fn gated(w: &World, fee: &str) {
     let mut req = request("r1", "team-a", "5000");
     req.budget.approval_above = Some(Usd::parse("1000").unwrap());
@@ -595,7 +602,7 @@ async fn an_approval_that_names_no_plan_is_refused_and_buys_nothing() {
     assert_eq!(w.status("r1").await, RequestStatus::AwaitingApproval);
     let refused = w.events.published_of("Capacity Purchase Approval Refused");
     assert_eq!(refused.len(), 1);
-    assert_eq!(refused[0].detail["current_event_key"], key.as_str());
+    assert_eq!(refused[0].detail["current_event_key"], asked(&key));
     assert!(
         refused[0].detail["reason"]
             .as_str()
@@ -642,9 +649,10 @@ async fn a_stale_approval_for_a_plan_replaced_by_a_re_search_is_refused_and_buys
     assert_eq!(w.status("r1").await, RequestStatus::AwaitingApproval);
     let refused = w.events.published_of("Capacity Purchase Approval Refused");
     assert_eq!(refused.len(), 1);
-    assert_eq!(refused[0].detail["current_event_key"], new.as_str());
+    assert_eq!(refused[0].detail["current_event_key"], asked(&new));
 
-    // AND a redelivered approval after the purchase is refused too, buying nothing more
+    // AND a redelivered approval after the purchase buys nothing more, and is not refused:
+    // the purchase was its answer (review N12)
     let ok = event(
         "Capacity Purchase Approved",
         "com.example.approvals",
@@ -659,7 +667,41 @@ async fn a_stale_approval_for_a_plan_replaced_by_a_re_search_is_refused_and_buys
         w.events
             .published_of("Capacity Purchase Approval Refused")
             .len(),
+        1
+    );
+
+    // AND another approval of it, a new event, is refused: nothing awaits approval now
+    let again = event(
+        "Capacity Purchase Approved",
+        "com.example.approvals",
+        "a-again",
+        json!({"request_id": "r1", "approver": "bob", "approves": new}),
+    );
+    p.handle(again).await.unwrap();
+    assert_eq!(w.market.purchase_count(), 1);
+    assert_eq!(
+        w.events
+            .published_of("Capacity Purchase Approval Refused")
+            .len(),
         2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redelivered_rejection_of_a_hold_is_not_refused_after_it_was_applied() {
+    let w = World::new();
+    let p = w.purchaser(CAPS);
+    let key = hold_asked(&w, &p).await;
+    let no = decision("Capacity Purchase Rejected", "d1", &key);
+
+    p.handle(no.clone()).await.unwrap();
+    p.handle(no).await.unwrap();
+
+    assert_eq!(w.status("r1").await, RequestStatus::Searching);
+    assert!(
+        w.events
+            .published_of("Capacity Purchase Approval Refused")
+            .is_empty()
     );
 }
 
@@ -880,7 +922,12 @@ async fn a_split_whose_second_block_has_gone_keeps_the_first_and_searches_a_repl
         "{}",
         rec.reason
     );
-    assert!(w.events.published_of("Capacity Reserved").is_empty());
+    // AND the kept block was announced when it was bought, though the plan never completed
+    // (review N13: its fee appeared only in the request's final event)
+    let reserved = w.events.published_of("Capacity Reserved");
+    assert_eq!(reserved.len(), 1);
+    assert_eq!(reserved[0].detail["reservation_ids"], json!([kept[0].id]));
+    assert_eq!(reserved[0].detail["upfront_fee_usd"], "3000");
     assert!(w.events.published_of("Capacity Request Failed").is_empty());
 }
 
@@ -921,17 +968,25 @@ async fn a_split_whose_kept_blocks_serve_it_is_reserved_not_searched_again() {
     // its payments are checked from here
     assert!(rec.next_action_at.is_some());
     assert_eq!(w.spent("team-a"), MicroUsd(7_000_000_000));
+    // AND each reservation it keeps was announced once, as it was recorded: the stray
+    // adopted, the first block bought; their fees sum to what was spent (review N13)
     let reserved = w.events.published_of("Capacity Reserved");
-    assert_eq!(reserved.len(), 1);
-    let mut ids: Vec<&str> = reserved[0].detail["reservation_ids"]
-        .as_array()
-        .unwrap()
+    assert_eq!(reserved.len(), 2, "{reserved:?}");
+    let ids: Vec<&str> = reserved
         .iter()
+        .flat_map(|e| e.detail["reservation_ids"].as_array().unwrap())
         .map(|v| v.as_str().unwrap())
         .collect();
-    ids.sort();
-    assert_eq!(ids.len(), 2);
     assert!(ids.contains(&"cr-stray"), "{ids:?}");
+    assert_eq!(
+        ids.iter().collect::<std::collections::BTreeSet<_>>().len(),
+        2
+    );
+    let fees: Usd = reserved
+        .iter()
+        .map(|e| Usd::parse(e.detail["upfront_fee_usd"].as_str().unwrap()).unwrap())
+        .sum();
+    assert_eq!(fees.to_micros_ceil(), MicroUsd(7_000_000_000));
     assert!(w.events.published_of("Capacity Request Failed").is_empty());
 }
 
@@ -2237,6 +2292,7 @@ fn draining_run(w: &World, cancelled: bool) {
         launch_generations: 0,
         claim: None,
         fall_back: None,
+        approval: None,
     });
     rec.cancel = cancelled.then(|| capacity_pilot::ports::CancelNote {
         reason: "not needed".into(),
@@ -2559,4 +2615,222 @@ async fn a_request_about_to_buy_whose_kept_blocks_payment_fails_past_its_deadlin
     let failed = w.events.published_of("Capacity Payment Failed");
     assert_eq!(failed[0].detail["searching_again"], false);
     assert_eq!(w.status("r1").await, RequestStatus::OfferingsFound);
+}
+
+// ---- holds and askings (review N9, N11, N12) -----------------------------------------------
+
+/// GIVEN `r1`, on-demand-first, whose on-demand estimate of $2,641.92 asked for approval at
+/// t0 as launch-workloads asks (threshold $1,000). Returns the asking's event key.
+async fn hold_asked(w: &World, p: &P) -> String {
+    use capacity_pilot::domain::events::{ApprovalKind, asked_key, hold_approval_key};
+    use capacity_pilot::domain::request::Strategy;
+    use capacity_pilot::purchase::approval::ask_for_hold;
+    let mut req = request("r1", "team-a", "5000");
+    req.strategy = Strategy::OnDemandFirst;
+    req.budget.approval_above = Some(Usd::parse("1000").unwrap());
+    let mut rec = w.with_candidate(req, block("cb-1", "1661.18"));
+    rec.status = RequestStatus::TryingOnDemand;
+    rec.candidates.clear();
+    w.store.insert_record(rec.clone());
+    let estimate = Usd::parse("2641.92").unwrap();
+    let (written, _) = ask_for_hold(
+        &w.store,
+        &p.config,
+        &rec,
+        "on-demand",
+        estimate,
+        Usd::parse("1000").unwrap(),
+        &capacity_pilot::ports::Cause::new("t-ask"),
+        t0(),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        written,
+        capacity_pilot::ports::WriteOutcome::Applied { .. }
+    ));
+    assert_eq!(w.status("r1").await, RequestStatus::AwaitingApproval);
+    asked_key(
+        &hold_approval_key("r1", ApprovalKind::OnDemand, estimate),
+        rec.version + 1,
+    )
+}
+
+fn decision(detail_type: &str, id: &str, approves: &str) -> EventBridgeEvent<Value> {
+    event(
+        detail_type,
+        "com.example.approvals",
+        id,
+        json!({"request_id": "r1", "approver": "alice", "approves": approves}),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rejected_hold_falls_back_to_the_reservation_search_saying_why() {
+    let w = World::new();
+    let p = w.purchaser(CAPS);
+    let key = hold_asked(&w, &p).await;
+
+    p.handle(decision("Capacity Purchase Rejected", "d1", &key))
+        .await
+        .unwrap();
+
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Searching);
+    assert!(
+        rec.reason.contains("rejected by approver alice"),
+        "{}",
+        rec.reason
+    );
+    assert!(rec.reason.contains("reservation"), "{}", rec.reason);
+    assert_eq!(
+        rec.run.unwrap().approval,
+        None,
+        "nothing awaits approval any more"
+    );
+    assert_eq!(w.market.purchase_count(), 0);
+    assert_eq!(w.spent("team-a"), MicroUsd(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unanswered_hold_falls_back_when_its_wait_ends_and_not_before() {
+    let w = World::new();
+    let p = w.purchaser(CAPS);
+    hold_asked(&w, &p).await;
+
+    w.clock.advance(Duration::minutes(29));
+    p.handle(tick("t1")).await.unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::AwaitingApproval);
+
+    w.clock.advance(Duration::minutes(1));
+    p.handle(tick("t2")).await.unwrap();
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Searching);
+    assert!(rec.reason.contains("within 30 min"), "{}", rec.reason);
+    assert_eq!(w.market.purchase_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approval_after_the_holds_wait_is_refused_and_approves_nothing() {
+    let w = World::new();
+    let p = w.purchaser(CAPS);
+    let key = hold_asked(&w, &p).await;
+
+    w.clock.advance(Duration::minutes(31));
+    p.handle(decision("Capacity Purchase Approved", "d1", &key))
+        .await
+        .unwrap();
+
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::AwaitingApproval);
+    assert!(rec.run.unwrap().approval.unwrap().approved_by.is_none());
+    let refused = w.events.published_of("Capacity Purchase Approval Refused");
+    assert_eq!(refused.len(), 1);
+    let why = refused[0].detail["reason"].as_str().unwrap();
+    assert!(why.contains("wait for approval ended"), "{why}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approval_of_a_plan_does_not_approve_a_hold_nor_one_of_a_hold_a_plan() {
+    // GIVEN a hold awaiting approval, and a decision naming a plan's key
+    let w = World::new();
+    let p = w.purchaser(CAPS);
+    let key = hold_asked(&w, &p).await;
+    let plan_key = "r1:awaiting-approval:0123456789abcdef:v3";
+
+    p.handle(decision("Capacity Purchase Approved", "d1", plan_key))
+        .await
+        .unwrap();
+
+    assert_eq!(w.status("r1").await, RequestStatus::AwaitingApproval);
+    let refused = w.events.published_of("Capacity Purchase Approval Refused");
+    assert_eq!(refused[0].detail["current_event_key"], asked(&key));
+
+    // AND a plan awaiting approval is not bought on the hold's key
+    let w = World::new();
+    gated(&w, "1661.18");
+    let p = w.purchaser(CAPS);
+    awaiting(&w, &p, "e1").await;
+    p.handle(decision("Capacity Purchase Approved", "d1", &key))
+        .await
+        .unwrap();
+    assert_eq!(w.market.purchase_count(), 0);
+    assert_eq!(w.status("r1").await, RequestStatus::AwaitingApproval);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plan_that_comes_back_to_approval_is_asked_for_under_a_new_key() {
+    // GIVEN a plan awaited approval, then came back (a purchase that sold nothing released
+    // the request, and the same plan was found again)
+    let w = World::new();
+    gated(&w, "1661.18");
+    let p = w.purchaser(CAPS);
+    let first = awaiting(&w, &p, "e1").await;
+    let mut back = record(&w, "r1");
+    back.status = RequestStatus::OfferingsFound;
+    back.version += 1;
+    w.store.insert_record(back);
+    let second = awaiting(&w, &p, "e2").await;
+
+    // THEN the second asking has its own key (a de-duplicating approver sees it: N11), on
+    // the same plan
+    assert_ne!(first, second);
+    assert_eq!(asked(&first), asked(&second));
+
+    // AND an approval naming it buys the plan once
+    p.handle(decision("Capacity Purchase Approved", "d1", &second))
+        .await
+        .unwrap();
+    assert_eq!(w.market.purchases_of("cb-1"), 1);
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approval_past_the_plans_purchase_deadline_is_refused_not_consumed_silently() {
+    // GIVEN a plan awaiting approval, its purchase deadline (its start less 30 min) passed
+    let w = World::new();
+    gated(&w, "1661.18");
+    let p = w.purchaser(CAPS);
+    let key = awaiting(&w, &p, "e1").await;
+    let deadline = record(&w, "r1").candidates[0].start - Duration::minutes(30);
+    w.clock.advance(deadline - t0());
+
+    // WHEN its approval arrives
+    p.handle(decision("Capacity Purchase Approved", "d1", &key))
+        .await
+        .unwrap();
+
+    // THEN nothing is bought, and the approver is told why (review N12)
+    assert_eq!(w.market.purchase_count(), 0);
+    let refused = w.events.published_of("Capacity Purchase Approval Refused");
+    assert_eq!(refused.len(), 1);
+    let why = refused[0].detail["reason"].as_str().unwrap();
+    assert!(why.contains("purchase deadline"), "{why}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replacement_is_announced_alone_never_re_announcing_the_block_the_request_keeps() {
+    // GIVEN a request keeping a block of $3,000 (its other one's payment failed), planned to
+    // buy a $1,000 replacement
+    let w = World::new();
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-2", "1000"));
+    let first = block("cb-first", "3000");
+    let mut kept = stray("p5.48xlarge", 2, "3000");
+    kept.id = "cr-first".into();
+    kept.segments = first.segments.clone();
+    w.store
+        .insert_reservation(&capacity_pilot::fakes::fixtures::request_id("r1"), kept);
+
+    // WHEN the replacement is bought
+    w.purchaser(CAPS).handle(found("r1", "e1")).await.unwrap();
+
+    // THEN its Reserved lists it alone, with its own fee: a consumer summing Reserved fees
+    // does not count the kept block twice (review N13)
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    let reserved = w.events.published_of("Capacity Reserved");
+    assert_eq!(reserved.len(), 1);
+    let ids = reserved[0].detail["reservation_ids"].as_array().unwrap();
+    assert_eq!(ids.len(), 1);
+    assert_ne!(ids[0], "cr-first");
+    assert_eq!(reserved[0].detail["upfront_fee_usd"], "1000");
 }

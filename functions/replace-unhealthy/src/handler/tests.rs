@@ -710,6 +710,7 @@ async fn run_of(w: &World, market: LaunchMarket) -> Vec<String> {
             launch_generations: 0,
             claim: None,
             fall_back: None,
+            approval: None,
         }),
         search: None,
         spent: MicroUsd(0),

@@ -1096,6 +1096,7 @@ fn fell_back(w: &World, id: &str, served: Duration) {
                 reason: "1 of its 4 spot instances taken back by EC2".into(),
                 at: day(2) + served,
             }),
+            approval: None,
         }),
         search: None,
         spent: Usd::parse("2000").unwrap().to_micros_ceil(),
