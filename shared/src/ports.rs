@@ -781,6 +781,15 @@ pub struct RequestRecord {
 }
 
 impl RequestRecord {
+    /// Whose its events are ([`crate::domain::events::event_key`]): this request, in the
+    /// incarnation created at its `created_at`.
+    pub fn whose(&self) -> crate::domain::events::Whose<'_> {
+        crate::domain::events::Whose {
+            request_id: self.request_id.as_str(),
+            created_at: self.created_at,
+        }
+    }
+
     /// When the request is due: the earliest of its own next action and its windows'.
     pub fn due_at(&self) -> Option<DateTime<Utc>> {
         crate::domain::window::next_action_at(self.next_action_at, &self.windows)

@@ -460,7 +460,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             // Marked before anything is stopped (issue 15): a launch or replacement that
             // reads the window now finds it draining. The stop follows at once, in this run's
             // next step, or in the next run if this one dies first.
-            let (expiring, _, _) = drain_record(id, rec.version + 1, &v, &[], why, now);
+            let (expiring, _, _) = drain_record(rec, rec.version + 1, &v, &[], why, now);
             let records =
                 window::records_with(&rec.windows, windows, &w.key, WindowState::Stopping, now);
             let u = WindowUpdate::of(
@@ -486,7 +486,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             return Ok(written);
         }
         let stopped = self.stop(rec, &v).await?;
-        let (_, drained, reason) = drain_record(id, rec.version + 1, &v, &stopped, why, now);
+        let (_, drained, reason) = drain_record(rec, rec.version + 1, &v, &stopped, why, now);
         let records =
             window::records_with(&rec.windows, windows, &w.key, WindowState::Draining, now);
         let u = WindowUpdate::of(
@@ -553,7 +553,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             vec![]
         };
         let ended = ReservationEnded {
-            event_key: event_key(id.as_str(), "ended", rec.version + 1),
+            event_key: event_key(rec.whose(), "ended", rec.version + 1),
             request_id: id.to_string(),
             reservation_ids: reservation_ids.clone(),
             ended_at: now,
@@ -764,7 +764,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         // are counted to after the stop.
         let stopped = self.stop(rec, w).await?;
         let (expiring, drained, reason) = drain_record(
-            id,
+            rec,
             rec.version + 1,
             w,
             &stopped,
@@ -851,7 +851,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         // settled now.
         let (settle, settled) = run_settlement(rec, &self.store.workloads(id).await?, now);
         let ended = ReservationEnded {
-            event_key: event_key(id.as_str(), "ended", rec.version + 1),
+            event_key: event_key(rec.whose(), "ended", rec.version + 1),
             request_id: id.to_string(),
             reservation_ids: vec![],
             ended_at: now,
@@ -1144,15 +1144,16 @@ pub fn run_windows(rec: &RequestRecord, default_drain_minutes: u32) -> Vec<Windo
 
 /// What draining `w` publishes (Expiring, then Drained) and the reason recorded with it.
 fn drain_record(
-    id: &RequestId,
+    rec: &RequestRecord,
     version: u64,
     w: &Window,
     stopped: &[String],
     why: &str,
     now: DateTime<Utc>,
 ) -> (ReservationExpiring, WorkloadDrained, String) {
+    let id = &rec.request_id;
     let expiring = ReservationExpiring {
-        event_key: event_key(id.as_str(), "expiring", version),
+        event_key: event_key(rec.whose(), "expiring", version),
         request_id: id.to_string(),
         reservation_ids: w.reservation_ids.clone(),
         segment: w.segment,
@@ -1184,7 +1185,7 @@ fn drain_record(
         )
     };
     let drained = WorkloadDrained {
-        event_key: event_key(id.as_str(), "drained", version),
+        event_key: event_key(rec.whose(), "drained", version),
         request_id: id.to_string(),
         reservation_id: w
             .reservation_ids

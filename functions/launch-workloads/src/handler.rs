@@ -246,7 +246,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             Launch::Done(resource_ids) => {
                 let ev = WorkloadLaunched {
                     event_key: event_key(
-                        id.as_str(),
+                        rec.whose(),
                         &format!("launched-s{}", w.number),
                         rec.version + 1,
                     ),
@@ -827,7 +827,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 .max(self.config.default_drain_minutes),
         ));
         let ev = WorkloadLaunched {
-            event_key: event_key(id.as_str(), "launched-s0", rec.version + 1),
+            event_key: event_key(rec.whose(), "launched-s0", rec.version + 1),
             request_id: id.to_string(),
             reservation_id: t.reservation_id.clone(),
             segment: 0,
@@ -955,7 +955,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         // A held on-demand estimate goes back, but for what ran of it.
         let returned = rec.open_debit.map_or(0, |d| settle.released(d).0);
         let ev = events::RequestFailed {
-            event_key: event_key(rec.request_id.as_str(), "failed", rec.version + 1),
+            event_key: event_key(rec.whose(), "failed", rec.version + 1),
             request_id: rec.request_id.to_string(),
             status_before: rec.status,
             reason: reason.clone(),

@@ -654,7 +654,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         );
         let event = InstanceReplaced {
             event_key: event_key(
-                id.as_str(),
+                rec.whose(),
                 &format!("replaced-{reservation_id}-{}", slot.slot),
                 u64::from(slot.generation),
             ),
@@ -874,7 +874,7 @@ fn interruption(
     let id = rec.request_id.as_str();
     WorkloadInterrupted {
         event_key: event_key(
-            id,
+            rec.whose(),
             &format!("interrupted-{}-{}", slot.reservation_id, slot.slot),
             u64::from(slot.generation) + u64::from(replacement.is_none()),
         ),

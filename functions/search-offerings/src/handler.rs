@@ -10,7 +10,7 @@ use capacity_pilot::config::Config;
 use capacity_pilot::decision;
 pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{
-    self, NotFound, OfferingsFound, PlanSummary, RequestAccepted, RequestFailed, event_key,
+    self, NotFound, OfferingsFound, PlanSummary, RequestAccepted, RequestFailed, Whose, event_key,
     inbound, outbound,
 };
 use capacity_pilot::domain::money::Usd;
@@ -207,7 +207,15 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
         let id = request.id.clone();
         let deadline = search_deadline(request.window.latest_end, request.duration_hours);
         let accepted = RequestAccepted {
-            event_key: event_key(id.as_str(), "accepted", 1),
+            // (Created at `now`: the request's `created_at`, its events' salt.)
+            event_key: event_key(
+                Whose {
+                    request_id: id.as_str(),
+                    created_at: now,
+                },
+                "accepted",
+                1,
+            ),
             request_id: id.to_string(),
             team: request.team.to_string(),
             strategy: request.strategy,
@@ -267,7 +275,14 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
                 t.reason, t.at, t.event_id
             );
             let failed = RequestFailed {
-                event_key: event_key(id.as_str(), "cancelled", 1),
+                event_key: event_key(
+                    Whose {
+                        request_id: id.as_str(),
+                        created_at: now,
+                    },
+                    "cancelled",
+                    1,
+                ),
                 request_id: id.to_string(),
                 status_before: RequestStatus::Accepted,
                 reason: reason.clone(),
@@ -686,7 +701,7 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
                 .collect();
             let (rejections, rejections_omitted) = events::bounded_rejections(&planning.rejections);
             t.outbox = vec![outbound(&OfferingsFound {
-                event_key: event_key(id.as_str(), "offerings-found", version),
+                event_key: event_key(rec.whose(), "offerings-found", version),
                 request_id: id.to_string(),
                 plans: kept.iter().map(PlanSummary::from).collect(),
                 rejections,
@@ -721,7 +736,7 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
                 }
             );
             t.outbox = vec![outbound(&events::RequestFailed {
-                event_key: event_key(id.as_str(), "failed", version),
+                event_key: event_key(rec.whose(), "failed", version),
                 request_id: id.to_string(),
                 status_before: rec.status,
                 reason: t.reason.clone(),
@@ -749,7 +764,7 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
                 let (rejections, rejections_omitted) =
                     events::bounded_rejections(&planning.rejections);
                 t.outbox = vec![outbound(&NotFound {
-                    event_key: event_key(id.as_str(), "not-found", version),
+                    event_key: event_key(rec.whose(), "not-found", version),
                     request_id: id.to_string(),
                     reason: t.reason.clone(),
                     next_search_at: next,

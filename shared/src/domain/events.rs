@@ -583,8 +583,8 @@ pub fn hold_approval_key(request_id: &str, kind: ApprovalKind, estimate: Usd) ->
 /// The `event_key` of the `Capacity Purchase Awaiting Approval` asking for `approves`
 /// ([`awaiting_approval_key`], [`hold_approval_key`]) in the write of `version`: unique to
 /// each asking (review N11: a de-duplicating approver dropped a plan that came back).
-pub fn asked_key(approves: &str, version: u64) -> String {
-    format!("{approves}:v{version}")
+pub fn asked_key(approves: &str, whose: Whose<'_>, version: u64) -> String {
+    format!("{approves}:v{version}{}", whose.salt())
 }
 
 /// Whether a decision naming `named` answers what `approves` names: the asking's key
@@ -595,7 +595,13 @@ pub fn names(named: &str, approves: &str) -> bool {
         || named
             .strip_prefix(approves)
             .and_then(|rest| rest.strip_prefix(":v"))
-            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            .is_some_and(|rest| {
+                // `<version>` or `<version>:c<salt>`
+                let (n, salt) = rest.split_once(":c").unwrap_or((rest, "0"));
+                [n, salt]
+                    .iter()
+                    .all(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+            })
 }
 
 /// Every schema we check in: file stem -> schema.
@@ -696,6 +702,7 @@ pub fn ending_events(
     spent: MicroUsd,
 ) -> Vec<crate::ports::OutboundEvent> {
     let (id, version) = (rec.request_id.as_str(), rec.version + 1);
+    let whose = rec.whose();
     // A cancellation applied later than it came answers with the status it found.
     let before = rec
         .cancel
@@ -706,7 +713,7 @@ pub fn ending_events(
     let mut out = Vec::new();
     if cancelled {
         out.push(outbound(&CancellationApplied {
-            event_key: event_key(id, "cancellation-applied", version),
+            event_key: event_key(whose, "cancellation-applied", version),
             request_id: id.to_string(),
             status_before: Some(before),
             reason: reason.to_string(),
@@ -720,7 +727,11 @@ pub fn ending_events(
         }));
     }
     out.push(outbound(&RequestFailed {
-        event_key: event_key(id, if cancelled { "cancelled" } else { "failed" }, version),
+        event_key: event_key(
+            whose,
+            if cancelled { "cancelled" } else { "failed" },
+            version,
+        ),
         request_id: id.to_string(),
         status_before: before,
         reason: reason.to_string(),
@@ -732,8 +743,25 @@ pub fn ending_events(
 }
 
 /// A stable, unique key for an event caused by the write that produces `version`.
-pub fn event_key(request_id: &str, what: &str, version: u64) -> String {
-    format!("{request_id}:{what}:v{version}")
+pub fn event_key(whose: Whose<'_>, what: &str, version: u64) -> String {
+    format!("{}:{what}:v{version}{}", whose.request_id, whose.salt())
+}
+
+/// Whose events a key names: a request, in the incarnation it was created in (its META
+/// `created_at`). An id reused once the earlier request's items expired (the archive TTL)
+/// starts its versions at 1 again: the salt keeps its keys apart from the earlier request's,
+/// which a consumer dropping duplicates would otherwise take its events for (review N14).
+#[derive(Debug, Clone, Copy)]
+pub struct Whose<'a> {
+    pub request_id: &'a str,
+    pub created_at: DateTime<Utc>,
+}
+
+impl Whose<'_> {
+    /// `:c<seconds since the epoch of its creation>`.
+    pub fn salt(&self) -> String {
+        format!(":c{}", self.created_at.timestamp())
+    }
 }
 
 #[cfg(test)]
@@ -782,5 +810,58 @@ mod size_tests {
         });
         let err = check_size(&whole).unwrap_err();
         assert_eq!(err.code(), Some("EventTooLarge"));
+    }
+}
+
+#[cfg(test)]
+mod key_tests {
+    use chrono::{Duration, TimeZone, Utc};
+
+    use super::{Whose, asked_key, event_key, names};
+
+    #[test]
+    fn a_request_id_reused_after_its_archive_gets_keys_of_its_own() {
+        // GIVEN request r1, archived 90 days after it was created, and a new r1 after that
+        let first = Utc.with_ymd_and_hms(2026, 9, 1, 9, 0, 0).unwrap();
+        let again = first + Duration::days(91);
+        let old = Whose {
+            request_id: "r1",
+            created_at: first,
+        };
+        let new = Whose {
+            request_id: "r1",
+            created_at: again,
+        };
+        // THEN its versions start at 1 again, and its keys still differ from the old
+        // request's (review N14: a de-duplicating consumer dropped them)
+        assert_ne!(event_key(old, "accepted", 1), event_key(new, "accepted", 1));
+        assert_ne!(
+            asked_key("r1:awaiting-approval:0123456789abcdef", old, 4),
+            asked_key("r1:awaiting-approval:0123456789abcdef", new, 4)
+        );
+        // AND within one request a key is what it was on every retry
+        assert_eq!(event_key(new, "accepted", 1), event_key(new, "accepted", 1));
+    }
+
+    #[test]
+    fn a_decision_names_an_asking_by_its_whole_key_or_its_plan_part_and_nothing_else() {
+        let base = "r1:awaiting-approval:0123456789abcdef";
+        let whose = Whose {
+            request_id: "r1",
+            created_at: Utc.with_ymd_and_hms(2026, 12, 1, 9, 0, 0).unwrap(),
+        };
+        assert!(names(&asked_key(base, whose, 4), base));
+        assert!(names(base, base));
+        assert!(names(&format!("{base}:v4"), base), "a key before the salt");
+        for other in [
+            format!("{base}0:v4"),
+            format!("{base}:v"),
+            format!("{base}:v4:c"),
+            format!("{base}:v4:x1"),
+            format!("{base}:vx"),
+            "r1:awaiting-approval:fedcba9876543210:v4".to_string(),
+        ] {
+            assert!(!names(&other, base), "{other}");
+        }
     }
 }

@@ -116,7 +116,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             );
             let (reservation_ids, kept_windows) = self.kept(&rec).await?;
             let failed = events::RequestFailed {
-                event_key: event_key(id.as_str(), "rejected", rec.version + 1),
+                event_key: event_key(rec.whose(), "rejected", rec.version + 1),
                 request_id: id.to_string(),
                 status_before: rec.status,
                 reason: reason.clone(),
@@ -211,7 +211,11 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 )
             };
             let ev = AwaitingApproval {
-                event_key: asked_key(&awaiting_approval_key(id.as_str(), plan), rec.version + 1),
+                event_key: asked_key(
+                    &awaiting_approval_key(id.as_str(), plan),
+                    rec.whose(),
+                    rec.version + 1,
+                ),
                 request_id: id.to_string(),
                 team: rec.team.to_string(),
                 kind: ApprovalKind::Reservation,
@@ -473,6 +477,7 @@ pub async fn ask_for_hold<S: Store>(
     let ev = AwaitingApproval {
         event_key: asked_key(
             &hold_approval_key(rec.request_id.as_str(), kind, estimate),
+            rec.whose(),
             rec.version + 1,
         ),
         request_id: rec.request_id.to_string(),

@@ -424,11 +424,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             Some(a) => {
                 let reason = format!("{}; {what}", a.reason);
                 outbox.push(outbound(&CancellationApplied {
-                    event_key: event_key(
-                        rec.request_id.as_str(),
-                        "cancellation-applied",
-                        rec.version + 1,
-                    ),
+                    event_key: event_key(rec.whose(), "cancellation-applied", rec.version + 1),
                     request_id: rec.request_id.to_string(),
                     status_before: Some(a.status_before),
                     reason: reason.clone(),
@@ -550,7 +546,7 @@ fn expiring(rec: &RequestRecord, stop: &[Window], now: DateTime<Utc>) -> Vec<Out
         .map(|w| {
             outbound(&ReservationExpiring {
                 event_key: event_key(
-                    rec.request_id.as_str(),
+                    rec.whose(),
                     &format!("expiring-w{}", w.number),
                     rec.version + 1,
                 ),

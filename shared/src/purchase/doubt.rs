@@ -93,7 +93,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 None => (RequestStatus::Failed, base),
             };
             let ev = PurchaseInDoubt {
-                event_key: event_key(id.as_str(), "purchase-in-doubt", now_rec.version + 1),
+                event_key: event_key(now_rec.whose(), "purchase-in-doubt", now_rec.version + 1),
                 request_id: id.to_string(),
                 offering_ids: offering_ids.clone(),
                 since: doubt.since,

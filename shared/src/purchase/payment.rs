@@ -377,7 +377,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         for (i, l) in lost.iter().filter(|l| l.state.is_unpaid()).enumerate() {
             outbox.push(outbound(&PaymentFailed {
                 event_key: event_key(
-                    id.as_str(),
+                    rec.whose(),
                     &if i == 0 {
                         "payment-failed".to_string()
                     } else {

@@ -1001,7 +1001,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
     ) -> Result<(), PortError> {
         let (reservation_ids, kept_windows) = self.kept(rec).await?;
         let ev = events::RequestFailed {
-            event_key: event_key(rec.request_id.as_str(), "failed", rec.version + 1),
+            event_key: event_key(rec.whose(), "failed", rec.version + 1),
             request_id: rec.request_id.to_string(),
             status_before: rec.status,
             reason: reason.clone(),
@@ -1084,7 +1084,7 @@ fn reserved_event(
     Reserved {
         // A stray's names it: two adopted from one read of the request share the version.
         event_key: event_key(
-            rec.request_id.as_str(),
+            rec.whose(),
             &match plan {
                 Some(_) => "reserved".to_string(),
                 None => format!("reserved-{}", first.id),

@@ -2035,11 +2035,11 @@ async fn a_cancellation_with_stop_running_hands_an_active_requests_window_to_its
     let v = before.version + 1;
     assert_eq!(
         applied["event_key"],
-        format!("r1:cancellation-applied:v{v}")
+        format!("r1:cancellation-applied:v{v}{}", before.whose().salt())
     );
     assert_eq!(
         expiring[0].detail["event_key"],
-        format!("r1:expiring-w1:v{v}")
+        format!("r1:expiring-w1:v{v}{}", before.whose().salt())
     );
     assert!(
         applied["reason"]
@@ -2652,6 +2652,7 @@ async fn hold_asked(w: &World, p: &P) -> String {
     assert_eq!(w.status("r1").await, RequestStatus::AwaitingApproval);
     asked_key(
         &hold_approval_key("r1", ApprovalKind::OnDemand, estimate),
+        rec.whose(),
         rec.version + 1,
     )
 }

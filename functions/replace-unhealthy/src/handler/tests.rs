@@ -1037,7 +1037,7 @@ async fn a_reclaimed_spot_instance_is_repaired_on_spot_and_its_run_ends_where_ec
     // event, not a duplicate a consumer drops
     assert_eq!(
         ev[0].detail["event_key"],
-        json!("r-2:interrupted-spot-1:v1")
+        json!("r-2:interrupted-spot-1:v1:c1796115600")
     );
 }
 

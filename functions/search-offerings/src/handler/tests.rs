@@ -1541,3 +1541,41 @@ async fn a_source_not_given_a_team_by_team_sources_cannot_submit_for_it() {
             .is_some()
     );
 }
+
+#[tokio::test]
+async fn a_request_id_used_again_after_its_archive_is_announced_under_keys_of_its_own() {
+    // GIVEN r1 was submitted, announced, cancelled and archived (a minute's retention here,
+    // 90 days in the table)
+    let mut w = World::new();
+    w.store = InMemoryStore::new().with_retention(Duration::minutes(1));
+    w.market.list(block("cb-1", day(3), 48, "6644.74"));
+    w.searcher()
+        .handle(submitted(SOURCE, "e1", detail("r1")))
+        .await
+        .unwrap();
+    let mut rec = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    rec.status = RequestStatus::Cancelled;
+    rec.updated_at = w.clock.get();
+    w.store.insert_record(rec);
+    w.clock.advance(Duration::minutes(2));
+
+    // WHEN a new request takes the id
+    w.searcher()
+        .handle(submitted(SOURCE, "e2", detail("r1")))
+        .await
+        .unwrap();
+
+    // THEN it is accepted, and its Accepted carries a key of its own: a consumer dropping
+    // duplicates would have dropped it as the first r1's (review N14: versions restart at 1)
+    let accepted = w.events.published_of("Capacity Request Accepted");
+    assert_eq!(accepted.len(), 2, "{accepted:?}");
+    assert_ne!(
+        accepted[0].detail["event_key"],
+        accepted[1].detail["event_key"]
+    );
+}

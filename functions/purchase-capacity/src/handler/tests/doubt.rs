@@ -180,7 +180,11 @@ async fn a_purchase_that_called_and_cannot_reconcile_past_its_deadline_fails_in_
     // (keyed by the version that ended it)
     assert_eq!(
         doubt[0].detail["event_key"],
-        format!("r1:purchase-in-doubt:v{}", rec.version)
+        format!(
+            "r1:purchase-in-doubt:v{}{}",
+            rec.version,
+            rec.whose().salt()
+        )
     );
     assert_eq!(doubt[0].detail["kept_usd"], "1661.18");
     assert!(
