@@ -724,6 +724,64 @@ impl DynamoStore {
             .filter(|m| m.record.version == version && m.record.status == status))
     }
 
+    /// Deletes what an earlier request of `request_id` left unstamped, before a request takes
+    /// the id (review N14, and its L4): once the earlier one's META is gone or past its TTL,
+    /// a candidate, reservation, slot or history item that its archival failed to stamp
+    /// (`archive_children` only logs a failure) would be read as the new request's own. With
+    /// a live META nothing is touched (the creation finds it and answers so). A new id costs
+    /// one GetItem and one Query that finds nothing.
+    async fn sweep_leftovers(&self, request_id: &str) -> Result<(), PortError> {
+        if self.read_meta(request_id).await?.is_some() {
+            return Ok(());
+        }
+        let pk_value = request_pk(request_id);
+        let mut e = Expr::new();
+        let pk = e.name(attr::PK);
+        let pv = e.value(s(pk_value.clone()));
+        let items = self.query(None, e, format!("{pk} = {pv}")).await?;
+        let left: Vec<String> = items
+            .iter()
+            .filter_map(|i| i.get(attr::SK).and_then(|v| v.as_s().ok()).cloned())
+            .filter(|sk| {
+                [OFFER_PREFIX, RES_PREFIX, SLOT_PREFIX, HIST_PREFIX]
+                    .iter()
+                    .any(|p| sk.starts_with(p))
+            })
+            .collect();
+        // Each batch only while no request holds the id: a concurrent submission of it that
+        // created its request between our read and these deletes (its first history item
+        // among what we listed) makes the batch fail whole, and this creation then finds it.
+        for chunk in left.chunks(MAX_TRANSACTION_ITEMS - 1) {
+            let mut c = Expr::new();
+            let (pkn, exp) = (c.name(attr::PK), c.name(attr::EXPIRES_AT));
+            let now = c.value(n(self.now().timestamp()));
+            c.condition(format!("attribute_not_exists({pkn}) OR {exp} <= {now}"));
+            let mut batch = vec![condition_check(
+                &self.table,
+                key(pk_value.clone(), META_SK),
+                &c,
+            )?];
+            for sk in chunk {
+                batch.push(delete(&self.table, key(pk_value.clone(), sk.clone()))?);
+            }
+            if !matches!(self.transact(batch).await?, Committed::Yes) {
+                return Ok(());
+            }
+        }
+        let mut seen = self.seen();
+        for sk in left {
+            seen.forget(&(pk_value.clone(), sk));
+        }
+        if !items.is_empty() {
+            tracing::info!(
+                request_id,
+                swept = items.len(),
+                "an earlier request of this id left items its archival did not stamp; deleted"
+            );
+        }
+        Ok(())
+    }
+
     async fn read_meta(&self, request_id: &str) -> Result<Option<Meta>, PortError> {
         match self.get(key(request_pk(request_id), META_SK)).await? {
             Some(item) if !is_gone(&item, self.now()) => Ok(Some(read_meta(&item)?)),
@@ -1048,6 +1106,7 @@ impl Store for DynamoStore {
     async fn create_request(&self, new: NewRequest) -> Result<CreateOutcome, PortError> {
         let id = new.request.id.as_str().to_string();
         let pk = request_pk(&id);
+        self.sweep_leftovers(&id).await?;
         let (status, reason, next_action_at) = match &new.cancelled {
             Some(why) => (RequestStatus::Cancelled, why.clone(), None),
             None => (
