@@ -443,13 +443,19 @@ fn stub_sam(test: &str) -> PathBuf {
 /// Runs `make -s deploy-forwarders <vars>` in the repository root with `path` as PATH, and
 /// none of the target's variables or an outer make's flags from the environment.
 fn make_deploy_forwarders(path: &str, vars: &[&str]) -> Output {
+    make_s("deploy-forwarders", path, vars)
+}
+
+/// `make -s <target> <vars>` in the repository root with `path` as PATH, and none of the
+/// deploy targets' variables or an outer make's flags from the environment.
+fn make_s(target: &str, path: &str, vars: &[&str]) -> Output {
     let make = ["/usr/bin/make", "/bin/make"]
         .into_iter()
         .find(|m| Path::new(m).exists())
         .unwrap_or("make");
     Command::new(make)
         .current_dir(root())
-        .args(["-s", "deploy-forwarders"])
+        .args(["-s", target])
         .args(vars)
         .env("PATH", path)
         .env_remove("MAKEFLAGS")
@@ -1021,19 +1027,7 @@ fn sam_check(version: &str) -> Output {
     )
     .unwrap();
     std::fs::set_permissions(&sam, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let make = ["/usr/bin/make", "/bin/make"]
-        .into_iter()
-        .find(|m| Path::new(m).exists())
-        .unwrap_or("make");
-    Command::new(make)
-        .current_dir(root())
-        .args(["-s", "sam-check"])
-        .env("PATH", with_stub_path(&dir))
-        .env_remove("MAKEFLAGS")
-        .env_remove("MFLAGS")
-        .env_remove("MAKELEVEL")
-        .output()
-        .expect("make")
+    make_s("sam-check", &with_stub_path(&dir), &[])
 }
 
 #[test]

@@ -1418,9 +1418,13 @@ async fn ended_long_ago(store: &DynamoStore, id: &str) {
         })
         .await
         .unwrap();
+    assert_eq!(store.reservations(&request_id(id)).await.unwrap().len(), 1);
     let mut end = transition(id, 5, Reserved, RequestStatus::Ended, "end");
     end.at = chrono::Utc::now() - Duration::days(100);
-    store.transition(end).await.unwrap();
+    assert_eq!(
+        store.transition(end).await.unwrap(),
+        WriteOutcome::Applied { version: 6 }
+    );
 }
 
 #[tokio::test]
@@ -1480,55 +1484,11 @@ async fn a_new_request_of_an_archived_id_never_reads_what_the_earlier_one_left_u
 
 #[tokio::test]
 async fn an_ended_requests_reservations_and_workloads_are_archived_with_it() {
-    // GIVEN a bought request with a workload, which ended long ago
+    // GIVEN a bought request with a workload, which ended long ago (its end is past the
+    // retention, as DynamoDB's clock sees it)
     let table = TestTable::fresh().await.unwrap();
     let store = table.store();
-    request_with_offerings(&store, "ended", "ml").await;
-    store
-        .begin_purchase(begin_purchase("ended", 3, OfferingsFound, "w", t0(), None))
-        .await
-        .unwrap();
-    store
-        .record_reservation(record_reservation(
-            "ended",
-            "w",
-            reservation("cr-e", "10.00"),
-            t0(),
-        ))
-        .await
-        .unwrap();
-    store
-        .put_workload(capacity_pilot::ports::WorkloadRecord {
-            request_id: request_id("ended"),
-            reservation_id: "cr-e".into(),
-            slot: 0,
-            generation: 0,
-            resource_id: "i-0".into(),
-            state: "terminated".into(),
-            updated_at: t0(),
-
-            started_at: None,
-            ended_at: None,
-            ran: Vec::new(),
-        })
-        .await
-        .unwrap();
-    assert_eq!(
-        store
-            .reservations(&request_id("ended"))
-            .await
-            .unwrap()
-            .len(),
-        1
-    );
-
-    // WHEN it ends (its end is past the retention, as DynamoDB's clock sees it)
-    let mut end = transition("ended", 5, Reserved, RequestStatus::Ended, "end");
-    end.at = chrono::Utc::now() - Duration::days(100);
-    assert_eq!(
-        store.transition(end).await.unwrap(),
-        WriteOutcome::Applied { version: 6 }
-    );
+    ended_long_ago(&store, "ended").await;
 
     // THEN its children carry the TTL too, and reads ignore them all
     let res = raw_item(&table, "REQ#ended", "RES#cr-e").await;

@@ -715,10 +715,8 @@ async fn a_replacement_not_found_by_its_deadline_fails_with_the_kept_block_recor
     );
 }
 
-#[tokio::test]
-async fn reusing_the_id_of_an_ended_request_is_rejected_naming_request_id_not_dropped() {
-    // GIVEN r1 was submitted and has ended (its record is kept for the archive period)
-    let w = World::new();
+/// GIVEN r1 submitted (as event e1, a block listed for it), then ended in `status` now.
+async fn submitted_then(w: &World, status: RequestStatus) {
     w.market.list(block("cb-1", day(3), 48, "6644.74"));
     w.searcher()
         .handle(submitted(SOURCE, "e1", detail("r1")))
@@ -730,9 +728,17 @@ async fn reusing_the_id_of_an_ended_request_is_rejected_naming_request_id_not_dr
         .await
         .unwrap()
         .unwrap();
-    rec.status = RequestStatus::Ended;
-    rec.reason = "ended at its window's end".into();
+    rec.status = status;
+    rec.reason = format!("{status} (seeded)");
+    rec.updated_at = w.clock.get();
     w.store.insert_record(rec);
+}
+
+#[tokio::test]
+async fn reusing_the_id_of_an_ended_request_is_rejected_naming_request_id_not_dropped() {
+    // GIVEN r1 was submitted and has ended (its record is kept for the archive period)
+    let w = World::new();
+    submitted_then(&w, RequestStatus::Ended).await;
 
     // WHEN the same request is submitted again, as a new event
     w.searcher()
@@ -1548,20 +1554,7 @@ async fn a_request_id_used_again_after_its_archive_is_announced_under_keys_of_it
     // 90 days in the table)
     let mut w = World::new();
     w.store = InMemoryStore::new().with_retention(Duration::minutes(1));
-    w.market.list(block("cb-1", day(3), 48, "6644.74"));
-    w.searcher()
-        .handle(submitted(SOURCE, "e1", detail("r1")))
-        .await
-        .unwrap();
-    let mut rec = w
-        .store
-        .get_request(&request_id("r1"))
-        .await
-        .unwrap()
-        .unwrap();
-    rec.status = RequestStatus::Cancelled;
-    rec.updated_at = w.clock.get();
-    w.store.insert_record(rec);
+    submitted_then(&w, RequestStatus::Cancelled).await;
     w.clock.advance(Duration::minutes(2));
 
     // WHEN a new request takes the id
