@@ -25,6 +25,9 @@ use crate::ports::{
     Transition, WriteOutcome,
 };
 
+/// How often a decision on a hold that lost a write race is tried again in one invocation.
+const DECIDE_ATTEMPTS: u32 = 3;
+
 /// What the gate let through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Gate {
@@ -287,50 +290,85 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         now: DateTime<Utc>,
         out: &mut Outcome,
     ) -> Result<Option<RequestRecord>, PortError> {
-        let id = &rec.request_id;
-        if !approved {
-            let reason = format!(
-                "the {} hold of ${} was rejected by approver {}{}; searching for a reservation \
-                 instead",
-                run.attempt,
-                asked.estimate,
-                d.approver,
-                d.comment
-                    .as_deref()
-                    .map(|c| format!(": {c}"))
-                    .unwrap_or_default()
-            );
-            self.end_hold_wait(rec, run, &reason, cause, now, out)
-                .await?;
-            return Ok(None);
+        let id = rec.request_id.clone();
+        let (mut rec, mut run, mut asked) = (rec.clone(), run, asked);
+        // A write lost to another (a tick, the wait's end, a cancellation) reads the request
+        // again: the same hold still waiting is decided again, anything else is answered.
+        for _ in 0..DECIDE_ATTEMPTS {
+            let w = if approved {
+                let reason = format!(
+                    "the {} hold of ${} was approved by {}; holding it and launching",
+                    run.attempt, asked.estimate, d.approver
+                );
+                let approval = HoldApproval {
+                    approved_by: Some(d.approver.clone()),
+                    ..asked.clone()
+                };
+                let t = Transition::of(
+                    &rec,
+                    RequestStatus::TryingOnDemand,
+                    &reason,
+                    Some(now),
+                    now,
+                    cause,
+                )
+                .with_run(OnDemandRun {
+                    approval: Some(approval),
+                    ..run.clone()
+                });
+                let w = self.store.transition(t).await?;
+                out.decisions.push(Decision::new(
+                    &id,
+                    decision::written(&w, "hold-approved"),
+                    reason,
+                ));
+                w
+            } else {
+                let reason = format!(
+                    "the {} hold of ${} was rejected by approver {}{}; searching for a \
+                     reservation instead",
+                    run.attempt,
+                    asked.estimate,
+                    d.approver,
+                    d.comment
+                        .as_deref()
+                        .map(|c| format!(": {c}"))
+                        .unwrap_or_default()
+                );
+                self.end_hold_wait(&rec, run.clone(), &reason, cause, now, out)
+                    .await?
+            };
+            if matches!(
+                w,
+                WriteOutcome::Applied { .. } | WriteOutcome::DuplicateEvent
+            ) {
+                return Ok(None);
+            }
+            let Some(now_rec) = self.store.get_request(&id).await? else {
+                break;
+            };
+            rec = now_rec;
+            match hold_awaiting(&rec) {
+                Some((r, a)) if a.asked_at == asked.asked_at && r.attempt == run.attempt => {
+                    (run, asked) = (r.clone(), a.clone());
+                }
+                _ => {
+                    let why = format!(
+                        "the request moved on before it could be applied: it is {} now ({})",
+                        rec.status, rec.reason
+                    );
+                    let current = awaiting(&rec);
+                    return self
+                        .refuse(d, approved, id.as_str(), why, current, cause, out)
+                        .await;
+                }
+            }
         }
-        let reason = format!(
-            "the {} hold of ${} was approved by {}; holding it and launching",
-            run.attempt, asked.estimate, d.approver
-        );
-        let approval = HoldApproval {
-            approved_by: Some(d.approver.clone()),
-            ..asked
-        };
-        let t = Transition::of(
-            rec,
-            RequestStatus::TryingOnDemand,
-            &reason,
-            Some(now),
-            now,
-            cause,
-        )
-        .with_run(OnDemandRun {
-            approval: Some(approval),
-            ..run
-        });
-        let w = self.store.transition(t).await?;
-        out.decisions.push(Decision::new(
-            id,
-            decision::written(&w, "hold-approved"),
-            reason,
-        ));
-        Ok(None)
+        Err(PortError::Transient {
+            service: "dynamodb",
+            code: "Contended".into(),
+            message: format!("{id}: the request kept changing under its approver's decision"),
+        })
     }
 
     /// A hold awaiting approval, at its wake-up: once its wait is over unanswered, the
@@ -363,7 +401,8 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             run.attempt, asked.estimate, self.config.hold_approval_minutes
         );
         self.end_hold_wait(rec, run.clone(), &reason, cause, now, out)
-            .await
+            .await?;
+        Ok(())
     }
 
     /// The hold's wait ends unapproved: the request searches for a reservation, the asked
@@ -376,7 +415,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         cause: &Cause,
         now: DateTime<Utc>,
         out: &mut Outcome,
-    ) -> Result<(), PortError> {
+    ) -> Result<WriteOutcome, PortError> {
         let t = Transition::of(rec, RequestStatus::Searching, reason, Some(now), now, cause)
             .with_run(OnDemandRun {
                 approval: None,
@@ -388,7 +427,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             decision::written(&w, "fell-back"),
             reason,
         ));
-        Ok(())
+        Ok(w)
     }
 }
 

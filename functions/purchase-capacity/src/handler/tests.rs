@@ -2835,3 +2835,31 @@ async fn a_replacement_is_announced_alone_never_re_announcing_the_block_the_requ
     assert_ne!(ids[0], "cr-first");
     assert_eq!(reserved[0].detail["upfront_fee_usd"], "1000");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_decision_on_a_hold_that_loses_a_write_race_is_decided_again_not_dropped() {
+    // GIVEN a hold awaiting approval, and another writer moving the request's version just
+    // before the approval's write
+    let w = World::new();
+    let p = w.purchaser(CAPS);
+    let key = hold_asked(&w, &p).await;
+    w.store.race_next(StoreOp::Transition);
+
+    // WHEN the approval arrives
+    p.handle(decision("Capacity Purchase Approved", "d1", &key))
+        .await
+        .unwrap();
+
+    // THEN it is applied on the request as read again (the same hold still waits)
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::TryingOnDemand);
+    assert_eq!(
+        rec.run.unwrap().approval.unwrap().approved_by.as_deref(),
+        Some("alice")
+    );
+    assert!(
+        w.events
+            .published_of("Capacity Purchase Approval Refused")
+            .is_empty()
+    );
+}
