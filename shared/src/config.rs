@@ -479,6 +479,27 @@ mod tests {
     }
 
     #[test]
+    fn a_holds_wait_for_approval_is_30_minutes_unless_set_and_never_none() {
+        let c = Config::from_lookup(&env(&FULL)).unwrap();
+        assert_eq!(c.hold_approval_minutes, DEFAULT_HOLD_APPROVAL_MINUTES);
+        assert_eq!(DEFAULT_HOLD_APPROVAL_MINUTES, 30);
+        let mut set = FULL.to_vec();
+        set.push(("HOLD_APPROVAL_MINUTES", "45"));
+        assert_eq!(
+            Config::from_lookup(&env(&set))
+                .unwrap()
+                .hold_approval_minutes,
+            45
+        );
+        for bad in ["0", "half an hour"] {
+            let mut set = FULL.to_vec();
+            set.push(("HOLD_APPROVAL_MINUTES", bad));
+            let err = Config::from_lookup(&env(&set)).unwrap_err();
+            assert_eq!(err.problems[0].0, "HOLD_APPROVAL_MINUTES", "{bad}");
+        }
+    }
+
+    #[test]
     fn every_missing_variable_is_named() {
         let err = Config::from_lookup(&env(&[])).unwrap_err();
         let vars: Vec<&str> = err.problems.iter().map(|(v, _)| v.as_str()).collect();
