@@ -618,12 +618,18 @@ pub struct CancelNote {
     pub stopped: Vec<crate::domain::window::KeptWindow>,
 }
 
+/// The attempt of an on-demand run ([`OnDemandRun::attempt`]), and the reservation id of its
+/// slots' workload records.
+pub const ON_DEMAND: &str = "on-demand";
+/// The attempt of a spot run, likewise.
+pub const SPOT: &str = "spot";
+
 /// An `on-demand-first` request's run on demand or spot (ARCHITECTURE §4, §8.3): which
 /// attempt its held estimate is for, and since when. The estimate stays the request's open
 /// debit while anything may run, and is settled once, when the run ends, by the hours it ran.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OnDemandRun {
-    /// `on-demand` or `spot`: the attempt the open debit is the estimate of.
+    /// [`ON_DEMAND`] or [`SPOT`]: the attempt the open debit is the estimate of.
     pub attempt: String,
     pub held_at: DateTime<Utc>,
     /// When its launch was seen done; none while it is starting.

@@ -45,8 +45,7 @@ use tracing::{info, warn};
 pub const CAPACITY_BLOCK_DELIVERED: &str = "Capacity Block Delivered";
 pub const CAPACITY_BLOCK_RESERVATION_DELIVERED: &str = "Capacity Block Reservation Delivered";
 /// The workload records' reservation id for on-demand and spot launches.
-pub const ON_DEMAND: &str = "on-demand";
-pub const SPOT: &str = "spot";
+pub use capacity_pilot::ports::{ON_DEMAND, SPOT};
 /// What this function looks at: every status that may hold a window, and on-demand-first.
 fn due_statuses() -> Vec<RequestStatus> {
     HOLDS_WINDOWS

@@ -52,10 +52,8 @@ pub const HEALTH_EVENT: &str = "AWS Health Event";
 pub const REPLACING: &str = "replacing";
 /// A slot whose (replacement) instance was launched.
 pub const RUNNING: &str = "running";
-/// The label of an on-demand run's slots (launch-workloads' `ON_DEMAND`).
-pub const ON_DEMAND: &str = "on-demand";
-/// The label of a spot run's slots (launch-workloads' `SPOT`).
-pub const SPOT: &str = "spot";
+/// The labels of on-demand and spot runs' slots.
+pub use capacity_pilot::ports::{ON_DEMAND, SPOT};
 /// A slot whose instance died past the replacement cap: left down, its run ended.
 pub const LEFT: &str = "left";
 

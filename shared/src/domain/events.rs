@@ -203,7 +203,7 @@ pub enum ApprovalKind {
 impl ApprovalKind {
     /// The kind of a hold's attempt (`on-demand` or `spot`).
     pub fn of_attempt(attempt: &str) -> ApprovalKind {
-        if attempt == "spot" {
+        if attempt == crate::ports::SPOT {
             ApprovalKind::Spot
         } else {
             ApprovalKind::OnDemand

@@ -193,7 +193,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         {
             if rec.status == RequestStatus::AwaitingApproval {
                 // Still waiting; the schedule looks again at the purchase deadline.
-                if now >= plan.start - PURCHASE_LEAD {
+                if now >= purchase_deadline(plan) {
                     let reason = "no approval arrived before the offering's purchase deadline; searching again";
                     self.search_again(rec, reason, cause, now, out).await?;
                 }
@@ -232,7 +232,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 rec,
                 RequestStatus::AwaitingApproval,
                 &reason,
-                Some(plan.start - PURCHASE_LEAD),
+                Some(purchase_deadline(plan)),
                 now,
                 cause,
             )
@@ -252,7 +252,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
     /// purchase deadline, or the hold's wait, has passed. `None` while it is in time.
     fn past_deadline(&self, rec: &RequestRecord, now: DateTime<Utc>) -> Option<String> {
         if let Some((run, asked)) = hold_awaiting(rec) {
-            let until = asked.asked_at + self.hold_wait();
+            let until = wait_ends(self.config, asked);
             return (now >= until).then(|| {
                 format!(
                     "it came after the {} hold's wait for approval ended at {until}; the \
@@ -262,17 +262,13 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             });
         }
         let plan = rec.candidates.first()?;
-        let deadline = plan.start - PURCHASE_LEAD;
+        let deadline = purchase_deadline(plan);
         (now >= deadline).then(|| {
             format!(
                 "it came after the plan's purchase deadline {deadline}; the request searches \
                  again"
             )
         })
-    }
-
-    fn hold_wait(&self) -> chrono::Duration {
-        chrono::Duration::minutes(i64::from(self.config.hold_approval_minutes))
     }
 
     /// An approver's decision on the hold `rec` awaits: approved, the request goes back to
@@ -383,7 +379,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         let Some((run, asked)) = hold_awaiting(rec) else {
             return Ok(());
         };
-        let until = asked.asked_at + self.hold_wait();
+        let until = wait_ends(self.config, asked);
         if now < until {
             out.decisions.push(Decision::new(
                 &rec.request_id,
@@ -429,6 +425,18 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         ));
         Ok(w)
     }
+}
+
+/// When a plan must be bought by, or the request searches again: its start less the
+/// purchase lead. The gate waits for an approver until then, and refuses an approval after.
+fn purchase_deadline(plan: &Plan) -> DateTime<Utc> {
+    plan.start - PURCHASE_LEAD
+}
+
+/// When the hold `asked` stops waiting for an approver (`HOLD_APPROVAL_MINUTES` after it
+/// asked): its wake-up, and the last moment an approval of it is acted on.
+fn wait_ends(config: &Config, asked: &HoldApproval) -> DateTime<Utc> {
+    asked.asked_at + chrono::Duration::minutes(i64::from(config.hold_approval_minutes))
 }
 
 /// The hold `rec` awaits approval for, when it waits for one (not for a plan).
@@ -534,6 +542,12 @@ pub async fn ask_for_hold<S: Store>(
             estimate_usd: estimate,
         }),
     };
+    let asked = HoldApproval {
+        estimate,
+        asked_at: now,
+        approved_by: None,
+    };
+    let wakes = wait_ends(config, &asked);
     let run = OnDemandRun {
         attempt: attempt.to_string(),
         held_at: now,
@@ -541,17 +555,13 @@ pub async fn ask_for_hold<S: Store>(
         launch_generations: 0,
         claim: None,
         fall_back: None,
-        approval: Some(HoldApproval {
-            estimate,
-            asked_at: now,
-            approved_by: None,
-        }),
+        approval: Some(asked),
     };
     let t = Transition::of(
         rec,
         RequestStatus::AwaitingApproval,
         &reason,
-        Some(now + chrono::Duration::minutes(i64::from(wait))),
+        Some(wakes),
         now,
         &cause.step(&format!("ask-{attempt}")),
     )

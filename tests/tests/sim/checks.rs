@@ -1450,10 +1450,7 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
                             .iter()
                             .any(|a| {
                                 a["detail"]["kind"] == kind
-                                    && d.event["detail"]["approves"]
-                                        .as_str()
-                                        .zip(a["detail"]["event_key"].as_str())
-                                        .is_some_and(|(named, key)| key.starts_with(named))
+                                    && a["detail"]["event_key"] == d.event["detail"]["approves"]
                             })
                 });
                 if !approved {

@@ -71,6 +71,15 @@ impl World {
         }
     }
 
+    /// Whether a request `id` is recorded.
+    async fn recorded(&self, id: &str) -> bool {
+        self.store
+            .get_request(&request_id(id))
+            .await
+            .unwrap()
+            .is_some()
+    }
+
     async fn status(&self, id: &str) -> RequestStatus {
         self.store
             .get_request(&request_id(id))
@@ -182,13 +191,7 @@ async fn an_invalid_request_is_rejected_naming_every_field_and_nothing_is_record
         .await
         .unwrap();
 
-    assert!(
-        w.store
-            .get_request(&request_id("r1"))
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(!w.recorded("r1").await);
     let rejected = &w.events.published_of("Capacity Request Rejected")[0].detail;
     let fields: Vec<&str> = rejected["problems"]
         .as_array()
@@ -234,13 +237,7 @@ async fn a_request_from_a_team_with_no_cap_is_rejected_naming_team_and_the_param
         m.contains("TeamBudgetsUsd") && m.contains("may not spend"),
         "{m}"
     );
-    assert!(
-        w.store
-            .get_request(&request_id("r1"))
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(!w.recorded("r1").await);
     // AND Team-A, team-a's cap in another case (§9.8: caps and ledgers ignore case), is
     // accepted, its team kept as given
     let mut d = detail("r2");
@@ -268,13 +265,7 @@ async fn a_request_from_an_unlisted_source_is_rejected() {
         .handle(submitted("com.example.intruder", "e1", detail("r1")))
         .await
         .unwrap();
-    assert!(
-        w.store
-            .get_request(&request_id("r1"))
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(!w.recorded("r1").await);
     let rejected = &w.events.published_of("Capacity Request Rejected")[0].detail;
     assert_eq!(rejected["problems"][0]["field"], "source");
 }
@@ -1228,13 +1219,7 @@ async fn a_second_live_request_naming_one_endpoint_over_an_overlapping_window_is
         message.contains("request r1") && message.contains("llm"),
         "{message}"
     );
-    assert!(
-        w.store
-            .get_request(&request_id("r2"))
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(!w.recorded("r2").await);
     assert_eq!(claimants(&w, "llm").await, ["r1"]);
 
     // AND r3, wanting it from day 9 on (where r1's interval ends), is accepted beside r1
@@ -1252,12 +1237,7 @@ async fn ended_claimant(w: &World, s: &S) -> capacity_pilot::ports::RequestRecor
     s.handle(submitted(SOURCE, "e1", endpoint("r1", "llm", 2, 9)))
         .await
         .unwrap();
-    let mut r1 = w
-        .store
-        .get_request(&request_id("r1"))
-        .await
-        .unwrap()
-        .unwrap();
+    let mut r1 = record(w, "r1").await;
     r1.status = RequestStatus::Failed;
     r1.next_action_at = None;
     r1
@@ -1462,13 +1442,7 @@ async fn a_request_that_could_pass_its_threshold_is_rejected_where_no_approver_i
     let (field, message) = rejection(&w);
     assert_eq!(field, "budget.approval_above_usd");
     assert!(message.contains("ApproverPrincipals"), "{message}");
-    assert!(
-        w.store
-            .get_request(&request_id("r1"))
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(!w.recorded("r1").await);
 
     // AND one whose cap is within its threshold is accepted; with an approver, both are
     w.events.clear();
@@ -1482,13 +1456,7 @@ async fn a_request_that_could_pass_its_threshold_is_rejected_where_no_approver_i
         .handle(submitted(SOURCE, "e3", d))
         .await
         .unwrap();
-    assert!(
-        w.store
-            .get_request(&request_id("r3"))
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(w.recorded("r3").await);
 }
 
 #[tokio::test]
@@ -1515,13 +1483,7 @@ async fn a_source_not_given_a_team_by_team_sources_cannot_submit_for_it() {
         message.contains("TeamSources") && message.contains(SOURCE),
         "{message}"
     );
-    assert!(
-        w.store
-            .get_request(&request_id("r1"))
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(!w.recorded("r1").await);
 
     // AND team-a's own source may, and a team the map does not name may be submitted by any
     w.events.clear();
@@ -1532,20 +1494,8 @@ async fn a_source_not_given_a_team_by_team_sources_cannot_submit_for_it() {
     let mut d = detail("r3");
     d["team"] = json!("team-z");
     searcher.handle(submitted(SOURCE, "e3", d)).await.unwrap();
-    assert!(
-        w.store
-            .get_request(&request_id("r2"))
-            .await
-            .unwrap()
-            .is_some()
-    );
-    assert!(
-        w.store
-            .get_request(&request_id("r3"))
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(w.recorded("r2").await);
+    assert!(w.recorded("r3").await);
 }
 
 #[tokio::test]

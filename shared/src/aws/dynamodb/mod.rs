@@ -767,15 +767,15 @@ impl DynamoStore {
             if !matches!(self.transact(batch).await?, Committed::Yes) {
                 return Ok(());
             }
+            let mut seen = self.seen();
+            for sk in chunk {
+                seen.forget(&(pk_value.clone(), sk.clone()));
+            }
         }
-        let mut seen = self.seen();
-        for sk in left {
-            seen.forget(&(pk_value.clone(), sk));
-        }
-        if !items.is_empty() {
+        if !left.is_empty() {
             tracing::info!(
                 request_id,
-                swept = items.len(),
+                swept = left.len(),
                 "an earlier request of this id left items its archival did not stamp; deleted"
             );
         }
