@@ -1458,6 +1458,21 @@ pub struct OutboxItem {
     pub seq: u32,
 }
 
+/// The request an event names, its id compared ignoring case (review N15): the request of
+/// exactly that id, else the one of another spelling that holds it.
+pub async fn request_named<S: Store>(
+    store: &S,
+    id: &RequestId,
+) -> Result<Option<RequestRecord>, PortError> {
+    if let Some(rec) = store.get_request(id).await? {
+        return Ok(Some(rec));
+    }
+    match store.spelled(id).await? {
+        Some(named) => store.get_request(&named).await,
+        None => Ok(None),
+    }
+}
+
 /// An outbox item's `seq`: the version its write made, then its place among that write's
 /// events. An invocation's writes share one `now`, so their items share a `created_at`:
 /// ordering by this publishes them write by write (a window drained, then ended, then the
@@ -1741,6 +1756,14 @@ pub trait Store: Send + Sync {
 
     /// Writes a claim's next contents if it is still at the version read; false when not.
     fn write_claim(&self, w: ClaimWrite) -> impl Future<Output = Result<bool, PortError>> + Send;
+
+    /// The spelling of the request (not past its TTL) that holds `request_id` ignoring case,
+    /// when it is another than `request_id`'s (review N15): what an event naming the id in
+    /// another case is about.
+    fn spelled(
+        &self,
+        request_id: &RequestId,
+    ) -> impl Future<Output = Result<Option<RequestId>, PortError>> + Send;
 
     /// A request, or `None` (also when archived and past its TTL).
     fn get_request(

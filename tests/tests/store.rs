@@ -1385,6 +1385,239 @@ async fn a_tombstone_cancels_only_a_submission_from_its_source_within_seven_days
     );
 }
 
+// ---- ids compared ignoring case (review N15) ----------------------------------------------
+
+fn stone_at(id: &str, at: chrono::DateTime<chrono::Utc>) -> Tombstone {
+    Tombstone {
+        request_id: request_id(id),
+        source: "com.example.ml-platform".into(),
+        reason: "cancelled by the requester".into(),
+        at,
+        event_id: format!("cancel-{id}"),
+    }
+}
+
+/// GIVEN request `id` recorded, then cancelled 100 days ago: archived past its TTL.
+async fn archived_long_ago(store: &DynamoStore, id: &str) {
+    store
+        .create_request(new_request(id, "ml", None))
+        .await
+        .unwrap();
+    let mut end = transition(id, 1, Accepted, Cancelled, &format!("cancel-{id}-long-ago"));
+    end.at = chrono::Utc::now() - Duration::days(100);
+    assert_eq!(
+        store.transition(end).await.unwrap(),
+        WriteOutcome::Applied { version: 2 }
+    );
+}
+
+#[tokio::test]
+async fn a_request_id_is_held_ignoring_case_against_submissions_and_cancellations_alike() {
+    // GIVEN request Case-1 recorded
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    assert_eq!(
+        store
+            .create_request(new_request("Case-1", "ml", None))
+            .await
+            .unwrap(),
+        CreateOutcome::Created { version: 1 }
+    );
+
+    // WHEN case-1 is submitted, and CASE-1 cancelled as if not yet submitted
+    let lower = table
+        .store()
+        .create_request(new_request("case-1", "ml", None))
+        .await
+        .unwrap();
+    let placed = table
+        .store()
+        .put_tombstone(stone_at("CASE-1", t0()), vec![])
+        .await
+        .unwrap();
+
+    // THEN the submission finds the id taken and nothing of it is written; no tombstone is
+    // placed; each spelling names Case-1
+    assert_eq!(lower, CreateOutcome::AlreadyExists);
+    assert_eq!(placed, TombstoneOutcome::RequestExists);
+    let fresh = table.store();
+    assert!(
+        fresh
+            .get_request(&request_id("case-1"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    for other in ["case-1", "CASE-1"] {
+        assert_eq!(
+            fresh.spelled(&request_id(other)).await.unwrap(),
+            Some(request_id("Case-1")),
+            "{other}"
+        );
+    }
+    assert_eq!(fresh.spelled(&request_id("Case-1")).await.unwrap(), None);
+    let rec = capacity_pilot::ports::request_named(&fresh, &request_id("CASE-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.request_id, request_id("Case-1"));
+
+    // AND once an id's request is archived past its TTL, another spelling may take it
+    archived_long_ago(&store, "Gone-1").await;
+    assert_eq!(
+        table
+            .store()
+            .create_request(new_request("gone-1", "ml", None))
+            .await
+            .unwrap(),
+        CreateOutcome::Created { version: 1 }
+    );
+    assert_eq!(
+        table.store().spelled(&request_id("GONE-1")).await.unwrap(),
+        Some(request_id("gone-1"))
+    );
+}
+
+#[tokio::test]
+async fn a_creation_that_read_an_id_free_is_refused_if_any_spelling_took_it_meanwhile() {
+    for (gone, meanwhile, late) in [
+        ("Race-1", "RACE-1", "race-1"),
+        // the gone spelling itself again: its id item reads as before
+        ("Race-2", "Race-2", "race-2"),
+    ] {
+        // GIVEN an id whose request is archived past its TTL, read free by a worker's run
+        let table = TestTable::fresh().await.unwrap();
+        archived_long_ago(&table.store(), gone).await;
+        let slow = table.store();
+        slow.begin_run(chrono::Utc::now());
+        assert_eq!(slow.spelled(&request_id(late)).await.unwrap(), None);
+
+        // WHEN another spelling is created meanwhile, then the worker creates its own
+        let mut first = new_request(meanwhile, "ml", None);
+        first.caused_by = Cause::new("submit-meanwhile");
+        assert_eq!(
+            table.store().create_request(first).await.unwrap(),
+            CreateOutcome::Created { version: 1 }
+        );
+        let refused = slow
+            .create_request(new_request(late, "ml", None))
+            .await
+            .unwrap();
+
+        // THEN the worker's write is refused and, read again, the id is found taken
+        assert_eq!(refused, CreateOutcome::ClaimChanged, "{meanwhile}");
+        assert_eq!(
+            slow.create_request(new_request(late, "ml", None))
+                .await
+                .unwrap(),
+            CreateOutcome::AlreadyExists,
+            "{meanwhile}"
+        );
+        assert!(
+            table
+                .store()
+                .get_request(&request_id(late))
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_cancellation_before_its_submission_holds_for_any_spelling_and_one_kept_before_still_holds()
+ {
+    // GIVEN a cancellation of T-1 before its submission, and one of Old-T as the commit before
+    // kept it: under the id as given
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    for id in ["T-1", "Old-T"] {
+        assert_eq!(
+            store
+                .put_tombstone(stone_at(id, t0()), vec![])
+                .await
+                .unwrap(),
+            TombstoneOutcome::Placed
+        );
+    }
+    let mut kept = raw_item(&table, "REQ#old-t", "TOMBSTONE").await;
+    kept.insert("pk".into(), AttributeValue::S("REQ#Old-T".into()));
+    for (pk, put) in [("REQ#old-t", None), ("REQ#Old-T", Some(kept))] {
+        let r = table.client.delete_item().table_name(&table.name);
+        r.key("pk", AttributeValue::S(pk.into()))
+            .key("sk", AttributeValue::S("TOMBSTONE".into()))
+            .send()
+            .await
+            .unwrap();
+        if let Some(item) = put {
+            table
+                .client
+                .put_item()
+                .table_name(&table.name)
+                .set_item(Some(item))
+                .send()
+                .await
+                .unwrap();
+        }
+    }
+
+    // WHEN t-1 and Old-T are submitted from the cancelling source
+    let store = table.store();
+    let t1 = store
+        .create_request(new_request("t-1", "ml", None))
+        .await
+        .unwrap();
+    let old = store
+        .create_request(new_request("Old-T", "ml", None))
+        .await
+        .unwrap();
+
+    // THEN both meet their cancellation
+    assert!(matches!(t1, CreateOutcome::Tombstoned(_)), "{t1:?}");
+    assert!(matches!(old, CreateOutcome::Tombstoned(_)), "{old:?}");
+}
+
+#[tokio::test]
+async fn requests_recorded_before_id_items_hold_their_id_ignoring_case_after_a_cold_start() {
+    // GIVEN a table as the commit before id items wrote it: Live-1 recorded with no id item
+    let table = TestTable::fresh().await.unwrap();
+    table
+        .store()
+        .create_request(new_request("Live-1", "ml", Some(t0())))
+        .await
+        .unwrap();
+    table
+        .client
+        .delete_item()
+        .table_name(&table.name)
+        .key("pk", AttributeValue::S("ID#live-1".into()))
+        .key("sk", AttributeValue::S("ID".into()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        table.store().spelled(&request_id("live-1")).await.unwrap(),
+        None
+    );
+
+    // WHEN the first cold start after the upgrade passes
+    table.store().claim_live_requests(t0()).await.unwrap();
+
+    // THEN another spelling of it is refused
+    assert_eq!(
+        table
+            .store()
+            .create_request(new_request("live-1", "ml", None))
+            .await
+            .unwrap(),
+        CreateOutcome::AlreadyExists
+    );
+    assert_eq!(
+        table.store().spelled(&request_id("LIVE-1")).await.unwrap(),
+        Some(request_id("Live-1"))
+    );
+}
+
 /// GIVEN request `id`, bought (reservation cr-e, one workload), which ended 100 days ago and
 /// was archived with its children.
 async fn ended_long_ago(store: &DynamoStore, id: &str) {

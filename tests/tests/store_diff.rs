@@ -62,7 +62,8 @@ fn coded<T>(r: Result<T, PortError>) -> Result<T, Option<String>> {
     r.map_err(|e| e.code().map(str::to_string))
 }
 
-const IDS: [&str; 8] = ["d-0", "d-1", "d-2", "d-3", "d-4", "d-5", "d-6", "d-7"];
+/// `D-1` is `d-1` in another case: one id (review N15).
+const IDS: [&str; 8] = ["d-0", "d-1", "d-2", "d-3", "d-4", "d-5", "d-6", "D-1"];
 
 /// What the sequences reached, so a generator that stopped reaching anything shows.
 #[derive(Default, Debug)]
@@ -675,6 +676,8 @@ async fn play(seed: u64, steps: usize, reached: &mut Reached) {
 /// Every read of one request, through the observing handle.
 async fn compare_request(s: &Sides, rid: &capacity_pilot::domain::request::RequestId, at: &str) {
     let _ = both!(s, 2, format!("{at}: the request"), |st| st.get_request(rid));
+    let _ = both!(s, 2, format!("{at}: the id's spelling"), |st| st
+        .spelled(rid));
     let _ = both!(s, 2, format!("{at}: reservations"), |st| st
         .reservations(rid));
     let sorted = |r: Result<Vec<WorkloadRecord>, Option<String>>| {

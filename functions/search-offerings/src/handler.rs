@@ -26,7 +26,7 @@ use capacity_pilot::domain::window::{self, DrainLead};
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     CapacityMarket, Cause, Clock, CreateOutcome, EventSink, NewRequest, OfferingQuery, Pacing,
-    PortError, RequestRecord, Store, Transition, Workloads, WriteOutcome,
+    PortError, RequestRecord, Store, Transition, Workloads, WriteOutcome, request_named,
 };
 use capacity_pilot::search::{self, SearchRound};
 use capacity_pilot::workload;
@@ -330,7 +330,13 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
                 // in-flight request is a duplicate; anything else is refused, naming the id,
                 // so nothing is dropped silently (a reuse of an ended request's id within its
                 // archive period included).
-                let why = match self.store.get_request(&id).await? {
+                let why = match request_named(&self.store, &id).await? {
+                    // (Review N15: SageMaker may take names that differ only in case for one.)
+                    Some(e) if e.request_id != id => Some(format!(
+                        "{id} differs only in case from request {}, which is {}; request ids \
+                         are compared ignoring case: submit under another request_id",
+                        e.request_id, e.status
+                    )),
                     Some(e) if e.request == request && !e.status.is_terminal() => None,
                     Some(e) if e.request != request => Some(format!(
                         "{id} is already used by a different request; ids are idempotency keys"

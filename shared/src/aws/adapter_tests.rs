@@ -1102,3 +1102,44 @@ async fn the_deployments_plans_are_those_named_with_its_hash() {
     assert_eq!(ours[0].request_tag.as_deref(), Some("r-1"));
     assert_eq!(ours[0].deployment_tag.as_deref(), Some("dep-a"));
 }
+
+#[tokio::test]
+async fn a_plan_named_before_names_were_lower_cased_is_still_found_for_its_request() {
+    use aws_sdk_sagemaker::operation::list_training_plans::ListTrainingPlansOutput;
+    use aws_sdk_sagemaker::types::TrainingPlanSummary;
+    // GIVEN request Eval-7's plan, bought in doubt before the upgrade under the id as given;
+    // SageMaker, folding case, describes it for the lower-cased name asked now
+    let id = RequestId::parse("Eval-7").unwrap();
+    let name = crate::domain::naming::plan_name(&id, "dep-a", 0);
+    let hash = crate::domain::naming::deployment_hash("dep-a");
+    let before = format!("cp-{hash}-Eval-7");
+    assert_ne!(name, before);
+    let describe = described_plan(&before);
+    let listed = before.clone();
+    let list = mock!(aws_sdk_sagemaker::Client::list_training_plans).then_output(move || {
+        ListTrainingPlansOutput::builder()
+            .training_plan_summaries(
+                TrainingPlanSummary::builder()
+                    .training_plan_arn(plan_arn(&listed))
+                    .training_plan_name(&listed)
+                    .status("Active".into())
+                    .target_resources("training-job".into())
+                    .upfront_fee("1000.00")
+                    .currency_code("USD")
+                    .build(),
+            )
+            .build()
+    });
+
+    // WHEN the request's plans are read by its new name
+    let found = sagemaker(&[&describe, &list], false)
+        .plans_for_request(REGION, &id, &name)
+        .await
+        .unwrap();
+
+    // THEN the old-named plan is the request's, once (review N15: no purchase in doubt across
+    // the upgrade is bought again)
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].id, plan_arn(&before));
+    assert_eq!(found[0].request_tag.as_deref(), Some("Eval-7"));
+}

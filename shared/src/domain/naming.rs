@@ -56,14 +56,22 @@ pub fn deployment_hash(deployment_id: &str) -> String {
 /// [`deployment_hash`] (ARCHITECTURE §8.7: two stacks given the same request id never
 /// share a name). The attempt sits before the id, so no request's name can be another
 /// request's retry. Request ids are at most 48 characters of `[A-Za-z0-9-]`: up to attempt
-/// 999 this fits SageMaker's 64-character `[a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}`.
+/// 999 this fits SageMaker's 64-character `[a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}`. The id is
+/// lower-cased (review N15): SageMaker may fold names' case, and ids are compared ignoring
+/// it; plans named before, with the id as given, are still read as the request's.
 pub fn plan_name(request_id: &RequestId, deployment_id: &str, attempt: u32) -> String {
-    let hash = deployment_hash(deployment_id);
+    let (hash, id) = (deployment_hash(deployment_id), request_id.folded());
     if attempt == 0 {
-        format!("cp-{hash}-{request_id}")
+        format!("cp-{hash}-{id}")
     } else {
-        format!("cp{attempt}-{hash}-{request_id}")
+        format!("cp{attempt}-{hash}-{id}")
     }
+}
+
+/// Whether `named` is `request_id` as a plan name carries it: lower-cased, or as given
+/// (named before names were lower-cased).
+fn names_id(named: &str, request_id: &RequestId) -> bool {
+    named == request_id.folded() || named == request_id.as_str()
 }
 
 /// The attempt whose [`plan_name`] `name` is for `request_id` in the deployment whose
@@ -81,12 +89,13 @@ pub fn plan_attempt(name: &str, request_id: &RequestId, hash: &str) -> Option<u3
     let ours = rest
         .strip_prefix(hash)
         .and_then(|r| r.strip_prefix('-'))
-        .is_some_and(|id| id == request_id.as_str());
+        .is_some_and(|id| names_id(id, request_id));
     (ours || rest == request_id.as_str()).then_some(attempt)
 }
 
 /// The request whose [`plan_name`] `name` is, in the deployment whose [`deployment_hash`] is
-/// `hash`; none for another deployment's, or a name from before deployments were named.
+/// `hash`; none for another deployment's, or a name from before deployments were named. Its
+/// id is as the name carries it: lower-cased, unless named before names were.
 pub fn plan_request(name: &str, hash: &str) -> Option<RequestId> {
     let rest = name.strip_prefix("cp")?;
     let (attempt, rest) = rest.split_once('-')?;
@@ -101,7 +110,9 @@ pub fn plan_request(name: &str, hash: &str) -> Option<RequestId> {
 pub fn plan_name_hash<'a>(name: &'a str, request_id: &RequestId) -> Option<&'a str> {
     let rest = name.strip_prefix("cp")?;
     let (_, rest) = rest.split_once('-')?;
-    let hash = rest.strip_suffix(request_id.as_str())?.strip_suffix('-')?;
+    let hash = [request_id.folded(), request_id.to_string()]
+        .iter()
+        .find_map(|id| rest.strip_suffix(id.as_str())?.strip_suffix('-'))?;
     (hash.len() == 6 && hash.bytes().all(|b| b.is_ascii_hexdigit())).then_some(hash)
 }
 
@@ -211,6 +222,33 @@ mod tests {
         assert_eq!(tags[REQUEST_TAG], "r-1");
         assert_eq!(tags[DEPLOYMENT_TAG], "prod");
         assert_eq!(tags.len(), 4);
+    }
+
+    #[test]
+    fn a_plan_name_carries_the_id_lower_cased_and_one_named_before_is_still_the_requests() {
+        let (mixed, lower) = (
+            RequestId::parse("Team-A-7").unwrap(),
+            RequestId::parse("team-a-7").unwrap(),
+        );
+        let hash = deployment_hash("prod");
+        // New names are the same for both spellings (review N15: SageMaker may fold case).
+        assert_eq!(plan_name(&mixed, "prod", 2), format!("cp2-{hash}-team-a-7"));
+        assert_eq!(plan_name(&mixed, "prod", 2), plan_name(&lower, "prod", 2));
+        assert_eq!(
+            plan_attempt(&plan_name(&mixed, "prod", 2), &mixed, &hash),
+            Some(2)
+        );
+        // A plan named before, with the id as given, is still the request's (a purchase in
+        // doubt across the upgrade), and only that spelling's.
+        let before = format!("cp-{hash}-Team-A-7");
+        assert_eq!(plan_attempt(&before, &mixed, &hash), Some(0));
+        assert_eq!(plan_attempt(&before, &lower, &hash), None);
+        assert_eq!(plan_name_hash(&before, &mixed), Some(hash.as_str()));
+        assert_eq!(plan_request(&before, &hash), Some(mixed.clone()));
+        assert_eq!(
+            plan_request(&plan_name(&mixed, "prod", 0), &hash),
+            Some(lower)
+        );
     }
 
     #[test]

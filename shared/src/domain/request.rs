@@ -241,6 +241,16 @@ impl RequestId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+    /// The id lower-cased: ids are compared by it (review N15), so two live requests never
+    /// differ only in case, and the names SageMaker may fold to one never collide. The id is
+    /// stored and shown as given.
+    pub fn folded(&self) -> String {
+        self.0.to_ascii_lowercase()
+    }
+    /// Whether `other` is this id ignoring case.
+    pub fn same_as(&self, other: &RequestId) -> bool {
+        self.0.eq_ignore_ascii_case(&other.0)
+    }
 }
 
 impl fmt::Display for RequestId {

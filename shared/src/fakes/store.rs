@@ -117,7 +117,8 @@ struct State {
     workloads: BTreeMap<RequestId, BTreeMap<(String, u32), WorkloadRecord>>,
     outbox: BTreeMap<(String, String), OutboxEntry>,
     ledger: BTreeMap<(Team, BudgetMonth), i64>,
-    tombstones: BTreeMap<RequestId, Tombstone>,
+    /// By the id lower-cased (review N15).
+    tombstones: BTreeMap<String, Tombstone>,
     /// Workload names and who claims them (ARCHITECTURE §9.8).
     claims: BTreeMap<ClaimKey, Claim>,
     history: BTreeMap<RequestId, Vec<HistoryEntry>>,
@@ -530,6 +531,14 @@ impl State {
             .filter(|r| !self.expired(r.expires_at))
     }
 
+    /// The request of another spelling that holds `id` ignoring case (review N15).
+    fn spelled(&self, id: &RequestId) -> Option<RequestId> {
+        self.requests
+            .iter()
+            .find(|(k, r)| *k != id && k.same_as(id) && !self.expired(r.expires_at))
+            .map(|(k, _)| k.clone())
+    }
+
     fn seen(&self, id: &RequestId, cause: &Cause) -> bool {
         self.events
             .get(&(id.clone(), cause.event_id.clone()))
@@ -741,11 +750,11 @@ impl State {
         if self.seen(&id, &new.caused_by) {
             return CreateOutcome::DuplicateEvent;
         }
-        if self.live(&id).is_some() {
+        if self.live(&id).is_some() || self.spelled(&id).is_some() {
             return CreateOutcome::AlreadyExists;
         }
         if new.cancelled.is_none()
-            && let Some(t) = self.tombstones.get(&id)
+            && let Some(t) = self.tombstones.get(&id.folded())
             && t.honoured(&new.source, new.at)
         {
             return CreateOutcome::Tombstoned(t.clone());
@@ -820,11 +829,11 @@ impl State {
         if self.seen(&id, &cause) {
             return TombstoneOutcome::DuplicateEvent;
         }
-        if self.live(&id).is_some() {
+        if self.live(&id).is_some() || self.spelled(&id).is_some() {
             return TombstoneOutcome::RequestExists;
         }
         let at = t.at;
-        self.tombstones.insert(id.clone(), t);
+        self.tombstones.insert(id.folded(), t);
         self.commit(&id, &cause, at, outbox);
         TombstoneOutcome::Placed
     }
@@ -1370,6 +1379,10 @@ impl Store for InMemoryStore {
         }
         drop(s);
         finish(after, Ok(written))
+    }
+
+    async fn spelled(&self, request_id: &RequestId) -> Result<Option<RequestId>, PortError> {
+        Ok(lock(&self.state).spelled(request_id))
     }
 
     async fn get_request(

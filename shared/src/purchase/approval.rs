@@ -22,7 +22,7 @@ use crate::domain::time_rules::PURCHASE_LEAD;
 use crate::outbox;
 use crate::ports::{
     CapacityMarket, Cause, EventSink, HoldApproval, OnDemandRun, PortError, RequestRecord, Store,
-    Transition, WriteOutcome,
+    Transition, WriteOutcome, request_named,
 };
 
 /// How often a decision on a hold that lost a write race is tried again in one invocation.
@@ -49,7 +49,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         out: &mut Outcome,
     ) -> Result<Option<RequestRecord>, PortError> {
         let rec = match RequestId::parse(&d.request_id) {
-            Ok(id) => self.store.get_request(&id).await?,
+            Ok(id) => request_named(self.store, &id).await?,
             Err(_) => None,
         };
         let Some(rec) = rec else {

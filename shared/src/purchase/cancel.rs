@@ -21,7 +21,7 @@ use crate::outbox;
 use crate::ports::{
     CancelNote, CapacityMarket, Cause, EventSink, KeepCancellation, OutboundEvent, PortError,
     RequestRecord, Store, TOMBSTONE_KEPT, Tombstone, TombstoneOutcome, Transition, WindowUpdate,
-    WriteOutcome,
+    WriteOutcome, request_named,
 };
 
 /// How often a cancellation that lost a write race is decided again within one invocation.
@@ -54,7 +54,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         // purchase): its answer, when it comes, lists them.
         let mut stopped_first: Vec<KeptWindow> = Vec::new();
         for _ in 0..CANCEL_ATTEMPTS {
-            let Some(rec) = self.store.get_request(&id).await? else {
+            let Some(rec) = request_named(self.store, &id).await? else {
                 // Its submission may be on its way (EventBridge does not order deliveries):
                 // a tombstone keeps the cancellation for it.
                 match self.tombstone(&id, c, source, cause, now, out).await? {
@@ -64,6 +64,8 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                     }
                 }
             };
+            // The request as recorded, when the cancellation spells its id in another case.
+            let id = rec.request_id.clone();
             let reason = requester_reason(c);
             if let Some(done) = self.cancel_run(&rec, &reason, cause, now, out).await? {
                 if done {

@@ -696,6 +696,11 @@ fn ours<'a>(events: &'a [Value], detail_type: &str, id: &str) -> Vec<&'a Value> 
         .collect()
 }
 
+/// Whether the event's `request_id` is `id`, ignoring case as request ids compare.
+fn same_id(v: &Value, id: &str) -> bool {
+    v.as_str().is_some_and(|v| v.eq_ignore_ascii_case(id))
+}
+
 fn time(v: &Value) -> Option<DateTime<Utc>> {
     v.as_str()?.parse().ok()
 }
@@ -919,6 +924,17 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
         }
     }
 
+    // One id ignoring case (review N15): no two requests recorded whose ids differ only in
+    // case (SageMaker may take their names for one).
+    let mut folded: BTreeMap<String, &str> = BTreeMap::new();
+    for id in recs.keys() {
+        if let Some(other) = folded.insert(id.to_ascii_lowercase(), id) {
+            out.push(format!(
+                "one id ignoring case: requests {other} and {id} are both recorded"
+            ));
+        }
+    }
+
     // No request lost.
     let dlq_ids: BTreeSet<String> = sim
         .dlq
@@ -979,7 +995,7 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
             None => {
                 let cancelled_first = sim.delivered.iter().any(|d| {
                     d.event["detail-type"] == "Capacity Request Cancelled"
-                        && d.event["detail"]["request_id"] == id
+                        && same_id(&d.event["detail"]["request_id"], id)
                 });
                 if !dlq_ids.contains(id) && !rejected && !cancelled_first {
                     out.push(format!(
@@ -1299,7 +1315,7 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
             matches!(
                 e["detail-type"].as_str(),
                 Some("Capacity Cancellation Applied" | "Capacity Cancellation Refused")
-            ) && e["detail"]["request_id"] == id
+            ) && same_id(&e["detail"]["request_id"], id)
                 && time(&e["time"]).is_some_and(|t| t >= at)
         });
         if !answered {
@@ -1470,7 +1486,7 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
             .filter(|d| {
                 d.handled
                     && d.event["detail-type"] == "Capacity Request Cancelled"
-                    && d.event["detail"]["request_id"] == id
+                    && same_id(&d.event["detail"]["request_id"], id)
             })
             .map(|d| d.at)
             .min();
@@ -1629,6 +1645,36 @@ pub fn reached(sim: &Sim) -> BTreeSet<String> {
         if r.status.is_terminal() && od > 0 && on_demand_hours_wrong(sim, r, -1).is_some() {
             out.insert("an on-demand run was charged its hours".to_string());
         }
+    }
+    // Ids compared ignoring case (review N15).
+    let bus = sim.cloud.events(BUS);
+    if bus.iter().any(|e| {
+        e["detail-type"] == "Capacity Request Rejected"
+            && e["detail"]["problems"].as_array().is_some_and(|ps| {
+                ps.iter().any(|p| {
+                    p["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("differs only in case"))
+                })
+            })
+    }) {
+        out.insert("a submission was refused for an id another spelling holds".to_string());
+    }
+    let respelled: BTreeSet<String> = sim
+        .delivered
+        .iter()
+        .filter(|d| d.handled && d.event["detail-type"] == "Capacity Request Cancelled")
+        .filter_map(|d| d.event["detail"]["request_id"].as_str())
+        .filter(|id| id.chars().any(|c| c.is_ascii_uppercase()))
+        .map(str::to_ascii_lowercase)
+        .collect();
+    if bus.iter().any(|e| {
+        e["detail-type"] == "Capacity Cancellation Applied"
+            && e["detail"]["request_id"]
+                .as_str()
+                .is_some_and(|id| respelled.contains(id))
+    }) {
+        out.insert("a cancellation spelling its id in another case was applied".to_string());
     }
     out
 }

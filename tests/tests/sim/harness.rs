@@ -1418,7 +1418,12 @@ impl Sim {
                 self.put(SOURCE, "Capacity Request Submitted", &detail);
             }
             Act::Cancel(i) => {
-                let id = self.scenario.requests[i].detail["request_id"].clone();
+                let planned = &self.scenario.requests[i];
+                let id = planned.detail["request_id"].clone();
+                let id = match id.as_str() {
+                    Some(given) if planned.cancel_upper => json!(given.to_uppercase()),
+                    _ => id,
+                };
                 self.put(
                     SOURCE,
                     "Capacity Request Cancelled",

@@ -184,6 +184,8 @@ const MUST_REACH: &[&str] = &[
     "a HyperPod group was created",
     "a submission was refused for a name another request claims",
     "two requests naming one workload were both recorded",
+    "a submission was refused for an id another spelling holds",
+    "a cancellation spelling its id in another case was applied",
     "an event was delivered twice",
     "an event was delayed",
     "an event was dropped",

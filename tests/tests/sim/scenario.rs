@@ -79,6 +79,8 @@ pub struct PlannedRequest {
     /// `max_upfront_usd` is set to the lowest fee AWS quotes for it then, so that the cap
     /// is met exactly (a fee at the cap is within it).
     pub cap_at_quote: bool,
+    /// Its cancellation spells its id upper-cased: ids compare ignoring case (review N15).
+    pub cancel_upper: bool,
 }
 
 /// A stray block for `request` (an index of [`Scenario::requests`]): when a purchase is
@@ -735,6 +737,22 @@ impl Scenario {
                 }
             }
         }
+        // (Issue 49, after every earlier draw.) Ids spelled in other cases (review N15): the
+        // second request takes the first's id upper-cased, and cancellations spell theirs so;
+        // each is the one id.
+        if r.chance(15) && !requests[1].invalid.contains(&"request_id") {
+            let upper = requests[0].detail["request_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_uppercase();
+            requests[1].detail["request_id"] = json!(upper);
+            if let Some((_, again)) = &mut requests[1].resubmit {
+                again["request_id"] = json!(upper);
+            }
+        }
+        for req in requests.iter_mut() {
+            req.cancel_upper = req.cancel_at.is_some() && r.chance(30);
+        }
         Scenario {
             seed,
             team_budgets,
@@ -910,6 +928,7 @@ fn request(r: &mut Rng, seed: u64, i: usize) -> PlannedRequest {
         payment_failure_after: None,
         instance_failures,
         cap_at_quote: false,
+        cancel_upper: false,
     }
 }
 

@@ -19,7 +19,7 @@ use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::ports::{
-    Agenda, CapacityMarket, Clock, EventSink, PortError, Store, Workloads,
+    Agenda, CapacityMarket, Clock, EventSink, PortError, Store, Workloads, request_named,
 };
 use chrono::{DateTime, Duration, Utc};
 use tracing::warn;
@@ -90,7 +90,10 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         let (mut left, mut live) = (0, 0);
         for (id, listed) in by_request {
             live += listed.len();
-            let rec = self.store.get_request(&id).await?;
+            // (A plan's name carries its request's id lower-cased: the request may spell it
+            // otherwise.)
+            let rec = request_named(&self.store, &id).await?;
+            let id = rec.as_ref().map_or(id, |r| r.request_id.clone());
             // Its own purchase reconciles it: the lease holder records what it bought, and a
             // purchase in doubt is reconciled hourly by the purchase function.
             if rec

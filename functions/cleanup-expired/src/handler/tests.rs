@@ -1202,6 +1202,35 @@ async fn the_hourly_detector_announces_live_reservations_of_this_deployment_that
 }
 
 #[tokio::test]
+async fn the_detector_reads_a_plan_named_with_the_id_lower_cased_as_its_requests() {
+    // GIVEN request Eval-7 recording its reservation, which AWS lists under eval-7 (a plan
+    // name carries the id lower-cased, review N15)
+    let w = World::new();
+    w.market.set_listing_lag(0);
+    let mut held = block("cr-plan", "eval-7");
+    held.deployment_tag = Some(DEPLOYMENT.into());
+    w.seed(
+        request("Eval-7", "team-a", "5000"),
+        &[held],
+        RequestStatus::Reserved,
+        t0(),
+    )
+    .await;
+
+    // WHEN the detector runs
+    let out = w.tick_at(t0(), "t1").await;
+
+    // THEN the request that records it is found: nothing is announced
+    assert!(
+        w.events
+            .published_of("Capacity Reservation Unrecorded")
+            .is_empty(),
+        "{:?}",
+        out.decisions
+    );
+}
+
+#[tokio::test]
 async fn a_process_plants_its_detectors_once_then_claims_only_those_due() {
     use capacity_pilot::fakes::StoreOp;
     let w = World::new();

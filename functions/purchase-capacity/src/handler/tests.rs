@@ -790,6 +790,28 @@ async fn cancellation_is_honoured_before_the_purchase_and_refused_after() {
 }
 
 #[tokio::test]
+async fn a_cancellation_spelling_the_id_in_another_case_cancels_that_request() {
+    // GIVEN r1 waiting for approval
+    let w = World::new();
+    let mut req = request("r1", "team-a", "5000");
+    req.budget.approval_above = Some(Usd::parse("1000").unwrap());
+    w.with_candidate(req, block("cb-1", "1661.18"));
+    let p = w.purchaser(CAPS);
+    p.handle(found("r1", "e1")).await.unwrap();
+
+    // WHEN its cancellation names R1 (review N15: ids compare ignoring case)
+    p.handle(cancel_event("R1", "c1")).await.unwrap();
+
+    // THEN r1 is cancelled and the answer names it as recorded; nothing is left for R1
+    assert_eq!(w.status("r1").await, RequestStatus::Cancelled);
+    let applied = w.events.published_of("Capacity Cancellation Applied");
+    assert_eq!(applied.len(), 1, "{:?}", w.events.detail_types());
+    assert_eq!(applied[0].detail["request_id"], "r1");
+    assert_eq!(applied[0].detail["status_before"], "AwaitingApproval");
+    assert_eq!(w.market.purchase_count(), 0);
+}
+
+#[tokio::test]
 async fn a_cancellation_that_loses_a_write_race_is_decided_again_not_dropped() {
     // GIVEN a request waiting for approval, and the store refusing the first write as if
     // another worker had moved the request on

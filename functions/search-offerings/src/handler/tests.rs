@@ -830,6 +830,65 @@ async fn a_submission_after_its_cancellation_from_the_same_source_is_recorded_ca
     assert_eq!(accepted[0].detail["request_id"], "r2");
 }
 
+// ---- ids compared ignoring case (review N15) ----------------------------------------------
+
+#[tokio::test]
+async fn a_request_id_differing_only_in_case_from_a_recorded_one_is_rejected_naming_request_id() {
+    // GIVEN r1 recorded and searching
+    let w = World::new();
+    w.market.list(block("cb-1", day(3), 48, "6644.74"));
+    let s = w.searcher();
+    s.handle(submitted(SOURCE, "e1", detail("r1")))
+        .await
+        .unwrap();
+
+    // WHEN R1 is submitted
+    s.handle(submitted(SOURCE, "e2", detail("R1")))
+        .await
+        .unwrap();
+
+    // THEN R1 is rejected naming request_id and r1, and r1 is left as it was
+    let (field, message) = rejection(&w);
+    assert_eq!(field, "request_id");
+    assert!(
+        message.contains("differs only in case from request r1"),
+        "{message}"
+    );
+    assert_eq!(w.status("r1").await, RequestStatus::OfferingsFound);
+    assert!(
+        w.store
+            .get_request(&request_id("R1"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn a_cancellation_before_its_submission_cancels_the_id_in_any_case() {
+    // GIVEN a cancellation of R1 before any submission
+    let w = World::new();
+    w.market.list(block("cb-1", day(3), 48, "6644.74"));
+    w.store
+        .put_tombstone(tombstone("R1", SOURCE), vec![])
+        .await
+        .unwrap();
+
+    // WHEN r1 is submitted from the same source
+    w.searcher()
+        .handle(submitted(SOURCE, "e1", detail("r1")))
+        .await
+        .unwrap();
+
+    // THEN it is recorded cancelled, nothing searched
+    assert_eq!(w.status("r1").await, RequestStatus::Cancelled);
+    assert!(
+        w.events
+            .published_of("Capacity Request Accepted")
+            .is_empty()
+    );
+}
+
 // ---- issue 16: per-query outcomes (ARCHITECTURE §8.8) ---------------------------------
 
 fn unsupported(region: &str) -> PortError {

@@ -88,8 +88,10 @@ impl DynamoStore {
     }
 }
 
-/// Marks the first pass that claimed the names of requests recorded before claims were.
-const UPGRADED_KEY: &str = "CLAIM#UPGRADED";
+/// Marks the first pass that claimed the names, and gave the id items ([`super::ids`]), of
+/// requests recorded before claims or id items were. (`CLAIM#UPGRADED` marked a pass of
+/// claims alone: a table it marked passes again, claiming nothing twice, for the ids.)
+const UPGRADED_KEY: &str = "CLAIM#UPGRADED#ids";
 /// How long after the first pass cold starts pass again: a deployment updates its functions
 /// one by one, and an old search-offerings invocation in flight may record a request without
 /// claims after a new function's first pass; the passes of the next hour's cold starts claim
@@ -104,7 +106,8 @@ impl DynamoStore {
     /// claims of its names, beside whatever it overlaps; the claims' readers then narrow it
     /// by its state. Concurrent cold starts add each claimant once (each write is
     /// conditional on the version read, and a claimant listed already is not added again).
-    /// Returns how many it added.
+    /// Each request in the index is also given its id item if the id has none (review N15),
+    /// so another spelling of it is refused. Returns how many claimants it added.
     pub async fn claim_live_requests(
         &self,
         now: chrono::DateTime<chrono::Utc>,
@@ -120,7 +123,7 @@ impl DynamoStore {
         let items = self
             .query(Some(WORK_INDEX), e, format!("{part} = {work}"))
             .await?;
-        let ids: std::collections::BTreeSet<String> = items
+        let listed: std::collections::BTreeSet<String> = items
             .iter()
             .filter_map(|i| match i.get(attr::PK) {
                 Some(aws_sdk_dynamodb::types::AttributeValue::S(pk)) => {
@@ -129,8 +132,8 @@ impl DynamoStore {
                 _ => None,
             })
             .collect();
-        let mut added = 0;
-        for id in ids {
+        let (mut added, mut ids) = (0, 0);
+        for id in listed {
             let Ok(id) = crate::domain::request::RequestId::parse(&id) else {
                 continue;
             };
@@ -139,6 +142,9 @@ impl DynamoStore {
             let Some(rec) = crate::ports::Store::get_request(self, &id).await? else {
                 continue;
             };
+            if self.backfill_id(&id, rec.created_at).await? {
+                ids += 1;
+            }
             if rec.status.is_terminal() && rec.windows.iter().all(|w| w.next_action_at.is_none()) {
                 continue;
             }
@@ -173,7 +179,9 @@ impl DynamoStore {
         self.put_if(done, attr::PK, None).await?;
         tracing::info!(
             added,
-            "claimed the workload names of requests recorded before claims"
+            ids,
+            "claimed the workload names, and the ids ignoring case, of requests recorded before \
+             claims and id items"
         );
         Ok(added)
     }

@@ -9,6 +9,7 @@ mod claims;
 mod deployment;
 mod error;
 mod expr;
+mod ids;
 mod item;
 mod seen;
 
@@ -196,6 +197,18 @@ fn delete(table: &str, key: Item) -> Result<TransactWriteItem, PortError> {
         .build()
         .map_err(|e| permanent("ConstructionFailure", e.to_string()))?;
     Ok(TransactWriteItem::builder().delete(d).build())
+}
+
+/// Where a tombstone for `id` is: under the id lower-cased (review N15), where it is placed;
+/// then under the id as given, where one placed before that may still be.
+fn tombstone_pks(id: &RequestId) -> Vec<String> {
+    let folded = request_pk(&id.folded());
+    let given = request_pk(id.as_str());
+    if folded == given {
+        vec![folded]
+    } else {
+        vec![folded, given]
+    }
 }
 
 /// The processed-event record, always item 0 of a transaction: its failure means
@@ -810,12 +823,20 @@ impl DynamoStore {
     /// state change is committed, so a failure here is logged, not returned.
     /// The tombstone left for `id`, if any (expired ones included: callers check).
     async fn tombstone(&self, id: &RequestId) -> Result<Option<Tombstone>, PortError> {
-        let Some(item) = self.get(key(request_pk(id.as_str()), TOMBSTONE_SK)).await? else {
+        let mut found = None;
+        for pk in tombstone_pks(id) {
+            found = self.get(key(pk, TOMBSTONE_SK)).await?;
+            if found.is_some() {
+                break;
+            }
+        }
+        let Some(item) = found else {
             return Ok(None);
         };
         let r = Read::new(&item);
         Ok(Some(Tombstone {
-            request_id: id.clone(),
+            // As the cancellation spelled it, which may differ from `id` in case.
+            request_id: r.request_id()?,
             source: r.str(attr::SOURCE)?.to_string(),
             reason: r.str(attr::REASON)?.to_string(),
             at: r.time(attr::CREATED_AT)?,
@@ -1144,29 +1165,45 @@ impl Store for DynamoStore {
         let now = c.value(n(self.now().timestamp()));
         c.condition(format!("attribute_not_exists({pkn}) OR {exp} <= {now}"));
 
+        // Another spelling of the id holds it (review N15): refused as this spelling would be.
+        let holder = self.id_holder(&new.request.id).await?;
+        if let ids::Holder::Held(named) = &holder
+            && *named != new.request.id
+        {
+            return Ok(CreateOutcome::AlreadyExists);
+        }
         let mut items = vec![
             event_record(&self.table, &pk, &new.caused_by, new.at)?,
             put(&self.table, meta, Some(c))?,
         ];
         const META_ITEM: usize = 1;
-        const TOMBSTONE_ITEM: usize = 2;
+        let ids_from = items.len();
+        items.extend(ids::take(
+            &self.table,
+            &new.request.id,
+            holder,
+            self.now(),
+            new.at,
+        )?);
+        let ids_to = items.len();
+        let tombstones_from = items.len();
         if new.cancelled.is_none() {
             // No tombstone from this source honoured now (§8.3): the cancellation came first.
-            let mut t = Expr::new();
-            let (pkn, src, at) = (t.name(attr::PK), t.name(attr::SOURCE), t.name(attr::AT_US));
-            let (sv, since) = (
-                t.value(s(new.source.clone())),
-                t.value(n(epoch_micros(new.at - TOMBSTONE_KEPT))),
-            );
-            t.condition(format!(
-                "attribute_not_exists({pkn}) OR {src} <> {sv} OR {at} <= {since}"
-            ));
-            items.push(condition_check(
-                &self.table,
-                key(pk.clone(), TOMBSTONE_SK),
-                &t,
-            )?);
+            // Tombstones are kept under the id lower-cased, and were under the id as given.
+            for pk in tombstone_pks(&new.request.id) {
+                let mut t = Expr::new();
+                let (pkn, src, at) = (t.name(attr::PK), t.name(attr::SOURCE), t.name(attr::AT_US));
+                let (sv, since) = (
+                    t.value(s(new.source.clone())),
+                    t.value(n(epoch_micros(new.at - TOMBSTONE_KEPT))),
+                );
+                t.condition(format!(
+                    "attribute_not_exists({pkn}) OR {src} <> {sv} OR {at} <= {since}"
+                ));
+                items.push(condition_check(&self.table, key(pk, TOMBSTONE_SK), &t)?);
+            }
         }
+        let tombstones_to = items.len();
         let claims_from = items.len();
         for w in &new.claims {
             items.push(claims::claim_put(&self.table, w, new.at)?);
@@ -1196,7 +1233,7 @@ impl Store for DynamoStore {
             // tombstone stands beside it (the in-memory store's order, and the caller's:
             // the id is the idempotency key).
             c if c.failed(META_ITEM) => CreateOutcome::AlreadyExists,
-            c if new.cancelled.is_none() && c.failed(TOMBSTONE_ITEM) => {
+            c if (tombstones_from..tombstones_to).any(|i| c.failed(i)) => {
                 match self.tombstone(&new.request.id).await? {
                     Some(t) if t.honoured(&new.source, new.at) => CreateOutcome::Tombstoned(t),
                     // Gone between the write and this read: the caller tries again.
@@ -1208,7 +1245,13 @@ impl Store for DynamoStore {
                     }
                 }
             }
-            c if (claims_from..claims_to).any(|i| c.failed(i)) => CreateOutcome::ClaimChanged,
+            // The id taken meanwhile, or its holder changed: read it again and decide again.
+            c if (ids_from..ids_to)
+                .chain(claims_from..claims_to)
+                .any(|i| c.failed(i)) =>
+            {
+                CreateOutcome::ClaimChanged
+            }
             _ => CreateOutcome::AlreadyExists,
         })
     }
@@ -1228,7 +1271,11 @@ impl Store for DynamoStore {
     ) -> Result<TombstoneOutcome, PortError> {
         let id = t.request_id.as_str();
         let pk = request_pk(id);
-        let mut item = key(pk.clone(), TOMBSTONE_SK);
+        // Not while a request holds the id in another spelling either (review N15).
+        let ids::Holder::Free(found) = self.id_holder(&t.request_id).await? else {
+            return Ok(TombstoneOutcome::RequestExists);
+        };
+        let mut item = key(request_pk(&t.request_id.folded()), TOMBSTONE_SK);
         item.insert(attr::KIND.into(), s(kind::TOMBSTONE));
         item.insert(attr::REQUEST_ID.into(), s(id));
         item.insert(attr::SOURCE.into(), s(t.source.clone()));
@@ -1251,6 +1298,12 @@ impl Store for DynamoStore {
             condition_check(&self.table, key(pk.clone(), META_SK), &c)?,
             put(&self.table, item, None)?,
         ];
+        items.extend(ids::still_free(
+            &self.table,
+            &t.request_id,
+            found.as_ref(),
+            t.at,
+        )?);
         items.extend(outbox_items(&self.table, id, &outbox, 0, t.at)?);
         Ok(match self.transact(items).await? {
             Committed::Yes => {
@@ -1259,6 +1312,13 @@ impl Store for DynamoStore {
             }
             c if c.failed(EVENT_ITEM) => TombstoneOutcome::DuplicateEvent,
             _ => TombstoneOutcome::RequestExists,
+        })
+    }
+
+    async fn spelled(&self, request_id: &RequestId) -> Result<Option<RequestId>, PortError> {
+        self.id_holder(request_id).await.map(|h| match h {
+            ids::Holder::Held(named) if named != *request_id => Some(named),
+            _ => None,
         })
     }
 
