@@ -508,7 +508,9 @@ impl World {
         check_name(&name, "TrainingPlanName")?;
         let tags = parse_tags(input)?;
         let offering_id = req(input, "TrainingPlanOfferingId")?.to_string();
-        let key = (region.to_string(), name.clone());
+        // Names ignoring case (*harsher*: sources silent for plans; endpoints' are documented
+        // case-insensitive): a plan is kept under its name lower-cased, and shown as given.
+        let key = (region.to_string(), name.to_ascii_lowercase());
         if self.sm.plans.contains_key(&key) {
             return Err(ApiError::in_use(format!(
                 "Training plan {name} already exists"
@@ -616,7 +618,7 @@ impl World {
     /// it is `Failed` and its capacity is released.
     pub fn fail_plan_payment(&mut self, region: &str, name: &str) -> Result<(), ApiError> {
         let now = self.now;
-        let key = (region.to_string(), name.to_string());
+        let key = (region.to_string(), name.to_ascii_lowercase());
         let plan =
             self.sm.plans.get_mut(&key).ok_or_else(|| {
                 ApiError::new(404, "NotFound", format!("no training plan {name}"))
@@ -708,7 +710,9 @@ impl World {
     /// Finds a plan by name or ARN.
     fn plan(&self, region: &str, name_or_arn: &str) -> Option<&Plan> {
         let name = name_or_arn.rsplit('/').next().unwrap_or(name_or_arn);
-        self.sm.plans.get(&(region.to_string(), name.to_string()))
+        self.sm
+            .plans
+            .get(&(region.to_string(), name.to_ascii_lowercase()))
     }
 
     /// Instances of a plan in use right now (training, nodes, endpoints).

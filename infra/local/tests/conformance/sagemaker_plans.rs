@@ -231,6 +231,29 @@ async fn a_plan_goes_pending_scheduled_active_expired_and_names_are_unique() {
         "{dup:?}"
     );
 
+    // Names ignore case (the harsher reading): another case is the same plan, described
+    // under its own name, and cannot be bought again
+    let dup = env
+        .sm
+        .create_training_plan()
+        .training_plan_name("Team-A-Plan")
+        .training_plan_offering_id(offer.training_plan_offering_id().unwrap())
+        .send()
+        .await
+        .unwrap_err();
+    assert!(
+        dup.as_service_error().unwrap().is_resource_in_use(),
+        "{dup:?}"
+    );
+    let d = env
+        .sm
+        .describe_training_plan()
+        .training_plan_name("TEAM-A-PLAN")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(d.training_plan_name(), Some("team-a-plan"));
+
     let missing = env
         .sm
         .describe_training_plan()
