@@ -88,9 +88,20 @@ pub struct Config {
     /// JSON map of team, lower-cased, to sources); a team not listed may be submitted for by
     /// any allowed source.
     pub team_sources: BTreeMap<String, Vec<String>>,
+    /// The execution roles of other HyperPod instance groups this deployment may pass
+    /// (`HYPERPOD_ROLE_ARNS`, the `HyperPodRoleArns` parameter; empty by default): with
+    /// `sagemaker_execution_role_arn`, what `iam:PassRole` is granted on.
+    pub hyperpod_role_arns: Vec<String>,
 }
 
 impl Config {
+    /// Whether the functions may pass `role` to SageMaker (`iam:PassRole` on the execution
+    /// role and `HyperPodRoleArns`).
+    pub fn may_pass(&self, role: &str) -> bool {
+        role == self.sagemaker_execution_role_arn
+            || self.hyperpod_role_arns.iter().any(|r| r == role)
+    }
+
     /// Why `source` may not submit for `team` (`TEAM_SOURCES`): `None` when it may.
     pub fn team_source_problem(&self, team: &Team, source: &str) -> Option<FieldError> {
         let sources = self.team_sources.get(team.ledger().as_str())?;
@@ -287,6 +298,25 @@ impl Config {
         {
             r.fail("SAGEMAKER_EXECUTION_ROLE_ARN", "must be an IAM role ARN");
         }
+        let hyperpod_role_arns: Vec<String> = r
+            .get("HYPERPOD_ROLE_ARNS")
+            .map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|a| !a.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Some(bad) = hyperpod_role_arns
+            .iter()
+            .find(|a| !a.starts_with("arn:aws") || !a.contains(":role/"))
+        {
+            r.fail(
+                "HYPERPOD_ROLE_ARNS",
+                format!("must be a comma list of IAM role ARNs; {bad:?} is not one"),
+            );
+        }
         let deployment_id = r
             .get("DEPLOYMENT_ID")
             .unwrap_or_else(|| DEFAULT_DEPLOYMENT_ID.to_string());
@@ -398,6 +428,7 @@ impl Config {
             approvals_enabled,
             hold_approval_minutes,
             team_sources,
+            hyperpod_role_arns,
         })
     }
 }
@@ -497,6 +528,25 @@ mod tests {
             let err = Config::from_lookup(&env(&set)).unwrap_err();
             assert_eq!(err.problems[0].0, "HOLD_APPROVAL_MINUTES", "{bad}");
         }
+    }
+
+    #[test]
+    fn the_roles_passed_to_sagemaker_are_the_execution_role_and_those_listed() {
+        let role = "arn:aws:iam::123456789012:role/capacity-pilot-sagemaker";
+        let other = "arn:aws:iam::123456789012:role/team-f-hyperpod";
+        let c = Config::from_lookup(&env(&FULL)).unwrap();
+        assert!(c.may_pass(role));
+        assert!(!c.may_pass(other));
+        let mut set = FULL.to_vec();
+        let listed = format!("{other}, arn:aws:iam::123456789012:role/team-g");
+        set.push(("HYPERPOD_ROLE_ARNS", &listed));
+        let c = Config::from_lookup(&env(&set)).unwrap();
+        assert!(c.may_pass(role) && c.may_pass(other));
+        assert!(!c.may_pass("arn:aws:iam::123456789012:role/team-h"));
+        let mut set = FULL.to_vec();
+        set.push(("HYPERPOD_ROLE_ARNS", "team-f-hyperpod"));
+        let err = Config::from_lookup(&env(&set)).unwrap_err();
+        assert_eq!(err.problems[0].0, "HYPERPOD_ROLE_ARNS");
     }
 
     #[test]

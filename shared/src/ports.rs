@@ -227,6 +227,23 @@ pub enum InstanceHealth {
     Unknown,
 }
 
+/// An event EC2 has scheduled for an instance (DescribeInstanceStatus `Events`,
+/// aws-reference §6.3): `code` is `instance-retirement`, `instance-stop`, `instance-reboot`,
+/// `system-reboot` or `system-maintenance`; the change happens from `not_before`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduledChange {
+    pub code: String,
+    pub not_before: DateTime<Utc>,
+}
+
+impl ScheduledChange {
+    /// Whether the change takes the instance away (retirement or stop), so that it must be
+    /// replaced ahead of it; reboots and maintenance keep it, and are only announced.
+    pub fn takes_instance(&self) -> bool {
+        matches!(self.code.as_str(), "instance-retirement" | "instance-stop")
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InstanceInfo {
     pub instance_id: String,
@@ -238,6 +255,9 @@ pub struct InstanceInfo {
     pub reservation_id: Option<String>,
     pub launched_at: Option<DateTime<Utc>>,
     pub tags: BTreeMap<String, String>,
+    /// What EC2 has scheduled for it (read with its status checks).
+    #[serde(default)]
+    pub scheduled: Vec<ScheduledChange>,
 }
 
 /// Which instances to describe; filters are AND-ed.
@@ -308,6 +328,10 @@ pub struct InstanceGroupInfo {
     pub current_count: u32,
     pub target_count: u32,
     pub status: String,
+    /// Every group of the cluster with its execution role (group name, role ARN):
+    /// UpdateCluster sends each back with its role, which the caller must be allowed to pass.
+    #[serde(default)]
+    pub group_roles: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -322,6 +346,19 @@ pub struct EndpointSpec {
     /// The training plan ARN (`capacity-reservations-only`); `None` runs on demand.
     pub ml_reservation_arn: Option<String>,
     pub tags: BTreeMap<String, String>,
+}
+
+/// What [`Workloads::create_endpoint`] came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndpointCreation {
+    /// The endpoint was created, or one of its name exists already.
+    Created,
+    /// The endpoint config is not visible to SageMaker yet (`why`), so no endpoint was
+    /// created: create it again on a later call. AWS documents the lag (botocore `sagemaker`
+    /// model, CreateEndpoint: "If the dependent entities are not yet in DynamoDB, this causes
+    /// a validation error … We also recommend that customers call DescribeEndpointConfig
+    /// before calling CreateEndpoint").
+    ConfigNotVisible(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -409,11 +446,13 @@ pub trait Workloads: Send + Sync {
         Output = Result<Option<crate::domain::reservation::ReservationState>, PortError>,
     > + Send;
 
-    /// Creates the endpoint config and the endpoint; existing ones of those names are success.
+    /// Creates the endpoint config, then the endpoint once the config is visible; existing
+    /// ones of those names are success. A config not visible yet is
+    /// [`EndpointCreation::ConfigNotVisible`], never an error.
     fn create_endpoint(
         &self,
         spec: &EndpointSpec,
-    ) -> impl Future<Output = Result<(), PortError>> + Send;
+    ) -> impl Future<Output = Result<EndpointCreation, PortError>> + Send;
 
     fn describe_endpoint(
         &self,

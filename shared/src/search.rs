@@ -28,6 +28,9 @@ pub const OFFERINGS_KEPT_PER_QUERY: usize = 12;
 /// EC2's code for the describe limit, and the words of its account-limit reading.
 pub const DESCRIBE_LIMIT: &str = "CapacityBlockDescribeLimitExceeded";
 const ACCOUNT_LIMIT_WORDS: &str = "limits for this AWS account are not sufficient";
+/// SageMaker's code for an account limit: the one error botocore's `sagemaker` model gives
+/// `SearchTrainingPlanOfferings`.
+pub const PLAN_LIMIT: &str = "ResourceLimitExceeded";
 
 /// How long a region backs off after answering with its rate limit: one search tick.
 pub const RATE_BACK_OFF: Duration = Duration::minutes(5);
@@ -142,6 +145,10 @@ pub enum Failure {
     /// The account has no Capacity Block quota for this family in this region: every
     /// query of the family there is refused for the request.
     NoQuota(String),
+    /// SageMaker's account limit (`ResourceLimitExceeded`, the one error the model gives
+    /// `SearchTrainingPlanOfferings`): every plan query of the type in the region is refused
+    /// for the request, with the reason, instead of being asked again as no capacity.
+    PlanLimit(String),
     /// A rate limit: the region backs off, and the query counts as failing.
     RateLimited(String),
     /// Anything else worth asking again.
@@ -151,7 +158,9 @@ pub enum Failure {
 /// The reading of `e` for a search query.
 pub fn read_failure(e: &PortError) -> Failure {
     match e {
-        PortError::Throttled { code, message, .. } if code == DESCRIBE_LIMIT => {
+        // The describe limit is its own class, read here only (`aws::error::DESCRIBE_LIMITS`):
+        // never a throttle, so it comes as `Transient` with its code.
+        PortError::Transient { code, message, .. } if code == DESCRIBE_LIMIT => {
             if message.contains(ACCOUNT_LIMIT_WORDS) {
                 Failure::NoQuota(format!("{code}: {message}"))
             } else {
@@ -161,6 +170,11 @@ pub fn read_failure(e: &PortError) -> Failure {
         PortError::Throttled { .. } => Failure::RateLimited(e.to_string()),
         PortError::Permanent { .. } | PortError::OfferingGone { .. } => {
             Failure::Refused(e.to_string())
+        }
+        // A launch reads an account limit as no capacity there (`workload::refusal`); a plan
+        // search over it cannot succeed by asking again (review aws-reality-2, Task 3 #8).
+        PortError::NoCapacity { code, .. } if code == PLAN_LIMIT => {
+            Failure::PlanLimit(e.to_string())
         }
         PortError::NoCapacity { .. }
         | PortError::Transient { .. }
@@ -232,6 +246,25 @@ impl SearchRound {
                         o.product == Product::CapacityBlock
                             && o.region == q.region
                             && family(&o.instance_type) == family(&q.instance_type)
+                    }) {
+                        self.outcomes.insert(
+                            key(other),
+                            QueryOutcome::Refused {
+                                reason: reason.clone(),
+                            },
+                        );
+                    }
+                }
+                Failure::PlanLimit(why) => {
+                    let reason = format!(
+                        "the account has reached a SageMaker limit for {} training plans in {} \
+                         ({why})",
+                        q.instance_type, q.region
+                    );
+                    for other in queries.iter().filter(|o| {
+                        o.product == q.product
+                            && o.region == q.region
+                            && o.instance_type == q.instance_type
                     }) {
                         self.outcomes.insert(
                             key(other),

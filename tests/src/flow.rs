@@ -166,6 +166,11 @@ pub fn env(table: &str, cloud_url: &str, overrides: &[(&str, &str)]) -> Vec<(Str
             "SAGEMAKER_EXECUTION_ROLE_ARN",
             "arn:aws:iam::123456789012:role/sm".to_string(),
         ),
+        // The role of the other team's group in the shared HyperPod cluster flows.
+        (
+            "HYPERPOD_ROLE_ARNS",
+            "arn:aws:iam::123456789012:role/infra-team".to_string(),
+        ),
         (
             "CAPACITY_PILOT_CLOCK_URL",
             format!("{cloud_url}/_local/clock"),

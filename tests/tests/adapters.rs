@@ -666,11 +666,25 @@ async fn training_plans_are_found_bought_once_by_name_reconciled_and_run_jobs() 
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].id, r.id);
     assert_eq!(found[0].upfront_fee, offers[0].upfront_fee);
+    assert_eq!(found[0].state, ReservationState::PaymentPending);
+    // (still Pending: no ReservedCapacitySummaries and a count of 0, the emulator's harsher
+    // reading, REALISM "Plans"; the purchase's reconciliation fills them from the offering
+    // by the plan's name)
+    assert_eq!(
+        (found[0].instance_type.as_str(), found[0].instance_count),
+        ("", 0)
+    );
+    // AND once paid, its summaries give its type, count and segments
+    env.cloud.step(TimeDelta::minutes(7));
+    let found = env
+        .market
+        .find_by_request(product, REGION, &spec.request_id, &spec.plan_name)
+        .await
+        .unwrap();
     assert_eq!(found[0].segments.len(), offers[0].segments.len());
     assert_eq!(found[0].instance_count, 1);
     assert_eq!(found[0].instance_type, "ml.p5.48xlarge");
     // AND describe follows the plan's states
-    env.cloud.step(TimeDelta::minutes(7));
     let d = env
         .market
         .describe(product, REGION, &r.id)
@@ -773,8 +787,21 @@ async fn an_endpoint_runs_in_its_plan_and_deleting_it_twice_succeeds() {
         ml_reservation_arn: Some(plan.id.clone()),
         tags: BTreeMap::new(),
     };
-    env.workloads.create_endpoint(&spec).await.unwrap();
-    env.workloads.create_endpoint(&spec).await.unwrap();
+    // The config just created is not visible yet (the emulator's 60 s, REALISM "Endpoints"):
+    // no endpoint, and no error; created once it is, and a repeat is success.
+    assert!(matches!(
+        env.workloads.create_endpoint(&spec).await.unwrap(),
+        capacity_pilot::ports::EndpointCreation::ConfigNotVisible(_)
+    ));
+    env.cloud.step(TimeDelta::seconds(60));
+    assert_eq!(
+        env.workloads.create_endpoint(&spec).await.unwrap(),
+        capacity_pilot::ports::EndpointCreation::Created
+    );
+    assert_eq!(
+        env.workloads.create_endpoint(&spec).await.unwrap(),
+        capacity_pilot::ports::EndpointCreation::Created
+    );
     let info = env
         .workloads
         .describe_endpoint(REGION, &spec.endpoint_name)

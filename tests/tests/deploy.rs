@@ -804,6 +804,11 @@ fn resolve(t: &Value, params: &BTreeMap<&str, &str>, v: &Value) -> Value {
             found.clone()
         }
         "Fn::Equals" => json!(resolve(t, params, arg(0)) == resolve(t, params, arg(1))),
+        "Fn::If" => {
+            let name = arg(0).as_str().expect("Fn::If's condition");
+            let holds = resolve(t, params, &t["Conditions"][name]);
+            resolve(t, params, arg(if holds == json!(true) { 1 } else { 2 }))
+        }
         "Fn::Not" => json!(resolve(t, params, arg(0)) == json!(false)),
         _ => Value::Object(
             v.as_object()
@@ -1051,4 +1056,46 @@ fn make_deploy_refuses_a_sam_cli_too_old_for_the_templates_for_each_before_build
         makefile.contains("deploy: sam-check build"),
         "the check runs before the release build"
     );
+}
+
+#[test]
+fn sagemaker_roles_are_passed_for_the_execution_role_and_every_hyperpod_role_listed() {
+    let t = yaml("infra/template.yaml");
+    let role = "arn:aws:iam::123456789012:role/capacity-pilot-sagemaker";
+    let (a, b) = (
+        "arn:aws:iam::123456789012:role/team-f-hyperpod",
+        "arn:aws:iam::123456789012:role/team-g-hyperpod",
+    );
+    let listed = format!("{a},{b}");
+    for (given, want) in [("", vec![role]), (listed.as_str(), vec![role, a, b])] {
+        let params = BTreeMap::from([
+            ("SageMakerExecutionRoleArn", role),
+            ("HyperPodRoleArns", given),
+        ]);
+        let mut passed = 0;
+        for (name, f) in of_type(&t, "AWS::Serverless::Function") {
+            let policies = one_or_many(&f["Properties"]["Policies"]);
+            for s in policies.into_iter().flat_map(statements) {
+                if s["Sid"] != "PassSageMakerRole" {
+                    continue;
+                }
+                passed += 1;
+                let resources = resolve(&t, &params, &s["Resource"]);
+                assert_eq!(strings(&resources), want, "{name} with {given:?}");
+            }
+        }
+        assert_eq!(
+            passed, 2,
+            "launch-workloads and cleanup-expired pass the roles"
+        );
+        let env = resolve(
+            &t,
+            &params,
+            &t["Globals"]["Function"]["Environment"]["Variables"]["HYPERPOD_ROLE_ARNS"],
+        );
+        match given {
+            "" => assert_eq!(env, json!({"Ref": "AWS::NoValue"})),
+            _ => assert_eq!(env, json!(given)),
+        }
+    }
 }

@@ -3117,6 +3117,7 @@ async fn a_table_written_before_windows_outlived_their_request_is_upgraded_once_
         reservation_id: Some("cr-k".into()),
         launched_at: None,
         tags,
+        scheduled: Vec::new(),
     });
     let block_start =
         t0().date_naive().and_hms_opt(11, 30, 0).unwrap().and_utc() + Duration::days(3);

@@ -18,7 +18,7 @@ pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{self, WorkloadLaunched, event_key, outbound};
 use capacity_pilot::domain::money::{MicroUsd, Usd};
 use capacity_pilot::domain::offering::Product;
-use capacity_pilot::domain::request::{CapacityRequest, RequestId, WorkloadDetail};
+use capacity_pilot::domain::request::{CapacityRequest, RequestId};
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::time_rules::{
     ACTIVATION_BOUND, LAUNCH_FUNCTION_TIMEOUT, PURCHASE_LEAD,
@@ -415,16 +415,9 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 )
                 .await;
         };
-        let placements = self.placements(req).await?;
+        let placements = workload::placements(&self.workloads, req).await?;
         if placements.is_empty() {
-            let why = match &req.workload {
-                WorkloadDetail::Ec2Instances { subnet_ids, .. } => format!(
-                    "on-demand-first: none of the request's subnets ({}) is in its regions ({})",
-                    subnet_ids.join(", "),
-                    req.regions.join(", ")
-                ),
-                _ => "on-demand-first: the request names no region".to_string(),
-            };
+            let why = workload::no_placement(req);
             return self
                 .fail(rec, why, Settle::Release, None, cause, now, out)
                 .await;
@@ -511,7 +504,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 }
             };
             // Each placement in turn, skipping those an earlier refusal's scope covers
-            // (`workload::refusal`): another zone, then another region.
+            // (`workload::refusal`): another subnet, another zone, then another region.
             let mut refused: Vec<(refusal::Scope, Placement)> = Vec::new();
             let mut tried = Vec::new();
             for (n, p) in placements.iter().enumerate() {
@@ -630,28 +623,6 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         }
         self.fall_back(&rec, why_not.join("; "), cause, now, out)
             .await
-    }
-
-    /// Where on-demand or spot may launch, in the order tried: each of the request's regions
-    /// in turn, and in each, for EC2 instances, each of the request's subnets there.
-    async fn placements(&self, req: &CapacityRequest) -> Result<Vec<Placement>, PortError> {
-        let mut out = Vec::new();
-        for region in &req.regions {
-            match &req.workload {
-                WorkloadDetail::Ec2Instances { subnet_ids, .. } => {
-                    let found = self.workloads.subnet_zones(region, subnet_ids).await?;
-                    out.extend(found.into_iter().map(|subnet| Placement {
-                        region: region.clone(),
-                        subnet: Some(subnet),
-                    }));
-                }
-                _ => out.push(Placement {
-                    region: region.clone(),
-                    subnet: None,
-                }),
-            }
-        }
-        Ok(out)
     }
 
     /// Holds `label`'s estimate `cost` against the caps before anything launches

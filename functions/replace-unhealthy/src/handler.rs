@@ -24,19 +24,21 @@ use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use capacity_pilot::config::Config;
 use capacity_pilot::decision;
 pub use capacity_pilot::decision::{Decision, HandlerError};
-use capacity_pilot::domain::events::{InstanceReplaced, WorkloadInterrupted, event_key, outbound};
+use capacity_pilot::domain::events::{
+    InstanceMaintenanceScheduled, InstanceReplaced, WorkloadInterrupted, event_key, outbound,
+};
 use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG};
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::time_rules::{LAUNCH_FUNCTION_TIMEOUT, LISTING_LAG_BOUND};
-use capacity_pilot::domain::window::{self, DrainLead, WindowState};
+use capacity_pilot::domain::window::{self, DrainLead, WindowRecord, WindowState};
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     Cause, Clock, EventSink, FallBack, InstanceFilter, InstanceHealth, InstanceInfo, InstanceState,
-    LaunchMarket, LiveRequest, OnDemandRun, PortError, RequestRecord, Store, Transition,
-    WorkloadRecord, Workloads,
+    LaunchMarket, LiveRequest, OnDemandRun, PortError, RequestRecord, ScheduledChange, Store,
+    Transition, WorkloadRecord, Workloads,
 };
 use capacity_pilot::workload;
 use capacity_pilot::workload::ec2_instances::{self, Replacement};
@@ -48,6 +50,10 @@ use tracing::{info, warn};
 
 pub const STATE_CHANGE: &str = "EC2 Instance State-change Notification";
 pub const HEALTH_EVENT: &str = "AWS Health Event";
+/// How long before a scheduled retirement or stop its instance is replaced (review N16): the
+/// replacement's launch, and a block slot's return after the termination (about 10 min),
+/// come before EC2 takes the instance.
+pub const SCHEDULED_CHANGE_LEAD: chrono::TimeDelta = chrono::TimeDelta::minutes(30);
 /// A slot whose old instance is terminated and whose replacement still waits for the slot.
 pub const REPLACING: &str = "replacing";
 /// A slot whose (replacement) instance was launched.
@@ -104,6 +110,8 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         // Which requests to look at: every live one on a tick, the owners an event names
         // (with the instances a Health event names).
         let mut named: Option<BTreeMap<RequestId, BTreeSet<String>>> = None;
+        // Scheduled maintenance that keeps an instance: announced.
+        let mut maintenance: Vec<(RequestId, InstanceMaintenanceScheduled)> = Vec::new();
         // An instance a state change shows no longer running, and when: its slot's run ends
         // there (ARCHITECTURE §9.1, settlement by what ran).
         let mut ended: Option<(String, DateTime<Utc>)> = None;
@@ -149,9 +157,21 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                         .and_then(Value::as_str)
                         .map(str::to_string)
                         .unwrap_or(region);
+                    // A scheduled change is not a fault now (review N16): a retirement or stop
+                    // is acted on `SCHEDULED_CHANGE_LEAD` before it, as EC2's status listing
+                    // shows it (its request is looked at now, and at each tick); a reboot or
+                    // maintenance keeps the instance and is only announced.
+                    let scheduled = category == Some("scheduledChange");
                     for i in self.describe_managed(&region, &ids).await? {
-                        if let Some(id) = managed_request(&i) {
-                            targets.entry(id).or_default().insert(i.instance_id);
+                        let Some(id) = managed_request(&i) else {
+                            continue;
+                        };
+                        let flagged = targets.entry(id.clone()).or_default();
+                        if !scheduled {
+                            flagged.insert(i.instance_id);
+                        } else if !takes_instance(d) {
+                            let m = maintenance_scheduled(&id, &i.instance_id, d, now);
+                            maintenance.push((id, m));
                         }
                     }
                 } else {
@@ -170,6 +190,24 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                 );
                 named = Some(BTreeMap::new());
             }
+        }
+        if !maintenance.is_empty() {
+            for (id, m) in &maintenance {
+                info!(request_id = %id, instance_id = %m.instance_id, code = %m.code, "maintenance scheduled; announced, not acted on");
+                out.decisions
+                    .push(Decision::new(id, "maintenance-scheduled", m.reason.clone()));
+            }
+            let events: Vec<_> = maintenance.iter().map(|(_, m)| outbound(m)).collect();
+            let report = self.events.publish(&events).await?;
+            if let Some((key, code, message)) = report.failed.first() {
+                return Err(PortError::Transient {
+                    service: "events",
+                    code: code.clone(),
+                    message: format!("{key} was not published: {message}"),
+                }
+                .into());
+            }
+            out.published += events.len();
         }
         if named.as_ref().is_some_and(BTreeMap::is_empty) && ended.is_none() {
             out.published += outbox::flush(&self.store, &self.events, run).await?;
@@ -208,7 +246,8 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             };
             // A spot run's slot left down is a fall-back not yet written (a crash between).
             let suspect = watched.iter().any(|s| {
-                !matches!(verdict(s, seen, flagged, now).0, Verdict::Healthy)
+                let drain = window_drain(&live.windows, s);
+                !matches!(verdict(s, seen, flagged, drain, now).0, Verdict::Healthy)
                     || (live.status == RequestStatus::RunningSpot && s.state == LEFT)
             });
             if !suspect {
@@ -447,7 +486,12 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         }
         let mut work: Vec<(WorkloadRecord, Verdict)> = Vec::new();
         for slot in slots {
-            let (v, note) = verdict(&slot, seen, flagged, now);
+            // Until when the slot serves: its window's drain, or the run's end.
+            let drain = match places.get(&slot.reservation_id) {
+                Some(Place::Run(_)) => rec.next_action_at,
+                _ => window_drain(&rec.windows, &slot),
+            };
+            let (v, note) = verdict(&slot, seen, flagged, drain, now);
             out.decisions
                 .extend(note.map(|n| Decision::new(id, "waiting", n)));
             work.push((slot, v));
@@ -922,6 +966,7 @@ fn verdict(
     slot: &WorkloadRecord,
     seen: &BTreeMap<String, InstanceInfo>,
     flagged: &BTreeSet<String>,
+    drain: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
 ) -> (Verdict, Option<String>) {
     if slot.state == REPLACING {
@@ -962,9 +1007,91 @@ fn verdict(
         Some(i) if i.health == InstanceHealth::Impaired => {
             Verdict::Unhealthy("its status checks are impaired".into())
         }
-        Some(_) => Verdict::Healthy,
+        Some(i) => match due_change(i, drain, now) {
+            Some(c) => Verdict::Unhealthy(format!(
+                "EC2 has scheduled its {} from {}; it is replaced {} min ahead, before its \
+                 window's drain",
+                c.code,
+                c.not_before,
+                SCHEDULED_CHANGE_LEAD.num_minutes()
+            )),
+            None => Verdict::Healthy,
+        },
     };
     (v, None)
+}
+
+/// The scheduled retirement or stop to act on now (review N16): one whose start is at most
+/// [`SCHEDULED_CHANGE_LEAD`] away and comes before the slot's drain (`drain`; after it, the
+/// drain ends the instance first). Reboots and maintenance keep the instance: none.
+fn due_change(
+    i: &InstanceInfo,
+    drain: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> Option<&ScheduledChange> {
+    i.scheduled
+        .iter()
+        .filter(|c| c.takes_instance())
+        .filter(|c| c.not_before - SCHEDULED_CHANGE_LEAD <= now)
+        .filter(|c| drain.is_none_or(|d| c.not_before < d))
+        .min_by_key(|c| c.not_before)
+}
+
+/// The drain of the running window `slot` serves, if any.
+fn window_drain(windows: &[WindowRecord], slot: &WorkloadRecord) -> Option<DateTime<Utc>> {
+    windows
+        .iter()
+        .filter(|w| w.state == WindowState::Running && w.reservation_id() == slot.reservation_id)
+        .find_map(|w| w.next_action_at)
+}
+
+/// Whether a Health `scheduledChange` event's code takes the instance away (retirement,
+/// stop, termination) rather than keeping it (reboot, maintenance): aws-reference §6.3's
+/// codes.
+fn takes_instance(d: &Value) -> bool {
+    let code = d
+        .get("eventTypeCode")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    ["RETIREMENT", "STOP", "TERMINATION"]
+        .iter()
+        .any(|k| code.contains(k))
+}
+
+/// The announcement of a Health event's maintenance of `instance_id`, keyed by the event's
+/// `communicationId` (one announcement per instance per Health event, redelivered or not).
+fn maintenance_scheduled(
+    id: &RequestId,
+    instance_id: &str,
+    d: &Value,
+    now: DateTime<Utc>,
+) -> InstanceMaintenanceScheduled {
+    let text = |k: &str| d.get(k).and_then(Value::as_str);
+    let code = text("eventTypeCode")
+        .unwrap_or("scheduled maintenance")
+        .to_string();
+    let at = |k: &str| {
+        text(k)
+            .and_then(|t| DateTime::parse_from_rfc2822(t).ok())
+            .map(|t| t.with_timezone(&Utc))
+    };
+    let (starts_at, ends_at) = (at("startTime"), at("endTime"));
+    let reference = text("communicationId")
+        .or_else(|| text("eventArn"))
+        .map_or_else(|| now.timestamp().to_string(), str::to_string);
+    InstanceMaintenanceScheduled {
+        event_key: format!("{id}:maintenance-{instance_id}:{reference}"),
+        request_id: id.to_string(),
+        instance_id: instance_id.to_string(),
+        reason: format!(
+            "EC2 has scheduled {code} for {instance_id}{}: it keeps the instance, so it is \
+             not replaced; plan for the interruption",
+            starts_at.map(|t| format!(" from {t}")).unwrap_or_default()
+        ),
+        code,
+        starts_at,
+        ends_at,
+    }
 }
 
 /// The instance slots of a live request's running windows whose drain a replacement started

@@ -188,7 +188,7 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
                 workload::submission_problem(
                     &self.workloads,
                     &self.store,
-                    &self.config.deployment_id,
+                    &self.config,
                     &request,
                     now,
                 )

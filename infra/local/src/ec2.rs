@@ -226,6 +226,12 @@ pub struct Subnet {
     pub vpc_id: String,
     pub availability_zone: String,
     pub cidr: String,
+    /// The zone's default subnet (the first of the zone).
+    pub default_for_az: bool,
+    /// Private IPv4 addresses instances can take: the CIDR's, less the five AWS reserves
+    /// ("The first four IP addresses and the last IP address in each subnet CIDR block are
+    /// not available for your use", VPC User Guide, subnet sizing).
+    pub usable_addresses: i64,
 }
 
 /// A seeded launch template (one version, `1`, the default and the latest).
@@ -310,22 +316,69 @@ pub fn paginate<T>(
 }
 
 impl World {
-    /// The seeded VPC's subnets in a region, one per zone.
+    /// The seeded VPC's subnets in a region: [`Settings::subnets_per_zone`] per zone (zone by
+    /// zone, the default subnet first), /20 unless [`Settings::subnet_sizes`] says otherwise.
+    ///
+    /// [`Settings::subnets_per_zone`]: crate::world::Settings::subnets_per_zone
+    /// [`Settings::subnet_sizes`]: crate::world::Settings::subnet_sizes
     pub fn subnets(&self, region: &str) -> Vec<Subnet> {
         let seed = self.market.seed.to_string();
         let vpc_id = hex_id("vpc-", &[&seed, region]);
-        self.market
-            .region(region)
-            .azs
-            .iter()
-            .enumerate()
-            .map(|(i, az)| Subnet {
-                id: hex_id("subnet-", &[&seed, region, az]),
-                vpc_id: vpc_id.clone(),
-                availability_zone: az.clone(),
-                cidr: format!("10.0.{}.0/20", i * 16),
+        let mut out = Vec::new();
+        for (i, az) in self.market.region(region).azs.iter().enumerate() {
+            for n in 0..self.settings.subnets_per_zone.max(1) {
+                let prefix = self
+                    .settings
+                    .subnet_sizes
+                    .iter()
+                    .find(|s| {
+                        s.region == region
+                            && s.zone.as_ref().is_none_or(|z| z == az)
+                            && s.index.is_none_or(|x| x == n)
+                    })
+                    .map_or(20, |s| s.prefix_length.clamp(16, 28));
+                out.push(Subnet {
+                    // the zone's first subnet keeps the id it had when there was one per zone
+                    id: match n {
+                        0 => hex_id("subnet-", &[&seed, region, az]),
+                        _ => hex_id("subnet-", &[&seed, region, az, &n.to_string()]),
+                    },
+                    vpc_id: vpc_id.clone(),
+                    availability_zone: az.clone(),
+                    cidr: format!("10.{n}.{}.0/{prefix}", i * 16),
+                    default_for_az: n == 0,
+                    usable_addresses: (1_i64 << (32 - prefix)) - 5,
+                });
+            }
+        }
+        out
+    }
+
+    /// Private addresses of `subnet_id` held by instances: one per network interface (the
+    /// primary's only, for an instance launched without interfaces), from the launch until
+    /// the instance is `terminated` (its interfaces are deleted then; a `shutting-down`
+    /// instance still holds them). EFA interfaces take one each (review Task 3 #2).
+    pub fn subnet_addresses_used(&self, region: &str, subnet_id: &str) -> i64 {
+        self.ec2
+            .instances
+            .values()
+            .filter(|i| i.region == region && i.state != "terminated")
+            .map(|i| {
+                if i.network_interfaces.is_empty() {
+                    i64::from(i.subnet_id == subnet_id)
+                } else {
+                    i.network_interfaces
+                        .iter()
+                        .filter(|n| n.subnet_id == subnet_id)
+                        .count() as i64
+                }
             })
-            .collect()
+            .sum()
+    }
+
+    /// `availableIpAddressCount` of a subnet: its usable addresses less those held.
+    pub fn subnet_addresses_free(&self, region: &str, subnet: &Subnet) -> i64 {
+        (subnet.usable_addresses - self.subnet_addresses_used(region, &subnet.id)).max(0)
     }
 
     /// The seeded VPC's security group in a region (the one the EFA template's interfaces use).
@@ -1065,7 +1118,9 @@ impl World {
                     "vpc-id" => filter_matches(&f.values, &s.vpc_id),
                     "subnet-id" => filter_matches(&f.values, &s.id),
                     "state" => filter_matches(&f.values, "available"),
-                    "default-for-az" => filter_matches(&f.values, "true"),
+                    "default-for-az" => {
+                        filter_matches(&f.values, if s.default_for_az { "true" } else { "false" })
+                    }
                     _ => false,
                 })
             })
@@ -1079,9 +1134,12 @@ impl World {
                     .v("state", "available")
                     .v("vpcId", &s.vpc_id)
                     .v("cidrBlock", &s.cidr)
-                    .v("availableIpAddressCount", 4091)
+                    .v(
+                        "availableIpAddressCount",
+                        self.subnet_addresses_free(region, s),
+                    )
                     .v("availabilityZone", &s.availability_zone)
-                    .v("defaultForAz", true)
+                    .v("defaultForAz", s.default_for_az)
                     .v("mapPublicIpOnLaunch", false)
                     .v("ownerId", &self.settings.account_id)
             })
@@ -1421,6 +1479,37 @@ impl World {
                 (lc, None, None, max.min(free))
             }
         };
+        // Each instance takes a private address per interface (the primary's only, without
+        // interfaces) in that interface's subnet: a subnet with too few free for `MinCount`
+        // refuses the launch, and between `MinCount` and `MaxCount` what fits is launched.
+        let mut per_instance: BTreeMap<&str, i64> = BTreeMap::new();
+        if interfaces.is_empty() {
+            per_instance.insert(&subnet.id, 1);
+        } else {
+            for i in &interfaces {
+                *per_instance
+                    .entry(i.subnet_id.as_deref().unwrap_or(&subnet.id))
+                    .or_default() += 1;
+            }
+        }
+        let mut launch_count = launch_count;
+        for (id, need) in &per_instance {
+            let Some(s) = subnets.iter().find(|s| s.id == *id) else {
+                continue;
+            };
+            let fit = self.subnet_addresses_free(region, s) / need;
+            if fit < min {
+                return Err(ApiError::ec2(
+                    400,
+                    "InsufficientFreeAddressesInSubnet",
+                    format!(
+                        "There are not enough free addresses in subnet '{id}' to satisfy the \
+                         requested number of instances."
+                    ),
+                ));
+            }
+            launch_count = launch_count.min(fit);
+        }
         dry_run(q)?;
         let tags = q.tag_specs("instance")?;
         let reservation_id = self.next_id("r-");
@@ -2076,6 +2165,21 @@ impl World {
                     "Spot instance termination",
                 );
             }
+            Action::InstanceRetire { id, event } => {
+                let Some(i) = self.ec2.instances.get_mut(&id) else {
+                    return;
+                };
+                // Done: shown `[Completed]` while it stays listed (EC2 User Guide, scheduled
+                // events).
+                for e in i.scheduled_events.iter_mut().filter(|e| e.id == event) {
+                    e.description = format!("[Completed] {}", e.description);
+                }
+                self.begin_termination(
+                    &id,
+                    "Server.ScheduledStop",
+                    "The instance was retired as scheduled",
+                );
+            }
             Action::SageMakerSync => {}
         }
     }
@@ -2242,10 +2346,18 @@ impl World {
         Ok(())
     }
 
-    /// Control: an AWS Health scheduled event (e.g. retirement) for an instance.
-    pub fn health_event(&mut self, id: &str, code: &str) -> Result<(), ApiError> {
+    /// Control: an AWS Health scheduled event (e.g. retirement) for an instance, starting
+    /// `start_in` from now (14 days when not given: "typically pushed about two weeks before
+    /// start"). A retirement is carried out at its start: the instance is terminated, as an
+    /// instance-store-backed one is (*harsher*: an EBS-backed one is stopped).
+    pub fn health_event(
+        &mut self,
+        id: &str,
+        code: &str,
+        start_in: Option<TimeDelta>,
+    ) -> Result<(), ApiError> {
         let i = self.instance_mut(id)?.clone();
-        let start = self.now + TimeDelta::days(14);
+        let start = self.now + start_in.unwrap_or(TimeDelta::days(14));
         let event_id = self.next_id("instance-event-");
         let api_code = match code {
             c if c.contains("REBOOT") => "system-reboot",
@@ -2262,6 +2374,15 @@ impl World {
                 not_before: start,
                 not_after: start + TimeDelta::days(7),
             });
+        if api_code == "instance-retirement" {
+            self.schedule(
+                start,
+                Action::InstanceRetire {
+                    id: id.to_string(),
+                    event: event_id.clone(),
+                },
+            );
+        }
         let fmt = |t: DateTime<Utc>| t.format("%a, %-d %b %Y %H:%M:%S GMT").to_string();
         self.emit(
             &i.region,

@@ -419,6 +419,7 @@ impl World {
             "ListClusterNodes" => self.list_cluster_nodes(region, input),
             "CreateEndpointConfig" => self.create_endpoint_config(region, input),
             "CreateEndpoint" => self.create_endpoint(region, input),
+            "DescribeEndpointConfig" => self.describe_endpoint_config(region, input),
             "DescribeEndpoint" => self.describe_endpoint(region, input),
             "DeleteEndpoint" => self.delete_endpoint(region, input),
             "DeleteEndpointConfig" => self.delete_endpoint_config(region, input),
@@ -757,6 +758,9 @@ impl World {
         } else {
             0
         };
+        // The harsher reading of a `Pending` plan (sources silent; the model's minimum of
+        // both is 0): no summaries and a count of 0 until it is paid.
+        let bare = status == "Pending" && self.settings.pending_plan_without_capacities;
         let mut v = json!({
             "TrainingPlanArn": p.arn,
             "TrainingPlanName": p.name,
@@ -771,11 +775,11 @@ impl World {
             "EndTime": epoch(o.end()),
             "UpfrontFee": o.upfront_fee.to_string(),
             "CurrencyCode": "USD",
-            "TotalInstanceCount": o.instance_count,
+            "TotalInstanceCount": if bare { 0 } else { o.instance_count },
             "AvailableInstanceCount": available,
             "InUseInstanceCount": in_use,
             "TargetResources": [o.target],
-            "ReservedCapacitySummaries": o.segments.iter().zip(&p.reserved_capacity_arns).map(|(sg, arn)| {
+            "ReservedCapacitySummaries": o.segments.iter().zip(&p.reserved_capacity_arns).filter(|_| !bare).map(|(sg, arn)| {
                 let rc_status = if payment_failed(p, self.now) { "Failed" }
                     else if self.now < p.paid_at { "Pending" }
                     else if self.now < sg.start { "Scheduled" }
@@ -1402,21 +1406,12 @@ impl World {
                 "Cannot create already existing endpoint \"{arn}\"."
             )));
         }
+        // A config inside its visibility lag is not found, as CreateEndpoint's documented
+        // "validation error" says (botocore `sagemaker` model, CreateEndpoint).
         let config = self
-            .sm
-            .endpoint_configs
-            .get(&(region.to_string(), config_name.clone()))
+            .visible_endpoint_config(region, &config_name)
             .cloned()
-            .ok_or_else(|| {
-                ApiError::validation(format!(
-                    "Could not find endpoint configuration \"{}\".",
-                    self.arn(
-                        "sagemaker",
-                        region,
-                        &format!("endpoint-config/{}", config_name.to_lowercase())
-                    )
-                ))
-            })?;
+            .ok_or_else(|| self.endpoint_config_not_found(region, &config_name))?;
         if self.settings.endpoint_inactive_plan == InactivePlan::Refuse
             && let Some(p) = config
                 .variants
@@ -1454,6 +1449,44 @@ impl World {
         self.schedule(ready_at, Action::SageMakerSync);
         self.endpoint_event(region, &name);
         Ok(json!({"EndpointArn": arn}))
+    }
+
+    /// The endpoint config of the name, once `endpoint_config_visibility_seconds` have passed
+    /// since its creation: until then it is there but not visible (CreateEndpointConfig's
+    /// name is taken at once; DescribeEndpointConfig and CreateEndpoint do not find it).
+    fn visible_endpoint_config(&self, region: &str, name: &str) -> Option<&EndpointConfig> {
+        let lag = TimeDelta::seconds(self.settings.endpoint_config_visibility_seconds.max(0));
+        self.sm
+            .endpoint_configs
+            .get(&(region.to_string(), name.to_string()))
+            .filter(|c| self.now >= c.created + lag)
+    }
+
+    fn endpoint_config_not_found(&self, region: &str, name: &str) -> ApiError {
+        ApiError::validation(format!(
+            "Could not find endpoint configuration \"{}\".",
+            self.arn(
+                "sagemaker",
+                region,
+                &format!("endpoint-config/{}", name.to_lowercase())
+            )
+        ))
+    }
+
+    /// DescribeEndpointConfig: the config as created, once visible; unknown or inside its
+    /// visibility lag: `ValidationException` "Could not find endpoint configuration …", the
+    /// answer CreateEndpoint gives it.
+    fn describe_endpoint_config(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let name = req(input, "EndpointConfigName")?.to_string();
+        let c = self
+            .visible_endpoint_config(region, &name)
+            .ok_or_else(|| self.endpoint_config_not_found(region, &name))?;
+        Ok(json!({
+            "EndpointConfigName": c.name,
+            "EndpointConfigArn": c.arn,
+            "ProductionVariants": c.variants.iter().map(|v| v.request.clone()).collect::<Vec<_>>(),
+            "CreationTime": epoch(c.created),
+        }))
     }
 
     fn describe_endpoint(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {

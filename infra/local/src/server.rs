@@ -408,6 +408,9 @@ async fn instance_spot(State(app): State<App>, Path(id): Path<String>) -> Respon
 struct Health {
     #[serde(default = "retirement")]
     code: String,
+    /// Minutes from now that the change starts (14 days when not given).
+    #[serde(default)]
+    start_in_minutes: Option<i64>,
 }
 
 fn retirement() -> String {
@@ -415,8 +418,11 @@ fn retirement() -> String {
 }
 
 async fn instance_health(State(app): State<App>, Path(id): Path<String>, body: Bytes) -> Response {
-    let code = serde_json::from_slice::<Health>(&body).map_or_else(|_| retirement(), |h| h.code);
-    done(app.lock().health_event(&id, &code))
+    let (code, start_in) = serde_json::from_slice::<Health>(&body).map_or_else(
+        |_| (retirement(), None),
+        |h| (h.code, h.start_in_minutes.map(chrono::TimeDelta::minutes)),
+    );
+    done(app.lock().health_event(&id, &code, start_in))
 }
 
 async fn reservation_fail_payment(State(app): State<App>, Path(id): Path<String>) -> Response {

@@ -86,6 +86,13 @@ pub struct Settings {
     pub refuse_partial_cluster_updates: bool,
     /// Minutes an endpoint spends `Creating`.
     pub endpoint_create_minutes: i64,
+    /// Seconds after CreateEndpointConfig (simulated time) that the config is not visible:
+    /// DescribeEndpointConfig answers `ValidationException` "Could not find endpoint
+    /// configuration …" and CreateEndpoint on it answers the same. AWS documents the lag
+    /// without a figure (botocore `sagemaker` model, CreateEndpoint: "If the dependent
+    /// entities are not yet in DynamoDB, this causes a validation error"): the harsher
+    /// reading, 60 s. 0: visible at once.
+    pub endpoint_config_visibility_seconds: i64,
     /// Minutes an endpoint spends `Deleting` after DeleteEndpoint before it is gone
     /// (ARCHITECTURE §8.10: 2 min). 0: gone at once.
     pub endpoint_delete_minutes: i64,
@@ -97,6 +104,11 @@ pub struct Settings {
     /// capacity) after `endpoint_create_minutes` instead; counts down as they fail. For
     /// scenarios that test a product's retry. Default 0.
     pub endpoint_failures: u32,
+    /// A `Pending` plan shows no `ReservedCapacitySummaries` and a `TotalInstanceCount` of 0
+    /// in DescribeTrainingPlan and ListTrainingPlans until its payment clears. The model
+    /// allows both (min 0) and what a `Pending` plan returns is unpublished: the harsher
+    /// reading (default). false: its summaries and full count from the start.
+    pub pending_plan_without_capacities: bool,
     /// How many training plans an account may hold (`ResourceLimitExceeded` beyond).
     pub max_training_plans: usize,
     /// What `SearchTrainingPlanOfferings` answers for a type the region does not sell
@@ -117,6 +129,15 @@ pub struct Settings {
     /// TerminateInstances, CreateTags and the emulator's own bookkeeping see it at once.
     /// 0: no lag. ARCHITECTURE §8.10: default 2 min, bound 10 min (aws-reference §11.3).
     pub instance_listing_lag_seconds: i64,
+    /// Subnets the seeded VPC has in each zone of a region. The first is the zone's default
+    /// subnet (`defaultForAz`; "You can have only one default subnet per Availability Zone",
+    /// EC2 API CreateDefaultSubnet) and keeps its id; the others are ordinary subnets. Default 1.
+    pub subnets_per_zone: usize,
+    /// Seeded subnets of another size than the default VPC's /20 (EC2 API CreateDefaultSubnet:
+    /// "a default subnet with a size /20 IPv4 CIDR block"): a scenario makes a subnet small,
+    /// so that launches run out of its free private addresses
+    /// (`InsufficientFreeAddressesInSubnet`). The first entry that matches a subnet wins.
+    pub subnet_sizes: Vec<SubnetSize>,
     /// RunInstances with `NetworkInterface.N` overrides that drop an interface of the launch
     /// template (a (NetworkCardIndex, DeviceIndex) pair missing, or its `InterfaceType`
     /// changed) answers `InvalidParameterCombination`. AWS launches with fewer interfaces;
@@ -137,6 +158,20 @@ pub struct Settings {
     /// optional", aws-reference §11.2): the harsher reading, so nodes must be counted with
     /// ListClusterNodes. false: sent.
     pub cluster_omit_current_count: bool,
+}
+
+/// One entry of [`Settings::subnet_sizes`]: the seeded subnets of `region` (in `zone`, and the
+/// zone's `index`-th subnet (0 the default one), when set) have an IPv4 CIDR of
+/// `/prefix_length` (16-28, as a VPC subnet may: 11 usable addresses at /28).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubnetSize {
+    pub region: String,
+    #[serde(default)]
+    pub zone: Option<String>,
+    #[serde(default)]
+    pub index: Option<usize>,
+    pub prefix_length: u8,
 }
 
 /// One entry of [`Settings::refusals`]: launches of `market` in `region` (and `zone`,
@@ -231,15 +266,19 @@ impl Default for Settings {
             cluster_update_minutes: 5,
             refuse_partial_cluster_updates: true,
             endpoint_create_minutes: 5,
+            endpoint_config_visibility_seconds: 60,
             endpoint_delete_minutes: 2,
             endpoint_inactive_plan: InactivePlan::FailLater,
             endpoint_failures: 0,
+            pending_plan_without_capacities: true,
             max_training_plans: 50,
             plan_unsupported: PlanUnsupported::Error,
             describe_limit_burst: 5,
             describe_limit_refill_seconds: 60,
             no_block_quota: Vec::new(),
             instance_listing_lag_seconds: 120,
+            subnets_per_zone: 1,
+            subnet_sizes: Vec::new(),
             refuse_dropped_interfaces: true,
             refuse_tag_filters: false,
             refusals: Vec::new(),
@@ -302,6 +341,11 @@ pub enum Action {
     SlotReturn(String),
     /// A spot instance's two-minute warning has run out.
     SpotReclaim(String),
+    /// A scheduled retirement's start: the instance is retired (event: its scheduled event).
+    InstanceRetire {
+        id: String,
+        event: String,
+    },
     /// Re-evaluate every SageMaker resource (plans, jobs, clusters, endpoints).
     SageMakerSync,
 }

@@ -332,6 +332,113 @@ async fn a_template_with_efa_interfaces_launches_with_each_copied_into_the_subne
 }
 
 #[tokio::test]
+async fn a_template_interfaces_ena_express_tracking_prefixes_and_queues_are_carried_into_the_override()
+ {
+    // Issue 50 (review Task 3 #9): the override replaces the template's list, so a setting it
+    // does not carry is lost silently (ENA Express off). GIVEN a template whose interface sets
+    // every member an instance's interface can take beside its subnet
+    use aws_sdk_ec2::types::{
+        ConnectionTrackingSpecification, Ipv4PrefixSpecificationResponse,
+        Ipv6PrefixSpecificationResponse, LaunchTemplateEnaSrdSpecification,
+        LaunchTemplateEnaSrdUdpSpecification,
+        LaunchTemplateInstanceNetworkInterfaceSpecification as Nic,
+    };
+    let nic = |card: i32, prefixes: bool| {
+        let n = Nic::builder()
+            .network_card_index(card)
+            .device_index(i32::from(card > 0))
+            .interface_type("efa")
+            .description("gpu fabric")
+            .associate_carrier_ip_address(false)
+            .secondary_private_ip_address_count(2)
+            .ipv6_address_count(1)
+            .primary_ipv6(true)
+            .ena_queue_count(32)
+            .ena_srd_specification(
+                LaunchTemplateEnaSrdSpecification::builder()
+                    .ena_srd_enabled(true)
+                    .ena_srd_udp_specification(
+                        LaunchTemplateEnaSrdUdpSpecification::builder()
+                            .ena_srd_udp_enabled(true)
+                            .build(),
+                    )
+                    .build(),
+            )
+            .connection_tracking_specification(
+                ConnectionTrackingSpecification::builder()
+                    .tcp_established_timeout(3600)
+                    .udp_stream_timeout(120)
+                    .udp_timeout(45)
+                    .build(),
+            );
+        if prefixes {
+            n.ipv4_prefixes(
+                Ipv4PrefixSpecificationResponse::builder()
+                    .ipv4_prefix("10.0.4.0/28")
+                    .build(),
+            )
+            .ipv6_prefixes(
+                Ipv6PrefixSpecificationResponse::builder()
+                    .ipv6_prefix("2600:1f18::/80")
+                    .build(),
+            )
+            .build()
+        } else {
+            n.ipv4_prefix_count(2).ipv6_prefix_count(1).build()
+        }
+    };
+    let template = template_version(vec![nic(0, false), nic(1, true)]);
+    let run = mock!(aws_sdk_ec2::Client::run_instances)
+        .match_requests(|r| {
+            let nics = r.network_interfaces();
+            nics.len() == 2
+                && nics.iter().all(|n| {
+                    let srd = n.ena_srd_specification();
+                    let tracking = n.connection_tracking_specification();
+                    n.subnet_id() == Some("subnet-1")
+                        && n.description() == Some("gpu fabric")
+                        && n.associate_carrier_ip_address() == Some(false)
+                        && n.secondary_private_ip_address_count() == Some(2)
+                        && n.ipv6_address_count() == Some(1)
+                        && n.primary_ipv6() == Some(true)
+                        && n.ena_queue_count() == Some(32)
+                        && srd.and_then(|s| s.ena_srd_enabled()) == Some(true)
+                        && srd
+                            .and_then(|s| s.ena_srd_udp_specification())
+                            .and_then(|u| u.ena_srd_udp_enabled())
+                            == Some(true)
+                        && tracking.and_then(|t| t.tcp_established_timeout()) == Some(3600)
+                        && tracking.and_then(|t| t.udp_stream_timeout()) == Some(120)
+                        && tracking.and_then(|t| t.udp_timeout()) == Some(45)
+                })
+                && nics[0].ipv4_prefix_count() == Some(2)
+                && nics[0].ipv6_prefix_count() == Some(1)
+                && nics[0].ipv4_prefixes().is_empty()
+                && nics[1].ipv4_prefixes().len() == 1
+                && nics[1].ipv4_prefixes()[0].ipv4_prefix() == Some("10.0.4.0/28")
+                && nics[1].ipv6_prefixes().len() == 1
+                && nics[1].ipv6_prefixes()[0].ipv6_prefix() == Some("2600:1f18::/80")
+                && nics[1].ipv4_prefix_count().is_none()
+        })
+        .then_output(|| {
+            aws_sdk_ec2::operation::run_instances::RunInstancesOutput::builder().build()
+        });
+
+    // WHEN an instance is launched from it in our subnet
+    ec2(&[&template, &run], false)
+        .launch_instances(&launch(LaunchMarket::OnDemand))
+        .await
+        .unwrap();
+
+    // THEN the override carries each of them, on each interface
+    assert_eq!(
+        run.num_calls(),
+        1,
+        "RunInstances carried every setting of the template's interfaces"
+    );
+}
+
+#[tokio::test]
 async fn a_template_without_interfaces_launches_in_the_instance_level_subnet() {
     let template = template_version(vec![]);
     let run = mock!(aws_sdk_ec2::Client::run_instances)
@@ -353,6 +460,8 @@ async fn missing_capacity_on_launch_is_no_capacity() {
     for (status, code) in [
         (500, "InsufficientInstanceCapacity"),
         (400, "ReservationCapacityExceeded"),
+        // A full subnet is no capacity there, not a refusal of the request (issue 50).
+        (400, "InsufficientFreeAddressesInSubnet"),
     ] {
         let rule = mock!(aws_sdk_ec2::Client::run_instances)
             .sequence()
@@ -1142,4 +1251,217 @@ async fn a_plan_named_before_names_were_lower_cased_is_still_found_for_its_reque
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(found[0].id, plan_arn(&before));
     assert_eq!(found[0].request_tag.as_deref(), Some("Eval-7"));
+}
+
+// ---- CreateEndpoint after CreateEndpointConfig (issue 50, review aws-reality-2 Task 3 #1) --
+
+fn endpoint_spec() -> crate::ports::EndpointSpec {
+    crate::ports::EndpointSpec {
+        region: REGION.into(),
+        endpoint_name: "ep".into(),
+        endpoint_config_name: "cp-req-1-s0".into(),
+        model_name: "m".into(),
+        variant_name: "v".into(),
+        instance_type: "ml.p5.48xlarge".into(),
+        instance_count: 1,
+        ml_reservation_arn: Some(
+            "arn:aws:sagemaker:us-east-1:123456789012:training-plan/cp-req-1".into(),
+        ),
+        tags: BTreeMap::new(),
+    }
+}
+
+fn endpoint_config_created() -> Rule {
+    use aws_sdk_sagemaker::operation::create_endpoint_config::CreateEndpointConfigOutput;
+    mock!(aws_sdk_sagemaker::Client::create_endpoint_config).then_output(|| {
+        CreateEndpointConfigOutput::builder()
+            .endpoint_config_arn("arn:aws:sagemaker:us-east-1:1:endpoint-config/cp-req-1-s0")
+            .build()
+    })
+}
+
+const CONFIG_NOT_FOUND: &str = "Could not find endpoint configuration \\\"arn:aws:sagemaker:us-east-1:1:endpoint-config/cp-req-1-s0\\\".";
+
+#[tokio::test]
+async fn the_endpoint_config_is_described_before_the_endpoint_is_created_and_waited_for_if_unseen()
+{
+    // GIVEN DescribeEndpointConfig does not see the config just created yet
+    let config = endpoint_config_created();
+    let describe = mock!(aws_sdk_sagemaker::Client::describe_endpoint_config)
+        .sequence()
+        .http_status(400, json_error("ValidationException", CONFIG_NOT_FOUND))
+        .build();
+    let create = mock!(aws_sdk_sagemaker::Client::create_endpoint).then_output(|| {
+        aws_sdk_sagemaker::operation::create_endpoint::CreateEndpointOutput::builder()
+            .endpoint_arn("arn:aws:sagemaker:us-east-1:1:endpoint/ep")
+            .build()
+    });
+    let adapter = sagemaker(&[&config, &describe, &create], false);
+
+    // WHEN the endpoint is created
+    let res = adapter.create_endpoint(&endpoint_spec()).await;
+
+    // THEN no CreateEndpoint is sent (AWS recommends DescribeEndpointConfig first), and the
+    // answer says the config is not visible yet: no error, a later call creates it
+    assert!(format!("{res:?}").contains("ConfigNotVisible"), "{res:?}");
+    assert_eq!(
+        (config.num_calls(), describe.num_calls(), create.num_calls()),
+        (1, 1, 0)
+    );
+}
+
+#[tokio::test]
+async fn create_endpoints_validation_exception_for_a_config_not_visible_yet_is_not_a_refusal() {
+    // GIVEN the config is described, but CreateEndpoint's own look-up still misses it: the
+    // documented "validation error" ("So retry logic is recommended")
+    use aws_sdk_sagemaker::operation::describe_endpoint_config::DescribeEndpointConfigOutput;
+    let config = endpoint_config_created();
+    let describe = mock!(aws_sdk_sagemaker::Client::describe_endpoint_config).then_output(|| {
+        DescribeEndpointConfigOutput::builder()
+            .endpoint_config_name("cp-req-1-s0")
+            .endpoint_config_arn("arn:aws:sagemaker:us-east-1:1:endpoint-config/cp-req-1-s0")
+            .creation_time(aws_smithy_types::DateTime::from_secs(1_796_000_000))
+            .build()
+    });
+    let create = mock!(aws_sdk_sagemaker::Client::create_endpoint)
+        .sequence()
+        .http_status(400, json_error("ValidationException", CONFIG_NOT_FOUND))
+        .http_status(
+            400,
+            json_error("ValidationException", "1 validation error detected"),
+        )
+        .build();
+    let adapter = sagemaker(&[&config, &describe, &create], false);
+
+    // WHEN the endpoint is created
+    let res = adapter.create_endpoint(&endpoint_spec()).await;
+
+    // THEN it is not visible yet, never a Permanent refusal that fails the request
+    assert!(format!("{res:?}").contains("ConfigNotVisible"), "{res:?}");
+    // AND any other validation error is still a refusal
+    let err = adapter.create_endpoint(&endpoint_spec()).await.unwrap_err();
+    assert!(matches!(err, PortError::Permanent { .. }), "{err:?}");
+}
+
+#[test]
+fn scheduled_events_are_read_from_the_status_with_their_start_and_none_that_are_done() {
+    use aws_sdk_ec2::types::{EventCode, InstanceStatus, InstanceStatusEvent};
+    let at = Utc.with_ymd_and_hms(2026, 12, 10, 6, 0, 0).unwrap();
+    let event = |code: EventCode, description: &str, from: Option<i64>| {
+        InstanceStatusEvent::builder()
+            .code(code)
+            .description(description)
+            .set_not_before(from.map(aws_smithy_types::DateTime::from_secs))
+            .build()
+    };
+    let status = InstanceStatus::builder()
+        .instance_id("i-1")
+        .events(event(
+            EventCode::InstanceRetirement,
+            "The instance is running on degraded hardware",
+            Some(at.timestamp()),
+        ))
+        .events(event(
+            EventCode::SystemReboot,
+            "[Completed] scheduled reboot",
+            Some(at.timestamp()),
+        ))
+        .events(event(EventCode::InstanceStop, "no start given", None))
+        .build();
+    let read = crate::aws::ec2::scheduled_of(&status);
+    assert_eq!(
+        read,
+        [crate::ports::ScheduledChange {
+            code: "instance-retirement".into(),
+            not_before: at,
+        }]
+    );
+    assert!(read[0].takes_instance());
+}
+
+/// A cluster with the other team's controller group at `controller` instances and our group
+/// at 2 on plan-1.
+fn cluster_view(
+    controller: i32,
+) -> aws_sdk_sagemaker::operation::describe_cluster::DescribeClusterOutput {
+    use aws_sdk_sagemaker::operation::describe_cluster::DescribeClusterOutput;
+    DescribeClusterOutput::builder()
+        .cluster_arn("arn:aws:sagemaker:us-east-1:1:cluster/abc")
+        .cluster_name("c")
+        .instance_groups(
+            ClusterInstanceGroupDetails::builder()
+                .instance_group_name("controller")
+                .instance_type("ml.m5.xlarge".into())
+                .target_count(controller)
+                .execution_role("arn:aws:iam::1:role/theirs")
+                .build(),
+        )
+        .instance_groups(
+            ClusterInstanceGroupDetails::builder()
+                .instance_group_name("finetune")
+                .instance_type("ml.p5.48xlarge".into())
+                .target_count(2)
+                .execution_role("arn:aws:iam::1:role/ours")
+                .training_plan_arn("plan-1")
+                .build(),
+        )
+        .build()
+}
+
+#[tokio::test]
+async fn an_update_of_another_party_between_our_description_and_our_update_is_kept() {
+    // GIVEN the other team resizing its controller group to 3 just after our first
+    // description (review N10: UpdateCluster has no version to condition on)
+    let describe = mock!(aws_sdk_sagemaker::Client::describe_cluster)
+        .sequence()
+        .output(|| cluster_view(1))
+        .output(|| cluster_view(3))
+        .times(2)
+        .build();
+    let update = mock!(aws_sdk_sagemaker::Client::update_cluster)
+        .match_requests(|r| {
+            r.instance_groups().iter().any(|g| {
+                g.instance_group_name() == Some("controller") && g.instance_count() == Some(3)
+            }) && r.instance_groups().iter().any(|g| {
+                g.instance_group_name() == Some("finetune") && g.instance_count() == Some(0)
+            })
+        })
+        .then_output(|| {
+            aws_sdk_sagemaker::operation::update_cluster::UpdateClusterOutput::builder()
+                .cluster_arn("arn:aws:sagemaker:us-east-1:1:cluster/abc")
+                .build()
+        });
+
+    // WHEN our group is scaled to zero
+    sagemaker(&[&describe, &update], false)
+        .put_instance_group(&group_spec(0))
+        .await
+        .unwrap();
+
+    // THEN the update sent keeps their controller at 3, described again before sending
+    assert_eq!(
+        update.num_calls(),
+        1,
+        "one UpdateCluster, built from what the cluster is now"
+    );
+    assert_eq!(describe.num_calls(), 3);
+}
+
+#[tokio::test]
+async fn a_cluster_that_keeps_changing_is_not_updated_now_but_later() {
+    let describe = mock!(aws_sdk_sagemaker::Client::describe_cluster)
+        .sequence()
+        .output(|| cluster_view(1))
+        .output(|| cluster_view(2))
+        .output(|| cluster_view(3))
+        .build();
+    let update = mock!(aws_sdk_sagemaker::Client::update_cluster).then_output(|| {
+        aws_sdk_sagemaker::operation::update_cluster::UpdateClusterOutput::builder().build()
+    });
+    let err = sagemaker(&[&describe, &update], false)
+        .put_instance_group(&group_spec(0))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PortError::Transient { .. }), "{err:?}");
+    assert_eq!(update.num_calls(), 0);
 }

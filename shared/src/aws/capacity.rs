@@ -223,7 +223,10 @@ impl Workloads for AwsWorkloads {
         self.sagemaker.put_instance_group(spec).await
     }
 
-    async fn create_endpoint(&self, spec: &EndpointSpec) -> Result<(), PortError> {
+    async fn create_endpoint(
+        &self,
+        spec: &EndpointSpec,
+    ) -> Result<crate::ports::EndpointCreation, PortError> {
         self.sagemaker.create_endpoint(spec).await
     }
 

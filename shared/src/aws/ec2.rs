@@ -10,8 +10,10 @@ use aws_sdk_ec2::config::retry::RetryConfig;
 use aws_sdk_ec2::types::{CapacityBlockOffering, InstanceType as Ec2InstanceType};
 use aws_sdk_ec2::types::{
     CapacityReservation, CapacityReservationInstancePlatform, CapacityReservationSpecification,
-    CapacityReservationTarget, Filter, Instance, InstanceInterruptionBehavior,
+    CapacityReservationTarget, ConnectionTrackingSpecificationRequest, EnaSrdSpecificationRequest,
+    EnaSrdUdpSpecificationRequest, Filter, Instance, InstanceInterruptionBehavior,
     InstanceMarketOptionsRequest, InstanceNetworkInterfaceSpecification, InstanceStatus,
+    Ipv4PrefixSpecificationRequest, Ipv6PrefixSpecificationRequest,
     LaunchTemplateInstanceNetworkInterfaceSpecification, LaunchTemplateSpecification, MarketType,
     ResourceType, SpotInstanceType, SpotMarketOptions, Tag, TagSpecification,
 };
@@ -27,7 +29,7 @@ use crate::domain::request::{LaunchTemplateRef, RequestId};
 use crate::domain::reservation::{Reservation, ReservationState};
 use crate::ports::{
     InstanceFilter, InstanceHealth, InstanceInfo, InstanceState, LaunchMarket, LaunchSpec,
-    OfferingQuery, PortError, PurchaseSpec,
+    OfferingQuery, PortError, PurchaseSpec, ScheduledChange,
 };
 
 pub const SERVICE: &str = "ec2";
@@ -191,6 +193,27 @@ pub fn health_of(status: &InstanceStatus) -> InstanceHealth {
     } else {
         InstanceHealth::Unknown
     }
+}
+
+/// The events EC2 has scheduled for an instance, each from its `NotBefore` (one without it
+/// is skipped: nothing says when it happens). A completed or cancelled event stays listed a
+/// while, its description starting `[Completed]` or `[Canceled]` (EC2 User Guide, "Scheduled
+/// events for your instances"): no longer to come.
+pub fn scheduled_of(status: &InstanceStatus) -> Vec<ScheduledChange> {
+    status
+        .events()
+        .iter()
+        .filter(|e| {
+            !e.description()
+                .is_some_and(|d| d.starts_with("[Completed]") || d.starts_with("[Canceled]"))
+        })
+        .filter_map(|e| {
+            Some(ScheduledChange {
+                code: e.code()?.as_str().to_string(),
+                not_before: e.not_before().and_then(to_chrono)?,
+            })
+        })
+        .collect()
 }
 
 impl Ec2Adapter {
@@ -724,8 +747,9 @@ impl Ec2Adapter {
         let ids: Vec<String> = out.iter().map(|i| i.instance_id.clone()).collect();
         let health = self.health(&client, &ids).await?;
         for i in &mut out {
-            if let Some(h) = health.get(&i.instance_id) {
+            if let Some((h, scheduled)) = health.get(&i.instance_id) {
                 i.health = *h;
+                i.scheduled = scheduled.clone();
             }
         }
         Ok(out)
@@ -735,7 +759,7 @@ impl Ec2Adapter {
         &self,
         client: &Client,
         ids: &[String],
-    ) -> Result<BTreeMap<String, InstanceHealth>, PortError> {
+    ) -> Result<BTreeMap<String, (InstanceHealth, Vec<ScheduledChange>)>, PortError> {
         let mut out = BTreeMap::new();
         for chunk in ids.chunks(STATUS_BATCH) {
             match self.statuses(client, chunk).await {
@@ -762,7 +786,7 @@ impl Ec2Adapter {
         &self,
         client: &Client,
         ids: &[String],
-    ) -> Result<Vec<(String, InstanceHealth)>, Failure> {
+    ) -> Result<Vec<(String, (InstanceHealth, Vec<ScheduledChange>))>, Failure> {
         const OP: &str = "DescribeInstanceStatus";
         let mut pages = client
             .describe_instance_status()
@@ -775,7 +799,7 @@ impl Ec2Adapter {
         while let Some(s) = pages.next().await {
             let s = s.map_err(|e| Failure::from_sdk(OP, e))?;
             if let Some(id) = s.instance_id() {
-                out.push((id.to_string(), health_of(&s)));
+                out.push((id.to_string(), (health_of(&s), scheduled_of(&s))));
             }
         }
         Ok(out)
@@ -900,14 +924,53 @@ impl aws_sdk_ec2::config::retry::ClassifyRetry for NoCapacityIsFinal {
     }
 }
 
-/// A launch template's network interface as a RunInstances override in `subnet_id`: every
-/// setting an instance's interface can take is copied; the subnet is ours. Not copied: a
-/// fixed `NetworkInterfaceId` or private address (one instance only can have them) and
-/// prefix delegation, which EFA templates do not use.
+/// A launch template's network interface as a RunInstances override in `subnet_id`. An
+/// override replaces the template's whole list (aws-reference §11.1), so whatever the
+/// template's interface says and is not copied here is lost silently: ENA Express off, other
+/// connection-tracking timeouts, no delegated prefixes (issue 50, review Task 3 #9). So every
+/// member of `InstanceNetworkInterfaceSpecification` the template type also has is copied; the
+/// subnet is ours. Not copied: a fixed `NetworkInterfaceId` or private address (one instance
+/// only can have them, and they belong to the template's subnet, not ours) and
+/// `Ipv6Addresses` (fixed addresses, likewise).
 fn with_subnet(
     i: &LaunchTemplateInstanceNetworkInterfaceSpecification,
     subnet_id: &str,
 ) -> InstanceNetworkInterfaceSpecification {
+    let ipv4_prefixes = i
+        .ipv4_prefixes()
+        .iter()
+        .map(|p| {
+            Ipv4PrefixSpecificationRequest::builder()
+                .set_ipv4_prefix(p.ipv4_prefix().map(str::to_string))
+                .build()
+        })
+        .collect::<Vec<_>>();
+    let ipv6_prefixes = i
+        .ipv6_prefixes()
+        .iter()
+        .map(|p| {
+            Ipv6PrefixSpecificationRequest::builder()
+                .set_ipv6_prefix(p.ipv6_prefix().map(str::to_string))
+                .build()
+        })
+        .collect::<Vec<_>>();
+    let ena_srd = i.ena_srd_specification().map(|e| {
+        EnaSrdSpecificationRequest::builder()
+            .set_ena_srd_enabled(e.ena_srd_enabled())
+            .set_ena_srd_udp_specification(e.ena_srd_udp_specification().map(|u| {
+                EnaSrdUdpSpecificationRequest::builder()
+                    .set_ena_srd_udp_enabled(u.ena_srd_udp_enabled())
+                    .build()
+            }))
+            .build()
+    });
+    let tracking = i.connection_tracking_specification().map(|c| {
+        ConnectionTrackingSpecificationRequest::builder()
+            .set_tcp_established_timeout(c.tcp_established_timeout())
+            .set_udp_stream_timeout(c.udp_stream_timeout())
+            .set_udp_timeout(c.udp_timeout())
+            .build()
+    });
     InstanceNetworkInterfaceSpecification::builder()
         .set_device_index(i.device_index())
         .set_network_card_index(i.network_card_index())
@@ -915,9 +978,18 @@ fn with_subnet(
         .set_groups((!i.groups().is_empty()).then(|| i.groups().to_vec()))
         .set_delete_on_termination(i.delete_on_termination())
         .set_associate_public_ip_address(i.associate_public_ip_address())
+        .set_associate_carrier_ip_address(i.associate_carrier_ip_address())
         .set_description(i.description().map(str::to_string))
         .set_secondary_private_ip_address_count(i.secondary_private_ip_address_count())
         .set_ipv6_address_count(i.ipv6_address_count())
+        .set_primary_ipv6(i.primary_ipv6())
+        .set_ipv4_prefix_count(i.ipv4_prefix_count())
+        .set_ipv4_prefixes((!ipv4_prefixes.is_empty()).then_some(ipv4_prefixes))
+        .set_ipv6_prefix_count(i.ipv6_prefix_count())
+        .set_ipv6_prefixes((!ipv6_prefixes.is_empty()).then_some(ipv6_prefixes))
+        .set_ena_srd_specification(ena_srd)
+        .set_connection_tracking_specification(tracking)
+        .set_ena_queue_count(i.ena_queue_count())
         .subnet_id(subnet_id)
         .build()
 }
@@ -960,5 +1032,6 @@ fn instance_info(
         reservation_id: i.capacity_reservation_id().map(str::to_string),
         launched_at: i.launch_time().and_then(to_chrono),
         tags: tags_of(i.tags()),
+        scheduled: Vec::new(),
     })
 }

@@ -34,8 +34,16 @@ const THROTTLING: &[&str] = &[
     "SlowDown",
     "EC2ThrottledException",
     "PriorRequestNotComplete",
-    "CapacityBlockDescribeLimitExceeded",
 ];
+
+/// EC2's Capacity Block describe limit, its own class (aws-reference §11.1): "You've reached
+/// the limit for this account", answered both to an account whose Capacity Block quota is 0
+/// and to bursts of searches ("a low, slowly-refilling limit per account per region";
+/// botocore does not class it as throttling). Never a throttle, so nothing retries it as one
+/// or reports it as throttling: it is `Transient` (the same call may succeed later) with its
+/// code kept, and only the search reads it (`search::read_failure`: the quota reading refuses
+/// the family in the region, the burst reading backs the region off).
+pub const DESCRIBE_LIMITS: &[&str] = &["CapacityBlockDescribeLimitExceeded"];
 
 /// The offering can no longer be bought. Note: no dot in EC2's three offering codes.
 const OFFERING_GONE: &[&str] = &[
@@ -135,6 +143,17 @@ impl Failure {
         }
     }
 
+    /// CreateEndpoint's "Could not find endpoint configuration …": the config named is not
+    /// visible to it (yet). SageMaker answers it with `ValidationException` while the config
+    /// just created is not in its store (botocore `sagemaker` model, CreateEndpoint).
+    pub fn is_endpoint_config_not_found(&self) -> bool {
+        self.is_not_found()
+            && self
+                .message
+                .to_ascii_lowercase()
+                .contains("endpoint configuration")
+    }
+
     /// SageMaker's "that name is taken" (`ResourceInUse`, or `ValidationException` for
     /// endpoints and endpoint configs).
     pub fn is_already_exists(&self) -> bool {
@@ -169,6 +188,14 @@ impl Failure {
         }
         if OFFERING_GONE.contains(&c) {
             return PortError::OfferingGone { code, message };
+        }
+        if DESCRIBE_LIMITS.contains(&c) {
+            // Answered, and nothing was done (it limits describes, not purchases).
+            return PortError::Transient {
+                service,
+                code,
+                message,
+            };
         }
         if call == Call::Purchase {
             // CreateTrainingPlan: the offering id is unknown or sold out ...
@@ -362,6 +389,13 @@ mod tests {
             ("ResourceLimitExceeded", 400, Retryable, "NoCapacity"),
             // A cluster Updating: try again later, never fail the request (issue 18).
             ("ConflictException", 400, Retryable, "Transient"),
+            // An account's describe limit, not throttling (issue 50, #10).
+            (
+                "CapacityBlockDescribeLimitExceeded",
+                400,
+                Retryable,
+                "Transient",
+            ),
             (
                 "InvalidCapacityReservationId.NotFound",
                 400,
@@ -379,6 +413,31 @@ mod tests {
             if *want != "OutcomeUnknown" {
                 assert_eq!(got.code(), Some(*code));
                 assert!(got.to_string().contains("Op: m"), "{got}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_capacity_block_describe_limit_is_its_own_class_never_a_throttle() {
+        // GIVEN EC2's describe limit, in its quota wording and its burst wording
+        for message in [
+            "Your existing service limits for this AWS account are not sufficient to use EC2 \
+             Capacity Blocks",
+            "You've reached the limit for this account.",
+        ] {
+            for call in [Call::Retryable, Call::Purchase] {
+                let mut failure = f("CapacityBlockDescribeLimitExceeded", 400);
+                failure.message = message.into();
+                // WHEN it is classified, for any call
+                let e = failure.into_port("ec2", call);
+                // THEN it is no throttle (botocore does not class it so, aws-reference
+                // §11.1): nothing retries or reports it as one, and its code is kept for the
+                // search, the one reader
+                assert!(
+                    matches!(&e, PortError::Transient { code, .. } if code == "CapacityBlockDescribeLimitExceeded"),
+                    "{call:?}: {e:?}"
+                );
+                assert!(e.to_string().contains(message), "{e}");
             }
         }
     }

@@ -30,11 +30,15 @@ use aws_sdk_sagemaker::types::{
 /// Described fields that UpdateCluster's specification has and this mapping does not carry.
 pub const UNMAPPED: &[&str] = &[];
 
-/// The specification that sends the described group `g` back unchanged.
+/// The specification that sends the described group `g` back unchanged. A flexible group
+/// (described with `InstanceRequirements`, which also shows an `InstanceType`) goes back with
+/// its requirements only: "The InstanceType and InstanceRequirements properties are mutually
+/// exclusive" (the model's `ClusterInstanceGroupSpecification.InstanceRequirements`).
 pub fn unchanged(g: &ClusterInstanceGroupDetails) -> ClusterInstanceGroupSpecification {
+    let flexible = g.instance_requirements().is_some();
     ClusterInstanceGroupSpecification::builder()
         .set_instance_group_name(g.instance_group_name().map(str::to_string))
-        .set_instance_type(g.instance_type().cloned())
+        .set_instance_type(g.instance_type().cloned().filter(|_| !flexible))
         .set_instance_count(g.target_count())
         .set_min_instance_count(g.min_count())
         .set_instance_requirements(g.instance_requirements().map(|r| {
@@ -123,4 +127,42 @@ fn desired_or_current<T: Clone>(desired: &[T], current: &[T]) -> Vec<T> {
 /// or an SDK retry refused as a conflict) needs no other.
 pub fn already(g: &ClusterInstanceGroupDetails, count: i32, plan: Option<&str>) -> bool {
     g.target_count() == Some(count) && g.training_plan_arn() == plan
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_sagemaker::types::{
+        ClusterInstanceGroupDetails, ClusterInstanceRequirementDetails, ClusterInstanceType,
+    };
+
+    use super::unchanged;
+
+    #[test]
+    fn a_flexible_group_goes_back_with_its_requirements_only_and_a_fixed_one_with_its_type() {
+        let fixed = ClusterInstanceGroupDetails::builder()
+            .instance_group_name("controller")
+            .instance_type(ClusterInstanceType::MlM5Xlarge)
+            .target_count(1)
+            .build();
+        let flexible = ClusterInstanceGroupDetails::builder()
+            .instance_group_name("workers")
+            .instance_type(ClusterInstanceType::from("ml.p5.48xlarge"))
+            .instance_requirements(
+                ClusterInstanceRequirementDetails::builder()
+                    .current_instance_types(ClusterInstanceType::from("ml.p5.48xlarge"))
+                    .current_instance_types(ClusterInstanceType::from("ml.p4d.24xlarge"))
+                    .build(),
+            )
+            .target_count(2)
+            .build();
+        let f = unchanged(&fixed);
+        assert_eq!(f.instance_type(), Some(&ClusterInstanceType::MlM5Xlarge));
+        assert!(f.instance_requirements().is_none());
+        let x = unchanged(&flexible);
+        assert_eq!(x.instance_type(), None, "never both type fields");
+        assert_eq!(
+            x.instance_requirements().map(|r| r.instance_types().len()),
+            Some(2)
+        );
+    }
 }

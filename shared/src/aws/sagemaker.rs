@@ -12,6 +12,7 @@ use std::sync::Arc;
 use aws_config::SdkConfig;
 use aws_sdk_sagemaker::Client;
 use aws_sdk_sagemaker::config::retry::RetryConfig;
+use aws_sdk_sagemaker::operation::describe_cluster::DescribeClusterOutput;
 use aws_sdk_sagemaker::types::{
     AlgorithmSpecification, CapacityReservationPreference, ClusterInstanceGroupDetails,
     ClusterInstanceGroupSpecification, ClusterInstanceType, ClusterLifeCycleConfig,
@@ -32,8 +33,8 @@ use crate::domain::offering::{Offering, Product, Segment, TargetResource};
 use crate::domain::request::RequestId;
 use crate::domain::reservation::{Reservation, ReservationState};
 use crate::ports::{
-    EndpointInfo, EndpointSpec, InstanceGroupInfo, InstanceGroupSpec, JobInfo, JobState,
-    OfferingQuery, PortError, PurchaseSpec, TrainingJobSpec,
+    EndpointCreation, EndpointInfo, EndpointSpec, InstanceGroupInfo, InstanceGroupSpec, JobInfo,
+    JobState, OfferingQuery, PortError, PurchaseSpec, TrainingJobSpec,
 };
 
 pub const SERVICE: &str = "sagemaker";
@@ -737,6 +738,16 @@ impl SageMakerAdapter {
             .cluster_status()
             .map(|s| s.as_str().to_string())
             .unwrap_or_default();
+        let group_roles: Vec<(String, String)> = c
+            .instance_groups()
+            .iter()
+            .filter_map(|g| {
+                Some((
+                    g.instance_group_name()?.to_string(),
+                    g.execution_role()?.to_string(),
+                ))
+            })
+            .collect();
         let Some(g) = group else {
             return Ok(Some(InstanceGroupInfo {
                 cluster_name: cluster_name.to_string(),
@@ -745,6 +756,7 @@ impl SageMakerAdapter {
                 current_count: 0,
                 target_count: 0,
                 status: cluster_status,
+                group_roles,
             }));
         };
         let current_count = match g.current_count() {
@@ -767,6 +779,7 @@ impl SageMakerAdapter {
                 .status()
                 .map(|s| s.as_str().to_string())
                 .unwrap_or(cluster_status),
+            group_roles,
         }))
     }
 
@@ -845,63 +858,106 @@ impl SageMakerAdapter {
     /// life-cycle configuration unless the spec gives one.
     pub async fn put_instance_group(&self, spec: &InstanceGroupSpec) -> Result<(), PortError> {
         const OP: &str = "UpdateCluster";
+        /// Descriptions that may differ before an update is sent anyway.
+        const DESCRIBES: usize = 3;
         let client = self.client(&spec.region);
-        let current = client
-            .describe_cluster()
-            .cluster_name(&spec.cluster_name)
-            .send()
-            .await
-            .map_err(err("DescribeCluster", Call::Retryable))?;
+        let describe = || async {
+            client
+                .describe_cluster()
+                .cluster_name(&spec.cluster_name)
+                .send()
+                .await
+                .map_err(err("DescribeCluster", Call::Retryable))
+        };
         let count = i32_of(OP, "InstanceCount", spec.instance_count)?;
         let ours = |g: &&ClusterInstanceGroupDetails| {
             g.instance_group_name() == Some(spec.instance_group_name.as_str())
         };
-        // An update that went through (its answer lost, or an SDK retry refused as a conflict
-        // after it) is settled here: the group already is what we want.
-        if let Some(g) = current.instance_groups().iter().find(ours)
-            && hyperpod_update::already(g, count, spec.training_plan_arn.as_deref())
-        {
+        let mut current = describe().await?;
+        let mut described = 1;
+        let groups = loop {
+            // An update that went through (its answer lost, or an SDK retry refused as a
+            // conflict after it) is settled here: the group already is what we want.
+            if let Some(g) = current.instance_groups().iter().find(ours)
+                && hyperpod_update::already(g, count, spec.training_plan_arn.as_deref())
+            {
+                tracing::info!(
+                    cluster_name = %spec.cluster_name,
+                    instance_group_name = %spec.instance_group_name,
+                    "the instance group already has its count and plan; no update sent"
+                );
+                return Ok(());
+            }
+            // Every group goes back with its own settings; ours changes only in count and
+            // plan (a new one is made from the request).
+            let mut groups: Vec<ClusterInstanceGroupSpecification> = Vec::new();
+            let mut found = false;
+            for g in current.instance_groups() {
+                let mut s = hyperpod_update::unchanged(g);
+                if ours(&g) {
+                    found = true;
+                    s.instance_count = Some(count);
+                    s.training_plan_arn = spec.training_plan_arn.clone();
+                }
+                groups.push(s);
+            }
+            if !found {
+                let life_cycle = match (&spec.life_cycle_source_s3_uri, &spec.life_cycle_on_create)
+                {
+                    (Some(src), Some(on_create)) => Some(
+                        ClusterLifeCycleConfig::builder()
+                            .source_s3_uri(src)
+                            .on_create(on_create)
+                            .build(),
+                    ),
+                    _ => None,
+                };
+                groups.push(
+                    ClusterInstanceGroupSpecification::builder()
+                        .instance_group_name(&spec.instance_group_name)
+                        .instance_type(ClusterInstanceType::from(spec.instance_type.as_str()))
+                        .instance_count(count)
+                        .execution_role(&spec.execution_role_arn)
+                        .set_life_cycle_config(life_cycle)
+                        .set_training_plan_arn(spec.training_plan_arn.clone())
+                        .build(),
+                );
+            }
+            // There is no version to condition UpdateCluster on: an update of another party
+            // that completed since our description would be reverted by ours (review N10).
+            // Described again right before sending, the groups must read the same; else the
+            // update is built again from what the cluster is now.
+            let again = describe().await?;
+            described += 1;
+            let same = |a: &DescribeClusterOutput, b: &DescribeClusterOutput| {
+                let specs = |c: &DescribeClusterOutput| -> Vec<ClusterInstanceGroupSpecification> {
+                    c.instance_groups()
+                        .iter()
+                        .map(hyperpod_update::unchanged)
+                        .collect()
+                };
+                specs(a) == specs(b)
+            };
+            if same(&current, &again) {
+                break groups;
+            }
+            if described >= DESCRIBES {
+                return Err(PortError::Transient {
+                    service: SERVICE,
+                    code: "ClusterChanging".into(),
+                    message: format!(
+                        "HyperPod cluster {} changed between each of {DESCRIBES} descriptions; \
+                         its update is tried again later rather than undoing another party's",
+                        spec.cluster_name
+                    ),
+                });
+            }
             tracing::info!(
                 cluster_name = %spec.cluster_name,
-                instance_group_name = %spec.instance_group_name,
-                "the instance group already has its count and plan; no update sent"
+                "the cluster changed since it was described; building the update again"
             );
-            return Ok(());
-        }
-        // Every group goes back with its own settings; ours changes only in count and plan
-        // (a new one is made from the request).
-        let mut groups: Vec<ClusterInstanceGroupSpecification> = Vec::new();
-        let mut found = false;
-        for g in current.instance_groups() {
-            let mut s = hyperpod_update::unchanged(g);
-            if ours(&g) {
-                found = true;
-                s.instance_count = Some(count);
-                s.training_plan_arn = spec.training_plan_arn.clone();
-            }
-            groups.push(s);
-        }
-        if !found {
-            let life_cycle = match (&spec.life_cycle_source_s3_uri, &spec.life_cycle_on_create) {
-                (Some(src), Some(on_create)) => Some(
-                    ClusterLifeCycleConfig::builder()
-                        .source_s3_uri(src)
-                        .on_create(on_create)
-                        .build(),
-                ),
-                _ => None,
-            };
-            groups.push(
-                ClusterInstanceGroupSpecification::builder()
-                    .instance_group_name(&spec.instance_group_name)
-                    .instance_type(ClusterInstanceType::from(spec.instance_type.as_str()))
-                    .instance_count(count)
-                    .execution_role(&spec.execution_role_arn)
-                    .set_life_cycle_config(life_cycle)
-                    .set_training_plan_arn(spec.training_plan_arn.clone())
-                    .build(),
-            );
-        }
+            current = again;
+        };
         tracing::info!(
             region = %spec.region,
             cluster_name = %spec.cluster_name,
@@ -926,8 +982,17 @@ impl SageMakerAdapter {
     // ----------------------------------------------------------------------------------
 
     /// CreateEndpointConfig (`capacity-reservations-only` in the plan when one is given),
-    /// then CreateEndpoint. Existing ones of those names are success.
-    pub async fn create_endpoint(&self, spec: &EndpointSpec) -> Result<(), PortError> {
+    /// then DescribeEndpointConfig, then CreateEndpoint. Existing ones of those names are
+    /// success. A config SageMaker does not show yet is `ConfigNotVisible`, never an error:
+    /// the botocore `sagemaker` model (CreateEndpoint) says "a load call is made to DynamoDB
+    /// to verify that your endpoint configuration exists … If the dependent entities are not
+    /// yet in DynamoDB, this causes a validation error … So retry logic is recommended … We
+    /// also recommend that customers call DescribeEndpointConfig before calling
+    /// CreateEndpoint" (review aws-reality-2, Task 3 #1).
+    pub async fn create_endpoint(
+        &self,
+        spec: &EndpointSpec,
+    ) -> Result<EndpointCreation, PortError> {
         let client = self.client(&spec.region);
         let mut variant = ProductionVariant::builder()
             .variant_name(&spec.variant_name)
@@ -971,6 +1036,27 @@ impl SageMakerAdapter {
             }
         }
         let res = client
+            .describe_endpoint_config()
+            .endpoint_config_name(&spec.endpoint_config_name)
+            .send()
+            .await;
+        if let Err(e) = res {
+            let f = Failure::from_sdk("DescribeEndpointConfig", e);
+            if !f.is_not_found() {
+                return Err(f.into_port(SERVICE, Call::Retryable));
+            }
+            tracing::info!(
+                region = %spec.region,
+                endpoint_config_name = %spec.endpoint_config_name,
+                message = %f.message,
+                "the endpoint config is not visible yet; the endpoint is created later"
+            );
+            return Ok(EndpointCreation::ConfigNotVisible(format!(
+                "DescribeEndpointConfig: {}",
+                f.message
+            )));
+        }
+        let res = client
             .create_endpoint()
             .endpoint_name(&spec.endpoint_name)
             .endpoint_config_name(&spec.endpoint_config_name)
@@ -979,11 +1065,26 @@ impl SageMakerAdapter {
             .await;
         if let Err(e) = res {
             let f = Failure::from_sdk("CreateEndpoint", e);
-            if !f.is_already_exists() {
-                return Err(f.into_port(SERVICE, Call::Retryable));
+            if f.is_already_exists() {
+                return Ok(EndpointCreation::Created);
             }
+            // Described a moment ago, yet CreateEndpoint's own look-up may still miss it:
+            // the documented validation error, retried, never a refusal.
+            if f.is_endpoint_config_not_found() {
+                tracing::info!(
+                    region = %spec.region,
+                    endpoint_config_name = %spec.endpoint_config_name,
+                    message = %f.message,
+                    "CreateEndpoint does not see the endpoint config yet; the endpoint is created later"
+                );
+                return Ok(EndpointCreation::ConfigNotVisible(format!(
+                    "CreateEndpoint: {}",
+                    f.message
+                )));
+            }
+            return Err(f.into_port(SERVICE, Call::Retryable));
         }
-        Ok(())
+        Ok(EndpointCreation::Created)
     }
 
     /// DescribeEndpoint; `None` for the "could not find" `ValidationException`.

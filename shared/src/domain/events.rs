@@ -311,6 +311,30 @@ pub struct InstanceReplaced {
 }
 detail!(InstanceReplaced, "Capacity Instance Replaced");
 
+/// EC2 has scheduled maintenance that keeps an instance of a request's running window (a
+/// reboot, system maintenance: AWS Health `scheduledChange`, review N16): announced, not
+/// acted on. A reboot keeps the instance and its instance store; replacing it would lose
+/// both. (A retirement or stop is acted on instead: the instance is replaced
+/// `SCHEDULED_CHANGE_LEAD` before it, if that comes before the window's drain.)
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct InstanceMaintenanceScheduled {
+    pub event_key: String,
+    pub request_id: String,
+    pub instance_id: String,
+    /// The Health event's `eventTypeCode`, e.g. `AWS_EC2_INSTANCE_REBOOT_MAINTENANCE_SCHEDULED`.
+    pub code: String,
+    /// When the maintenance may start and must end by, as the Health event says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub starts_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ends_at: Option<DateTime<Utc>>,
+    pub reason: String,
+}
+detail!(
+    InstanceMaintenanceScheduled,
+    "Capacity Instance Maintenance Scheduled"
+);
+
 /// A spot run's instance reclaimed by EC2 (ARCHITECTURE §9.1): repaired on spot while the
 /// run has replacements left; else left down, and the run falls back as `on-demand-first`
 /// does (stopped, settled by what ran, the request searching for a reservation).
@@ -650,6 +674,10 @@ pub fn schemas() -> Vec<(&'static str, schemars::Schema)> {
         ("capacity-payment-failed", schema_for!(PaymentFailed)),
         ("capacity-workload-launched", schema_for!(WorkloadLaunched)),
         ("capacity-instance-replaced", schema_for!(InstanceReplaced)),
+        (
+            "capacity-instance-maintenance-scheduled",
+            schema_for!(InstanceMaintenanceScheduled),
+        ),
         (
             "capacity-workload-interrupted",
             schema_for!(WorkloadInterrupted),

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 
 use super::{Fault, Faults, Gate, MANAGED_TAG, ManualClock, REQUEST_ID_TAG, errors, lock};
 use crate::ports::{
-    EndpointInfo, EndpointSpec, InstanceFilter, InstanceGroupInfo, InstanceGroupSpec,
-    InstanceHealth, InstanceInfo, InstanceState, JobInfo, JobState, LaunchMarket, LaunchSpec,
-    PortError, TrainingJobSpec, Workloads,
+    EndpointCreation, EndpointInfo, EndpointSpec, InstanceFilter, InstanceGroupInfo,
+    InstanceGroupSpec, InstanceHealth, InstanceInfo, InstanceState, JobInfo, JobState,
+    LaunchMarket, LaunchSpec, PortError, TrainingJobSpec, Workloads,
 };
 
 /// The longest `ClientToken` EC2 accepts.
@@ -141,6 +141,8 @@ struct Cluster {
     managed: bool,
     status: String,
     groups: BTreeMap<String, (Option<InstanceGroupSpec>, InstanceGroupInfo)>,
+    /// Execution roles of groups by name (set by `set_group_role`).
+    roles: BTreeMap<String, String>,
 }
 
 #[derive(Debug)]
@@ -154,6 +156,10 @@ struct State {
     refusals: Vec<(LaunchKind, String, Option<String>, String)>,
     /// At most this many live instances of a kind in a zone.
     zone_capacity: BTreeMap<(LaunchKind, String), usize>,
+    /// At most this many live instances in a subnet (its free addresses), of any kind.
+    subnet_room: BTreeMap<Key, usize>,
+    /// The subnet each instance was launched in.
+    instance_subnets: BTreeMap<String, Key>,
     /// Instances DescribeInstances does not list (yet): EC2's listing lag.
     unlisted: BTreeSet<String>,
     /// Training plans' states; a plan not set here is `Active`.
@@ -163,6 +169,8 @@ struct State {
     clusters: BTreeMap<Key, Cluster>,
     endpoints: BTreeMap<Key, (EndpointSpec, EndpointInfo)>,
     endpoint_configs: BTreeSet<Key>,
+    /// How many of the next endpoint creations find their config not visible yet.
+    hidden_endpoint_configs: u32,
     clock: Option<ManualClock>,
     next_id: u64,
     faults: Faults<WorkloadsOp>,
@@ -194,6 +202,8 @@ impl FakeWorkloads {
                 no_capacity: BTreeSet::new(),
                 refusals: Vec::new(),
                 zone_capacity: BTreeMap::new(),
+                subnet_room: BTreeMap::new(),
+                instance_subnets: BTreeMap::new(),
                 unlisted: BTreeSet::new(),
                 plan_states: BTreeMap::new(),
                 launch_state: (InstanceState::Pending, InstanceHealth::Unknown),
@@ -202,6 +212,7 @@ impl FakeWorkloads {
                 gate: None,
                 endpoints: BTreeMap::new(),
                 endpoint_configs: BTreeSet::new(),
+                hidden_endpoint_configs: 0,
                 clock: None,
                 next_id: 1,
                 faults: Faults::default(),
@@ -238,6 +249,14 @@ impl FakeWorkloads {
             .insert((kind, zone.to_string()), n);
     }
 
+    /// At most `n` live instances in `subnet_id` (of any kind): a launch past them answers
+    /// `InsufficientFreeAddressesInSubnet`, as a subnet out of private addresses does.
+    pub fn subnet_room(&self, region: &str, subnet_id: &str, n: usize) {
+        lock(&self.state)
+            .subnet_room
+            .insert(k(region, subnet_id), n);
+    }
+
     /// DescribeInstances stops listing `instance_id` (or, with `false`, lists it again), as
     /// EC2's Describe* lag a new instance (aws-reference §11.3).
     pub fn set_listed(&self, instance_id: &str, listed: bool) {
@@ -247,6 +266,13 @@ impl FakeWorkloads {
         } else {
             s.unlisted.insert(instance_id.to_string());
         }
+    }
+
+    /// The next `n` endpoint creations create (or keep) the config and find it not visible
+    /// yet, so create no endpoint: SageMaker's documented lag between CreateEndpointConfig
+    /// and CreateEndpoint (botocore `sagemaker` model, CreateEndpoint).
+    pub fn hide_new_endpoint_configs(&self, n: u32) {
+        lock(&self.state).hidden_endpoint_configs = n;
     }
 
     /// The plan reports `state` (unset plans are `Active`).
@@ -315,6 +341,22 @@ impl FakeWorkloads {
         self.with_instance(instance_id, |i| i.health = health)
     }
 
+    /// EC2 schedules `code` (`instance-retirement`, `system-reboot`...) for the instance from
+    /// `not_before`, as DescribeInstanceStatus shows it. Returns whether the instance exists.
+    pub fn schedule_change(
+        &self,
+        instance_id: &str,
+        code: &str,
+        not_before: chrono::DateTime<chrono::Utc>,
+    ) -> bool {
+        self.with_instance(instance_id, |i| {
+            i.scheduled.push(crate::ports::ScheduledChange {
+                code: code.into(),
+                not_before,
+            })
+        })
+    }
+
     fn with_instance(&self, instance_id: &str, f: impl FnOnce(&mut InstanceInfo)) -> bool {
         match lock(&self.state).instances.get_mut(instance_id) {
             Some(i) => {
@@ -379,8 +421,27 @@ impl FakeWorkloads {
                 managed,
                 status: "InService".into(),
                 groups: BTreeMap::new(),
+                roles: BTreeMap::new(),
             },
         );
+    }
+
+    /// The cluster's group `group` runs as `role` (DescribeCluster's `ExecutionRole`).
+    /// Returns whether the cluster exists.
+    pub fn set_group_role(
+        &self,
+        region: &str,
+        cluster_name: &str,
+        group: &str,
+        role: &str,
+    ) -> bool {
+        match lock(&self.state).clusters.get_mut(&k(region, cluster_name)) {
+            Some(c) => {
+                c.roles.insert(group.into(), role.into());
+                true
+            }
+            None => false,
+        }
     }
 
     /// Sets an instance group's counts and status (creating the group if needed).
@@ -586,6 +647,7 @@ fn group_info(
         current_count: count,
         target_count: count,
         status: status.to_string(),
+        group_roles: Vec::new(),
     }
 }
 
@@ -662,6 +724,26 @@ impl State {
                 });
             }
         }
+        let subnet = k(&spec.region, &spec.subnet_id);
+        if let Some(n) = self.subnet_room.get(&subnet) {
+            let live = self
+                .instances
+                .values()
+                .filter(|i| {
+                    i.state.is_live() && self.instance_subnets.get(&i.instance_id) == Some(&subnet)
+                })
+                .count();
+            if live + spec.count as usize > *n {
+                return Err(PortError::NoCapacity {
+                    code: "InsufficientFreeAddressesInSubnet".into(),
+                    message: format!(
+                        "The specified subnet {} does not contain enough free private IP \
+                         addresses to fulfill your request.",
+                        spec.subnet_id
+                    ),
+                });
+            }
+        }
         if self.no_capacity.contains(&kind) {
             return Err(PortError::NoCapacity {
                 code: "InsufficientInstanceCapacity".into(),
@@ -709,7 +791,9 @@ impl State {
                 reservation_id: reservation_id.clone(),
                 launched_at,
                 tags: spec.tags.clone(),
+                scheduled: Vec::new(),
             };
+            self.instance_subnets.insert(id.clone(), subnet.clone());
             self.instances.insert(id, info.clone());
             launched.push(info);
         }
@@ -902,17 +986,22 @@ impl Workloads for FakeWorkloads {
         let found = lock(&self.state)
             .clusters
             .get(&k(region, cluster_name))
-            .map(|c| match c.groups.get(instance_group_name) {
-                Some((_, info)) => info.clone(),
-                // The cluster exists; the group does not (yet).
-                None => InstanceGroupInfo {
-                    cluster_name: cluster_name.to_string(),
-                    cluster_managed: c.managed,
-                    instance_group_name: None,
-                    current_count: 0,
-                    target_count: 0,
-                    status: c.status.clone(),
-                },
+            .map(|c| {
+                let mut info = match c.groups.get(instance_group_name) {
+                    Some((_, info)) => info.clone(),
+                    // The cluster exists; the group does not (yet).
+                    None => InstanceGroupInfo {
+                        cluster_name: cluster_name.to_string(),
+                        cluster_managed: c.managed,
+                        instance_group_name: None,
+                        current_count: 0,
+                        target_count: 0,
+                        status: c.status.clone(),
+                        group_roles: Vec::new(),
+                    },
+                };
+                info.group_roles = c.roles.clone().into_iter().collect();
+                info
             });
         finish(after, Ok(found))
     }
@@ -962,12 +1051,22 @@ impl Workloads for FakeWorkloads {
         finish(after, Ok(Some(state)))
     }
 
-    async fn create_endpoint(&self, spec: &EndpointSpec) -> Result<(), PortError> {
+    async fn create_endpoint(&self, spec: &EndpointSpec) -> Result<EndpointCreation, PortError> {
         self.pause("CreateEndpoint").await;
         let after = self.begin(WorkloadsCall::CreateEndpoint(spec.clone()))?;
         let mut s = lock(&self.state);
         s.endpoint_configs
             .insert(k(&spec.region, &spec.endpoint_config_name));
+        if s.hidden_endpoint_configs > 0 {
+            s.hidden_endpoint_configs -= 1;
+            return finish(
+                after,
+                Ok(EndpointCreation::ConfigNotVisible(format!(
+                    "Could not find endpoint configuration {}",
+                    spec.endpoint_config_name
+                ))),
+            );
+        }
         s.endpoints
             .entry(k(&spec.region, &spec.endpoint_name))
             .or_insert_with(|| {
@@ -987,7 +1086,7 @@ impl Workloads for FakeWorkloads {
                     },
                 )
             });
-        finish(after, Ok(()))
+        finish(after, Ok(EndpointCreation::Created))
     }
 
     async fn describe_endpoint(

@@ -802,6 +802,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             if !r.state.is_live() || recorded.contains(&r.id) {
                 continue;
             }
+            let r = as_named(r, name, offering);
             if !is_ours(&r, id, deployment, offering) {
                 tracing::debug!(request_id = %id, reservation_id = %r.id,
                     request_tag = ?r.request_tag, deployment_tag = ?r.deployment_tag,
@@ -1039,6 +1040,31 @@ pub fn doubted(rec: &RequestRecord, recorded: &Doubt) -> Option<Doubt> {
             since: *at,
         }),
     }
+}
+
+/// `r` as what buying `offering` gave, when it is the training plan named `name` (the name
+/// this purchase gives its plan, `naming::plan_name`) and shows no reserved capacity: the
+/// botocore `sagemaker` model lets `ReservedCapacitySummaries` be empty and
+/// `TotalInstanceCount` be 0, and what a `Pending` plan returns is unpublished, so the
+/// adapter reads such a plan with no instance type and no count (review aws-reality-2,
+/// Task 3 #7). The name is this purchase's, so the plan is the one it bought: it takes the
+/// offering's type, count and segments (without summaries the adapter knows only the plan's
+/// whole span, which would cover a split plan's gap), and is adopted by that name, never
+/// kept as a stray of type "" beside a plan bought again. Anything else is as listed.
+fn as_named(mut r: Reservation, name: &str, offering: &Offering) -> Reservation {
+    let named = matches!(r.product, Product::TrainingPlan { .. })
+        && !name.is_empty()
+        && r.id
+            .rsplit('/')
+            .next()
+            .is_some_and(|n| n.eq_ignore_ascii_case(name));
+    if !named || !(r.instance_type.is_empty() || r.instance_count == 0) {
+        return r;
+    }
+    r.instance_type = offering.instance_type.clone();
+    r.instance_count = offering.instance_count;
+    r.segments = offering.segments.clone();
+    r
 }
 
 /// Whether reservation `r` is what buying `offering` gives: same type and count, starting

@@ -48,11 +48,34 @@ fn refused() -> PortError {
     }
 }
 
+/// EC2's describe limit with `message`, as the adapter classes it (`aws::error`): its own
+/// class, never a throttle (issue 50, #10).
+fn describe_limit(message: &str) -> PortError {
+    crate::aws::error::Failure {
+        op: "DescribeCapacityBlockOfferings",
+        code: DESCRIBE_LIMIT.into(),
+        message: message.into(),
+        status: Some(400),
+        answered: true,
+    }
+    .into_port("ec2", crate::aws::error::Call::Retryable)
+}
+
 fn throttled(message: &str) -> PortError {
     PortError::Throttled {
         service: "ec2",
-        code: DESCRIBE_LIMIT.into(),
+        code: "RequestLimitExceeded".into(),
         message: message.into(),
+    }
+}
+
+fn plan_query(region: &str, instance_type: &str, count: u32) -> OfferingQuery {
+    OfferingQuery {
+        product: Product::TrainingPlan {
+            target: crate::domain::offering::TargetResource::TrainingJob,
+        },
+        instance_count: count,
+        ..query(region, instance_type)
     }
 }
 
@@ -119,7 +142,7 @@ fn the_account_limit_reading_refuses_the_family_in_that_region_only() {
     round.record(
         &qs,
         &qs[2],
-        &Err(throttled(
+        &Err(describe_limit(
             "Your existing service limits for this AWS account are not sufficient to use EC2 \
              Capacity Blocks",
         )),
@@ -146,7 +169,7 @@ fn the_rate_reading_is_failing_not_refused() {
     round.record(
         &qs,
         &qs[0],
-        &Err(throttled("You've reached the limit for this account.")),
+        &Err(describe_limit("You've reached the limit for this account.")),
         now(),
     );
     assert!(matches!(
@@ -185,4 +208,71 @@ fn every_query_refused_is_all_refused() {
     }
     assert!(round.all_refused(&qs));
     assert!(round.decides(&qs, now(), now() + Duration::days(5)));
+}
+
+#[test]
+fn the_describe_limit_is_read_by_the_search_as_the_adapter_classes_it_not_as_a_throttle() {
+    // GIVEN EC2's describe limit as the adapter classes it: its own class, not `Throttled`
+    let quota = describe_limit(
+        "Your existing service limits for this AWS account are not sufficient to use EC2 \
+         Capacity Blocks",
+    );
+    let burst = describe_limit("You've reached the limit for this account.");
+    assert!(!matches!(quota, PortError::Throttled { .. }), "{quota:?}");
+    // THEN the search alone reads it: the quota wording refuses the family there, the
+    // burst wording backs the region off
+    assert!(
+        matches!(read_failure(&quota), Failure::NoQuota(_)),
+        "{quota:?}"
+    );
+    assert!(
+        matches!(read_failure(&burst), Failure::RateLimited(_)),
+        "{burst:?}"
+    );
+    // AND an ordinary throttle is still a rate limit
+    assert!(matches!(
+        read_failure(&throttled("Request limit exceeded.")),
+        Failure::RateLimited(_)
+    ));
+}
+
+#[test]
+fn a_plan_search_over_a_sagemaker_account_limit_refuses_the_type_in_that_region_with_the_reason() {
+    // GIVEN plan queries of two types and counts in two regions
+    let qs = [
+        plan_query("us-east-1", "ml.p5.48xlarge", 2),
+        plan_query("us-east-1", "ml.p5.48xlarge", 4),
+        plan_query("us-east-1", "ml.p4d.24xlarge", 2),
+        plan_query("us-east-2", "ml.p5.48xlarge", 2),
+    ];
+    let mut round = SearchRound::default();
+    // WHEN SearchTrainingPlanOfferings answers ResourceLimitExceeded (its one modeled
+    // error), which the adapter classes as no capacity, as for a launch
+    let limit = crate::aws::error::Failure {
+        op: "SearchTrainingPlanOfferings",
+        code: "ResourceLimitExceeded".into(),
+        message: "The account-level service limit 'ml.p5.48xlarge for training plan usage' \
+                  is 0 Instances"
+            .into(),
+        status: Some(400),
+        answered: true,
+    }
+    .into_port("sagemaker", crate::aws::error::Call::Retryable);
+    round.record(&qs, &qs[0], &Err(limit), now());
+    // THEN that type in that region is refused for the request, every count, with the
+    // reason; asking again cannot help (before: retried as no capacity for three ticks)
+    for q in &qs[..2] {
+        assert!(
+            matches!(
+                round.outcomes.get(&key(q)),
+                Some(QueryOutcome::Refused { reason })
+                    if reason.contains("SageMaker limit for ml.p5.48xlarge training plans in us-east-1")
+                        && reason.contains("ResourceLimitExceeded")
+            ),
+            "{:?}",
+            round.outcomes.get(&key(q))
+        );
+    }
+    // AND other types and regions are still asked
+    assert_eq!(round.to_ask(&qs), vec![qs[2].clone(), qs[3].clone()]);
 }

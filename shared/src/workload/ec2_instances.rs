@@ -8,6 +8,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tracing::info;
 
+use super::refusal::{self, Placement, Scope};
 use super::{DrainTarget, Launch, Launching, Target, rejection, settle};
 use crate::domain::naming::{client_token, owns, resource_tags};
 use crate::domain::offering::{Offering, Product};
@@ -68,6 +69,34 @@ pub(super) async fn usable<W: Workloads>(
     Ok((usable, unusable))
 }
 
+/// Where on-demand or spot EC2 instances may launch, in the order tried: each of `regions` in
+/// turn, and in each every one of the request's subnets there (a subnet refusal leaves the
+/// zone's others, a zone refusal the other zones: `refusal`).
+pub(super) async fn placements<W: Workloads>(
+    workloads: &W,
+    regions: &[String],
+    subnet_ids: &[String],
+) -> Result<Vec<Placement>, PortError> {
+    let mut out = Vec::new();
+    for region in regions {
+        let found = workloads.subnet_zones(region, subnet_ids).await?;
+        out.extend(found.into_iter().map(|subnet| Placement {
+            region: region.clone(),
+            subnet: Some(subnet),
+        }));
+    }
+    Ok(out)
+}
+
+/// Why there is nowhere to launch on demand: no subnet of the request is in its regions.
+pub(super) fn no_placement(regions: &[String], subnet_ids: &[String]) -> String {
+    format!(
+        "on-demand-first: none of the request's subnets ({}) is in its regions ({})",
+        subnet_ids.join(", "),
+        regions.join(", ")
+    )
+}
+
 pub(super) async fn launch<W: Workloads, S: Store>(
     l: &Launching<'_, W, S>,
     launch_template: Option<&LaunchTemplateRef>,
@@ -79,26 +108,38 @@ pub(super) async fn launch<W: Workloads, S: Store>(
             "the request names no launch template".into(),
         ));
     };
-    let subnet = match &t.availability_zone {
-        Some(zone) => match l
-            .workloads
-            .subnet_in_zone(&t.region, subnet_ids, zone)
-            .await?
-        {
-            Some(s) => s,
-            None => {
+    // Where the slots launch, in the order tried. A block lives in one zone: every request
+    // subnet there is tried, since a subnet without free addresses
+    // (`InsufficientFreeAddressesInSubnet`; an EFA template takes one per interface per
+    // instance) says nothing about the zone's next one, and the paid block must not be left
+    // idle for it (review Task 3 #2). On demand and spot, the target's one subnet: the
+    // launcher tries the request's other placements.
+    let subnets: Vec<String> = match &t.availability_zone {
+        Some(zone) => {
+            let here: Vec<String> = l
+                .workloads
+                .subnet_zones(&t.region, subnet_ids)
+                .await?
+                .into_iter()
+                .filter(|(_, z)| z == zone)
+                .map(|(s, _)| s)
+                .collect();
+            if here.is_empty() {
                 return Ok(Launch::Refuse(format!(
                     "none of the request's subnets ({}) is in {zone}, the zone of {}",
                     subnet_ids.join(", "),
                     t.reservation_id
                 )));
             }
-        },
+            here
+        }
         None => match t.subnet_id.as_ref().or(subnet_ids.first()) {
-            Some(s) => s.clone(),
+            Some(s) => vec![s.clone()],
             None => return Ok(Launch::Refuse("the request names no subnet".into())),
         },
     };
+    // Subnets that answered full in this invocation: later slots do not ask them again.
+    let mut full: Vec<(String, String, String)> = Vec::new();
     let mut ids = Vec::new();
     // The slowest RunInstances of this invocation, measured on the deadline itself.
     let mut slowest = Duration::ZERO;
@@ -108,23 +149,33 @@ pub(super) async fn launch<W: Workloads, S: Store>(
     // went unrecorded (a crash after RunInstances, a lost answer) is recorded as an intent
     // first: a retry that starts at another placement would otherwise launch the slot anew
     // and leave that instance running, unrecorded and unbilled (found by the simulation,
-    // seed 277). A block's token is the same in every run.
+    // seed 277). A block's token is the same in every run in its zone's first subnet; in
+    // another it names that subnet (EC2 answers a token used with other parameters
+    // `IdempotentParameterMismatch`), and the intent is recorded, so a retry asks that
+    // subnet first and finds the instance a lost answer started there.
     let off_block = !matches!(t.market, LaunchMarket::CapacityBlock { .. });
+    let intents = off_block || subnets.len() > 1;
     for slot in 0..t.instance_count {
         let mut generation = 0;
         // What the slot's earlier instances ran (taken back in this hold): the relaunch's
         // record keeps it, so the run is settled for them too.
         let mut earlier = Vec::new();
+        // The subnet a block slot's unanswered call went to: asked first.
+        let mut first = None;
         if let Some(w) = l.recorded.get(&slot) {
             let mut w = w.clone();
             if off_block && w.state == LAUNCHING {
-                let now = spec(l, template, &subnet, slot, w.generation);
+                let now = spec(l, template, &subnets, 0, slot, w.generation);
                 if intent(&now) != w.resource_id {
                     w = settle_intent(l, template, &w).await?;
                 }
             }
             if off_block && w.state == TERMINATING {
                 w = finish_take_back(l, &w).await?;
+            }
+            if !off_block && w.state == LAUNCHING {
+                first = intended_subnet(&w.resource_id)
+                    .and_then(|s| subnets.iter().position(|x| x == s));
             }
             // An on-demand or spot slot undone after a refusal elsewhere is launched anew, at
             // the next generation (a new client token: the old one answers the terminated
@@ -141,47 +192,79 @@ pub(super) async fn launch<W: Workloads, S: Store>(
                 }
             };
         }
-        let left = l.deadline.remaining();
-        if left < LAUNCH_RESERVE + slowest * 2 {
-            // Each launched slot is recorded already: the next tick starts at this one.
-            return Ok(Launch::Starting(format!(
-                "{} of {} instances of {} are launched; {} ms of this invocation are left, \
-                 too few for another RunInstances (the slowest took {} ms) and the record of it, \
-                 so the rest are launched on the next tick",
-                ids.len(),
-                t.instance_count,
-                t.reservation_id,
-                left.as_millis(),
-                slowest.as_millis()
-            )));
-        }
-        let spec = spec(l, template, &subnet, slot, generation);
-        if off_block {
-            let mut record = l.record(slot, intent(&spec), LAUNCHING);
-            record.generation = generation;
-            record.ran.clone_from(&earlier);
-            l.store.put_workload(record).await?;
-        }
-        let launched = l.workloads.launch_instances(&spec).await;
-        slowest = slowest.max(left.saturating_sub(l.deadline.remaining()));
-        let launched = match launched {
-            Ok(launched) => launched,
-            Err(e) => {
-                let settled = settle(
-                    e,
-                    &format!("slot {slot} of {} ({})", t.reservation_id, subnet),
-                )?;
-                if off_block {
-                    // Refused: nothing started (a transient error leaves the intent).
-                    let mut record = l.record(slot, intent(&spec), UNLAUNCHED);
-                    record.generation = generation;
-                    record.ran = earlier;
-                    l.store.put_workload(record).await?;
-                }
-                return Ok(settled);
+        let start = first.unwrap_or(0);
+        let order: Vec<usize> = (0..subnets.len())
+            .map(|n| (start + n) % subnets.len())
+            .filter(|n| !full.iter().any(|(s, ..)| *s == subnets[*n]))
+            .collect();
+        let mut launched = None;
+        for (attempt, n) in order.iter().copied().enumerate() {
+            let subnet = &subnets[n];
+            let left = l.deadline.remaining();
+            if left < LAUNCH_RESERVE + slowest * 2 {
+                // Each launched slot is recorded already: the next tick starts at this one.
+                return Ok(Launch::Starting(format!(
+                    "{} of {} instances of {} are launched; {} ms of this invocation are left, \
+                     too few for another RunInstances (the slowest took {} ms) and the record of it, \
+                     so the rest are launched on the next tick",
+                    ids.len(),
+                    t.instance_count,
+                    t.reservation_id,
+                    left.as_millis(),
+                    slowest.as_millis()
+                )));
             }
+            let spec = spec(l, template, &subnets, n, slot, generation);
+            if intents {
+                let mut record = l.record(slot, intent(&spec), LAUNCHING);
+                record.generation = generation;
+                record.ran.clone_from(&earlier);
+                l.store.put_workload(record).await?;
+            }
+            let answer = l.workloads.launch_instances(&spec).await;
+            slowest = slowest.max(left.saturating_sub(l.deadline.remaining()));
+            match answer {
+                Ok(started) => {
+                    launched = Some((subnet.clone(), started));
+                    break;
+                }
+                // This subnet is full: the zone's next one may have room.
+                Err(PortError::NoCapacity { code, message })
+                    if refusal::of(&code).scope == Scope::Subnet && attempt + 1 < order.len() =>
+                {
+                    info!(request_id = %id, reservation_id = %t.reservation_id, slot,
+                        subnet_id = %subnet, code, "the subnet is full; trying the zone's next");
+                    full.push((subnet.clone(), code, message));
+                }
+                Err(e) => {
+                    let mut tried: Vec<&str> = full.iter().map(|(s, ..)| s.as_str()).collect();
+                    tried.push(subnet);
+                    let settled = settle(
+                        e,
+                        &format!("slot {slot} of {} ({})", t.reservation_id, tried.join(", ")),
+                    )?;
+                    if off_block {
+                        // Refused: nothing started (a transient error leaves the intent).
+                        let mut record = l.record(slot, intent(&spec), UNLAUNCHED);
+                        record.generation = generation;
+                        record.ran = earlier;
+                        l.store.put_workload(record).await?;
+                    }
+                    return Ok(settled);
+                }
+            }
+        }
+        let Some((subnet, started)) = launched else {
+            // Every subnet answered full earlier in this invocation: wait for addresses to
+            // free up, as for capacity (never fail the paid block for it).
+            let (_, code, message) = full.last().cloned().unwrap_or_default();
+            let tried: Vec<&str> = full.iter().map(|(s, ..)| s.as_str()).collect();
+            return settle(
+                PortError::NoCapacity { code, message },
+                &format!("slot {slot} of {} ({})", t.reservation_id, tried.join(", ")),
+            );
         };
-        let Some(instance) = launched.into_iter().next() else {
+        let Some(instance) = started.into_iter().next() else {
             return Err(PortError::Transient {
                 service: "ec2",
                 code: "EmptyReservation".into(),
@@ -242,24 +325,40 @@ async fn finish_take_back<W: Workloads, S: Store>(
     Ok(after)
 }
 
-/// The RunInstances of `slot` at `generation` in the target's placement.
+/// The RunInstances of `slot` at `generation` in the target's placement, in `subnets[n]`.
+/// The first subnet keeps the token launches had before blocks tried several; another's
+/// token names it, as one token used with another subnet would be refused.
 fn spec<W: Workloads, S: Store>(
     l: &Launching<'_, W, S>,
     template: &LaunchTemplateRef,
-    subnet: &str,
+    subnets: &[String],
+    n: usize,
     slot: u32,
     generation: u32,
 ) -> LaunchSpec {
     let t = l.target;
+    let subnet = &subnets[n];
+    let token_base = match n {
+        0 => t.token_base.clone(),
+        _ => format!("{}@{subnet}", t.token_base),
+    };
     LaunchSpec {
         region: t.region.clone(),
         market: t.market.clone(),
         instance_type: t.instance_type.clone(),
         count: 1,
-        subnet_id: subnet.to_string(),
+        subnet_id: subnet.clone(),
         launch_template: template.clone(),
-        client_token: client_token(&t.token_base, slot, generation),
+        client_token: client_token(&token_base, slot, generation),
         tags: l.tags.clone(),
+    }
+}
+
+/// The subnet a launching slot's recorded intent names.
+fn intended_subnet(resource_id: &str) -> Option<&str> {
+    match resource_id.splitn(4, ':').collect::<Vec<_>>()[..] {
+        [LAUNCHING, _, subnet, _] => Some(subnet),
+        _ => None,
     }
 }
 
@@ -290,7 +389,7 @@ async fn settle_intent<W: Workloads, S: Store>(
             region: region.to_string(),
             subnet_id: subnet.to_string(),
             client_token: token.to_string(),
-            ..spec(l, template, subnet, w.slot, w.generation)
+            ..spec(l, template, &[subnet.to_string()], 0, w.slot, w.generation)
         };
         match l.workloads.launch_instances(&spec).await {
             Ok(started) => {

@@ -98,6 +98,7 @@ async fn left_to_us<S: Store>(
 pub(super) async fn submission_problem<W: Workloads, S: Store>(
     workloads: &W,
     store: &S,
+    config: &Config,
     req: &CapacityRequest,
     g: &Group<'_>,
     now: DateTime<Utc>,
@@ -105,10 +106,29 @@ pub(super) async fn submission_problem<W: Workloads, S: Store>(
     let (regions, cluster_name) = (&req.regions, g.cluster_name);
     let mut unmanaged_in = Vec::new();
     for region in regions {
-        match workloads
+        let found = workloads
             .describe_instance_group(region, cluster_name, g.instance_group_name)
-            .await?
+            .await?;
+        // UpdateCluster sends every other group back with its role (review aws-reality-2
+        // #3): one this deployment may not pass would fail the launch or the drain with
+        // AccessDenied after the plan is paid.
+        if let Some(group) = found.as_ref().filter(|f| f.cluster_managed)
+            && let Some((other, role)) = group
+                .group_roles
+                .iter()
+                .find(|(n, r)| n.as_str() != g.instance_group_name && !config.may_pass(r))
         {
+            return Ok(Some(FieldError {
+                field: "workload.cluster_name".to_string(),
+                message: format!(
+                    "HyperPod cluster {cluster_name} in {region} has instance group {other} with \
+                     execution role {role}, which this deployment may not pass: every update of \
+                     the cluster sends that group back with its role. Add the role to the \
+                     HyperPodRoleArns parameter (iam:PassRole), or use another cluster"
+                ),
+            }));
+        }
+        match found {
             // A group carries no tags: it is ours only if our table records that we created
             // it (ARCHITECTURE §8.7): no request not yet recorded can have, but one that has
             // ended may have left it behind, scaled to zero, for this one (§9.8).

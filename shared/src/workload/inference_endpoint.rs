@@ -8,7 +8,7 @@ use super::{DrainTarget, Launch, Launching, settle};
 use crate::domain::naming::{MANAGED_TAG, REQUEST_TAG, owns, workload_name};
 use crate::domain::request::{FieldError, RequestId};
 use crate::domain::reservation::ReservationState;
-use crate::ports::{EndpointInfo, EndpointSpec, PortError, Store, Workloads};
+use crate::ports::{EndpointCreation, EndpointInfo, EndpointSpec, PortError, Store, Workloads};
 
 /// Why an existing endpoint of the name is not ours for `id` (ARCHITECTURE §8.7), if it is not.
 fn not_ours(e: &EndpointInfo, region: &str, id: &RequestId, deployment: &str) -> Option<String> {
@@ -171,8 +171,20 @@ pub(super) async fn launch<W: Workloads, S: Store>(
     };
     // Recorded before the call: a crash after it finds the endpoint ours and follows it.
     l.store.put_workload(record(CREATING, attempt)).await?;
-    if let Err(err) = l.workloads.create_endpoint(&spec).await {
-        return settle(err, &format!("endpoint {endpoint_name}"));
+    match l.workloads.create_endpoint(&spec).await {
+        Ok(EndpointCreation::Created) => {}
+        // AWS documents that a config just created may not be visible to CreateEndpoint yet
+        // (botocore `sagemaker` model, CreateEndpoint): the endpoint is created on a later
+        // tick (the record finds no endpoint, so this path runs again), never refused.
+        Ok(EndpointCreation::ConfigNotVisible(why)) => {
+            info!(request_id = %id, endpoint_name = %endpoint_name, endpoint_config_name = %spec.endpoint_config_name, %why, "the endpoint config is not visible yet");
+            return Ok(Launch::Starting(format!(
+                "endpoint config {} is not visible to SageMaker yet ({why}); endpoint \
+                 {endpoint_name} is created on the next tick",
+                spec.endpoint_config_name
+            )));
+        }
+        Err(err) => return settle(err, &format!("endpoint {endpoint_name}")),
     }
     info!(request_id = %id, reservation_id = %t.reservation_id, endpoint_name = %endpoint_name, attempt, "created an endpoint");
     Ok(Launch::Starting(format!(

@@ -100,10 +100,11 @@ pub struct DrainTarget {
 pub async fn submission_problem<W: Workloads, S: Store>(
     workloads: &W,
     store: &S,
-    deployment: &str,
+    config: &Config,
     req: &CapacityRequest,
     now: DateTime<Utc>,
 ) -> Result<Option<FieldError>, PortError> {
+    let deployment = config.deployment_id.as_str();
     match &req.workload {
         WorkloadDetail::HyperpodCluster {
             cluster_name,
@@ -111,7 +112,7 @@ pub async fn submission_problem<W: Workloads, S: Store>(
             life_cycle_config,
         } => {
             let group = Group::new(cluster_name, instance_group_name, life_cycle_config);
-            hyperpod_cluster::submission_problem(workloads, store, req, &group, now).await
+            hyperpod_cluster::submission_problem(workloads, store, config, req, &group, now).await
         }
         WorkloadDetail::InferenceEndpoint { endpoint_name, .. } => {
             inference_endpoint::submission_problem(
@@ -148,6 +149,45 @@ pub async fn usable<W: Workloads>(
         }
         WorkloadDetail::TrainingJob(_) | WorkloadDetail::InferenceEndpoint { .. } => {
             Ok((offerings.to_vec(), vec![]))
+        }
+    }
+}
+
+/// Where on-demand or spot may launch, in the order tried: each of the request's regions in
+/// turn, and in each, for EC2 instances, each of the request's subnets there (the SageMaker
+/// kinds have no subnet: the region is the placement). Empty: nowhere, for
+/// [`no_placement`]'s reason.
+pub async fn placements<W: Workloads>(
+    workloads: &W,
+    req: &CapacityRequest,
+) -> Result<Vec<refusal::Placement>, PortError> {
+    match &req.workload {
+        WorkloadDetail::Ec2Instances { subnet_ids, .. } => {
+            ec2_instances::placements(workloads, &req.regions, subnet_ids).await
+        }
+        WorkloadDetail::TrainingJob(_)
+        | WorkloadDetail::HyperpodCluster { .. }
+        | WorkloadDetail::InferenceEndpoint { .. } => Ok(req
+            .regions
+            .iter()
+            .map(|region| refusal::Placement {
+                region: region.clone(),
+                subnet: None,
+            })
+            .collect()),
+    }
+}
+
+/// Why [`placements`] found nowhere to launch on demand.
+pub fn no_placement(req: &CapacityRequest) -> String {
+    match &req.workload {
+        WorkloadDetail::Ec2Instances { subnet_ids, .. } => {
+            ec2_instances::no_placement(&req.regions, subnet_ids)
+        }
+        WorkloadDetail::TrainingJob(_)
+        | WorkloadDetail::HyperpodCluster { .. }
+        | WorkloadDetail::InferenceEndpoint { .. } => {
+            "on-demand-first: the request names no region".to_string()
         }
     }
 }

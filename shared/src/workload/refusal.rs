@@ -2,12 +2,15 @@
 //! reasons of different reach (aws-reference §11.3 and §11.2): a zone that has no capacity
 //! or does not offer the type says nothing about the next zone; an account limit holds for
 //! the whole region. The launcher tries the request's placements in order, skipping those a
-//! refusal's scope covers: another subnet in another zone, then another region where the
-//! request names a subnet, then spot when the request is interruptible, then a reservation.
+//! refusal's scope covers: another subnet (of the same zone when only the subnet is full),
+//! then another zone, then another region where the request names a subnet, then spot when
+//! the request is interruptible, then a reservation.
 
 /// How far a refusal reaches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
+    /// This subnet only: another subnet, even in the same zone, may launch.
+    Subnet,
     /// This zone only: another subnet in another zone may launch.
     Zone,
     /// AWS's capacity in the whole region.
@@ -28,6 +31,15 @@ pub struct Refusal {
 /// Every refusal of an on-demand or spot launch that is not the request's fault: the next
 /// placement is tried (see the module doc). Any other refusal fails the request.
 pub const REFUSALS: &[Refusal] = &[
+    // EC2 error codes: "The specified subnet does not contain enough free private IP
+    // addresses to fulfill your request." Each interface takes an address per instance, and
+    // an EFA template has several (aws-reference §11.1), so a subnet fills up long before the
+    // zone runs out of capacity. It says nothing about the next subnet (review Task 3 #2).
+    Refusal {
+        code: "InsufficientFreeAddressesInSubnet",
+        scope: Scope::Subnet,
+        means: "the subnet has too few free private IP addresses",
+    },
     Refusal {
         code: "InsufficientInstanceCapacity",
         scope: Scope::Zone,
@@ -109,6 +121,10 @@ impl Placement {
         }
         match scope {
             Scope::Region | Scope::AccountRegion => true,
+            Scope::Subnet => match (&self.subnet, &at.subnet) {
+                (Some((subnet, _)), Some((refused, _))) => subnet == refused,
+                _ => true,
+            },
             Scope::Zone => match (&self.subnet, &at.subnet) {
                 (Some((_, zone)), Some((_, refused))) => zone == refused,
                 _ => true,
@@ -140,6 +156,23 @@ mod tests {
         let refused = at("us-east-1", "us-east-1a");
         let scope = of("Unsupported").scope;
         assert!(at("us-east-1", "us-east-1a").covered_by(scope, &refused));
+        assert!(!at("us-east-1", "us-east-1b").covered_by(scope, &refused));
+        assert!(!at("us-west-2", "us-west-2a").covered_by(scope, &refused));
+    }
+
+    #[test]
+    fn a_subnet_without_free_addresses_leaves_the_zones_other_subnets() {
+        // Issue 50: GIVEN a launch refused for the subnet's free addresses
+        let refused = at("us-east-1", "us-east-1a");
+        let scope = of("InsufficientFreeAddressesInSubnet").scope;
+        assert_eq!(scope, Scope::Subnet);
+        // THEN that subnet is ruled out, and no other: not another subnet of the same zone
+        let other_subnet = Placement {
+            region: "us-east-1".into(),
+            subnet: Some(("subnet-other".into(), "us-east-1a".into())),
+        };
+        assert!(at("us-east-1", "us-east-1a").covered_by(scope, &refused));
+        assert!(!other_subnet.covered_by(scope, &refused));
         assert!(!at("us-east-1", "us-east-1b").covered_by(scope, &refused));
         assert!(!at("us-west-2", "us-west-2a").covered_by(scope, &refused));
     }

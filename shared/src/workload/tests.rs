@@ -213,7 +213,7 @@ async fn a_hyperpod_request_on_an_unmanaged_cluster_has_a_submission_problem() {
     let mut req = request("req-1", "team-a", "50000");
     hyperpod(&mut req);
 
-    let problem = submission_problem(&workloads, &InMemoryStore::new(), DEPLOYMENT, &req, t0())
+    let problem = submission_problem(&workloads, &InMemoryStore::new(), &config(), &req, t0())
         .await
         .unwrap();
 
@@ -233,7 +233,7 @@ async fn a_request_for_ec2_instances_has_no_submission_problem_and_asks_aws_noth
     let problem = submission_problem(
         &workloads,
         &InMemoryStore::new(),
-        DEPLOYMENT,
+        &config(),
         &request("req-1", "team-a", "50000"),
         t0(),
     )
@@ -304,6 +304,116 @@ async fn a_launch_stops_while_the_deadline_leaves_time_to_record_it_and_the_next
     let calls = workloads.calls_of(WorkloadsOp::LaunchInstances);
     assert_eq!(calls.len(), 4, "no slot is launched twice: {calls:?}");
     assert_eq!(store.workloads(&rec.request_id).await.unwrap().len(), 4);
+}
+
+/// A block of `count` in `us-east-1a`, whose zone holds the request's `subnet-a` (room for
+/// `room_a` instances' addresses) and `subnet-b` (`room_b`); `subnet-c` is in another zone.
+fn block_with_two_subnets(
+    count: u32,
+    room_a: usize,
+    room_b: usize,
+) -> (FakeWorkloads, InMemoryStore, RequestRecord, Target) {
+    let (workloads, store) = world();
+    workloads.add_subnet(REGION, "subnet-c", "us-east-1c");
+    workloads.add_subnet(REGION, "subnet-b", "us-east-1a");
+    workloads.subnet_room(REGION, "subnet-a", room_a);
+    workloads.subnet_room(REGION, "subnet-b", room_b);
+    workloads.add_reservation_capacity("cr-1", count, Some("us-east-1a"));
+    let mut req = request("req-1", "team-a", "50000");
+    req.instance_count = count;
+    req.workload = WorkloadDetail::Ec2Instances {
+        launch_template: Some(crate::domain::request::LaunchTemplateRef {
+            id: Some("lt-1".into()),
+            name: None,
+            version: None,
+        }),
+        subnet_ids: vec!["subnet-a".into(), "subnet-c".into(), "subnet-b".into()],
+        instance_platform: None,
+    };
+    let target = Target {
+        reservation_id: "cr-1".into(),
+        token_base: "cr-1".into(),
+        market: LaunchMarket::CapacityBlock {
+            reservation_id: "cr-1".into(),
+        },
+        plan_arn: None,
+        region: REGION.into(),
+        instance_type: "p5.48xlarge".into(),
+        instance_count: count,
+        availability_zone: Some("us-east-1a".into()),
+        subnet_id: None,
+        segment: 0,
+        must_end_by: t0() + Duration::hours(24),
+    };
+    (workloads, store, record(req), target)
+}
+
+fn subnets_launched_in(workloads: &FakeWorkloads) -> Vec<String> {
+    workloads
+        .calls_of(WorkloadsOp::LaunchInstances)
+        .into_iter()
+        .filter_map(|c| match c {
+            WorkloadsCall::LaunchInstances(spec) => Some(spec.subnet_id),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_block_launch_moves_to_the_zones_next_subnet_when_one_has_no_free_addresses() {
+    // Issue 50 (review Task 3 #2): GIVEN a block of 3 in us-east-1a, whose first request
+    // subnet there has addresses for 1 instance and whose second has room for the rest
+    let (workloads, store, rec, target) = block_with_two_subnets(3, 1, 5);
+
+    // WHEN its window's launch runs
+    let got = launch_now(&workloads, &store, &rec, &target).await.unwrap();
+
+    // THEN every slot launches: the first in subnet-a, the others in the zone's other
+    // subnet once subnet-a answered full (asked once), never in another zone's subnet
+    let Launch::Done(ids) = got else {
+        panic!("the block launches in the zone's other subnet: {got:?}");
+    };
+    assert_eq!(ids.len(), 3);
+    assert_eq!(
+        subnets_launched_in(&workloads),
+        ["subnet-a", "subnet-a", "subnet-b", "subnet-b"]
+    );
+    // AND a slot in the other subnet has a token of its own (one token sent with another
+    // subnet is IdempotentParameterMismatch), and a second run starts nothing new
+    let again = launch_now(&workloads, &store, &rec, &target).await.unwrap();
+    assert_eq!(again, Launch::Done(ids));
+    assert_eq!(workloads.calls_of(WorkloadsOp::LaunchInstances).len(), 4);
+}
+
+#[tokio::test]
+async fn a_block_whose_zone_has_no_free_addresses_waits_and_launches_once_they_free() {
+    // Issue 50: GIVEN a block of 2 whose zone's subnets have room for 1 instance in all
+    let (workloads, store, rec, target) = block_with_two_subnets(2, 1, 0);
+
+    // WHEN its window's launch runs
+    let got = launch_now(&workloads, &store, &rec, &target).await.unwrap();
+
+    // THEN it waits (no capacity yet), naming the subnets and why; the paid request is not
+    // refused
+    let Launch::NoCapacity { code, why } = got else {
+        panic!("a full zone waits for addresses, never refuses: {got:?}");
+    };
+    assert_eq!(code, "InsufficientFreeAddressesInSubnet");
+    for said in ["subnet-a", "subnet-b", "free private IP addresses"] {
+        assert!(why.contains(said), "{said}: {why}");
+    }
+    assert!(!subnets_launched_in(&workloads).contains(&"subnet-c".to_string()));
+
+    // WHEN addresses free up in the second subnet, and the next tick launches
+    workloads.subnet_room(REGION, "subnet-b", 4);
+    let next = launch_now(&workloads, &store, &rec, &target).await.unwrap();
+
+    // THEN the launched slot is kept and the waiting one launches: 2 instances, no more
+    let Launch::Done(ids) = next else {
+        panic!("the block launches once addresses free: {next:?}");
+    };
+    assert_eq!(ids.len(), 2);
+    assert_eq!(workloads.live_in_reservation("cr-1").len(), 2);
 }
 
 #[tokio::test]
@@ -525,7 +635,7 @@ async fn an_endpoint_name_taken_by_something_not_ours_is_a_submission_problem() 
         let mut req = request("req-1", "team-a", "50000");
         endpoint(&mut req);
 
-        let problem = submission_problem(&workloads, &InMemoryStore::new(), DEPLOYMENT, &req, t0())
+        let problem = submission_problem(&workloads, &InMemoryStore::new(), &config(), &req, t0())
             .await
             .unwrap()
             .unwrap_or_else(|| panic!("{who} endpoint is a problem"));
@@ -542,14 +652,14 @@ async fn an_endpoint_name_taken_by_something_not_ours_is_a_submission_problem() 
     let mut req = request("req-1", "team-a", "50000");
     endpoint(&mut req);
     assert_eq!(
-        submission_problem(&workloads, &InMemoryStore::new(), DEPLOYMENT, &req, t0())
+        submission_problem(&workloads, &InMemoryStore::new(), &config(), &req, t0())
             .await
             .unwrap(),
         None
     );
     workloads.add_foreign_endpoint(REGION, "shared-llm", ours_for("req-1"));
     assert_eq!(
-        submission_problem(&workloads, &InMemoryStore::new(), DEPLOYMENT, &req, t0())
+        submission_problem(&workloads, &InMemoryStore::new(), &config(), &req, t0())
             .await
             .unwrap(),
         None
@@ -604,6 +714,37 @@ async fn a_drain_deletes_only_an_endpoint_that_is_ours() {
 }
 
 #[tokio::test]
+async fn a_hyperpod_cluster_with_a_group_of_a_role_we_may_not_pass_is_a_submission_problem() {
+    // GIVEN a managed cluster whose controller group runs as the team's own role
+    let workloads = FakeWorkloads::new();
+    workloads.add_cluster(REGION, "research", true);
+    let theirs = "arn:aws:iam::123456789012:role/team-f-hyperpod";
+    workloads.set_group_role(REGION, "research", "controller", theirs);
+    let mut req = request("req-1", "team-a", "50000");
+    hyperpod(&mut req);
+
+    // WHEN it is submitted, without and then with the role in HYPERPOD_ROLE_ARNS
+    let problem = submission_problem(&workloads, &InMemoryStore::new(), &config(), &req, t0())
+        .await
+        .unwrap()
+        .expect("a role we may not pass is a problem");
+    let mut allowed = config();
+    allowed.hyperpod_role_arns = vec![theirs.to_string()];
+    let none = submission_problem(&workloads, &InMemoryStore::new(), &allowed, &req, t0())
+        .await
+        .unwrap();
+
+    // THEN it is refused naming the cluster field, the role and the parameter, until allowed
+    assert_eq!(problem.field, "workload.cluster_name");
+    assert!(
+        problem.message.contains(theirs) && problem.message.contains("HyperPodRoleArns"),
+        "{}",
+        problem.message
+    );
+    assert_eq!(none, None);
+}
+
+#[tokio::test]
 async fn a_hyperpod_request_naming_an_existing_group_has_a_submission_problem() {
     let workloads = FakeWorkloads::new();
     workloads.add_cluster(REGION, "research", true);
@@ -611,7 +752,7 @@ async fn a_hyperpod_request_naming_an_existing_group_has_a_submission_problem() 
     let mut req = request("req-1", "team-a", "50000");
     hyperpod(&mut req);
 
-    let problem = submission_problem(&workloads, &InMemoryStore::new(), DEPLOYMENT, &req, t0())
+    let problem = submission_problem(&workloads, &InMemoryStore::new(), &config(), &req, t0())
         .await
         .unwrap()
         .expect("an existing group is a problem");
@@ -728,6 +869,7 @@ async fn a_block_drain_terminates_only_this_deployments_instances_of_the_request
             reservation_id: Some("cr-1".into()),
             launched_at: None,
             tags,
+            scheduled: Vec::new(),
         });
     }
 
@@ -742,4 +884,41 @@ async fn a_block_drain_terminates_only_this_deployments_instances_of_the_request
         workloads.instance("i-theirs").unwrap().state,
         InstanceState::Running
     );
+}
+
+#[tokio::test]
+async fn an_endpoint_whose_config_is_not_visible_yet_waits_and_is_created_on_the_next_tick() {
+    // GIVEN SageMaker does not show the config just created to the first creation (botocore
+    // `sagemaker` model, CreateEndpoint: "If the dependent entities are not yet in DynamoDB,
+    // this causes a validation error")
+    let (workloads, store) = world();
+    workloads.hide_new_endpoint_configs(1);
+    let mut req = request("req-1", "team-a", "50000");
+    endpoint(&mut req);
+    let rec = record(req);
+
+    // WHEN the launch runs
+    let got = launch_now(&workloads, &store, &rec, &plan_target())
+        .await
+        .unwrap();
+
+    // THEN it waits, saying why, with no endpoint yet and nothing refused
+    assert!(
+        matches!(&got, Launch::Starting(why) if why.contains("not visible to SageMaker yet")),
+        "{got:?}"
+    );
+    assert!(!workloads.describe_endpoint_now(REGION, "shared-llm"));
+
+    // WHEN the next tick runs
+    let got = launch_now(&workloads, &store, &rec, &plan_target())
+        .await
+        .unwrap();
+
+    // THEN the endpoint is created
+    assert!(
+        matches!(&got, Launch::Starting(why) if why.contains("was created")),
+        "{got:?}"
+    );
+    assert!(workloads.describe_endpoint_now(REGION, "shared-llm"));
+    assert_eq!(workloads.calls_of(WorkloadsOp::CreateEndpoint).len(), 2);
 }

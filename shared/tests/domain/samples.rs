@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 
 use capacity_pilot::domain::events::{
     ApprovalRefused, AwaitingApproval, CancellationApplied, CancellationRefused, EventDetail,
-    InstanceReplaced, NotFound, OfferingsFound, PaymentFailed, PurchaseInDoubt, RequestAccepted,
-    RequestFailed, RequestRejected, ReservationEnded, ReservationExpiring, ReservationUnrecorded,
-    Reserved, WorkloadDrained, WorkloadInterrupted, WorkloadLaunched,
+    InstanceMaintenanceScheduled, InstanceReplaced, NotFound, OfferingsFound, PaymentFailed,
+    PurchaseInDoubt, RequestAccepted, RequestFailed, RequestRejected, ReservationEnded,
+    ReservationExpiring, ReservationUnrecorded, Reserved, WorkloadDrained, WorkloadInterrupted,
+    WorkloadLaunched,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -41,6 +42,9 @@ fn check(detail_type: &str, detail: &Value) -> Result<Value, String> {
         CancellationRefused::DETAIL_TYPE => round_trip::<CancellationRefused>(detail),
         WorkloadLaunched::DETAIL_TYPE => round_trip::<WorkloadLaunched>(detail),
         InstanceReplaced::DETAIL_TYPE => round_trip::<InstanceReplaced>(detail),
+        InstanceMaintenanceScheduled::DETAIL_TYPE => {
+            round_trip::<InstanceMaintenanceScheduled>(detail)
+        }
         WorkloadInterrupted::DETAIL_TYPE => round_trip::<WorkloadInterrupted>(detail),
         ReservationExpiring::DETAIL_TYPE => round_trip::<ReservationExpiring>(detail),
         WorkloadDrained::DETAIL_TYPE => round_trip::<WorkloadDrained>(detail),
@@ -90,6 +94,7 @@ fn every_emitted_sample_is_exactly_an_event_we_publish() {
         CancellationRefused::DETAIL_TYPE,
         WorkloadLaunched::DETAIL_TYPE,
         InstanceReplaced::DETAIL_TYPE,
+        InstanceMaintenanceScheduled::DETAIL_TYPE,
         WorkloadInterrupted::DETAIL_TYPE,
         ReservationExpiring::DETAIL_TYPE,
         WorkloadDrained::DETAIL_TYPE,

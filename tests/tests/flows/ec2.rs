@@ -1435,6 +1435,120 @@ pub(crate) async fn a_launch_template_with_efa_interfaces_launches_with_every_in
     assert_eq!(live_for(&f, id).len(), 4);
 }
 
+/// Starts `n` untagged m5.large instances of someone else in `subnet` (one private address
+/// each); returns their ids.
+fn occupy(f: &Flow, subnet: &str, n: u32) -> Vec<String> {
+    f.cloud.with_world(|w| {
+        let body = format!(
+            "Action=RunInstances&Version=2016-11-15&MinCount={n}&MaxCount={n}\
+             &InstanceType=m5.large&LaunchTemplate.LaunchTemplateName=capacity-pilot-cpu\
+             &SubnetId={subnet}"
+        );
+        let q = local_cloud::query::Query::parse(body.as_bytes()).unwrap();
+        w.ec2_call(REGION, "RunInstances", &q).unwrap();
+        w.ec2
+            .instances
+            .values()
+            .filter(|i| i.subnet_id == subnet && i.tags.is_empty())
+            .map(|i| i.id.clone())
+            .collect()
+    })
+}
+
+#[tokio::test]
+pub(crate) async fn a_full_subnet_moves_a_blocks_launch_to_the_zones_other_subnet_and_a_full_zone_waits_for_addresses()
+ {
+    // Issue 50 (review Task 3 #2): GIVEN two small subnets per zone (/28: 11 usable private
+    // addresses), a request for a block of 4 from the EFA template (4 interfaces, so 4
+    // addresses per instance) naming every subnet, and its block bought
+    let f = Flow::start().await;
+    f.cloud.with_world(|w| {
+        w.settings.subnets_per_zone = 2;
+        w.settings.subnet_sizes = vec![local_cloud::world::SubnetSize {
+            region: REGION.into(),
+            zone: None,
+            index: None,
+            prefix_length: 28,
+        }];
+    });
+    let id = "life-subnets";
+    let efa = f.cloud.with_world(|w| {
+        w.launch_templates(REGION)
+            .into_iter()
+            .find(|t| t.name == "capacity-pilot-efa")
+            .expect("the seeded EFA template")
+            .id
+    });
+    let mut req = f.ec2_request(id);
+    req["workload"]["launch_template"] = json!({ "id": efa });
+    f.submit(req).await;
+    f.deliver().await;
+    let reserved = reserved(&f, id);
+    let cr = reservation_of(&reserved);
+    let (first, second) = f.cloud.with_world(|w| {
+        let zone = w.ec2.reservations[&cr].availability_zone.clone();
+        let here: Vec<String> = w
+            .subnets(REGION)
+            .into_iter()
+            .filter(|s| s.availability_zone == zone)
+            .map(|s| s.id)
+            .collect();
+        (here[0].clone(), here[1].clone())
+    });
+    // AND other instances hold addresses: the zone's first subnet has room for one of the
+    // block's instances (4 of 11 free), its second for two (8 free): 3 of the 4 fit
+    let others = occupy(&f, &first, 7);
+    occupy(&f, &second, 3);
+    f.cloud
+        .advance_to(time_of(&reserved["detail"]["start"]) + f.activation());
+
+    // WHEN the window opens
+    f.tick(Function::Launch).await.unwrap();
+
+    // THEN the block launches in the zone's other subnet once the first is full: one
+    // instance in the first, two in the second
+    let in_subnet = |subnet: &str| {
+        live_for(&f, id)
+            .into_iter()
+            .filter(|i| i.subnet_id == subnet)
+            .count()
+    };
+    assert_eq!(in_subnet(&first), 1);
+    assert_eq!(in_subnet(&second), 2);
+    // AND with the whole zone full the fourth waits: the paid request is not failed
+    let rec = f.record(id).await;
+    assert_eq!(rec.status, RequestStatus::Reserved, "{}", rec.reason);
+    assert!(
+        rec.reason.contains("InsufficientFreeAddressesInSubnet"),
+        "{}",
+        rec.reason
+    );
+    assert!(f.bus_for("Capacity Request Failed", id).is_empty());
+    assert!(f.bus_for("Capacity Workload Launched", id).is_empty());
+
+    // WHEN the other instances in the first subnet end, and the next tick runs
+    f.tick(Function::Launch).await.unwrap();
+    assert_eq!(live_for(&f, id).len(), 3, "still full: still waiting");
+    f.cloud.with_world(|w| {
+        let mut body = "Action=TerminateInstances&Version=2016-11-15".to_string();
+        for (n, i) in others.iter().enumerate() {
+            body.push_str(&format!("&InstanceId.{}={i}", n + 1));
+        }
+        let q = local_cloud::query::Query::parse(body.as_bytes()).unwrap();
+        w.ec2_call(REGION, "TerminateInstances", &q).unwrap();
+    });
+    f.cloud.step(TimeDelta::minutes(5));
+    f.tick(Function::Launch).await.unwrap();
+
+    // THEN the fourth launches in the freed subnet, and the window runs: launched once, the
+    // request active, never failed
+    assert_eq!(in_subnet(&first), 2);
+    assert_eq!(live_for(&f, id).len(), 4);
+    assert_eq!(f.bus_for("Capacity Workload Launched", id).len(), 1);
+    assert_eq!(f.status(id).await, RequestStatus::Active);
+    assert!(f.bus_for("Capacity Request Failed", id).is_empty());
+}
+
 #[tokio::test]
 pub(crate) async fn an_account_vcpu_limit_on_demand_falls_back_to_a_reservation_instead_of_failing()
 {

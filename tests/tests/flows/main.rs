@@ -37,6 +37,7 @@ pub(crate) fn play_all() {
         ec2::a_block_that_never_activates_ends_saying_so_and_fails_nothing,
         ec2::a_16_instance_block_launches_over_several_short_invocations_without_a_duplicate,
         ec2::a_launch_template_with_efa_interfaces_launches_with_every_interface_in_the_blocks_subnet,
+        ec2::a_full_subnet_moves_a_blocks_launch_to_the_zones_other_subnet_and_a_full_zone_waits_for_addresses,
         ec2::an_account_vcpu_limit_on_demand_falls_back_to_a_reservation_instead_of_failing,
         ec2::at_the_lenient_readings_a_new_instance_is_watched_and_replaced_at_once,
         ec2::a_block_bought_in_another_region_is_launched_from_its_forwarded_delivered_event,

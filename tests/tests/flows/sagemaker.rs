@@ -419,6 +419,12 @@ pub(crate) async fn an_endpoint_is_created_on_its_active_plan_and_deleted_with_i
     );
     assert_eq!(v.instance_type, "ml.p5.48xlarge");
     assert_eq!(v.count, 1);
+    // AND the endpoint waits for the config to be visible (DescribeEndpointConfig first; the
+    // emulator's 60 s lag, REALISM "Endpoints"): nothing refused, created on a later tick
+    assert!(endpoint(&f).is_none(), "the config is not visible yet");
+    assert_eq!(f.status(id).await, RequestStatus::Reserved);
+    f.cloud.step(TimeDelta::seconds(60));
+    tick(&f, Function::Launch).await;
     let e = endpoint(&f).expect("the endpoint exists");
     assert_eq!(e.config_name, config_name);
     // AND the window runs only once the endpoint is InService (issue 18)

@@ -204,6 +204,7 @@ impl World {
             reservation_id: reservation.map(str::to_string),
             launched_at: None,
             tags,
+            scheduled: Vec::new(),
         });
     }
 

@@ -950,6 +950,31 @@ async fn a_zone_that_does_not_offer_the_type_sends_on_demand_to_the_next_zone() 
 }
 
 #[tokio::test]
+async fn a_subnet_without_free_addresses_sends_on_demand_to_the_same_zones_next_subnet() {
+    // Issue 50: GIVEN the request's first subnet (us-east-1a) full, and another subnet of the
+    // request in the same zone, listed after us-east-1b's
+    let w = World::new();
+    w.workloads
+        .add_subnet("us-east-1", "subnet-a2", "us-east-1a");
+    let mut req = on_demand_first("r1");
+    if let WorkloadDetail::Ec2Instances { subnet_ids, .. } = &mut req.workload {
+        *subnet_ids = vec!["subnet-a".into(), "subnet-a2".into(), "subnet-b".into()];
+    }
+    w.record(req, RequestStatus::TryingOnDemand, t0());
+    w.workloads.subnet_room("us-east-1", "subnet-a", 0);
+
+    w.launcher().handle(tick("t1")).await.unwrap();
+
+    // THEN only that subnet is ruled out: both instances run in the zone's other subnet
+    assert_eq!(w.status("r1").await, RequestStatus::RunningOnDemand);
+    let subnets: Vec<String> = launches(&w)
+        .into_iter()
+        .map(|spec| spec.subnet_id)
+        .collect();
+    assert_eq!(subnets, ["subnet-a", "subnet-a2", "subnet-a2"]);
+}
+
+#[tokio::test]
 async fn an_account_limit_skips_the_regions_other_zones_and_launches_in_the_next_region() {
     let w = World::new();
     let (req, l) = two_regions(&w, "r1");

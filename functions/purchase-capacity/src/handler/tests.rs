@@ -1461,6 +1461,74 @@ async fn buying_a_plan_again_after_a_failed_one_takes_the_next_plan_name() {
     assert_eq!(w.status("r1").await, RequestStatus::Reserved);
 }
 
+#[tokio::test]
+async fn a_pending_plan_listed_without_its_capacities_under_the_requests_plan_name_is_adopted_as_the_plan()
+ {
+    use capacity_pilot::domain::offering::TargetResource;
+    use capacity_pilot::domain::request::{TrainingJobTemplate, WorkloadDetail};
+    let target = TargetResource::TrainingJob;
+    let w = World::new();
+    let mut req = request("r1", "team-a", "5000");
+    req.products = vec![Product::TrainingPlan { target }];
+    req.instance_types = vec!["ml.p5.48xlarge".into()];
+    req.workload = WorkloadDetail::TrainingJob(TrainingJobTemplate {
+        training_image: "img".into(),
+        output_s3_uri: "s3://b/o".into(),
+        volume_size_gb: 100,
+        hyper_parameters: Default::default(),
+    });
+    let mut offering = block("tp-1", "1000");
+    offering.product = Product::TrainingPlan { target };
+    offering.instance_type = "ml.p5.48xlarge".into();
+    offering.segments[0].availability_zone = None;
+    let rec = w.with_candidate(req, offering.clone());
+    let name = plan_name(&rec.request_id, DEPLOYMENT, 0);
+    // GIVEN the request's plan, bought under its deterministic name by an attempt whose
+    // answer was lost, is listed Pending without ReservedCapacitySummaries and with a
+    // TotalInstanceCount of 0 (the model allows both; what a Pending plan shows is
+    // unpublished): the adapter reads it with no type and no count
+    w.market.add_reservation(
+        capacity_pilot::domain::reservation::Reservation {
+            id: format!("arn:aws:sagemaker:us-east-1:123456789012:training-plan/{name}"),
+            product: Product::TrainingPlan { target },
+            region: "us-east-1".into(),
+            instance_type: String::new(),
+            instance_count: 0,
+            segments: offering.segments.clone(),
+            upfront_fee: offering.upfront_fee,
+            state: ReservationState::PaymentPending,
+            offering_id: None,
+            request_tag: Some("r1".into()),
+            ultraserver: false,
+            bought_at: None,
+            debit_month: None,
+            debit_team: None,
+            payment_check_at: None,
+            deployment_tag: None,
+        },
+        Some(name.as_str()),
+    );
+
+    // WHEN the purchase reconciles before buying
+    w.purchaser(CAPS).handle(found("r1", "e1")).await.unwrap();
+
+    // THEN it is adopted by its name as the plan's purchase, with the offering's type and
+    // count: nothing bought again, no stray of type "" kept beside it (review aws-reality-2,
+    // Task 3 #7)
+    assert_eq!(w.market.purchase_count(), 0);
+    assert_eq!(w.status("r1").await, RequestStatus::Reserved);
+    let held = w.store.reservations(&rec.request_id).await.unwrap();
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(
+        (held[0].instance_type.as_str(), held[0].instance_count),
+        ("ml.p5.48xlarge", 2)
+    );
+    assert!(held[0].id.ends_with(&name), "{}", held[0].id);
+    let reserved = w.events.published_of("Capacity Reserved");
+    assert_eq!(reserved.len(), 1);
+    assert_eq!(reserved[0].detail["instance_type"], "ml.p5.48xlarge");
+}
+
 // ---- reconciliation is scoped (ARCHITECTURE 8.6, 8.7) -----------------------------------
 
 #[tokio::test]

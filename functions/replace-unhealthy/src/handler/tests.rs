@@ -1,7 +1,7 @@
 //! Replacing unhealthy instances against the in-memory fakes: once, into the same slot,
 //! within both caps, and never an unmanaged instance.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
@@ -24,7 +24,7 @@ use capacity_pilot::ports::{
 use chrono::{DateTime, Duration, Utc};
 use serde_json::{Value, json};
 
-use super::{REPLACING, Replacer};
+use super::{REPLACING, Replacer, SCHEDULED_CHANGE_LEAD};
 
 type R = Replacer<InMemoryStore, FakeWorkloads, RecordingEvents, ManualClock>;
 
@@ -269,16 +269,36 @@ fn state_change(instance_id: &str, state: &str) -> EventBridgeEvent<Value> {
 }
 
 fn health(instance_id: &str) -> EventBridgeEvent<Value> {
+    health_of(
+        instance_id,
+        "AWS_EC2_INSTANCE_STORE_DRIVE_PERFORMANCE_DEGRADED",
+        "issue",
+        None,
+    )
+}
+
+/// An AWS Health event of `code` and `category` for `instance_id`, starting at `start`.
+fn health_of(
+    instance_id: &str,
+    code: &str,
+    category: &str,
+    start: Option<DateTime<Utc>>,
+) -> EventBridgeEvent<Value> {
+    let rfc1123 = |t: DateTime<Utc>| t.format("%a, %-d %b %Y %H:%M:%S GMT").to_string();
+    let mut detail = json!({
+        "eventArn": format!("arn:aws:health:us-east-1::event/EC2/{code}/{code}_x"),
+        "service": "EC2", "eventTypeCode": code, "communicationId": "comm-1",
+        "eventTypeCategory": category, "statusCode": "upcoming", "eventRegion": REGION,
+        "affectedEntities": [{ "entityValue": instance_id, "tags": {} }]
+    });
+    if let Some(t) = start {
+        detail["startTime"] = json!(rfc1123(t));
+        detail["endTime"] = json!(rfc1123(t + Duration::hours(2)));
+    }
     serde_json::from_value(json!({
-        "version": "0", "id": "health-1", "detail-type": "AWS Health Event", "source": "aws.health",
-        "account": "123456789012", "time": "2026-12-01T12:00:00Z", "region": REGION,
-        "resources": [instance_id],
-        "detail": {
-            "eventArn": "arn:aws:health:us-east-1::event/EC2/AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED/x",
-            "service": "EC2", "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
-            "eventTypeCategory": "scheduledChange", "statusCode": "upcoming", "eventRegion": REGION,
-            "affectedEntities": [{ "entityValue": instance_id, "tags": {} }]
-        }
+        "version": "0", "id": format!("health-{code}"), "detail-type": "AWS Health Event",
+        "source": "aws.health", "account": "123456789012", "time": "2026-12-01T12:00:00Z",
+        "region": REGION, "resources": [instance_id], "detail": detail
     }))
     .unwrap()
 }
@@ -540,6 +560,7 @@ async fn unmanaged_instances_are_never_touched() {
         reservation_id: Some("cr-1".into()),
         launched_at: None,
         tags,
+        scheduled: Vec::new(),
     });
     // WHEN its state change and a Health event naming it arrive, and the schedule polls
     w.replacer(&[])
@@ -562,8 +583,8 @@ async fn unmanaged_instances_are_never_touched() {
 }
 
 #[tokio::test]
-async fn a_health_event_naming_a_managed_instance_replaces_it() {
-    // GIVEN a retirement scheduled for one of four instances
+async fn a_health_issue_naming_a_managed_instance_replaces_it() {
+    // GIVEN an open issue with one of four instances's instance store
     let w = World::new(4).await;
     let retiring = w.slots().await[0].resource_id.clone();
     // WHEN AWS Health says so
@@ -579,6 +600,115 @@ async fn a_health_event_naming_a_managed_instance_replaces_it() {
             .as_str()
             .unwrap()
             .contains("AWS Health")
+    );
+}
+
+// ---- scheduled changes (review N16) --------------------------------------------------------
+
+#[tokio::test]
+async fn a_retirement_scheduled_hours_away_is_replaced_its_lead_before_not_when_announced() {
+    // GIVEN one of four instances EC2 has scheduled for retirement 5 h from now, well before
+    // its window's drain
+    let w = World::new(4).await;
+    let retiring = w.slots().await[0].resource_id.clone();
+    let at = w.clock.get() + Duration::hours(5);
+    w.workloads
+        .schedule_change(&retiring, "instance-retirement", at);
+
+    // WHEN AWS Health announces it, and the schedule polls until 31 min before it
+    let code = "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED";
+    w.replacer(&[])
+        .handle(health_of(&retiring, code, "scheduledChange", Some(at)))
+        .await
+        .unwrap();
+    w.clock.set(at - Duration::minutes(31));
+    w.tick("tick-early").await;
+
+    // THEN nothing is replaced yet: the workload runs on
+    assert_eq!(
+        w.workloads.instance(&retiring).unwrap().state,
+        InstanceState::Running
+    );
+    assert!(w.events.published_of(REPLACED).is_empty());
+
+    // WHEN the schedule polls 30 min before it
+    w.clock.set(at - SCHEDULED_CHANGE_LEAD);
+    w.tick("tick-due").await;
+
+    // THEN it is replaced, saying why
+    assert_eq!(
+        w.workloads.instance(&retiring).unwrap().state,
+        InstanceState::Terminated
+    );
+    assert_eq!(w.live().len(), 4);
+    let reason = w.events.published_of(REPLACED)[0].detail["reason"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        reason.contains("scheduled its instance-retirement"),
+        "{reason}"
+    );
+}
+
+#[tokio::test]
+async fn a_retirement_scheduled_after_the_windows_drain_is_left_to_the_drain() {
+    // GIVEN a retirement 10 min after the window's drain, polled 30 min before the
+    // retirement, which is before the drain
+    let w = World::new(4).await;
+    let retiring = w.slots().await[0].resource_id.clone();
+    let drain_at = w.record("r-1").await.windows[0].next_action_at.unwrap();
+    let at = drain_at + Duration::minutes(10);
+    w.workloads
+        .schedule_change(&retiring, "instance-retirement", at);
+    w.clock.set(at - SCHEDULED_CHANGE_LEAD);
+
+    // WHEN the schedule polls
+    w.tick("tick-1").await;
+
+    // THEN the drain comes first: nothing is replaced
+    assert!(w.events.published_of(REPLACED).is_empty());
+    assert_eq!(
+        w.workloads.instance(&retiring).unwrap().state,
+        InstanceState::Running
+    );
+}
+
+#[tokio::test]
+async fn scheduled_maintenance_that_keeps_the_instance_is_announced_once_not_acted_on() {
+    // GIVEN a reboot EC2 has scheduled for one of four instances in 10 min
+    let w = World::new(4).await;
+    let rebooting = w.slots().await[2].resource_id.clone();
+    let at = w.clock.get() + Duration::minutes(10);
+    w.workloads.schedule_change(&rebooting, "system-reboot", at);
+    let code = "AWS_EC2_SYSTEM_REBOOT_MAINTENANCE_SCHEDULED";
+
+    // WHEN AWS Health announces it (delivered twice), and the schedule polls
+    for _ in 0..2 {
+        w.replacer(&[])
+            .handle(health_of(&rebooting, code, "scheduledChange", Some(at)))
+            .await
+            .unwrap();
+    }
+    w.tick("tick-1").await;
+
+    // THEN it is announced under one key, and the instance is kept
+    let told = w
+        .events
+        .published_of("Capacity Instance Maintenance Scheduled");
+    assert!(!told.is_empty());
+    let keys: BTreeSet<&str> = told
+        .iter()
+        .map(|e| e.detail["event_key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert_eq!(told[0].detail["instance_id"], json!(rebooting));
+    assert_eq!(told[0].detail["code"], json!(code));
+    assert_eq!(told[0].detail["request_id"], json!("r-1"));
+    assert!(w.events.published_of(REPLACED).is_empty());
+    assert_eq!(
+        w.workloads.instance(&rebooting).unwrap().state,
+        InstanceState::Running
     );
 }
 

@@ -901,12 +901,16 @@ fn unsupported(region: &str) -> PortError {
     }
 }
 
+/// EC2's describe limit as the adapter classes it: its own class, never a throttle.
 fn describe_limit(message: &str) -> PortError {
-    PortError::Throttled {
-        service: "ec2",
+    capacity_pilot::aws::error::Failure {
+        op: "DescribeCapacityBlockOfferings",
         code: "CapacityBlockDescribeLimitExceeded".into(),
         message: message.into(),
+        status: Some(400),
+        answered: true,
     }
+    .into_port("ec2", capacity_pilot::aws::error::Call::Retryable)
 }
 
 fn two_regions(id: &str) -> Value {

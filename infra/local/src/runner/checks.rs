@@ -179,10 +179,11 @@ impl Observed<'_> {
         })
     }
 
-    /// How much later than its window's `usable` an endpoint could first be `InService` because
-    /// SageMaker failed the request's earlier endpoints in the window before `until` (a
-    /// scenario's `endpoint_failures`): each failure costs its deletion and a new creation. Zero
-    /// for every other window.
+    /// How much later than its window's `usable` an endpoint could first be `InService`: each
+    /// attempt waits for its endpoint config to be visible (`endpoint_config_visibility_seconds`),
+    /// and SageMaker failed the request's earlier endpoints in the window before `until` (a
+    /// scenario's `endpoint_failures`), each costing its deletion and a new creation. Zero for
+    /// every other window.
     pub fn endpoint_retries(&self, id: &str, w: &Window, until: DateTime<Utc>) -> TimeDelta {
         if w.kind != "training-plan/endpoint" {
             return TimeDelta::zero();
@@ -192,10 +193,11 @@ impl Observed<'_> {
             .unwrap_or_default()
             .to_string();
         let region = w.reservation_id.split(':').nth(3).unwrap_or_default();
-        let (events, per) = self.cloud.with_world(|world| {
+        let (events, per, config_lag) = self.cloud.with_world(|world| {
             (
                 world.events(region, "default").to_vec(),
                 world.settings.endpoint_create_minutes + world.settings.endpoint_delete_minutes,
+                world.settings.endpoint_config_visibility_seconds,
             )
         });
         let failed = events
@@ -205,7 +207,10 @@ impl Observed<'_> {
             .filter(|e| name.is_empty() || e["detail"]["EndpointName"] == name.as_str())
             .filter(|e| time(&e["time"]).is_some_and(|t| t >= w.start && t < until))
             .count();
+        // Each attempt creates its endpoint config, which CreateEndpoint sees only after the
+        // visibility lag (aws-reference: "call DescribeEndpointConfig before CreateEndpoint").
         TimeDelta::minutes(per * failed as i64)
+            + TimeDelta::seconds(config_lag * (failed as i64 + 1))
     }
 
     /// The schedule rate of the function that published `ev` (found from the invocations).
@@ -298,10 +303,10 @@ pub fn judge(o: &Observed) -> Vec<Check> {
                         let usable = w.usable + retried;
                         if retried > TimeDelta::zero() {
                             notes.push(format!(
-                                "{} segment {}: SageMaker failed its endpoint, so a new one could be InService {} min later",
+                                "{} segment {}: its endpoint config's visibility lag and the endpoints SageMaker failed let an endpoint be InService {} s later",
                                 short(&w.reservation_id),
                                 w.segment,
-                                retried.num_minutes()
+                                retried.num_seconds()
                             ));
                         }
                         let late = at - usable;
@@ -341,6 +346,22 @@ pub fn judge(o: &Observed) -> Vec<Check> {
                 let ev = replaced
                     .iter()
                     .find(|r| r["detail"]["replaced_instance_id"] == sick.as_str());
+                // A scheduled retirement (broken "at" its start) is replaced before it, and
+                // EC2 never retires the instance under the workload.
+                let retiring = o.cloud.with_world(|w| {
+                    w.ec2.instances.get(sick.as_str()).is_some_and(|i| {
+                        i.scheduled_events
+                            .iter()
+                            .any(|e| e.code == "instance-retirement" && e.not_before == *at)
+                    })
+                });
+                let retired_by_ec2 = o.cloud.with_world(|w| {
+                    w.ec2.instances.get(sick.as_str()).is_some_and(|i| {
+                        i.state_reason
+                            .as_ref()
+                            .is_some_and(|(code, _)| code == "Server.ScheduledStop")
+                    })
+                });
                 let verdict = ev.and_then(|r| {
                     let new_id = r["detail"]["new_instance_id"].as_str()?;
                     let (state, cr) = o.cloud.with_world(|w| {
@@ -354,9 +375,13 @@ pub fn judge(o: &Observed) -> Vec<Check> {
                     })?;
                     Some((new_id.to_string(), time(&r["time"])?, state, cr))
                 });
+                if retiring && retired_by_ec2 {
+                    ok = false;
+                    notes.push(format!("{sick} was retired by EC2 under its workload"));
+                }
                 match verdict {
                     Some((new_id, t, old_state, same_cr)) => {
-                        ok &= same_cr;
+                        ok &= same_cr && (!retiring || t < *at);
                         notes.push(format!(
                             "{sick} broken at {}, replaced by {new_id} at {} ({} min later) {}; the old one is {old_state}",
                             at.format("%m-%d %H:%M"),

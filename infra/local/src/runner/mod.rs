@@ -477,19 +477,7 @@ impl Player {
             What::Impair(target) | What::FailInstance(target) => {
                 let impair = matches!(what, What::Impair(_));
                 let id = self.cloud.with_world(|w| {
-                    let mut live: Vec<_> = w
-                        .ec2
-                        .instances
-                        .values()
-                        .filter(|i| {
-                            i.tags.get("capacity-pilot:request-id").map(String::as_str)
-                                == Some(target.request_id.as_str())
-                                && (i.state == "running" || i.state == "pending")
-                        })
-                        .map(|i| (i.launch_time, i.launch_index, i.id.clone()))
-                        .collect();
-                    live.sort();
-                    let id = live.get(target.index).map(|(_, _, id)| id.clone())?;
+                    let id = live_instance(w, &target.request_id, target.index)?;
                     let r = if impair {
                         w.impair_instance(&id, true)
                     } else {
@@ -518,6 +506,35 @@ impl Player {
                     ),
                 );
                 self.broken.push((target.request_id.clone(), id, now));
+            }
+            What::RetireInstance(r) => {
+                let start = now + chrono::TimeDelta::minutes(r.in_minutes);
+                let id = self.cloud.with_world(|w| {
+                    let id = live_instance(w, &r.request_id, r.index)?;
+                    w.health_event(
+                        &id,
+                        "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
+                        Some(chrono::TimeDelta::minutes(r.in_minutes)),
+                    )
+                    .ok()
+                    .map(|_| id)
+                });
+                let id = id.ok_or_else(|| {
+                    anyhow!(
+                        "at {now}: request {} has no live instance #{} to retire",
+                        r.request_id,
+                        r.index
+                    )
+                })?;
+                self.timeline.action(
+                    now,
+                    &format!(
+                        "EC2 schedules the retirement of instance {id} of {} at {start}",
+                        r.request_id
+                    ),
+                );
+                // Broken at its retirement: it must be replaced before then.
+                self.broken.push((r.request_id.clone(), id, start));
             }
             What::Fault(f) => {
                 self.cloud.inject(f.clone());
@@ -708,4 +725,20 @@ pub fn bus_label(bus: Bus) -> &'static str {
         Bus::Default => "default",
         Bus::Custom => "capacity-pilot",
     }
+}
+
+/// The `index`th live (running or pending) instance of `request_id`, in launch order.
+fn live_instance(w: &crate::World, request_id: &str, index: usize) -> Option<String> {
+    let mut live: Vec<_> = w
+        .ec2
+        .instances
+        .values()
+        .filter(|i| {
+            i.tags.get("capacity-pilot:request-id").map(String::as_str) == Some(request_id)
+                && (i.state == "running" || i.state == "pending")
+        })
+        .map(|i| (i.launch_time, i.launch_index, i.id.clone()))
+        .collect();
+    live.sort();
+    live.get(index).map(|(_, _, id)| id.clone())
 }

@@ -98,6 +98,10 @@ pub enum What {
     Impair(InstanceOf),
     /// Stop one live instance of a request unexpectedly.
     FailInstance(InstanceOf),
+    /// EC2 schedules the retirement of one live instance of a request, `in_minutes` from now:
+    /// an AWS Health `scheduledChange` event now, the instance retired at its start (the
+    /// emulator's `POST /_local/instances/{id}/health-event`).
+    RetireInstance(Retirement),
     /// Inject an API fault (see the crate README's fault kinds).
     Fault(Fault),
     ClearFaults {},
@@ -152,6 +156,15 @@ pub struct InstanceOf {
     pub request_id: String,
     #[serde(default)]
     pub index: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Retirement {
+    pub request_id: String,
+    #[serde(default)]
+    pub index: usize,
+    pub in_minutes: i64,
 }
 
 /// What must be true of one request at the end, judged from the buses and the emulator.

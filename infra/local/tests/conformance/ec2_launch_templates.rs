@@ -416,3 +416,137 @@ async fn an_override_that_drops_a_template_interface_is_refused() {
         .unwrap();
     assert_eq!(out.instances()[0].network_interfaces().len(), 1);
 }
+
+/// `availableIpAddressCount` of `subnet`, as DescribeSubnets reports it.
+async fn free_addresses(env: &Env, subnet: &str) -> i32 {
+    env.ec2
+        .describe_subnets()
+        .subnet_ids(subnet)
+        .send()
+        .await
+        .unwrap()
+        .subnets()[0]
+        .available_ip_address_count()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn every_efa_interface_takes_a_free_address_of_its_subnet_until_its_instance_is_terminated() {
+    // GIVEN small subnets (/28: 16 addresses, less the 5 AWS reserves), two per zone
+    let env = env_with_settings(Settings {
+        subnets_per_zone: 2,
+        subnet_sizes: vec![local_cloud::world::SubnetSize {
+            region: "us-east-1".into(),
+            zone: Some("us-east-1b".into()),
+            index: None,
+            prefix_length: 28,
+        }],
+        ..Settings::default()
+    })
+    .await;
+    let group = template_group(&env).await;
+    let in_b = env
+        .ec2
+        .describe_subnets()
+        .filters(
+            Filter::builder()
+                .name("availability-zone")
+                .values("us-east-1b")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let subnets = in_b.subnets();
+    assert_eq!(subnets.len(), 2, "two subnets in the zone");
+    assert_eq!(
+        subnets[0].default_for_az(),
+        Some(true),
+        "one default per zone"
+    );
+    assert_eq!(subnets[1].default_for_az(), Some(false));
+    assert!(
+        subnets
+            .iter()
+            .all(|s| s.cidr_block().unwrap().ends_with("/28"))
+    );
+    let (b, other) = (
+        subnets[0].subnet_id().unwrap().to_string(),
+        subnets[1].subnet_id().unwrap().to_string(),
+    );
+    assert_eq!(free_addresses(&env, &b).await, 11);
+    // a subnet not resized keeps the default VPC's /20
+    let a = subnet_in(&env, "us-east-1a").await;
+    assert_eq!(free_addresses(&env, &a).await, 4091);
+
+    // WHEN two p5 instances launch from the EFA template (4 interfaces each) in it
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let out = efa_launch(&env, efa_overrides(&b, &group))
+            .send()
+            .await
+            .unwrap();
+        ids.push(out.instances()[0].instance_id().unwrap().to_string());
+    }
+    // THEN each interface took an address: 3 are left
+    assert_eq!(free_addresses(&env, &b).await, 3);
+
+    // WHEN a third asks for 4
+    let err = efa_launch(&env, efa_overrides(&b, &group))
+        .send()
+        .await
+        .unwrap_err();
+    // THEN the subnet refuses it (EC2 error codes), and nothing launched
+    assert_eq!(err.code(), Some("InsufficientFreeAddressesInSubnet"));
+    assert_eq!(err.raw_response().unwrap().status().as_u16(), 400);
+    assert!(err.message().unwrap().contains(&b), "{:?}", err.message());
+    assert_eq!(free_addresses(&env, &b).await, 3);
+    // AND the zone's other subnet still launches it
+    efa_launch(&env, efa_overrides(&other, &group))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(free_addresses(&env, &other).await, 7);
+
+    // WHEN one of the first two is terminated: shutting down, it still holds its addresses
+    env.ec2
+        .terminate_instances()
+        .instance_ids(&ids[0])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(free_addresses(&env, &b).await, 3);
+    let err = efa_launch(&env, efa_overrides(&b, &group))
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("InsufficientFreeAddressesInSubnet"));
+
+    // THEN once it is terminated its interfaces' addresses are free, and a launch fits
+    env.cloud.step(TimeDelta::minutes(2));
+    assert_eq!(free_addresses(&env, &b).await, 7);
+    efa_launch(&env, efa_overrides(&b, &group))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(free_addresses(&env, &b).await, 3);
+
+    // AND an instance without interfaces takes one address, MaxCount capped by what fits
+    let out = env
+        .ec2
+        .run_instances()
+        .min_count(1)
+        .max_count(5)
+        .instance_type(InstanceType::M5Large)
+        .launch_template(
+            LaunchTemplateSpecification::builder()
+                .launch_template_name("capacity-pilot-cpu")
+                .build(),
+        )
+        .subnet_id(&b)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.instances().len(), 3);
+    assert_eq!(free_addresses(&env, &b).await, 0);
+}

@@ -150,3 +150,81 @@ async fn latency_and_custom_errors_can_be_injected() {
         .unwrap_err();
     assert!(err.as_service_error().unwrap().is_internal_exception());
 }
+
+#[tokio::test]
+async fn a_scheduled_retirement_is_listed_from_its_start_and_carried_out_then() {
+    let env = env_with_settings(local_cloud::Settings {
+        instance_listing_lag_seconds: 0,
+        ..local_cloud::Settings::default()
+    })
+    .await;
+    let out = env
+        .ec2
+        .run_instances()
+        .min_count(1)
+        .max_count(1)
+        .instance_type("m5.large".into())
+        .image_id("ami-1")
+        .send()
+        .await
+        .unwrap();
+    let id = out.instances()[0].instance_id().unwrap().to_string();
+    env.cloud.step(chrono::TimeDelta::minutes(1));
+    // GIVEN a retirement scheduled 90 minutes out
+    let (code, _) = http(
+        &env.cloud.url(),
+        "POST",
+        &format!("/_local/instances/{id}/health-event"),
+        Some(r#"{"code":"AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED","start_in_minutes":90}"#),
+    )
+    .await;
+    assert_eq!(code, 204);
+    let status = |env: &Env| {
+        let (ec2, id) = (env.ec2.clone(), id.clone());
+        async move {
+            ec2.describe_instance_status()
+                .include_all_instances(true)
+                .instance_ids(id)
+                .send()
+                .await
+                .unwrap()
+                .instance_statuses()[0]
+                .clone()
+        }
+    };
+    // THEN DescribeInstanceStatus lists it from its start, and the instance runs meanwhile
+    let s = status(&env).await;
+    let e = &s.events()[0];
+    assert_eq!(e.code().unwrap().as_str(), "instance-retirement");
+    let from = e.not_before().unwrap().secs();
+    assert_eq!(
+        from,
+        (env.cloud.now() + chrono::TimeDelta::minutes(90)).timestamp()
+    );
+    env.cloud.step(chrono::TimeDelta::minutes(89));
+    assert_eq!(
+        status(&env)
+            .await
+            .instance_state()
+            .unwrap()
+            .name()
+            .unwrap()
+            .as_str(),
+        "running"
+    );
+    // AND at its start the instance is retired, the event shown completed
+    env.cloud.step(chrono::TimeDelta::minutes(2));
+    let s = status(&env).await;
+    assert_ne!(
+        s.instance_state().unwrap().name().unwrap().as_str(),
+        "running"
+    );
+    assert!(
+        s.events()[0]
+            .description()
+            .unwrap()
+            .starts_with("[Completed]"),
+        "{:?}",
+        s.events()
+    );
+}

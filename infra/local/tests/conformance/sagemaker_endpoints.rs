@@ -12,6 +12,21 @@ use local_cloud::{InactivePlan, Settings};
 use crate::helpers::*;
 use crate::sagemaker_plans::{buy_plan, plan_offerings};
 
+/// Settings whose endpoint configs are visible at once: the other rows' tests create an
+/// endpoint right after its config; the visibility lag has its own test
+/// (`an_endpoint_config_is_not_found_until_its_visibility_lag_has_passed`).
+fn visible_at_once() -> Settings {
+    Settings {
+        endpoint_config_visibility_seconds: 0,
+        ..Settings::default()
+    }
+}
+
+/// The default environment, endpoint configs visible at once (shadows `helpers::env`).
+async fn env() -> Env {
+    env_with_settings(visible_at_once()).await
+}
+
 fn variant(ty: &str, plan: Option<&str>) -> ProductionVariant {
     let mut b = ProductionVariant::builder()
         .variant_name("primary")
@@ -378,7 +393,7 @@ async fn a_deleted_endpoint_is_deleting_for_two_minutes_keeping_its_name_and_ins
 async fn an_endpoint_on_a_plan_that_is_not_active_is_refused_when_set() {
     let env = env_with_settings(Settings {
         endpoint_inactive_plan: InactivePlan::Refuse,
-        ..Settings::default()
+        ..visible_at_once()
     })
     .await;
     let offer = plan_offerings(
@@ -436,7 +451,7 @@ async fn an_endpoint_on_a_plan_that_is_not_active_is_refused_when_set() {
 async fn forced_endpoint_failures_fail_the_next_endpoints_that_would_serve() {
     let env = env_with_settings(Settings {
         endpoint_failures: 1,
-        ..Settings::default()
+        ..visible_at_once()
     })
     .await;
     let offer = plan_offerings(
@@ -499,4 +514,99 @@ async fn forced_endpoint_failures_fail_the_next_endpoints_that_would_serve() {
         .map(|e| e["detail"]["EndpointStatus"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(failed, ["CREATING", "FAILED"]);
+}
+
+#[tokio::test]
+async fn an_endpoint_config_is_not_found_until_its_visibility_lag_has_passed() {
+    // botocore `sagemaker` model, CreateEndpoint: "a load call is made to DynamoDB to verify
+    // that your endpoint configuration exists … If the dependent entities are not yet in
+    // DynamoDB, this causes a validation error"; the lag's length is unpublished (harsher:
+    // 60 s)
+    let env = env_with_settings(Settings::default()).await;
+    assert_eq!(Settings::default().endpoint_config_visibility_seconds, 60);
+    env.sm
+        .create_endpoint_config()
+        .endpoint_config_name("lagging-cfg")
+        .production_variants(variant("ml.g5.xlarge", None))
+        .send()
+        .await
+        .unwrap();
+    let not_found = "Could not find endpoint configuration \"arn:aws:sagemaker:us-east-1:123456789012:endpoint-config/lagging-cfg\".";
+    // within the lag: DescribeEndpointConfig and CreateEndpoint do not find it
+    let err = env
+        .sm
+        .describe_endpoint_config()
+        .endpoint_config_name("lagging-cfg")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("ValidationException"));
+    assert_eq!(err.message(), Some(not_found));
+    let create = || {
+        env.sm
+            .create_endpoint()
+            .endpoint_name("lagging-ep")
+            .endpoint_config_name("lagging-cfg")
+            .send()
+    };
+    let err = create().await.unwrap_err();
+    assert_eq!(err.code(), Some("ValidationException"));
+    assert_eq!(err.message(), Some(not_found));
+    assert!(
+        env.sm
+            .describe_endpoint()
+            .endpoint_name("lagging-ep")
+            .send()
+            .await
+            .is_err(),
+        "nothing created"
+    );
+    // but its name is taken at once
+    let dup = env
+        .sm
+        .create_endpoint_config()
+        .endpoint_config_name("lagging-cfg")
+        .production_variants(variant("ml.g5.xlarge", None))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(
+        dup.message().unwrap().contains("already existing"),
+        "{dup:?}"
+    );
+    env.cloud.step(TimeDelta::seconds(59));
+    assert!(create().await.is_err(), "still inside the lag");
+    // past the lag: described, and the endpoint is created
+    env.cloud.step(TimeDelta::seconds(1));
+    let d = env
+        .sm
+        .describe_endpoint_config()
+        .endpoint_config_name("lagging-cfg")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(d.endpoint_config_name(), Some("lagging-cfg"));
+    assert_eq!(
+        d.endpoint_config_arn(),
+        Some("arn:aws:sagemaker:us-east-1:123456789012:endpoint-config/lagging-cfg")
+    );
+    assert_eq!(d.production_variants().len(), 1);
+    create().await.unwrap();
+    assert_eq!(status(&env, "lagging-ep").await, "Creating");
+
+    // With no lag, visible at once
+    let env = env_with_settings(visible_at_once()).await;
+    env.sm
+        .create_endpoint_config()
+        .endpoint_config_name("cfg")
+        .production_variants(variant("ml.g5.xlarge", None))
+        .send()
+        .await
+        .unwrap();
+    env.sm
+        .describe_endpoint_config()
+        .endpoint_config_name("cfg")
+        .send()
+        .await
+        .unwrap();
 }

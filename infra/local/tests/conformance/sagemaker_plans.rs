@@ -205,18 +205,8 @@ async fn a_plan_goes_pending_scheduled_active_expired_and_names_are_unique() {
         .unwrap();
     assert_eq!(d.status().unwrap().as_str(), "Pending");
     assert_eq!(d.training_plan_arn(), Some(arn.as_str()));
-    assert_eq!(d.total_instance_count(), Some(4));
     assert_eq!(d.upfront_fee(), offer.upfront_fee());
-    assert_eq!(
-        d.reserved_capacity_summaries().len(),
-        offer.reserved_capacity_offerings().len()
-    );
-    assert!(
-        d.reserved_capacity_summaries()[0]
-            .reserved_capacity_arn()
-            .unwrap()
-            .contains(":reserved-capacity/")
-    );
+    // (its capacities while Pending: a_pending_plan_shows_no_capacities_until_paid_unless_set)
 
     let dup = env
         .sm
@@ -1026,4 +1016,91 @@ async fn a_plan_search_answers_the_partial_first_day_shorter_and_longer_than_ask
             assert_eq!((end.hour(), end.minute()), (11, 30));
         }
     }
+}
+
+#[tokio::test]
+async fn a_pending_plan_shows_no_capacities_until_paid_unless_set() {
+    // The harsher reading (sources silent; the model's minimum of both is 0): a Pending plan
+    // has no ReservedCapacitySummaries and a TotalInstanceCount of 0, in DescribeTrainingPlan
+    // and ListTrainingPlans alike, until its payment clears
+    let env = env().await;
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        4,
+        48,
+        SageMakerResourceName::TrainingJob,
+    )
+    .await
+    .remove(0);
+    buy_plan(&env, "bare-plan", &offer).await;
+    env.cloud.step(TimeDelta::minutes(2));
+    let d = env
+        .sm
+        .describe_training_plan()
+        .training_plan_name("bare-plan")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(d.status().unwrap().as_str(), "Pending");
+    assert_eq!(d.total_instance_count(), Some(0));
+    assert!(d.reserved_capacity_summaries().is_empty());
+    assert!(d.start_time().is_some() && d.end_time().is_some());
+    let listed = env.sm.list_training_plans().send().await.unwrap();
+    let s = &listed.training_plan_summaries()[0];
+    assert_eq!(s.status().unwrap().as_str(), "Pending");
+    assert_eq!(s.total_instance_count(), Some(0));
+    assert!(s.reserved_capacity_summaries().is_empty());
+    // paid: its count and one summary per segment
+    env.cloud.step(TimeDelta::minutes(4));
+    let d = env
+        .sm
+        .describe_training_plan()
+        .training_plan_name("bare-plan")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(d.status().unwrap().as_str(), "Scheduled");
+    assert_eq!(d.total_instance_count(), Some(4));
+    assert_eq!(
+        d.reserved_capacity_summaries().len(),
+        offer.reserved_capacity_offerings().len()
+    );
+
+    // With the setting off, a Pending plan shows them from the start
+    let env = env_with_settings(local_cloud::Settings {
+        pending_plan_without_capacities: false,
+        ..local_cloud::Settings::default()
+    })
+    .await;
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        4,
+        48,
+        SageMakerResourceName::TrainingJob,
+    )
+    .await
+    .remove(0);
+    buy_plan(&env, "full-plan", &offer).await;
+    env.cloud.step(TimeDelta::minutes(2));
+    let d = env
+        .sm
+        .describe_training_plan()
+        .training_plan_name("full-plan")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(d.status().unwrap().as_str(), "Pending");
+    assert_eq!(d.total_instance_count(), Some(4));
+    assert_eq!(
+        d.reserved_capacity_summaries().len(),
+        offer.reserved_capacity_offerings().len()
+    );
+    assert!(
+        d.reserved_capacity_summaries()[0]
+            .reserved_capacity_arn()
+            .unwrap()
+            .contains(":reserved-capacity/")
+    );
 }
