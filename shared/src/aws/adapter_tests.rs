@@ -1465,3 +1465,44 @@ async fn a_cluster_that_keeps_changing_is_not_updated_now_but_later() {
     assert!(matches!(err, PortError::Transient { .. }), "{err:?}");
     assert_eq!(update.num_calls(), 0);
 }
+
+#[tokio::test]
+async fn an_ultraserver_block_offering_is_never_taken_for_an_instance_block() {
+    use aws_sdk_ec2::operation::describe_capacity_block_offerings::DescribeCapacityBlockOfferingsOutput;
+    use aws_sdk_ec2::types::CapacityBlockOffering;
+    let start = Utc.with_ymd_and_hms(2026, 12, 10, 11, 30, 0).unwrap();
+    let offering = move |id: &str, ultra: Option<&str>| {
+        CapacityBlockOffering::builder()
+            .capacity_block_offering_id(id)
+            .instance_type("p6e-gb200.36xlarge")
+            .availability_zone("us-east-1a")
+            .instance_count(18)
+            .start_date(aws_smithy_types::DateTime::from_secs(start.timestamp()))
+            .end_date(aws_smithy_types::DateTime::from_secs(
+                start.timestamp() + 86_400,
+            ))
+            .upfront_fee("90000.00")
+            .currency_code("USD")
+            .set_ultraserver_type(ultra.map(str::to_string))
+            .build()
+    };
+    let rule =
+        mock!(aws_sdk_ec2::Client::describe_capacity_block_offerings).then_output(move || {
+            DescribeCapacityBlockOfferingsOutput::builder()
+                .capacity_block_offerings(offering("cb-ultra", Some("u-p6e-gb200x72")))
+                .capacity_block_offerings(offering("cb-plain", None))
+                .build()
+        });
+    let q = crate::ports::OfferingQuery {
+        region: REGION.into(),
+        instance_type: "p6e-gb200.36xlarge".into(),
+        instance_count: 18,
+        duration_hours: 24,
+        start_from: start - chrono::Duration::days(1),
+        end_by: start + chrono::Duration::days(3),
+        product: crate::domain::offering::Product::CapacityBlock,
+    };
+    let found = ec2(&[&rule], false).search_blocks(&q).await.unwrap();
+    let ids: Vec<&str> = found.iter().map(|o| o.id.as_str()).collect();
+    assert_eq!(ids, ["cb-plain"]);
+}

@@ -273,6 +273,18 @@ impl Ec2Adapter {
         let id = o
             .capacity_block_offering_id()
             .ok_or_else(|| malformed(SERVICE, OP, "an offering has no id"))?;
+        // An UltraServer is sold in groups of instances its own way (`UltraserverType`,
+        // `UltraserverCount`), drained an hour before its end, not 30 minutes: until capacity-
+        // pilot buys UltraServers as such (the UltraServers issue), one is never bought as an
+        // instance block (review aws-reality-2, Task 3 #5).
+        if let Some(ultra) = o.ultraserver_type() {
+            tracing::info!(
+                offering_id = id,
+                ultraserver_type = ultra,
+                "skipping an UltraServer offering: UltraServers are not bought yet"
+            );
+            return Ok(None);
+        }
         let currency = o.currency_code().unwrap_or("USD");
         if currency != "USD" {
             // Budgets are in USD; an offering we can't price is not one we can buy.

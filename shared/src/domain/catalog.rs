@@ -47,7 +47,8 @@ impl Default for SupportedInstanceTypes {
                 "ml.p5en.48xlarge",
                 "ml.p6-b200.48xlarge",
                 "ml.p6-b300.48xlarge",
-                "ml.p6e-gb200.36xlarge",
+                // (Not ml.p6e-gb200.36xlarge: it comes as UltraServers, searched and bought by
+                // `UltraServerType`, which no request can ask for yet; review aws-reality-2 #5.)
                 "ml.trn1.32xlarge",
                 "ml.trn2.48xlarge",
             ]),
@@ -136,6 +137,16 @@ impl Default for PriceTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_ultraserver_type_is_in_the_default_plan_catalogue() {
+        let types = SupportedInstanceTypes::default();
+        assert!(
+            !types.training_plan.iter().any(|t| t.contains("gb200")),
+            "{:?}",
+            types.training_plan
+        );
+    }
 
     #[test]
     fn every_default_type_has_an_on_demand_price() {
