@@ -92,6 +92,9 @@ pub struct Config {
     /// (`HYPERPOD_ROLE_ARNS`, the `HyperPodRoleArns` parameter; empty by default): with
     /// `sagemaker_execution_role_arn`, what `iam:PassRole` is granted on.
     pub hyperpod_role_arns: Vec<String>,
+    /// The account's limit of instances across live Capacity Blocks whose windows overlap
+    /// (`MAX_BLOCK_INSTANCES`, 256 by default; an account AWS allows more sets it).
+    pub max_block_instances: u32,
 }
 
 impl Config {
@@ -153,6 +156,9 @@ impl fmt::Display for ConfigError {
 pub const DEFAULT_DRAIN_MINUTES: u32 = 15;
 /// How long a hold waits for an approver by default (`HOLD_APPROVAL_MINUTES`).
 pub const DEFAULT_HOLD_APPROVAL_MINUTES: u32 = 30;
+/// The account's limit of instances across Capacity Blocks (`MAX_BLOCK_INSTANCES`): "you can
+/// have up to 256 instances across Capacity Blocks" (the EC2 model).
+pub const DEFAULT_MAX_BLOCK_INSTANCES: u32 = 256;
 /// `DEPLOYMENT_ID` when unset (the template always sets it: by default to the UUID part of
 /// the stack's id, which no other stack, in any region or account, shares).
 pub const DEFAULT_DEPLOYMENT_ID: &str = "capacity-pilot";
@@ -317,6 +323,10 @@ impl Config {
                 format!("must be a comma list of IAM role ARNs; {bad:?} is not one"),
             );
         }
+        let max_block_instances = r.number("MAX_BLOCK_INSTANCES", DEFAULT_MAX_BLOCK_INSTANCES);
+        if max_block_instances == 0 {
+            r.fail("MAX_BLOCK_INSTANCES", "must be at least 1");
+        }
         let deployment_id = r
             .get("DEPLOYMENT_ID")
             .unwrap_or_else(|| DEFAULT_DEPLOYMENT_ID.to_string());
@@ -429,6 +439,7 @@ impl Config {
             hold_approval_minutes,
             team_sources,
             hyperpod_role_arns,
+            max_block_instances,
         })
     }
 }
@@ -528,6 +539,22 @@ mod tests {
             let err = Config::from_lookup(&env(&set)).unwrap_err();
             assert_eq!(err.problems[0].0, "HOLD_APPROVAL_MINUTES", "{bad}");
         }
+    }
+
+    #[test]
+    fn the_block_instance_limit_is_256_unless_set_and_never_zero() {
+        let c = Config::from_lookup(&env(&FULL)).unwrap();
+        assert_eq!(c.max_block_instances, 256);
+        let mut set = FULL.to_vec();
+        set.push(("MAX_BLOCK_INSTANCES", "512"));
+        assert_eq!(
+            Config::from_lookup(&env(&set)).unwrap().max_block_instances,
+            512
+        );
+        let mut set = FULL.to_vec();
+        set.push(("MAX_BLOCK_INSTANCES", "0"));
+        let err = Config::from_lookup(&env(&set)).unwrap_err();
+        assert_eq!(err.problems[0].0, "MAX_BLOCK_INSTANCES");
     }
 
     #[test]

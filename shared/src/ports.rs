@@ -158,6 +158,14 @@ pub trait CapacityMarket: Send + Sync {
         region: &str,
         deployment_id: &str,
     ) -> impl Future<Output = Result<Vec<Reservation>, PortError>> + Send;
+
+    /// Every live Capacity Block reservation in `region`, whoever bought it (this deployment,
+    /// another, a person): what the account's limit of instances across Capacity Blocks
+    /// counts (aws-reference; review aws-reality-2 #6).
+    fn blocks_in_account(
+        &self,
+        region: &str,
+    ) -> impl Future<Output = Result<Vec<Reservation>, PortError>> + Send;
 }
 
 // =======================================================================================

@@ -15,7 +15,7 @@ use capacity_pilot::domain::events::{
 };
 use capacity_pilot::domain::money::Usd;
 use capacity_pilot::domain::offering::{Offering, Product};
-use capacity_pilot::domain::planner::plan;
+use capacity_pilot::domain::planner::{Rejection, plan, within_block_limit};
 use capacity_pilot::domain::request::{
     CapacityRequest, FieldError, Strategy, ValidationContext, parse_request,
 };
@@ -660,6 +660,30 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
         }
     }
 
+    /// The offerings the account's limit across Capacity Blocks leaves (and a reason for each
+    /// it rules out), counting the live blocks of every allowed region, whoever bought them.
+    /// No call when no Capacity Block is offered.
+    async fn within_block_limit(
+        &self,
+        offerings: &[Offering],
+    ) -> Result<(Vec<Offering>, Vec<Rejection>), PortError> {
+        if !offerings
+            .iter()
+            .any(|o| o.product == Product::CapacityBlock)
+        {
+            return Ok((offerings.to_vec(), Vec::new()));
+        }
+        let mut live = Vec::new();
+        for region in &self.config.allowed_regions {
+            live.extend(self.market.blocks_in_account(region).await?);
+        }
+        Ok(within_block_limit(
+            offerings,
+            &live,
+            self.config.max_block_instances,
+        ))
+    }
+
     #[allow(clippy::too_many_arguments)]
     async fn record(
         &self,
@@ -679,8 +703,10 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
         } else {
             format!("; decided without: {}", gaps.join("; "))
         };
-        let (usable, unusable) = workload::usable(&self.workloads, req, offerings).await?;
+        let (within, over) = self.within_block_limit(offerings).await?;
+        let (usable, unusable) = workload::usable(&self.workloads, req, &within).await?;
         let mut planning = plan(req, &usable, &self.config.prices, now);
+        planning.rejections.extend(over);
         planning.rejections.extend(unusable);
         let deadline = search_deadline(req.window.latest_end, req.duration_hours);
         let version = rec.version + 1;

@@ -158,6 +158,19 @@ pub struct Settings {
     /// optional", aws-reference §11.2): the harsher reading, so nodes must be counted with
     /// ListClusterNodes. false: sent.
     pub cluster_omit_current_count: bool,
+    /// The most instances the account may hold across Capacity Blocks over any block's window:
+    /// "Each Capacity Block can have up to 64 instances, and you can have up to 256 instances
+    /// across Capacity Blocks" (botocore `ec2` model, `DescribeCapacityBlockOfferingsRequest.
+    /// InstanceCount`; DOC capacity-blocks-purchase). PurchaseCapacityBlock is refused with
+    /// `block_limit_code` when the instances of the account's live blocks (`pending`,
+    /// `payment-pending`, `scheduled`, `active`) whose window overlaps the offering's, in every
+    /// region (the sources do not say per region: the harsher, account-wide reading), plus the
+    /// offering's count would exceed it. Default 256.
+    pub max_block_instances: i64,
+    /// The error code of that refusal. AWS does not publish it: this is a guess, configurable
+    /// so that the product is tested with other codes too; the product must read the message,
+    /// which names the limit, not rely on the code. Default `CapacityBlockLimitExceeded`.
+    pub block_limit_code: String,
 }
 
 /// One entry of [`Settings::subnet_sizes`]: the seeded subnets of `region` (in `zone`, and the
@@ -284,6 +297,8 @@ impl Default for Settings {
             refusals: Vec::new(),
             run_instances_latency_ms: 50,
             cluster_omit_current_count: true,
+            max_block_instances: 256,
+            block_limit_code: "CapacityBlockLimitExceeded".to_string(),
         }
     }
 }
@@ -790,7 +805,9 @@ mod tests {
              endpoint_inactive_plan: refuse\n\
              endpoint_failures: 2\n\
              refuse_partial_cluster_updates: false\n\
-             refuse_tag_filters: true\n",
+             refuse_tag_filters: true\n\
+             max_block_instances: 64\n\
+             block_limit_code: SomethingElse\n",
         )
         .expect("yaml");
         let s: Settings = serde_json::from_value(v).expect("settings");
@@ -806,6 +823,10 @@ mod tests {
         assert_eq!(s.endpoint_failures, 2);
         assert!(!s.refuse_partial_cluster_updates);
         assert!(s.refuse_tag_filters);
+        assert_eq!(
+            (s.max_block_instances, s.block_limit_code.as_str()),
+            (64, "SomethingElse")
+        );
         let d = Settings::default();
         assert!(
             d.refusals.is_empty()
@@ -827,6 +848,10 @@ mod tests {
             (3, 5, 2, 0)
         );
         assert_eq!(d.endpoint_inactive_plan, InactivePlan::FailLater);
+        assert_eq!(
+            (d.max_block_instances, d.block_limit_code.as_str()),
+            (256, "CapacityBlockLimitExceeded")
+        );
         assert!(d.refuse_partial_cluster_updates);
         assert_eq!(
             json!(InactivePlan::FailLater),

@@ -102,6 +102,10 @@ impl CapacityMarket for AwsMarket {
         }
     }
 
+    async fn blocks_in_account(&self, region: &str) -> Result<Vec<Reservation>, PortError> {
+        self.ec2.blocks_in_account(region).await
+    }
+
     async fn find_by_deployment(
         &self,
         region: &str,

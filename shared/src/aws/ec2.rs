@@ -535,6 +535,16 @@ impl Ec2Adapter {
         }
     }
 
+    /// Every live Capacity Block reservation in `region`, whoever bought it, by the documented
+    /// `state` filter: what the account's limit across Capacity Blocks counts.
+    pub async fn blocks_in_account(&self, region: &str) -> Result<Vec<Reservation>, PortError> {
+        let mut live = Filter::builder().name("state");
+        for state in LIVE_STATES {
+            live = live.values(state);
+        }
+        self.blocks_where(region, live.build()).await
+    }
+
     /// The Capacity Block reservations `filter` lists, over every page.
     async fn blocks_where(
         &self,

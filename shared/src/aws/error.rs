@@ -36,6 +36,18 @@ const THROTTLING: &[&str] = &[
     "PriorRequestNotComplete",
 ];
 
+/// Codes a purchase past the account's limit across Capacity Blocks may answer with: none is
+/// published; the emulator's default is listed, and [`names_block_limit`] reads the message.
+const BLOCK_LIMIT: &[&str] = &["CapacityBlockLimitExceeded"];
+
+/// Whether an error message names the account's limit of instances across Capacity Blocks
+/// ("you can have up to 256 instances across Capacity Blocks", the EC2 model's wording).
+fn names_block_limit(message: &str) -> bool {
+    message
+        .to_ascii_lowercase()
+        .contains("instances across capacity blocks")
+}
+
 /// EC2's Capacity Block describe limit, its own class (aws-reference §11.1): "You've reached
 /// the limit for this account", answered both to an account whose Capacity Block quota is 0
 /// and to bursts of searches ("a low, slowly-refilling limit per account per region";
@@ -211,6 +223,12 @@ impl Failure {
                     service,
                     message: format!("{code}: {message}"),
                 };
+            }
+            // The account's limit of instances across Capacity Blocks (review aws-reality-2
+            // #6): its code is unpublished, so a message naming it is read too. It frees up as
+            // blocks end: no capacity now, not a refusal of the request.
+            if BLOCK_LIMIT.contains(&c) || names_block_limit(&message) {
+                return PortError::NoCapacity { code, message };
             }
         }
         // A launch AWS refuses for the account or the zone, not for the request (an account
@@ -415,6 +433,23 @@ mod tests {
                 assert!(got.to_string().contains("Op: m"), "{got}");
             }
         }
+    }
+
+    #[test]
+    fn a_purchase_past_the_accounts_limit_across_blocks_is_no_capacity_whatever_its_code() {
+        // GIVEN a purchase refused for the limit: by the emulator's code, or by an unknown
+        // code whose message names it (AWS's code is unpublished)
+        let mut by_message = f("SomeUnpublishedCode", 400);
+        by_message.message = "You can have up to 256 instances across Capacity Blocks".into();
+        for failure in [f("CapacityBlockLimitExceeded", 400), by_message] {
+            // WHEN it is classified
+            let e = failure.into_port("ec2", Call::Purchase);
+            // THEN it is no capacity now (release, search again), not a refusal
+            assert!(matches!(e, PortError::NoCapacity { .. }), "{e:?}");
+        }
+        // AND another refusal is as before
+        let e = f("InvalidParameterValue", 400).into_port("ec2", Call::Purchase);
+        assert!(matches!(e, PortError::Permanent { .. }), "{e:?}");
     }
 
     #[test]

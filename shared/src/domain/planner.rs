@@ -61,6 +61,57 @@ pub struct Rejection {
     pub reason: String,
 }
 
+/// The account's limit of instances across Capacity Blocks (review aws-reality-2 #6: "Each
+/// Capacity Block can have up to 64 instances, and you can have up to 256 instances across
+/// Capacity Blocks", the EC2 model's `DescribeCapacityBlockOfferingsRequest.InstanceCount`):
+/// a Capacity Block offering whose instances, with those of every live block in `live` whose
+/// window overlaps its own (whoever bought it), would pass `max` is rejected with the reason;
+/// the rest, and every offering of another product, pass. The sum over every overlapping
+/// block is what the documented sentence reads as, at its harshest: not the peak at any
+/// instant.
+pub fn within_block_limit(
+    offerings: &[Offering],
+    live: &[crate::domain::reservation::Reservation],
+    max: u32,
+) -> (Vec<Offering>, Vec<Rejection>) {
+    let mut usable = Vec::new();
+    let mut over = Vec::new();
+    for o in offerings {
+        if o.product != Product::CapacityBlock {
+            usable.push(o.clone());
+            continue;
+        }
+        let overlapping: Vec<&crate::domain::reservation::Reservation> = live
+            .iter()
+            .filter(|r| {
+                r.product == Product::CapacityBlock
+                    && r.state.is_live()
+                    && r.start() < o.end()
+                    && o.start() < r.end()
+            })
+            .collect();
+        let held: u32 = overlapping.iter().map(|r| r.instance_count).sum();
+        if held + o.instance_count <= max {
+            usable.push(o.clone());
+            continue;
+        }
+        over.push(Rejection {
+            offering_id: o.id.clone(),
+            region: o.region.clone(),
+            reason: format!(
+                "the account holds {held} instances in {} Capacity Block(s) over this \
+                 offering's window ({} to {}); its {} more would pass the limit of {max} \
+                 instances across Capacity Blocks (MAX_BLOCK_INSTANCES)",
+                overlapping.len(),
+                o.start(),
+                o.end(),
+                o.instance_count
+            ),
+        });
+    }
+    (usable, over)
+}
+
 /// The planner's answer: feasible plans best first, and a reason for every other offering.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 pub struct Planning {
@@ -413,5 +464,92 @@ fn compare(p: &Plan, best: &Plan) -> String {
         _ if p.start > best.start => "same fee, later start".to_string(),
         _ if p.segments > best.segments => "same fee and start, more segments".to_string(),
         _ => "same fee, start and segments; a less preferred type or a later tie-break".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::{DateTime, TimeDelta, Utc};
+
+    use super::within_block_limit;
+    use crate::domain::catalog::PriceTable;
+    use crate::domain::money::Usd;
+    use crate::domain::offering::{Offering, Product, Segment};
+    use crate::domain::reservation::{Reservation, ReservationState};
+
+    fn day(from: DateTime<Utc>) -> Vec<Segment> {
+        vec![Segment {
+            start: from,
+            end: from + TimeDelta::days(1),
+            availability_zone: Some("us-east-1a".into()),
+        }]
+    }
+
+    fn block(id: &str, count: u32, from: DateTime<Utc>, state: ReservationState) -> Reservation {
+        Reservation {
+            id: id.into(),
+            product: Product::CapacityBlock,
+            region: "us-west-2".into(),
+            instance_type: "p5.48xlarge".into(),
+            instance_count: count,
+            segments: day(from),
+            upfront_fee: Usd::ZERO,
+            state,
+            offering_id: None,
+            request_tag: None,
+            ultraserver: false,
+            bought_at: None,
+            debit_month: None,
+            debit_team: None,
+            payment_check_at: None,
+            deployment_tag: None,
+        }
+    }
+
+    #[test]
+    fn a_block_that_would_pass_the_accounts_limit_with_the_blocks_overlapping_it_is_rejected() {
+        let t0: DateTime<Utc> = "2026-12-10T11:30:00Z".parse().unwrap();
+        let d = TimeDelta::days(1);
+        // GIVEN 200 instances held over day 0 in another region (two blocks, one of another
+        // buyer), 64 over day 2, and an expired block of 64 over day 0
+        let live = [
+            block("cr-a", 136, t0, ReservationState::Active),
+            block("cr-b", 64, t0, ReservationState::Scheduled),
+            block("cr-c", 64, t0 + d * 2, ReservationState::Scheduled),
+            block("cr-old", 64, t0, ReservationState::Expired),
+        ];
+        let prices = PriceTable::default();
+        let offer = |id: &str, count: u32, from: DateTime<Utc>| {
+            Offering::new(
+                id,
+                Product::CapacityBlock,
+                "us-east-1",
+                "p5.48xlarge",
+                count,
+                day(from),
+                Usd::parse("1000").unwrap(),
+                &prices,
+            )
+        };
+        let offerings = [
+            offer("cb-56", 56, t0),
+            offer("cb-57", 57, t0),
+            offer("cb-day1", 64, t0 + d),
+        ];
+        // WHEN the limit of 256 is applied
+        let (usable, over) = within_block_limit(&offerings, &live, 256);
+        // THEN 200 + 56 fits, 200 + 57 does not, and a day nothing overlaps is free
+        let ids: Vec<&str> = usable.iter().map(|o| o.id.as_str()).collect();
+        assert_eq!(ids, ["cb-56", "cb-day1"]);
+        assert_eq!(over.len(), 1);
+        assert_eq!(over[0].offering_id, "cb-57");
+        assert!(
+            over[0]
+                .reason
+                .contains("holds 200 instances in 2 Capacity Block(s)")
+                && over[0].reason.contains("MAX_BLOCK_INSTANCES"),
+            "{}",
+            over[0].reason
+        );
     }
 }

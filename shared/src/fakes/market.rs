@@ -24,6 +24,7 @@ pub enum MarketOp {
     Describe,
     FindByRequest,
     FindByDeployment,
+    BlocksInAccount,
 }
 
 /// One call the market received, for assertions.
@@ -48,6 +49,9 @@ pub enum MarketCall {
     FindByDeployment {
         region: String,
         deployment_id: String,
+    },
+    BlocksInAccount {
+        region: String,
     },
 }
 
@@ -304,6 +308,7 @@ impl FakeMarket {
                     MarketCall::Describe { .. } => MarketOp::Describe,
                     MarketCall::FindByRequest { .. } => MarketOp::FindByRequest,
                     MarketCall::FindByDeployment { .. } => MarketOp::FindByDeployment,
+                    MarketCall::BlocksInAccount { .. } => MarketOp::BlocksInAccount,
                 }
             })
             .count()
@@ -556,6 +561,26 @@ impl CapacityMarket for FakeMarket {
             .filter(|o| o.reservation.region == region)
             .filter(|o| o.reservation.deployment_tag.as_deref() == Some(deployment_id))
             .filter_map(|o| o.look_up(now))
+            .collect())
+    }
+
+    async fn blocks_in_account(&self, region: &str) -> Result<Vec<Reservation>, PortError> {
+        let mut s = lock(&self.state);
+        let now = s.clock.as_ref().map(ManualClock::get);
+        s.calls.push(MarketCall::BlocksInAccount {
+            region: region.to_string(),
+        });
+        if let Some(Fault::Fail(e) | Fault::ApplyThenFail(e)) =
+            s.faults.next(MarketOp::BlocksInAccount)
+        {
+            return Err(e);
+        }
+        Ok(s.reservations
+            .iter_mut()
+            .filter(|o| o.reservation.region == region)
+            .filter(|o| o.reservation.product == Product::CapacityBlock)
+            .filter_map(|o| o.look_up(now))
+            .filter(|r| r.state.is_live())
             .collect())
     }
 }

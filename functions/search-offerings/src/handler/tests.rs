@@ -396,6 +396,37 @@ async fn nothing_feasible_is_announced_once_retried_and_failed_at_the_deadline()
 }
 
 #[tokio::test]
+async fn an_offering_that_would_pass_the_accounts_limit_across_blocks_is_not_planned() {
+    // GIVEN the account holding 253 instances in a block of another buyer over the days
+    // offered, and an offering of 4 (the limit is 256 across Capacity Blocks)
+    let w = World::new();
+    w.market.list(block("cb-1", day(3), 48, "6644.74"));
+    let mut theirs = capacity_pilot::fakes::fixtures::block_starting(
+        day(3),
+        capacity_pilot::domain::reservation::ReservationState::Active,
+    );
+    theirs.instance_count = 253;
+    theirs.segments[0].end = day(5);
+    w.market.add_reservation(theirs, None);
+
+    // WHEN r1 is submitted
+    w.searcher()
+        .handle(submitted(SOURCE, "e1", detail("r1")))
+        .await
+        .unwrap();
+
+    // THEN nothing is planned, saying why
+    assert_eq!(w.status("r1").await, RequestStatus::NotFound);
+    let rec = record(&w, "r1").await;
+    assert!(
+        rec.reason
+            .contains("limit of 256 instances across Capacity Blocks"),
+        "{}",
+        rec.reason
+    );
+}
+
+#[tokio::test]
 async fn on_demand_first_requests_go_to_trying_on_demand_without_a_search() {
     let w = World::new();
     let mut d = detail("r1");

@@ -1166,3 +1166,134 @@ async fn a_search_answers_blocks_shorter_and_longer_than_asked() {
     assert!(minutes.contains(&(24 * 60)), "{minutes:?}");
     assert!(minutes.iter().any(|&m| m > 24 * 60), "{minutes:?}");
 }
+
+#[tokio::test]
+async fn instances_across_capacity_blocks_are_capped_over_the_window_account_wide() {
+    // botocore `ec2` model, DescribeCapacityBlockOfferingsRequest.InstanceCount: "Each Capacity
+    // Block can have up to 64 instances, and you can have up to 256 instances across Capacity
+    // Blocks" (DOC capacity-blocks-purchase says the same). The code is unpublished, so it is a
+    // setting; the message names the limit.
+    let env = env_with_settings(Settings {
+        max_block_instances: 8,
+        block_limit_code: "SomeUnpublishedCode".to_string(),
+        describe_limit_burst: 0,
+        listing_lag_seconds: 0,
+        ..Settings::default()
+    })
+    .await;
+    let purchase = |ec2: &aws_sdk_ec2::Client, offer: &CapacityBlockOffering| {
+        ec2.purchase_capacity_block()
+            .capacity_block_offering_id(offer.capacity_block_offering_id().unwrap())
+            .instance_platform(CapacityReservationInstancePlatform::LinuxUnix)
+            .send()
+    };
+    let offer = offerings(&env, "p5.48xlarge", 4, 24).await.remove(0);
+    let first = buy(&env, &offer, "cap-1").await;
+    // 4 + 4 = 8: at the limit, not over it
+    let first_paid = buy(&env, &offer, "cap-2").await;
+    let err = purchase(&env.ec2, &offer).await.unwrap_err();
+    assert_eq!(err.code(), Some("SomeUnpublishedCode"));
+    let message = err.message().unwrap();
+    assert!(
+        message.starts_with(
+            "You can have up to 8 instances across Capacity Blocks; this purchase of 4 would make 12 over the block's window"
+        ),
+        "{message}"
+    );
+
+    // Account-wide: blocks in us-east-1 count against an overlapping purchase in us-west-2.
+    let west = aws_sdk_ec2::Client::new(&sdk_config(&env.cloud.url(), "us-west-2", false).await);
+    let start = chrono_of(offer.start_date().unwrap());
+    let end = chrono_of(offer.end_date().unwrap());
+    let west_offer = west
+        .describe_capacity_block_offerings()
+        .instance_type("p5.48xlarge")
+        .instance_count(1)
+        .capacity_duration_hours(24)
+        .start_date_range(smithy_of(start))
+        .end_date_range(smithy_of(end))
+        .send()
+        .await
+        .unwrap()
+        .capacity_block_offerings()
+        .iter()
+        .find(|o| {
+            chrono_of(o.start_date().unwrap()) < end && start < chrono_of(o.end_date().unwrap())
+        })
+        .cloned()
+        .expect("an overlapping offering in us-west-2");
+    let err = purchase(&west, &west_offer).await.unwrap_err();
+    assert_eq!(err.code(), Some("SomeUnpublishedCode"));
+    assert!(
+        err.message()
+            .unwrap()
+            .contains("up to 8 instances across Capacity Blocks; this purchase of 1 would make 9"),
+        "{:?}",
+        err.message()
+    );
+
+    // A block whose window does not overlap counts nothing.
+    let later = env
+        .ec2
+        .describe_capacity_block_offerings()
+        .instance_type("p5.48xlarge")
+        .instance_count(8)
+        .capacity_duration_hours(24)
+        .start_date_range(smithy_of(end + TimeDelta::days(2)))
+        .send()
+        .await
+        .unwrap()
+        .capacity_block_offerings()[0]
+        .clone();
+    assert!(chrono_of(later.start_date().unwrap()) >= end);
+    buy(&env, &later, "cap-later").await;
+
+    // A payment-failed block no longer counts: its 4 instances free the window again.
+    let id = first.capacity_reservation_id().unwrap();
+    let (status, _) = http(
+        &env.cloud.url(),
+        "POST",
+        &format!("/_local/capacity-reservations/{id}/fail-payment"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    env.cloud.step(TimeDelta::minutes(10));
+    assert_eq!(state_of(&env, id).await, "payment-failed");
+    buy(&env, &offer, "cap-3").await;
+    let err = purchase(&west, &west_offer).await.unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some("SomeUnpublishedCode"),
+        "scheduled blocks count"
+    );
+
+    // Active blocks count too.
+    env.cloud.advance_to(start + TimeDelta::minutes(10));
+    assert_eq!(
+        state_of(&env, first_paid.capacity_reservation_id().unwrap()).await,
+        "active"
+    );
+    let overlapping = west
+        .describe_capacity_block_offerings()
+        .instance_type("p5.48xlarge")
+        .instance_count(1)
+        .capacity_duration_hours(24)
+        .end_date_range(smithy_of(end))
+        .send()
+        .await
+        .unwrap()
+        .capacity_block_offerings()
+        .iter()
+        .find(|o| chrono_of(o.start_date().unwrap()) < end)
+        .cloned()
+        .expect("an offering starting inside the active window");
+    let err = purchase(&west, &overlapping).await.unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some("SomeUnpublishedCode"),
+        "active blocks count"
+    );
+    // An expired block's window is over before any offering starts (30 min ahead at the
+    // earliest), so it can never overlap one: `expired` is left out of the count by state.
+}
