@@ -273,6 +273,7 @@ impl Flow {
             events,
             clock,
             config: config.clone(),
+            blocks_seen: Default::default(),
         };
         let (store, market, _, events, clock) = adapters(Function::Purchase);
         let purchaser = Purchaser {

@@ -197,16 +197,11 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                 out.decisions
                     .push(Decision::new(id, "maintenance-scheduled", m.reason.clone()));
             }
+            // Published now, not through a request's outbox: nothing is written for it (a
+            // failure fails the invocation, and the Health event's redelivery publishes it
+            // again under the same key).
             let events: Vec<_> = maintenance.iter().map(|(_, m)| outbound(m)).collect();
-            let report = self.events.publish(&events).await?;
-            if let Some((key, code, message)) = report.failed.first() {
-                return Err(PortError::Transient {
-                    service: "events",
-                    code: code.clone(),
-                    message: format!("{key} was not published: {message}"),
-                }
-                .into());
-            }
+            outbox::publish_now(&self.events, &events).await?;
             out.published += events.len();
         }
         if named.as_ref().is_some_and(BTreeMap::is_empty) && ended.is_none() {

@@ -61,7 +61,19 @@ pub struct Searcher<S, M, W, E, C> {
     pub events: E,
     pub clock: C,
     pub config: Arc<Config>,
+    /// The account's live Capacity Blocks as last read, and when (`within_block_limit`).
+    pub blocks_seen: BlocksSeen,
 }
+
+/// The account's live Capacity Blocks as a warm function last read them, kept
+/// [`BLOCKS_SEEN_FOR`]: the limit across blocks is a pre-check (AWS refuses a purchase past
+/// it, which is read as no capacity), so a count some minutes old costs at most a purchase
+/// refused or a search round, and a tick planning many requests reads them once.
+#[derive(Debug, Default)]
+pub struct BlocksSeen(std::sync::Mutex<Option<(DateTime<Utc>, Vec<Reservation>)>>);
+
+/// How long [`BlocksSeen`] serves.
+const BLOCKS_SEEN_FOR: chrono::TimeDelta = chrono::TimeDelta::minutes(5);
 
 impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
     Searcher<S, M, W, E, C>
@@ -666,6 +678,7 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
     async fn within_block_limit(
         &self,
         offerings: &[Offering],
+        now: DateTime<Utc>,
     ) -> Result<(Vec<Offering>, Vec<Rejection>), PortError> {
         if !offerings
             .iter()
@@ -673,10 +686,28 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
         {
             return Ok((offerings.to_vec(), Vec::new()));
         }
-        let mut live = Vec::new();
-        for region in &self.config.allowed_regions {
-            live.extend(self.market.blocks_in_account(region).await?);
-        }
+        let kept = self
+            .blocks_seen
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .filter(|(at, _)| *at <= now && now < *at + BLOCKS_SEEN_FOR);
+        let live = match kept {
+            Some((_, live)) => live,
+            None => {
+                let mut live = Vec::new();
+                for region in &self.config.allowed_regions {
+                    live.extend(self.market.blocks_in_account(region).await?);
+                }
+                *self
+                    .blocks_seen
+                    .0
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((now, live.clone()));
+                live
+            }
+        };
         Ok(within_block_limit(
             offerings,
             &live,
@@ -703,7 +734,7 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
         } else {
             format!("; decided without: {}", gaps.join("; "))
         };
-        let (within, over) = self.within_block_limit(offerings).await?;
+        let (within, over) = self.within_block_limit(offerings, now).await?;
         let (usable, unusable) = workload::usable(&self.workloads, req, &within).await?;
         let mut planning = plan(req, &usable, &self.config.prices, now);
         planning.rejections.extend(over);

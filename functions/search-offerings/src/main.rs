@@ -17,6 +17,7 @@ async fn main() -> Result<(), Error> {
         events: a.events,
         clock: a.clock,
         config,
+        blocks_seen: Default::default(),
     };
     serve(|event| handler.handle(event)).await
 }

@@ -75,6 +75,7 @@ async fn stack_b(f: &Flow) -> StackB {
             events: b.events.clone(),
             clock: b.clock.clone(),
             config: config.clone(),
+            blocks_seen: Default::default(),
         },
         purchaser: Purchaser {
             store: table.store(),

@@ -580,6 +580,7 @@ impl Sim {
             events,
             clock: clock.clone(),
             config: config.clone(),
+            blocks_seen: Default::default(),
         };
         let (market, _, events) = adapters();
         let purchaser = Purchaser {

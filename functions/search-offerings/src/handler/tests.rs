@@ -68,6 +68,7 @@ impl World {
             events: self.events.clone(),
             clock: self.clock.clone(),
             config: Arc::new(config),
+            blocks_seen: Default::default(),
         }
     }
 

@@ -2,15 +2,16 @@
 //!
 //! | pk                     | sk   | what                                              |
 //! |------------------------|------|---------------------------------------------------|
-//! | `ID#<id lower-cased>`  | `ID` | `request_id` (as given), `created_at` (its META's) |
+//! | `ID#<id lower-cased>`  | `ID` | `request_id` (as given), `created_at` (when written) |
 //!
 //! Written in a request's creating transaction, on what was read: absent, or naming a
 //! spelling whose request is gone (archived past its TTL), and then only if it still names
 //! that spelling and that spelling's META is still gone (a creation of it in between would
 //! hold the id again). A tombstone is placed under the same conditions. No TTL: the request
-//! it names says whether it holds; an item is a hundred bytes per id ever used. Requests recorded before these
-//! items are given theirs by the first cold starts' pass (`claims::claim_live_requests`);
-//! until then, and for archived ones never, the exact spelling's META answers as before.
+//! it names says whether it holds; an item is a hundred bytes per id ever used. Requests
+//! recorded before these items are given theirs by the first cold starts' pass
+//! (`claims::claim_live_requests`); until then, and for archived ones never, the exact
+//! spelling's META answers as before.
 
 use aws_sdk_dynamodb::types::TransactWriteItem;
 use chrono::{DateTime, Utc};
@@ -26,6 +27,15 @@ const KIND: &str = "id";
 
 fn id_key(id: &RequestId) -> Item {
     key(format!("ID#{}", id.folded()), ID_SK)
+}
+
+/// The id item naming `id` as given.
+fn id_item(id: &RequestId, at: DateTime<Utc>) -> Item {
+    let mut item = id_key(id);
+    item.insert(attr::KIND.into(), s(KIND));
+    item.insert(attr::REQUEST_ID.into(), s(id.as_str()));
+    item.insert(attr::CREATED_AT.into(), time(at));
+    item
 }
 
 /// Who holds an id, ignoring case.
@@ -53,7 +63,7 @@ impl DynamoStore {
     }
 }
 
-/// The condition that the id item is as `free` found it (absent, or naming that spelling),
+/// The condition that the id item is as found (absent, or naming the spelling `found`),
 /// and, when that spelling is not `id`'s own (whose META its caller's write checks), that its
 /// request is still gone.
 fn kept(
@@ -96,11 +106,7 @@ pub(super) fn take(
         Holder::Held(named) => Some(named),
     };
     let (c, check) = kept(table, id, found.as_ref(), now)?;
-    let mut item = id_key(id);
-    item.insert(attr::KIND.into(), s(KIND));
-    item.insert(attr::REQUEST_ID.into(), s(id.as_str()));
-    item.insert(attr::CREATED_AT.into(), time(at));
-    Ok(std::iter::once(put(table, item, Some(c))?)
+    Ok(std::iter::once(put(table, id_item(id, at), Some(c))?)
         .chain(check)
         .collect())
 }
@@ -127,10 +133,6 @@ impl DynamoStore {
         id: &RequestId,
         created_at: DateTime<Utc>,
     ) -> Result<bool, PortError> {
-        let mut item = id_key(id);
-        item.insert(attr::KIND.into(), s(KIND));
-        item.insert(attr::REQUEST_ID.into(), s(id.as_str()));
-        item.insert(attr::CREATED_AT.into(), time(created_at));
-        self.put_if(item, attr::PK, None).await
+        self.put_if(id_item(id, created_at), attr::PK, None).await
     }
 }
