@@ -348,19 +348,20 @@ pub fn judge(o: &Observed) -> Vec<Check> {
                     .find(|r| r["detail"]["replaced_instance_id"] == sick.as_str());
                 // A scheduled retirement (broken "at" its start) is replaced before it, and
                 // EC2 never retires the instance under the workload.
-                let retiring = o.cloud.with_world(|w| {
-                    w.ec2.instances.get(sick.as_str()).is_some_and(|i| {
-                        i.scheduled_events
-                            .iter()
-                            .any(|e| e.code == "instance-retirement" && e.not_before == *at)
-                    })
-                });
-                let retired_by_ec2 = o.cloud.with_world(|w| {
-                    w.ec2.instances.get(sick.as_str()).is_some_and(|i| {
-                        i.state_reason
-                            .as_ref()
-                            .is_some_and(|(code, _)| code == "Server.ScheduledStop")
-                    })
+                let (retiring, retired_by_ec2) = o.cloud.with_world(|w| {
+                    w.ec2
+                        .instances
+                        .get(sick.as_str())
+                        .map_or((false, false), |i| {
+                            (
+                                i.scheduled_events.iter().any(|e| {
+                                    e.code == "instance-retirement" && e.not_before == *at
+                                }),
+                                i.state_reason
+                                    .as_ref()
+                                    .is_some_and(|(code, _)| code == "Server.ScheduledStop"),
+                            )
+                        })
                 });
                 let verdict = ev.and_then(|r| {
                     let new_id = r["detail"]["new_instance_id"].as_str()?;
