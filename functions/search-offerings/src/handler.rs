@@ -674,18 +674,11 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
 
     /// The offerings the account's limit across Capacity Blocks leaves (and a reason for each
     /// it rules out), counting the live blocks of every allowed region, whoever bought them.
-    /// No call when no Capacity Block is offered.
     async fn within_block_limit(
         &self,
         offerings: &[Offering],
         now: DateTime<Utc>,
     ) -> Result<(Vec<Offering>, Vec<Rejection>), PortError> {
-        if !offerings
-            .iter()
-            .any(|o| o.product == Product::CapacityBlock)
-        {
-            return Ok((offerings.to_vec(), Vec::new()));
-        }
         let kept = self
             .blocks_seen
             .0
@@ -728,17 +721,44 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let id = &rec.request_id;
-        let gaps = round.gaps(all);
+        let mut gaps = round.gaps(all);
+        let (usable, unusable) = workload::usable(&self.workloads, req, offerings).await?;
+        let mut planning = plan(req, &usable, &self.config.prices, now);
+        // The account's blocks are read only when a kept candidate would buy one: every
+        // Capacity Block left after the read is within the limit, so planning again over
+        // them keeps no candidate past it.
+        if planning
+            .plans
+            .iter()
+            .take(CANDIDATES_KEPT)
+            .any(|p| p.product == Product::CapacityBlock)
+        {
+            match self.within_block_limit(&usable, now).await {
+                Ok((within, over)) => {
+                    if !over.is_empty() {
+                        planning = plan(req, &within, &self.config.prices, now);
+                        planning.rejections.extend(over);
+                    }
+                }
+                // The count is a pre-check: AWS refuses a purchase past the limit, and that
+                // refusal is read as no capacity (searched again), so an unreadable count
+                // costs at most a refused purchase, while failing here would stop every
+                // purchase for as long as the listing fails. Said in the decision.
+                Err(e) => {
+                    warn!(request_id = %id, error = %e, "the account's Capacity Blocks could not be listed; planning without the limit across blocks");
+                    gaps.push(format!(
+                        "the account's live Capacity Blocks, unlisted ({e}): a purchase past \
+                         the limit across blocks is refused by AWS and searched again"
+                    ));
+                }
+            }
+        }
+        planning.rejections.extend(unusable);
         let missing = if gaps.is_empty() {
             String::new()
         } else {
             format!("; decided without: {}", gaps.join("; "))
         };
-        let (within, over) = self.within_block_limit(offerings, now).await?;
-        let (usable, unusable) = workload::usable(&self.workloads, req, &within).await?;
-        let mut planning = plan(req, &usable, &self.config.prices, now);
-        planning.rejections.extend(over);
-        planning.rejections.extend(unusable);
         let deadline = search_deadline(req.window.latest_end, req.duration_hours);
         let version = rec.version + 1;
         let step = Cause::new(format!("{}#search", cause.event_id));

@@ -428,6 +428,67 @@ async fn an_offering_that_would_pass_the_accounts_limit_across_blocks_is_not_pla
 }
 
 #[tokio::test]
+async fn the_accounts_blocks_are_read_only_when_a_candidate_would_buy_one() {
+    use capacity_pilot::fakes::MarketOp;
+    // GIVEN a block offered above the request's budget, so no plan would buy it
+    let w = World::new();
+    w.market.list(block("cb-dear", day(3), 48, "20000"));
+
+    // WHEN r1 is submitted
+    w.searcher()
+        .handle(submitted(SOURCE, "e1", detail("r1")))
+        .await
+        .unwrap();
+
+    // THEN nothing is planned and the account's blocks were not read
+    assert_eq!(w.status("r1").await, RequestStatus::NotFound);
+    assert_eq!(w.market.calls_of(MarketOp::BlocksInAccount), 0);
+
+    // AND a block within budget is planned after one read of them per allowed region
+    w.market.list(block("cb-1", day(3), 48, "6644.74"));
+    w.searcher()
+        .handle(submitted(SOURCE, "e2", detail("r2")))
+        .await
+        .unwrap();
+    assert_eq!(w.status("r2").await, RequestStatus::OfferingsFound);
+    assert_eq!(w.market.calls_of(MarketOp::BlocksInAccount), 2);
+}
+
+#[tokio::test]
+async fn an_unlistable_account_count_plans_without_the_limit_and_says_so() {
+    use capacity_pilot::fakes::MarketOp;
+    // GIVEN a block within budget, and the listing of the account's blocks failing after
+    // the SDK's retries (before the fix: the whole search failed, every tick it failed)
+    let w = World::new();
+    w.market.list(block("cb-1", day(3), 48, "6644.74"));
+    w.market.fail_next(
+        MarketOp::BlocksInAccount,
+        PortError::Transient {
+            service: "ec2",
+            code: "InternalError".into(),
+            message: "An internal error has occurred".into(),
+        },
+    );
+
+    // WHEN r1 is submitted
+    w.searcher()
+        .handle(submitted(SOURCE, "e1", detail("r1")))
+        .await
+        .unwrap();
+
+    // THEN the block is planned (AWS refuses a purchase past the limit, read as no
+    // capacity), and the decision says what it was made without
+    assert_eq!(w.status("r1").await, RequestStatus::OfferingsFound);
+    let rec = record(&w, "r1").await;
+    assert!(
+        rec.reason
+            .contains("decided without: the account's live Capacity Blocks, unlisted"),
+        "{}",
+        rec.reason
+    );
+}
+
+#[tokio::test]
 async fn on_demand_first_requests_go_to_trying_on_demand_without_a_search() {
     let w = World::new();
     let mut d = detail("r1");
