@@ -6,7 +6,10 @@
 //!
 //! A Capacity Block's slot returns only about 10 minutes after its instance terminates, so a
 //! launch refused for capacity is retried on the next tick: the slot's record says
-//! `replacing` until the replacement runs. Two caps bound the damage a bad signal can do:
+//! `replacing` until the replacement runs. A replacement tries every request subnet in its
+//! zone, in the request's order: one without free addresses moves it to the next, and when
+//! all are full the slot waits for a later tick, as for capacity (a paid block is never
+//! failed for its subnets). Two caps bound the damage a bad signal can do:
 //! replacements per reservation, and no repairs at all while more than
 //! `MAX_UNHEALTHY_SHARE` of a request's instances look unhealthy (that smells of a wider
 //! problem, which replacing would only make worse), though one bad instance is always
@@ -37,11 +40,12 @@ use capacity_pilot::domain::window::{self, DrainLead, WindowRecord, WindowState}
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     Cause, Clock, EventSink, FallBack, InstanceFilter, InstanceHealth, InstanceInfo, InstanceState,
-    LaunchMarket, LiveRequest, OnDemandRun, PortError, RequestRecord, ScheduledChange, Store,
-    Transition, WorkloadRecord, Workloads,
+    LaunchMarket, LaunchSpec, LiveRequest, OnDemandRun, PortError, RequestRecord, ScheduledChange,
+    Store, Transition, WorkloadRecord, Workloads,
 };
 use capacity_pilot::workload;
 use capacity_pilot::workload::ec2_instances::{self, Replacement};
+use capacity_pilot::workload::refusal::{self, Scope};
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use serde::Serialize;
@@ -54,7 +58,9 @@ pub const HEALTH_EVENT: &str = "AWS Health Event";
 /// replacement's launch, and a block slot's return after the termination (about 10 min),
 /// come before EC2 takes the instance.
 pub const SCHEDULED_CHANGE_LEAD: chrono::TimeDelta = chrono::TimeDelta::minutes(30);
-/// A slot whose old instance is terminated and whose replacement still waits for the slot.
+/// A slot whose old instance is terminated and whose replacement still waits for the slot,
+/// its launch (if one is under way) in the zone's first subnet. One whose launch went to
+/// another subnet of the zone says so, `replacing@<subnet>` ([`is_replacing`]).
 pub const REPLACING: &str = "replacing";
 /// A slot whose (replacement) instance was launched.
 pub const RUNNING: &str = "running";
@@ -618,8 +624,10 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         Ok(())
     }
 
-    /// Launches the slot's replacement with the record's generation; a refusal for capacity
-    /// waits for the next tick.
+    /// Launches the slot's replacement with the record's generation, in the first subnet of
+    /// its zone with free addresses; a refusal for capacity, or every subnet full, waits for
+    /// the next tick. Each call's subnet is recorded before it (`replacing@<subnet>` for
+    /// any but the zone's first), and a retry asks that subnet first.
     #[allow(clippy::too_many_arguments)]
     async fn launch(
         &self,
@@ -659,30 +667,98 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
             }
         };
         let reservation_id = slot.reservation_id.as_str();
-        let spec = match replacement {
-            Replacement::Launch(spec) => spec,
+        let specs = match replacement {
+            Replacement::Launch(specs) => specs,
             Replacement::Stuck(reason) => {
                 out.decisions.push(Decision::new(id, "stuck", reason));
                 return Ok(());
             }
         };
-        let launched = match self.workloads.launch_instances(&spec).await {
-            Ok(l) => l,
-            Err(PortError::NoCapacity { code, message }) => {
-                out.decisions.push(Decision::new(
-                    id,
-                    "waiting-for-slot",
-                    format!(
-                        "slot {} of {reservation_id} is not back yet ({code}: {message}); a \
-                         Capacity Block returns a slot about 10 minutes after termination (and \
-                         on-demand capacity comes and goes), so the next tick retries",
-                        slot.slot
-                    ),
-                ));
-                return Ok(());
-            }
-            Err(e) => return Err(e),
+        // Every request subnet in the zone, in the request's order, but the one the slot's
+        // last call went to first: a call whose answer was lost (or whose run died before
+        // recording it) is answered again by its token there, where another subnet with
+        // room since would start a second instance.
+        let Some(first) = specs.first().map(|s| s.subnet_id.clone()) else {
+            out.decisions
+                .push(Decision::new(id, "stuck", "no subnet to replace in"));
+            return Ok(());
         };
+        let mut order: Vec<&LaunchSpec> = specs.iter().collect();
+        if let Some(n) =
+            replacing_in(&slot.state).and_then(|s| order.iter().position(|x| x.subnet_id == s))
+        {
+            let asked = order.remove(n);
+            order.insert(0, asked);
+        }
+        let mut slot = slot.clone();
+        // The subnets that answered full, with EC2's code and message.
+        let mut full: Vec<(String, String, String)> = Vec::new();
+        let mut launched = None;
+        for spec in order {
+            // Where the call goes, recorded before it (the zone's first subnet is the plain
+            // `replacing`, as when replacements tried one subnet).
+            let state = replacing_at(&first, &spec.subnet_id);
+            if slot.state != state {
+                slot = WorkloadRecord {
+                    state,
+                    updated_at: now,
+                    ..slot
+                };
+                self.store.put_workload(slot.clone()).await?;
+            }
+            match self.workloads.launch_instances(spec).await {
+                Ok(l) => {
+                    launched = Some(l);
+                    break;
+                }
+                // This subnet has no free addresses: the zone's next one may.
+                Err(PortError::NoCapacity { code, message })
+                    if refusal::of(&code).scope == Scope::Subnet =>
+                {
+                    info!(request_id = %id, reservation_id, slot = slot.slot,
+                        subnet_id = %spec.subnet_id, code, "the subnet is full; trying the zone's next");
+                    full.push((spec.subnet_id.clone(), code, message));
+                }
+                Err(PortError::NoCapacity { code, message }) => {
+                    // Refused: nothing started with any of this generation's tokens.
+                    self.asked_none(&mut slot, now).await?;
+                    out.decisions.push(Decision::new(
+                        id,
+                        "waiting-for-slot",
+                        format!(
+                            "slot {} of {reservation_id} is not back yet ({code}: {message}); a \
+                             Capacity Block returns a slot about 10 minutes after termination \
+                             (and on-demand capacity comes and goes), so the next tick retries",
+                            slot.slot
+                        ),
+                    ));
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let Some(launched) = launched else {
+            // Every subnet of the zone is full: addresses free up as instances go, so a later
+            // tick tries them again. The request is not failed for it (a paid block is never
+            // refused for its subnets), and nothing started anywhere.
+            self.asked_none(&mut slot, now).await?;
+            let tried: Vec<&str> = full.iter().map(|(s, ..)| s.as_str()).collect();
+            let (_, code, message) = full.last().cloned().unwrap_or_default();
+            out.decisions.push(Decision::new(
+                id,
+                "waiting-for-addresses",
+                format!(
+                    "slot {} of {reservation_id} waits for addresses: every request subnet in \
+                     its zone ({}) answered that {} ({code}: {message}); the next tick tries them \
+                     again",
+                    slot.slot,
+                    tried.join(", "),
+                    refusal::of(&code).means
+                ),
+            ));
+            return Ok(());
+        };
+        let slot = &slot;
         let new_id = launched.first().map(|i| i.instance_id.clone());
         let started_at = launched.first().and_then(|i| i.launched_at).unwrap_or(now);
         let reason = format!(
@@ -744,6 +820,21 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
 }
 
 impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
+    /// `slot`, none of whose calls started anything (each was refused), recorded as waiting
+    /// with no call under way: the next tick starts at the zone's first subnet.
+    async fn asked_none(
+        &self,
+        slot: &mut WorkloadRecord,
+        now: DateTime<Utc>,
+    ) -> Result<(), PortError> {
+        if slot.state != REPLACING {
+            slot.state = REPLACING.into();
+            slot.updated_at = now;
+            self.store.put_workload(slot.clone()).await?;
+        }
+        Ok(())
+    }
+
     /// Announces a spot run's interrupted slot (`Capacity Workload Interrupted`), before the
     /// slot's record says what became of it: a failure leaves the slot as it was, and the
     /// next tick decides and announces again, with the same key.
@@ -945,6 +1036,29 @@ fn left(slot: &WorkloadRecord, now: DateTime<Utc>) -> WorkloadRecord {
     }
 }
 
+/// Whether `state` is a slot's whose replacement is under way: [`REPLACING`], or
+/// `replacing@<subnet>` while its launch goes to a subnet other than its zone's first.
+pub fn is_replacing(state: &str) -> bool {
+    state == REPLACING || replacing_in(state).is_some()
+}
+
+/// The subnet other than its zone's first that a replacing slot's launch went to.
+fn replacing_in(state: &str) -> Option<&str> {
+    state
+        .strip_prefix(REPLACING)
+        .and_then(|rest| rest.strip_prefix('@'))
+        .filter(|subnet| !subnet.is_empty())
+}
+
+/// A replacing slot's state while its launch goes to `subnet` (the zone's first: `first`).
+fn replacing_at(first: &str, subnet: &str) -> String {
+    if subnet == first {
+        REPLACING.into()
+    } else {
+        format!("{REPLACING}@{subnet}")
+    }
+}
+
 fn ignored(id: &RequestId, status: RequestStatus) -> Decision {
     Decision::new(
         id,
@@ -964,7 +1078,7 @@ fn verdict(
     drain: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
 ) -> (Verdict, Option<String>) {
-    if slot.state == REPLACING {
+    if is_replacing(&slot.state) {
         return (Verdict::Pending, None);
     }
     if slot.state == LEFT {

@@ -585,8 +585,16 @@ pub fn ours(i: &InstanceInfo, id: &RequestId, deployment: &str) -> bool {
 /// A slot's replacement, or why there can be none.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Replacement {
-    /// Launch this: the reservation's slot, the record's generation (so a new client token).
-    Launch(LaunchSpec),
+    /// Launch the first of these that has room: the slot at the record's generation (so a
+    /// new client token), one launch per request subnet in the zone, in the request's order.
+    /// A subnet without free addresses (`InsufficientFreeAddressesInSubnet`; an EFA template
+    /// takes one per interface per instance) says nothing about the zone's next one, and a
+    /// paid block must not be left short for it. Each has a token of its own, the same in
+    /// every retry (EC2 answers a token used with another subnet
+    /// `IdempotentParameterMismatch`): the caller records which one a call goes to before
+    /// making it, and a retry asks that one first, so a lost answer is answered again there
+    /// rather than a second instance started in a subnet that has room since.
+    Launch(Vec<LaunchSpec>),
     /// Nothing can be launched until the request or the subnets change.
     Stuck(String),
 }
@@ -603,10 +611,60 @@ fn replaceable(rec: &RequestRecord) -> Result<(&LaunchTemplateRef, &[String]), S
     }
 }
 
+/// The request's subnets in `zone` of `region`, in the request's order.
+async fn zone_subnets<W: Workloads>(
+    workloads: &W,
+    region: &str,
+    subnet_ids: &[String],
+    zone: &str,
+) -> Result<Vec<String>, PortError> {
+    Ok(workloads
+        .subnet_zones(region, subnet_ids)
+        .await?
+        .into_iter()
+        .filter(|(_, z)| z == zone)
+        .map(|(s, _)| s)
+        .collect())
+}
+
+/// What a replacement's client token in the `n`th of a zone's subnets is made from: the
+/// zone's first keeps `base`, the token replacements had when they tried one subnet (so a
+/// retry across an upgrade answers the instance its launch started); another names its
+/// subnet, as `launch`'s do.
+fn subnet_token_base(base: &str, n: usize, subnet: &str) -> String {
+    match n {
+        0 => base.to_string(),
+        _ => format!("{base}@{subnet}"),
+    }
+}
+
+/// One launch per subnet of `subnets` (a zone's, in the request's order), each with its
+/// own client token from `base`: `template` with its subnet and token filled in.
+fn per_subnet(
+    template: &LaunchSpec,
+    subnets: &[String],
+    base: &str,
+    slot: &WorkloadRecord,
+) -> Vec<LaunchSpec> {
+    subnets
+        .iter()
+        .enumerate()
+        .map(|(n, subnet)| LaunchSpec {
+            subnet_id: subnet.clone(),
+            client_token: client_token(
+                &subnet_token_base(base, n, subnet),
+                slot.slot,
+                slot.generation,
+            ),
+            ..template.clone()
+        })
+        .collect()
+}
+
 /// The launch that replaces `slot`'s instance of an on-demand or spot run: in the zone (and
 /// so a subnet of the request's) that the old instance `old` ran in, in the run's `market`,
-/// with a client token of its own per generation (launch-workloads' tokens name the run's
-/// placements, and a replacement is none of them).
+/// with a client token of its own per generation and subnet (launch-workloads' tokens name
+/// the run's placements, and a replacement is none of them).
 pub async fn run_replacement<W: Workloads>(
     workloads: &W,
     rec: &RequestRecord,
@@ -625,29 +683,27 @@ pub async fn run_replacement<W: Workloads>(
             slot.resource_id
         )));
     };
-    let Some(subnet_id) = workloads
-        .subnet_in_zone(&old.region, subnet_ids, &old.availability_zone)
-        .await?
-    else {
+    let subnets = zone_subnets(workloads, &old.region, subnet_ids, &old.availability_zone).await?;
+    if subnets.is_empty() {
         return Ok(Replacement::Stuck(format!(
             "none of the request's subnets is in {}, the zone of the run's {}",
             old.availability_zone, old.instance_id
         )));
-    };
-    Ok(Replacement::Launch(LaunchSpec {
+    }
+    let spec = LaunchSpec {
         region: old.region.clone(),
         market,
         instance_type: old.instance_type.clone(),
         count: 1,
-        subnet_id,
+        subnet_id: String::new(),
         launch_template: template.clone(),
-        client_token: client_token(
-            &format!("{}:{}:replacement", rec.request_id, slot.reservation_id),
-            slot.slot,
-            slot.generation,
-        ),
+        client_token: String::new(),
         tags: resource_tags(&rec.request.tags, &rec.request_id, deployment_id),
-    }))
+    };
+    let base = format!("{}:{}:replacement", rec.request_id, slot.reservation_id);
+    Ok(Replacement::Launch(per_subnet(
+        &spec, &subnets, &base, slot,
+    )))
 }
 
 /// The launch that replaces `slot`'s instance inside `reservation`: the block's zone when
@@ -670,24 +726,28 @@ pub async fn replacement<W: Workloads>(
         .find_map(|s| s.availability_zone.clone())
         .or(zone)
         .unwrap_or_default();
-    let Some(subnet_id) = workloads
-        .subnet_in_zone(&reservation.region, subnet_ids, &zone)
-        .await?
-    else {
+    let subnets = zone_subnets(workloads, &reservation.region, subnet_ids, &zone).await?;
+    if subnets.is_empty() {
         return Ok(Replacement::Stuck(format!(
             "none of the request's subnets is in {zone}, the reservation's zone"
         )));
-    };
-    Ok(Replacement::Launch(LaunchSpec {
+    }
+    let spec = LaunchSpec {
         region: reservation.region.clone(),
         market: LaunchMarket::CapacityBlock {
             reservation_id: reservation.id.clone(),
         },
         instance_type: reservation.instance_type.clone(),
         count: 1,
-        subnet_id,
+        subnet_id: String::new(),
         launch_template: template.clone(),
-        client_token: client_token(&reservation.id, slot.slot, slot.generation),
+        client_token: String::new(),
         tags: resource_tags(&rec.request.tags, &rec.request_id, deployment_id),
-    }))
+    };
+    Ok(Replacement::Launch(per_subnet(
+        &spec,
+        &subnets,
+        &reservation.id,
+        slot,
+    )))
 }

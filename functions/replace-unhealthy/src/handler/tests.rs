@@ -1368,3 +1368,209 @@ async fn an_impaired_spot_instance_past_the_cap_is_left_running_not_fallen_back(
     assert_eq!(w.record("r-2").await.status, RequestStatus::RunningSpot);
     assert!(w.events.published_of(INTERRUPTED).is_empty());
 }
+
+// ---- subnets out of addresses -------------------------------------------------------------
+
+const FULL: &str = "InsufficientFreeAddressesInSubnet";
+
+impl World {
+    /// GIVEN request `id` names `subnets` (each one EC2 knows, in its zone), in this order.
+    async fn name_subnets(&self, id: &str, subnets: &[(&str, &str)]) {
+        for (subnet, zone) in subnets {
+            self.workloads.add_subnet(REGION, subnet, zone);
+        }
+        let mut rec = self.record(id).await;
+        match &mut rec.request.workload {
+            capacity_pilot::domain::request::WorkloadDetail::Ec2Instances {
+                subnet_ids, ..
+            } => *subnet_ids = subnets.iter().map(|(s, _)| s.to_string()).collect(),
+            _ => unreachable!(),
+        }
+        self.store.insert_record(rec);
+    }
+
+    /// The subnets the launches since the first `skip` went to.
+    fn launched_in(&self, skip: usize) -> Vec<String> {
+        self.launches()
+            .into_iter()
+            .skip(skip)
+            .map(|l| l.subnet_id)
+            .collect()
+    }
+}
+
+/// Block r-1's request names three subnets: subnet-a and subnet-b in the block's zone
+/// us-east-1a, and subnet-c between them in another zone.
+const BLOCK_SUBNETS: &[(&str, &str)] = &[
+    ("subnet-a", "us-east-1a"),
+    ("subnet-c", "us-east-1b"),
+    ("subnet-b", "us-east-1a"),
+];
+
+#[tokio::test]
+async fn a_block_replacement_whose_zones_first_subnet_is_full_launches_in_its_second() {
+    // GIVEN four instances of block cr-1 in subnet-a, one impaired, and subnet-a with
+    // addresses for only three (an EFA template takes one per interface per instance)
+    let w = World::new(4).await;
+    w.name_subnets("r-1", BLOCK_SUBNETS).await;
+    w.workloads.subnet_room(REGION, "subnet-a", 3);
+    let sick = w.slots().await[1].resource_id.clone();
+    w.workloads
+        .set_instance_health(&sick, InstanceHealth::Impaired);
+    // WHEN the schedule polls status
+    let out = w.tick("tick-1").await;
+    // THEN the replacement is refused in subnet-a and launches in subnet-b, the zone's next
+    // (subnet-c is in another zone), with a token of its own there
+    assert_eq!(
+        w.launched_in(4),
+        ["subnet-a", "subnet-b"],
+        "{:?}",
+        out.decisions
+    );
+    let launches = w.launches();
+    assert_eq!(launches[4].client_token, client_token("cr-1", 1, 1));
+    assert_eq!(
+        launches[5].client_token,
+        client_token("cr-1@subnet-b", 1, 1)
+    );
+    assert_eq!(w.live().len(), 4);
+    let slot = w.slots().await.into_iter().find(|s| s.slot == 1).unwrap();
+    assert_eq!((slot.generation, slot.state.as_str()), (1, "running"));
+    assert!(w.live().contains(&slot.resource_id));
+    assert_eq!(w.events.published_of(REPLACED).len(), 1);
+    // AND later ticks replace nothing more
+    w.tick("tick-2").await;
+    assert_eq!(w.launches().len(), 6);
+}
+
+#[tokio::test]
+async fn a_run_replacement_whose_zones_first_subnet_is_full_launches_in_its_second() {
+    for market in [LaunchMarket::OnDemand, LaunchMarket::Spot] {
+        // GIVEN a run of two in subnet-a (beside block r-1's one instance), one of them
+        // stopped or reclaimed, and subnet-a with addresses for only the two left
+        let w = World::new(1).await;
+        let ids = run_of(&w, market.clone()).await;
+        w.name_subnets("r-2", BLOCK_SUBNETS).await;
+        w.workloads.subnet_room(REGION, "subnet-a", 2);
+        let gone = if market == LaunchMarket::Spot {
+            InstanceState::Terminated
+        } else {
+            InstanceState::Stopped
+        };
+        w.workloads.set_instance_state(&ids[1], gone);
+        // WHEN the schedule polls
+        let out = w.tick("tick-1").await;
+        // THEN the replacement launches in the run's market in subnet-b, the zone's next
+        assert_eq!(
+            w.launched_in(3),
+            ["subnet-a", "subnet-b"],
+            "{market:?}: {:?}",
+            out.decisions
+        );
+        let label = if market == LaunchMarket::Spot {
+            "spot"
+        } else {
+            "on-demand"
+        };
+        let launch = w.launches().pop().unwrap();
+        assert_eq!(launch.market, market);
+        assert_eq!(
+            launch.client_token,
+            client_token(&format!("r-2:{label}:replacement@subnet-b"), 1, 1)
+        );
+        let slots = w.store.workloads(&request_id("r-2")).await.unwrap();
+        let slot = slots.iter().find(|s| s.slot == 1).unwrap();
+        assert_eq!((slot.generation, slot.state.as_str()), (1, "running"));
+        assert_eq!(
+            w.workloads.instance(&slot.resource_id).unwrap().state,
+            InstanceState::Running
+        );
+        assert_eq!(w.events.published_of(REPLACED).len(), 1, "{market:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_replacement_with_every_subnet_of_its_zone_full_waits_for_addresses() {
+    // GIVEN four instances of block cr-1 in subnet-a, one stopped, and neither subnet-a nor
+    // subnet-b (the zone's two) with a free address
+    let w = World::new(4).await;
+    w.name_subnets("r-1", BLOCK_SUBNETS).await;
+    w.workloads.subnet_room(REGION, "subnet-a", 3);
+    w.workloads.subnet_room(REGION, "subnet-b", 0);
+    let stopped = w.slots().await[2].resource_id.clone();
+    w.workloads
+        .set_instance_state(&stopped, InstanceState::Stopped);
+    // WHEN the schedule polls
+    let out = w.tick("tick-1").await;
+    // THEN both are tried, nothing is launched, the request is not failed, and the slot
+    // waits for a later tick, saying which subnets were full
+    assert_eq!(w.launched_in(4), ["subnet-a", "subnet-b"]);
+    assert_eq!(w.live().len(), 3);
+    assert_eq!(w.record("r-1").await.status, RequestStatus::Active);
+    let waiting = out
+        .decisions
+        .iter()
+        .find(|d| d.action.starts_with("waiting-for"))
+        .unwrap_or_else(|| panic!("{:?}", out.decisions));
+    assert!(
+        waiting.reason.contains("subnet-a") && waiting.reason.contains("subnet-b"),
+        "{}",
+        waiting.reason
+    );
+    assert!(!waiting.reason.contains("subnet-c"), "{}", waiting.reason);
+    let slot = w.slots().await.into_iter().find(|s| s.slot == 2).unwrap();
+    assert_eq!((slot.generation, slot.state.as_str()), (1, REPLACING));
+    assert!(w.events.published_of(REPLACED).is_empty());
+    // WHEN addresses free up in subnet-b and the next tick runs
+    w.workloads.subnet_room(REGION, "subnet-b", 1);
+    w.clock.advance(Duration::minutes(5));
+    w.tick("tick-2").await;
+    // THEN the replacement launches there, once
+    assert_eq!(w.launches().pop().unwrap().subnet_id, "subnet-b");
+    assert_eq!(w.live().len(), 4);
+    let slot = w.slots().await.into_iter().find(|s| s.slot == 2).unwrap();
+    assert_eq!((slot.generation, slot.state.as_str()), (1, "running"));
+    assert_eq!(w.events.published_of(REPLACED).len(), 1);
+}
+
+#[tokio::test]
+async fn a_lost_answer_in_the_zones_second_subnet_is_found_by_the_retry() {
+    // GIVEN four instances of block cr-1 (of five slots), one impaired; its replacement is
+    // refused in subnet-a for addresses, and launches in subnet-b but its answer is lost
+    let w = World::new(4).await;
+    w.workloads
+        .add_reservation_capacity("cr-1", 5, Some("us-east-1a"));
+    w.name_subnets("r-1", BLOCK_SUBNETS).await;
+    let sick = w.slots().await[1].resource_id.clone();
+    w.workloads
+        .set_instance_health(&sick, InstanceHealth::Impaired);
+    w.workloads.fail_next(
+        WorkloadsOp::LaunchInstances,
+        PortError::NoCapacity {
+            code: FULL.into(),
+            message: "scripted: subnet-a is full".into(),
+        },
+    );
+    w.workloads.apply_then_fail_next(
+        WorkloadsOp::LaunchInstances,
+        PortError::Transient {
+            service: "ec2",
+            code: "RequestTimeout".into(),
+            message: "scripted: the answer is lost".into(),
+        },
+    );
+    assert!(w.replacer(&[]).handle(scheduled("tick-1")).await.is_err());
+    assert_eq!(w.launched_in(4), ["subnet-a", "subnet-b"]);
+    assert_eq!(w.live().len(), 4);
+    // WHEN the next tick retries, subnet-a having room now
+    w.clock.advance(Duration::minutes(5));
+    let out = w.tick("tick-2").await;
+    // THEN it asks subnet-b first, whose token answers the instance the lost call started:
+    // nothing more is launched, and the slot records that instance
+    assert_eq!(w.live().len(), 4, "{:?}", out.decisions);
+    assert_eq!(w.launched_in(6), ["subnet-b"]);
+    let slot = w.slots().await.into_iter().find(|s| s.slot == 1).unwrap();
+    assert_eq!((slot.generation, slot.state.as_str()), (1, "running"));
+    assert!(w.live().contains(&slot.resource_id));
+    assert_eq!(w.events.published_of(REPLACED).len(), 1);
+}
