@@ -444,6 +444,16 @@ pub trait Workloads: Send + Sync {
         spec: &InstanceGroupSpec,
     ) -> impl Future<Output = Result<(), PortError>> + Send;
 
+    /// Removes the instance group from the cluster (UpdateCluster's
+    /// `InstanceGroupsToDelete`, every other group sent back as it is); `false` when the
+    /// cluster has no group of that name (removed already, by us or another party).
+    fn remove_instance_group(
+        &self,
+        region: &str,
+        cluster_name: &str,
+        instance_group_name: &str,
+    ) -> impl Future<Output = Result<bool, PortError>> + Send;
+
     /// The state of a training plan (DescribeTrainingPlan), `None` when SageMaker does not
     /// know it: an endpoint can use a plan only while it is `Active` (aws-reference §11.2).
     fn plan_state(

@@ -92,6 +92,9 @@ pub struct Window {
     pub drain_starts_at: DateTime<Utc>,
     pub instance_type: String,
     pub on_demand: bool,
+    /// The request's last window: no other is still to end, and no search or purchase
+    /// under way may add one.
+    pub last: bool,
 }
 
 pub struct Cleaner<S, M, W, E, C> {
@@ -450,7 +453,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         out: &mut Outcome,
     ) -> Result<WriteOutcome, PortError> {
         let id = &rec.request_id;
-        let v = view(w);
+        let v = view(rec, windows, w);
         let why = if warned && now < w.drain_at {
             "an expiration warning brought the drain forward"
         } else {
@@ -518,7 +521,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         out: &mut Outcome,
     ) -> Result<WriteOutcome, PortError> {
         let id = &rec.request_id;
-        let v = view(w);
+        let v = view(rec, windows, w);
         let mut cleaned = self.stop(rec, &v).await?;
         let next = windows
             .iter()
@@ -1099,6 +1102,7 @@ impl Window {
             segment: self.segment,
             instance_type: self.instance_type.clone(),
             on_demand: self.on_demand,
+            last: self.last,
         }
     }
 }
@@ -1139,6 +1143,8 @@ pub fn run_windows(rec: &RequestRecord, default_drain_minutes: u32) -> Vec<Windo
             .cloned()
             .unwrap_or_default(),
         on_demand: true,
+        // A run is the request's only window.
+        last: true,
     }]
 }
 
@@ -1208,8 +1214,14 @@ fn minutes(d: chrono::TimeDelta) -> String {
 }
 
 /// The reserved window `w` as the workload's drain sees it.
-fn view(w: &window::Window) -> Window {
+fn view(rec: &RequestRecord, windows: &[window::Window], w: &window::Window) -> Window {
     Window {
+        // No search or purchase under way may add a window: bought (its windows are all
+        // it has) or over (a Cancelled or Failed request's paid windows run on, §9.1).
+        last: (FOLLOWS_WINDOWS.contains(&rec.status) || rec.status.is_terminal())
+            && windows
+                .iter()
+                .all(|o| o.key == w.key || o.state == WindowState::Ended),
         reservation_ids: vec![w.reservation.id.clone()],
         regions: vec![w.reservation.region.clone()],
         segment: w.number,

@@ -861,9 +861,13 @@ impl World {
     }
 
     fn block_el(&self, cr: &CapacityReservation) -> El {
-        el("item")
-            .v("capacityBlockId", &cr.block_id)
-            .v("availabilityZone", &cr.availability_zone)
+        let mut e = el("item").v("capacityBlockId", &cr.block_id);
+        // The block, not its reservation, says it is an UltraServer's: the reservation's
+        // instanceType is the instance's (REALISM.md, "UltraServer blocks").
+        if cr.ultraserver {
+            e = e.v("ultraserverType", ultraserver_type(&cr.instance_type));
+        }
+        e.v("availabilityZone", &cr.availability_zone)
             .list("capacityReservationIdSet", [El::leaf("item", &cr.id)])
             .v("startDate", ec2_time(cr.start))
             .v("endDate", ec2_time(cr.end))
@@ -2585,4 +2589,12 @@ fn fingerprint(q: &Query) -> String {
         .collect();
     parts.sort();
     parts.join("&")
+}
+
+/// The UltraServer type of a block of `instance_type`'s instances: `u-p6e-gb200x72` for
+/// `p6e-gb200.36xlarge` (the EC2 API reference's example of `UltraserverType`; the 72-GPU
+/// size, the one sold as Capacity Blocks first).
+fn ultraserver_type(instance_type: &str) -> String {
+    let family = instance_type.split('.').next().unwrap_or(instance_type);
+    format!("u-{family}x72")
 }

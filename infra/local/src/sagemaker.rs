@@ -58,6 +58,8 @@ pub struct TrainingJob {
 #[derive(Debug, Clone, Serialize)]
 pub struct InstanceGroup {
     pub name: String,
+    /// The type its nodes run: `InstanceType`, or for a flexible group (`InstanceRequirements`)
+    /// the plan's type when the group lists it, else the first type listed.
     pub instance_type: String,
     pub target: i64,
     pub plan_arn: Option<String>,
@@ -69,6 +71,9 @@ pub struct InstanceGroup {
     /// being added, the one before the update while `Updating`, else `request`. DescribeCluster
     /// reports its `Current*` fields (`CurrentImageId`, `CurrentLabels`, …) from it.
     pub current: Option<Value>,
+    /// Named in an UpdateCluster's `InstanceGroupsToDelete`: no nodes, described with
+    /// `Status` `Deleting` while the cluster is `Updating`, gone when it is `InService`.
+    pub deleting: bool,
 }
 
 /// A HyperPod node.
@@ -1113,10 +1118,39 @@ impl World {
         let mut out = Vec::new();
         for g in groups {
             let name = req(&g, "InstanceGroupName")?.to_string();
-            let ty = req(&g, "InstanceType")?.to_string();
+            let plan_arn = s(&g, "TrainingPlanArn").map(str::to_string);
+            let requirements = g.get("InstanceRequirements").filter(|r| !r.is_null());
+            let ty = match (s(&g, "InstanceType"), requirements) {
+                // "The InstanceType and InstanceRequirements properties are mutually
+                // exclusive" (botocore `sagemaker` model, ClusterInstanceGroupSpecification)
+                (Some(_), Some(_)) => {
+                    return Err(ApiError::validation(
+                        "The InstanceType and InstanceRequirements properties are mutually exclusive.",
+                    ));
+                }
+                (Some(ty), None) => ty.to_string(),
+                (None, Some(r)) => {
+                    // a flexible group: its nodes run the plan's type when it lists it, else
+                    // the first type it lists
+                    let types: Vec<&str> = r
+                        .get("InstanceTypes")
+                        .and_then(Value::as_array)
+                        .map(|a| a.iter().filter_map(Value::as_str).collect())
+                        .unwrap_or_default();
+                    let plan_type = plan_arn
+                        .as_deref()
+                        .and_then(|pa| self.sm.plans.values().find(|p| p.arn == pa))
+                        .map(|p| p.offering.instance_type.as_str());
+                    plan_type
+                        .filter(|t| types.contains(t))
+                        .or(types.first().copied())
+                        .ok_or_else(|| missing("InstanceRequirements.InstanceTypes"))?
+                        .to_string()
+                }
+                (None, None) => return Err(missing("InstanceType")),
+            };
             let target = int(&g, "InstanceCount").ok_or_else(|| missing("InstanceCount"))?;
             req(&g, "ExecutionRole")?;
-            let plan_arn = s(&g, "TrainingPlanArn").map(str::to_string);
             if let Some(pa) = &plan_arn {
                 let p = self.check_plan(region, pa, "hyperpod-cluster", &ty)?;
                 if target > p.offering.instance_count {
@@ -1133,6 +1167,7 @@ impl World {
                 plan_arn,
                 request: g.clone(),
                 current: None,
+                deleting: false,
             });
         }
         Ok(out)
@@ -1194,9 +1229,11 @@ impl World {
     fn update_cluster(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
         let name = req(input, "ClusterName")?.to_string();
         let updates = self.parse_groups(region, input)?;
+        let deletes = parse_deletes(input)?;
         let until = self.minutes(self.settings.cluster_update_minutes);
         let strict = self.settings.refuse_partial_cluster_updates;
-        let c = self.cluster_mut(region, &name)?;
+        let every_plan = self.settings.refuse_expired_plan_groups;
+        let c = self.cluster_mut(region, &name)?.clone();
         if c.status != "InService" {
             // our wording: AWS's text is not published
             return Err(ApiError::new(
@@ -1208,13 +1245,40 @@ impl World {
                 ),
             ));
         }
+        // `InstanceGroupsToDelete` (botocore `sagemaker` model, UpdateCluster): each name must
+        // be a group of the cluster, and not also one the update sends (our wording)
+        let unknown: Vec<&str> = deletes
+            .iter()
+            .filter(|d| !c.groups.iter().any(|g| &g.name == *d))
+            .map(String::as_str)
+            .collect();
+        if !unknown.is_empty() {
+            return Err(ApiError::validation(format!(
+                "InstanceGroupsToDelete names {}, which cluster {} does not have.",
+                unknown.join(", "),
+                c.name
+            )));
+        }
+        let both: Vec<&str> = deletes
+            .iter()
+            .filter(|d| updates.iter().any(|u| &u.name == *d))
+            .map(String::as_str)
+            .collect();
+        if !both.is_empty() {
+            return Err(ApiError::validation(format!(
+                "The update of cluster {} lists instance group(s) {} in both InstanceGroups and InstanceGroupsToDelete. An instance group is either updated or deleted.",
+                c.name,
+                both.join(", ")
+            )));
+        }
         if strict {
             // whether AWS keeps omitted groups or fields is UNVERIFIED (aws-reference §11.2):
-            // the harsher reading refuses an update that might remove or rewrite another group
+            // the harsher reading refuses an update that might remove or rewrite another group;
+            // a group being deleted is neither omitted nor changed
             let omitted: Vec<&str> = c
                 .groups
                 .iter()
-                .filter(|g| !updates.iter().any(|u| u.name == g.name))
+                .filter(|g| !updates.iter().any(|u| u.name == g.name) && !deletes.contains(&g.name))
                 .map(|g| g.name.as_str())
                 .collect();
             if !omitted.is_empty() {
@@ -1241,6 +1305,34 @@ impl World {
                 )));
             }
         }
+        // a plan used by HyperPod must be `Scheduled` or `Active` (aws-reference §3.1); whether
+        // AWS checks a group sent back unchanged is not published (`refuse_expired_plan_groups`)
+        for u in &updates {
+            let Some(pa) = &u.plan_arn else {
+                continue;
+            };
+            let new_plan = c
+                .groups
+                .iter()
+                .find(|g| g.name == u.name)
+                .is_none_or(|g| g.plan_arn.as_ref() != Some(pa));
+            if !(every_plan || new_plan) {
+                continue;
+            }
+            let status = self
+                .sm
+                .plans
+                .values()
+                .find(|p| &p.arn == pa)
+                .map_or("Expired", |p| plan_status(p, self.now));
+            if !matches!(status, "Scheduled" | "Active") {
+                return Err(ApiError::validation(format!(
+                    "Instance group {} of cluster {} uses training plan {pa}, which is {status}. An instance group can use a training plan only while it is Scheduled or Active.",
+                    u.name, c.name
+                )));
+            }
+        }
+        let c = self.cluster_mut(region, &name)?;
         for mut u in updates {
             match c.groups.iter_mut().find(|g| g.name == u.name) {
                 Some(g) => {
@@ -1250,6 +1342,12 @@ impl World {
                 None => c.groups.push(u),
             }
         }
+        // deleted groups lose their nodes at once, as a group scaled to 0 does, and are
+        // described `Deleting` until the update ends
+        for g in c.groups.iter_mut().filter(|g| deletes.contains(&g.name)) {
+            g.deleting = true;
+        }
+        c.nodes.retain(|n| !deletes.contains(&n.group));
         c.status = "Updating".to_string();
         c.status_until = until;
         let (arn, cname) = (c.arn.clone(), c.name.clone());
@@ -1286,6 +1384,7 @@ impl World {
                 d.insert("TrainingPlanArn".into(), json!(g.plan_arn));
                 d.insert("TrainingPlanStatus".into(), json!(plan_status));
                 let status = match c.status.as_str() {
+                    _ if g.deleting => "Deleting",
                     "Creating" => "Creating",
                     "Updating" => "Updating",
                     _ => "InService",
@@ -1921,6 +2020,8 @@ impl World {
         let mut changed = false;
         if (c.status == "Creating" || c.status == "Updating") && now >= c.status_until {
             c.status = "InService".to_string();
+            // groups named in `InstanceGroupsToDelete` are gone with the update
+            c.groups.retain(|g| !g.deleting);
             for g in &mut c.groups {
                 g.current = Some(g.request.clone());
             }
@@ -1930,6 +2031,7 @@ impl World {
             let lead = TimeDelta::minutes(self.settings.hyperpod_termination_lead_minutes);
             for g in c.groups.clone() {
                 let desired = match &g.plan_arn {
+                    _ if g.deleting => 0,
                     Some(pa) => self
                         .sm
                         .plans
@@ -2065,6 +2167,27 @@ impl World {
 /// SageMaker's `TagKey` and `TagValue` pattern (botocore `sagemaker` model; aws-reference
 /// §11.2 "Tags"), narrower than EC2's.
 const TAG_PATTERN: &str = r"([\p{L}\p{Z}\p{N}_.:/=+\-@]*)";
+
+/// UpdateCluster's `InstanceGroupsToDelete`: a list of group names ("Specify the names of
+/// the instance groups to delete", botocore `sagemaker` model), each once.
+fn parse_deletes(input: &Value) -> Result<Vec<String>, ApiError> {
+    let bad =
+        || ApiError::validation("InstanceGroupsToDelete must be a list of instance group names");
+    let mut out: Vec<String> = Vec::new();
+    match input.get("InstanceGroupsToDelete") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(a)) => {
+            for v in a {
+                let name = v.as_str().ok_or_else(bad)?.to_string();
+                if !out.contains(&name) {
+                    out.push(name);
+                }
+            }
+        }
+        Some(_) => return Err(bad()),
+    }
+    Ok(out)
+}
 
 /// One character of [`TAG_PATTERN`]. `\p{L}` is taken as Rust's `is_alphabetic` less the
 /// marks it also counts (general category M is refused, as SageMaker's pattern refuses it),

@@ -84,6 +84,14 @@ pub struct Settings {
     /// Whether AWS keeps omitted groups or fields is UNVERIFIED (aws-reference §11.2): the
     /// harsher reading. false: omitted groups are kept and a named group is replaced whole.
     pub refuse_partial_cluster_updates: bool,
+    /// UpdateCluster refuses (`ValidationException`) an update whose `InstanceGroups` carry,
+    /// for any group (changed or sent back as it is), a `TrainingPlanArn` whose plan is not
+    /// `Scheduled` or `Active` (`Expired`, `Failed`, `Pending`). A plan used by HyperPod must
+    /// be `Scheduled` or `Active` (aws-reference §3.1); whether AWS checks a group sent back
+    /// unchanged is not published: the harsher reading. false: only a group whose plan
+    /// changes in the update (a new group, or a new plan) is checked. Groups in
+    /// `InstanceGroupsToDelete` are never checked.
+    pub refuse_expired_plan_groups: bool,
     /// Minutes an endpoint spends `Creating`.
     pub endpoint_create_minutes: i64,
     /// Seconds after CreateEndpointConfig (simulated time) that the config is not visible:
@@ -278,6 +286,7 @@ impl Default for Settings {
             cluster_transition_minutes: 3,
             cluster_update_minutes: 5,
             refuse_partial_cluster_updates: true,
+            refuse_expired_plan_groups: true,
             endpoint_create_minutes: 5,
             endpoint_config_visibility_seconds: 60,
             endpoint_delete_minutes: 2,
@@ -805,6 +814,7 @@ mod tests {
              endpoint_inactive_plan: refuse\n\
              endpoint_failures: 2\n\
              refuse_partial_cluster_updates: false\n\
+             refuse_expired_plan_groups: false\n\
              refuse_tag_filters: true\n\
              max_block_instances: 64\n\
              block_limit_code: SomethingElse\n",
@@ -822,6 +832,7 @@ mod tests {
         assert_eq!(s.endpoint_inactive_plan, InactivePlan::Refuse);
         assert_eq!(s.endpoint_failures, 2);
         assert!(!s.refuse_partial_cluster_updates);
+        assert!(!s.refuse_expired_plan_groups);
         assert!(s.refuse_tag_filters);
         assert_eq!(
             (s.max_block_instances, s.block_limit_code.as_str()),
@@ -853,6 +864,7 @@ mod tests {
             (256, "CapacityBlockLimitExceeded")
         );
         assert!(d.refuse_partial_cluster_updates);
+        assert!(d.refuse_expired_plan_groups);
         assert_eq!(
             json!(InactivePlan::FailLater),
             json!("fail-later"),

@@ -923,6 +923,47 @@ async fn a_new_group_is_added_beside_the_others_and_an_update_already_done_is_no
     assert_eq!(never.num_calls(), 0);
 }
 
+#[tokio::test]
+async fn a_group_is_removed_with_instance_groups_to_delete_and_the_others_sent_back() {
+    // GIVEN a cluster with the controller group and ours
+    let update = mock!(aws_sdk_sagemaker::Client::update_cluster)
+        .match_requests(|r| {
+            r.instance_groups_to_delete() == ["finetune"]
+                && r.instance_groups().len() == 1
+                && r.instance_groups()[0].instance_group_name() == Some("controller")
+                && r.instance_groups()[0].instance_count() == Some(1)
+        })
+        .then_output(|| {
+            aws_sdk_sagemaker::operation::update_cluster::UpdateClusterOutput::builder()
+                .cluster_arn("arn:aws:sagemaker:us-east-1:1:cluster/abc")
+                .build()
+        });
+    let with = two_groups(Some(0));
+    // WHEN ours is removed
+    let removed = sagemaker(&[&with, &update], false)
+        .remove_instance_group(REGION, "research", "finetune")
+        .await
+        .unwrap();
+    // THEN one UpdateCluster names it to delete and sends only the other back
+    assert!(removed);
+    assert_eq!(update.num_calls(), 1, "one UpdateCluster, matching");
+
+    // AND when the cluster has no such group (removed by a call whose answer was lost),
+    // nothing is sent
+    let without = two_groups(None);
+    let never = mock!(aws_sdk_sagemaker::Client::update_cluster).then_output(|| {
+        aws_sdk_sagemaker::operation::update_cluster::UpdateClusterOutput::builder()
+            .cluster_arn("x")
+            .build()
+    });
+    let removed = sagemaker(&[&without, &never], false)
+        .remove_instance_group(REGION, "research", "finetune")
+        .await
+        .unwrap();
+    assert!(!removed);
+    assert_eq!(never.num_calls(), 0);
+}
+
 /// A DynamoDB store whose client answers from `rules`, without retries.
 fn dynamo(rules: &[&Rule]) -> super::dynamodb::DynamoStore {
     let mut interceptor =
@@ -1057,6 +1098,59 @@ fn listed_block(
                 .build(),
         )
         .build()
+}
+
+#[tokio::test]
+async fn an_adopted_block_is_an_ultraserver_by_its_capacity_block_not_its_instance_type() {
+    use aws_sdk_ec2::operation::describe_capacity_blocks::DescribeCapacityBlocksOutput;
+    use aws_sdk_ec2::types::CapacityBlock;
+    // GIVEN a request's two blocks, both of p6e-gb200.36xlarge instances (never a `u-`
+    // name), one in an UltraServer block
+    let listing = mock!(aws_sdk_ec2::Client::describe_capacity_reservations).then_output(|| {
+        let mut ultra = listed_block("cr-1", "r1", "dep-a");
+        ultra.instance_type = Some("p6e-gb200.36xlarge".into());
+        ultra.capacity_block_id = Some("cb-1".into());
+        let mut plain = listed_block("cr-2", "r1", "dep-a");
+        plain.instance_type = Some("p6e-gb200.36xlarge".into());
+        plain.capacity_block_id = Some("cb-2".into());
+        DescribeCapacityReservationsOutput::builder()
+            .capacity_reservations(ultra)
+            .capacity_reservations(plain)
+            .build()
+    });
+    let blocks = mock!(aws_sdk_ec2::Client::describe_capacity_blocks)
+        .match_requests(|r| r.capacity_block_ids() == ["cb-1", "cb-2"])
+        .then_output(|| {
+            DescribeCapacityBlocksOutput::builder()
+                .capacity_blocks(
+                    CapacityBlock::builder()
+                        .capacity_block_id("cb-1")
+                        .ultraserver_type("u-p6e-gb200x72")
+                        .capacity_reservation_ids("cr-1")
+                        .build(),
+                )
+                .capacity_blocks(
+                    CapacityBlock::builder()
+                        .capacity_block_id("cb-2")
+                        .capacity_reservation_ids("cr-2")
+                        .build(),
+                )
+                .build()
+        });
+    // WHEN they are read, as a purchase whose answer was lost adopts them
+    let id = RequestId::parse("r1").unwrap();
+    let found = ec2(&[&listing, &blocks], false)
+        .reservations_for_request(REGION, &id)
+        .await
+        .unwrap();
+    // THEN the one in the UltraServer block is typed so (before the fix: neither was, so its
+    // windows drained at the ordinary lead, past the UltraServer's forced termination)
+    let ultra: Vec<(&str, bool)> = found
+        .iter()
+        .map(|r| (r.id.as_str(), r.ultraserver))
+        .collect();
+    assert_eq!(ultra, [("cr-1", true), ("cr-2", false)]);
+    assert_eq!(blocks.num_calls(), 1);
 }
 
 #[tokio::test]

@@ -227,6 +227,17 @@ impl Workloads for AwsWorkloads {
         self.sagemaker.put_instance_group(spec).await
     }
 
+    async fn remove_instance_group(
+        &self,
+        region: &str,
+        cluster_name: &str,
+        instance_group_name: &str,
+    ) -> Result<bool, PortError> {
+        self.sagemaker
+            .remove_instance_group(region, cluster_name, instance_group_name)
+            .await
+    }
+
     async fn create_endpoint(
         &self,
         spec: &EndpointSpec,

@@ -858,116 +858,76 @@ impl SageMakerAdapter {
     /// life-cycle configuration unless the spec gives one.
     pub async fn put_instance_group(&self, spec: &InstanceGroupSpec) -> Result<(), PortError> {
         const OP: &str = "UpdateCluster";
-        /// Descriptions that may differ before an update is sent anyway.
-        const DESCRIBES: usize = 3;
-        let client = self.client(&spec.region);
-        let describe = || async {
-            client
-                .describe_cluster()
-                .cluster_name(&spec.cluster_name)
-                .send()
-                .await
-                .map_err(err("DescribeCluster", Call::Retryable))
-        };
         let count = i32_of(OP, "InstanceCount", spec.instance_count)?;
-        let ours = |g: &&ClusterInstanceGroupDetails| {
-            g.instance_group_name() == Some(spec.instance_group_name.as_str())
-        };
-        let mut current = describe().await?;
-        let mut described = 1;
-        let groups = loop {
-            // An update that went through (its answer lost, or an SDK retry refused as a
-            // conflict after it) is settled here: the group already is what we want.
-            if let Some(g) = current.instance_groups().iter().find(ours)
-                && hyperpod_update::already(g, count, spec.training_plan_arn.as_deref())
-            {
-                tracing::info!(
-                    cluster_name = %spec.cluster_name,
-                    instance_group_name = %spec.instance_group_name,
-                    "the instance group already has its count and plan; no update sent"
-                );
-                return Ok(());
-            }
-            // Every group goes back with its own settings; ours changes only in count and
-            // plan (a new one is made from the request).
-            let mut groups: Vec<ClusterInstanceGroupSpecification> = Vec::new();
-            let mut found = false;
-            for g in current.instance_groups() {
-                let mut s = hyperpod_update::unchanged(g);
-                if ours(&g) {
-                    found = true;
-                    s.instance_count = Some(count);
-                    s.training_plan_arn = spec.training_plan_arn.clone();
-                }
-                groups.push(s);
-            }
-            if !found {
-                let life_cycle = match (&spec.life_cycle_source_s3_uri, &spec.life_cycle_on_create)
+        let name = spec.instance_group_name.as_str();
+        let groups = self
+            .stable_update(&spec.region, &spec.cluster_name, |current| {
+                let groups = current.instance_groups();
+                // An update that went through (its answer lost, or an SDK retry refused as
+                // a conflict after it) is settled here: the group already is what we want.
+                if let Some(g) = groups
+                    .iter()
+                    .find(|g| g.instance_group_name() == Some(name))
+                    && hyperpod_update::already(g, count, spec.training_plan_arn.as_deref())
                 {
-                    (Some(src), Some(on_create)) => Some(
-                        ClusterLifeCycleConfig::builder()
-                            .source_s3_uri(src)
-                            .on_create(on_create)
+                    tracing::info!(
+                        cluster_name = %spec.cluster_name,
+                        instance_group_name = %name,
+                        "the instance group already has its count and plan; no update sent"
+                    );
+                    return None;
+                }
+                // Every group goes back with its own settings; ours changes only in count
+                // and plan (a new one is made from the request).
+                let mut out: Vec<ClusterInstanceGroupSpecification> = Vec::new();
+                let mut found = false;
+                for g in groups {
+                    let mut s = hyperpod_update::unchanged(g);
+                    if g.instance_group_name() == Some(name) {
+                        found = true;
+                        s.instance_count = Some(count);
+                        s.training_plan_arn = spec.training_plan_arn.clone();
+                    }
+                    out.push(s);
+                }
+                if !found {
+                    let life_cycle =
+                        match (&spec.life_cycle_source_s3_uri, &spec.life_cycle_on_create) {
+                            (Some(src), Some(on_create)) => Some(
+                                ClusterLifeCycleConfig::builder()
+                                    .source_s3_uri(src)
+                                    .on_create(on_create)
+                                    .build(),
+                            ),
+                            _ => None,
+                        };
+                    out.push(
+                        ClusterInstanceGroupSpecification::builder()
+                            .instance_group_name(name)
+                            .instance_type(ClusterInstanceType::from(spec.instance_type.as_str()))
+                            .instance_count(count)
+                            .execution_role(&spec.execution_role_arn)
+                            .set_life_cycle_config(life_cycle)
+                            .set_training_plan_arn(spec.training_plan_arn.clone())
                             .build(),
-                    ),
-                    _ => None,
-                };
-                groups.push(
-                    ClusterInstanceGroupSpecification::builder()
-                        .instance_group_name(&spec.instance_group_name)
-                        .instance_type(ClusterInstanceType::from(spec.instance_type.as_str()))
-                        .instance_count(count)
-                        .execution_role(&spec.execution_role_arn)
-                        .set_life_cycle_config(life_cycle)
-                        .set_training_plan_arn(spec.training_plan_arn.clone())
-                        .build(),
-                );
-            }
-            // There is no version to condition UpdateCluster on: an update of another party
-            // that completed since our description would be reverted by ours (review N10).
-            // Described again right before sending, the groups must read the same; else the
-            // update is built again from what the cluster is now.
-            let again = describe().await?;
-            described += 1;
-            let same = |a: &DescribeClusterOutput, b: &DescribeClusterOutput| {
-                let specs = |c: &DescribeClusterOutput| -> Vec<ClusterInstanceGroupSpecification> {
-                    c.instance_groups()
-                        .iter()
-                        .map(hyperpod_update::unchanged)
-                        .collect()
-                };
-                specs(a) == specs(b)
-            };
-            if same(&current, &again) {
-                break groups;
-            }
-            if described >= DESCRIBES {
-                return Err(PortError::Transient {
-                    service: SERVICE,
-                    code: "ClusterChanging".into(),
-                    message: format!(
-                        "HyperPod cluster {} changed between each of {DESCRIBES} descriptions; \
-                         its update is tried again later rather than undoing another party's",
-                        spec.cluster_name
-                    ),
-                });
-            }
-            tracing::info!(
-                cluster_name = %spec.cluster_name,
-                "the cluster changed since it was described; building the update again"
-            );
-            current = again;
+                    );
+                }
+                Some(out)
+            })
+            .await?;
+        let Some(groups) = groups else {
+            return Ok(());
         };
         tracing::info!(
             region = %spec.region,
             cluster_name = %spec.cluster_name,
-            instance_group_name = %spec.instance_group_name,
+            instance_group_name = %name,
             instance_count = spec.instance_count,
             training_plan_arn = ?spec.training_plan_arn,
             groups = groups.len(),
             "updating hyperpod instance group"
         );
-        client
+        self.client(&spec.region)
             .update_cluster()
             .cluster_name(&spec.cluster_name)
             .set_instance_groups(Some(groups))
@@ -975,6 +935,118 @@ impl SageMakerAdapter {
             .await
             .map_err(err(OP, Call::Retryable))?;
         Ok(())
+    }
+
+    /// UpdateCluster with `InstanceGroupsToDelete` naming the group, every other group sent
+    /// back with its own settings: after its last window a group would otherwise stay on
+    /// the cluster at zero, pointing at an expired plan that every later update of the
+    /// cluster sends back (review aws-reality-2, Task 3 #4). `false` when the cluster has no
+    /// group of that name (removed by an earlier call whose answer was lost, or by another
+    /// party): nothing is sent.
+    pub async fn remove_instance_group(
+        &self,
+        region: &str,
+        cluster_name: &str,
+        instance_group_name: &str,
+    ) -> Result<bool, PortError> {
+        const OP: &str = "UpdateCluster";
+        let ours =
+            |g: &ClusterInstanceGroupDetails| g.instance_group_name() == Some(instance_group_name);
+        let others = self
+            .stable_update(region, cluster_name, |current| {
+                let groups = current.instance_groups();
+                groups.iter().any(ours).then(|| {
+                    groups
+                        .iter()
+                        .filter(|g| !ours(g))
+                        .map(hyperpod_update::unchanged)
+                        .collect::<Vec<_>>()
+                })
+            })
+            .await?;
+        let Some(others) = others else {
+            tracing::info!(
+                cluster_name,
+                instance_group_name,
+                "the instance group is gone already; nothing removed"
+            );
+            return Ok(false);
+        };
+        tracing::info!(
+            region,
+            cluster_name,
+            instance_group_name,
+            groups_kept = others.len(),
+            "removing hyperpod instance group"
+        );
+        self.client(region)
+            .update_cluster()
+            .cluster_name(cluster_name)
+            .set_instance_groups((!others.is_empty()).then_some(others))
+            .instance_groups_to_delete(instance_group_name)
+            .send()
+            .await
+            .map_err(err(OP, Call::Retryable))?;
+        Ok(true)
+    }
+
+    /// The groups of an UpdateCluster `build` makes from the cluster's description, or
+    /// `None` when it says nothing is to be sent. There is no version to condition
+    /// UpdateCluster on: an update of another party that completed since our description
+    /// would be reverted by ours (review N10). Described again right before sending, the
+    /// groups must read the same; else the update is built again from what the cluster is
+    /// now, up to 3 descriptions, then it is tried again later.
+    async fn stable_update(
+        &self,
+        region: &str,
+        cluster_name: &str,
+        build: impl Fn(&DescribeClusterOutput) -> Option<Vec<ClusterInstanceGroupSpecification>>,
+    ) -> Result<Option<Vec<ClusterInstanceGroupSpecification>>, PortError> {
+        /// Descriptions that may differ before an update is sent anyway.
+        const DESCRIBES: usize = 3;
+        let client = self.client(region);
+        let describe = || async {
+            client
+                .describe_cluster()
+                .cluster_name(cluster_name)
+                .send()
+                .await
+                .map_err(err("DescribeCluster", Call::Retryable))
+        };
+        let specs = |c: &DescribeClusterOutput| -> Vec<ClusterInstanceGroupSpecification> {
+            c.instance_groups()
+                .iter()
+                .map(hyperpod_update::unchanged)
+                .collect()
+        };
+        let mut current = describe().await?;
+        let mut described = 1;
+        loop {
+            let Some(groups) = build(&current) else {
+                return Ok(None);
+            };
+            let again = describe().await?;
+            described += 1;
+            if specs(&current) == specs(&again) {
+                return Ok(Some(groups));
+            }
+            if described >= DESCRIBES {
+                return Err(PortError::Transient {
+                    service: SERVICE,
+                    code: "ClusterChanging".into(),
+                    message: format!(
+                        "HyperPod cluster {cluster_name} changed between each of {DESCRIBES} \
+                         descriptions; its update is tried again later rather than undoing \
+                         another party's"
+                    ),
+                });
+            }
+            tracing::info!(
+                cluster_name = %cluster_name,
+                "the cluster changed since it was described; building the update again"
+            );
+            current = again;
+        }
     }
 
     // ----------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ pub enum WorkloadsOp {
     StopTrainingJob,
     DescribeInstanceGroup,
     PutInstanceGroup,
+    RemoveInstanceGroup,
     CreateEndpoint,
     DescribeEndpoint,
     DeleteEndpoint,
@@ -91,6 +92,11 @@ pub enum WorkloadsCall {
         instance_group_name: String,
     },
     PutInstanceGroup(InstanceGroupSpec),
+    RemoveInstanceGroup {
+        region: String,
+        cluster_name: String,
+        instance_group_name: String,
+    },
     CreateEndpoint(EndpointSpec),
     DescribeEndpoint {
         region: String,
@@ -117,6 +123,7 @@ impl WorkloadsCall {
             WorkloadsCall::StopTrainingJob { .. } => WorkloadsOp::StopTrainingJob,
             WorkloadsCall::DescribeInstanceGroup { .. } => WorkloadsOp::DescribeInstanceGroup,
             WorkloadsCall::PutInstanceGroup(_) => WorkloadsOp::PutInstanceGroup,
+            WorkloadsCall::RemoveInstanceGroup { .. } => WorkloadsOp::RemoveInstanceGroup,
             WorkloadsCall::CreateEndpoint(_) => WorkloadsOp::CreateEndpoint,
             WorkloadsCall::DescribeEndpoint { .. } => WorkloadsOp::DescribeEndpoint,
             WorkloadsCall::DeleteEndpoint { .. } => WorkloadsOp::DeleteEndpoint,
@@ -1029,6 +1036,28 @@ impl Workloads for FakeWorkloads {
                     .insert(spec.instance_group_name.clone(), (Some(spec.clone()), info));
                 Ok(())
             }
+        };
+        finish(after, result)
+    }
+
+    async fn remove_instance_group(
+        &self,
+        region: &str,
+        cluster_name: &str,
+        instance_group_name: &str,
+    ) -> Result<bool, PortError> {
+        self.pause("RemoveInstanceGroup").await;
+        let after = self.begin(WorkloadsCall::RemoveInstanceGroup {
+            region: region.to_string(),
+            cluster_name: cluster_name.to_string(),
+            instance_group_name: instance_group_name.to_string(),
+        })?;
+        let result = match lock(&self.state).clusters.get_mut(&k(region, cluster_name)) {
+            None => Err(sagemaker_error(
+                "ResourceNotFound",
+                format!("cluster {cluster_name} does not exist"),
+            )),
+            Some(c) => Ok(c.groups.remove(instance_group_name).is_some()),
         };
         finish(after, result)
     }

@@ -284,7 +284,10 @@ pub(super) async fn launch<W: Workloads, S: Store>(
 }
 
 /// Scales the group to zero in each of the window's regions where it still has a target
-/// size; a cluster without our tag is left alone whatever the request says.
+/// size, or, after the request's last window, removes it (`InstanceGroupsToDelete`): a group
+/// left at zero points at a plan that expires with the window, and every later update of
+/// the cluster, ours or another party's, would send it back (review aws-reality-2, Task 3
+/// #4). A cluster without our tag is left alone whatever the request says.
 pub(super) async fn drain<W: Workloads, S: Store>(
     workloads: &W,
     store: &S,
@@ -313,7 +316,27 @@ pub(super) async fn drain<W: Workloads, S: Store>(
                 "the cluster does not carry the managed tag; not scaling it down");
             continue;
         }
-        if group.instance_group_name.is_none() || group.target_count == 0 {
+        if group.instance_group_name.is_none() {
+            continue;
+        }
+        if w.last {
+            // Listed `Deleting` while the cluster updates: removed already.
+            if group.status == "Deleting" {
+                continue;
+            }
+            info!(request_id = %id, region, cluster = %cluster_name, group = %instance_group_name,
+                "removing the instance group after the request's last window");
+            if workloads
+                .remove_instance_group(region, cluster_name, instance_group_name)
+                .await?
+            {
+                acted.push(format!(
+                    "instance-group-removed:{cluster_name}/{instance_group_name}"
+                ));
+            }
+            continue;
+        }
+        if group.target_count == 0 {
             continue;
         }
         info!(request_id = %id, region, cluster = %cluster_name, group = %instance_group_name,

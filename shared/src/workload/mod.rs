@@ -92,6 +92,9 @@ pub struct DrainTarget {
     pub segment: u32,
     pub instance_type: String,
     pub on_demand: bool,
+    /// The request's last window: nothing of it runs after, so a HyperPod group is removed
+    /// from its cluster rather than left at zero on a plan about to expire.
+    pub last: bool,
 }
 
 /// Why a request cannot be accepted, found by asking AWS rather than by parsing: a HyperPod

@@ -149,6 +149,7 @@ fn window(reservation_id: &str) -> DrainTarget {
         segment: 0,
         instance_type: "p5.48xlarge".into(),
         on_demand: false,
+        last: false,
     }
 }
 
@@ -530,6 +531,50 @@ async fn drain_of_a_hyperpod_group_on_a_managed_cluster_scales_it_to_zero_on_the
         .expect("the group was put");
     assert_eq!(spec.instance_count, 0);
     assert_eq!(spec.training_plan_arn.as_deref(), Some("tp-1"));
+}
+
+#[tokio::test]
+async fn the_drain_of_a_requests_last_window_removes_its_hyperpod_group() {
+    // GIVEN our group on a managed cluster, in the request's last window
+    let (workloads, store) = world();
+    workloads.add_cluster(REGION, "research", true);
+    workloads.set_instance_group(REGION, "research", "gpu", 2, 2, "InService");
+    let mut req = request("req-1", "team-a", "50000");
+    hyperpod(&mut req);
+    store.put_workload(group_record("tp-1")).await.unwrap();
+    let last = DrainTarget {
+        last: true,
+        ..window("tp-1")
+    };
+
+    // WHEN it is drained (before the fix: scaled to zero, left pointing at the plan that
+    // expires with the window, and sent back by every later update of the cluster)
+    let acted = drain(&workloads, &store, &config(), &record(req.clone()), &last)
+        .await
+        .unwrap();
+
+    // THEN it is removed, not scaled
+    assert_eq!(acted, ["instance-group-removed:research/gpu"]);
+    assert!(workloads.calls_of(WorkloadsOp::PutInstanceGroup).is_empty());
+    assert_eq!(
+        workloads.calls_of(WorkloadsOp::RemoveInstanceGroup).len(),
+        1
+    );
+    assert!(
+        workloads
+            .instance_group_spec(REGION, "research", "gpu")
+            .is_none()
+    );
+
+    // AND a repeat (the window's end, a retry) finds it gone and sends nothing
+    let again = drain(&workloads, &store, &config(), &record(req), &last)
+        .await
+        .unwrap();
+    assert!(again.is_empty());
+    assert_eq!(
+        workloads.calls_of(WorkloadsOp::RemoveInstanceGroup).len(),
+        1
+    );
 }
 
 #[tokio::test]

@@ -47,7 +47,7 @@ pub(crate) fn play_all() {
         sagemaker::an_endpoint_that_fails_is_deleted_waited_out_and_created_again_in_its_window,
         sagemaker::under_the_refusing_reading_an_endpoint_still_waits_for_its_plan,
         sagemaker::an_update_cluster_whose_answer_is_lost_is_settled_by_describing_the_cluster,
-        sagemaker::a_managed_hyperpod_cluster_gets_its_instance_group_on_the_plan_and_scaled_to_zero_at_drain,
+        sagemaker::a_managed_hyperpod_cluster_gets_its_instance_group_on_the_plan_and_removed_at_its_last_drain,
         sagemaker::a_hyperpod_request_for_a_cluster_without_the_managed_tag_is_rejected_and_nothing_bought,
         sagemaker::a_shared_cluster_keeps_its_other_group_whole_and_an_update_under_way_is_waited_out,
         sagemaker::at_the_lenient_readings_a_shared_cluster_keeps_its_other_group_whole_too,

@@ -552,7 +552,7 @@ fn hyperpod_drain_at(s: &Segment) -> DateTime<Utc> {
 }
 
 #[tokio::test]
-pub(crate) async fn a_managed_hyperpod_cluster_gets_its_instance_group_on_the_plan_and_scaled_to_zero_at_drain()
+pub(crate) async fn a_managed_hyperpod_cluster_gets_its_instance_group_on_the_plan_and_removed_at_its_last_drain()
  {
     // GIVEN a HyperPod cluster that carries the managed tag, and a request for it
     let f = Flow::start().await;
@@ -628,23 +628,26 @@ pub(crate) async fn a_managed_hyperpod_cluster_gets_its_instance_group_on_the_pl
     f.cloud.advance_to(hyperpod_drain_at(&seg));
     tick(&f, Function::Cleanup).await;
 
-    // THEN the group is scaled to zero ahead of HyperPod's forced termination
+    // THEN the group, in the request's last window, is removed ahead of HyperPod's forced
+    // termination (InstanceGroupsToDelete; before: scaled to zero and left on the cluster,
+    // pointing at the plan that expires with the window)
     assert_eq!(f.status(id).await, RequestStatus::Draining);
-    assert_eq!(cluster(&f, "team-f-research").groups[0].target, 0);
-    f.cloud.step(TimeDelta::minutes(5));
+    assert!(cluster(&f, "team-f-research").groups[0].deleting);
     assert!(cluster(&f, "team-f-research").nodes.is_empty());
+    f.cloud.step(TimeDelta::minutes(5));
+    assert!(cluster(&f, "team-f-research").groups.is_empty());
     let drained = f.bus_for("Capacity Workload Drained", id);
     assert_eq!(drained.len(), 1);
     assert_eq!(
         drained[0]["detail"]["resource_ids"],
-        json!(["instance-group:team-f-research/finetune"])
+        json!(["instance-group-removed:team-f-research/finetune"])
     );
 
     // WHEN the plan ends
     f.cloud.advance_to(seg.end);
     tick(&f, Function::Cleanup).await;
 
-    // THEN the request has ended; the cluster was updated exactly twice (up, then to zero)
+    // THEN the request has ended; the cluster was updated exactly twice (up, then removed)
     assert_eq!(f.status(id).await, RequestStatus::Ended);
     assert_eq!(
         cluster_changes(&f, "team-f-research"),
@@ -675,16 +678,16 @@ pub(crate) async fn a_managed_hyperpod_cluster_gets_its_instance_group_on_the_pl
         fee(&plan).to_micros_ceil()
     );
 
-    // WHEN, the group left on the cluster at zero, a third request names it (ARCHITECTURE
-    // 9.8: a group an ended request of ours created may be reused)
+    // WHEN, the group removed, a third request names it (ARCHITECTURE 9.8: the name an
+    // ended request of ours used may be used again)
     let third = "tp-hyperpod-3";
     let mut again = hyperpod_request(third, "team-f-research");
     again["earliest_start"] = json!((seg.end + TimeDelta::days(1)).to_rfc3339());
     again["latest_end"] = json!((seg.end + TimeDelta::days(15)).to_rfc3339());
     let status = submit_and_buy(&f, again).await;
 
-    // THEN it is accepted and bought, and at its plan's start the launch takes the group over
-    // on the new plan
+    // THEN it is accepted and bought, and at its plan's start the launch makes the group
+    // again on the new plan
     assert!(
         f.bus_for("Capacity Request Rejected", third).is_empty(),
         "{:?}",
@@ -1117,15 +1120,18 @@ async fn shared_cluster(lenient: bool) {
     now_theirs["InstanceCount"] = json!(2);
     assert_eq!(group("controller").unwrap().request, now_theirs);
 
-    // WHEN the drain scales ours to zero
+    // WHEN the drain of its last window removes ours
     f.cloud.step(TimeDelta::minutes(6));
     f.cloud.advance_to(hyperpod_drain_at(&seg));
     tick(&f, Function::Cleanup).await;
 
-    // THEN theirs is still untouched
-    assert_eq!(group("finetune").unwrap().target, 0);
+    // THEN theirs is still untouched, and stays so once ours is gone
+    assert!(group("finetune").is_none_or(|g| g.deleting));
     assert_eq!(group("controller").unwrap().request, now_theirs);
     assert_eq!(f.status(id).await, RequestStatus::Draining);
+    f.cloud.step(TimeDelta::minutes(6));
+    assert!(group("finetune").is_none());
+    assert_eq!(group("controller").unwrap().request, now_theirs);
 }
 
 #[tokio::test]

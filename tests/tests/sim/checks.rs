@@ -713,6 +713,31 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
     let bus: Vec<Value> = sim.cloud.events(BUS);
     let end = sim.cloud.now();
 
+    // A HyperPod group is removed after its request's last window (review aws-reality-2,
+    // Task 3 #4): none is left on a cluster pointing at a plan that has ended, which every
+    // later update of the cluster would send back.
+    sim.cloud.with_world(|w| {
+        for c in w.sm.clusters.values() {
+            for g in c.groups.iter().filter(|g| !g.deleting) {
+                let ended = g.plan_arn.as_ref().and_then(|arn| {
+                    w.sm.plans
+                        .values()
+                        .find(|p| &p.arn == arn)
+                        .map(|p| local_cloud::sagemaker::plan_status(p, end))
+                        .filter(|s| !["Scheduled", "Active", "Pending"].contains(s))
+                });
+                if let Some(status) = ended {
+                    out.push(format!(
+                        "a HyperPod group was left on an ended plan: {}/{} on {} ({status})",
+                        c.name,
+                        g.name,
+                        g.plan_arn.as_deref().unwrap_or_default()
+                    ));
+                }
+            }
+        }
+    });
+
     // The ledger is exact: no holds left, and it equals what AWS sold plus on-demand spend.
     let reservations = sim.store.all_reservations();
     // A paid window is served to its drain whatever becomes of its request (ARCHITECTURE
@@ -1561,9 +1586,6 @@ pub fn reached(sim: &Sim) -> BTreeSet<String> {
         }
         if w.sm.jobs.values().any(|j| j.plan_arn.is_none()) {
             out.insert("a training job ran on demand".to_string());
-        }
-        if w.sm.clusters.values().any(|c| !c.groups.is_empty()) {
-            out.insert("a HyperPod group was created".to_string());
         }
     });
     for d in sim.delivered.iter().filter(|d| d.handled) {

@@ -942,6 +942,23 @@ impl Sim {
 
     /// A purchase lease is judged when it is written: it must outlast the instant it was
     /// taken (a lease already expired lets the next tick take the purchase over at once).
+    /// HyperPod groups come and go within a run (each is removed after its request's last
+    /// window), so whether one was made, and removed, is seen as it happens.
+    fn note_groups(&mut self) {
+        let (made, removed) = self.cloud.with_world(|w| {
+            let groups = || w.sm.clusters.values().flat_map(|c| c.groups.iter());
+            (groups().any(|g| !g.deleting), groups().any(|g| g.deleting))
+        });
+        if made {
+            self.reached
+                .insert("a HyperPod group was created".to_string());
+        }
+        if removed {
+            self.reached
+                .insert("a HyperPod group was removed".to_string());
+        }
+    }
+
     fn note_leases(&mut self, now: DateTime<Utc>) {
         for r in self.store.records() {
             let Some(lease) = r.lease else {
@@ -1068,6 +1085,7 @@ impl Sim {
             }
             self.note_leases(now);
             self.note_unverified();
+            self.note_groups();
             self.cancel_kept();
             self.stop_running();
             let mut problems = std::mem::take(&mut self.problems);
@@ -1140,7 +1158,7 @@ impl Sim {
                     .store
                     .all_workloads()
                     .iter()
-                    .any(|w| w.state == replace_unhealthy::handler::REPLACING))
+                    .any(|w| replace_unhealthy::handler::is_replacing(&w.state)))
     }
 
     /// The earliest time `function` has due work by the store: search and purchase only for

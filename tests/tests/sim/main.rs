@@ -182,6 +182,7 @@ const MUST_REACH: &[&str] = &[
     "an EC2 instance ran (CapacityBlock)",
     "SageMaker Endpoint State Change",
     "a HyperPod group was created",
+    "a HyperPod group was removed",
     "a submission was refused for a name another request claims",
     "two requests naming one workload were both recorded",
     "a submission was refused for an id another spelling holds",

@@ -347,11 +347,18 @@ async fn drain_happens_before_forced_termination_for_capacity_blocks_hyperpod_an
             "{case}: {drained}"
         );
         if case == "hyperpod" {
-            let spec = w
-                .workloads
-                .instance_group_spec(REGION, "hp", "workers")
-                .unwrap();
-            assert_eq!(spec.instance_count, 0);
+            // its only window, so its last: the group is removed, not left at zero on a
+            // plan that expires with the window
+            assert!(
+                w.workloads
+                    .instance_group_spec(REGION, "hp", "workers")
+                    .is_none()
+            );
+            assert_eq!(
+                drained["resource_ids"],
+                json!(["instance-group-removed:hp/workers"]),
+                "{case}"
+            );
         } else {
             assert_eq!(w.state_of("i-1"), InstanceState::Terminated, "{case}");
             assert_eq!(drained["resource_ids"], json!(["instance:i-1"]), "{case}");
@@ -653,6 +660,154 @@ async fn a_split_plan_returns_to_reserved_until_its_last_segment_ends() {
     assert_eq!(expiring[1].detail["segment"], json!(1));
     w.tick_at(second_end, "tick-5").await;
     assert_eq!(w.status("r-1").await, RequestStatus::Ended);
+}
+
+#[tokio::test]
+async fn a_hyperpod_group_is_scaled_to_zero_between_windows_and_removed_after_the_last() {
+    // GIVEN a HyperPod request on two plans, the second starting a day after the first
+    // ends, and its group on the first
+    let w = World::new();
+    let mut req = request("r-1", "team-a", "50000");
+    req.workload = WorkloadDetail::HyperpodCluster {
+        cluster_name: "hp".into(),
+        instance_group_name: "workers".into(),
+        life_cycle_config: None,
+    };
+    w.workloads.add_cluster(REGION, "hp", true);
+    assert!(
+        w.workloads
+            .set_instance_group(REGION, "hp", "workers", 2, 2, "InService")
+    );
+    w.store
+        .put_workload(capacity_pilot::ports::WorkloadRecord {
+            request_id: request_id("r-1"),
+            reservation_id: "arn:plan/1".into(),
+            slot: 0,
+            generation: 0,
+            resource_id: "hp/workers".into(),
+            state: "Updating".into(),
+            updated_at: t0(),
+            started_at: None,
+            ended_at: None,
+            ran: Vec::new(),
+        })
+        .await
+        .unwrap();
+    let target = TargetResource::HyperpodCluster;
+    let second = reservation(
+        "arn:plan/2",
+        "r-1",
+        Product::TrainingPlan { target },
+        end() + Duration::hours(24),
+    );
+    let second_end = second.end();
+    w.seed(
+        req,
+        &[plan("arn:plan/1", "r-1", target), second],
+        RequestStatus::Active,
+        open(),
+    )
+    .await;
+
+    // WHEN the first window drains and ends
+    w.tick_at(end() - Duration::minutes(75), "tick-1").await;
+    w.tick_at(end(), "tick-2").await;
+    // THEN the group stays, at zero, for the second window
+    let spec = w
+        .workloads
+        .instance_group_spec(REGION, "hp", "workers")
+        .expect("the group stays between windows");
+    assert_eq!(spec.instance_count, 0);
+    assert!(
+        w.workloads
+            .calls_of(WorkloadsOp::RemoveInstanceGroup)
+            .is_empty()
+    );
+
+    // WHEN the second, last, window drains
+    w.tick_at(second_end - Duration::minutes(75), "tick-3")
+        .await;
+    // THEN the group is removed (before the fix: left at zero on an expiring plan)
+    assert_eq!(w.status("r-1").await, RequestStatus::Draining);
+    assert!(
+        w.workloads
+            .instance_group_spec(REGION, "hp", "workers")
+            .is_none()
+    );
+    // AND the window's end finds it gone and ends the request
+    w.tick_at(second_end, "tick-4").await;
+    assert_eq!(w.status("r-1").await, RequestStatus::Ended);
+    assert_eq!(
+        w.workloads.calls_of(WorkloadsOp::RemoveInstanceGroup).len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_requests_paid_window_removes_its_hyperpod_group_at_its_drain() {
+    // GIVEN a HyperPod request cancelled while its paid window runs on (ARCHITECTURE 9.1),
+    // its group on the plan
+    let w = World::new();
+    let mut req = request("r-1", "team-a", "50000");
+    req.workload = WorkloadDetail::HyperpodCluster {
+        cluster_name: "hp".into(),
+        instance_group_name: "workers".into(),
+        life_cycle_config: None,
+    };
+    w.workloads.add_cluster(REGION, "hp", true);
+    assert!(
+        w.workloads
+            .set_instance_group(REGION, "hp", "workers", 2, 2, "InService")
+    );
+    w.store
+        .put_workload(capacity_pilot::ports::WorkloadRecord {
+            request_id: request_id("r-1"),
+            reservation_id: "arn:plan/1".into(),
+            slot: 0,
+            generation: 0,
+            resource_id: "hp/workers".into(),
+            state: "Updating".into(),
+            updated_at: t0(),
+            started_at: None,
+            ended_at: None,
+            ran: Vec::new(),
+        })
+        .await
+        .unwrap();
+    let target = TargetResource::HyperpodCluster;
+    let drain_at = end() - Duration::minutes(75);
+    let mut rec = w
+        .seed(
+            req,
+            &[plan("arn:plan/1", "r-1", target)],
+            RequestStatus::Cancelled,
+            open(),
+        )
+        .await;
+    rec.windows = vec![capacity_pilot::domain::window::WindowRecord {
+        key: capacity_pilot::domain::window::window_key("arn:plan/1", 0),
+        number: 0,
+        state: capacity_pilot::domain::window::WindowState::Running,
+        next_action_at: Some(drain_at),
+        updated_at: open(),
+    }];
+    rec.next_action_at = None;
+    w.store.insert_record(rec);
+
+    // WHEN its window drains
+    w.tick_at(drain_at, "tick-1").await;
+
+    // THEN the group is removed: no search or purchase of a cancelled request adds a window
+    // (before: scaled to zero and left on the plan that ends with the window)
+    assert!(
+        w.workloads
+            .instance_group_spec(REGION, "hp", "workers")
+            .is_none()
+    );
+    assert_eq!(
+        w.workloads.calls_of(WorkloadsOp::RemoveInstanceGroup).len(),
+        1
+    );
 }
 
 #[tokio::test]

@@ -643,6 +643,47 @@ pub fn judge(o: &Observed) -> Vec<Check> {
             );
         }
 
+        if let Some(because) = &e.not_bought_because {
+            let not_found = o.ours(id, "Capacity Not Found");
+            let failed = o.ours(id, "Capacity Request Failed");
+            let said: Vec<String> = not_found
+                .iter()
+                .flat_map(|n| {
+                    n["detail"]["rejections"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                })
+                .filter_map(|r| r["reason"].as_str().map(str::to_string))
+                .chain(
+                    failed
+                        .iter()
+                        .filter_map(|f| f["detail"]["reason"].as_str().map(str::to_string)),
+                )
+                .collect();
+            let saying = said.iter().find(|r| r.contains(because.as_str()));
+            check(
+                "not bought, saying why",
+                id,
+                windows.is_empty() && saying.is_some(),
+                format!(
+                    "{}; {}",
+                    if windows.is_empty() {
+                        "nothing bought".to_string()
+                    } else {
+                        format!("yet {} window(s) bought", windows.len())
+                    },
+                    match saying {
+                        Some(r) => format!("said: {r}"),
+                        None => format!(
+                            "no Not Found rejection or Failed reason says {because:?} ({} said)",
+                            said.len()
+                        ),
+                    }
+                ),
+            );
+        }
+
         if let Some(fields) = &e.rejected_fields {
             let rejected = o.ours(id, "Capacity Request Rejected");
             let named: BTreeSet<String> = rejected

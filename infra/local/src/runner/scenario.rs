@@ -194,6 +194,10 @@ pub struct Expect {
     /// Rejected, naming (at least) these fields; nothing bought.
     #[serde(default)]
     pub rejected_fields: Option<Vec<String>>,
+    /// Nothing bought, and a `Capacity Not Found` rejection or the `Capacity Request
+    /// Failed` reason says this.
+    #[serde(default)]
+    pub not_bought_because: Option<String>,
 }
 
 impl Scenario {

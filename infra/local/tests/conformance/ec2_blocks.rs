@@ -644,6 +644,30 @@ async fn ultraserver_blocks_warn_70_minutes_before_the_end() {
     );
 }
 
+#[tokio::test]
+async fn an_ultraserver_block_says_its_type_and_its_reservation_names_the_instance_type() {
+    // the reservation's instance type is the instance's, never a `u-` name: only the block
+    // (DescribeCapacityBlocks, and the purchase's capacityBlockSet) says UltraServer
+    let env = env().await;
+    let ultra = offerings(&env, "p6e-gb200.36xlarge", 1, 24).await.remove(0);
+    let plain = offerings(&env, "p5.48xlarge", 1, 24).await.remove(0);
+    let u = buy(&env, &ultra, "ultra-type").await;
+    let p = buy(&env, &plain, "plain-type").await;
+    env.cloud.step(TimeDelta::minutes(2));
+    assert_eq!(u.instance_type(), Some("p6e-gb200.36xlarge"));
+    let blocks = env.ec2.describe_capacity_blocks().send().await.unwrap();
+    let type_of = |cr: &aws_sdk_ec2::types::CapacityReservation| {
+        blocks
+            .capacity_blocks()
+            .iter()
+            .find(|b| b.capacity_block_id() == cr.capacity_block_id())
+            .map(|b| b.ultraserver_type().map(str::to_string))
+            .expect("the block is listed")
+    };
+    assert_eq!(type_of(&u).as_deref(), Some("u-p6e-gb200x72"));
+    assert_eq!(type_of(&p), None);
+}
+
 /// A block's reservation state, read through the SDK.
 async fn state_of(env: &Env, cr: &str) -> String {
     describe(env, cr)

@@ -424,9 +424,10 @@ fn rich_group(name: &str, count: i32) -> ClusterInstanceGroupSpecification {
 #[tokio::test]
 async fn describe_cluster_reports_every_group_setting_under_its_describe_name() {
     let env = env().await;
+    // a flexible group: its types under `InstanceRequirements`, no `InstanceType` (the two are
+    // mutually exclusive)
     let slurm = ClusterInstanceGroupSpecification::builder()
         .instance_group_name("login")
-        .instance_type(ClusterInstanceType::from("ml.m5.large"))
         .instance_count(1)
         .execution_role("arn:aws:iam::123456789012:role/login")
         .threads_per_core(2)
@@ -536,6 +537,11 @@ async fn describe_cluster_reports_every_group_setting_under_its_describe_name() 
 
     let l = &groups[1];
     assert_eq!(l.instance_group_name(), Some("login"));
+    assert_eq!(
+        l.instance_type().unwrap().as_str(),
+        "ml.m5.large",
+        "a flexible group is described with the type its nodes run"
+    );
     assert_eq!(l.threads_per_core(), Some(2));
     assert_eq!(
         l.execution_role(),
@@ -729,5 +735,461 @@ async fn an_update_must_list_every_group_and_change_only_one_by_default() {
             (Some("workers"), Some(3), None),
             (Some("ctrl"), Some(1), Some(2))
         ]
+    );
+}
+
+/// The cluster's status and each group's name and status, as DescribeCluster lists them.
+async fn group_statuses(env: &Env, cluster: &str) -> (String, Vec<(String, String)>) {
+    let d = env
+        .sm
+        .describe_cluster()
+        .cluster_name(cluster)
+        .send()
+        .await
+        .unwrap();
+    let groups = d
+        .instance_groups()
+        .iter()
+        .map(|g| {
+            (
+                g.instance_group_name().unwrap().to_string(),
+                g.status().unwrap().as_str().to_string(),
+            )
+        })
+        .collect();
+    (d.cluster_status().unwrap().as_str().to_string(), groups)
+}
+
+/// The group of every node ListClusterNodes lists, sorted.
+async fn node_groups(env: &Env, cluster: &str) -> Vec<String> {
+    let nodes = env
+        .sm
+        .list_cluster_nodes()
+        .cluster_name(cluster)
+        .send()
+        .await
+        .unwrap();
+    let mut groups: Vec<String> = nodes
+        .cluster_node_summaries()
+        .iter()
+        .map(|n| n.instance_group_name().unwrap().to_string())
+        .collect();
+    groups.sort();
+    groups
+}
+
+fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
+    v.iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
+}
+
+#[tokio::test]
+async fn instance_groups_to_delete_removes_the_groups_and_their_nodes() {
+    let env = env().await;
+    let workers = |n| group("workers", "ml.m5.large", n, None);
+    let ctrl = || group("ctrl", "ml.m5.large", 1, None);
+    let extra = || group("extra", "ml.m5.large", 2, None);
+    let spare = || group("spare", "ml.m5.large", 1, None);
+    env.sm
+        .create_cluster()
+        .cluster_name("del-pod")
+        .instance_groups(workers(2))
+        .instance_groups(ctrl())
+        .instance_groups(extra())
+        .instance_groups(spare())
+        .send()
+        .await
+        .unwrap();
+    env.cloud.step(TimeDelta::minutes(3));
+    assert_eq!(
+        node_groups(&env, "del-pod").await,
+        ["ctrl", "extra", "extra", "spare", "workers", "workers"]
+    );
+    let update = || env.sm.update_cluster().cluster_name("del-pod");
+
+    // (a) a name that is not a group of the cluster
+    let unknown = update()
+        .instance_groups(workers(2))
+        .instance_groups(ctrl())
+        .instance_groups(extra())
+        .instance_groups(spare())
+        .instance_groups_to_delete("nope")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Some("ValidationException"));
+    assert_eq!(
+        unknown.message(),
+        Some("InstanceGroupsToDelete names nope, which cluster del-pod does not have.")
+    );
+    // (b) a group both sent and deleted
+    let both = update()
+        .instance_groups(workers(2))
+        .instance_groups(ctrl())
+        .instance_groups(extra())
+        .instance_groups(spare())
+        .instance_groups_to_delete("extra")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(both.code(), Some("ValidationException"));
+    assert_eq!(
+        both.message(),
+        Some(
+            "The update of cluster del-pod lists instance group(s) extra in both InstanceGroups and InstanceGroupsToDelete. An instance group is either updated or deleted."
+        )
+    );
+    // (c) a deleted group is not omitted, but every other group must still be sent
+    let omitted = update()
+        .instance_groups(workers(2))
+        .instance_groups_to_delete("extra")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        omitted.message(),
+        Some(
+            "The update of cluster del-pod omits instance group(s) ctrl, spare. List every instance group of the cluster with its settings."
+        )
+    );
+    let none_sent = update()
+        .instance_groups_to_delete("extra")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        none_sent.message(),
+        Some(
+            "The update of cluster del-pod omits instance group(s) workers, ctrl, spare. List every instance group of the cluster with its settings."
+        )
+    );
+    assert_eq!(group_statuses(&env, "del-pod").await.0, "InService");
+
+    // two groups deleted and one resized, the rest sent as they are: the deleted groups are
+    // not counted as changed
+    update()
+        .instance_groups(workers(3))
+        .instance_groups(ctrl())
+        .instance_groups_to_delete("extra")
+        .instance_groups_to_delete("spare")
+        .send()
+        .await
+        .unwrap();
+    // their nodes go at once; the groups are `Deleting` while the cluster is `Updating`
+    assert_eq!(
+        node_groups(&env, "del-pod").await,
+        ["ctrl", "workers", "workers", "workers"]
+    );
+    assert_eq!(
+        group_statuses(&env, "del-pod").await,
+        (
+            "Updating".to_string(),
+            pairs(&[
+                ("workers", "Updating"),
+                ("ctrl", "Updating"),
+                ("extra", "Deleting"),
+                ("spare", "Deleting")
+            ])
+        )
+    );
+    env.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(
+        group_statuses(&env, "del-pod").await,
+        (
+            "InService".to_string(),
+            pairs(&[("workers", "InService"), ("ctrl", "InService")])
+        )
+    );
+    assert_eq!(
+        node_groups(&env, "del-pod").await,
+        ["ctrl", "workers", "workers", "workers"]
+    );
+    // a deleted group is gone: deleting it again names it as unknown
+    let again = update()
+        .instance_groups(workers(3))
+        .instance_groups(ctrl())
+        .instance_groups_to_delete("extra")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        again.message(),
+        Some("InstanceGroupsToDelete names extra, which cluster del-pod does not have.")
+    );
+
+    // lenient: InstanceGroupsToDelete alone removes its group and keeps the others
+    let lenient = env_with_settings(Settings {
+        refuse_partial_cluster_updates: false,
+        ..Settings::default()
+    })
+    .await;
+    lenient
+        .sm
+        .create_cluster()
+        .cluster_name("loose-pod")
+        .instance_groups(workers(2))
+        .instance_groups(extra())
+        .send()
+        .await
+        .unwrap();
+    lenient.cloud.step(TimeDelta::minutes(3));
+    lenient
+        .sm
+        .update_cluster()
+        .cluster_name("loose-pod")
+        .instance_groups_to_delete("extra")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        node_groups(&lenient, "loose-pod").await,
+        ["workers", "workers"]
+    );
+    lenient.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(
+        group_statuses(&lenient, "loose-pod").await,
+        ("InService".to_string(), pairs(&[("workers", "InService")]))
+    );
+}
+
+#[tokio::test]
+async fn a_group_with_both_instance_type_and_instance_requirements_is_refused() {
+    let env = env().await;
+    let flexible = || {
+        let g = group("flex", "ml.m5.large", 2, None);
+        ClusterInstanceGroupSpecification::builder()
+            .instance_group_name("flex")
+            .instance_requirements(
+                ClusterInstanceRequirements::builder()
+                    .instance_types(ClusterInstanceType::from("ml.m5.xlarge"))
+                    .instance_types(ClusterInstanceType::from("ml.m5.large"))
+                    .build(),
+            )
+            .instance_count(2)
+            .execution_role(g.execution_role().unwrap())
+            .life_cycle_config(g.life_cycle_config().unwrap().clone())
+    };
+    let both = || {
+        flexible()
+            .instance_type(ClusterInstanceType::from("ml.m5.xlarge"))
+            .build()
+    };
+    let ctrl = |n| group("ctrl", "ml.m5.large", n, None);
+    const EXCLUSIVE: &str =
+        "The InstanceType and InstanceRequirements properties are mutually exclusive.";
+    let refused = env
+        .sm
+        .create_cluster()
+        .cluster_name("flex-pod")
+        .instance_groups(both())
+        .instance_groups(ctrl(1))
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Some("ValidationException"));
+    assert_eq!(refused.message(), Some(EXCLUSIVE));
+
+    // requirements only: accepted, its nodes run the first type listed
+    env.sm
+        .create_cluster()
+        .cluster_name("flex-pod")
+        .instance_groups(flexible().build())
+        .instance_groups(ctrl(1))
+        .send()
+        .await
+        .unwrap();
+    env.cloud.step(TimeDelta::minutes(3));
+    let d = env
+        .sm
+        .describe_cluster()
+        .cluster_name("flex-pod")
+        .send()
+        .await
+        .unwrap();
+    let flex = &d.instance_groups()[0];
+    assert_eq!(flex.instance_type().unwrap().as_str(), "ml.m5.xlarge");
+    let types: Vec<&str> = flex
+        .instance_requirements()
+        .unwrap()
+        .current_instance_types()
+        .iter()
+        .map(|t| t.as_str())
+        .collect();
+    assert_eq!(types, ["ml.m5.xlarge", "ml.m5.large"]);
+    let nodes = env
+        .sm
+        .list_cluster_nodes()
+        .cluster_name("flex-pod")
+        .instance_group_name_contains("flex")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(nodes.cluster_node_summaries().len(), 2);
+    assert!(
+        nodes
+            .cluster_node_summaries()
+            .iter()
+            .all(|n| n.instance_type().unwrap().as_str() == "ml.m5.xlarge")
+    );
+
+    // sent back with both fields, on an update: refused, whatever else the update does
+    let update = || env.sm.update_cluster().cluster_name("flex-pod");
+    let refused = update()
+        .instance_groups(both())
+        .instance_groups(ctrl(2))
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Some("ValidationException"));
+    assert_eq!(refused.message(), Some(EXCLUSIVE));
+    // sent back with its requirements only, as described: unchanged, so resizing ctrl is the
+    // update's one change
+    update()
+        .instance_groups(flexible().build())
+        .instance_groups(ctrl(2))
+        .send()
+        .await
+        .unwrap();
+    env.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(
+        node_groups(&env, "flex-pod").await,
+        ["ctrl", "ctrl", "flex", "flex"]
+    );
+}
+
+#[tokio::test]
+async fn an_update_carrying_a_group_on_a_plan_not_scheduled_or_active_is_refused() {
+    let env = env().await;
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        4,
+        24,
+        SageMakerResourceName::HyperpodCluster,
+    )
+    .await
+    .remove(0);
+    let end = chrono_of(
+        offer
+            .reserved_capacity_offerings()
+            .last()
+            .unwrap()
+            .end_time()
+            .unwrap(),
+    );
+    let ctrl = |n| group("ctrl", "ml.m5.large", n, None);
+    env.sm
+        .create_cluster()
+        .cluster_name("plan-pod")
+        .instance_groups(ctrl(1))
+        .send()
+        .await
+        .unwrap();
+    env.cloud.step(TimeDelta::minutes(3));
+    let update = || env.sm.update_cluster().cluster_name("plan-pod");
+
+    // a plan still `Pending` (its payment clears in 5 minutes) cannot take a group
+    let arn = buy_plan(&env, "pod-plan", &offer).await;
+    let gpus = || group("gpus", "ml.p5.48xlarge", 4, Some(&arn));
+    let pending = update()
+        .instance_groups(ctrl(1))
+        .instance_groups(gpus())
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(pending.code(), Some("ValidationException"));
+    assert_eq!(
+        pending.message().unwrap(),
+        format!(
+            "Instance group gpus of cluster plan-pod uses training plan {arn}, which is Pending. An instance group can use a training plan only while it is Scheduled or Active."
+        )
+    );
+    // `Scheduled`: accepted
+    env.cloud.step(TimeDelta::minutes(5));
+    update()
+        .instance_groups(ctrl(1))
+        .instance_groups(gpus())
+        .send()
+        .await
+        .unwrap();
+    env.cloud.step(TimeDelta::minutes(5));
+
+    // `Expired`: the group sent back as it is refuses an update of another group
+    env.cloud.advance_to(end + TimeDelta::minutes(1));
+    let expired = update()
+        .instance_groups(ctrl(2))
+        .instance_groups(gpus())
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(expired.code(), Some("ValidationException"));
+    assert_eq!(
+        expired.message().unwrap(),
+        format!(
+            "Instance group gpus of cluster plan-pod uses training plan {arn}, which is Expired. An instance group can use a training plan only while it is Scheduled or Active."
+        )
+    );
+    // deleting the group is not checked
+    update()
+        .instance_groups(ctrl(2))
+        .instance_groups_to_delete("gpus")
+        .send()
+        .await
+        .unwrap();
+    env.cloud.step(TimeDelta::minutes(5));
+    assert_eq!(
+        group_statuses(&env, "plan-pod").await,
+        ("InService".to_string(), pairs(&[("ctrl", "InService")]))
+    );
+
+    // false: only a group whose plan changes is checked
+    let lenient = env_with_settings(Settings {
+        refuse_expired_plan_groups: false,
+        ..Settings::default()
+    })
+    .await;
+    let offer = plan_offerings(
+        &lenient,
+        "ml.p5.48xlarge",
+        4,
+        24,
+        SageMakerResourceName::HyperpodCluster,
+    )
+    .await
+    .remove(0);
+    let arn = buy_plan(&lenient, "pod-plan", &offer).await;
+    let gpus = || group("gpus", "ml.p5.48xlarge", 4, Some(&arn));
+    lenient
+        .sm
+        .create_cluster()
+        .cluster_name("plan-pod")
+        .instance_groups(ctrl(1))
+        .instance_groups(gpus())
+        .send()
+        .await
+        .unwrap();
+    lenient.cloud.advance_to(end + TimeDelta::minutes(1));
+    let update = || lenient.sm.update_cluster().cluster_name("plan-pod");
+    update()
+        .instance_groups(ctrl(2))
+        .instance_groups(gpus())
+        .send()
+        .await
+        .unwrap();
+    lenient.cloud.step(TimeDelta::minutes(5));
+    let late = update()
+        .instance_groups(ctrl(2))
+        .instance_groups(gpus())
+        .instance_groups(group("late", "ml.p5.48xlarge", 1, Some(&arn)))
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(late.code(), Some("ValidationException"));
+    assert_eq!(
+        late.message().unwrap(),
+        format!(
+            "Instance group late of cluster plan-pod uses training plan {arn}, which is Expired. An instance group can use a training plan only while it is Scheduled or Active."
+        )
     );
 }
