@@ -511,15 +511,21 @@ async fn drain_of_a_hyperpod_group_on_an_unmanaged_cluster_changes_nothing() {
     assert!(workloads.calls_of(WorkloadsOp::PutInstanceGroup).is_empty());
 }
 
-#[tokio::test]
-async fn drain_of_a_hyperpod_group_on_a_managed_cluster_scales_it_to_zero_on_the_plan() {
-    let (workloads, store) = world();
+/// A HyperPod request whose group `gpu` runs 2 on the managed cluster `research`, ours: the
+/// table records that the request created it on `tp-1`.
+async fn our_group(workloads: &FakeWorkloads, store: &InMemoryStore) -> CapacityRequest {
     workloads.add_cluster(REGION, "research", true);
     workloads.set_instance_group(REGION, "research", "gpu", 2, 2, "InService");
     let mut req = request("req-1", "team-a", "50000");
     hyperpod(&mut req);
-    // Ours: the table records that this request created it.
     store.put_workload(group_record("tp-1")).await.unwrap();
+    req
+}
+
+#[tokio::test]
+async fn drain_of_a_hyperpod_group_on_a_managed_cluster_scales_it_to_zero_on_the_plan() {
+    let (workloads, store) = world();
+    let req = our_group(&workloads, &store).await;
 
     let acted = drain(&workloads, &store, &config(), &record(req), &window("tp-1"))
         .await
@@ -537,11 +543,7 @@ async fn drain_of_a_hyperpod_group_on_a_managed_cluster_scales_it_to_zero_on_the
 async fn the_drain_of_a_requests_last_window_removes_its_hyperpod_group() {
     // GIVEN our group on a managed cluster, in the request's last window
     let (workloads, store) = world();
-    workloads.add_cluster(REGION, "research", true);
-    workloads.set_instance_group(REGION, "research", "gpu", 2, 2, "InService");
-    let mut req = request("req-1", "team-a", "50000");
-    hyperpod(&mut req);
-    store.put_workload(group_record("tp-1")).await.unwrap();
+    let req = our_group(&workloads, &store).await;
     let last = DrainTarget {
         last: true,
         ..window("tp-1")

@@ -274,6 +274,37 @@ fn open() -> DateTime<Utc> {
     end() - Duration::hours(24)
 }
 
+/// `req` for group `workers` of the managed cluster `hp`, the group there at 2 and recorded
+/// as made by `req` on `arn:plan/1` (ARCHITECTURE 8.7: our table is the only mark).
+async fn hyperpod_group_of(w: &World, mut req: CapacityRequest) -> CapacityRequest {
+    req.workload = WorkloadDetail::HyperpodCluster {
+        cluster_name: "hp".into(),
+        instance_group_name: "workers".into(),
+        life_cycle_config: None,
+    };
+    w.workloads.add_cluster(REGION, "hp", true);
+    assert!(
+        w.workloads
+            .set_instance_group(REGION, "hp", "workers", 2, 2, "InService")
+    );
+    w.store
+        .put_workload(capacity_pilot::ports::WorkloadRecord {
+            request_id: req.id.clone(),
+            reservation_id: "arn:plan/1".into(),
+            slot: 0,
+            generation: 0,
+            resource_id: "hp/workers".into(),
+            state: "Updating".into(),
+            updated_at: t0(),
+            started_at: None,
+            ended_at: None,
+            ran: Vec::new(),
+        })
+        .await
+        .unwrap();
+    req
+}
+
 #[tokio::test]
 async fn drain_happens_before_forced_termination_for_capacity_blocks_hyperpod_and_ultraservers() {
     // Request drain 20 min (more than the default 15): drain at end - lead - 20 min.
@@ -290,33 +321,8 @@ async fn drain_happens_before_forced_termination_for_capacity_blocks_hyperpod_an
             }
             "hyperpod" => {
                 r = plan("arn:plan/1", "r-1", TargetResource::HyperpodCluster);
-                req.workload = WorkloadDetail::HyperpodCluster {
-                    cluster_name: "hp".into(),
-                    instance_group_name: "workers".into(),
-                    life_cycle_config: None,
-                };
-                w.workloads.add_cluster(REGION, "hp", true);
-                assert!(
-                    w.workloads
-                        .set_instance_group(REGION, "hp", "workers", 2, 2, "InService")
-                );
                 // The launch created it: our table records it (ARCHITECTURE 8.7).
-                w.store
-                    .put_workload(capacity_pilot::ports::WorkloadRecord {
-                        request_id: request_id("r-1"),
-                        reservation_id: "arn:plan/1".into(),
-                        slot: 0,
-                        generation: 0,
-                        resource_id: "hp/workers".into(),
-                        state: "Updating".into(),
-                        updated_at: t0(),
-
-                        started_at: None,
-                        ended_at: None,
-                        ran: Vec::new(),
-                    })
-                    .await
-                    .unwrap();
+                req = hyperpod_group_of(&w, req).await;
             }
             _ => w.instance("i-1", "r-1", Some("cr-1"), true),
         }
@@ -667,32 +673,7 @@ async fn a_hyperpod_group_is_scaled_to_zero_between_windows_and_removed_after_th
     // GIVEN a HyperPod request on two plans, the second starting a day after the first
     // ends, and its group on the first
     let w = World::new();
-    let mut req = request("r-1", "team-a", "50000");
-    req.workload = WorkloadDetail::HyperpodCluster {
-        cluster_name: "hp".into(),
-        instance_group_name: "workers".into(),
-        life_cycle_config: None,
-    };
-    w.workloads.add_cluster(REGION, "hp", true);
-    assert!(
-        w.workloads
-            .set_instance_group(REGION, "hp", "workers", 2, 2, "InService")
-    );
-    w.store
-        .put_workload(capacity_pilot::ports::WorkloadRecord {
-            request_id: request_id("r-1"),
-            reservation_id: "arn:plan/1".into(),
-            slot: 0,
-            generation: 0,
-            resource_id: "hp/workers".into(),
-            state: "Updating".into(),
-            updated_at: t0(),
-            started_at: None,
-            ended_at: None,
-            ran: Vec::new(),
-        })
-        .await
-        .unwrap();
+    let req = hyperpod_group_of(&w, request("r-1", "team-a", "50000")).await;
     let target = TargetResource::HyperpodCluster;
     let second = reservation(
         "arn:plan/2",
@@ -748,51 +729,11 @@ async fn a_cancelled_requests_paid_window_removes_its_hyperpod_group_at_its_drai
     // GIVEN a HyperPod request cancelled while its paid window runs on (ARCHITECTURE 9.1),
     // its group on the plan
     let w = World::new();
-    let mut req = request("r-1", "team-a", "50000");
-    req.workload = WorkloadDetail::HyperpodCluster {
-        cluster_name: "hp".into(),
-        instance_group_name: "workers".into(),
-        life_cycle_config: None,
-    };
-    w.workloads.add_cluster(REGION, "hp", true);
-    assert!(
-        w.workloads
-            .set_instance_group(REGION, "hp", "workers", 2, 2, "InService")
-    );
-    w.store
-        .put_workload(capacity_pilot::ports::WorkloadRecord {
-            request_id: request_id("r-1"),
-            reservation_id: "arn:plan/1".into(),
-            slot: 0,
-            generation: 0,
-            resource_id: "hp/workers".into(),
-            state: "Updating".into(),
-            updated_at: t0(),
-            started_at: None,
-            ended_at: None,
-            ran: Vec::new(),
-        })
-        .await
-        .unwrap();
+    let req = hyperpod_group_of(&w, request("r-1", "team-a", "50000")).await;
     let target = TargetResource::HyperpodCluster;
     let drain_at = end() - Duration::minutes(75);
-    let mut rec = w
-        .seed(
-            req,
-            &[plan("arn:plan/1", "r-1", target)],
-            RequestStatus::Cancelled,
-            open(),
-        )
-        .await;
-    rec.windows = vec![capacity_pilot::domain::window::WindowRecord {
-        key: capacity_pilot::domain::window::window_key("arn:plan/1", 0),
-        number: 0,
-        state: capacity_pilot::domain::window::WindowState::Running,
-        next_action_at: Some(drain_at),
-        updated_at: open(),
-    }];
-    rec.next_action_at = None;
-    w.store.insert_record(rec);
+    let r = plan("arn:plan/1", "r-1", target);
+    running_window(&w, req, r, RequestStatus::Cancelled, drain_at).await;
 
     // WHEN its window drains
     w.tick_at(drain_at, "tick-1").await;
@@ -1121,16 +1062,24 @@ async fn a_launch_landing_after_a_cancellations_first_stop_is_stopped_before_the
 async fn running_window_of(w: &World, status: RequestStatus) -> DateTime<Utc> {
     // The default drain lead (15 min) before a block's 30 min forced termination.
     let drain_at = end() - Duration::minutes(30) - Duration::minutes(15);
-    let mut rec = w
-        .seed(
-            request("r-1", "team-a", "50000"),
-            &[block("cr-1", "r-1")],
-            status,
-            open(),
-        )
-        .await;
+    let req = request("r-1", "team-a", "50000");
+    running_window(w, req, block("cr-1", "r-1"), status, drain_at).await;
+    w.instance("i-1", "r-1", Some("cr-1"), true);
+    drain_at
+}
+
+/// `req` in `status`, holding the running window of `r`, which drains at `drain_at`.
+async fn running_window(
+    w: &World,
+    req: CapacityRequest,
+    r: Reservation,
+    status: RequestStatus,
+    drain_at: DateTime<Utc>,
+) {
+    let key = capacity_pilot::domain::window::window_key(&r.id, 0);
+    let mut rec = w.seed(req, &[r], status, open()).await;
     rec.windows = vec![capacity_pilot::domain::window::WindowRecord {
-        key: capacity_pilot::domain::window::window_key("cr-1", 0),
+        key,
         number: 0,
         state: capacity_pilot::domain::window::WindowState::Running,
         next_action_at: Some(drain_at),
@@ -1138,8 +1087,6 @@ async fn running_window_of(w: &World, status: RequestStatus) -> DateTime<Utc> {
     }];
     rec.next_action_at = None;
     w.store.insert_record(rec);
-    w.instance("i-1", "r-1", Some("cr-1"), true);
-    drain_at
 }
 
 #[tokio::test]

@@ -807,13 +807,17 @@ async fn instance_groups_to_delete_removes_the_groups_and_their_nodes() {
         ["ctrl", "extra", "extra", "spare", "workers", "workers"]
     );
     let update = || env.sm.update_cluster().cluster_name("del-pod");
+    // every group, as the cluster has them
+    let every = || {
+        update()
+            .instance_groups(workers(2))
+            .instance_groups(ctrl())
+            .instance_groups(extra())
+            .instance_groups(spare())
+    };
 
     // (a) a name that is not a group of the cluster
-    let unknown = update()
-        .instance_groups(workers(2))
-        .instance_groups(ctrl())
-        .instance_groups(extra())
-        .instance_groups(spare())
+    let unknown = every()
         .instance_groups_to_delete("nope")
         .send()
         .await
@@ -824,11 +828,7 @@ async fn instance_groups_to_delete_removes_the_groups_and_their_nodes() {
         Some("InstanceGroupsToDelete names nope, which cluster del-pod does not have.")
     );
     // (b) a group both sent and deleted
-    let both = update()
-        .instance_groups(workers(2))
-        .instance_groups(ctrl())
-        .instance_groups(extra())
-        .instance_groups(spare())
+    let both = every()
         .instance_groups_to_delete("extra")
         .send()
         .await
