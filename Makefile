@@ -195,15 +195,10 @@ schemas:
 ## venv: the pinned Python tools the tests need (moto's DynamoDB server)
 venv: $(VENV)/.installed
 
-# A pinned install that fails is tried twice more, 10 s apart: a fresh clone's pip once
-# answered ResolutionImpossible for pins that resolve (policy-sentry, under checkov), and the
-# same command passed at once after. A real conflict fails all three and stops the build.
-PIP_RETRY = tests/support/retry 3 10
-
 # moto's own dependencies are pinned too (a constraints file), so a new boto3 cannot break it.
 $(VENV)/.installed: Makefile tests/support/moto-constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PIP_RETRY) $(VENV)/bin/pip install --quiet --disable-pip-version-check \
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check \
 		-c tests/support/moto-constraints.txt \
 		"moto[server]==$(MOTO_VERSION)" "werkzeug==$(WERKZEUG_VERSION)"
 	touch $@
@@ -212,7 +207,7 @@ venv-iac: $(IAC)/.installed
 
 $(IAC)/.installed: Makefile tests/support/iac-constraints.txt
 	$(PYTHON) -m venv $(IAC)
-	$(PIP_RETRY) $(IAC)/bin/pip install --quiet --disable-pip-version-check \
+	$(IAC)/bin/pip install --quiet --disable-pip-version-check \
 		-c tests/support/iac-constraints.txt \
 		"cfn-lint==$(CFN_LINT_VERSION)" "checkov==$(CHECKOV_VERSION)"
 	touch $@
@@ -222,7 +217,7 @@ $(IAC)/.installed: Makefile tests/support/iac-constraints.txt
 # 0.16.0's `ar` cannot create an archive, which breaks the cross-build of ring and aws-lc-sys
 # (rust-cross/cargo-zigbuild#433, aws/aws-lc-rs#993); 0.15.2 builds both.
 $(IAC)/.cargo-lambda: $(IAC)/.installed tests/support/build-constraints.txt
-	$(PIP_RETRY) $(IAC)/bin/pip install --quiet --disable-pip-version-check \
+	$(IAC)/bin/pip install --quiet --disable-pip-version-check \
 		-c tests/support/build-constraints.txt "cargo-lambda==$(CARGO_LAMBDA_VERSION)"
 	touch $@
 
