@@ -85,6 +85,14 @@ const LIVE_STATES: [&str; 8] = [
     "cancelling",
 ];
 
+/// DescribeCapacityReservations' documented `state` filter for the [`LIVE_STATES`].
+fn live_filter() -> Filter {
+    LIVE_STATES
+        .iter()
+        .fold(Filter::builder().name("state"), |f, state| f.values(*state))
+        .build()
+}
+
 /// Whether EC2's refusal `code` is of a filter it does not take.
 fn refuses_filter(code: &str) -> bool {
     matches!(
@@ -521,11 +529,7 @@ impl Ec2Adapter {
                     message,
                     "the tag filter was refused; listing by the documented state filter"
                 );
-                let mut live = Filter::builder().name("state");
-                for state in LIVE_STATES {
-                    live = live.values(state);
-                }
-                self.blocks_where(region, live.build())
+                self.blocks_where(region, live_filter())
                     .await?
                     .into_iter()
                     .filter(|(r, _)| tagged(r))
@@ -577,12 +581,8 @@ impl Ec2Adapter {
     /// Every live Capacity Block reservation in `region`, whoever bought it, by the documented
     /// `state` filter: what the account's limit across Capacity Blocks counts.
     pub async fn blocks_in_account(&self, region: &str) -> Result<Vec<Reservation>, PortError> {
-        let mut live = Filter::builder().name("state");
-        for state in LIVE_STATES {
-            live = live.values(state);
-        }
         Ok(self
-            .blocks_where(region, live.build())
+            .blocks_where(region, live_filter())
             .await?
             .into_iter()
             .map(|(r, _)| r)
