@@ -18,7 +18,7 @@ TEMPLATE := infra/template.yaml
 FORWARDER := infra/region-forwarder.yaml
 
 .PHONY: test lint lint-rust lint-iac fmt soak run venv venv-iac schemas build bench deploy sam-check deploy-forwarders \
-	mutants mutants-store mutants-tree no-mutants
+	mutants mutants-store mutants-tree mutants-report no-mutants
 
 ## test: every test, lint included (what CI runs)
 test: lint venv
@@ -119,19 +119,27 @@ soak:
 fmt:
 	$(CARGO) fmt --all
 
-## mutants: the mutation campaign on the purchase protocol (shared/src/purchase/protocol.rs
-## and the debit rule in shared/src/ports.rs), tested by a reduced simulation (MUTANTS_SEEDS seeds, 200: the
-## make-test range: every promise kept, every outcome of its MUST_REACH reached, which seeds
-## 1-100 alone do not);
-## mutants-store: DynamoStore's purchase transactions, tested by the differential store test.
-## Never part of `make test`. Both run cargo-mutants (pinned, installed under
-## MUTANTS_ROOT) in place in a git worktree of HEAD at MUTANTS_TREE, never in this checkout,
-## building into a target directory of its own (MUTANTS_TARGET): cargo names a workspace
-## crate's artifacts alike in both trees, so a shared one would hand this checkout a mutant's
-## library as fresh (it did: the checkout's tests then linked a mutated Debit rule).
-## `MUTANTS_ARGS=--list` lists the mutants; `SHARD=k/n` runs one shard of them;
-## `MUTANTS_ARGS=--iterate` re-tests only what the last runs missed. Results go to
-## $(MUTANTS_OUT)/purchase/mutants.out and $(MUTANTS_OUT)/store/mutants.out.
+## mutants: the mutation campaign over the money paths (issue 51): what
+## tests/mutants/purchase.toml lists (the purchase protocol, doubt, payment tracking, the debit
+## rule, the window rules that decide what runs, cleanup's orphan sweep and detector), tested by
+## a reduced simulation (MUTANTS_SEEDS seeds, 200: the make-test range: every promise kept, every
+## outcome of its MUST_REACH reached, which seeds 1-100 alone do not; it stops at the first
+## failing seed);
+## mutants-store: DynamoStore's purchase transactions (tests/mutants/store.toml), tested by the
+## differential store test.
+## Never part of `make test`. Both run cargo-mutants (pinned, installed under MUTANTS_ROOT) in
+## place in a git worktree at MUTANTS_TREE, never in this checkout, building into a target
+## directory of its own (MUTANTS_TARGET): cargo names a workspace crate's artifacts alike in both
+## trees, so a shared one would hand this checkout a mutant's library as fresh (it did: the
+## checkout's tests then linked a mutated Debit rule). The build profile `mutants` (Cargo.toml)
+## leaves our crates unoptimised and optimises the rest once.
+##
+## A campaign runs at one commit: `MUTANTS_REV=<sha>` puts the worktree there (default HEAD), and
+## an existing worktree is never moved to another commit unless MUTANTS_REV names it
+## (tests/mutants/tree). The lists are read from the worktree, so every shard mutates the same
+## ones. `SHARD=k/n` runs one shard (shards may run at different times while this checkout moves
+## on); `MUTANTS_ARGS=--list` lists the mutants. Each run writes
+## $(MUTANTS_OUT)/<commit>/<campaign>/<shard>/mutants.out; `make mutants-report` sums them.
 MUTANTS_VERSION := 27.1.0
 MUTANTS_ROOT ?= $(HOME)/.cache/capacity-pilot/tools
 MUTANTS_BIN := $(MUTANTS_ROOT)/bin/cargo-mutants
@@ -140,47 +148,46 @@ MUTANTS_OUT ?= $(abspath ..)/capacity-pilot-mutants.out
 MUTANTS_TARGET ?= $(HOME)/.cache/capacity-pilot/mutants-target
 MUTANTS_SEEDS ?= 200
 MUTANTS_TIMEOUT ?= 600
+MUTANTS_REV ?=
 SHARD ?=
 MUTANTS_ARGS ?=
-# What is mutated (`--re` on the mutants' names), so that `--list` stays near 60: the
-# purchase protocol (shared/src/purchase/protocol.rs: execute, buy, reconcile, take_over,
-# release: 50 mutants) and the shared debit rule (`Debit::`, 8); in DynamoStore, the three
-# purchase transactions (begin_purchase, record_reservation, release_unbought: 65).
-PURCHASE_FILES := --file shared/src/purchase/protocol.rs --file shared/src/ports.rs
-PURCHASE_RE := --re '::(execute|buy|reconcile|take_over|release)( |$$)' --re ' Debit::'
-STORE_FILES := --file shared/src/aws/dynamodb/mod.rs
-STORE_RE := --re '::(begin_purchase|record_reservation|release_unbought)( |$$)'
+MUTANTS_SHARD_DIR = $(if $(SHARD),shard-$(subst /,-of-,$(SHARD)),all)
 MUTANTS_COMMON = --in-place --no-shuffle --baseline skip --timeout $(MUTANTS_TIMEOUT) \
-	$(if $(SHARD),--shard $(SHARD)) $(MUTANTS_ARGS)
+	--profile mutants $(if $(SHARD),--shard $(SHARD)) $(MUTANTS_ARGS)
 
 $(MUTANTS_BIN):
 	$(CARGO) install --locked --root $(MUTANTS_ROOT) cargo-mutants@$(MUTANTS_VERSION)
 
-# The worktree, at HEAD (created, or moved there; local edits in it are discarded).
+# The worktree, at MUTANTS_REV (default HEAD): created, or put back at its commit (an
+# interrupted run's mutant discarded), or moved only to a commit MUTANTS_REV names.
 mutants-tree:
-	@if [ -e "$(MUTANTS_TREE)/.git" ]; then \
-		git -C "$(MUTANTS_TREE)" checkout --quiet --force --detach $$(git rev-parse HEAD); \
-	else \
-		git worktree add --detach "$(MUTANTS_TREE)" HEAD; \
-	fi
+	@tests/mutants/tree "$(MUTANTS_TREE)" "$(MUTANTS_REV)" >/dev/null
 
-mutants: $(MUTANTS_BIN) mutants-tree venv
-	mkdir -p "$(MUTANTS_OUT)"
+mutants: $(MUTANTS_BIN) venv
+	rev=$$(tests/mutants/tree "$(MUTANTS_TREE)" "$(MUTANTS_REV)") && \
+	out="$(MUTANTS_OUT)/$$rev/purchase/$(MUTANTS_SHARD_DIR)" && mkdir -p "$$out" && \
 	cd "$(MUTANTS_TREE)" && CARGO_TARGET_DIR="$(MUTANTS_TARGET)" \
-		SEEDS=$(MUTANTS_SEEDS) FIRST=1 SOAK_REACH=1 "$(MUTANTS_BIN)" mutants \
-		$(PURCHASE_FILES) $(PURCHASE_RE) $(MUTANTS_COMMON) \
-		--output "$(MUTANTS_OUT)/purchase" \
+		SEEDS=$(MUTANTS_SEEDS) FIRST=1 SOAK_REACH=1 SOAK_STOP=1 "$(MUTANTS_BIN)" mutants \
+		--config tests/mutants/purchase.toml $(MUTANTS_COMMON) \
+		--output "$$out" \
 		--test-package integration-tests \
 		-- --test sim -- --ignored --exact soak
 
-mutants-store: $(MUTANTS_BIN) mutants-tree venv
-	mkdir -p "$(MUTANTS_OUT)"
+mutants-store: $(MUTANTS_BIN) venv
+	rev=$$(tests/mutants/tree "$(MUTANTS_TREE)" "$(MUTANTS_REV)") && \
+	out="$(MUTANTS_OUT)/$$rev/store/$(MUTANTS_SHARD_DIR)" && mkdir -p "$$out" && \
 	cd "$(MUTANTS_TREE)" && ln -sfn "$(abspath $(VENV))" .venv && \
 		CARGO_TARGET_DIR="$(MUTANTS_TARGET)" "$(MUTANTS_BIN)" mutants \
-		$(STORE_FILES) $(STORE_RE) $(MUTANTS_COMMON) \
-		--output "$(MUTANTS_OUT)/store" \
+		--config tests/mutants/store.toml $(MUTANTS_COMMON) \
+		--output "$$out" \
 		--test-package integration-tests \
 		-- --test store_diff
+
+## mutants-report: each campaign's totals and shard times at MUTANTS_REV (default: the
+## worktree's commit), and every mutant not caught
+mutants-report:
+	rev=$$(git rev-parse --verify "$(or $(MUTANTS_REV),$$(git -C "$(MUTANTS_TREE)" rev-parse HEAD))^{commit}") && \
+	$(PYTHON) tests/mutants/report.py "$(MUTANTS_OUT)/$$rev"
 
 # No file may carry cargo-mutants' marker (an interrupted in-place run leaves one).
 no-mutants:

@@ -103,15 +103,25 @@ struct Campaign {
     seeds: u64,
 }
 
-/// Runs `seeds` on `threads` threads (seed `s` on thread `s % threads`).
-fn campaign(seeds: &[u64], threads: u64) -> Campaign {
+/// Runs `seeds` on `threads` threads (seed `s` on thread `s % threads`). With
+/// `stop_at_first`, every thread stops once a seed not among `known` failures has failed (the
+/// mutation campaign needs one failure, not all).
+fn campaign(seeds: &[u64], threads: u64, stop_at_first: bool, known: &[u64]) -> Campaign {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let stop = &stop;
     let parts: Vec<Campaign> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 scope.spawn(move || {
                     let mut c = Campaign::default();
                     for &seed in seeds.iter().filter(|s| *s % threads == t) {
+                        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            break;
+                        }
                         let o = run_seed(seed);
+                        if stop_at_first && !o.violations.is_empty() && !known.contains(&seed) {
+                            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
                         c.seeds += 1;
                         c.invocations += o.invocations;
                         for r in o.reached {
@@ -233,7 +243,7 @@ fn the_seeds_of_make_test_keep_every_promise() {
     let s = seeds();
     let (first, last) = s.range;
     let mine: Vec<u64> = (first..=last).filter(|n| !s.known.contains(n)).collect();
-    let c = campaign(&mine, 2);
+    let c = campaign(&mine, 2, false, &[]);
     assert!(c.failed.is_empty(), "{}", report(&c.failed));
     let missed: Vec<&&str> = MUST_REACH
         .iter()
@@ -249,7 +259,7 @@ fn the_seeds_of_make_test_keep_every_promise() {
 #[test]
 fn regression_seeds_hold() {
     let s = seeds();
-    let c = campaign(&s.regression, 1);
+    let c = campaign(&s.regression, 1, false, &[]);
     assert!(c.failed.is_empty(), "{}", report(&c.failed));
 }
 
@@ -554,7 +564,8 @@ fn replay() {
 /// `make soak SEEDS=N FIRST=K`: seeds K..K+N-1; ends with `N seeds, V violations`. With
 /// `SOAK_REACH=1` (the mutation campaign's test) it also fails when the seeds never reached
 /// an outcome of [`MUST_REACH`]: a change that makes the system refuse everything breaks
-/// no safety promise, and must still fail.
+/// no safety promise, and must still fail. With `SOAK_STOP=1` (also the campaign's) it stops
+/// at the first seed that fails: a mutant caught needs one seed, not all of them.
 #[test]
 #[ignore = "run by make soak"]
 fn soak() {
@@ -570,7 +581,9 @@ fn soak() {
     let started = std::time::Instant::now();
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
     let all: Vec<u64> = (first..first + n).collect();
-    let c = campaign(&all, threads);
+    // `SOAK_STOP=1` (the mutation campaign's test): stop at the first seed that fails.
+    let stop_at_first = std::env::var("SOAK_STOP").is_ok_and(|v| v == "1");
+    let c = campaign(&all, threads, stop_at_first, &known);
     let mut violations = 0;
     for (seed, v) in &c.failed {
         let known = known.contains(seed);
@@ -591,10 +604,10 @@ fn soak() {
     }
     println!(
         "{:.2} seeds/s, {:.0} invocations/s, over {threads} threads",
-        n as f64 / secs,
+        c.seeds as f64 / secs,
         c.invocations as f64 / secs
     );
-    println!("{n} seeds, {violations} violations");
+    println!("{} of {n} seeds run, {violations} violations", c.seeds);
     assert_eq!(violations, 0, "{violations} seeds violated a promise");
     if std::env::var("SOAK_REACH").is_ok_and(|v| v == "1") {
         let missed: Vec<&&str> = MUST_REACH
