@@ -18,7 +18,7 @@ TEMPLATE := infra/template.yaml
 FORWARDER := infra/region-forwarder.yaml
 
 .PHONY: test lint lint-rust lint-iac fmt soak run venv venv-iac schemas build bench deploy sam-check deploy-forwarders \
-	mutants mutants-store mutants-tree mutants-report no-mutants
+	mutants mutants-store mutants-tree mutants-shards mutants-report no-mutants
 
 ## test: every test, lint included (what CI runs)
 test: lint venv
@@ -182,6 +182,13 @@ mutants-store: $(MUTANTS_BIN) venv
 		--output "$$out" \
 		--test-package integration-tests \
 		-- --test store_diff
+
+## mutants-shards: every shard of CAMPAIGN (purchase or store), SHARDS of them, at MUTANTS_REV,
+## that has not finished yet, one after another (tests/mutants/shards)
+CAMPAIGN ?= purchase
+SHARDS ?= 14
+mutants-shards:
+	tests/mutants/shards "$(CAMPAIGN)" "$(SHARDS)" "$(MUTANTS_OUT)" "$(MUTANTS_TREE)" "$(MUTANTS_REV)"
 
 ## mutants-report: each campaign's totals and shard times at MUTANTS_REV (default: the
 ## worktree's commit), and every mutant not caught
