@@ -646,16 +646,34 @@ pub fn per_step(sim: &Sim) -> Vec<String> {
             ));
         }
     }
-    // No TTL while a window lives (ARCHITECTURE §9.1): a request holding a window not ended
-    // is never archived, whatever its status.
+    // The TTL rule (ARCHITECTURE §9.1), stated here apart from the product's: a request
+    // holding a window not ended is never archived, whatever its status, and neither is an
+    // ended one whose purchase is in doubt (its debit and its hourly reconciliation live in
+    // the record); a request that ended otherwise is archived in the write that ended it.
     for r in recs.values() {
-        if r.windows
+        let live_window = r
+            .windows
             .iter()
-            .any(|w| w.state != capacity_pilot::domain::window::WindowState::Ended)
-            && let Some(at) = sim.store.expires_at(&r.request_id)
-        {
+            .any(|w| w.state != capacity_pilot::domain::window::WindowState::Ended);
+        let in_doubt = r.status.is_terminal() && r.doubt.is_some();
+        let expires = sim.store.expires_at(&r.request_id);
+        if live_window && let Some(at) = expires {
             out.push(format!(
                 "no TTL while a window lives: {} ({}) holds a window not ended and expires at {at}",
+                r.request_id, r.status
+            ));
+        }
+        if in_doubt && let Some(at) = expires {
+            out.push(format!(
+                "no TTL while a purchase is in doubt: {} ({}) ended with its purchase in doubt \
+                 and expires at {at}",
+                r.request_id, r.status
+            ));
+        }
+        if r.status.is_terminal() && !live_window && !in_doubt && expires.is_none() {
+            out.push(format!(
+                "an ended request is archived: {} is {}, holds no live window and no doubt, and \
+                 has no TTL",
                 r.request_id, r.status
             ));
         }
