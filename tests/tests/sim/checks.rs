@@ -333,6 +333,17 @@ fn ledger(sim: &Sim) -> BTreeMap<String, i64> {
     out
 }
 
+/// What `team`'s ledgers from before §9.8 held at the start
+/// ([`crate::scenario::Scenario::legacy_ledgers`]): spent before the run, in its cap.
+fn spent_before(sim: &Sim, team: &str) -> i64 {
+    sim.scenario
+        .legacy_ledgers
+        .iter()
+        .filter(|(t, _)| t.to_ascii_lowercase() == team)
+        .map(|(_, m)| m)
+        .sum()
+}
+
 /// The on-demand part of what a record holds: an on-demand-first request's spend beyond its
 /// open debit and its recorded reservations' fees. Every other request must have none.
 fn on_demand_part(r: &RequestRecord, recorded_fees: i64) -> i64 {
@@ -633,7 +644,7 @@ pub fn per_step(sim: &Sim) -> Vec<String> {
     // The ledger is bounded: truth <= ledger <= truth + holds.
     let led = ledger(sim);
     for (team, (truth, holds)) in money(sim, &sold) {
-        let l = led.get(&team).copied().unwrap_or(0);
+        let l = led.get(&team).copied().unwrap_or(0) - spent_before(sim, &team);
         if l < truth {
             out.push(format!(
                 "ledger bounded: {team}'s ledger {l} is below what AWS sold, {truth} (micro-USD)"
@@ -855,6 +866,11 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
     }
     let led = ledger(sim);
     let mut expect: BTreeMap<String, i64> = BTreeMap::new();
+    for (team, _) in &sim.scenario.legacy_ledgers {
+        let team = team.to_ascii_lowercase();
+        let before = spent_before(sim, &team);
+        expect.insert(team, before);
+    }
     for s in sold.iter().filter(|s| s.live_or_paid) {
         *expect.entry(team_of(sim, &recs, &s.request)).or_default() += s.fee;
     }
@@ -1565,6 +1581,19 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
 /// generators' reach check.
 pub fn reached(sim: &Sim) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
+    let legacy: BTreeSet<&str> = sim
+        .scenario
+        .legacy_ledgers
+        .iter()
+        .map(|(t, _)| t.as_str())
+        .collect();
+    if records(sim).values().any(|r| {
+        legacy.contains(r.team.as_str())
+            && r.reason.contains("budget for")
+            && r.reason.contains("would be exceeded")
+    }) {
+        out.insert("a ledger from before §9.8 held a purchase back".to_string());
+    }
     if sim
         .cloud
         .events(BUS)

@@ -540,6 +540,14 @@ impl Sim {
         });
         let clock = ManualClock::new(t0());
         let store = InMemoryStore::new().with_clock(clock.clone());
+        for (spelled, micros) in &scenario.legacy_ledgers {
+            let team = capacity_pilot::domain::request::Team::parse(spelled).expect("a team");
+            store.set_spent(
+                &team,
+                &capacity_pilot::ports::BudgetMonth::of(t0()),
+                capacity_pilot::domain::money::MicroUsd(*micros),
+            );
+        }
         let env = env(&scenario.team_budgets.to_string());
         let config = Arc::new(
             Config::from_lookup(&|k| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))

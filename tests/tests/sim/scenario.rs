@@ -265,6 +265,9 @@ pub struct Scenario {
     /// Reconciliation's reads (DescribeCapacityReservations, ListTrainingPlans) are refused
     /// from the start until the faults end, after a purchase's answer was lost.
     pub reconcile_outage: bool,
+    /// Ledgers from before ARCHITECTURE §9.8 lower-cased the team's key: (the team as its
+    /// requests spell it, what that ledger holds for t0's month, micro-USD).
+    pub legacy_ledgers: Vec<(String, i64)>,
     /// Never generated: a test sets it to show the checks catch what they should.
     pub sabotage: bool,
 }
@@ -753,6 +756,32 @@ impl Scenario {
         for req in requests.iter_mut() {
             req.cancel_upper = req.cancel_at.is_some() && r.chance(30);
         }
+        // (Issue 51, after every earlier draw.) A ledger from before §9.8: one team's
+        // requests all spell it one way, not lower-case, and the team already spent this month
+        // under that spelling's own ledger (its whole cap, or half), as debits did before keys
+        // were lower-cased. The month keeps one cap: that spend counts against the team's.
+        let mut legacy_ledgers = Vec::new();
+        if r.chance(25) {
+            let (team, spelled, cap) = if r.chance(50) {
+                ("team-a", *r.pick(&["Team-A", "TEAM-a"]), cap_a)
+            } else {
+                ("team-b", "Team-B", "60000")
+            };
+            for req in requests.iter_mut() {
+                if req.detail["team"]
+                    .as_str()
+                    .is_some_and(|t| t.eq_ignore_ascii_case(team))
+                {
+                    req.detail["team"] = json!(spelled);
+                    if let Some((_, again)) = &mut req.resubmit {
+                        again["team"] = json!(spelled);
+                    }
+                }
+            }
+            let cap: i64 = cap.parse().expect("a cap");
+            let usd = if r.chance(65) { cap } else { cap / 2 };
+            legacy_ledgers.push((spelled.to_string(), usd * 1_000_000));
+        }
         Scenario {
             seed,
             team_budgets,
@@ -768,6 +797,7 @@ impl Scenario {
             crashes,
             races,
             crash_after,
+            legacy_ledgers,
             refused,
             refuse_later_block,
             legacy_doubt,
