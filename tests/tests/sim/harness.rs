@@ -258,6 +258,8 @@ pub struct Sim {
     stop_asked: BTreeSet<String>,
     /// purchase-capacity's purchase calls in the batch running.
     purchase_calls: PurchaseCalls,
+    /// The instances terminated in the batch running, and by whom.
+    terminations: Terminations,
     /// Each request's purchase lease token as last seen, to judge each new lease when written.
     leases: BTreeMap<String, String>,
     /// (request, when) for each purchase lease taken, as the steps saw them.
@@ -378,6 +380,44 @@ impl aws_smithy_async::rt::sleep::AsyncSleep for Tally {
     fn sleep(&self, d: std::time::Duration) -> aws_smithy_async::rt::sleep::Sleep {
         *self.0.lock().unwrap_or_else(|p| p.into_inner()) += d;
         aws_smithy_async::rt::sleep::Sleep::new(std::future::ready(()))
+    }
+}
+
+/// The `TerminateInstances` calls of the batch running: (the invocation's index in its batch,
+/// the instances named, every window not ended as the store held it at the call: (request,
+/// reservation, state)).
+#[derive(Debug, Clone, Default)]
+struct Terminations(Arc<std::sync::Mutex<Vec<Terminated>>>);
+
+type Terminated = (usize, Vec<String>, Vec<(String, String, WindowState)>);
+
+impl Terminations {
+    fn sent(&self, invocation: usize, body: &[u8], store: &InMemoryStore) {
+        let form = serde_urlencoded::from_bytes::<Vec<(String, String)>>(body).unwrap_or_default();
+        let ids: Vec<String> = form
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("InstanceId."))
+            .map(|(_, v)| v)
+            .collect();
+        let windows = store
+            .records()
+            .into_iter()
+            .flat_map(|r| {
+                let id = r.request_id.to_string();
+                r.windows
+                    .into_iter()
+                    .filter(|w| w.state != WindowState::Ended)
+                    .map(move |w| (id.clone(), w.reservation_id().to_string(), w.state))
+            })
+            .collect();
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((invocation, ids, windows));
+    }
+
+    fn take(&self) -> Vec<Terminated> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
 
@@ -561,7 +601,9 @@ impl Sim {
         let refusing = Refusing::new(&scenario, router.clone());
         let r = refusing.clone();
         let purchase_calls = PurchaseCalls::default();
+        let terminations = Terminations::default();
         let (w, wg) = (purchase_calls.clone(), gate.clone());
+        let (wt, ws) = (terminations.clone(), store.clone());
         let connector = InProcess::new(router)
             .with_gate(Arc::new(move |op: String| {
                 let (g, r) = (g.clone(), r.clone());
@@ -572,6 +614,9 @@ impl Sim {
             }))
             .with_watch(Arc::new(move |op: &str, body: &[u8]| {
                 w.sent(wg.current(), op, body);
+                if op == "TerminateInstances" {
+                    wt.sent(wg.current(), body, &ws);
+                }
             }));
         let sdk = in_process::sdk_config(connector.http_client(), REGION, t0().into());
         let adapters = || {
@@ -669,6 +714,7 @@ impl Sim {
             cancelled_kept: BTreeSet::new(),
             stop_asked: BTreeSet::new(),
             purchase_calls,
+            terminations,
             leases: BTreeMap::new(),
             lease_times: Vec::new(),
             strays: Vec::new(),
@@ -825,6 +871,48 @@ impl Sim {
                 request: id,
                 listed_at: now + TimeDelta::seconds(self.scenario.timings.listing_lag_seconds),
             });
+        }
+    }
+
+    /// The orphan sweep leaves a paid window's instances to its drain (ARCHITECTURE §9.1):
+    /// cleanup-expired never terminates an instance in a reservation while the window the
+    /// instance's request holds in it has not begun its drain (pending, launching or
+    /// running, as the store held it at the call), whatever the request's status. The drain
+    /// marks the window stopping before it stops anything; replace-unhealthy's replacements
+    /// are its own.
+    fn judge_terminations(&mut self, batch: &[Pending], which: &[usize], now: DateTime<Utc>) {
+        for (i, ids, windows) in self.terminations.take() {
+            let Some(p) = which.get(i).and_then(|k| batch.get(*k)) else {
+                continue;
+            };
+            if p.function != "cleanup-expired" {
+                continue;
+            }
+            for id in ids {
+                let Some((res, owner)) = self.cloud.with_world(|w| {
+                    w.ec2.instances.get(&id).and_then(|i| {
+                        Some((
+                            i.capacity_reservation_id.clone()?,
+                            i.tags.get("capacity-pilot:request-id")?.clone(),
+                        ))
+                    })
+                }) else {
+                    continue;
+                };
+                for (req, r, state) in &windows {
+                    let undrained = matches!(
+                        state,
+                        WindowState::Pending | WindowState::Launching | WindowState::Running
+                    );
+                    if undrained && *r == res && req.eq_ignore_ascii_case(&owner) {
+                        self.problems.push(format!(
+                            "a paid window's instances are the drain's: cleanup-expired \
+                             terminated {id} at {now}, in {res}, while {req}'s window in it was \
+                             {state:?}"
+                        ));
+                    }
+                }
+            }
         }
     }
 
@@ -1716,6 +1804,7 @@ impl Sim {
         let crash: Vec<Option<u32>> = which.iter().map(|k| crash_at[*k]).collect();
         self.slept.take();
         self.purchase_calls.take_overrun();
+        self.terminations.take();
         self.refusing.batch();
         let purchase = batch.iter().any(|p| p.function == "purchase-capacity");
         let tokens_before: BTreeSet<String> = if purchase {
@@ -1758,6 +1847,7 @@ impl Sim {
                 PURCHASE_TIMEOUT.as_secs()
             ));
         }
+        self.judge_terminations(&batch, &which, now);
         for (offering, n) in self.purchase_calls.take_overrun() {
             self.problems.push(format!(
                 "a purchase gives up within its attempts: an invocation at {now} sent the \
