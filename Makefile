@@ -18,7 +18,8 @@ TEMPLATE := infra/template.yaml
 FORWARDER := infra/region-forwarder.yaml
 
 .PHONY: test lint lint-rust lint-iac fmt soak run venv venv-iac schemas build bench deploy sam-check deploy-forwarders \
-	mutants mutants-store mutants-tree mutants-shards mutants-report no-mutants
+	mutants mutants-store mutants-tree mutants-shards mutants-again mutants-again-run \
+	mutants-report no-mutants
 
 ## test: every test, lint included (what CI runs)
 test: lint venv
@@ -139,7 +140,8 @@ fmt:
 ## (tests/mutants/tree). The lists are read from the worktree, so every shard mutates the same
 ## ones. `SHARD=k/n` runs one shard (shards may run at different times while this checkout moves
 ## on); `MUTANTS_ARGS=--list` lists the mutants. Each run writes
-## $(MUTANTS_OUT)/<commit>/<campaign>/<shard>/mutants.out; `make mutants-report` sums them.
+## $(MUTANTS_OUT)/<commit>/<campaign>/<shard>/mutants.out; `make mutants-report` sums them, and
+## `make mutants-again FROM=<commit>` runs what one did not catch again at a later commit.
 MUTANTS_VERSION := 27.1.0
 MUTANTS_ROOT ?= $(HOME)/.cache/capacity-pilot/tools
 MUTANTS_BIN := $(MUTANTS_ROOT)/bin/cargo-mutants
@@ -163,25 +165,47 @@ $(MUTANTS_BIN):
 mutants-tree:
 	@tests/mutants/tree "$(MUTANTS_TREE)" "$(MUTANTS_REV)" >/dev/null
 
+# Each campaign's test: the environment and the arguments after cargo-mutants' own.
+MUTANTS_ENV_purchase = SEEDS=$(MUTANTS_SEEDS) FIRST=1 SOAK_REACH=1 SOAK_STOP=1
+MUTANTS_TEST_purchase = --test-package integration-tests -- --test sim -- --ignored --exact soak
+MUTANTS_ENV_store =
+MUTANTS_TEST_store = --test-package integration-tests -- --test store_diff
+
+# $(call mutants-run,CAMPAIGN,TREE,TARGET,OUTPUT DIR (may use $$rev),CONFIG): cargo-mutants in
+# TREE, put at MUTANTS_REV first.
+define mutants-run
+	rev=$$(tests/mutants/tree "$(2)" "$(MUTANTS_REV)") && \
+	out="$(4)" && mkdir -p "$$out" && \
+	cd "$(2)" && ln -sfn "$(abspath $(VENV))" .venv && \
+		CARGO_TARGET_DIR="$(3)" $(MUTANTS_ENV_$(1)) "$(MUTANTS_BIN)" mutants \
+		--config "$(5)" $(MUTANTS_COMMON) --output "$$out" $(MUTANTS_TEST_$(1))
+endef
+
 mutants: $(MUTANTS_BIN) venv
-	rev=$$(tests/mutants/tree "$(MUTANTS_TREE)" "$(MUTANTS_REV)") && \
-	out="$(MUTANTS_OUT)/$$rev/purchase/$(MUTANTS_SHARD_DIR)" && mkdir -p "$$out" && \
-	cd "$(MUTANTS_TREE)" && CARGO_TARGET_DIR="$(MUTANTS_TARGET)" \
-		SEEDS=$(MUTANTS_SEEDS) FIRST=1 SOAK_REACH=1 SOAK_STOP=1 "$(MUTANTS_BIN)" mutants \
-		--config tests/mutants/purchase.toml $(MUTANTS_COMMON) \
-		--output "$$out" \
-		--test-package integration-tests \
-		-- --test sim -- --ignored --exact soak
+	$(call mutants-run,purchase,$(MUTANTS_TREE),$(MUTANTS_TARGET),$(MUTANTS_OUT)/$$rev/purchase/$(MUTANTS_SHARD_DIR),tests/mutants/purchase.toml)
 
 mutants-store: $(MUTANTS_BIN) venv
-	rev=$$(tests/mutants/tree "$(MUTANTS_TREE)" "$(MUTANTS_REV)") && \
-	out="$(MUTANTS_OUT)/$$rev/store/$(MUTANTS_SHARD_DIR)" && mkdir -p "$$out" && \
-	cd "$(MUTANTS_TREE)" && ln -sfn "$(abspath $(VENV))" .venv && \
-		CARGO_TARGET_DIR="$(MUTANTS_TARGET)" "$(MUTANTS_BIN)" mutants \
-		--config tests/mutants/store.toml $(MUTANTS_COMMON) \
-		--output "$$out" \
-		--test-package integration-tests \
-		-- --test store_diff
+	$(call mutants-run,store,$(MUTANTS_TREE),$(MUTANTS_TARGET),$(MUTANTS_OUT)/$$rev/store/$(MUTANTS_SHARD_DIR),tests/mutants/store.toml)
+
+## mutants-again: the mutants CAMPAIGN's run at FROM did not catch (missed, timed out), run
+## again at MUTANTS_REV (default HEAD) once their answers landed, with the campaign's own test,
+## in a worktree and target directory of their own, so a campaign's shards can go on meanwhile
+## (tests/mutants/again.py). Results: $(MUTANTS_OUT)/<commit>/<campaign>-again-from-<FROM>/.
+MUTANTS_AGAIN_TREE ?= $(MUTANTS_TREE)-again
+MUTANTS_AGAIN_TARGET ?= $(MUTANTS_TARGET)-again
+FROM ?=
+mutants-again: $(MUTANTS_BIN) venv
+	@test -n "$(FROM)" || { echo "FROM=<commit>: the campaign whose misses run again" >&2; exit 2; }
+	from=$$(git rev-parse --verify "$(FROM)^{commit}") && \
+	rev=$$(tests/mutants/tree "$(MUTANTS_AGAIN_TREE)" "$(MUTANTS_REV)") && \
+	mkdir -p "$(MUTANTS_OUT)/$$rev/$(CAMPAIGN)-again-from-$$from" && \
+	$(PYTHON) tests/mutants/again.py "$(MUTANTS_OUT)/$$from/$(CAMPAIGN)" \
+		"$(MUTANTS_OUT)/$$rev/$(CAMPAIGN)-again-from-$$from/mutants.toml" && \
+	$(MAKE) --no-print-directory mutants-again-run MUTANTS_REV=$$rev \
+		MUTANTS_AGAIN_DIR="$(MUTANTS_OUT)/$$rev/$(CAMPAIGN)-again-from-$$from"
+
+mutants-again-run:
+	$(call mutants-run,$(CAMPAIGN),$(MUTANTS_AGAIN_TREE),$(MUTANTS_AGAIN_TARGET),$(MUTANTS_AGAIN_DIR)/$(MUTANTS_SHARD_DIR),$(MUTANTS_AGAIN_DIR)/mutants.toml)
 
 ## mutants-shards: every shard of CAMPAIGN (purchase or store), SHARDS of them, at MUTANTS_REV,
 ## that has not finished yet, one after another (tests/mutants/shards)
