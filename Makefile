@@ -170,6 +170,12 @@ MUTANTS_ENV_purchase = SEEDS=$(MUTANTS_SEEDS) FIRST=1 SOAK_REACH=1 SOAK_STOP=1
 MUTANTS_TEST_purchase = --test-package integration-tests -- --test sim -- --ignored --exact soak
 MUTANTS_ENV_store =
 MUTANTS_TEST_store = --test-package integration-tests -- --test store_diff
+# The second line for what a campaign missed (`make mutants-again AGAIN_TEST=units`): the unit
+# tests of the library and of every function.
+MUTANTS_ENV_units =
+MUTANTS_TEST_units = --test-package capacity-pilot --test-package search-offerings \
+	--test-package purchase-capacity --test-package launch-workloads \
+	--test-package replace-unhealthy --test-package cleanup-expired -- --lib
 
 # $(call mutants-run,CAMPAIGN,TREE,TARGET,OUTPUT DIR (may use $$rev),CONFIG): cargo-mutants in
 # TREE, put at MUTANTS_REV first.
@@ -188,11 +194,13 @@ mutants-store: $(MUTANTS_BIN) venv
 	$(call mutants-run,store,$(MUTANTS_TREE),$(MUTANTS_TARGET),$(MUTANTS_OUT)/$$rev/store/$(MUTANTS_SHARD_DIR),tests/mutants/store.toml)
 
 ## mutants-again: the mutants CAMPAIGN's run at FROM did not catch (missed, timed out), run
-## again at MUTANTS_REV (default HEAD) once their answers landed, with the campaign's own test,
-## in a worktree and target directory of their own, so a campaign's shards can go on meanwhile
-## (tests/mutants/again.py). Results: $(MUTANTS_OUT)/<commit>/<campaign>-again-from-<FROM>/.
+## again at MUTANTS_REV (default HEAD) once their answers landed, with the campaign's own test
+## (AGAIN_TEST=units: with the unit tests instead), in a worktree and target directory of their
+## own, so a campaign's shards can go on meanwhile (tests/mutants/again.py). Results:
+## $(MUTANTS_OUT)/<commit>/<campaign>-again-from-<FROM>/<test>-<shard>/.
 MUTANTS_AGAIN_TREE ?= $(MUTANTS_TREE)-again
 MUTANTS_AGAIN_TARGET ?= $(MUTANTS_TARGET)-again
+AGAIN_TEST ?= $(CAMPAIGN)
 FROM ?=
 mutants-again: $(MUTANTS_BIN) venv
 	@test -n "$(FROM)" || { echo "FROM=<commit>: the campaign whose misses run again" >&2; exit 2; }
@@ -205,7 +213,7 @@ mutants-again: $(MUTANTS_BIN) venv
 		MUTANTS_AGAIN_DIR="$(MUTANTS_OUT)/$$rev/$(CAMPAIGN)-again-from-$$from"
 
 mutants-again-run:
-	$(call mutants-run,$(CAMPAIGN),$(MUTANTS_AGAIN_TREE),$(MUTANTS_AGAIN_TARGET),$(MUTANTS_AGAIN_DIR)/$(MUTANTS_SHARD_DIR),$(MUTANTS_AGAIN_DIR)/mutants.toml)
+	$(call mutants-run,$(AGAIN_TEST),$(MUTANTS_AGAIN_TREE),$(MUTANTS_AGAIN_TARGET),$(MUTANTS_AGAIN_DIR)/$(AGAIN_TEST)-$(MUTANTS_SHARD_DIR),$(MUTANTS_AGAIN_DIR)/mutants.toml)
 
 ## mutants-shards: every shard of CAMPAIGN (purchase or store), SHARDS of them, at MUTANTS_REV,
 ## that has not finished yet, one after another (tests/mutants/shards)
