@@ -27,9 +27,8 @@ def shard_key(name):
 
 
 def mutant_name(outcome):
-    m = outcome["scenario"]["Mutant"]
-    span = m.get("span", {}).get("start", {})
-    return f'{m["file"]}:{span.get("line", "?")}:{span.get("column", "?")}: {m["name"]}'
+    # cargo-mutants' name: "<file>:<line>:<column>: <mutation>", as --list shows it
+    return outcome["scenario"]["Mutant"]["name"]
 
 
 def main(root):
