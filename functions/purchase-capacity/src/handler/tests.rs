@@ -853,6 +853,48 @@ async fn a_throttled_purchase_is_retried_without_buying_twice() {
     assert_eq!(w.status("r1").await, RequestStatus::Reserved);
 }
 
+/// A sleep that returns at once and records what it was asked to wait.
+#[derive(Debug, Clone, Default)]
+struct Waits(Arc<std::sync::Mutex<Vec<std::time::Duration>>>);
+
+impl capacity_pilot::ports::AsyncSleep for Waits {
+    fn sleep(&self, d: std::time::Duration) -> aws_smithy_async::rt::sleep::Sleep {
+        self.0.lock().unwrap().push(d);
+        aws_smithy_async::rt::sleep::Sleep::new(std::future::ready(()))
+    }
+}
+
+/// The retries of a throttled purchase (the mutation campaign, issue 51: a retry, a backoff
+/// or a timeout that changes is not equivalent): three calls at most, 400 ms apart, then 800.
+#[tokio::test]
+async fn a_throttled_purchase_backs_off_400_then_800_ms_and_stops_at_its_third_call() {
+    let w = World::new();
+    w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+    for _ in 0..4 {
+        w.market.throttle_next(MarketOp::Purchase);
+    }
+    let waits = Waits::default();
+    let mut p = w.purchaser(CAPS);
+    p.sleep = capacity_pilot::ports::Sleep::new(waits.clone());
+
+    let _ = p.handle(found("r1", "e1")).await;
+
+    assert_eq!(
+        w.market.calls_of(MarketOp::Purchase),
+        3,
+        "three calls, no more"
+    );
+    assert_eq!(w.market.purchase_count(), 0);
+    assert_eq!(
+        *waits.0.lock().unwrap(),
+        [
+            std::time::Duration::from_millis(400),
+            std::time::Duration::from_millis(800)
+        ],
+        "backs off 400 ms, then 800"
+    );
+}
+
 #[tokio::test]
 async fn an_unsent_event_left_by_a_failed_publish_goes_out_on_the_next_run() {
     let w = World::new();
