@@ -2010,6 +2010,28 @@ mod tests {
             + chrono::Duration::minutes(m)
     }
 
+    /// What a tick hands launch and cleanup (issue 51: `window_due` -> `true` had them read
+    /// every request due for its search): a window's action, not the request's own.
+    #[test]
+    fn a_due_item_is_window_due_only_once_a_windows_action_time_has_come() {
+        let item = |own: Option<DateTime<Utc>>, window: Option<DateTime<Utc>>| DueItem {
+            request_id: RequestId::parse("r1").unwrap(),
+            status: RequestStatus::Searching,
+            next_action_at: at(0, 0),
+            own_action_at: own,
+            window_action_at: window,
+        };
+        let searching = item(Some(at(0, 0)), None);
+        assert!(searching.own_action_due(at(0, 0)));
+        assert!(!searching.window_due(at(0, 0)), "due for its search only");
+        let later = item(Some(at(0, 0)), Some(at(2, 0)));
+        assert!(!later.window_due(at(1, 59)));
+        assert!(later.window_due(at(2, 0)));
+        let window_only = item(None, Some(at(0, 0)));
+        assert!(window_only.window_due(at(0, 0)));
+        assert!(!window_only.own_action_due(at(0, 0)));
+    }
+
     #[test]
     fn a_run_keeps_the_hours_begun_at_least_one_at_most_the_estimate() {
         let run = OnDemandRun {

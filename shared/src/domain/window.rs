@@ -609,6 +609,35 @@ mod tests {
         default_minutes: 15,
     };
 
+    /// Which requests every tick reads whole (issue 51: `may_be_running` -> `true` put every
+    /// request in it): a window launching, running, stopping or draining, or a run.
+    #[test]
+    fn only_a_request_with_a_window_under_way_or_a_run_may_be_running() {
+        let ws = windows(&[block("cr-1", 3, 4)], &[], LEAD);
+        let rec = |state| vec![ws[0].record(state, t(3))];
+        for state in [WindowState::Pending, WindowState::Ended] {
+            assert!(
+                !may_be_running(RequestStatus::Searching, &rec(state)),
+                "{state:?}"
+            );
+            assert!(!may_be_running(RequestStatus::Reserved, &rec(state)));
+        }
+        assert!(!may_be_running(RequestStatus::Searching, &[]));
+        for state in [
+            WindowState::Launching,
+            WindowState::Running,
+            WindowState::Stopping,
+            WindowState::Draining,
+        ] {
+            assert!(
+                may_be_running(RequestStatus::Failed, &rec(state)),
+                "{state:?}"
+            );
+        }
+        assert!(may_be_running(RequestStatus::RunningOnDemand, &[]));
+        assert!(may_be_running(RequestStatus::RunningSpot, &[]));
+    }
+
     #[test]
     fn a_window_drains_ahead_of_forced_termination_and_is_due_at_each_step() {
         let ws = windows(&[block("cr-1", 3, 4)], &[], LEAD);
