@@ -2010,6 +2010,46 @@ mod tests {
             + chrono::Duration::minutes(m)
     }
 
+    /// A request read for a window (issue 51: `RequestRecord::window_due` -> `true` had launch
+    /// and cleanup go on with a request due only for its search).
+    #[test]
+    fn a_record_is_window_due_only_once_one_of_its_windows_action_time_has_come() {
+        let request = crate::fakes::fixtures::request("r1", "team-a", "5000");
+        let window = |next: Option<DateTime<Utc>>| crate::domain::window::WindowRecord {
+            key: crate::domain::window::window_key("cr-1", 0),
+            number: 0,
+            state: crate::domain::window::WindowState::Pending,
+            next_action_at: next,
+            updated_at: at(0, 0),
+        };
+        let rec = |windows| RequestRecord {
+            request_id: request.id.clone(),
+            team: request.team.clone(),
+            request: request.clone(),
+            status: RequestStatus::Searching,
+            version: 1,
+            reason: String::new(),
+            next_action_at: Some(at(0, 0)),
+            windows,
+            lease: None,
+            doubt: None,
+            purchase_call: None,
+            cancel: None,
+            open_debit: None,
+            run: None,
+            search: None,
+            spent: MicroUsd(0),
+            candidates: Vec::new(),
+            created_at: at(0, 0),
+            updated_at: at(0, 0),
+        };
+        assert!(!rec(vec![]).window_due(at(0, 0)), "due for its search only");
+        assert!(!rec(vec![window(None)]).window_due(at(0, 0)));
+        let opens = rec(vec![window(Some(at(2, 0)))]);
+        assert!(!opens.window_due(at(1, 59)));
+        assert!(opens.window_due(at(2, 0)));
+    }
+
     /// What a tick hands launch and cleanup (issue 51: `window_due` -> `true` had them read
     /// every request due for its search): a window's action, not the request's own.
     #[test]
