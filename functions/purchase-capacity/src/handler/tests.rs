@@ -1356,6 +1356,37 @@ async fn a_payment_that_clears_while_the_by_id_lookup_still_lags_is_never_read_a
     assert_eq!(record(&w, "r1").next_action_at, None);
 }
 
+/// What a payment check says it saw (issue 51: the campaign's mutants of the listing-lag
+/// bound and of the unchanged state changed only these words, and the bound's alert).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payment_check_says_whether_the_block_is_unlisted_past_the_lag_bound_or_unchanged() {
+    // GIVEN a block bought and listed only 25 minutes on, its payment pending
+    let w = World::new();
+    w.market.set_listing_lag_time(Duration::minutes(25));
+    let (p, _) = bought(&w).await;
+    let bought_at = w.clock.get();
+    // WHEN its first check, ten minutes on, does not find it
+    let due = record(&w, "r1").next_action_at.unwrap();
+    assert_eq!(due, bought_at + Duration::minutes(10));
+    w.clock.set(due);
+    p.handle(tick("t1")).await.unwrap();
+    // THEN it has reached the 10-minute listing-lag bound and says so (and alerts)
+    let rec = record(&w, "r1");
+    assert!(
+        rec.reason
+            .contains("still not listed 10 min after its purchase, past the 10 min"),
+        "{}",
+        rec.reason
+    );
+    // WHEN a check finds it listed, its payment still pending
+    w.clock.set(bought_at + Duration::minutes(30));
+    p.handle(tick("t2")).await.unwrap();
+    // THEN it says the state is unchanged
+    let rec = record(&w, "r1");
+    assert!(rec.reason.contains("is still pending"), "{}", rec.reason);
+    assert_eq!(rec.status, RequestStatus::Reserved);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_payment_returns_the_debit_announces_it_and_searches_again() {
     let w = World::new();
