@@ -1421,6 +1421,13 @@ async fn a_failed_payment_returns_the_debit_announces_it_and_searches_again() {
     assert_eq!(ev[0].detail["state"], "payment-failed");
     assert_eq!(ev[0].detail["returned_usd"], "1661.18");
     assert_eq!(ev[0].detail["searching_again"], true);
+    // (its key names the version that recorded the failure: consumers drop duplicates by it)
+    let key = ev[0].detail["event_key"].as_str().unwrap();
+    assert_eq!(
+        key.split(':').nth(2),
+        Some(format!("v{}", rec.version).as_str()),
+        "{key}"
+    );
 
     // AND a repeated check returns nothing twice
     p.handle(tick("t2")).await.unwrap();
