@@ -1378,9 +1378,21 @@ async fn a_payment_check_says_whether_the_block_is_unlisted_past_the_lag_bound_o
         "{}",
         rec.reason
     );
+    // AND so does the next check, ten minutes later, the block still unlisted
+    let next = rec.next_action_at.unwrap();
+    assert_eq!(next, bought_at + Duration::minutes(20));
+    w.clock.set(next);
+    p.handle(tick("t2")).await.unwrap();
+    let rec = record(&w, "r1");
+    assert!(
+        rec.reason
+            .contains("still not listed 20 min after its purchase, past the 10 min"),
+        "{}",
+        rec.reason
+    );
     // WHEN a check finds it listed, its payment still pending
     w.clock.set(bought_at + Duration::minutes(30));
-    p.handle(tick("t2")).await.unwrap();
+    p.handle(tick("t3")).await.unwrap();
     // THEN it says the state is unchanged
     let rec = record(&w, "r1");
     assert!(rec.reason.contains("is still pending"), "{}", rec.reason);
