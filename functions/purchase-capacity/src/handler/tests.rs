@@ -1356,6 +1356,37 @@ async fn a_payment_that_clears_while_the_by_id_lookup_still_lags_is_never_read_a
     assert_eq!(record(&w, "r1").next_action_at, None);
 }
 
+/// A split's one block lost past the search deadline (issue 51: `payment_failed`'s `gone`,
+/// `l.id == r.id` -> `!=`, counted every other block lost with it, and failed the request).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_splits_block_whose_payment_fails_past_the_deadline_leaves_the_request_with_the_other() {
+    // GIVEN a 48 h request bought as two 24 h blocks, both payments pending
+    let w = World::new();
+    split(&w, "r1");
+    let p = w.purchaser(r#"{"*": "100000"}"#);
+    p.handle(found("r1", "e1")).await.unwrap();
+    let held = w
+        .store
+        .reservations(&capacity_pilot::fakes::fixtures::request_id("r1"))
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 2, "{held:?}");
+    // WHEN, past its search deadline, the first block's payment fails
+    w.market
+        .set_reservation_state(&held[0].id, ReservationState::PaymentFailed);
+    w.clock.set(past_the_search_deadline(&w).max(w.clock.get()));
+    p.handle(tick("t1")).await.unwrap();
+    // THEN the request keeps the other block, Reserved, too late to search again
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Reserved, "{}", rec.reason);
+    assert!(
+        rec.reason.contains(&format!("keeping {}", held[1].id)),
+        "{}",
+        rec.reason
+    );
+    assert_eq!(w.events.published_of("Capacity Payment Failed").len(), 1);
+}
+
 /// What a payment check says it saw (issue 51: the campaign's mutants of the listing-lag
 /// bound and of the unchanged state changed only these words, and the bound's alert).
 #[tokio::test(flavor = "multi_thread")]
