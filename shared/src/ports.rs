@@ -2023,25 +2023,9 @@ mod tests {
             updated_at: at(0, 0),
         };
         let rec = |windows| RequestRecord {
-            request_id: request.id.clone(),
-            team: request.team.clone(),
-            request: request.clone(),
-            status: RequestStatus::Searching,
-            version: 1,
-            reason: String::new(),
             next_action_at: Some(at(0, 0)),
             windows,
-            lease: None,
-            doubt: None,
-            purchase_call: None,
-            cancel: None,
-            open_debit: None,
-            run: None,
-            search: None,
-            spent: MicroUsd(0),
-            candidates: Vec::new(),
-            created_at: at(0, 0),
-            updated_at: at(0, 0),
+            ..crate::fakes::fixtures::record(request.clone(), RequestStatus::Searching)
         };
         assert!(!rec(vec![]).window_due(at(0, 0)), "due for its search only");
         assert!(!rec(vec![window(None)]).window_due(at(0, 0)));

@@ -5,19 +5,47 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 
-use crate::domain::money::Usd;
+use crate::domain::money::{MicroUsd, Usd};
 use crate::domain::offering::{Product, Segment};
 use crate::domain::request::{
     Budget, CapacityRequest, LaunchTemplateRef, RequestId, Strategy, Team, Window, WorkloadDetail,
 };
 use crate::domain::reservation::{Reservation, ReservationState};
-use crate::ports::OutboundEvent;
+use crate::domain::status::RequestStatus;
+use crate::ports::{OutboundEvent, RequestRecord};
 
 /// A fixed instant the fixtures measure from: 2026-12-01 09:00 UTC.
 pub fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 12, 1, 9, 0, 0)
         .single()
         .expect("a valid date")
+}
+
+/// `request`'s record as a test seeds it: in `status`, version 1, holding and spending
+/// nothing, with no next action, written at [`t0`]. A test sets what it is about with
+/// `RequestRecord { field, ..record(request, status) }`.
+pub fn record(request: CapacityRequest, status: RequestStatus) -> RequestRecord {
+    RequestRecord {
+        request_id: request.id.clone(),
+        team: request.team.clone(),
+        request,
+        status,
+        version: 1,
+        reason: "seeded".into(),
+        next_action_at: None,
+        windows: vec![],
+        lease: None,
+        doubt: None,
+        purchase_call: None,
+        cancel: None,
+        open_debit: None,
+        run: None,
+        search: None,
+        spent: MicroUsd(0),
+        candidates: vec![],
+        created_at: t0(),
+        updated_at: t0(),
+    }
 }
 
 /// A valid request id; panics on an invalid one (fixtures are written by tests).

@@ -7,7 +7,7 @@ use super::{
     DrainTarget, Launch, Target, drain, launch, spot_allowed, submission_problem, undo, usable,
 };
 use crate::config::Config;
-use crate::domain::money::{MicroUsd, Usd};
+use crate::domain::money::Usd;
 use crate::domain::naming::{DEPLOYMENT_TAG, MANAGED_TAG, REQUEST_TAG};
 use crate::domain::offering::{Offering, Product, Segment, TargetResource};
 use crate::domain::request::{CapacityRequest, TrainingJobTemplate, WorkloadDetail};
@@ -69,27 +69,7 @@ fn world() -> (FakeWorkloads, InMemoryStore) {
 }
 
 fn record(req: CapacityRequest) -> RequestRecord {
-    RequestRecord {
-        request_id: req.id.clone(),
-        team: req.team.clone(),
-        request: req,
-        status: RequestStatus::Active,
-        version: 1,
-        reason: "seeded".into(),
-        next_action_at: None,
-        windows: vec![],
-        lease: None,
-        doubt: None,
-        purchase_call: None,
-        cancel: None,
-        open_debit: None,
-        run: None,
-        search: None,
-        spent: MicroUsd(0),
-        candidates: vec![],
-        created_at: t0(),
-        updated_at: t0(),
-    }
+    crate::fakes::fixtures::record(req, RequestStatus::Active)
 }
 
 fn hyperpod(req: &mut CapacityRequest) {
