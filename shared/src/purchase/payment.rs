@@ -253,11 +253,11 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 team: Some(team),
             });
         let gone = |r: &Reservation| lost.iter().any(|l| l.id == r.id);
-        // What the request still holds: the live, and the losses left for the next check.
-        let others: Vec<&Reservation> = held
-            .iter()
-            .filter(|r| !gone(r) && (r.state.is_live() || later.iter().any(|l| l.id == r.id)))
-            .collect();
+        // What the request still holds: the live ones (a loss is final, so none is gone).
+        // The losses left for the next check keep it `Reserved` below whatever it holds
+        // (issue 51: counting them here too was read by no branch, a clause no test could
+        // fail).
+        let others: Vec<&Reservation> = held.iter().filter(|r| r.state.is_live()).collect();
         let deadline = search_deadline(rec.request.window.latest_end, rec.needed_hours());
         let mut what: Vec<String> = Vec::new();
         for l in &lost {
@@ -397,10 +397,11 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             }));
         }
         if to.is_terminal() && !status.is_terminal() {
-            // What is kept: the live ones (a lost one's debit went back above).
+            // What is kept: the live ones (a lost one's debit went back above; a loss is
+            // final, never live).
             let kept = held
                 .iter()
-                .filter(|r| r.state.is_live() && !gone(r))
+                .filter(|r| r.state.is_live())
                 .map(|r| r.id.clone())
                 .collect();
             let usable: Vec<Reservation> = held.iter().filter(|r| !gone(r)).cloned().collect();

@@ -16,7 +16,7 @@ use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::window::{WindowRecord, WindowState};
 use capacity_pilot::fakes::fixtures::{request, t0, team};
 use capacity_pilot::fakes::{
-    FakeMarket, InMemoryStore, ManualClock, MarketOp, RecordingEvents, StoreOp,
+    FakeMarket, InMemoryStore, ManualClock, MarketCall, MarketOp, RecordingEvents, StoreOp,
 };
 use capacity_pilot::ports::{BudgetMonth, PortError, PurchaseCall, RequestRecord, Store};
 use chrono::Duration;
@@ -1396,9 +1396,28 @@ async fn a_payment_check_says_whether_the_block_is_unlisted_past_the_lag_bound_o
     w.market.set_listing_lag_time(Duration::minutes(25));
     let (p, _) = bought(&w).await;
     let bought_at = w.clock.get();
-    // WHEN its first check, ten minutes on, does not find it
     let due = record(&w, "r1").next_action_at.unwrap();
     assert_eq!(due, bought_at + Duration::minutes(10));
+    // WHEN a check within the bound, five minutes on (as for a block starting soon, read
+    // five minutes before its start), does not find it
+    let mut early = record(&w, "r1");
+    early.next_action_at = Some(bought_at + Duration::minutes(5));
+    w.store.insert_record(early);
+    w.clock.set(bought_at + Duration::minutes(5));
+    p.handle(tick("t0")).await.unwrap();
+    // THEN that is put down to AWS's listings lag
+    let rec = record(&w, "r1");
+    assert!(
+        rec.reason
+            .contains("is not listed yet 5 min after its purchase (AWS's listings lag)"),
+        "{}",
+        rec.reason
+    );
+    assert_eq!(rec.status, RequestStatus::Reserved);
+    // WHEN its check ten minutes after the purchase, at the bound, does not find it either
+    let mut rec = rec;
+    rec.next_action_at = Some(due);
+    w.store.insert_record(rec);
     w.clock.set(due);
     p.handle(tick("t1")).await.unwrap();
     // THEN it has reached the 10-minute listing-lag bound and says so (and alerts)
@@ -1428,6 +1447,94 @@ async fn a_payment_check_says_whether_the_block_is_unlisted_past_the_lag_bound_o
     let rec = record(&w, "r1");
     assert!(rec.reason.contains("is still pending"), "{}", rec.reason);
     assert_eq!(rec.status, RequestStatus::Reserved);
+}
+
+/// A payment check reads AWS only for what is still unpaid (issue 51: with `track`'s skip
+/// made `&&`, a paid or lost reservation was read again at every check of another, and a
+/// paid block AWS had since ended was taken for a loss before it was ever scheduled).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payment_check_reads_only_the_reservations_still_unpaid() {
+    // GIVEN r1's block bought, its payment pending; beside it a block paid for (recorded
+    // scheduled, which AWS now reports expired) and one lost earlier (recorded
+    // payment-failed, which AWS now reports failed)
+    let w = World::new();
+    let (p, cr) = bought(&w).await;
+    let id = capacity_pilot::fakes::fixtures::request_id("r1");
+    let start = t0() + Duration::days(1);
+    for (name, recorded, reported) in [
+        (
+            "cr-paid",
+            ReservationState::Scheduled,
+            ReservationState::Expired,
+        ),
+        (
+            "cr-lost",
+            ReservationState::PaymentFailed,
+            ReservationState::Failed,
+        ),
+    ] {
+        let mut r = capacity_pilot::fakes::fixtures::block_starting(start, recorded);
+        r.id = name.into();
+        r.upfront_fee = Usd::parse("900").unwrap();
+        w.store.insert_reservation(&id, r.clone());
+        r.state = reported;
+        w.market.add_reservation(r, None);
+    }
+    let spent = w.spent("team-a");
+    // WHEN the pending block's check comes
+    w.clock.set(record(&w, "r1").next_action_at.unwrap());
+    p.handle(tick("t1")).await.unwrap();
+    // THEN only the pending block is read
+    let read: Vec<String> = w
+        .market
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            MarketCall::Describe { reservation_id, .. } => Some(reservation_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(read, std::slice::from_ref(&cr));
+    // AND the others stay as recorded: nothing lost, nothing returned, nothing announced
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Reserved, "{}", rec.reason);
+    assert!(!rec.reason.contains("cr-paid"), "{}", rec.reason);
+    assert!(!rec.reason.contains("cr-lost"), "{}", rec.reason);
+    let held = w.store.reservations(&id).await.unwrap();
+    let state = |n: &str| held.iter().find(|r| r.id == n).unwrap().state;
+    assert_eq!(state("cr-paid"), ReservationState::Scheduled);
+    assert_eq!(state("cr-lost"), ReservationState::PaymentFailed);
+    assert_eq!(w.spent("team-a"), spent);
+    assert!(w.events.published_of("Capacity Payment Failed").is_empty());
+}
+
+/// A loss with nothing left to return writes no refund (issue 51: with `returned > 0` made
+/// `>=`, a refund of $0 went into the write, which both stores refuse as a refund must be
+/// positive, and the check failed at every tick, never recording the loss).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_payment_with_nothing_left_to_return_is_recorded_without_a_refund() {
+    // GIVEN r1's block bought, and r1's spend holding nothing to give back (its debit
+    // already returned, as a record written before spend was kept would say)
+    let w = World::new();
+    let (p, cr) = bought(&w).await;
+    let mut rec = record(&w, "r1");
+    rec.spent = MicroUsd(0);
+    w.store.insert_record(rec);
+    let ledger = w.spent("team-a");
+    // WHEN EC2 reports the block payment-failed at its check
+    w.market
+        .set_reservation_state(&cr, ReservationState::PaymentFailed);
+    w.clock.set(record(&w, "r1").next_action_at.unwrap());
+    p.handle(tick("t1")).await.unwrap();
+    // THEN the loss is recorded and the request searches again, the ledger untouched
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Searching, "{}", rec.reason);
+    assert_eq!(recorded_state(&w).await, ReservationState::PaymentFailed);
+    assert_eq!(w.spent("team-a"), ledger);
+    // AND announced, with nothing returned
+    let ev = w.events.published_of("Capacity Payment Failed");
+    assert_eq!(ev.len(), 1);
+    assert_eq!(ev[0].detail["returned_usd"], "0");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1479,13 +1586,17 @@ async fn a_failed_payment_returns_the_debit_announces_it_and_searches_again() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_failed_payment_past_the_search_deadline_fails_the_request_with_the_debit_returned() {
+async fn a_failed_payment_at_the_search_deadline_fails_the_request_with_the_debit_returned() {
     let w = World::new();
     let (p, cr) = bought(&w).await;
     w.market
         .set_reservation_state(&cr, ReservationState::PaymentFailed);
-    // WHEN the failure is seen after the search deadline (latest end 7 days out, 24 h)
-    w.clock.set(t0() + Duration::days(6));
+    // WHEN the failure is seen at the search deadline itself (latest end 7 days out, less
+    // 24 h and the purchase lead), where a search would already fail (`now >= deadline`)
+    w.clock
+        .set(capacity_pilot::purchase::protocol::purchase_deadline(
+            &record(&w, "r1"),
+        ));
     p.handle(tick("t1")).await.unwrap();
     // THEN the request fails with the reason, and the money is back
     let rec = record(&w, "r1");
