@@ -252,7 +252,6 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 amount: returned,
                 team: Some(team),
             });
-        let gone = |r: &Reservation| lost.iter().any(|l| l.id == r.id);
         // What the request still holds: the live ones (a loss is final, so none is gone).
         // The losses left for the next check keep it `Reserved` below whatever it holds
         // (issue 51: counting them here too was read by no branch, a clause no test could
@@ -404,8 +403,10 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 .filter(|r| r.state.is_live())
                 .map(|r| r.id.clone())
                 .collect();
-            let usable: Vec<Reservation> = held.iter().filter(|r| !gone(r)).cloned().collect();
-            let windows = window::kept(&usable, &rec.windows, self.drain_lead(&rec));
+            // Every undrained window left (a lost reservation's windows never launched, so
+            // none of its is; issue 51: the filter that left the lost ones out changed
+            // nothing, and no test could fail a mutant of it).
+            let windows = window::kept(&held, &rec.windows, self.drain_lead(&rec));
             outbox.extend(ending_events(
                 &rec,
                 to,

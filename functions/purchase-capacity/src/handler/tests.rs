@@ -1384,6 +1384,13 @@ async fn a_splits_block_whose_payment_fails_past_the_deadline_leaves_the_request
         "{}",
         rec.reason
     );
+    // AND its reason says what the check saw of the other
+    assert!(
+        rec.reason
+            .contains(&format!("{} is still pending", held[1].id)),
+        "{}",
+        rec.reason
+    );
     assert_eq!(w.events.published_of("Capacity Payment Failed").len(), 1);
 }
 
@@ -1578,6 +1585,9 @@ async fn a_failed_payment_returns_the_debit_announces_it_and_searches_again() {
         Some(format!("v{}", rec.version).as_str()),
         "{key}"
     );
+    // (and says what it announces: `<request>:payment-failed:v<n>:c<created>`, a second
+    // loss recorded in the same write `payment-failed-1`)
+    assert_eq!(key.split(':').nth(1), Some("payment-failed"), "{key}");
 
     // AND a repeated check returns nothing twice
     p.handle(tick("t2")).await.unwrap();
@@ -2927,11 +2937,13 @@ async fn a_request_about_to_buy_whose_kept_blocks_payment_fails_plans_again_with
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_request_about_to_buy_whose_kept_blocks_payment_fails_past_its_deadline_stays() {
-    // GIVEN the same, past r1's search deadline
+async fn a_request_about_to_buy_whose_kept_blocks_payment_fails_at_its_deadline_stays() {
+    // GIVEN the same, at r1's search deadline (where a search would already fail)
     let w = World::new();
     let (p, cr) = bought_then(&w, RequestStatus::OfferingsFound).await;
-    w.clock.set(past_the_search_deadline(&w).max(w.clock.get()));
+    w.clock.set(
+        capacity_pilot::purchase::protocol::purchase_deadline(&record(&w, "r1")).max(w.clock.get()),
+    );
     w.market
         .set_reservation_state(&cr, ReservationState::PaymentFailed);
     p.handle(tick("t1")).await.unwrap();
