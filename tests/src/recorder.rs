@@ -99,6 +99,73 @@ impl HttpConnector for RecordingConnector {
     }
 }
 
+/// `inner`, with `write` made just before the first call of `operation` (its name, e.g.
+/// `TransactWriteItems`): another writer between a store's read and its write, at the HTTP
+/// client as the SDK calls it. Nothing in production code knows about it.
+pub fn interleaved(
+    operation: &str,
+    inner: SharedHttpClient,
+    write: impl std::future::Future<Output = ()> + Send + 'static,
+) -> SharedHttpClient {
+    SharedHttpClient::new(Interleaved {
+        operation: operation.to_string(),
+        inner,
+        write: Arc::new(Mutex::new(Some(Box::pin(write)))),
+    })
+}
+
+type Write = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+#[derive(Clone)]
+struct Interleaved {
+    operation: String,
+    inner: SharedHttpClient,
+    write: Arc<Mutex<Option<Write>>>,
+}
+
+impl std::fmt::Debug for Interleaved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Interleaved")
+            .field("operation", &self.operation)
+            .finish()
+    }
+}
+
+impl HttpClient for Interleaved {
+    fn http_connector(
+        &self,
+        settings: &HttpConnectorSettings,
+        components: &RuntimeComponents,
+    ) -> SharedHttpConnector {
+        SharedHttpConnector::new(InterleavedConnector {
+            inner: self.inner.http_connector(settings, components),
+            at: self.clone(),
+        })
+    }
+}
+
+#[derive(Debug)]
+struct InterleavedConnector {
+    inner: SharedHttpConnector,
+    at: Interleaved,
+}
+
+impl HttpConnector for InterleavedConnector {
+    fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
+        let due = operation_of(&request).is_some_and(|(_, op)| op == self.at.operation);
+        match due.then(|| self.at.write.lock().unwrap().take()).flatten() {
+            Some(write) => {
+                let inner = self.inner.clone();
+                HttpConnectorFuture::new(async move {
+                    write.await;
+                    inner.call(request).await
+                })
+            }
+            None => self.inner.call(request),
+        }
+    }
+}
+
 /// The operation a request invokes, by its protocol.
 fn operation_of(request: &HttpRequest) -> Option<Operation> {
     if let Some(target) = request.headers().get("x-amz-target") {

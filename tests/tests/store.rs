@@ -223,7 +223,8 @@ async fn thirty_two_concurrent_debits_against_a_cap_that_fits_five_let_exactly_f
 }
 
 #[tokio::test]
-async fn a_purchase_over_the_requests_own_cap_is_refused_and_debits_nothing() {
+async fn a_purchase_over_the_requests_own_cap_is_refused_and_debits_nothing_and_a_stale_one_conflicts()
+ {
     // GIVEN a request whose cap is below the fee
     let table = TestTable::fresh().await.unwrap();
     let store = table.store();
@@ -251,6 +252,24 @@ async fn a_purchase_over_the_requests_own_cap_is_refused_and_debits_nothing() {
             .await
             .unwrap(),
         MicroUsd(0)
+    );
+
+    // WHEN another worker writes the request (version 4, still OfferingsFound) and one that
+    // read version 3 tries the same purchase
+    let mut k = cancellation_kept("small-cap", 3, "c-race");
+    k.status = OfferingsFound;
+    k.note = None;
+    assert_eq!(
+        store.keep_cancellation(k).await.unwrap(),
+        WriteOutcome::Applied { version: 4 }
+    );
+    let mut stale = begin_purchase("small-cap", 3, OfferingsFound, "w2", t0(), Some(d));
+    stale.caused_by = Cause::new("purchase-small-cap-stale");
+    // THEN it is a conflict, to read again, before any refusal of its amount (issue 51: the
+    // store campaign's `||` -> `&&` answered a stale read with the budget's refusal)
+    assert_eq!(
+        store.begin_purchase(stale).await.unwrap(),
+        BeginPurchaseOutcome::Conflict
     );
 }
 
@@ -1103,7 +1122,8 @@ async fn an_on_demand_debit_is_kept_with_its_transition_and_refused_over_either_
 }
 
 #[tokio::test]
-async fn a_first_debit_larger_than_the_whole_monthly_cap_is_refused() {
+async fn a_first_debit_larger_than_the_whole_monthly_cap_is_refused_and_one_of_exactly_the_cap_taken()
+ {
     // GIVEN a team with no spend yet this month
     let table = TestTable::fresh().await.unwrap();
     let store = table.store();
@@ -1132,6 +1152,23 @@ async fn a_first_debit_larger_than_the_whole_monthly_cap_is_refused() {
             .await
             .unwrap(),
         MicroUsd(0)
+    );
+
+    // WHEN another costs exactly the whole cap (issue 51: the store's check before its
+    // transaction refused it with `>=`)
+    let exact = debit("tiny-team", d.team_cap, d.team_cap);
+    let b = begin_purchase("huge", 3, OfferingsFound, "w2", t0(), Some(exact));
+    // THEN it is taken, the ledger at the cap
+    assert_eq!(
+        store.begin_purchase(b).await.unwrap(),
+        BeginPurchaseOutcome::Acquired { version: 4 }
+    );
+    assert_eq!(
+        store
+            .budget_spent(&team("tiny-team"), &BudgetMonth::of(t0()))
+            .await
+            .unwrap(),
+        d.team_cap
     );
 }
 
@@ -1949,6 +1986,13 @@ async fn a_splits_replacement_block_is_numbered_after_the_kept_block_and_the_req
         store.begin_purchase(again).await.unwrap(),
         BeginPurchaseOutcome::Acquired { version: 8 }
     );
+    // (the purchase keeps A's window, due at A's start while B is bought: issue 51's store
+    // campaign's mutants of the version the windows are read at wrote them away)
+    let buying = get(&store, id).await;
+    assert_eq!(
+        summary_of(&buying.windows),
+        vec![("cr-a#0", 0, WindowState::Pending, Some(a.start()))]
+    );
 
     // WHEN B is recorded, to Reserved, with its payment check as the transition's next
     // action (Reserved keeps one while payments are checked: ARCHITECTURE 8.5)
@@ -1981,6 +2025,124 @@ async fn a_splits_replacement_block_is_numbered_after_the_kept_block_and_the_req
         due_keys(store.due(&[Reserved], a.start()).await.unwrap()),
         vec![(request_id(id), Reserved, a.start())]
     );
+}
+
+/// A split bought across an upgrade (issue 51's store campaign: with the request's other
+/// reservations left out of what `record_reservation` numbers, a first block recorded before
+/// windows existed got no window record, and the request was not due at its start).
+#[tokio::test]
+async fn a_block_recorded_beside_one_from_before_windows_records_both_windows_in_start_order() {
+    // GIVEN a split whose first block A was recorded by a version that kept no windows, the
+    // purchase of the rest under way
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let id = "split-before-windows";
+    let (a, b) = (
+        block("cr-a", "4000.00", 3, 2),
+        block("cr-b", "5000.00", 7, 2),
+    );
+    split_with_first_block_bought(&store, id, &a).await;
+    table
+        .client
+        .update_item()
+        .table_name(&table.name)
+        .key("pk", AttributeValue::S(format!("REQ#{id}")))
+        .key("sk", AttributeValue::S("META".into()))
+        .update_expression("REMOVE windows, own_next_action_at")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get(&store, id).await.windows, vec![]);
+
+    // WHEN its second block B is recorded, to Reserved
+    let mut second = record_reservation(id, "w1", b.clone(), t0() + Duration::minutes(3));
+    second.next_action_at = None;
+    second.caused_by = Cause::new("recorded-cr-b");
+    assert_eq!(
+        store.record_reservation(second).await.unwrap(),
+        LeaseWriteOutcome::Applied { version: 6 }
+    );
+
+    // THEN both windows are recorded, numbered in start order, and the request is due at
+    // A's start
+    let rec = get(&store, id).await;
+    assert_eq!(
+        summary_of(&rec.windows),
+        vec![
+            ("cr-a#0", 0, WindowState::Pending, Some(a.start())),
+            ("cr-b#0", 1, WindowState::Pending, Some(b.start())),
+        ]
+    );
+    assert_eq!(rec.due_at(), Some(a.start()));
+}
+
+/// A reservation recorded while another writer moves the request (issue 51's store campaign:
+/// with every failed write taken for a duplicate event, a bought block went unrecorded).
+#[tokio::test]
+async fn a_reservation_recorded_while_another_writer_moves_the_request_is_written_again() {
+    // GIVEN a split whose first block A is recorded, the purchase of the rest under way
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let id = "recorded-in-a-race";
+    let (a, b) = (
+        block("cr-a", "4000.00", 3, 2),
+        block("cr-b", "5000.00", 7, 2),
+    );
+    split_with_first_block_bought(&store, id, &a).await;
+    // AND a cancellation kept by another worker between the recording's read and its write
+    let other = table.store();
+    let racing = table.store_with(integration_tests::recorder::interleaved(
+        "TransactWriteItems",
+        capacity_pilot::aws::wiring::https_client(),
+        async move {
+            let kept = other
+                .keep_cancellation(cancellation_kept(id, 5, "c-race"))
+                .await
+                .unwrap();
+            assert_eq!(kept, WriteOutcome::Applied { version: 6 });
+        },
+    ));
+
+    // WHEN B is recorded
+    let mut second = record_reservation(id, "w1", b.clone(), t0() + Duration::minutes(3));
+    second.caused_by = Cause::new("recorded-cr-b");
+    let outcome = racing.record_reservation(second).await.unwrap();
+
+    // THEN it is written again over the version the other worker left, and B is held
+    assert_eq!(outcome, LeaseWriteOutcome::Applied { version: 7 });
+    let held = store.reservations(&request_id(id)).await.unwrap();
+    assert_eq!(
+        held.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        ["cr-a", "cr-b"]
+    );
+    let rec = get(&store, id).await;
+    assert_eq!(rec.status, Reserved);
+    assert!(
+        rec.cancel.is_some(),
+        "the other writer's cancellation stays"
+    );
+}
+
+/// The same recording delivered twice between a split's segments, its lease still held
+/// (issue 51's store campaign: read as a conflict, it was written again until the retries
+/// ran out, an error where the answer is a duplicate).
+#[tokio::test]
+async fn a_split_segment_recorded_twice_by_one_event_is_a_duplicate_the_second_time() {
+    // GIVEN a split whose first block A was recorded, the request still buying
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let id = "segment-twice";
+    let a = block("cr-a", "4000.00", 3, 2);
+    split_with_first_block_bought(&store, id, &a).await;
+    // WHEN the same recording comes again
+    let mut again = record_reservation(id, "w1", a.clone(), t0() + Duration::minutes(1));
+    again.to = Purchasing;
+    // THEN it is a duplicate, and nothing moved
+    assert_eq!(
+        store.record_reservation(again).await.unwrap(),
+        LeaseWriteOutcome::DuplicateEvent
+    );
+    assert_eq!(get(&store, id).await.version, 5);
 }
 
 #[tokio::test]
