@@ -13,8 +13,8 @@ use capacity_pilot::domain::status::RequestStatus::{
 use capacity_pilot::domain::window::{self, DrainLead, WindowRecord, WindowState};
 use capacity_pilot::ports::{
     BeginPurchaseOutcome, BudgetMonth, CancelNote, Cause, CreateOutcome, DueItem, KeepCancellation,
-    LeaseWriteOutcome, OnDemandRun, RequestRecord, Settle, Store, Tombstone, TombstoneOutcome,
-    WindowUpdate, WriteOutcome, outbox_seq,
+    LeaseWriteOutcome, OnDemandRun, PortError, RequestRecord, Settle, Store, Tombstone,
+    TombstoneOutcome, WindowUpdate, WriteOutcome, outbox_seq,
 };
 use chrono::Duration;
 use integration_tests::TestTable;
@@ -2143,6 +2143,110 @@ async fn a_split_segment_recorded_twice_by_one_event_is_a_duplicate_the_second_t
         LeaseWriteOutcome::DuplicateEvent
     );
     assert_eq!(get(&store, id).await.version, 5);
+}
+
+/// GIVEN `id` buying under lease "w" (version 4) with a $2,500 debit of team ops. Returns
+/// the debit.
+async fn buying(store: &DynamoStore, id: &str) -> MicroUsd {
+    request_with_offerings(store, id, "ops").await;
+    let amount = usd("2500").to_micros_ceil();
+    let b = begin_purchase(
+        id,
+        3,
+        OfferingsFound,
+        "w",
+        t0(),
+        Some(debit("ops", amount, MicroUsd(amount.0 * 10))),
+    );
+    assert_eq!(
+        store.begin_purchase(b).await.unwrap(),
+        BeginPurchaseOutcome::Acquired { version: 4 }
+    );
+    amount
+}
+
+/// A cancellation kept between a release's read and its write (issue 51's store campaign:
+/// with every failed write taken for a duplicate event, the release answered "duplicate"
+/// and the cancellation was neither applied nor the debit returned).
+#[tokio::test]
+async fn a_release_meeting_a_cancellation_kept_after_its_read_leaves_it_to_be_applied() {
+    // GIVEN a purchase under way, and a cancellation kept by another worker between the
+    // release's read and its write
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let id = "release-in-a-race";
+    let amount = buying(&store, id).await;
+    let other = table.store();
+    let racing = table.store_with(integration_tests::recorder::interleaved(
+        "TransactWriteItems",
+        capacity_pilot::aws::wiring::https_client(),
+        async move {
+            let kept = other
+                .keep_cancellation(cancellation_kept(id, 4, "c-race"))
+                .await
+                .unwrap();
+            assert_eq!(kept, WriteOutcome::Applied { version: 5 });
+        },
+    ));
+
+    // WHEN the holder releases the unbought debit to search again
+    let outcome = racing
+        .release_unbought(release_unbought(id, "w", t0() + Duration::minutes(2)))
+        .await
+        .unwrap();
+
+    // THEN it reads again and finds the cancellation, to apply, not pass over (§8.3): the
+    // request still buying, its debit still open
+    assert_eq!(outcome, LeaseWriteOutcome::CancelKept);
+    let rec = get(&store, id).await;
+    assert_eq!((rec.status, rec.version), (Purchasing, 5));
+    assert_eq!(rec.open_debit, Some(amount));
+    assert_eq!(
+        store
+            .budget_spent(&team("ops"), &BudgetMonth::of(t0()))
+            .await
+            .unwrap(),
+        amount
+    );
+}
+
+/// A ledger holding less than the open debit a release returns is corrupt, and said so
+/// (issue 51's store campaign: read as a conflict, the release was tried until its retries
+/// ran out and reported as contention, which is retried, not looked into).
+#[tokio::test]
+async fn a_release_finding_its_ledger_short_of_the_open_debit_reports_a_corrupt_item() {
+    // GIVEN a purchase under way whose team ledger was since cut below its debit
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let id = "release-short-ledger";
+    buying(&store, id).await;
+    table
+        .client
+        .update_item()
+        .table_name(&table.name)
+        .key(
+            "pk",
+            AttributeValue::S(format!("BUDGET#ops#{}", BudgetMonth::of(t0()).0)),
+        )
+        .key("sk", AttributeValue::S("LEDGER".into()))
+        .update_expression("SET spent_micros = :one")
+        .expression_attribute_values(":one", AttributeValue::N("1".into()))
+        .send()
+        .await
+        .unwrap();
+
+    // WHEN the holder releases the unbought debit
+    let err = store
+        .release_unbought(release_unbought(id, "w", t0() + Duration::minutes(2)))
+        .await
+        .unwrap_err();
+
+    // THEN the store says the ledger is corrupt, a permanent error, and nothing moved
+    assert!(
+        matches!(&err, PortError::Permanent { code, .. } if code == "CorruptItem"),
+        "{err:?}"
+    );
+    assert_eq!(get(&store, id).await.status, Purchasing);
 }
 
 #[tokio::test]
