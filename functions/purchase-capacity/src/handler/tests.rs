@@ -337,7 +337,7 @@ async fn a_crash_after_buying_is_recovered_by_the_next_worker_once_the_lease_exp
     assert_eq!(w.events.published_of("Capacity Reserved").len(), 1);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread")]
 async fn an_offering_that_has_gone_releases_the_debit_and_searches_again() {
     let w = World::new();
     w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
@@ -349,6 +349,14 @@ async fn an_offering_that_has_gone_releases_the_debit_and_searches_again() {
     assert_eq!(w.market.purchase_count(), 0);
     assert_eq!(w.status("r1").await, RequestStatus::Searching);
     assert_eq!(w.spent("team-a"), MicroUsd(0));
+    // (and says so: nothing bought, the offering gone; issue 51: with the split's arm taken
+    // for it, the reason told of a block "bought" and "kept")
+    let reason = record(&w, "r1").reason;
+    assert!(
+        reason.contains("no reservation exists; offering cb-1 has gone"),
+        "{reason}"
+    );
+    assert!(!reason.contains("bought"), "{reason}");
 }
 
 #[tokio::test]

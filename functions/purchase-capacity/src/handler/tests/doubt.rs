@@ -537,3 +537,34 @@ async fn a_takeover_of_a_purchase_that_never_called_at_its_deadline_fails() {
     assert_eq!(w.status("r1").await, RequestStatus::Failed);
     assert_eq!(w.spent("team-a"), MicroUsd(0));
 }
+
+/// A purchase whose call's outcome is unknown is waited for (never bought again) until its
+/// doubt window ends, and from that instant on concluded unbought (issue 51: the window is a
+/// timeout, and its bound `<` → `<=` waited an instant longer; the old campaign called that
+/// mutant equivalent).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_purchase_in_doubt_is_waited_for_until_its_doubt_window_ends_and_no_longer() {
+    for (past, stays) in [(Duration::seconds(-1), true), (Duration::zero(), false)] {
+        // GIVEN r1's purchase call, whose outcome was unknown and which AWS never lists
+        let w = World::new();
+        wide(&w);
+        w.market.fail_next(MarketOp::Purchase, errors_unknown());
+        let p = w.purchaser(CAPS);
+        p.handle(found("r1", "e1")).await.unwrap();
+        let since = record(&w, "r1").doubt.expect("the purchase is in doubt").since;
+        // WHEN its lease is taken over an instant before its doubt window ends, or at its end
+        at(&w, since + IN_DOUBT_WINDOW + past);
+        p.handle(tick("t1")).await.unwrap();
+        // THEN before the end the takeover waits, its debit kept; at the end the purchase is
+        // concluded unbought, its debit returned, and the request searches again
+        let rec = record(&w, "r1");
+        assert_eq!(w.market.purchase_count(), 0, "never bought again");
+        if stays {
+            assert_eq!(rec.status, RequestStatus::Purchasing, "{}", rec.reason);
+            assert_eq!(w.spent("team-a"), FEE);
+        } else {
+            assert_eq!(rec.status, RequestStatus::Searching, "{}", rec.reason);
+            assert_eq!(w.spent("team-a"), MicroUsd(0));
+        }
+    }
+}
