@@ -1862,6 +1862,38 @@ fn stray(
     }
 }
 
+/// A purchase's reason says what was bought, and for an on-demand-first request what its
+/// fall-back to a reservation costs in delay (issue 51: the old campaign called the mutants of
+/// that condition equivalent, as they changed only words; every decision is explained, so the
+/// words are asserted).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_purchase_explains_an_on_demand_first_fall_back_by_its_delay_and_only_then() {
+    use capacity_pilot::domain::request::Strategy;
+    for strategy in [Strategy::Reserve, Strategy::OnDemandFirst] {
+        let w = World::new();
+        let mut req = request("r1", "team-a", "5000");
+        req.strategy = strategy;
+        let desired = req.window.earliest_start;
+        let offering = block("cb-1", "1661.18");
+        let delay = (offering.start() - desired).num_minutes();
+        w.with_candidate(req, offering);
+        w.purchaser(CAPS).handle(found("r1", "e1")).await.unwrap();
+        let rec = record(&w, "r1");
+        assert_eq!(rec.status, RequestStatus::Reserved, "{}", rec.reason);
+        assert!(rec.reason.contains("for $1661.18"), "{}", rec.reason);
+        let fell_back = format!(
+            "on-demand-first fell back to this reservation, which starts {delay} min after the \
+             desired start"
+        );
+        assert_eq!(
+            rec.reason.contains(&fell_back),
+            strategy == Strategy::OnDemandFirst,
+            "{strategy:?}: {}",
+            rec.reason
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_stray_of_ours_that_serves_the_request_reserves_it_in_place_of_the_plan_past_the_cap() {
     // GIVEN r1 (max $5000) holds, unrecorded, a live block of ours for $6000 that serves it
@@ -1877,6 +1909,12 @@ async fn a_stray_of_ours_that_serves_the_request_reserves_it_in_place_of_the_pla
     // THEN the stray is adopted in the plan's place: nothing bought, its fee debited past the
     // request's cap, the plan's debit returned, Reserved by it, and a person told
     assert_eq!(w.market.purchase_count(), 0);
+    // (the purchase ends there: no call is marked under the lease it gave up; issue 51)
+    assert!(
+        !w.store.calls().contains(&StoreOp::MarkPurchaseCall),
+        "{:?}",
+        w.store.calls()
+    );
     assert_eq!(w.status("r1").await, RequestStatus::Reserved);
     let held = w
         .store

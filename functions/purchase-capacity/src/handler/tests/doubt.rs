@@ -551,7 +551,10 @@ async fn a_purchase_in_doubt_is_waited_for_until_its_doubt_window_ends_and_no_lo
         w.market.fail_next(MarketOp::Purchase, errors_unknown());
         let p = w.purchaser(CAPS);
         p.handle(found("r1", "e1")).await.unwrap();
-        let since = record(&w, "r1").doubt.expect("the purchase is in doubt").since;
+        let since = record(&w, "r1")
+            .doubt
+            .expect("the purchase is in doubt")
+            .since;
         // WHEN its lease is taken over an instant before its doubt window ends, or at its end
         at(&w, since + IN_DOUBT_WINDOW + past);
         p.handle(tick("t1")).await.unwrap();
