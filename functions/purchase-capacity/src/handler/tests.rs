@@ -1955,10 +1955,13 @@ async fn a_stray_of_ours_that_serves_the_request_reserves_it_in_place_of_the_pla
 async fn a_stray_adopted_in_place_is_announced_only_when_it_passes_a_cap_net_of_the_plans_debit() {
     // r1's $6000 stray serves it; adopting it returns the plan's $1661.18 debit, so the team
     // and the request each hold $6000 after. Announced only past a cap (team cap, request
-    // max_upfront_usd, what the announcement names).
+    // max_upfront_usd, what the announcement names); reaching a cap exactly is not past it
+    // (issue 51: `>` -> `>=` announced it).
     for (team_cap, max_upfront, past) in [
         ("8000", "50000", None),
         ("100000", "7000", None),
+        ("6000", "50000", None),
+        ("100000", "6000", None),
         ("5000", "50000", Some("monthly cap")),
         ("100000", "5500", Some("max_upfront_usd")),
     ] {
