@@ -878,6 +878,25 @@ async fn the_schedule_sweeps_managed_instances_whose_request_is_over_or_unknown_
             .iter()
             .any(|d| d.action == "swept" && d.reason.contains("is Ended"))
     );
+    // AND the sweep asked EC2 for managed instances only, not for every instance in the
+    // region (issue 51: without the filter the tags checked after made the same choice, at
+    // the cost of reading the whole account)
+    let described: Vec<bool> = w
+        .workloads
+        .calls_of(WorkloadsOp::DescribeInstances)
+        .into_iter()
+        .filter_map(|c| match c {
+            capacity_pilot::fakes::WorkloadsCall::DescribeInstances { filter, .. }
+                if filter.request_id.is_none()
+                    && filter.reservation_id.is_none()
+                    && filter.instance_ids.is_empty() =>
+            {
+                Some(filter.managed_only)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(described, [true], "the sweep's describe");
 }
 
 #[tokio::test]
