@@ -622,6 +622,29 @@ async fn after_the_end_orphans_are_swept_and_the_request_ends() {
     assert_eq!(ended["cleaned_up"], json!(["instance:i-orphan"]));
     assert_eq!(ended["reservation_ids"], json!(["cr-1"]));
     assert_eq!(ended["spent_usd"], json!("1000"));
+    // AND the request's record says so (issue 51: the window update's reason was written
+    // away, the record keeping an empty one)
+    let reason = w.record("r-1").await.reason;
+    assert!(
+        reason.contains("cr-1 ended; cleaned up: instance:i-orphan"),
+        "{reason}"
+    );
+    // AND the request's instances were asked of EC2 as managed ones only (the tag checked
+    // after makes the same choice, at the cost of reading them all; issue 51)
+    let asked: Vec<bool> = w
+        .workloads
+        .calls_of(WorkloadsOp::DescribeInstances)
+        .into_iter()
+        .filter_map(|c| match c {
+            capacity_pilot::fakes::WorkloadsCall::DescribeInstances { filter, .. }
+                if filter.request_id.is_some() =>
+            {
+                Some(filter.managed_only)
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(!asked.is_empty() && asked.iter().all(|m| *m), "{asked:?}");
     // AND another tick changes nothing
     w.tick_at(end() + Duration::minutes(6), "tick-4").await;
     assert_eq!(w.events.published_of(ENDED).len(), 1);
