@@ -252,10 +252,9 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 amount: returned,
                 team: Some(team),
             });
-        // What the request still holds: the live ones (a loss is final, so none is gone).
-        // The losses left for the next check keep it `Reserved` below whatever it holds
-        // (issue 51: counting them here too was read by no branch, a clause no test could
-        // fail).
+        // What the request still holds: the live ones (a loss is final, never live). The
+        // losses left for the next check keep it `Reserved` below whatever it holds (issue
+        // 51: counting them here too was read by no branch, a clause no test could fail).
         let others: Vec<&Reservation> = held.iter().filter(|r| r.state.is_live()).collect();
         let deadline = search_deadline(rec.request.window.latest_end, rec.needed_hours());
         let mut what: Vec<String> = Vec::new();
@@ -403,9 +402,9 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 .filter(|r| r.state.is_live())
                 .map(|r| r.id.clone())
                 .collect();
-            // Every undrained window left (a lost reservation's windows never launched, so
-            // none of its is; issue 51: the filter that left the lost ones out changed
-            // nothing, and no test could fail a mutant of it).
+            // Every undrained window left. A reservation lost here never launched a window,
+            // so none of its windows is listed (issue 51: the filter that left the lost ones
+            // out changed nothing, and no test could fail a mutant of it).
             let windows = window::kept(&held, &rec.windows, self.drain_lead(&rec));
             outbox.extend(ending_events(
                 &rec,
