@@ -1528,8 +1528,8 @@ async fn a_payment_check_reads_only_the_reservations_still_unpaid() {
 /// positive, and the check failed at every tick, never recording the loss).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_payment_with_nothing_left_to_return_is_recorded_without_a_refund() {
-    // GIVEN r1's block bought, and r1's spend holding nothing to give back (its debit
-    // already returned, as a record written before spend was kept would say)
+    // GIVEN r1's block bought, and r1's spend holding nothing to give back (a record whose
+    // spend was already given back: the refund is bounded by the request's spend)
     let w = World::new();
     let (p, cr) = bought(&w).await;
     let mut rec = record(&w, "r1");
