@@ -95,28 +95,12 @@ impl World {
         updated_at: DateTime<Utc>,
     ) -> RequestRecord {
         let mut rec = RequestRecord {
-            request_id: req.id.clone(),
-            team: req.team.clone(),
-            request: req,
-            status: RequestStatus::Purchasing,
-            version: 1,
             reason: "seed".into(),
-            next_action_at: None,
-            windows: vec![],
             lease: Some(Lease {
                 token: "seed".into(),
                 expires_at: t0() + Duration::days(30),
             }),
-            doubt: None,
-            purchase_call: None,
-            cancel: None,
-            open_debit: None,
-            run: None,
-            search: None,
-            spent: MicroUsd(0),
-            candidates: vec![],
-            created_at: t0(),
-            updated_at: t0(),
+            ..capacity_pilot::fakes::fixtures::record(req, RequestStatus::Purchasing)
         };
         for r in reservations {
             self.store.insert_record(rec.clone());

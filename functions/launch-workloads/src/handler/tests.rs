@@ -91,25 +91,8 @@ impl World {
 
     fn record(&self, req: CapacityRequest, status: RequestStatus, next: DateTime<Utc>) {
         self.store.insert_record(RequestRecord {
-            request_id: req.id.clone(),
-            team: req.team.clone(),
-            request: req,
-            status,
-            version: 1,
-            reason: "seeded".into(),
             next_action_at: Some(next),
-            windows: vec![],
-            lease: None,
-            doubt: None,
-            purchase_call: None,
-            cancel: None,
-            open_debit: None,
-            run: None,
-            search: None,
-            spent: MicroUsd(0),
-            candidates: vec![],
-            created_at: t0(),
-            updated_at: t0(),
+            ..capacity_pilot::fakes::fixtures::record(req, status)
         });
     }
 

@@ -99,25 +99,11 @@ impl World {
         let planning = plan(&req, &offerings, &PriceTable::default(), t0());
         assert!(!planning.plans.is_empty(), "{planning:?}");
         let rec = RequestRecord {
-            request_id: req.id.clone(),
-            team: req.team.clone(),
-            request: req,
-            status: RequestStatus::OfferingsFound,
             version: 3,
             reason: "offerings found".into(),
             next_action_at: Some(t0()),
-            windows: vec![],
-            lease: None,
-            doubt: None,
-            purchase_call: None,
-            cancel: None,
-            open_debit: None,
-            run: None,
-            search: None,
-            spent: MicroUsd(0),
             candidates: planning.plans,
-            created_at: t0(),
-            updated_at: t0(),
+            ..capacity_pilot::fakes::fixtures::record(req, RequestStatus::OfferingsFound)
         };
         self.store.insert_record(rec.clone());
         rec

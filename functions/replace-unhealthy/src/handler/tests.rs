@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use capacity_pilot::config::Config;
-use capacity_pilot::domain::money::{MicroUsd, Usd};
+use capacity_pilot::domain::money::Usd;
 use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG, client_token};
 use capacity_pilot::domain::offering::{Product, Segment};
 use capacity_pilot::domain::reservation::{Reservation, ReservationState};
@@ -78,28 +78,12 @@ impl World {
             deployment_tag: None,
         };
         let mut rec = RequestRecord {
-            request_id: req.id.clone(),
-            team: req.team.clone(),
-            request: req.clone(),
-            status: RequestStatus::Purchasing,
-            version: 1,
             reason: "seed".into(),
-            next_action_at: None,
-            windows: vec![],
             lease: Some(Lease {
                 token: "seed".into(),
                 expires_at: t0() + Duration::days(30),
             }),
-            doubt: None,
-            purchase_call: None,
-            cancel: None,
-            open_debit: None,
-            run: None,
-            search: None,
-            spent: MicroUsd(0),
-            candidates: vec![],
-            created_at: t0(),
-            updated_at: t0(),
+            ..capacity_pilot::fakes::fixtures::record(req.clone(), RequestStatus::Purchasing)
         };
         w.store.insert_record(rec.clone());
         w.store
@@ -816,23 +800,9 @@ async fn run_of(w: &World, market: LaunchMarket) -> Vec<String> {
         ids.push(launched[0].instance_id.clone());
     }
     w.store.insert_record(RequestRecord {
-        request_id: req.id.clone(),
-        team: req.team.clone(),
-        request: req.clone(),
-        status: if market == LaunchMarket::Spot {
-            RequestStatus::RunningSpot
-        } else {
-            RequestStatus::RunningOnDemand
-        },
         version: 4,
         reason: "seed".into(),
         next_action_at: Some(t0() + Duration::hours(20)),
-        windows: vec![],
-        lease: None,
-        doubt: None,
-        purchase_call: None,
-        cancel: None,
-        open_debit: None,
         run: Some(capacity_pilot::ports::OnDemandRun {
             attempt: label.into(),
             held_at: t0() + Duration::hours(2),
@@ -842,11 +812,15 @@ async fn run_of(w: &World, market: LaunchMarket) -> Vec<String> {
             fall_back: None,
             approval: None,
         }),
-        search: None,
-        spent: MicroUsd(0),
-        candidates: vec![],
-        created_at: t0(),
         updated_at: t0() + Duration::hours(2),
+        ..capacity_pilot::fakes::fixtures::record(
+            req.clone(),
+            if market == LaunchMarket::Spot {
+                RequestStatus::RunningSpot
+            } else {
+                RequestStatus::RunningOnDemand
+            },
+        )
     });
     ids
 }

@@ -645,25 +645,11 @@ fn kept_first_half(w: &World, id: &str) {
     w.workloads
         .add_subnet("us-east-1", "subnet-a", "us-east-1a");
     w.store.insert_record(RequestRecord {
-        request_id: req.id.clone(),
-        team: req.team.clone(),
-        request: req.clone(),
-        status: RequestStatus::Searching,
         version: 6,
         reason: "the second block has gone; searching for a replacement".into(),
         next_action_at: Some(t0()),
-        windows: vec![],
-        lease: None,
-        doubt: None,
-        purchase_call: None,
-        cancel: None,
-        open_debit: None,
-        run: None,
-        search: None,
         spent: Usd::parse("3000").unwrap().to_micros_ceil(),
-        candidates: vec![],
-        created_at: t0(),
-        updated_at: t0(),
+        ..capacity_pilot::fakes::fixtures::record(req.clone(), RequestStatus::Searching)
     });
     w.store.insert_reservation(
         &req.id,
@@ -1226,19 +1212,9 @@ fn fell_back(w: &World, id: &str, served: Duration) {
     w.workloads
         .add_subnet("us-east-1", "subnet-a", "us-east-1a");
     w.store.insert_record(RequestRecord {
-        request_id: req.id.clone(),
-        team: req.team.clone(),
-        request: req.clone(),
-        status: RequestStatus::Searching,
         version: 9,
         reason: "spot: falling back".into(),
         next_action_at: Some(t0()),
-        windows: vec![],
-        lease: None,
-        doubt: None,
-        purchase_call: None,
-        cancel: None,
-        open_debit: None,
         run: Some(OnDemandRun {
             attempt: "spot".into(),
             held_at: day(2),
@@ -1251,11 +1227,8 @@ fn fell_back(w: &World, id: &str, served: Duration) {
             }),
             approval: None,
         }),
-        search: None,
         spent: Usd::parse("2000").unwrap().to_micros_ceil(),
-        candidates: vec![],
-        created_at: t0(),
-        updated_at: t0(),
+        ..capacity_pilot::fakes::fixtures::record(req.clone(), RequestStatus::Searching)
     });
 }
 
