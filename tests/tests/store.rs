@@ -96,6 +96,14 @@ fn due_keys(
         .collect()
 }
 
+/// What team `team_name` has spent in t0's month, as its ledger holds it.
+async fn ledger_at_t0(store: &DynamoStore, team_name: &str) -> MicroUsd {
+    store
+        .budget_spent(&team(team_name), &BudgetMonth::of(t0()))
+        .await
+        .unwrap()
+}
+
 async fn status_of(store: &DynamoStore, id: &str) -> RequestStatus {
     store
         .get_request(&request_id(id))
@@ -149,13 +157,7 @@ async fn thirty_two_workers_racing_to_purchase_one_request_leave_exactly_one_hol
     assert_eq!(record.lease.unwrap().token, winners[0].0);
     assert_eq!(record.open_debit, Some(amount));
     assert_eq!(record.spent, amount);
-    assert_eq!(
-        store
-            .budget_spent(&team("ml-research"), &BudgetMonth::of(t0()))
-            .await
-            .unwrap(),
-        amount
-    );
+    assert_eq!(ledger_at_t0(&store, "ml-research").await, amount);
 }
 
 #[tokio::test]
@@ -213,13 +215,7 @@ async fn thirty_two_concurrent_debits_against_a_cap_that_fits_five_let_exactly_f
             other => panic!("{id}: unexpected {other:?}"),
         }
     }
-    assert_eq!(
-        store
-            .budget_spent(&team("vision"), &BudgetMonth::of(t0()))
-            .await
-            .unwrap(),
-        MicroUsd(amount.0 * 5)
-    );
+    assert_eq!(ledger_at_t0(&store, "vision").await, MicroUsd(amount.0 * 5));
 }
 
 #[tokio::test]
@@ -246,13 +242,7 @@ async fn a_purchase_over_the_requests_own_cap_is_refused_and_debits_nothing_and_
         }
     );
     assert_eq!(status_of(&store, "small-cap").await, OfferingsFound);
-    assert_eq!(
-        store
-            .budget_spent(&team("nlp"), &BudgetMonth::of(t0()))
-            .await
-            .unwrap(),
-        MicroUsd(0)
-    );
+    assert_eq!(ledger_at_t0(&store, "nlp").await, MicroUsd(0));
 
     // WHEN another worker writes the request (version 4, still OfferingsFound) and one that
     // read version 3 tries the same purchase
@@ -574,13 +564,7 @@ async fn an_expired_lease_lets_a_second_worker_take_over_and_the_first_workers_l
         store.begin_purchase(late).await.unwrap(),
         BeginPurchaseOutcome::Acquired { version: 5 }
     );
-    assert_eq!(
-        store
-            .budget_spent(&team("ml"), &BudgetMonth::of(t0()))
-            .await
-            .unwrap(),
-        amount
-    );
+    assert_eq!(ledger_at_t0(&store, "ml").await, amount);
 
     // WHEN A's late writes arrive
     let a_record = record_reservation(
@@ -606,13 +590,7 @@ async fn an_expired_lease_lets_a_second_worker_take_over_and_the_first_workers_l
             .unwrap()
             .is_empty()
     );
-    assert_eq!(
-        store
-            .budget_spent(&team("ml"), &BudgetMonth::of(t0()))
-            .await
-            .unwrap(),
-        amount
-    );
+    assert_eq!(ledger_at_t0(&store, "ml").await, amount);
 
     // AND B records the reservation it adopted: the debit is kept and closed
     let b_record = record_reservation(
@@ -696,13 +674,7 @@ async fn releasing_an_unbought_purchase_returns_exactly_the_open_debit_to_the_le
 
     // THEN its debit, and only its debit, is released; a replay releases nothing more
     assert_eq!(outcome, LeaseWriteOutcome::Applied { version: 5 });
-    assert_eq!(
-        store
-            .budget_spent(&team("ops"), &BudgetMonth::of(t0()))
-            .await
-            .unwrap(),
-        kept
-    );
+    assert_eq!(ledger_at_t0(&store, "ops").await, kept);
     let r = store
         .get_request(&request_id("released"))
         .await
@@ -719,13 +691,7 @@ async fn releasing_an_unbought_purchase_returns_exactly_the_open_debit_to_the_le
             .unwrap(),
         LeaseWriteOutcome::DuplicateEvent
     );
-    assert_eq!(
-        store
-            .budget_spent(&team("ops"), &BudgetMonth::of(t0()))
-            .await
-            .unwrap(),
-        kept
-    );
+    assert_eq!(ledger_at_t0(&store, "ops").await, kept);
 }
 
 #[tokio::test]
@@ -870,13 +836,7 @@ async fn money_round_trips_without_loss() {
         store.reservations(&request_id("money-1")).await.unwrap()[0].upfront_fee,
         usd("7974.400001")
     );
-    assert_eq!(
-        store
-            .budget_spent(&team("ml"), &BudgetMonth::of(t0()))
-            .await
-            .unwrap(),
-        amount
-    );
+    assert_eq!(ledger_at_t0(&store, "ml").await, amount);
     // AND on the wire: the ledger is an integer N, the money in documents a decimal string
     let ledger = table
         .client
@@ -1112,13 +1072,7 @@ async fn an_on_demand_debit_is_kept_with_its_transition_and_refused_over_either_
         (RunningOnDemand, amount, None)
     );
     assert_eq!(status_of(&store, "od-3").await, TryingOnDemand);
-    assert_eq!(
-        store
-            .budget_spent(&team("web"), &BudgetMonth::of(t0()))
-            .await
-            .unwrap(),
-        amount
-    );
+    assert_eq!(ledger_at_t0(&store, "web").await, amount);
 }
 
 #[tokio::test]
@@ -1146,13 +1100,7 @@ async fn a_first_debit_larger_than_the_whole_monthly_cap_is_refused_and_one_of_e
             cap: d.team_cap
         }
     );
-    assert_eq!(
-        store
-            .budget_spent(&team("tiny-team"), &BudgetMonth::of(t0()))
-            .await
-            .unwrap(),
-        MicroUsd(0)
-    );
+    assert_eq!(ledger_at_t0(&store, "tiny-team").await, MicroUsd(0));
 
     // WHEN another costs exactly the whole cap (issue 51: the store's check before its
     // transaction refused it with `>=`)
@@ -1163,13 +1111,7 @@ async fn a_first_debit_larger_than_the_whole_monthly_cap_is_refused_and_one_of_e
         store.begin_purchase(b).await.unwrap(),
         BeginPurchaseOutcome::Acquired { version: 4 }
     );
-    assert_eq!(
-        store
-            .budget_spent(&team("tiny-team"), &BudgetMonth::of(t0()))
-            .await
-            .unwrap(),
-        d.team_cap
-    );
+    assert_eq!(ledger_at_t0(&store, "tiny-team").await, d.team_cap);
 }
 
 #[tokio::test]
@@ -1214,10 +1156,7 @@ async fn a_split_plans_first_segment_shrinks_the_open_debit_to_what_is_left_to_b
     assert_eq!(open, Some(usd("5000.00").to_micros_ceil()));
     assert_eq!(released, LeaseWriteOutcome::Applied { version: 6 });
     assert_eq!(
-        store
-            .budget_spent(&team("ml"), &BudgetMonth::of(t0()))
-            .await
-            .unwrap(),
+        ledger_at_t0(&store, "ml").await,
         usd("4000.00").to_micros_ceil()
     );
     let r = store
@@ -1268,10 +1207,7 @@ async fn a_stray_is_debited_past_the_cap_and_in_the_plans_place_returns_the_plan
     // THEN each stray is charged whole, past the cap ($28000 of $20000), and the in-place
     // one's plan debit went back
     assert_eq!(
-        store
-            .budget_spent(&team("ml"), &BudgetMonth::of(t0()))
-            .await
-            .unwrap(),
+        ledger_at_t0(&store, "ml").await,
         usd("28000.00").to_micros_ceil()
     );
     let a = get(&store, "in-place").await;
@@ -1347,13 +1283,7 @@ async fn a_cancellation_kept_during_a_purchase_refuses_a_release_that_would_pass
         (rec.status, rec.spent, rec.open_debit),
         (Cancelled, MicroUsd(0), None)
     );
-    assert_eq!(
-        store
-            .budget_spent(&team("ml"), &BudgetMonth::of(t0()))
-            .await
-            .unwrap(),
-        MicroUsd(0)
-    );
+    assert_eq!(ledger_at_t0(&store, "ml").await, MicroUsd(0));
 }
 
 #[tokio::test]
@@ -2201,13 +2131,7 @@ async fn a_release_meeting_a_cancellation_kept_after_its_read_leaves_it_to_be_ap
     let rec = get(&store, id).await;
     assert_eq!((rec.status, rec.version), (Purchasing, 5));
     assert_eq!(rec.open_debit, Some(amount));
-    assert_eq!(
-        store
-            .budget_spent(&team("ops"), &BudgetMonth::of(t0()))
-            .await
-            .unwrap(),
-        amount
-    );
+    assert_eq!(ledger_at_t0(&store, "ops").await, amount);
 }
 
 /// A ledger holding less than the open debit a release returns is corrupt, and said so
@@ -2958,10 +2882,7 @@ async fn a_held_run_estimate_is_settled_by_what_ran_exactly_once() {
     store.transition(end).await.unwrap();
     assert_eq!(get(&store, id).await.spent, usd("12").to_micros_ceil());
     assert_eq!(
-        store
-            .budget_spent(&team("web"), &BudgetMonth::of(t0()))
-            .await
-            .unwrap(),
+        ledger_at_t0(&store, "web").await,
         usd("12").to_micros_ceil()
     );
 }
@@ -3733,13 +3654,7 @@ async fn a_purchase_call_is_recorded_under_the_lease_and_a_purchase_in_doubt_kee
     let r = get(&store, id).await;
     assert!(!r.in_doubt() && r.purchase_call.is_none() && r.open_debit.is_none());
     assert_eq!(r.spent, fee);
-    assert_eq!(
-        store
-            .budget_spent(&team("ops"), &BudgetMonth::of(t0()))
-            .await
-            .unwrap(),
-        fee
-    );
+    assert_eq!(ledger_at_t0(&store, "ops").await, fee);
     assert!(has_ttl(&raw_item(&table, "REQ#doubt", "META").await));
 }
 
