@@ -134,9 +134,52 @@ impl Default for PriceTable {
     }
 }
 
+/// The accelerators one instance of a type carries, by the EC2 type (a SageMaker `ml.` type
+/// carries its EC2 type's): the accelerator's short name, how many, and its maker's name for
+/// it (AWS's accelerated-computing instance type pages).
+pub const ACCELERATORS: [(&str, &str, u32, &str); 12] = [
+    ("p6-b300.48xlarge", "B300", 8, "NVIDIA B300"),
+    ("p6-b200.48xlarge", "B200", 8, "NVIDIA B200"),
+    ("p6e-gb200.36xlarge", "GB200", 4, "NVIDIA GB200 (UltraServer)"),
+    ("p5.4xlarge", "H100", 1, "NVIDIA H100 80 GB"),
+    ("p5.48xlarge", "H100", 8, "NVIDIA H100 80 GB"),
+    ("p5e.48xlarge", "H200", 8, "NVIDIA H200 141 GB"),
+    ("p5en.48xlarge", "H200", 8, "NVIDIA H200 141 GB"),
+    ("p4d.24xlarge", "A100", 8, "NVIDIA A100 40 GB"),
+    ("p4de.24xlarge", "A100-80GB", 8, "NVIDIA A100 80 GB"),
+    ("trn1.32xlarge", "Trainium", 16, "AWS Trainium"),
+    ("trn2.3xlarge", "Trainium2", 1, "AWS Trainium2"),
+    ("trn2.48xlarge", "Trainium2", 16, "AWS Trainium2"),
+];
+
+/// What one instance of `instance_type` carries: (accelerator, count per instance), for an
+/// EC2 type or its SageMaker `ml.` twin; `None` for a type the table does not know.
+pub fn accelerators(instance_type: &str) -> Option<(&'static str, u32)> {
+    let ec2 = instance_type.strip_prefix("ml.").unwrap_or(instance_type);
+    ACCELERATORS
+        .iter()
+        .find(|(t, ..)| *t == ec2)
+        .map(|(_, a, n, _)| (*a, *n))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_supported_type_has_its_accelerators_and_an_ml_type_its_ec2_twins() {
+        // GIVEN the default catalogue
+        let types = SupportedInstanceTypes::default();
+        // THEN each type of either product names what it carries, and an `ml.` type carries
+        // what its EC2 twin does
+        for t in types.ec2().iter().chain(types.sagemaker()) {
+            assert!(accelerators(t).is_some(), "{t} has no accelerators");
+        }
+        assert_eq!(accelerators("ml.p5.48xlarge"), Some(("H100", 8)));
+        assert_eq!(accelerators("p5.4xlarge"), Some(("H100", 1)));
+        assert_eq!(accelerators("trn2.48xlarge"), Some(("Trainium2", 16)));
+        assert_eq!(accelerators("m5.large"), None);
+    }
 
     #[test]
     fn no_ultraserver_type_is_in_the_default_plan_catalogue() {

@@ -716,6 +716,27 @@ pub fn parse_request(
         sagemaker_tag_problems(tags, &mut p);
     }
 
+    // A value `capacity-pilot new` left for the caller to fill in names itself, and
+    // nothing else is said of its field.
+    let mut left = Vec::new();
+    placeholders(detail, "", &mut left);
+    if !left.is_empty() {
+        p.0.retain(|f| {
+            !left
+                .iter()
+                .any(|(at, _)| f.field == *at || f.field.starts_with(&format!("{at}.")))
+        });
+        for (at, what) in left {
+            p.add(
+                at,
+                format!(
+                    "is still the placeholder {what:?} that `capacity-pilot new` wrote: put \
+                     the real value here"
+                ),
+            );
+        }
+    }
+
     if !p.0.is_empty() {
         // In the order of the schema, so the message reads like the request.
         let rank = |f: &FieldError| {
@@ -777,6 +798,35 @@ pub fn parse_request(
             field: "detail".into(),
             message: "could not be read".into(),
         }]),
+    }
+}
+
+/// Whether `s` is a placeholder: `<` and `>` around a description, as `capacity-pilot new`
+/// writes for what it cannot know (`"<launch template name>"`).
+pub fn is_placeholder(s: &str) -> bool {
+    s.len() > 2 && s.starts_with('<') && s.ends_with('>')
+}
+
+/// Every placeholder string under `v`, with its field path (`workload.subnet_ids[0]`).
+fn placeholders(v: &Value, at: &str, out: &mut Vec<(String, String)>) {
+    match v {
+        Value::String(s) if is_placeholder(s) => out.push((at.to_string(), s.clone())),
+        Value::Array(items) => {
+            for (i, x) in items.iter().enumerate() {
+                placeholders(x, &format!("{at}[{i}]"), out);
+            }
+        }
+        Value::Object(map) => {
+            for (k, x) in map {
+                let path = if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                };
+                placeholders(x, &path, out);
+            }
+        }
+        _ => {}
     }
 }
 

@@ -450,7 +450,8 @@ pub fn hold_awaiting(rec: &RequestRecord) -> Option<(&OnDemandRun, &HoldApproval
 }
 
 /// What a decision must name now ([`names`]): the hold or the plan `rec` awaits approval for.
-fn awaiting(rec: &RequestRecord) -> Option<String> {
+/// (The CLI's `approve` answers with it: the key the function checks is the one it sends.)
+pub fn awaiting(rec: &RequestRecord) -> Option<String> {
     if rec.status != RequestStatus::AwaitingApproval {
         return None;
     }

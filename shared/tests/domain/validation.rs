@@ -544,3 +544,27 @@ fn tags_sagemaker_refuses_are_named_at_submission_for_sagemaker_workloads_only()
     job["tags"] = json!({"équipe": "recherche-東京-٣"});
     assert!(parse(&job).is_ok(), "{:?}", parse(&job));
 }
+
+#[test]
+fn a_placeholder_left_by_new_is_named_alone_at_its_field() {
+    // GIVEN a request whose launch template and subnet are `capacity-pilot new`'s
+    // placeholders, and a team left as one too
+    let mut v = ec2();
+    v["workload"]["launch_template"] = json!({"name": "<launch template name>"});
+    v["workload"]["subnet_ids"] = json!(["<subnet id in each zone>"]);
+    v["team"] = json!("<team>");
+    // WHEN it is parsed
+    // THEN each placeholder is the only problem of its field, in the schema's order ...
+    assert_eq!(
+        fields(&v),
+        [
+            "team",
+            "workload.launch_template.name",
+            "workload.subnet_ids[0]"
+        ]
+    );
+    // ... and says what to do
+    let m = message(&v, "workload.subnet_ids[0]");
+    assert!(m.contains("\"<subnet id in each zone>\""), "{m}");
+    assert!(m.contains("capacity-pilot new"), "{m}");
+}

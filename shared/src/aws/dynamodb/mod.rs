@@ -701,6 +701,36 @@ impl DynamoStore {
         Ok(items)
     }
 
+    /// Every request the table holds (not past its TTL), without its candidates: a Scan of
+    /// the `META` items, page by page, for the operator CLI's `list`. Nothing of the
+    /// functions reads it; a tick's read stays the one Query of the `work` index.
+    pub async fn list_requests(&self) -> Result<Vec<RequestRecord>, PortError> {
+        let mut e = Expr::new();
+        let sk = e.name(attr::SK);
+        let meta = e.value(s(META_SK));
+        let mut pages = self
+            .client
+            .scan()
+            .table_name(&self.table)
+            .filter_expression(format!("{sk} = {meta}"))
+            .set_expression_attribute_names(e.names())
+            .set_expression_attribute_values(e.values())
+            .set_limit(self.page_size)
+            .into_paginator()
+            .send();
+        let now = self.now();
+        let mut out = Vec::new();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| sdk_error("Scan", e, Call::Read))?;
+            for item in page.items.unwrap_or_default() {
+                if !is_gone(&item, now) {
+                    out.push(read_meta(&item)?.record);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// The items of one request partition whose sort key starts with `prefix`, unless this
     /// run holds them already.
     async fn query_prefix(&self, request_id: &str, prefix: &str) -> Result<Vec<Item>, PortError> {

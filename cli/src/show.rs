@@ -1,0 +1,129 @@
+//! How results are shown: a table (or a short text) on a terminal, JSON when piped or asked
+//! (`--output`); colour only on a terminal and never with `NO_COLOR`; progress on stderr.
+
+use std::io::IsTerminal;
+
+use capacity_pilot::domain::money::{MicroUsd, Usd};
+use capacity_pilot::domain::status::RequestStatus;
+use chrono::{DateTime, Utc};
+use comfy_table::{Attribute, Cell, Color, ContentArrangement, Table, presets};
+use serde_json::Value;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+}
+
+/// Where and how a command writes.
+#[derive(Debug, Clone, Copy)]
+pub struct Out {
+    pub format: Format,
+    pub colour: bool,
+    /// stderr is a terminal: progress may be drawn there.
+    pub progress: bool,
+    /// stdin is a terminal: a command may ask.
+    pub interactive: bool,
+}
+
+impl Out {
+    pub fn new(format: Option<Format>) -> Out {
+        let tty = std::io::stdout().is_terminal();
+        let format = format.unwrap_or(if tty { Format::Table } else { Format::Json });
+        let no_colour = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        Out {
+            format,
+            colour: tty && !no_colour && format == Format::Table,
+            progress: std::io::stderr().is_terminal(),
+            interactive: std::io::stdin().is_terminal(),
+        }
+    }
+
+    pub fn json(&self) -> bool {
+        self.format == Format::Json
+    }
+
+    /// Prints `v` as indented JSON.
+    pub fn print_json(&self, v: &Value) {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+        );
+    }
+
+    /// A table with `headers`, borderless like kubectl's.
+    pub fn table(&self, headers: &[&str]) -> Table {
+        let mut t = Table::new();
+        t.load_preset(presets::NOTHING)
+            .set_content_arrangement(ContentArrangement::Dynamic);
+        if !self.colour {
+            t.force_no_tty();
+        }
+        t.set_header(headers.iter().map(|h| {
+            let c = Cell::new(h);
+            if self.colour {
+                c.add_attribute(Attribute::Bold)
+            } else {
+                c
+            }
+        }));
+        t
+    }
+
+    /// A status, coloured by what it means on a terminal.
+    pub fn status(&self, s: RequestStatus) -> Cell {
+        let c = Cell::new(s.as_str());
+        if !self.colour {
+            return c;
+        }
+        use RequestStatus::*;
+        match s {
+            Failed | Rejected => c.fg(Color::Red),
+            Cancelled | Ended => c.fg(Color::DarkGrey),
+            AwaitingApproval | NotFound => c.fg(Color::Yellow),
+            Reserved | Active | RunningOnDemand | RunningSpot => c.fg(Color::Green),
+            _ => c,
+        }
+    }
+}
+
+/// `2026-12-07 11:30 UTC`.
+pub fn when(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M UTC").to_string()
+}
+
+pub fn when_opt(t: Option<DateTime<Utc>>) -> String {
+    t.map(when).unwrap_or_else(|| "-".into())
+}
+
+/// `$12,345.67`.
+pub fn usd(u: Usd) -> String {
+    let s = format!("{:.2}", u.amount().round_dp(2));
+    let (whole, cents) = s.split_once('.').unwrap_or((&s, "00"));
+    let (sign, digits) = whole.strip_prefix('-').map_or(("", whole), |d| ("-", d));
+    let mut grouped = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            grouped.push(',');
+        }
+        grouped.push(c);
+    }
+    format!("{sign}${grouped}.{cents}")
+}
+
+pub fn micro(m: MicroUsd) -> String {
+    usd(m.to_usd())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dollars_are_grouped_in_thousands_with_cents() {
+        assert_eq!(usd(Usd::parse("1234567.891").unwrap()), "$1,234,567.89");
+        assert_eq!(usd(Usd::parse("5").unwrap()), "$5.00");
+        assert_eq!(usd(Usd::parse("-1000").unwrap()), "-$1,000.00");
+        assert_eq!(usd(Usd::parse("999.999").unwrap()), "$1,000.00");
+    }
+}
