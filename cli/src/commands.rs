@@ -75,7 +75,7 @@ pub fn types(out: &Out, gpu: Option<&str>) -> Result<()> {
             ),
         ]);
     }
-    println!("{t}");
+    out.print_table(&mut t);
     println!(
         "\nA request searches its `regions`, else the stack's AllowedRegions; which types each \
          region sells varies and changes, so the search asks AWS. A deployment may narrow the \
@@ -575,7 +575,7 @@ fn next_action(rec: &RequestRecord, windows: &[KeptWindow]) -> String {
             let _ = windows;
             format!("{what} window {} at {}", w.number, when(t))
         }
-        (_, Some(t)) => format!("{} again at {}", owner(rec.status), when(t)),
+        (_, Some(t)) => format!("{} looks again at {}", owner(rec.status), when(t)),
         _ if rec.archivable() => "none: it has ended".into(),
         _ => "none scheduled".into(),
     }
@@ -585,10 +585,10 @@ fn next_action(rec: &RequestRecord, windows: &[KeptWindow]) -> String {
 fn owner(s: RequestStatus) -> &'static str {
     use RequestStatus::*;
     match s {
-        Accepted | Searching | NotFound => "search",
-        OfferingsFound | Purchasing | AwaitingApproval => "purchase",
-        TryingOnDemand | RunningOnDemand | RunningSpot => "launch",
-        _ => "look",
+        Accepted | Searching | NotFound => "search-offerings",
+        OfferingsFound | Purchasing | AwaitingApproval | Reserved => "purchase-capacity",
+        TryingOnDemand | RunningOnDemand | RunningSpot => "launch-workloads",
+        _ => "cleanup-expired",
     }
 }
 
@@ -652,8 +652,7 @@ pub async fn status(g: &Global, out: &Out, id: &str) -> Result<()> {
     let gpus = accelerators(&r.instance_types[0])
         .map(|(a, n)| format!(" ({} {a})", n * r.instance_count))
         .unwrap_or_default();
-    let mut t = out.table(&["", ""]);
-    t.set_header(Vec::<Cell>::new());
+    let mut t = out.fields();
     t.add_row(vec![Cell::new("request"), Cell::new(&rec.request_id)]);
     t.add_row(vec![Cell::new("status"), out.status(rec.status)]);
     t.add_row(vec!["reason", &rec.reason]);
@@ -684,7 +683,7 @@ pub async fn status(g: &Global, out: &Out, id: &str) -> Result<()> {
             format!("{} (key {key})", usd(fee)),
         ]);
     }
-    println!("{t}");
+    out.print_table(&mut t);
     if !windows.is_empty() {
         let mut w = out.table(&[
             "WINDOW",
@@ -704,7 +703,8 @@ pub async fn status(g: &Global, out: &Out, id: &str) -> Result<()> {
                 when(k.ends_at),
             ]);
         }
-        println!("\n{w}");
+        println!();
+        out.print_table(&mut w);
     }
     if !slots.is_empty() {
         let mut s = out.table(&["RESOURCE", "STATE", "IN", "REPLACEMENTS"]);
@@ -716,7 +716,8 @@ pub async fn status(g: &Global, out: &Out, id: &str) -> Result<()> {
                 w.generation.to_string(),
             ]);
         }
-        println!("\n{s}");
+        println!();
+        out.print_table(&mut s);
     }
     Ok(())
 }
@@ -802,7 +803,7 @@ pub async fn list(g: &Global, out: &Out, a: ListArgs) -> Result<()> {
             Cell::new(when(r.updated_at)),
         ]);
     }
-    println!("{t}");
+    out.print_table(&mut t);
     Ok(())
 }
 
@@ -866,7 +867,7 @@ pub async fn history(g: &Global, out: &Out, id: &str) -> Result<()> {
             Cell::new(&e.reason),
         ]);
     }
-    println!("{t}");
+    out.print_table(&mut t);
     Ok(())
 }
 
@@ -1012,7 +1013,7 @@ pub async fn budget(g: &Global, out: &Out, a: BudgetArgs) -> Result<()> {
             left.map(micro).unwrap_or_else(|| "-".into()),
         ]);
     }
-    println!("{t}");
+    out.print_table(&mut t);
     println!(
         "\nSpent counts every debit of the month, held ones included (a purchase under way, an on-demand hold); a failed payment is returned."
     );

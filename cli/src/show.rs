@@ -70,6 +70,27 @@ impl Out {
         t
     }
 
+    /// A two-column list of fields, without a header.
+    pub fn fields(&self) -> Table {
+        let mut t = Table::new();
+        t.load_preset(presets::NOTHING)
+            .set_content_arrangement(ContentArrangement::Dynamic);
+        if !self.colour {
+            t.force_no_tty();
+        }
+        t
+    }
+
+    /// Prints a table flush left, columns two spaces apart, and no padding after the last.
+    pub fn print_table(&self, t: &mut Table) {
+        for c in t.column_iter_mut() {
+            c.set_padding((0, 2));
+        }
+        for line in t.lines() {
+            println!("{}", line.trim_end());
+        }
+    }
+
     /// A status, coloured by what it means on a terminal.
     pub fn status(&self, s: RequestStatus) -> Cell {
         let c = Cell::new(s.as_str());

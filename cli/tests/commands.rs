@@ -1,0 +1,554 @@
+//! The CLI binary against the offline stand-ins, over HTTP as a user's machine talks to AWS:
+//! the emulator answers CloudFormation, STS and EventBridge, moto's DynamoDB holds the
+//! flow's table, and the five functions (the flows' production wiring) move the requests the
+//! CLI puts on the bus. Table and JSON outputs are snapshots (`cli/tests/snapshots/`;
+//! `INSTA_UPDATE=always` rewrites them after a deliberate change, to be read in review).
+
+use std::process::Output;
+
+use assert_cmd::Command;
+use integration_tests::flow::{APPROVER, BUS, Flow, Function, REGION, SOURCE};
+use integration_tests::moto::Moto;
+use local_cloud::cloudformation::{Stack, StackOutput};
+use serde_json::{Value, json};
+
+const STACK: &str = "capacity-pilot";
+/// The approver's role, as STS names a caller in it.
+const APPROVER_ARN: &str = "arn:aws:sts::123456789012:assumed-role/capacity-approver/alice";
+
+/// A flow with the stack the CLI reads registered in its emulator: the flow's configuration
+/// as the stack's parameters, its bus and table as the outputs.
+async fn deployed(overrides: &[(&str, &str)], approvers: &str) -> Flow {
+    let f = Flow::start_with(11, overrides).await;
+    let mut parameters: std::collections::BTreeMap<String, String> = [
+        ("AllowedRegions", REGION),
+        ("AllowedRequestSources", SOURCE),
+        ("ApproverSources", APPROVER),
+        ("TeamBudgetsUsd", r#"{"*": "250000"}"#),
+        (
+            "SageMakerExecutionRoleArn",
+            "arn:aws:iam::123456789012:role/sm",
+        ),
+        ("ApproverPrincipals", approvers),
+        ("ApproveAboveUsd", ""),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    if let Some((_, v)) = overrides.iter().find(|(k, _)| *k == "APPROVE_ABOVE_USD") {
+        parameters.insert("ApproveAboveUsd".into(), v.to_string());
+    }
+    let stack = Stack {
+        name: STACK.into(),
+        parameters,
+        outputs: vec![
+            StackOutput {
+                key: "BusName".into(),
+                value: BUS.into(),
+                description: None,
+            },
+            StackOutput {
+                key: "StateTableName".into(),
+                value: f.table.name.clone(),
+                description: None,
+            },
+        ],
+        ..Stack::default()
+    };
+    f.cloud
+        .with_world(|w| {
+            w.put_stack(REGION, stack)?;
+            w.put_identity("AKIDAPPROVER", APPROVER_ARN)
+        })
+        .expect("the stack and the approver are registered");
+    f
+}
+
+/// `capacity-pilot` with a user's environment pointed at the stand-ins: the emulator for
+/// every service but DynamoDB, moto for that, the flow's simulated clock, no colour, and no
+/// profile of the machine's own.
+fn cli(f: &Flow) -> Command {
+    cli_as(f, "AKIDREQUESTER")
+}
+
+fn cli_as(f: &Flow, access_key: &str) -> Command {
+    let moto = Moto::shared().expect("moto");
+    let mut c = Command::cargo_bin("capacity-pilot").expect("the CLI is built");
+    c.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", std::env::temp_dir())
+        .env("AWS_ENDPOINT_URL", f.cloud.url())
+        .env("AWS_ENDPOINT_URL_DYNAMODB", moto.url())
+        .env("AWS_REGION", REGION)
+        .env("AWS_ACCESS_KEY_ID", access_key)
+        .env("AWS_SECRET_ACCESS_KEY", "secret")
+        .env("AWS_CONFIG_FILE", "/nonexistent")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env(
+            "CAPACITY_PILOT_CLOCK_URL",
+            format!("{}/_local/clock", f.cloud.url()),
+        )
+        .env("NO_COLOR", "1");
+    c
+}
+
+fn run(c: &mut Command, args: &[&str]) -> Output {
+    c.args(args).output().expect("the CLI runs")
+}
+
+fn text(o: &Output) -> (String, String, i32) {
+    (
+        String::from_utf8_lossy(&o.stdout).to_string(),
+        String::from_utf8_lossy(&o.stderr).to_string(),
+        o.status.code().unwrap_or(-1),
+    )
+}
+
+/// Runs, asserting the exit code, and gives stdout.
+fn ok(c: &mut Command, args: &[&str]) -> String {
+    let o = run(c, args);
+    let (out, err, code) = text(&o);
+    assert_eq!(
+        code, 0,
+        "capacity-pilot {args:?} exited {code}\nstdout: {out}\nstderr: {err}"
+    );
+    out
+}
+
+fn fails(c: &mut Command, args: &[&str], want: i32) -> String {
+    let o = run(c, args);
+    let (out, err, code) = text(&o);
+    assert_eq!(
+        code, want,
+        "capacity-pilot {args:?} exited {code}, not {want}\nstdout: {out}\nstderr: {err}"
+    );
+    err
+}
+
+/// Writes `v` to a temporary file for `submit`.
+fn file(name: &str, v: &Value) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("capacity-pilot-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, serde_json::to_string_pretty(v).unwrap()).unwrap();
+    p
+}
+
+/// The seeded launch template's name and every subnet, for `new`.
+fn template_and_subnets(f: &Flow) -> (String, String) {
+    f.cloud.with_world(|w| {
+        let t = w
+            .launch_templates(REGION)
+            .into_iter()
+            .find(|t| t.name == "capacity-pilot-gpu")
+            .expect("the seeded GPU template")
+            .name
+            .to_string();
+        let s: Vec<String> = w.subnets(REGION).into_iter().map(|s| s.id).collect();
+        (t, s.join(","))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_writes_a_request_whose_placeholders_submit_names_and_filled_in_it_is_accepted() {
+    // GIVEN a deployed stack and a request `new` wrote without a launch template or subnets
+    let f = deployed(&[], "").await;
+    let draft: Value = serde_json::from_str(&ok(
+        &mut cli(&f),
+        &[
+            "new",
+            "--gpus",
+            "H100:32",
+            "--hours",
+            "48",
+            "--start",
+            "2026-12-02",
+            "--by",
+            "2026-12-20",
+            "--team",
+            "team-a",
+        ],
+    ))
+    .expect("new writes JSON");
+    assert_eq!(draft["instance_types"], json!(["p5.48xlarge"]));
+    assert_eq!(draft["instance_count"], 4);
+    assert_eq!(draft["latest_end"], "2026-12-20T11:30:00Z");
+
+    // WHEN it is submitted as written
+    let before = f.bus("Capacity Request Submitted").len();
+    let err = fails(
+        &mut cli(&f),
+        &["submit", file("draft.json", &draft).to_str().unwrap()],
+        3,
+    );
+    // THEN each placeholder is named at its field, and nothing reached the bus
+    assert!(
+        err.contains("workload.launch_template.name: is still the placeholder"),
+        "{err}"
+    );
+    assert!(
+        err.contains("workload.subnet_ids[0]: is still the placeholder"),
+        "{err}"
+    );
+    assert_eq!(f.bus("Capacity Request Submitted").len(), before);
+
+    // WHEN `new` is told them, and the request is submitted
+    let (template, subnets) = template_and_subnets(&f);
+    let full = ok(
+        &mut cli(&f),
+        &[
+            "new",
+            "--gpus",
+            "H100:32",
+            "--hours",
+            "48",
+            "--start",
+            "2026-12-02",
+            "--by",
+            "2026-12-20",
+            "--team",
+            "team-a",
+            "--id",
+            "cli-new",
+            "--launch-template",
+            &template,
+            "--subnets",
+            &subnets,
+        ],
+    );
+    let path = file("full.json", &serde_json::from_str(&full).unwrap());
+    let out = ok(
+        &mut cli(&f),
+        &["submit", path.to_str().unwrap(), "-o", "json"],
+    );
+    let put: Value = serde_json::from_str(&out).unwrap();
+    // THEN it is put as the stack's first request source, and the functions record it
+    assert_eq!(put["request_id"], "cli-new");
+    assert_eq!(put["source"], SOURCE);
+    let submitted = f.bus("Capacity Request Submitted");
+    assert_eq!(submitted.last().unwrap()["source"], SOURCE);
+    f.deliver().await;
+    let status: Value =
+        serde_json::from_str(&ok(&mut cli(&f), &["status", "cli-new", "-o", "json"])).unwrap();
+    assert_eq!(status["status"], "Reserved", "{status}");
+    assert_eq!(status["windows"].as_array().unwrap().len(), 1, "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_file_names_every_field_at_fault_exits_3_and_sends_nothing() {
+    let f = deployed(&[], "").await;
+    // GIVEN a request with three faults and one unknown field
+    let mut bad = f.ec2_request("cli-bad");
+    bad["instance_count"] = json!(0);
+    bad["duration_hours"] = json!(30);
+    bad["team"] = json!("");
+    bad["colour"] = json!("blue");
+    // WHEN it is submitted
+    let err = fails(
+        &mut cli(&f),
+        &["submit", file("bad.json", &bad).to_str().unwrap()],
+        3,
+    );
+    // THEN every field is named, in the schema's order, and the bus got nothing
+    insta::assert_snapshot!(
+        "submit_bad_file",
+        err.replace(&std::env::temp_dir().display().to_string(), "$TMP")
+            .replace(
+                &format!("capacity-pilot-cli-{}", std::process::id()),
+                "$DIR"
+            )
+    );
+    assert!(f.bus("Capacity Request Submitted").is_empty());
+    // AND a file that is not there says so (4), stdin that is not a request too (3)
+    fails(&mut cli(&f), &["submit", "/nonexistent/request.json"], 4);
+    let mut c = cli(&f);
+    c.write_stdin("[1, 2");
+    fails(&mut c, &["submit", "-"], 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_stack_or_request_says_so_and_exits_4() {
+    let f = deployed(&[], "").await;
+    let err = fails(
+        &mut cli(&f),
+        &["status", "nobody", "--stack", "not-deployed"],
+        4,
+    );
+    assert!(
+        err.contains("no stack named \"not-deployed\" in us-east-1"),
+        "{err}"
+    );
+    for args in [
+        vec!["status", "nobody"],
+        vec!["history", "nobody"],
+        vec!["approve", "nobody", "--yes", "--max-fee", "1"],
+        vec!["cancel", "nobody"],
+    ] {
+        let err = fails(&mut cli(&f), &args, 4);
+        assert!(err.contains("no request \"nobody\""), "{args:?}: {err}");
+    }
+    // ... and a bad command line is a usage error (2)
+    fails(&mut cli(&f), &["status"], 2);
+    fails(&mut cli(&f), &["list", "--status", "Sleeping"], 2);
+    fails(&mut cli(&f), &["approve", "x", "--yes"], 2);
+}
+
+/// A request bought through the functions, then read through every reading command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_list_history_and_budget_read_a_bought_request_as_tables_and_json() {
+    let f = deployed(&[], "").await;
+    let path = file("bought.json", &f.ec2_request("cli-bought"));
+    ok(&mut cli(&f), &["submit", path.to_str().unwrap()]);
+    f.deliver().await;
+    for (name, args) in [
+        ("status_table", vec!["status", "cli-bought", "-o", "table"]),
+        ("status_json", vec!["status", "cli-bought", "-o", "json"]),
+        ("list_table", vec!["list", "-o", "table"]),
+        (
+            "list_json",
+            vec!["list", "--team", "TEAM-A", "--live", "-o", "json"],
+        ),
+        (
+            "history_table",
+            vec!["history", "cli-bought", "-o", "table"],
+        ),
+        (
+            "budget_table",
+            vec!["budget", "--team", "team-a", "-o", "table"],
+        ),
+        ("budget_json", vec!["budget", "-o", "json"]),
+    ] {
+        insta::assert_snapshot!(name, ok(&mut cli(&f), &args));
+    }
+    // AND filters that match nothing say so
+    let none = ok(&mut cli(&f), &["list", "--status", "Failed", "-o", "table"]);
+    assert_eq!(none.trim(), "no requests match");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approve_answers_the_plan_awaiting_approval_with_its_key_and_refuses_another() {
+    // GIVEN a deployment that asks an approver above $1, and a request awaiting approval
+    let f = deployed(
+        &[("APPROVE_ABOVE_USD", "1")],
+        "arn:aws:iam::123456789012:role/capacity-approver",
+    )
+    .await;
+    let path = file("approve.json", &f.ec2_request("cli-approve"));
+    ok(&mut cli(&f), &["submit", path.to_str().unwrap()]);
+    f.deliver().await;
+    let status: Value =
+        serde_json::from_str(&ok(&mut cli(&f), &["status", "cli-approve", "-o", "json"])).unwrap();
+    assert_eq!(status["status"], "AwaitingApproval", "{status}");
+    let key = status["awaiting_approval"]["approves"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let fee = status["awaiting_approval"]["upfront_fee_usd"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let announced = f.bus_for("Capacity Purchase Awaiting Approval", "cli-approve");
+    assert!(
+        announced[0]["detail"]["event_key"]
+            .as_str()
+            .unwrap()
+            .starts_with(&key),
+        "{announced:?}"
+    );
+
+    // WHEN an approval names another plan's key, or caps the fee below it
+    let err = fails(
+        &mut cli_as(&f, "AKIDAPPROVER"),
+        &[
+            "approve",
+            "cli-approve",
+            "--yes",
+            "--key",
+            "cli-approve:awaiting-approval:other",
+        ],
+        6,
+    );
+    assert!(
+        err.contains(&key),
+        "the refusal names the current key: {err}"
+    );
+    fails(
+        &mut cli_as(&f, "AKIDAPPROVER"),
+        &["approve", "cli-approve", "--yes", "--max-fee", "1"],
+        6,
+    );
+    // THEN nothing was put
+    assert!(f.bus("Capacity Purchase Approved").is_empty());
+    // ... and without --yes off a terminal it asks for one (2)
+    fails(
+        &mut cli_as(&f, "AKIDAPPROVER"),
+        &["approve", "cli-approve"],
+        2,
+    );
+
+    // WHEN the approver approves within the fee
+    let out = ok(
+        &mut cli_as(&f, "AKIDAPPROVER"),
+        &[
+            "approve",
+            "cli-approve",
+            "--yes",
+            "--max-fee",
+            &fee,
+            "-o",
+            "json",
+        ],
+    );
+    let sent: Value = serde_json::from_str(&out).unwrap();
+    // THEN the decision names the caller and the key, from the approver source, and buys
+    let approved = f.bus("Capacity Purchase Approved");
+    assert_eq!(approved.len(), 1);
+    assert_eq!(approved[0]["source"], APPROVER);
+    assert_eq!(approved[0]["detail"]["approver"], APPROVER_ARN);
+    assert_eq!(approved[0]["detail"]["approves"], key.as_str());
+    assert_eq!(sent["approver"], APPROVER_ARN);
+    f.deliver().await;
+    assert_eq!(f.status("cli-approve").await.as_str(), "Reserved");
+    // AND approving again is refused: nothing awaits approval (6)
+    let err = fails(
+        &mut cli_as(&f, "AKIDAPPROVER"),
+        &["approve", "cli-approve", "--yes", "--key", &key],
+        6,
+    );
+    assert!(err.contains("not awaiting approval"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_put_exits_6_naming_approver_principals_when_none_are_configured() {
+    // GIVEN a stack with no ApproverPrincipals and a request awaiting approval
+    let f = deployed(&[("APPROVE_ABOVE_USD", "1")], "").await;
+    let path = file("denied.json", &f.ec2_request("cli-denied"));
+    ok(&mut cli(&f), &["submit", path.to_str().unwrap()]);
+    f.deliver().await;
+    let key =
+        f.bus_for("Capacity Purchase Awaiting Approval", "cli-denied")[0]["detail"]["event_key"]
+            .as_str()
+            .unwrap()
+            .to_string();
+    // WHEN the bus denies the decision, as its policy denies approver sources to others
+    f.cloud.with_world(|w| {
+        w.faults.push(local_cloud::world::Fault {
+            operation: "PutEvents".into(),
+            kind: local_cloud::world::FaultKind::Error {
+                status: 400,
+                code: "AccessDeniedException".into(),
+                message: "User is not authorized to perform: events:PutEvents".into(),
+            },
+            count: Some(1),
+        })
+    });
+    let err = fails(
+        &mut cli(&f),
+        &["approve", "cli-denied", "--yes", "--key", &key],
+        6,
+    );
+    // THEN it says why
+    assert!(
+        err.contains("no approver principals configured (ApproverPrincipals)"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_the_bus_fails_exits_5_and_says_nothing_was_sent() {
+    let f = deployed(&[], "").await;
+    f.cloud.with_world(|w| {
+        w.faults.push(local_cloud::world::Fault {
+            operation: "PutEvents".into(),
+            kind: local_cloud::world::FaultKind::InternalError,
+            count: None,
+        })
+    });
+    let path = file("fails.json", &f.ec2_request("cli-fails"));
+    let err = fails(&mut cli(&f), &["submit", path.to_str().unwrap()], 5);
+    assert!(err.contains("nothing was sent"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_lists_the_paid_windows_that_run_on_and_stop_running_asks_to_stop_them() {
+    // GIVEN a bought request whose payment has cleared
+    let f = deployed(&[], "").await;
+    let path = file("cancel.json", &f.ec2_request("cli-cancel"));
+    ok(&mut cli(&f), &["submit", path.to_str().unwrap()]);
+    f.deliver().await;
+    f.cloud
+        .advance_to(integration_tests::flow::t0() + chrono::TimeDelta::minutes(15));
+    f.tick(Function::Purchase).await.unwrap();
+    // WHEN it is cancelled
+    let out = ok(
+        &mut cli(&f),
+        &[
+            "cancel",
+            "cli-cancel",
+            "--reason",
+            "called off",
+            "-o",
+            "table",
+        ],
+    );
+    // THEN its paid window is listed with its drain, and the cancellation asks no stop ...
+    insta::assert_snapshot!("cancel_table", redact_event(&out));
+    let sent = f.bus("Capacity Request Cancelled");
+    assert_eq!(
+        sent.last().unwrap()["detail"],
+        json!({"request_id": "cli-cancel", "reason": "called off"})
+    );
+    // ... and the functions answer it, keeping the window
+    f.deliver().await;
+    let refused = f.bus_for("Capacity Cancellation Refused", "cli-cancel");
+    assert_eq!(refused.len(), 1, "{:?}", f.cloud.events(BUS));
+    assert_eq!(
+        refused[0]["detail"]["kept_windows"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    // WHEN it is cancelled again with --stop-running
+    ok(
+        &mut cli(&f),
+        &["cancel", "cli-cancel", "--stop-running", "-o", "json"],
+    );
+    // THEN the event asks for it
+    assert_eq!(
+        f.bus("Capacity Request Cancelled").last().unwrap()["detail"]["stop_running"],
+        true
+    );
+}
+
+/// `text` with the emulator's event ids replaced, so a snapshot holds what a person reads.
+fn redact_event(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("(event ") {
+        out.push_str(&rest[..i + 7]);
+        rest = &rest[i + 7..];
+        let end = rest.find([')', ',']).unwrap_or(rest.len());
+        out.push_str("<event id>");
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[test]
+fn completions_are_written_for_each_shell() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = Command::cargo_bin("capacity-pilot")
+            .unwrap()
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("approve"),
+            "{shell}"
+        );
+    }
+}
