@@ -111,8 +111,14 @@ pub struct NewArgs {
     /// The most it may spend up front, in USD (default: the on-demand price of the same hours).
     #[arg(long)]
     budget: Option<String>,
+    /// Purchases above this many USD wait for an approver (`budget.approval_above_usd`).
+    #[arg(long)]
+    approve_above: Option<String>,
+    /// A tag for everything bought and launched, KEY=VALUE (repeat).
+    #[arg(long = "tag", value_parser = key_value)]
+    tags: Vec<(String, String)>,
     /// A region to search (repeat; default: the stack's AllowedRegions).
-    #[arg(long = "region-to-search")]
+    #[arg(long = "search-region")]
     regions: Vec<String>,
     /// Two back-to-back reservations are acceptable.
     #[arg(long)]
@@ -135,6 +141,12 @@ pub struct NewArgs {
     /// training-job: where the model goes (s3://bucket/prefix).
     #[arg(long)]
     output_s3: Option<String>,
+    /// training-job: the training volume in GB.
+    #[arg(long)]
+    volume_gb: Option<u32>,
+    /// training-job: a hyperparameter, KEY=VALUE (repeat).
+    #[arg(long = "hyper-parameter", value_parser = key_value)]
+    hyper_parameters: Vec<(String, String)>,
     /// inference-endpoint: the SageMaker model.
     #[arg(long)]
     model: Option<String>,
@@ -147,6 +159,14 @@ pub struct NewArgs {
     /// hyperpod-cluster: the instance group to create in it.
     #[arg(long)]
     group: Option<String>,
+}
+
+/// `KEY=VALUE`.
+fn key_value(s: &str) -> std::result::Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+        _ => Err(format!("{s:?}: give KEY=VALUE")),
+    }
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -178,7 +198,17 @@ pub fn new(_out: &Out, a: NewArgs) -> Result<()> {
             Some(Usd::parse_positive(b).map_err(|e| Fail::Usage(format!("--budget {b:?} {e}")))?)
         }
     };
+    let approve_above_usd = match &a.approve_above {
+        None => None,
+        Some(b) => {
+            Some(Usd::parse(b).map_err(|e| Fail::Usage(format!("--approve-above {b:?} {e}")))?)
+        }
+    };
     let n = NewRequest {
+        approve_above_usd,
+        tags: a.tags.into_iter().collect(),
+        volume_size_gb: a.volume_gb,
+        hyper_parameters: a.hyper_parameters.into_iter().collect(),
         gpu,
         gpus,
         hours: a.hours,

@@ -242,3 +242,107 @@ pub async fn now() -> Result<DateTime<Utc>> {
         .await
         .map_err(|e| Fail::Aws(format!("reading the clock failed: {e}")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    /// `Globals.Function.Environment.Variables` of `infra/template.yaml`.
+    fn template_environment() -> serde_json::Map<String, Value> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../infra/template.yaml");
+        let text = std::fs::read_to_string(path).expect("the template");
+        let t: Value = serde_yaml_ng::from_str(&text).expect("the template parses");
+        t["Globals"]["Function"]["Environment"]["Variables"]
+            .as_object()
+            .expect("the functions' environment")
+            .clone()
+    }
+
+    /// The parameter a variable is `Ref`'d from, or `Fn::If`'d from when its condition holds.
+    fn parameter_of(v: &Value) -> Option<String> {
+        if let Some(r) = v.get("Ref").and_then(Value::as_str) {
+            return Some(r.to_string());
+        }
+        let branch = v.get("Fn::If")?.get(1)?;
+        branch
+            .get("Ref")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    }
+
+    #[test]
+    fn the_configuration_read_from_a_stack_maps_each_variable_as_the_template_does() {
+        // GIVEN the template's function environment
+        let env = template_environment();
+        // THEN each variable the CLI reads from a parameter is the template's, from that one
+        for (var, parameter) in FROM_PARAMETERS {
+            assert_eq!(
+                env.get(var).and_then(parameter_of).as_deref(),
+                Some(parameter),
+                "{var}"
+            );
+        }
+        // ... and every variable the template sets from a parameter is read (or derived)
+        let derived = [
+            "TABLE_NAME",
+            "EVENT_BUS_NAME",
+            "APPROVALS_ENABLED",
+            "DEPLOYMENT_ID",
+            "UNPINNED_DEPLOYMENT_ID",
+        ];
+        for (var, v) in &env {
+            if derived.contains(&var.as_str()) {
+                continue;
+            }
+            assert!(
+                FROM_PARAMETERS.iter().any(|(x, _)| x == var),
+                "{var} ({v}) is set by the template but not read from the stack"
+            );
+        }
+    }
+
+    #[test]
+    fn a_stacks_parameters_give_the_functions_configuration() {
+        // GIVEN a stack's parameters, some empty as CloudFormation shows unset ones
+        let parameters: BTreeMap<String, String> = [
+            ("AllowedRegions", "us-east-1,us-west-2"),
+            ("AllowedRequestSources", "com.example.ml"),
+            ("ApproverSources", "com.example.approvals"),
+            ("TeamBudgetsUsd", r#"{"team-a": "5000"}"#),
+            (
+                "SageMakerExecutionRoleArn",
+                "arn:aws:iam::123456789012:role/sm",
+            ),
+            ("ApproverPrincipals", ""),
+            ("ApproveAboveUsd", "1000"),
+            ("DeploymentId", ""),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        // WHEN the functions' reader reads them
+        let c = config_of(
+            &parameters,
+            "bus-1",
+            "table-1",
+            "arn:aws:cloudformation:us-east-1:123456789012:stack/cp/0f1e2d3c-aaaa",
+        )
+        .expect("a configuration");
+        // THEN it is what the deployed functions read
+        assert_eq!(c.allowed_regions, ["us-east-1", "us-west-2"]);
+        assert_eq!(
+            (c.table_name.as_str(), c.event_bus_name.as_str()),
+            ("table-1", "bus-1")
+        );
+        assert!(!c.approvals_enabled, "no ApproverPrincipals");
+        assert_eq!(
+            c.approve_above.map(|u| u.to_string()).as_deref(),
+            Some("1000.00")
+        );
+        assert_eq!(
+            c.deployment_id, "0f1e2d3c-aaaa",
+            "the stack id's UUID part, as the template derives it"
+        );
+    }
+}

@@ -233,6 +233,8 @@ struct Draft {
     workload: Value,
     #[serde(skip_serializing_if = "Option::is_none")]
     drain_minutes: Option<u32>,
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    tags: std::collections::BTreeMap<String, String>,
 }
 
 /// What `new` is told.
@@ -247,6 +249,11 @@ pub struct NewRequest {
     pub kind: WorkloadKind,
     pub request_id: Option<String>,
     pub budget_usd: Option<Usd>,
+    /// `budget.approval_above_usd`: purchases above it wait for an approver.
+    pub approve_above_usd: Option<Usd>,
+    pub tags: std::collections::BTreeMap<String, String>,
+    pub volume_size_gb: Option<u32>,
+    pub hyper_parameters: std::collections::BTreeMap<String, String>,
     pub regions: Vec<String>,
     pub allow_split: bool,
     pub on_demand_first: bool,
@@ -352,11 +359,20 @@ pub fn request(
             "launch_template": {"name": or_placeholder(&n.launch_template, "launch template name")},
             "subnet_ids": subnets,
         }),
-        WorkloadKind::TrainingJob => json!({
-            "kind": "training-job",
-            "training_image": or_placeholder(&n.image, "training image URI"),
-            "output_s3_uri": or_placeholder(&n.output_s3_uri, "s3://bucket/prefix for the model"),
-        }),
+        WorkloadKind::TrainingJob => {
+            let mut w = json!({
+                "kind": "training-job",
+                "training_image": or_placeholder(&n.image, "training image URI"),
+                "output_s3_uri": or_placeholder(&n.output_s3_uri, "s3://bucket/prefix for the model"),
+            });
+            if let Some(gb) = n.volume_size_gb {
+                w["volume_size_gb"] = json!(gb);
+            }
+            if !n.hyper_parameters.is_empty() {
+                w["hyper_parameters"] = json!(n.hyper_parameters);
+            }
+            w
+        }
         WorkloadKind::HyperpodCluster => json!({
             "kind": "hyperpod-cluster",
             "cluster_name": or_placeholder(&n.cluster_name, "HyperPod cluster name"),
@@ -382,9 +398,15 @@ pub fn request(
         regions: n.regions.clone(),
         allow_split: n.allow_split,
         strategy: n.on_demand_first.then_some("on-demand-first"),
-        budget: json!({"max_upfront_usd": budget.to_string()}),
+        budget: match n.approve_above_usd {
+            None => json!({"max_upfront_usd": budget.to_string()}),
+            Some(a) => {
+                json!({"max_upfront_usd": budget.to_string(), "approval_above_usd": a.to_string()})
+            }
+        },
         workload,
         drain_minutes: n.drain_minutes,
+        tags: n.tags.clone(),
     };
     let writing = |e: serde_json::Error| Fail::Usage(format!("writing the request: {e}"));
     let text = serde_json::to_string_pretty(&draft).map_err(writing)?;
