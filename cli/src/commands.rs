@@ -710,7 +710,7 @@ pub async fn status(g: &Global, out: &Out, id: &str) -> Result<()> {
     if let (Some(key), Some(fee)) = (approval::awaiting(&rec), awaiting_fee(&rec)) {
         t.add_row(vec![
             "awaiting".to_string(),
-            format!("{} (key {key})", usd(fee)),
+            format!("{} (key {key})", awaiting_what(&rec, fee)),
         ]);
     }
     out.print_table(&mut t);
@@ -815,22 +815,18 @@ pub async fn list(g: &Global, out: &Out, a: ListArgs) -> Result<()> {
         );
         return Ok(());
     }
-    let mut t = out.table(&[
-        "REQUEST", "TEAM", "STATUS", "KIND", "ASKS", "SPENT", "NEXT", "UPDATED",
-    ]);
+    let mut t = out.table(&["REQUEST", "TEAM", "STATUS", "ASKS", "SPENT", "NEXT ACTION"]);
     for r in &all {
         t.add_row(vec![
             Cell::new(&r.request_id),
             Cell::new(&r.team),
             out.status(r.status),
-            Cell::new(r.request.workload_kind().as_str()),
             Cell::new(format!(
-                "{} x {} / {} h",
+                "{} x {}, {} h",
                 r.request.instance_count, r.request.instance_types[0], r.request.duration_hours
             )),
             Cell::new(micro(r.spent)),
             Cell::new(when_opt(r.due_at())),
-            Cell::new(when(r.updated_at)),
         ]);
     }
     out.print_table(&mut t);
@@ -1074,6 +1070,34 @@ pub struct DecideArgs {
     source: Option<String>,
 }
 
+/// What approving would let be bought or held, in words.
+fn awaiting_what(rec: &RequestRecord, fee: Usd) -> String {
+    match (approval::hold_awaiting(rec), rec.candidates.first()) {
+        (Some((run, _)), _) => format!(
+            "an {} run of {} x {} for {} h, estimated {}",
+            run.attempt,
+            rec.request.instance_count,
+            rec.request.instance_types[0],
+            rec.request.duration_hours,
+            usd(fee)
+        ),
+        (None, Some(p)) => format!(
+            "{} x {} ({}) in {}, {} to {}, for {}{}",
+            p.instance_count,
+            p.instance_type,
+            p.product,
+            p.region,
+            when(p.start),
+            when(p.end),
+            usd(p.upfront_fee),
+            p.saving
+                .map(|s| format!(" (saves {} against on demand)", usd(s)))
+                .unwrap_or_default()
+        ),
+        (None, None) => usd(fee),
+    }
+}
+
 pub async fn decide(g: &Global, out: &Out, a: DecideArgs, approve: bool) -> Result<()> {
     let verb = if approve { "approve" } else { "reject" };
     if a.yes && a.key.is_none() && a.max_fee.is_none() {
@@ -1101,30 +1125,7 @@ pub async fn decide(g: &Global, out: &Out, a: DecideArgs, approve: bool) -> Resu
             rec.reason
         )));
     };
-    let what = match (approval::hold_awaiting(&rec), rec.candidates.first()) {
-        (Some((run, _)), _) => format!(
-            "an {} run of {} x {} for {} h, estimated {}",
-            run.attempt,
-            rec.request.instance_count,
-            rec.request.instance_types[0],
-            rec.request.duration_hours,
-            usd(fee)
-        ),
-        (None, Some(p)) => format!(
-            "{} x {} ({}) in {}, {} to {}, for {}{}",
-            p.instance_count,
-            p.instance_type,
-            p.product,
-            p.region,
-            when(p.start),
-            when(p.end),
-            usd(p.upfront_fee),
-            p.saving
-                .map(|s| format!(" (saves {} against on demand)", usd(s)))
-                .unwrap_or_default()
-        ),
-        (None, None) => usd(fee),
-    };
+    let what = awaiting_what(&rec, fee);
     if let Some(k) = &a.key
         && !(k == &key
             || k.strip_prefix(key.as_str())
@@ -1182,10 +1183,9 @@ pub async fn decide(g: &Global, out: &Out, a: DecideArgs, approve: bool) -> Resu
         out.print_json(&json!({"request_id": rec.request_id, "decision": verb, "approves": key, "approver": approver, "event_id": event_id, "upfront_fee_usd": fee}));
     } else {
         println!(
-            "{} {} for {}: {what} (event {event_id}, as {approver})",
+            "{} {}: {what}\n  sent as event {event_id} by {approver}",
             if approve { "approved" } else { "rejected" },
-            rec.request_id,
-            usd(fee)
+            rec.request_id
         );
     }
     Ok(())
@@ -1281,7 +1281,9 @@ pub async fn cancel(g: &Global, out: &Out, a: CancelArgs) -> Result<()> {
             a.request_id
         ),
         Some((s, _)) => println!(
-            "cancellation sent for {} (event {event_id}); it was {}",
+            "cancellation sent for {} (event {event_id}); it was {}: what is not yet bought \
+             stops, and the purchase function answers with Capacity Cancellation Applied or \
+             Refused",
             a.request_id,
             s.as_str()
         ),
