@@ -1,6 +1,7 @@
 //! `local-cloud`: an offline stand-in for the parts of AWS that capacity-pilot uses, so the project
 //! runs and is tested without an AWS account. It serves EC2 (query protocol), SageMaker and
-//! EventBridge (awsJson1_1) on one HTTP port to the unmodified AWS SDK clients and the AWS CLI,
+//! EventBridge (awsJson1_1), and CloudFormation `DescribeStacks` and STS `GetCallerIdentity`
+//! (awsQuery) on one HTTP port to the unmodified AWS SDK clients and the AWS CLI,
 //! models a seeded capacity market with AWS's offering rules, drives every lifecycle from a
 //! simulated clock, and records the events AWS would emit.
 //!
@@ -20,6 +21,7 @@
 //! The HTTP control API (under `/_local/`) offers the same operations to other processes; see
 //! the crate README.
 
+pub mod cloudformation;
 pub mod ec2;
 pub mod error;
 pub mod eventbridge;
@@ -29,6 +31,7 @@ pub mod rules;
 pub mod runner;
 pub mod sagemaker;
 pub mod server;
+pub mod sts;
 pub mod util;
 pub mod world;
 pub mod xml;
@@ -42,6 +45,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+pub use cloudformation::{Stack, StackOutput};
 pub use error::ApiError;
 pub use world::{
     BlockInitialState, Fault, FaultKind, InactivePlan, PlanUnsupported, Refusal, RefusalCode,

@@ -1,6 +1,8 @@
-//! The HTTP face: one `POST /` for every AWS service (routed by `X-Amz-Target` or the EC2 form
-//! `Action`), the region read from the SigV4 credential scope, fault injection, and the rendering
-//! of results and errors in each protocol's shape. The control API lives under `/_local/`.
+//! The HTTP face: one `POST /` for every AWS service (routed by `X-Amz-Target`, or for a form
+//! body by the SigV4 credential scope's service: `cloudformation` and `sts` are awsQuery, anything
+//! else EC2's query protocol), the region read from the credential scope, fault injection, and the
+//! rendering of results and errors in each protocol's shape. The control API lives under
+//! `/_local/`.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -16,10 +18,11 @@ use serde_json::{Value, json};
 
 use aws_smithy_async::rt::sleep::{AsyncSleep, SharedAsyncSleep};
 
+use crate::cloudformation::Stack;
 use crate::error::ApiError;
 use crate::query::Query;
 use crate::world::{Fault, FaultKind, Settings, World};
-use crate::xml::el;
+use crate::xml::{El, el};
 
 /// State shared by every request of one emulator instance.
 #[derive(Debug)]
@@ -73,21 +76,37 @@ pub fn router(app: App) -> Router {
         .route("/_local/events/{region}/{bus}", get(events_region_bus))
         .route("/_local/state", get(state_get))
         .route("/_local/settings", get(settings_get).patch(settings_patch))
+        .route("/_local/stacks/{region}", get(stacks_get).post(stacks_put))
+        .route(
+            "/_local/identities",
+            get(identities_get).post(identities_put),
+        )
         .with_state(app)
 }
 
-/// The region in `Credential=AKID/20260901/us-east-1/ec2/aws4_request`.
+/// A SigV4 credential scope: `Credential=AKID/20260901/us-east-1/ec2/aws4_request`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Scope {
+    access_key_id: String,
+    region: String,
+    service: String,
+}
+
+fn scope_of(headers: &HeaderMap) -> Option<Scope> {
+    let auth = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let cred = auth.split("Credential=").nth(1)?;
+    let scope = cred.split([',', ' ']).next()?;
+    let parts: Vec<&str> = scope.split('/').collect();
+    (parts.len() >= 5).then(|| Scope {
+        access_key_id: parts[0].to_string(),
+        region: parts[2].to_string(),
+        service: parts[3].to_string(),
+    })
+}
+
+/// The region in the credential scope (`us-east-1` for an unsigned request).
 fn region_of(headers: &HeaderMap) -> String {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|auth| {
-            let cred = auth.split("Credential=").nth(1)?;
-            let scope = cred.split([',', ' ']).next()?;
-            let parts: Vec<&str> = scope.split('/').collect();
-            (parts.len() >= 5).then(|| parts[2].to_string())
-        })
-        .unwrap_or_else(|| "us-east-1".to_string())
+    scope_of(headers).map_or_else(|| "us-east-1".to_string(), |s| s.region)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,10 +114,62 @@ enum Protocol {
     Ec2,
     SageMaker,
     Events,
+    /// awsQuery
+    CloudFormation,
+    /// awsQuery
+    Sts,
+}
+
+impl Protocol {
+    /// The service name in [`World::calls`].
+    fn service(self) -> &'static str {
+        match self {
+            Protocol::Ec2 => "ec2",
+            Protocol::SageMaker => "sagemaker",
+            Protocol::Events => "events",
+            Protocol::CloudFormation => "cloudformation",
+            Protocol::Sts => "sts",
+        }
+    }
+
+    /// An awsQuery service's answer namespace.
+    fn query_xmlns(self) -> Option<&'static str> {
+        match self {
+            Protocol::CloudFormation => Some(crate::cloudformation::XMLNS),
+            Protocol::Sts => Some(crate::sts::XMLNS),
+            _ => None,
+        }
+    }
+}
+
+/// Which service a form body is for: the credential scope's service, or for an unsigned
+/// request the API version it names; EC2 otherwise.
+fn form_protocol(scope: Option<&Scope>, query: &Query) -> Protocol {
+    match scope.map(|s| s.service.as_str()) {
+        Some("cloudformation") => Protocol::CloudFormation,
+        Some("sts") => Protocol::Sts,
+        Some(_) => Protocol::Ec2,
+        None => match query.get("Version") {
+            Some("2010-05-15") => Protocol::CloudFormation,
+            Some("2011-06-15") => Protocol::Sts,
+            _ => Protocol::Ec2,
+        },
+    }
+}
+
+/// What an operation answered, before rendering.
+enum Answer {
+    /// EC2: the children of `<{op}Response>`.
+    Ec2(Vec<El>),
+    /// awsJson.
+    Json(Value),
+    /// awsQuery: the children of `<{op}Result>`.
+    Query(Vec<El>),
 }
 
 async fn aws(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
     let request_id = app.lock().next_uuid("request");
+    let scope = scope_of(&headers);
     let region = region_of(&headers);
     let target = headers
         .get("x-amz-target")
@@ -134,15 +205,16 @@ async fn aws(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respons
         }
         None => match Query::parse(&body) {
             Ok(q) => {
+                let protocol = form_protocol(scope.as_ref(), &q);
                 let Some(op) = q.get("Action").map(str::to_string) else {
                     let e = ApiError::ec2(
                         400,
                         "MissingAction",
                         "The request must contain the parameter Action",
                     );
-                    return render_error(Protocol::Ec2, &e, &request_id);
+                    return render_error(protocol, &e, &request_id);
                 };
-                (Protocol::Ec2, op, q, Value::Null)
+                (protocol, op, q, Value::Null)
             }
             Err(e) => return render_error(Protocol::Ec2, &e, &request_id),
         },
@@ -150,12 +222,7 @@ async fn aws(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respons
     let fault = {
         let mut w = app.lock();
         // Every AWS call that reached the emulator, per service, for the runner's counts.
-        let service = match protocol {
-            Protocol::Ec2 => "ec2",
-            Protocol::SageMaker => "sagemaker",
-            Protocol::Events => "events",
-        };
-        *w.calls.entry(service.to_string()).or_default() += 1;
+        *w.calls.entry(protocol.service().to_string()).or_default() += 1;
         w.take_fault(&op)
     };
     let mut lose_response = false;
@@ -171,6 +238,9 @@ async fn aws(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respons
             let e = match protocol {
                 Protocol::Ec2 => {
                     ApiError::new(503, "RequestLimitExceeded", "Request limit exceeded.")
+                }
+                Protocol::CloudFormation | Protocol::Sts => {
+                    ApiError::new(400, "Throttling", "Rate exceeded")
                 }
                 _ => ApiError::new(400, "ThrottlingException", "Rate exceeded"),
             };
@@ -196,9 +266,19 @@ async fn aws(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respons
             0
         };
         let result = match protocol {
-            Protocol::Ec2 => w.ec2_call(&region, &op, &query).map(Ok),
-            Protocol::SageMaker => w.sagemaker_call(&region, &op, &input).map(Err),
-            Protocol::Events => w.events_call(&region, &op, &input).map(Err),
+            Protocol::Ec2 => w.ec2_call(&region, &op, &query).map(Answer::Ec2),
+            Protocol::SageMaker => w.sagemaker_call(&region, &op, &input).map(Answer::Json),
+            Protocol::Events => w.events_call(&region, &op, &input).map(Answer::Json),
+            Protocol::CloudFormation => w
+                .cloudformation_call(&region, &op, &query)
+                .map(Answer::Query),
+            Protocol::Sts => w
+                .sts_call(
+                    scope.as_ref().map(|s| s.access_key_id.as_str()),
+                    &op,
+                    &query,
+                )
+                .map(Answer::Query),
         };
         (result, latency_ms)
     };
@@ -214,7 +294,7 @@ async fn aws(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respons
         return render_error(protocol, &internal(protocol), &request_id);
     }
     match result {
-        Ok(Ok(children)) => {
+        Ok(Answer::Ec2(children)) => {
             let mut root = el(&format!("{op}Response")).v("requestId", &request_id);
             for c in children {
                 root = root.child(c);
@@ -229,7 +309,28 @@ async fn aws(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respons
                 &request_id,
             )
         }
-        Ok(Err(json)) => with_ids(
+        Ok(Answer::Query(children)) => {
+            let ns = protocol
+                .query_xmlns()
+                .unwrap_or(crate::cloudformation::XMLNS);
+            let mut result = el(&format!("{op}Result"));
+            for c in children {
+                result = result.child(c);
+            }
+            let root = el(&format!("{op}Response"))
+                .child(result)
+                .child(el("ResponseMetadata").v("RequestId", &request_id));
+            with_ids(
+                (
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, "text/xml")],
+                    root.document_in(ns),
+                )
+                    .into_response(),
+                &request_id,
+            )
+        }
+        Ok(Answer::Json(json)) => with_ids(
             (
                 StatusCode::OK,
                 [(header::CONTENT_TYPE, "application/x-amz-json-1.1")],
@@ -251,6 +352,11 @@ fn internal(protocol: Protocol) -> ApiError {
         ),
         Protocol::SageMaker => ApiError::new(500, "InternalFailure", "An internal error occurred."),
         Protocol::Events => ApiError::new(500, "InternalException", "An internal error occurred."),
+        Protocol::CloudFormation | Protocol::Sts => ApiError::new(
+            500,
+            "InternalFailure",
+            "The request processing has failed because of an unknown error, exception or failure.",
+        ),
     }
 }
 
@@ -279,7 +385,32 @@ fn render_error(protocol: Protocol, e: &ApiError, request_id: &str) -> Response 
             )
                 .into_response()
         }
-        _ => (
+        Protocol::CloudFormation | Protocol::Sts => {
+            // awsQuery: `Sender` for the caller's errors, `Receiver` for the service's.
+            let kind = if e.status >= 500 {
+                "Receiver"
+            } else {
+                "Sender"
+            };
+            let body = el("ErrorResponse")
+                .child(
+                    el("Error")
+                        .v("Type", kind)
+                        .v("Code", &e.code)
+                        .v("Message", &e.message),
+                )
+                .v("RequestId", request_id);
+            let ns = protocol
+                .query_xmlns()
+                .unwrap_or(crate::cloudformation::XMLNS);
+            (
+                status,
+                [(header::CONTENT_TYPE, "text/xml")],
+                body.document_in(ns),
+            )
+                .into_response()
+        }
+        Protocol::SageMaker | Protocol::Events => (
             status,
             [(header::CONTENT_TYPE, "application/x-amz-json-1.1")],
             json!({"__type": e.code, "message": e.message, "Message": e.message}).to_string(),
@@ -519,5 +650,102 @@ async fn settings_patch(State(app): State<App>, body: Bytes) -> Response {
             Json(json!(w.settings)).into_response()
         }
         Err(e) => control_error(&ApiError::new(400, "BadRequest", e.to_string())),
+    }
+}
+
+/// The stacks registered in a region.
+async fn stacks_get(State(app): State<App>, Path(region): Path<String>) -> Json<Value> {
+    let w = app.lock();
+    Json(json!({"stacks": w.stacks_in(&region)}))
+}
+
+/// Registers (or replaces) a stack in a region, as a deployment would leave it.
+async fn stacks_put(State(app): State<App>, Path(region): Path<String>, body: Bytes) -> Response {
+    let stack: Stack = match serde_json::from_slice(&body) {
+        Ok(s) => s,
+        Err(e) => return control_error(&ApiError::new(400, "BadRequest", e.to_string())),
+    };
+    match app.lock().put_stack(&region, stack) {
+        Ok(id) => Json(json!({"stack_id": id})).into_response(),
+        Err(e) => control_error(&e),
+    }
+}
+
+/// An access key id and the identity it signs for.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Identity {
+    access_key_id: String,
+    arn: String,
+}
+
+async fn identities_get(State(app): State<App>) -> Json<Value> {
+    Json(json!({"identities": app.lock().identities}))
+}
+
+async fn identities_put(State(app): State<App>, body: Bytes) -> Response {
+    match serde_json::from_slice::<Identity>(&body) {
+        Ok(i) => done(app.lock().put_identity(&i.access_key_id, &i.arn)),
+        Err(e) => control_error(&ApiError::new(400, "BadRequest", e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn signed(scope: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(&format!(
+                "AWS4-HMAC-SHA256 Credential={scope}, SignedHeaders=host, Signature=0"
+            ))
+            .expect("header"),
+        );
+        h
+    }
+
+    #[test]
+    fn a_form_body_goes_to_the_service_its_signature_names() {
+        // GIVEN form bodies signed for CloudFormation, STS and EC2, and unsigned ones
+        let q = |body: &str| Query::parse(body.as_bytes()).expect("form");
+        let describe = q("Action=DescribeStacks&Version=2010-05-15");
+        let cfn = signed("AKID/20260901/us-west-2/cloudformation/aws4_request");
+        let sts = signed("AKID2/20260901/us-east-1/sts/aws4_request");
+        let ec2 = signed("AKID/20260901/us-east-1/ec2/aws4_request");
+        // WHEN each is routed
+        // THEN the scope's service decides, and an unsigned body's API version
+        let scope = scope_of(&cfn).expect("scope");
+        assert_eq!(
+            (scope.access_key_id.as_str(), scope.region.as_str()),
+            ("AKID", "us-west-2")
+        );
+        assert_eq!(
+            form_protocol(Some(&scope), &describe),
+            Protocol::CloudFormation
+        );
+        assert_eq!(
+            form_protocol(scope_of(&sts).as_ref(), &q("Action=GetCallerIdentity")),
+            Protocol::Sts
+        );
+        assert_eq!(
+            scope_of(&sts).map(|s| s.access_key_id),
+            Some("AKID2".to_string())
+        );
+        assert_eq!(
+            form_protocol(scope_of(&ec2).as_ref(), &describe),
+            Protocol::Ec2
+        );
+        assert_eq!(form_protocol(None, &describe), Protocol::CloudFormation);
+        assert_eq!(
+            form_protocol(None, &q("Action=GetCallerIdentity&Version=2011-06-15")),
+            Protocol::Sts
+        );
+        assert_eq!(
+            form_protocol(None, &q("Action=DescribeSubnets&Version=2016-11-15")),
+            Protocol::Ec2
+        );
+        assert_eq!(region_of(&HeaderMap::new()), "us-east-1");
     }
 }

@@ -423,8 +423,13 @@ pub struct World {
     /// How many of the next reservations bought with the tag pay before its forced failures
     /// apply (a split's later block, a replacement).
     pub payment_passes: BTreeMap<String, u32>,
-    /// AWS API calls served, per service (`ec2`, `sagemaker`, `events`), since the start.
+    /// AWS API calls served, per service (`ec2`, `sagemaker`, `events`, `cloudformation`,
+    /// `sts`), since the start.
     pub calls: BTreeMap<String, u64>,
+    /// CloudFormation stacks, keyed (region, name) ([`World::put_stack`]).
+    pub stacks: BTreeMap<(String, String), crate::cloudformation::DeployedStack>,
+    /// STS identities: access key id -> ARN ([`World::put_identity`]).
+    pub identities: BTreeMap<String, String>,
     agenda: BTreeMap<(DateTime<Utc>, u64), Action>,
     seq: u64,
     ids: u64,
@@ -446,6 +451,8 @@ impl World {
             payment_failures: BTreeMap::new(),
             payment_passes: BTreeMap::new(),
             calls: BTreeMap::new(),
+            stacks: BTreeMap::new(),
+            identities: BTreeMap::new(),
             agenda: BTreeMap::new(),
             seq: 0,
             ids: 0,
@@ -780,6 +787,8 @@ impl World {
             "faults": self.faults,
             "payment_failures": self.payment_failures,
             "payment_passes": self.payment_passes,
+            "stacks": self.stacks_snapshot(),
+            "identities": self.identities,
         })
     }
 

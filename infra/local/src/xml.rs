@@ -1,6 +1,7 @@
-//! A tiny element tree for EC2 query-protocol responses, serialized with quick-xml so escaping is
-//! never hand-rolled. EC2's SDK parser is strict about scalars, so absent values are simply not
-//! added (see [`El::opt`]) instead of being written as empty elements.
+//! A tiny element tree for the XML responses (EC2's query protocol, and CloudFormation's and
+//! STS's awsQuery), serialized with quick-xml so escaping is never hand-rolled. EC2's SDK parser
+//! is strict about scalars, so absent values are simply not added (see [`El::opt`]) instead of
+//! being written as empty elements.
 
 use quick_xml::Writer;
 use quick_xml::events::{BytesDecl, BytesEnd, BytesStart, BytesText, Event};
@@ -17,6 +18,12 @@ pub struct El {
 /// A list element `<name><item>..</item>..</name>`; each given element is renamed `item`.
 pub fn set(name: &str, items: impl IntoIterator<Item = El>) -> El {
     el("x").list(name, items).children.remove(0)
+}
+
+/// An awsQuery list element `<name><member>..</member>..</name>`; each given element is renamed
+/// `member`.
+pub fn members(name: &str, items: impl IntoIterator<Item = El>) -> El {
+    el("x").members(name, items).children.remove(0)
 }
 
 /// Starts an element.
@@ -74,6 +81,18 @@ impl El {
         self
     }
 
+    /// Adds an awsQuery list: `<name><member>..</member>..</name>`. Each given element is renamed
+    /// `member`.
+    pub fn members(mut self, name: &str, items: impl IntoIterator<Item = El>) -> El {
+        let mut wrapper = el(name);
+        for mut item in items {
+            item.name = "member".to_string();
+            wrapper.children.push(item);
+        }
+        self.children.push(wrapper);
+        self
+    }
+
     /// Adds a `tagSet` list from key/value pairs; omitted when there are no tags.
     pub fn tags<'a>(self, tags: impl IntoIterator<Item = (&'a String, &'a String)>) -> El {
         let items: Vec<El> = tags
@@ -88,8 +107,14 @@ impl El {
     }
 
     /// Renders a complete EC2 document with the XML declaration and the EC2 namespace.
-    pub fn document(mut self) -> String {
-        self.xmlns = Some("http://ec2.amazonaws.com/doc/2016-11-15/");
+    pub fn document(self) -> String {
+        self.document_in("http://ec2.amazonaws.com/doc/2016-11-15/")
+    }
+
+    /// Renders a complete document with the XML declaration and the namespace `xmlns` on the
+    /// root (an awsQuery service's, e.g. CloudFormation's).
+    pub fn document_in(mut self, xmlns: &'static str) -> String {
+        self.xmlns = Some(xmlns);
         let mut w = Writer::new(Vec::new());
         w.write_event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)))
             .expect("writing to a Vec cannot fail");

@@ -9,7 +9,7 @@ use rust_decimal::Decimal;
 use serde_json::Value;
 
 use super::InvocationRecord;
-use super::scenario::Scenario;
+use super::scenario::{SUBMITTED, Scenario};
 use crate::LocalCloud;
 use crate::sagemaker::plan_status;
 pub use crate::world::REQUEST_TAG;
@@ -61,6 +61,24 @@ impl Window {
 }
 
 impl Observed<'_> {
+    /// Every request submitted, by id: the detail of the first `Capacity Request Submitted`
+    /// event for it on the custom bus, whoever put it there (a scenario's `submit`, or the
+    /// CLI a `cli` action ran). What reached the bus is what the functions were asked, so the
+    /// checks judge that, not the scenario file's copy.
+    pub fn requests(&self) -> BTreeMap<String, Value> {
+        let mut out = BTreeMap::new();
+        for e in self.custom_events {
+            if e["detail-type"] != SUBMITTED {
+                continue;
+            }
+            if let Some(id) = e["detail"]["request_id"].as_str() {
+                out.entry(id.to_string())
+                    .or_insert_with(|| e["detail"].clone());
+            }
+        }
+        out
+    }
+
     /// Our events about `id` of `detail_type`, repeats of an event key dropped.
     pub fn ours(&self, id: &str, detail_type: &str) -> Vec<&Value> {
         let mut keys = BTreeSet::new();
@@ -188,8 +206,10 @@ impl Observed<'_> {
         if w.kind != "training-plan/endpoint" {
             return TimeDelta::zero();
         }
-        let name = self.scenario.requests()[id]["workload"]["endpoint_name"]
-            .as_str()
+        let name = self
+            .requests()
+            .get(id)
+            .and_then(|r| r["workload"]["endpoint_name"].as_str())
             .unwrap_or_default()
             .to_string();
         let region = w.reservation_id.split(':').nth(3).unwrap_or_default();
@@ -245,15 +265,17 @@ pub fn judge(o: &Observed) -> Vec<Check> {
             detail,
         })
     };
-    let requests = o.scenario.requests();
+    let requests = o.requests();
+    let submitted = o.scenario.submitted_ids();
     for (id, e) in &o.scenario.expect {
         if !requests.contains_key(id) {
-            check(
-                "submitted",
-                id,
-                false,
-                "the scenario never submits this request".into(),
-            );
+            let why = if submitted.contains(id) {
+                "no Capacity Request Submitted for it reached the custom bus"
+            } else {
+                "the scenario never submits this request (by `submit`, or by `cli` with its \
+                 `request_id`)"
+            };
+            check("submitted", id, false, why.into());
             continue;
         }
         let windows = o.windows(id);

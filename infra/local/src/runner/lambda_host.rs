@@ -80,6 +80,10 @@ pub struct Function {
     count: u64,
 }
 
+/// The dummy credentials the functions sign with (the emulator and moto check no signature).
+pub const ACCESS_KEY_ID: &str = "AKIDLOCALRUNNER";
+pub const SECRET_ACCESS_KEY: &str = "local-runner-secret";
+
 /// Everything the host adds to the template's environment.
 #[derive(Debug, Clone)]
 pub struct HostEnv {
@@ -133,8 +137,8 @@ impl Function {
             .envs(&spec.env)
             .env("AWS_REGION", &host.region)
             .env("AWS_DEFAULT_REGION", &host.region)
-            .env("AWS_ACCESS_KEY_ID", "AKIDLOCALRUNNER")
-            .env("AWS_SECRET_ACCESS_KEY", "local-runner-secret")
+            .env("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY)
             .env("AWS_SESSION_TOKEN", "local-runner-session")
             .env("AWS_EC2_METADATA_DISABLED", "true")
             .env("AWS_CONFIG_FILE", "/dev/null")

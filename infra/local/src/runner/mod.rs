@@ -1,10 +1,13 @@
 //! The local runner (ARCHITECTURE section 6): plays a scenario with the real function
 //! binaries. It starts the emulator in-process on the scenario's seed and start time, moto's
-//! DynamoDB with the template's table, and each function under a Lambda host with the
+//! DynamoDB with the template's table (or uses a moto already started, with a table of the
+//! scenario's), registers the stack as CloudFormation would show it (the template's
+//! parameters and evaluated outputs), and each function under a Lambda host with the
 //! template's environment; then it steps the simulated clock from one moment with work to the
 //! next (a schedule tick with due work, the emulator's next transition, the next scenario
 //! action), fires the schedules due then, delivers every event to the functions the
-//! template's rules name, and finally judges the outcomes from the buses and the emulator.
+//! template's rules name, runs the `capacity-pilot` CLI when the scenario says, and finally
+//! judges the outcomes from the buses and the emulator.
 
 pub mod bus;
 pub mod checks;
@@ -16,25 +19,37 @@ pub mod scenario;
 pub mod template;
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use chrono::{DateTime, TimeDelta, Utc};
 use serde_json::{Value, json};
 
+use crate::cloudformation::Stack;
 use crate::rules::{Bus, Rules};
 use crate::world::Settings;
 use crate::{LocalCloud, Options};
 use bus::{LocalBus, event_count, events_since, is_tick, next_tick, tick_at_or_after};
 use lambda_host::{Answer, Function, HostEnv};
 use report::Timeline;
-use scenario::{Scenario, What, substitute};
+use scenario::{CliCall, SUBMITTED, Scenario, What, substitute, substitute_args};
 
 /// The schedules that poll AWS rather than read due work from the table: replace-unhealthy's
 /// reads EC2 status checks (no event reports them), so it has work whenever managed
 /// instances run.
 pub const POLLS_INSTANCES: &[&str] = &["replace-unhealthy"];
+
+/// The CLI's binary, built with the functions by `cargo build --workspace --bins`.
+pub const CLI_BINARY: &str = "capacity-pilot";
+
+/// The longest one `cli` action may run (real time) before the run fails.
+pub const CLI_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The outputs the deployed stack must show: what the CLI reads to find the bus and the table.
+pub const REQUIRED_OUTPUTS: &[&str] = &["BusName", "BusArn", "StateTableName", "StateTableArn"];
 
 /// How a run finds and places things.
 #[derive(Debug, Clone)]
@@ -123,6 +138,8 @@ pub struct RunResult {
     /// Where the function binaries came from (`.../debug` or `.../release`).
     pub bin_dir: PathBuf,
     pub summary: Vec<report::RequestSummary>,
+    /// The stack as the emulator's CloudFormation showed it at the end.
+    pub stack: Option<crate::cloudformation::DeployedStack>,
 }
 
 impl RunResult {
@@ -151,8 +168,19 @@ pub fn target_dir(root: &Path) -> anyhow::Result<PathBuf> {
         .ok_or_else(|| anyhow!("cargo metadata names no target_directory"))
 }
 
-/// Plays `opts.scenario` to its end and judges it.
+/// Plays `opts.scenario` to its end and judges it, with a moto of its own.
 pub async fn run(opts: RunOptions) -> anyhow::Result<RunResult> {
+    run_with(opts, None).await
+}
+
+/// Plays `opts.scenario` to its end and judges it, on `moto` when given (started by the
+/// caller, which may play several scenarios on it one after another: each gets a fresh table
+/// named after the scenario), else on a moto of its own (table `capacity-pilot-state`),
+/// stopped at the end.
+pub async fn run_with(
+    opts: RunOptions,
+    moto: Option<Arc<moto::Moto>>,
+) -> anyhow::Result<RunResult> {
     let wall = Instant::now();
     let scenario = Scenario::load(&opts.scenario)?;
     let template_path = opts.root.join("infra/template.yaml");
@@ -183,6 +211,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunResult> {
     };
     let logs = out_dir.join("logs");
     std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    // This run's CLI commands only (the log is appended to command by command).
+    let _ = std::fs::remove_file(logs.join("cli.log"));
 
     // The emulator, on the scenario's seed and clock.
     let mut settings = Settings::default();
@@ -209,17 +239,36 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunResult> {
         apply_market(&cloud, m)?;
     }
 
-    // moto and the table.
-    let moto = moto::Moto::start(&opts.root, logs.join("moto.log")).await?;
-    let table = "capacity-pilot-state";
-    moto.create_state_table(&template, table).await?;
+    // moto and the table: a fresh one per scenario on a shared moto.
+    let (moto, own_moto, table) = match moto {
+        Some(m) => {
+            let table = shared_table_name(&scenario.name);
+            m.drop_table(&table).await?;
+            (m, false, table)
+        }
+        None => (
+            Arc::new(moto::Moto::start(&opts.root, logs.join("moto.log")).await?),
+            true,
+            "capacity-pilot-state".to_string(),
+        ),
+    };
+    moto.create_state_table(&template, &table).await?;
 
-    // The functions.
+    // The stack, as CloudFormation shows it, and the functions.
     let bus_name = "capacity-pilot";
     let mut locals = template::Locals::default();
-    locals.resources.insert("StateTable".into(), table.into());
+    locals.resources.insert("StateTable".into(), table.clone());
     locals.resources.insert("Bus".into(), bus_name.into());
     locals.parameters = scenario.parameters.clone();
+    locals.stack_name = Some(template::LOCAL_STACK_NAME.to_string());
+    locals.stack_id = Some(template::local_stack_id(
+        &scenario.region,
+        &account_id,
+        template::LOCAL_STACK_NAME,
+    ));
+    locals.region = Some(scenario.region.clone());
+    locals.account_id = Some(account_id.clone());
+    deploy_stack(&cloud, &template, &locals, &scenario)?;
     let specs = template::functions(&template, &locals)?;
     let mut extra = BTreeMap::new();
     for service in ["EC2", "SAGEMAKER", "EVENTBRIDGE"] {
@@ -235,6 +284,21 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunResult> {
         account_id: account_id.clone(),
         extra,
     };
+    let cli = CliEnv {
+        binary: bin_dir.join(CLI_BINARY),
+        root: opts.root.clone(),
+        out_dir: out_dir.clone(),
+        log: logs.join("cli.log"),
+        cloud_url: cloud.url(),
+        moto_url: moto.url().to_string(),
+        region: scenario.region.clone(),
+    };
+    if scenario.uses_cli() && !cli.binary.exists() {
+        bail!(
+            "{} is missing: the scenario runs the CLI; build it first (cargo build --workspace --bins)",
+            cli.binary.display()
+        );
+    }
     let mut functions: BTreeMap<String, Function> = BTreeMap::new();
     for spec in specs {
         let binary = bin_dir.join(&spec.name);
@@ -253,7 +317,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunResult> {
     let mut player = Player {
         cloud,
         moto,
-        table: table.to_string(),
+        table,
         template,
         bus: match forwarder {
             Some(f) => LocalBus::new(rules, bus_name, &scenario.region, &account_id)
@@ -266,6 +330,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunResult> {
         broken: Vec::new(),
         every_tick: opts.every_tick,
         steps: 0,
+        cli,
     };
     let played = player.play(&scenario).await;
     let Player {
@@ -298,7 +363,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunResult> {
         });
         f.stop().await;
     }
-    moto.stop().await;
+    if own_moto && let Ok(moto) = Arc::try_unwrap(moto) {
+        moto.stop().await;
+    }
     played?;
 
     let schedule_rates: BTreeMap<String, TimeDelta> = bus.schedules().into_iter().collect();
@@ -316,6 +383,12 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunResult> {
     };
     let checks = checks::judge(&obs);
     let summary = report::summarize(&obs);
+    let stack = cloud.with_world(|w| {
+        w.stacks_in(&scenario.region)
+            .into_iter()
+            .find(|s| s.stack.name == template::LOCAL_STACK_NAME)
+            .cloned()
+    });
     cloud.stop().await;
     Ok(RunResult {
         bin_dir: bin_dir.clone(),
@@ -333,7 +406,70 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunResult> {
         steps,
         out_dir,
         summary,
+        stack,
     })
+}
+
+/// The state table of a scenario played on a shared moto: named after it (DynamoDB's table
+/// name characters only).
+pub fn shared_table_name(scenario: &str) -> String {
+    let name: String = scenario
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    format!("capacity-pilot-state-{name}")
+}
+
+/// Registers in the emulator's home region the stack a deployment of the template leaves:
+/// named [`template::LOCAL_STACK_NAME`], with the id the functions see as `AWS::StackId`,
+/// every parameter's value (the scenario's, else the template's `Default`) and the
+/// template's `Outputs` evaluated with the same locals as the functions' environment (those
+/// the runner cannot evaluate, such as the alarm topic it does not emulate, are left out;
+/// [`REQUIRED_OUTPUTS`] must be there).
+fn deploy_stack(
+    cloud: &LocalCloud,
+    template: &Value,
+    locals: &template::Locals,
+    scenario: &Scenario,
+) -> anyhow::Result<()> {
+    let parameters = template::stack_parameters(template, &scenario.parameters)
+        .context("deploying the stack")?;
+    let (outputs, skipped) = template::stack_outputs(template, locals);
+    for required in REQUIRED_OUTPUTS {
+        if !outputs.iter().any(|o| o.key == *required) {
+            let why = skipped
+                .iter()
+                .find(|(k, _)| k == required)
+                .map_or("the template's Outputs has none", |(_, why)| why.as_str());
+            bail!("the stack's output {required} is missing: {why}");
+        }
+    }
+    for (key, why) in &skipped {
+        tracing::debug!(key, why, "stack output left out");
+    }
+    let stack = Stack {
+        name: locals
+            .stack_name
+            .clone()
+            .unwrap_or_else(|| template::LOCAL_STACK_NAME.to_string()),
+        description: template["Description"]
+            .as_str()
+            .map(|d| d.trim().to_string()),
+        parameters,
+        outputs,
+        tags: BTreeMap::new(),
+        id: locals.stack_id.clone(),
+    };
+    cloud
+        .with_world(|w| w.put_stack(&scenario.region, stack))
+        .map_err(|e| anyhow!("registering the stack: {e}"))?;
+    Ok(())
 }
 
 fn apply_market(cloud: &LocalCloud, m: &scenario::MarketChange) -> anyhow::Result<()> {
@@ -351,9 +487,168 @@ fn apply_market(cloud: &LocalCloud, m: &scenario::MarketChange) -> anyhow::Resul
     })
 }
 
+/// What a `cli` action runs with.
+struct CliEnv {
+    binary: PathBuf,
+    /// The command's working directory (the workspace root).
+    root: PathBuf,
+    out_dir: PathBuf,
+    /// `<out_dir>/logs/cli.log`: every command line, its output and exit code.
+    log: PathBuf,
+    cloud_url: String,
+    moto_url: String,
+    region: String,
+}
+
+impl CliEnv {
+    /// The command's environment: the emulator as every AWS service but DynamoDB (moto's,
+    /// through the relay that counts writes) and as the clock, the scenario's region, the
+    /// caller's keys, no colours, and nothing else of the user's but `HOME` and `PATH` (no
+    /// profile, config or credentials file).
+    fn env(&self, access_key_id: &str, secret: &str) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = ["HOME", "PATH", "RUST_BACKTRACE"]
+            .into_iter()
+            .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+            .collect();
+        for (k, v) in [
+            ("AWS_ENDPOINT_URL", self.cloud_url.clone()),
+            ("AWS_ENDPOINT_URL_DYNAMODB", self.moto_url.clone()),
+            ("AWS_REGION", self.region.clone()),
+            ("AWS_DEFAULT_REGION", self.region.clone()),
+            ("AWS_ACCESS_KEY_ID", access_key_id.to_string()),
+            ("AWS_SECRET_ACCESS_KEY", secret.to_string()),
+            ("AWS_CONFIG_FILE", "/dev/null".to_string()),
+            ("AWS_SHARED_CREDENTIALS_FILE", "/dev/null".to_string()),
+            ("AWS_EC2_METADATA_DISABLED", "true".to_string()),
+            (
+                "CAPACITY_PILOT_CLOCK_URL",
+                format!("{}/_local/clock", self.cloud_url),
+            ),
+            ("NO_COLOR", "1".to_string()),
+        ] {
+            env.push((k.to_string(), v));
+        }
+        env
+    }
+}
+
+/// What one run of the CLI did.
+#[derive(Debug, Clone)]
+pub struct CliRun {
+    /// Its exit code; -1 when a signal ended it.
+    pub code: i32,
+    /// How it ended, as the OS says (`exit status: 2`, `signal: 9`).
+    pub status: String,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl CliEnv {
+    /// Runs the CLI with `args` to its end (at most [`CLI_TIMEOUT`]) in the workspace root,
+    /// signing with these keys.
+    async fn exec(
+        &self,
+        args: &[String],
+        access_key_id: &str,
+        secret: &str,
+    ) -> anyhow::Result<CliRun> {
+        let mut cmd = tokio::process::Command::new(&self.binary);
+        cmd.args(args)
+            .current_dir(&self.root)
+            .env_clear()
+            .envs(self.env(access_key_id, secret))
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true);
+        let output = tokio::time::timeout(CLI_TIMEOUT, cmd.output())
+            .await
+            .map_err(|_| anyhow!("did not finish within {CLI_TIMEOUT:?}"))?
+            .with_context(|| format!("running {}", self.binary.display()))?;
+        Ok(CliRun {
+            code: output.status.code().unwrap_or(-1),
+            status: output.status.to_string(),
+            stdout: String::from_utf8_lossy(&output.stdout).to_string(),
+            stderr: String::from_utf8_lossy(&output.stderr).to_string(),
+        })
+    }
+}
+
+/// Whether a CLI run is what its action expects: its exit code, every `expect_stdout`
+/// substring on stdout, and, when the action names a `request_id`, a `Capacity Request
+/// Submitted` for it among the events it `put` on the custom bus. The error shows the exit
+/// code, stdout and stderr.
+pub fn cli_verdict(c: &CliCall, ran: &CliRun, put: &[Value], bus: &str) -> anyhow::Result<()> {
+    let shown = || {
+        format!(
+            "--- stdout\n{}\n--- stderr\n{}",
+            ran.stdout.trim_end(),
+            ran.stderr.trim_end()
+        )
+    };
+    if ran.code != c.exit {
+        bail!(
+            "exited {} ({}), expected {}\n{}",
+            ran.code,
+            ran.status,
+            c.exit,
+            shown()
+        );
+    }
+    let missing: Vec<&String> = c
+        .expect_stdout
+        .iter()
+        .filter(|s| !ran.stdout.contains(s.as_str()))
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "(exit {}) did not print {missing:?} on stdout\n{}",
+            ran.code,
+            shown()
+        );
+    }
+    if let Some(id) = &c.request_id {
+        let submitted = put
+            .iter()
+            .any(|e| e["detail-type"] == SUBMITTED && e["detail"]["request_id"] == id.as_str());
+        if !submitted {
+            bail!(
+                "(exit {}) put no {SUBMITTED} for request {id} on the {bus} bus\n{}",
+                ran.code,
+                shown()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The access key id a `cli` action's `as:` caller signs with (registered in the emulator's
+/// STS with that ARN): `AKIA` and 16 characters derived from the ARN, as IAM's are.
+pub fn access_key_for(arn: &str) -> String {
+    let hex = crate::util::hex_id("", &[arn, "access-key"]).to_uppercase();
+    format!("AKIA{}", &hex[..16])
+}
+
+/// A command line as a shell would take it back (arguments with spaces or quotes quoted).
+pub fn command_line(program: &str, args: &[String]) -> String {
+    let mut line = program.to_string();
+    for a in args {
+        line.push(' ');
+        let plain = !a.is_empty()
+            && a.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./:=,@%+".contains(c));
+        if plain {
+            line.push_str(a);
+        } else {
+            line.push('\'');
+            line.push_str(&a.replace('\'', "'\\''"));
+            line.push('\'');
+        }
+    }
+    line
+}
+
 struct Player {
     cloud: LocalCloud,
-    moto: moto::Moto,
+    moto: Arc<moto::Moto>,
     table: String,
     template: Value,
     bus: LocalBus,
@@ -363,6 +658,7 @@ struct Player {
     broken: Vec<(String, String, DateTime<Utc>)>,
     every_tick: bool,
     steps: u64,
+    cli: CliEnv,
 }
 
 impl Player {
@@ -377,7 +673,7 @@ impl Player {
                 }
                 if self.action_time(a).is_some_and(|t| t <= now) {
                     done[i] = true;
-                    self.act(&a.what, scenario)?;
+                    self.act(&a.what, scenario).await?;
                     self.deliver().await?;
                 }
             }
@@ -443,7 +739,7 @@ impl Player {
         Some(t + after.offset())
     }
 
-    fn act(&mut self, what: &What, scenario: &Scenario) -> anyhow::Result<()> {
+    async fn act(&mut self, what: &What, scenario: &Scenario) -> anyhow::Result<()> {
         let now = self.cloud.now();
         match what {
             What::Submit(s) => {
@@ -581,8 +877,87 @@ impl Player {
                     ),
                 );
             }
+            What::Cli(c) => self.run_cli(c, scenario).await?,
         }
         Ok(())
+    }
+
+    /// Runs the CLI to its end while the simulated clock stands still, logs it, and fails the
+    /// run when its exit code or output is not what the action expects, or when it names a
+    /// request whose `Capacity Request Submitted` it did not put on the custom bus. The play
+    /// loop then delivers whatever it put.
+    async fn run_cli(&mut self, c: &CliCall, scenario: &Scenario) -> anyhow::Result<()> {
+        let now = self.cloud.now();
+        if !self.cli.binary.exists() {
+            bail!(
+                "{} is missing: build it first (cargo build --workspace --bins)",
+                self.cli.binary.display()
+            );
+        }
+        let out = self.cli.out_dir.join("cli");
+        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+        let cloud = &self.cloud;
+        let args = substitute_args(
+            &c.args,
+            &|region| {
+                let region = region.unwrap_or(&scenario.region);
+                cloud.with_world(|w| w.subnets(region).into_iter().map(|s| s.id).collect())
+            },
+            &out,
+        );
+        let line = command_line(CLI_BINARY, &args);
+        let (akid, secret) = match &c.caller {
+            Some(arn) => {
+                let akid = access_key_for(arn);
+                self.cloud
+                    .with_world(|w| w.put_identity(&akid, arn))
+                    .map_err(|e| anyhow!("at {now}: `{line}` as {arn}: {}", e.message))?;
+                (akid, "local-runner-cli-secret")
+            }
+            None => (
+                lambda_host::ACCESS_KEY_ID.to_string(),
+                lambda_host::SECRET_ACCESS_KEY,
+            ),
+        };
+        let before = event_count(&self.cloud, &self.bus.region, &self.bus.custom);
+        let ran = self
+            .cli
+            .exec(&args, &akid, secret)
+            .await
+            .map_err(|e| anyhow!("at {now}: `{line}`: {e:#}"))?;
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.cli.log)
+            .with_context(|| format!("opening {}", self.cli.log.display()))?;
+        writeln!(
+            log,
+            "[{}] {}$ {line}\n--- stdout\n{}\n--- stderr\n{}\n--- exit {} ({})\n",
+            now.format("%Y-%m-%dT%H:%M:%SZ"),
+            c.caller
+                .as_deref()
+                .map(|a| format!("as {a} "))
+                .unwrap_or_default(),
+            ran.stdout,
+            ran.stderr,
+            ran.code,
+            ran.status
+        )?;
+        if let Some(name) = &c.stdout {
+            let plain = Path::new(name)
+                .file_name()
+                .is_some_and(|f| f == name.as_str());
+            if !plain {
+                bail!("the cli action's `stdout: {name}` must be a plain file name");
+            }
+            let path = out.join(name);
+            std::fs::write(&path, &ran.stdout)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        self.timeline
+            .action(now, &format!("{line} (exit {})", ran.code));
+        let put = events_since(&self.cloud, &self.bus.region, &self.bus.custom, before);
+        cli_verdict(c, &ran, &put, &self.bus.custom).map_err(|e| anyhow!("at {now}: `{line}` {e}"))
     }
 
     /// Hands every new event to the functions its rules name, until no new event arrives.
@@ -741,4 +1116,159 @@ fn live_instance(w: &crate::World, request_id: &str, index: usize) -> Option<Str
         .collect();
     live.sort();
     live.get(index).map(|(_, _, id)| id.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(exit: i32, expect: &[&str], request_id: Option<&str>) -> CliCall {
+        CliCall {
+            args: vec!["submit".into()],
+            caller: None,
+            stdout: None,
+            exit,
+            expect_stdout: expect.iter().map(|s| s.to_string()).collect(),
+            request_id: request_id.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn a_cli_run_is_judged_by_its_exit_code_its_stdout_and_the_request_it_put() {
+        // GIVEN a run that exited 0 printing the request id, and the event it put
+        let ran = CliRun {
+            code: 0,
+            status: "exit status: 0".into(),
+            stdout: "submitted team-x\n".into(),
+            stderr: "a warning\n".into(),
+        };
+        let put = vec![json!({"detail-type": SUBMITTED, "detail": {"request_id": "team-x"}})];
+        // WHEN it is judged against what actions expect
+        let ok = cli_verdict(&call(0, &["team-x"], Some("team-x")), &ran, &put, "b");
+        let wrong_exit = cli_verdict(&call(2, &[], None), &ran, &put, "b");
+        let missing = cli_verdict(&call(0, &["Accepted"], None), &ran, &put, "b");
+        let not_put = cli_verdict(&call(0, &[], Some("team-y")), &ran, &put, "b");
+        // THEN only the matching one passes, and each failure shows the run
+        assert!(ok.is_ok(), "{ok:?}");
+        let wrong_exit = wrong_exit.unwrap_err().to_string();
+        assert!(
+            wrong_exit.contains("exited 0 (exit status: 0), expected 2"),
+            "{wrong_exit}"
+        );
+        assert!(wrong_exit.contains("submitted team-x") && wrong_exit.contains("a warning"));
+        let missing = missing.unwrap_err().to_string();
+        assert!(missing.contains("\"Accepted\""), "{missing}");
+        let not_put = not_put.unwrap_err().to_string();
+        assert!(
+            not_put.contains("put no Capacity Request Submitted for request team-y on the b bus"),
+            "{not_put}"
+        );
+    }
+
+    #[test]
+    fn a_command_line_quotes_what_a_shell_would_split() {
+        let args = ["submit", "--note", "two words", "it's", ""].map(String::from);
+        assert_eq!(
+            command_line("capacity-pilot", &args),
+            "capacity-pilot submit --note 'two words' 'it'\\''s' ''"
+        );
+        let key = access_key_for("arn:aws:iam::123456789012:user/ops");
+        assert_eq!(key.len(), 20);
+        assert!(key.starts_with("AKIA"));
+        assert_ne!(key, access_key_for("arn:aws:iam::123456789012:user/dev"));
+    }
+
+    #[tokio::test]
+    async fn the_cli_runs_in_the_workspace_root_with_the_emulator_as_its_aws_and_nothing_else_of_the_users()
+     {
+        // GIVEN a stand-in CLI that prints its arguments, directory and environment, and
+        // exits 3
+        let dir = std::env::temp_dir().join(format!("local-cloud-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let binary = dir.join(CLI_BINARY);
+        std::fs::write(
+            &binary,
+            "#!/bin/sh\necho \"args: $*\"\necho \"cwd: $(pwd)\"\nenv\necho oops >&2\nexit 3\n",
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let cli = CliEnv {
+            binary,
+            root: dir.clone(),
+            out_dir: dir.clone(),
+            log: dir.join("cli.log"),
+            cloud_url: "http://127.0.0.1:4566".into(),
+            moto_url: "http://127.0.0.1:5000".into(),
+            region: "us-west-2".into(),
+        };
+        // WHEN it runs as a registered caller
+        let ran = cli
+            .exec(&["status".into(), "two words".into()], "AKIAOPS", "s3cret")
+            .await
+            .expect("runs");
+        let ran_in = ran
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("cwd: "))
+            .and_then(|cwd| Path::new(cwd).canonicalize().ok());
+        let root = dir.canonicalize().ok();
+        std::fs::remove_dir_all(&dir).ok();
+        // THEN it got its arguments, the workspace root, the emulator for AWS and the clock,
+        // moto for DynamoDB, the caller's keys, no colours, and no AWS setting of the user's
+        assert_eq!((ran.code, ran.stderr.as_str()), (3, "oops\n"));
+        let lines: Vec<&str> = ran.stdout.lines().collect();
+        assert_eq!(lines[0], "args: status two words");
+        assert!(ran_in.is_some() && ran_in == root, "ran in {:?}", lines[1]);
+        let env: BTreeMap<&str, &str> = lines[2..]
+            .iter()
+            .filter_map(|l| l.split_once('='))
+            .collect();
+        for (k, v) in [
+            ("AWS_ENDPOINT_URL", "http://127.0.0.1:4566"),
+            ("AWS_ENDPOINT_URL_DYNAMODB", "http://127.0.0.1:5000"),
+            ("AWS_REGION", "us-west-2"),
+            ("AWS_ACCESS_KEY_ID", "AKIAOPS"),
+            ("AWS_SECRET_ACCESS_KEY", "s3cret"),
+            ("AWS_CONFIG_FILE", "/dev/null"),
+            ("AWS_SHARED_CREDENTIALS_FILE", "/dev/null"),
+            (
+                "CAPACITY_PILOT_CLOCK_URL",
+                "http://127.0.0.1:4566/_local/clock",
+            ),
+            ("NO_COLOR", "1"),
+        ] {
+            assert_eq!(env.get(k), Some(&v), "{k} in {env:?}");
+        }
+        let aws: Vec<&str> = env
+            .keys()
+            .copied()
+            .filter(|k| k.starts_with("AWS_"))
+            .collect();
+        assert_eq!(
+            aws,
+            [
+                "AWS_ACCESS_KEY_ID",
+                "AWS_CONFIG_FILE",
+                "AWS_DEFAULT_REGION",
+                "AWS_EC2_METADATA_DISABLED",
+                "AWS_ENDPOINT_URL",
+                "AWS_ENDPOINT_URL_DYNAMODB",
+                "AWS_REGION",
+                "AWS_SECRET_ACCESS_KEY",
+                "AWS_SHARED_CREDENTIALS_FILE",
+            ],
+            "no AWS_PROFILE or other AWS setting leaks in"
+        );
+        assert_eq!(
+            env.get("PATH").copied(),
+            std::env::var("PATH").ok().as_deref()
+        );
+    }
+
+    #[test]
+    fn a_shared_motos_table_is_named_after_its_scenario() {
+        assert_eq!(shared_table_name("default"), "capacity-pilot-state-default");
+        assert_eq!(shared_table_name("a b/c"), "capacity-pilot-state-a-b-c");
+    }
 }

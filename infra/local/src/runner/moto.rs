@@ -43,6 +43,9 @@ const READS: &[&str] = &[
     "ListTagsOfResource",
 ];
 
+/// A `due` scan: its table, the writes counted before it, and its answer.
+type DueScan = (String, u64, Option<DateTime<Utc>>);
+
 pub struct Moto {
     child: Child,
     stdin: Option<ChildStdin>,
@@ -55,8 +58,9 @@ pub struct Moto {
     writes: Arc<AtomicU64>,
     /// Every request through the relay: the functions' DynamoDB calls.
     calls: Arc<AtomicU64>,
-    /// The last `due` scan: (writes counted before it, its answer).
-    due: Mutex<Option<(u64, Option<DateTime<Utc>>)>>,
+    /// The last `due` scan: (its table, writes counted before it, its answer). One moto can
+    /// serve several runs one after another, each with its own table.
+    due: Mutex<Option<DueScan>>,
     pub log: PathBuf,
 }
 
@@ -153,6 +157,15 @@ impl Moto {
         Ok(v)
     }
 
+    /// Deletes table `name` if it exists, so that a run on a shared moto starts empty.
+    pub async fn drop_table(&self, name: &str) -> anyhow::Result<()> {
+        match self.call("DeleteTable", &json!({"TableName": name})).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.to_string().contains("ResourceNotFoundException") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// CreateTable (and its TTL) from the template's `StateTable` properties.
     pub async fn create_state_table(&self, template: &Value, name: &str) -> anyhow::Result<()> {
         let p = &template["Resources"]["StateTable"]["Properties"];
@@ -193,13 +206,15 @@ impl Moto {
         template: &Value,
     ) -> anyhow::Result<Option<DateTime<Utc>>> {
         let writes = self.writes.load(Ordering::SeqCst);
-        if let Some((seen, due)) = *self.due.lock().unwrap_or_else(|p| p.into_inner())
-            && seen == writes
+        if let Some((scanned, seen, due)) = &*self.due.lock().unwrap_or_else(|p| p.into_inner())
+            && scanned == table
+            && *seen == writes
         {
-            return Ok(due);
+            return Ok(*due);
         }
         let due = self.scan_due(table, template).await?;
-        *self.due.lock().unwrap_or_else(|p| p.into_inner()) = Some((writes, due));
+        *self.due.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((table.to_string(), writes, due));
         Ok(due)
     }
 

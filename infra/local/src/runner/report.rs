@@ -323,7 +323,7 @@ pub fn instances(o: &Observed, id: &str) -> Vec<InstanceSpan> {
 
 pub fn summarize(o: &Observed) -> Vec<RequestSummary> {
     let mut out = Vec::new();
-    for (id, detail) in o.scenario.requests() {
+    for (id, detail) in o.requests() {
         let first = |dt: &str| o.ours(&id, dt).first().map(|e| (*e).clone());
         let reserved = first("Capacity Reserved");
         let money = |k: &str| {

@@ -1,6 +1,7 @@
 //! Scenario files (`infra/local/scenarios/*.yaml`): the market seed, the simulated start and
-//! end, the template parameters, requests submitted and faults injected at simulated times,
-//! and the outcomes expected per request.
+//! end, the template parameters, requests submitted (as events, or through the
+//! `capacity-pilot` CLI) and faults injected at simulated times, and the outcomes expected per
+//! request.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -119,6 +120,39 @@ pub enum What {
         #[serde(default = "one")]
         count: u32,
     },
+    /// Run the `capacity-pilot` CLI (built with the functions) against the emulator at this
+    /// simulated time, as an operator would, and check its exit code and output.
+    Cli(CliCall),
+}
+
+/// One run of the `capacity-pilot` CLI: `<bin_dir>/capacity-pilot <args...>` in the
+/// workspace root, with the emulator as its AWS and clock.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CliCall {
+    /// Its arguments, substituted ([`substitute_args`]): an argument `${subnet_ids}` is the
+    /// home region's subnet ids comma-joined (`${subnet_ids:<region>}` another region's), and
+    /// `${out}` in any argument the run's `<out_dir>/cli` directory.
+    pub args: Vec<String>,
+    /// Who calls: a caller ARN STS answers for the command's access key; the Lambda host's
+    /// dummy key (an IAM user of the emulator's account) when absent.
+    #[serde(default, rename = "as")]
+    pub caller: Option<String>,
+    /// Writes the command's stdout to `<out_dir>/cli/<stdout>` (a plain file name).
+    #[serde(default)]
+    pub stdout: Option<String>,
+    /// The exit code expected (0 unless given); another fails the run.
+    #[serde(default)]
+    pub exit: i32,
+    /// Substrings the command's stdout must contain; a missing one fails the run.
+    #[serde(default)]
+    pub expect_stdout: Vec<String>,
+    /// When the command submits a request: its id. The run then requires a `Capacity
+    /// Request Submitted` event for it on the custom bus from this command, and the checks
+    /// judge the scenario's `expect` for it like any submitted request (from the event the
+    /// CLI put).
+    #[serde(default)]
+    pub request_id: Option<String>,
 }
 
 fn one() -> u32 {
@@ -134,8 +168,11 @@ pub struct Submit {
     pub detail: Value,
 }
 
+/// The detail-type of a capacity request.
+pub const SUBMITTED: &str = "Capacity Request Submitted";
+
 fn submitted() -> String {
-    "Capacity Request Submitted".to_string()
+    SUBMITTED.to_string()
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -246,12 +283,15 @@ impl Scenario {
         out
     }
 
-    /// Every submitted request's detail, by request id.
+    /// Every request a `submit` action submits (a `Capacity Request Submitted` event), its
+    /// detail as the file gives it, by request id. Requests submitted through the CLI are not
+    /// here (their detail is the CLI's to build): the checks read every submitted request from
+    /// the custom bus instead (`checks::Observed::requests`).
     pub fn requests(&self) -> BTreeMap<String, Value> {
         self.actions
             .iter()
             .filter_map(|a| match &a.what {
-                What::Submit(s) => Some((
+                What::Submit(s) if s.detail_type == SUBMITTED => Some((
                     s.detail["request_id"]
                         .as_str()
                         .unwrap_or_default()
@@ -262,6 +302,51 @@ impl Scenario {
             })
             .collect()
     }
+
+    /// The id of every request the scenario submits: by a `submit` action, or by a `cli`
+    /// action that names its `request_id`.
+    pub fn submitted_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.requests().into_keys().collect();
+        for a in &self.actions {
+            if let What::Cli(c) = &a.what
+                && let Some(id) = &c.request_id
+                && !ids.contains(id)
+            {
+                ids.push(id.clone());
+            }
+        }
+        ids
+    }
+
+    /// Whether any action runs the CLI.
+    pub fn uses_cli(&self) -> bool {
+        self.actions.iter().any(|a| matches!(a.what, What::Cli(_)))
+    }
+}
+
+/// A `cli` action's arguments with their placeholders replaced: an argument that is exactly
+/// `${subnet_ids}` becomes the home region's subnet ids comma-joined (`${subnet_ids:<region>}`
+/// that region's; `subnets` gives a region's, `None` the home region's), and `${out}` anywhere
+/// in an argument becomes `out` (the run's CLI output directory).
+pub fn substitute_args(
+    args: &[String],
+    subnets: &dyn Fn(Option<&str>) -> Vec<String>,
+    out: &Path,
+) -> Vec<String> {
+    args.iter()
+        .map(|a| {
+            if a == "${subnet_ids}" {
+                subnets(None).join(",")
+            } else if let Some(region) = a
+                .strip_prefix("${subnet_ids:")
+                .and_then(|r| r.strip_suffix('}'))
+            {
+                subnets(Some(region)).join(",")
+            } else {
+                a.replace("${out}", &out.to_string_lossy())
+            }
+        })
+        .collect()
 }
 
 /// Replaces every string `${subnet_ids}` in `v` with the list of the home region's subnet ids,
@@ -340,5 +425,99 @@ mod tests {
             })
             .collect();
         assert_eq!(forced, [("team-a".into(), 2), ("team-b".into(), 1)]);
+    }
+
+    #[test]
+    fn a_scenario_can_run_the_cli_as_someone_and_expect_its_output() {
+        // GIVEN cli actions: a submit as an operator naming its request, and a budget
+        // report expected to fail, with the defaults elsewhere
+        let s: Scenario = serde_yaml_ng::from_str(
+            "name: x\nseed: 1\nstart: 2026-12-01T09:00:00Z\nend: 2026-12-02T09:00:00Z\n\
+             actions:\n\
+             - at: 2026-12-01T09:00:00Z\n  cli: {args: [submit, '${out}/r.json'], \
+             as: 'arn:aws:iam::123456789012:user/ops', stdout: submitted.txt, \
+             expect_stdout: [team-cli], request_id: team-cli}\n\
+             - at: 2026-12-01T10:00:00Z\n  cli: {args: [budget], exit: 2}\n",
+        )
+        .expect("parses");
+        // WHEN its actions are read
+        let calls: Vec<&CliCall> = s
+            .actions
+            .iter()
+            .map(|a| match &a.what {
+                What::Cli(c) => c,
+                other => panic!("not cli: {other:?}"),
+            })
+            .collect();
+        // THEN each has what it said, and the submitted request is known to the checks
+        assert_eq!(
+            calls[0],
+            &CliCall {
+                args: vec!["submit".into(), "${out}/r.json".into()],
+                caller: Some("arn:aws:iam::123456789012:user/ops".into()),
+                stdout: Some("submitted.txt".into()),
+                exit: 0,
+                expect_stdout: vec!["team-cli".into()],
+                request_id: Some("team-cli".into()),
+            }
+        );
+        assert_eq!(
+            calls[1],
+            &CliCall {
+                args: vec!["budget".into()],
+                caller: None,
+                stdout: None,
+                exit: 2,
+                expect_stdout: vec![],
+                request_id: None,
+            }
+        );
+        assert!(s.uses_cli());
+        assert_eq!(s.submitted_ids(), ["team-cli"]);
+        assert!(s.requests().is_empty(), "its detail is the CLI's");
+        // ... and an unknown field is refused
+        let bad = serde_yaml_ng::from_str::<Vec<Action>>(
+            "- at: 2026-12-01T09:00:00Z\n  cli: {args: [x], exit_code: 1}\n",
+        );
+        assert!(bad.is_err());
+    }
+
+    #[test]
+    fn cli_arguments_get_the_subnets_and_the_output_directory() {
+        // GIVEN arguments with every placeholder, and some without
+        let args: Vec<String> = [
+            "submit",
+            "--subnets",
+            "${subnet_ids}",
+            "${subnet_ids:us-west-2}",
+            "--file=${out}/req.json",
+            "${out}",
+            "x${subnet_ids}",
+        ]
+        .map(String::from)
+        .to_vec();
+        // WHEN they are substituted
+        let out = substitute_args(
+            &args,
+            &|r| match r {
+                None => vec!["subnet-a".into(), "subnet-b".into()],
+                Some(r) => vec![format!("subnet-{r}")],
+            },
+            Path::new("/tmp/run/cli"),
+        );
+        // THEN whole `${subnet_ids}` arguments are comma lists and `${out}` is the directory
+        // wherever it is
+        assert_eq!(
+            out,
+            [
+                "submit",
+                "--subnets",
+                "subnet-a,subnet-b",
+                "subnet-us-west-2",
+                "--file=/tmp/run/cli/req.json",
+                "/tmp/run/cli",
+                "x${subnet_ids}",
+            ]
+        );
     }
 }

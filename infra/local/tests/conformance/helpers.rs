@@ -26,6 +26,16 @@ pub struct Env {
 }
 
 pub async fn sdk_config(url: &str, region: &'static str, retries: bool) -> aws_config::SdkConfig {
+    sdk_config_as(url, region, "AKIDLOCALCLOUD", retries).await
+}
+
+/// The same, signing with another access key id (STS answers who it belongs to).
+pub async fn sdk_config_as(
+    url: &str,
+    region: &'static str,
+    access_key_id: &str,
+    retries: bool,
+) -> aws_config::SdkConfig {
     let retry = if retries {
         RetryConfig::standard()
     } else {
@@ -35,7 +45,7 @@ pub async fn sdk_config(url: &str, region: &'static str, retries: bool) -> aws_c
         .endpoint_url(url)
         .region(Region::new(region))
         .credentials_provider(Credentials::new(
-            "AKIDLOCALCLOUD",
+            access_key_id,
             "local-cloud-secret",
             None,
             None,

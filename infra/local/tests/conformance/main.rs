@@ -1,6 +1,7 @@
 //! Conformance tests: the real AWS SDK clients against an in-process local-cloud, one emulator
 //! per test, each with its own simulated clock. One binary, because linking the SDKs dominates.
 
+mod cloudformation_sts;
 mod control;
 mod ec2_blocks;
 mod ec2_instances;
