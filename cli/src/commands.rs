@@ -295,6 +295,26 @@ impl Conn {
             RequestId::parse(id).map_err(|m| Fail::Usage(format!("request id {id:?}: {m}")))?;
         match self.store.get_request(&rid).await.map_err(Fail::store)? {
             Some(r) => Ok(r),
+            None if let Some(r) = self
+                .store
+                .rejections(&rid)
+                .await
+                .map_err(Fail::store)?
+                .pop() =>
+            {
+                Err(Fail::NotFound(format!(
+                    "no request {id:?} is recorded: its submission (event {}, from {}) was \
+                     rejected at {}:\n{}\n  fix each field and submit again",
+                    r.event_id,
+                    r.source,
+                    when(r.at),
+                    r.problems
+                        .iter()
+                        .map(|p| format!("  {}: {}", p.field, p.message))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                )))
+            }
             None => Err(Fail::NotFound(format!(
                 "no request {id:?} in the table {} ({}; requests are kept 90 days after \
                  they end): check the id with `capacity-pilot list`",
@@ -520,28 +540,50 @@ pub async fn submit(g: &Global, out: &Out, a: SubmitArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let rec = poll(
+    // Recorded (Accepted, or further on), or rejected: the search function keeps a
+    // rejection's reasons under the id, by the event it rejected.
+    let answer = poll(
         out,
         a.timeout,
-        &format!("waiting for {id} to be recorded"),
+        &format!("waiting for {id} to be accepted or rejected"),
         || async {
             c.store.begin_run(deployment::now().await?);
-            c.store.get_request(&request.id).await.map_err(Fail::store)
+            if let Some(rec) = c
+                .store
+                .get_request(&request.id)
+                .await
+                .map_err(Fail::store)?
+            {
+                return Ok(Some(Ok(rec)));
+            }
+            let rejected = c.store.rejections(&request.id).await.map_err(Fail::store)?;
+            Ok(rejected
+                .into_iter()
+                .find(|r| r.event_id == event_id)
+                .map(Err))
         },
     )
     .await?
     .ok_or_else(|| {
-        Fail::NotFound(format!(
-            "{id} was not recorded within {} s: the search function rejected it (its reason is \
-             published as Capacity Request Rejected) or has not run yet; look again with \
-             `capacity-pilot status {id}`",
+        Fail::Aws(format!(
+            "{id} was neither accepted nor rejected within {} s: the search function has not \
+             taken it yet; look again with `capacity-pilot status {id}`",
             a.timeout
         ))
     })?;
-    if out.json() {
-        out.print_json(&status_json(&rec, &[], &[]));
-    } else {
-        println!("{id} is {}: {}", rec.status.as_str(), rec.reason);
+    match answer {
+        Ok(rec) if out.json() => out.print_json(&status_json(&rec, &[], &[])),
+        Ok(rec) => println!("{id} is {}: {}", rec.status.as_str(), rec.reason),
+        Err(rejected) => {
+            return Err(Fail::Invalid {
+                file: format!(
+                    "{} (rejected by the deployment at {})",
+                    a.file,
+                    when(rejected.at)
+                ),
+                problems: rejected.problems,
+            });
+        }
     }
     Ok(())
 }

@@ -43,8 +43,8 @@ impl Fail {
             ))
         } else if text.contains("AccessDenied") || text.contains("UnauthorizedOperation") {
             Fail::Refused(format!(
-                "not allowed to read the state table: {text}\n  use a role with the stack's \
-                 RequesterPolicy or OperatorPolicy"
+                "not allowed to read the state table: {text}\n  use a role with one of the \
+                 stack's RequesterPolicy, ApproverPolicy or OperatorPolicy"
             ))
         } else {
             Fail::Aws(format!(

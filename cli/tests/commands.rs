@@ -552,3 +552,79 @@ fn completions_are_written_for_each_shell() {
         );
     }
 }
+
+/// An inference endpoint request for `endpoint`, from the CLI's `new`.
+fn endpoint_request(f: &Flow, id: &str, endpoint: &str) -> std::path::PathBuf {
+    let text = ok(
+        &mut cli(f),
+        &[
+            "new",
+            "--gpus",
+            "H100:8",
+            "--kind",
+            "inference-endpoint",
+            "--hours",
+            "24",
+            "--start",
+            "2026-12-02",
+            "--by",
+            "2026-12-20",
+            "--team",
+            "team-c",
+            "--id",
+            id,
+            "--model",
+            "workshop-llm",
+            "--endpoint",
+            endpoint,
+        ],
+    );
+    file(&format!("{id}.json"), &serde_json::from_str(&text).unwrap())
+}
+
+/// Runs the CLI while the flow delivers what reaches the bus, as the deployment would.
+async fn delivering(f: &Flow, mut c: Command, args: &[&str]) -> Output {
+    c.args(args);
+    let run = tokio::task::spawn_blocking(move || c.output());
+    tokio::pin!(run);
+    loop {
+        tokio::select! {
+            o = &mut run => return o.expect("the CLI's thread").expect("the CLI runs"),
+            _ = tokio::time::sleep(std::time::Duration::from_millis(300)) => {
+                f.deliver().await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_wait_follows_a_request_to_accepted_or_to_the_deployments_rejection() {
+    // GIVEN a stack, and an endpoint request accepted through `submit --wait`
+    let f = deployed(&[], "").await;
+    let first = endpoint_request(&f, "cli-first", "workshop-llm");
+    let o = delivering(
+        &f,
+        cli(&f),
+        &["submit", first.to_str().unwrap(), "--wait", "-o", "table"],
+    )
+    .await;
+    let (out, err, code) = text(&o);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("cli-first is "), "{out}");
+    // WHEN a second request claims the same endpoint name over the same days: the file is
+    // valid, so only the deployment can refuse it
+    let second = endpoint_request(&f, "cli-second", "workshop-llm");
+    let o = delivering(&f, cli(&f), &["submit", second.to_str().unwrap(), "--wait"]).await;
+    // THEN --wait reads the rejection the search function kept, and exits 3 naming the field
+    let (out, err, code) = text(&o);
+    assert_eq!(code, 3, "{out}\n{err}");
+    assert!(err.contains("rejected by the deployment"), "{err}");
+    assert!(err.contains("workload.endpoint_name"), "{err}");
+    // AND `status` of the id says why no request is recorded
+    let err = fails(&mut cli(&f), &["status", "cli-second"], 4);
+    assert!(
+        err.contains("was rejected at 2026-12-01 09:00 UTC"),
+        "{err}"
+    );
+    assert!(err.contains("workload.endpoint_name"), "{err}");
+}

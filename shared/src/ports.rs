@@ -1474,6 +1474,22 @@ pub enum CreateOutcome {
     Tombstoned(Tombstone),
 }
 
+/// A submission the search function rejected: no request is recorded for it, so this says
+/// why, under the id it claimed, for [`REJECTION_KEPT`] (what `capacity-pilot submit --wait`
+/// and `status` read; the `Capacity Request Rejected` event says the same).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RejectedSubmission {
+    pub request_id: RequestId,
+    /// The `Capacity Request Submitted` event rejected.
+    pub event_id: String,
+    pub source: String,
+    pub at: DateTime<Utc>,
+    pub problems: Vec<crate::domain::request::FieldError>,
+}
+
+/// How long a rejected submission's reasons are kept.
+pub const REJECTION_KEPT: chrono::Duration = chrono::Duration::days(7);
+
 /// A cancellation for a request id no request holds yet (ARCHITECTURE §8.3): EventBridge does
 /// not order deliveries, so its submission may follow. Kept [`TOMBSTONE_KEPT`]; a submission
 /// of that id from the same source in that time is recorded `Cancelled`.
@@ -1866,6 +1882,18 @@ pub trait Store: Send + Sync {
         t: Tombstone,
         outbox: Vec<OutboundEvent>,
     ) -> impl Future<Output = Result<TombstoneOutcome, PortError>> + Send;
+
+    /// Keeps why a submission was rejected ([`RejectedSubmission`]), once per event.
+    fn record_rejection(
+        &self,
+        r: RejectedSubmission,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+
+    /// The rejected submissions of `request_id` (any spelling) kept, oldest first.
+    fn rejections(
+        &self,
+        request_id: &RequestId,
+    ) -> impl Future<Output = Result<Vec<RejectedSubmission>, PortError>> + Send;
 
     /// Keeps or clears a cancellation note ([`KeepCancellation`]).
     fn keep_cancellation(

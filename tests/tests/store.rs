@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use aws_sdk_dynamodb::types::AttributeValue;
 use capacity_pilot::aws::dynamodb::DynamoStore;
 use capacity_pilot::domain::money::MicroUsd;
+use capacity_pilot::domain::request::FieldError;
 use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus::{
     self, Accepted, Cancelled, Draining, Ended, Failed, OfferingsFound, Purchasing, Reserved,
@@ -13,8 +14,8 @@ use capacity_pilot::domain::status::RequestStatus::{
 use capacity_pilot::domain::window::{self, DrainLead, WindowRecord, WindowState};
 use capacity_pilot::ports::{
     BeginPurchaseOutcome, BudgetMonth, CancelNote, Cause, CreateOutcome, DueItem, KeepCancellation,
-    LeaseWriteOutcome, OnDemandRun, PortError, RequestRecord, Settle, Store, Tombstone,
-    TombstoneOutcome, WindowUpdate, WriteOutcome, outbox_seq,
+    LeaseWriteOutcome, OnDemandRun, PortError, RejectedSubmission, RequestRecord, Settle, Store,
+    Tombstone, TombstoneOutcome, WindowUpdate, WriteOutcome, outbox_seq,
 };
 use chrono::Duration;
 use integration_tests::TestTable;
@@ -1284,6 +1285,52 @@ async fn a_cancellation_kept_during_a_purchase_refuses_a_release_that_would_pass
         (Cancelled, MicroUsd(0), None)
     );
     assert_eq!(ledger_at_t0(&store, "ml").await, MicroUsd(0));
+}
+
+#[tokio::test]
+async fn a_rejected_submission_is_kept_a_week_under_its_id_in_any_spelling_apart_from_requests() {
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let rejected = |event: &str, at| RejectedSubmission {
+        request_id: request_id("Team-Eval"),
+        event_id: event.into(),
+        source: "com.example.ml-platform".into(),
+        at,
+        problems: vec![FieldError {
+            field: "workload.endpoint_name".into(),
+            message: "is claimed by another request".into(),
+        }],
+    };
+    // GIVEN two rejections of the id, one eight days old, and one recorded twice (a
+    // redelivery)
+    store.begin_run(t0());
+    store
+        .record_rejection(rejected("old", t0() - Duration::days(8)))
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        store.record_rejection(rejected("new", t0())).await.unwrap();
+    }
+    // WHEN they are read under another spelling of the id, by another run
+    store.begin_run(t0() + Duration::minutes(1));
+    let kept = store.rejections(&request_id("team-eval")).await.unwrap();
+    // THEN only the week's one is there, once, as written
+    assert_eq!(kept, vec![rejected("new", t0())]);
+    // AND it is no request: the id is free to submit again
+    assert!(
+        store
+            .get_request(&request_id("team-eval"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(matches!(
+        store
+            .create_request(new_request("team-eval", "ml", None))
+            .await
+            .unwrap(),
+        CreateOutcome::Created { .. }
+    ));
 }
 
 #[tokio::test]

@@ -17,7 +17,7 @@ use capacity_pilot::domain::money::Usd;
 use capacity_pilot::domain::offering::{Offering, Product};
 use capacity_pilot::domain::planner::{Rejection, plan, within_block_limit};
 use capacity_pilot::domain::request::{
-    CapacityRequest, FieldError, Strategy, ValidationContext, parse_request,
+    CapacityRequest, FieldError, RequestId, Strategy, ValidationContext, parse_request,
 };
 use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus;
@@ -26,7 +26,8 @@ use capacity_pilot::domain::window::{self, DrainLead};
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     CapacityMarket, Cause, Clock, CreateOutcome, EventSink, NewRequest, OfferingQuery, Pacing,
-    PortError, RequestRecord, Store, Transition, Workloads, WriteOutcome, request_named,
+    PortError, RejectedSubmission, RequestRecord, Store, Transition, Workloads, WriteOutcome,
+    request_named,
 };
 use capacity_pilot::search::{self, SearchRound};
 use capacity_pilot::workload;
@@ -142,8 +143,24 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
             .get("request_id")
             .and_then(Value::as_str)
             .map(str::to_string);
+        // A rejection is kept under the id it claimed, when that is an id, so that the
+        // requester can read why (`capacity-pilot submit --wait`, `status`); then published.
         let reject = |problems: Vec<FieldError>| {
-            outbox::reject(&self.events, event_id, source, claimed_id.clone(), problems)
+            let claimed = claimed_id.clone();
+            async move {
+                if let Some(id) = claimed.as_deref().and_then(|i| RequestId::parse(i).ok()) {
+                    self.store
+                        .record_rejection(RejectedSubmission {
+                            request_id: id,
+                            event_id: event_id.to_string(),
+                            source: source.to_string(),
+                            at: now,
+                            problems: problems.clone(),
+                        })
+                        .await?;
+                }
+                outbox::reject(&self.events, event_id, source, claimed, problems).await
+            }
         };
         if !self
             .config

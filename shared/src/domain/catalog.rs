@@ -140,7 +140,12 @@ impl Default for PriceTable {
 pub const ACCELERATORS: [(&str, &str, u32, &str); 12] = [
     ("p6-b300.48xlarge", "B300", 8, "NVIDIA B300"),
     ("p6-b200.48xlarge", "B200", 8, "NVIDIA B200"),
-    ("p6e-gb200.36xlarge", "GB200", 4, "NVIDIA GB200 (UltraServer)"),
+    (
+        "p6e-gb200.36xlarge",
+        "GB200",
+        4,
+        "NVIDIA GB200 (UltraServer)",
+    ),
     ("p5.4xlarge", "H100", 1, "NVIDIA H100 80 GB"),
     ("p5.48xlarge", "H100", 8, "NVIDIA H100 80 GB"),
     ("p5e.48xlarge", "H200", 8, "NVIDIA H200 141 GB"),

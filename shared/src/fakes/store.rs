@@ -23,9 +23,9 @@ use crate::ports::{
     Agenda, BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, Claim, ClaimKey, ClaimWrite,
     CreateOutcome, Debit, DetectorDue, DueItem, FailInDoubt, HistoryEntry, KeepCancellation,
     LeaseWriteOutcome, LiveRequest, MarkPurchaseCall, NewRequest, OutboundEvent, OutboxItem,
-    Pacing, PaymentDue, PortError, PurchaseCall, RecordReservation, ReleaseUnbought, RequestRecord,
-    Store, Tombstone, TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord, WriteOutcome,
-    outbox_seq,
+    Pacing, PaymentDue, PortError, PurchaseCall, REJECTION_KEPT, RecordReservation,
+    RejectedSubmission, ReleaseUnbought, RequestRecord, Store, Tombstone, TombstoneOutcome,
+    Transition, WindowUpdate, WorkloadRecord, WriteOutcome, outbox_seq,
 };
 use crate::search::{Allowance, DESCRIBE_PACE};
 
@@ -51,6 +51,8 @@ pub enum StoreOp {
     ClaimDetector,
     KeepCancellation,
     PutTombstone,
+    RecordRejection,
+    Rejections,
     UpdateWindows,
     Reservations,
     BudgetSpent,
@@ -79,6 +81,7 @@ impl StoreOp {
                 | StoreOp::ClaimDetector
                 | StoreOp::KeepCancellation
                 | StoreOp::PutTombstone
+                | StoreOp::RecordRejection
                 | StoreOp::UpdateWindows
                 | StoreOp::PutWorkload
                 | StoreOp::MarkSent
@@ -119,6 +122,8 @@ struct State {
     ledger: BTreeMap<(Team, BudgetMonth), i64>,
     /// By the id lower-cased (review N15).
     tombstones: BTreeMap<String, Tombstone>,
+    /// By the id lower-cased, then the rejected event's id.
+    rejections: BTreeMap<(String, String), RejectedSubmission>,
     /// Workload names and who claims them (ARCHITECTURE §9.8).
     claims: BTreeMap<ClaimKey, Claim>,
     history: BTreeMap<RequestId, Vec<HistoryEntry>>,
@@ -1448,6 +1453,34 @@ impl Store for InMemoryStore {
         let after = self.begin(StoreOp::PutTombstone)?;
         let outcome = lock(&self.state).put_tombstone(t, &outbox);
         finish(after, Ok(outcome))
+    }
+
+    async fn record_rejection(&self, r: RejectedSubmission) -> Result<(), PortError> {
+        self.pause("RecordRejection").await;
+        let after = self.begin(StoreOp::RecordRejection)?;
+        lock(&self.state)
+            .rejections
+            .insert((r.request_id.folded(), r.event_id.clone()), r);
+        finish(after, Ok(()))
+    }
+
+    async fn rejections(
+        &self,
+        request_id: &RequestId,
+    ) -> Result<Vec<RejectedSubmission>, PortError> {
+        self.pause("Rejections").await;
+        let after = self.begin(StoreOp::Rejections)?;
+        let s = lock(&self.state);
+        let now = s.now();
+        let folded = request_id.folded();
+        let mut found: Vec<RejectedSubmission> = s
+            .rejections
+            .iter()
+            .filter(|((id, _), r)| *id == folded && now.is_none_or(|t| t < r.at + REJECTION_KEPT))
+            .map(|(_, r)| r.clone())
+            .collect();
+        found.sort_by_key(|r| r.at);
+        finish(after, Ok(found))
     }
 
     async fn keep_cancellation(&self, k: KeepCancellation) -> Result<WriteOutcome, PortError> {

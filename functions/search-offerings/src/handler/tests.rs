@@ -7,6 +7,7 @@ use capacity_pilot::config::{Config, TeamBudgets};
 use capacity_pilot::domain::catalog::PriceTable;
 use capacity_pilot::domain::money::Usd;
 use capacity_pilot::domain::offering::{Offering, Product, Segment};
+use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::fakes::fixtures::{request_id, t0};
 use capacity_pilot::fakes::{
@@ -210,6 +211,19 @@ async fn an_invalid_request_is_rejected_naming_every_field_and_nothing_is_record
     );
     assert_eq!(rejected["request_id"], "r1");
     assert_eq!(rejected["event_id"], "e1");
+    // AND why is kept under the id it claimed, by the event, for the requester to read
+    let kept = w
+        .store
+        .rejections(&RequestId::parse("R1").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(
+        (kept[0].event_id.as_str(), kept[0].source.as_str()),
+        ("e1", SOURCE)
+    );
+    let kept_fields: Vec<&str> = kept[0].problems.iter().map(|p| p.field.as_str()).collect();
+    assert_eq!(kept_fields, fields);
 }
 
 #[tokio::test]

@@ -334,6 +334,9 @@ pub fn summarize(o: &Observed) -> Vec<RequestSummary> {
         let last_of = |dt: &str| {
             [
                 "Capacity Reservation Ended",
+                // A cancellation's answer before the Failed event that ends the request
+                // with it: the request was cancelled, not failed.
+                "Capacity Cancellation Applied",
                 "Capacity Request Failed",
                 "Capacity Request Rejected",
                 "Capacity Workload Drained",

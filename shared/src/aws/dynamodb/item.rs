@@ -143,6 +143,8 @@ pub(super) mod kind {
     pub const OUTBOX: &str = "outbox";
     pub const LEDGER: &str = "ledger";
     pub const TOMBSTONE: &str = "tombstone";
+    /// A rejected submission's reasons (`REQ#<id>` / `REJECTED#<event id>`).
+    pub const REJECTION: &str = "rejection";
     pub const HISTORY: &str = "history";
     /// A region's search allowance (`PACE#<region>`).
     pub const PACE: &str = "pace";
@@ -162,6 +164,9 @@ pub(super) const OFFER_PREFIX: &str = "OFFER#";
 pub(super) const RES_PREFIX: &str = "RES#";
 pub(super) const SLOT_PREFIX: &str = "SLOT#";
 pub(super) const HIST_PREFIX: &str = "HIST#";
+/// A rejected submission, by its event: outside `META..=OFFER$`, and no other prefix read
+/// (`RES#`, `SLOT#`, `HIST#`) begins it.
+pub(super) const REJECTED_PREFIX: &str = "REJECTED#";
 
 pub(super) fn request_pk(id: &str) -> String {
     format!("REQ#{id}")

@@ -29,10 +29,11 @@ pub use item::ARCHIVE_AFTER;
 use self::error::{Call, Committed, permanent, sdk_error, transaction_result, transient};
 use self::expr::Expr;
 use self::item::{
-    AFTER_OFFERS, HIST_PREFIX, Item, LEDGER_SK, META_SK, Meta, OFFER_PREFIX, RES_PREFIX, Read,
-    SLOT_PREFIX, TOMBSTONE_SK, WORK_INDEX, WORK_PARTITION, archive_at, attr, budget_pk,
-    epoch_micros, event_sk, history_sk, is_expired, is_gone, json, keeps_live_window, key, kind, n,
-    offer_sk, outbox_sk, read_meta, request_pk, reservation_sk, s, slot_key, time, workload_sk,
+    AFTER_OFFERS, HIST_PREFIX, Item, LEDGER_SK, META_SK, Meta, OFFER_PREFIX, REJECTED_PREFIX,
+    RES_PREFIX, Read, SLOT_PREFIX, TOMBSTONE_SK, WORK_INDEX, WORK_PARTITION, archive_at, attr,
+    budget_pk, epoch_micros, event_sk, history_sk, is_expired, is_gone, json, keeps_live_window,
+    key, kind, n, offer_sk, outbox_sk, read_meta, request_pk, reservation_sk, s, slot_key, time,
+    workload_sk,
 };
 use self::seen::{Seen, Write};
 use crate::aws::clock::SystemClock;
@@ -48,9 +49,9 @@ use crate::ports::{
     Agenda, BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, Claim, ClaimKey, ClaimWrite,
     CreateOutcome, Debit, DetectorDue, DueItem, FailInDoubt, HistoryEntry, KeepCancellation,
     LeaseWriteOutcome, LiveRequest, MarkPurchaseCall, NewRequest, OutboundEvent, OutboxItem,
-    Pacing, PaymentDue, PortError, PurchaseCall, RecordReservation, ReleaseUnbought, RequestRecord,
-    Store, TOMBSTONE_KEPT, Tombstone, TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord,
-    WriteOutcome, outbox_seq,
+    Pacing, PaymentDue, PortError, PurchaseCall, REJECTION_KEPT, RecordReservation,
+    RejectedSubmission, ReleaseUnbought, RequestRecord, Store, TOMBSTONE_KEPT, Tombstone,
+    TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord, WriteOutcome, outbox_seq,
 };
 use crate::search::{Allowance, DESCRIBE_PACE};
 
@@ -1292,6 +1293,55 @@ impl Store for DynamoStore {
 
     async fn write_claim(&self, w: ClaimWrite) -> Result<bool, PortError> {
         self.put_claim(w).await
+    }
+
+    async fn record_rejection(&self, r: RejectedSubmission) -> Result<(), PortError> {
+        let folded = r.request_id.folded();
+        let mut item = key(
+            request_pk(&folded),
+            format!("{REJECTED_PREFIX}{}", r.event_id),
+        );
+        item.insert(attr::KIND.into(), s(kind::REJECTION));
+        item.insert(attr::REQUEST_ID.into(), s(r.request_id.as_str()));
+        item.insert(attr::EVENT_ID.into(), s(r.event_id.clone()));
+        item.insert(attr::CREATED_AT.into(), time(r.at));
+        item.insert(
+            attr::EXPIRES_AT.into(),
+            n((r.at + REJECTION_KEPT).timestamp()),
+        );
+        item.insert(attr::DATA.into(), json("rejection", &r)?);
+        // A redelivery writes the same item again.
+        let written = item.clone();
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .send()
+            .await;
+        self.wrote_one(Write::Put(written), result.is_ok());
+        result
+            .map(drop)
+            .map_err(|e| sdk_error("PutItem", e, Call::Write))
+    }
+
+    async fn rejections(
+        &self,
+        request_id: &RequestId,
+    ) -> Result<Vec<RejectedSubmission>, PortError> {
+        let now = self.now();
+        let mut out = Vec::new();
+        for i in self
+            .query_prefix(&request_id.folded(), REJECTED_PREFIX)
+            .await?
+        {
+            if is_gone(&i, now) {
+                continue;
+            }
+            out.push(Read::new(&i).json::<RejectedSubmission>(attr::DATA)?);
+        }
+        out.sort_by_key(|r| r.at);
+        Ok(out)
     }
 
     async fn put_tombstone(
