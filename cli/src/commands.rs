@@ -972,12 +972,21 @@ pub async fn watch(g: &Global, out: &Out, a: WatchArgs) -> Result<()> {
             if out.json() {
                 println!("{}", history_json(&e));
             } else {
-                println!("{}  {:<16} {}", when(e.at), e.to.as_str(), e.reason);
+                println!("{}  {:<18}{}", when(e.at), e.to.as_str(), e.reason);
             }
         }
         if rec.archivable() {
             if !out.json() {
-                println!("{} has ended; every window has ended", rec.request_id);
+                println!(
+                    "{} has ended ({}){}",
+                    rec.request_id,
+                    rec.status.as_str(),
+                    if rec.windows.is_empty() {
+                        ""
+                    } else {
+                        ", and every window of it"
+                    }
+                );
             }
             return Ok(());
         }

@@ -628,3 +628,119 @@ async fn submit_wait_follows_a_request_to_accepted_or_to_the_deployments_rejecti
     );
     assert!(err.contains("workload.endpoint_name"), "{err}");
 }
+
+#[test]
+fn types_and_new_print_the_catalogue_and_a_request_without_calling_aws() {
+    // GIVEN no AWS at all: no endpoint, no region, no credentials
+    let bare = || {
+        let mut c = Command::cargo_bin("capacity-pilot").unwrap();
+        c.env_clear().env("NO_COLOR", "1");
+        c
+    };
+    // THEN the catalogue prints as a table and as JSON ...
+    insta::assert_snapshot!("types_table", ok(&mut bare(), &["types", "-o", "table"]));
+    insta::assert_snapshot!(
+        "types_h200_json",
+        ok(&mut bare(), &["types", "--gpu", "h200", "-o", "json"])
+    );
+    // ... and `new` writes a request, saying on stderr what it chose and what is left to fill
+    let o = run(
+        &mut bare(),
+        &[
+            "new",
+            "--gpus",
+            "H200:12",
+            "--hours",
+            "72",
+            "--start",
+            "2026-12-07",
+            "--by",
+            "2026-12-14",
+            "--team",
+            "ml-eval",
+        ],
+    );
+    let (out, err, code) = text(&o);
+    assert_eq!(code, 0, "{err}");
+    insta::assert_snapshot!("new_stdout", out);
+    insta::assert_snapshot!("new_stderr", err);
+    // AND what it cannot do is a usage error naming the flag
+    let err = fails(
+        &mut bare(),
+        &[
+            "new",
+            "--gpus",
+            "H100",
+            "--hours",
+            "48",
+            "--start",
+            "2026-12-07",
+            "--by",
+            "2026-12-14",
+        ],
+        2,
+    );
+    assert!(err.contains("--gpus \"H100\""), "{err}");
+    let err = fails(
+        &mut bare(),
+        &[
+            "new",
+            "--gpus",
+            "H100:8",
+            "--hours",
+            "30",
+            "--start",
+            "2026-12-07",
+            "--by",
+            "2026-12-14",
+        ],
+        2,
+    );
+    assert!(err.contains("--hours 30"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_ends_the_request_and_watch_shows_its_changes_until_it_has_ended() {
+    // GIVEN a request awaiting approval
+    let f = deployed(
+        &[("APPROVE_ABOVE_USD", "1")],
+        "arn:aws:iam::123456789012:role/capacity-approver",
+    )
+    .await;
+    let path = file("reject.json", &f.ec2_request("cli-reject"));
+    ok(&mut cli(&f), &["submit", path.to_str().unwrap()]);
+    f.deliver().await;
+    let key =
+        f.bus_for("Capacity Purchase Awaiting Approval", "cli-reject")[0]["detail"]["event_key"]
+            .as_str()
+            .unwrap()
+            .to_string();
+    // WHEN the approver rejects it, naming the key the event carried
+    let out = ok(
+        &mut cli_as(&f, "AKIDAPPROVER"),
+        &[
+            "reject",
+            "cli-reject",
+            "--yes",
+            "--key",
+            &key,
+            "--comment",
+            "too early",
+            "-o",
+            "table",
+        ],
+    );
+    assert!(out.starts_with("rejected cli-reject: "), "{out}");
+    f.deliver().await;
+    // THEN the request ends Rejected with nothing bought, and watch prints each change and
+    // stops
+    let rejected = f.bus("Capacity Purchase Rejected");
+    // (the current plan's key, as the function checks it: the event's key up to its `:v<n>`)
+    let sent = rejected[0]["detail"]["approves"].as_str().unwrap();
+    assert!(key.starts_with(&format!("{sent}:v")), "{sent} / {key}");
+    insta::assert_snapshot!(
+        "watch_ended",
+        ok(&mut cli(&f), &["watch", "cli-reject", "-o", "table"])
+    );
+    assert_eq!(f.blocks_for("cli-reject"), 0);
+}
