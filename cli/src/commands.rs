@@ -54,20 +54,20 @@ pub fn types(out: &Out, gpu: Option<&str>) -> Result<()> {
         return Ok(());
     }
     let mut t = out.table(&[
-        "ACCELERATOR",
+        "GPU",
+        "MODEL",
         "PER INSTANCE",
         "TYPE",
         "PRODUCT",
-        "WORKLOADS",
         "ON DEMAND /H",
     ]);
     for r in &rows {
         t.add_row(vec![
-            Cell::new(format!("{} ({})", r.accelerator, r.model)),
+            Cell::new(&r.accelerator),
+            Cell::new(&r.model),
             Cell::new(r.per_instance),
             Cell::new(&r.instance_type),
             Cell::new(r.product),
-            Cell::new(r.workloads.join(", ")),
             Cell::new(
                 r.on_demand_usd_per_hour
                     .map(usd)
@@ -77,10 +77,14 @@ pub fn types(out: &Out, gpu: Option<&str>) -> Result<()> {
     }
     out.print_table(&mut t);
     println!(
-        "\nA request searches its `regions`, else the stack's AllowedRegions; which types each \
-         region sells varies and changes, so the search asks AWS. A deployment may narrow the \
-         types (parameter SupportedInstanceTypes). Prices are illustrative list prices \
-         (parameter OnDemandPricesUsd)."
+        "\n{}",
+        crate::show::paragraph(
+            "capacity-block types run ec2-instances; training-plan types run training-job, \
+         hyperpod-cluster and inference-endpoint (`new --kind`). A request searches its \
+         regions, else the stack's AllowedRegions; which types a region sells varies, so the \
+         search asks AWS. A deployment may narrow the types (parameter SupportedInstanceTypes); \
+         prices are illustrative list prices (parameter OnDemandPricesUsd)."
+        )
     );
     Ok(())
 }
@@ -1092,7 +1096,11 @@ pub async fn budget(g: &Global, out: &Out, a: BudgetArgs) -> Result<()> {
     }
     out.print_table(&mut t);
     println!(
-        "\nSpent counts every debit of the month, held ones included (a purchase under way, an on-demand hold); a failed payment is returned."
+        "\n{}",
+        crate::show::paragraph(
+            "Spent counts every debit of the month, held ones included (a purchase under way, \
+             an on-demand hold); a failed payment is returned."
+        )
     );
     Ok(())
 }
@@ -1198,7 +1206,7 @@ pub async fn decide(g: &Global, out: &Out, a: DecideArgs, approve: bool) -> Resu
         )));
     }
     if !a.yes {
-        eprintln!("{} awaits approval: {what}", rec.request_id);
+        eprintln!("{} awaits approval:\n  {what}", rec.request_id);
         let ok = dialoguer::Confirm::new()
             .with_prompt(format!(
                 "{} this purchase?",
@@ -1234,7 +1242,7 @@ pub async fn decide(g: &Global, out: &Out, a: DecideArgs, approve: bool) -> Resu
         out.print_json(&json!({"request_id": rec.request_id, "decision": verb, "approves": key, "approver": approver, "event_id": event_id, "upfront_fee_usd": fee}));
     } else {
         println!(
-            "{} {}: {what}\n  sent as event {event_id} by {approver}",
+            "{} {}:\n  {what}\n  sent as event {event_id} by {approver}",
             if approve { "approved" } else { "rejected" },
             rec.request_id
         );
@@ -1332,9 +1340,8 @@ pub async fn cancel(g: &Global, out: &Out, a: CancelArgs) -> Result<()> {
             a.request_id
         ),
         Some((s, _)) => println!(
-            "cancellation sent for {} (event {event_id}); it was {}: what is not yet bought \
-             stops, and the purchase function answers with Capacity Cancellation Applied or \
-             Refused",
+            "cancellation sent for {} (event {event_id}); it was {}.\nWhat is not yet bought \
+             stops; purchase-capacity answers Capacity Cancellation Applied or Refused.",
             a.request_id,
             s.as_str()
         ),

@@ -108,6 +108,25 @@ impl Out {
     }
 }
 
+/// `text` as lines of at most 90 columns, broken between words.
+pub fn paragraph(text: &str) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.len() + 1 + word.len() > 90 {
+            out.push_str(&line);
+            out.push('\n');
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    out.push_str(&line);
+    out
+}
+
 /// `2026-12-07 11:30 UTC`.
 pub fn when(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%d %H:%M UTC").to_string()
@@ -139,6 +158,14 @@ pub fn micro(m: MicroUsd) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_paragraph_breaks_between_words_within_90_columns() {
+        let text = "word ".repeat(40);
+        let p = paragraph(&text);
+        assert!(p.lines().all(|l| l.len() <= 90 && !l.ends_with(' ')), "{p}");
+        assert_eq!(p.split_whitespace().count(), 40);
+    }
 
     #[test]
     fn dollars_are_grouped_in_thousands_with_cents() {

@@ -184,11 +184,11 @@ async fn new_writes_a_request_whose_placeholders_submit_names_and_filled_in_it_i
     );
     // THEN each placeholder is named at its field, and nothing reached the bus
     assert!(
-        err.contains("workload.launch_template.name: is still the placeholder"),
+        err.contains("workload.launch_template.name: is the placeholder"),
         "{err}"
     );
     assert!(
-        err.contains("workload.subnet_ids[0]: is still the placeholder"),
+        err.contains("workload.subnet_ids[0]: is the placeholder"),
         "{err}"
     );
     assert_eq!(f.bus("Capacity Request Submitted").len(), before);
@@ -730,7 +730,7 @@ async fn reject_ends_the_request_and_watch_shows_its_changes_until_it_has_ended(
             "table",
         ],
     );
-    assert!(out.starts_with("rejected cli-reject: "), "{out}");
+    assert!(out.starts_with("rejected cli-reject:\n  "), "{out}");
     f.deliver().await;
     // THEN the request ends Rejected with nothing bought, and watch prints each change and
     // stops

@@ -730,8 +730,8 @@ pub fn parse_request(
             p.add(
                 at,
                 format!(
-                    "is still the placeholder {what:?} that `capacity-pilot new` wrote: put \
-                     the real value here"
+                    "is the placeholder {what:?} left by `capacity-pilot new`: give the real \
+                     value"
                 ),
             );
         }
