@@ -976,7 +976,13 @@ pub async fn watch(g: &Global, out: &Out, a: WatchArgs) -> Result<()> {
             if out.json() {
                 println!("{}", history_json(&e));
             } else {
-                println!("{}  {:<18}{}", when(e.at), e.to.as_str(), e.reason);
+                println!(
+                    "{}",
+                    crate::show::hanging(
+                        &format!("{}  {:<18}", when(e.at), e.to.as_str()),
+                        &e.reason
+                    )
+                );
             }
         }
         if rec.archivable() {

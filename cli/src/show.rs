@@ -110,20 +110,36 @@ impl Out {
 
 /// `text` as lines of at most 90 columns, broken between words.
 pub fn paragraph(text: &str) -> String {
-    let mut out = String::new();
+    wrap(text, 90).join("\n")
+}
+
+/// `prefix` then `text`, its lines after the first indented under the text, within 100
+/// columns.
+pub fn hanging(prefix: &str, text: &str) -> String {
+    let indent = " ".repeat(prefix.chars().count());
+    let width = 100usize.saturating_sub(indent.len()).max(40);
+    wrap(text, width)
+        .iter()
+        .enumerate()
+        .map(|(i, l)| format!("{}{l}", if i == 0 { prefix } else { &indent }))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `text` as lines of at most `width` columns, broken between words.
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut out = Vec::new();
     let mut line = String::new();
     for word in text.split_whitespace() {
-        if !line.is_empty() && line.len() + 1 + word.len() > 90 {
-            out.push_str(&line);
-            out.push('\n');
-            line.clear();
+        if !line.is_empty() && line.len() + 1 + word.len() > width {
+            out.push(std::mem::take(&mut line));
         }
         if !line.is_empty() {
             line.push(' ');
         }
         line.push_str(word);
     }
-    out.push_str(&line);
+    out.push(line);
     out
 }
 
@@ -165,6 +181,18 @@ mod tests {
         let p = paragraph(&text);
         assert!(p.lines().all(|l| l.len() <= 90 && !l.ends_with(' ')), "{p}");
         assert_eq!(p.split_whitespace().count(), 40);
+    }
+
+    #[test]
+    fn a_hanging_paragraph_indents_its_later_lines_under_its_text() {
+        let h = hanging("09:00  Accepted  ", &"word ".repeat(40));
+        let lines: Vec<&str> = h.lines().collect();
+        assert!(lines[0].starts_with("09:00  Accepted  word"));
+        assert!(
+            lines[1..]
+                .iter()
+                .all(|l| l.starts_with(&" ".repeat(17)) && l.len() <= 100)
+        );
     }
 
     #[test]
