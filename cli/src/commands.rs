@@ -33,7 +33,7 @@ use crate::new::{self as newreq, NewRequest};
 use crate::show::{Out, micro, usd, when, when_opt};
 
 /// The template's `AllowedRegions` default, used to validate without a stack.
-const DEFAULT_REGIONS: [&str; 3] = ["us-east-1", "us-east-2", "us-west-2"];
+pub const DEFAULT_REGIONS: [&str; 3] = ["us-east-1", "us-east-2", "us-west-2"];
 
 // ---------------------------------------------------------------------------------------
 // types, new
@@ -459,7 +459,7 @@ pub struct SubmitArgs {
 }
 
 /// Reads a request file (JSON, or YAML of the same shape).
-fn read_request(file: &str) -> Result<Value> {
+pub fn read_request(file: &str) -> Result<Value> {
     let text = if file == "-" {
         std::io::read_to_string(std::io::stdin())
             .map_err(|e| Fail::Usage(format!("reading stdin: {e}")))?

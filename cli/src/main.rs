@@ -6,6 +6,7 @@ mod commands;
 mod deployment;
 mod fail;
 mod new;
+mod plan;
 mod show;
 
 use std::process::ExitCode;
@@ -74,6 +75,9 @@ enum Command {
     },
     /// Write a request for N accelerators; submit it after filling in what it cannot know.
     New(Box<commands::NewArgs>),
+    /// What the deployment would buy for a request, ranked, with every offering it would not;
+    /// buys nothing.
+    Plan(plan::PlanArgs),
     /// Validate a request file (or `-` for stdin) and put it on the bus.
     Submit(commands::SubmitArgs),
     /// A request's status, reason, next action, windows, resources and spend.
@@ -103,6 +107,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Types { gpu } => commands::types(&out, gpu.as_deref()),
         Command::New(a) => commands::new(&out, *a),
+        Command::Plan(a) => plan::plan(&cli.global, &out, a).await,
         Command::Submit(a) => commands::submit(&cli.global, &out, a).await,
         Command::Status { request_id } => commands::status(&cli.global, &out, &request_id).await,
         Command::List(a) => commands::list(&cli.global, &out, a).await,

@@ -70,6 +70,13 @@ impl Out {
         t
     }
 
+    /// A line of progress on stderr, only on a terminal.
+    pub fn progress_line(&self, line: &str) {
+        if self.progress {
+            eprintln!("{line}");
+        }
+    }
+
     /// A two-column list of fields, without a header.
     pub fn fields(&self) -> Table {
         let mut t = Table::new();

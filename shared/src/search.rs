@@ -13,8 +13,105 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
+use std::future::Future;
+
+use crate::domain::catalog::PriceTable;
 use crate::domain::offering::{Offering, Product};
-use crate::ports::{OfferingQuery, PortError};
+use crate::domain::planner::{Planning, plan, within_block_limit};
+use crate::domain::request::CapacityRequest;
+use crate::domain::reservation::Reservation;
+use crate::domain::time_rules::PURCHASE_LEAD;
+use crate::ports::{OfferingQuery, PortError, Workloads};
+
+/// How many of the ranked plans a request keeps as candidates.
+pub const CANDIDATES_KEPT: usize = 5;
+
+/// The searches a request needs: each reservation product, region and type, for the
+/// duration, within the window; with `allow_split`, also Capacity Blocks of half the
+/// duration, which the planner may pair.
+pub fn queries_for(req: &CapacityRequest, now: DateTime<Utc>) -> Vec<OfferingQuery> {
+    let start_from = req.window.earliest_start.max(now + PURCHASE_LEAD);
+    let mut out = Vec::new();
+    for product in req.reservation_products() {
+        let mut durations = vec![req.duration_hours];
+        if req.allow_split && product == Product::CapacityBlock {
+            let half_days = (req.duration_hours / 24).div_ceil(2);
+            if half_days >= 1 && (half_days <= 14 || half_days.is_multiple_of(7)) {
+                durations.push(half_days * 24);
+            }
+        }
+        for region in &req.regions {
+            for instance_type in &req.instance_types {
+                for &duration_hours in &durations {
+                    out.push(OfferingQuery {
+                        product,
+                        region: region.clone(),
+                        instance_type: instance_type.clone(),
+                        instance_count: req.instance_count,
+                        duration_hours,
+                        start_from,
+                        end_by: req.window.latest_end,
+                    });
+                }
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// What a request's offerings come to (the search function's decision and `capacity-pilot
+/// plan` both come here): those its workload can use are planned; when a kept candidate would
+/// buy a Capacity Block, the account's limit across blocks is applied over `live_blocks`
+/// (listed only then) and the rest planned again; every other offering has its reason. The
+/// second value says what the planning went without: the live blocks, when they could not be
+/// listed (AWS then refuses a purchase past the limit, which is searched again).
+pub async fn plan_offerings<W, F, Fut>(
+    workloads: &W,
+    req: &CapacityRequest,
+    offerings: &[Offering],
+    prices: &PriceTable,
+    max_block_instances: u32,
+    now: DateTime<Utc>,
+    live_blocks: F,
+) -> Result<(Planning, Option<String>), PortError>
+where
+    W: Workloads,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<Vec<Reservation>, PortError>>,
+{
+    let (usable, unusable) = crate::workload::usable(workloads, req, offerings).await?;
+    let mut planning = plan(req, &usable, prices, now);
+    let mut missed = None;
+    // The count is a pre-check: AWS refuses a purchase past the limit, and that refusal is
+    // read as no capacity (searched again), so an unreadable count costs at most a refused
+    // purchase, while failing here would stop every purchase for as long as the listing fails.
+    if planning
+        .plans
+        .iter()
+        .take(CANDIDATES_KEPT)
+        .any(|p| p.product == Product::CapacityBlock)
+    {
+        match live_blocks().await {
+            Ok(live) => {
+                let (within, over) = within_block_limit(&usable, &live, max_block_instances);
+                if !over.is_empty() {
+                    planning = plan(req, &within, prices, now);
+                    planning.rejections.extend(over);
+                }
+            }
+            Err(e) => {
+                missed = Some(format!(
+                    "the account's live Capacity Blocks, unlisted ({e}): a purchase past the \
+                     limit across blocks is refused by AWS and searched again"
+                ));
+            }
+        }
+    }
+    planning.rejections.extend(unusable);
+    Ok((planning, missed))
+}
 
 /// At most this many queries per request per tick; the rest wait their turn.
 pub const MAX_QUERIES_PER_REQUEST_TICK: usize = 8;

@@ -15,13 +15,12 @@ use capacity_pilot::domain::events::{
 };
 use capacity_pilot::domain::money::Usd;
 use capacity_pilot::domain::offering::{Offering, Product};
-use capacity_pilot::domain::planner::{Rejection, plan, within_block_limit};
 use capacity_pilot::domain::request::{
     CapacityRequest, FieldError, RequestId, Strategy, ValidationContext, parse_request,
 };
 use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus;
-use capacity_pilot::domain::time_rules::{PURCHASE_LEAD, search_deadline};
+use capacity_pilot::domain::time_rules::search_deadline;
 use capacity_pilot::domain::window::{self, DrainLead};
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
@@ -43,7 +42,7 @@ pub const MAX_DETAIL_BYTES: usize = 64 * 1024;
 /// How long to wait before searching again when nothing feasible was found.
 pub const RETRY_AFTER: Duration = Duration::minutes(15);
 /// How many ranked plans are recorded as candidates.
-pub const CANDIDATES_KEPT: usize = 5;
+pub use capacity_pilot::search::{CANDIDATES_KEPT, queries_for};
 
 #[derive(Debug, Default, Serialize)]
 pub struct Outcome {
@@ -689,13 +688,9 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
         }
     }
 
-    /// The offerings the account's limit across Capacity Blocks leaves (and a reason for each
-    /// it rules out), counting the live blocks of every allowed region, whoever bought them.
-    async fn within_block_limit(
-        &self,
-        offerings: &[Offering],
-        now: DateTime<Utc>,
-    ) -> Result<(Vec<Offering>, Vec<Rejection>), PortError> {
+    /// Every live Capacity Block of the allowed regions, whoever bought them (the account's
+    /// limit across blocks counts them all), listed at most once per [`BLOCKS_SEEN_FOR`].
+    async fn live_blocks(&self, now: DateTime<Utc>) -> Result<Vec<Reservation>, PortError> {
         let kept = self
             .blocks_seen
             .0
@@ -703,26 +698,19 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
             .filter(|(at, _)| *at <= now && now < *at + BLOCKS_SEEN_FOR);
-        let live = match kept {
-            Some((_, live)) => live,
-            None => {
-                let mut live = Vec::new();
-                for region in &self.config.allowed_regions {
-                    live.extend(self.market.blocks_in_account(region).await?);
-                }
-                *self
-                    .blocks_seen
-                    .0
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((now, live.clone()));
-                live
-            }
-        };
-        Ok(within_block_limit(
-            offerings,
-            &live,
-            self.config.max_block_instances,
-        ))
+        if let Some((_, live)) = kept {
+            return Ok(live);
+        }
+        let mut live = Vec::new();
+        for region in &self.config.allowed_regions {
+            live.extend(self.market.blocks_in_account(region).await?);
+        }
+        *self
+            .blocks_seen
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((now, live.clone()));
+        Ok(live)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -739,38 +727,20 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
     ) -> Result<(), PortError> {
         let id = &rec.request_id;
         let mut gaps = round.gaps(all);
-        let (usable, unusable) = workload::usable(&self.workloads, req, offerings).await?;
-        let mut planning = plan(req, &usable, &self.config.prices, now);
-        // The account's blocks are read only when a kept candidate would buy one: every
-        // Capacity Block left after the read is within the limit, so planning again over
-        // them keeps no candidate past it.
-        if planning
-            .plans
-            .iter()
-            .take(CANDIDATES_KEPT)
-            .any(|p| p.product == Product::CapacityBlock)
-        {
-            match self.within_block_limit(&usable, now).await {
-                Ok((within, over)) => {
-                    if !over.is_empty() {
-                        planning = plan(req, &within, &self.config.prices, now);
-                        planning.rejections.extend(over);
-                    }
-                }
-                // The count is a pre-check: AWS refuses a purchase past the limit, and that
-                // refusal is read as no capacity (searched again), so an unreadable count
-                // costs at most a refused purchase, while failing here would stop every
-                // purchase for as long as the listing fails. Said in the decision.
-                Err(e) => {
-                    warn!(request_id = %id, error = %e, "the account's Capacity Blocks could not be listed; planning without the limit across blocks");
-                    gaps.push(format!(
-                        "the account's live Capacity Blocks, unlisted ({e}): a purchase past \
-                         the limit across blocks is refused by AWS and searched again"
-                    ));
-                }
-            }
+        let (planning, missed) = search::plan_offerings(
+            &self.workloads,
+            req,
+            offerings,
+            &self.config.prices,
+            self.config.max_block_instances,
+            now,
+            || self.live_blocks(now),
+        )
+        .await?;
+        if let Some(why) = missed {
+            warn!(request_id = %id, why = %why, "planning without the limit across blocks");
+            gaps.push(why);
         }
-        planning.rejections.extend(unusable);
         let missing = if gaps.is_empty() {
             String::new()
         } else {
@@ -923,41 +893,6 @@ pub fn remaining(rec: &RequestRecord, kept: &[Reservation]) -> CapacityRequest {
     need.instance_types = vec![first.instance_type.clone()];
     need.products = vec![first.product];
     need
-}
-
-/// The searches a request needs: each reservation product, region and type, for the
-/// duration, within the window; with `allow_split`, also Capacity Blocks of half the
-/// duration, which the planner may pair.
-pub fn queries_for(req: &CapacityRequest, now: DateTime<Utc>) -> Vec<OfferingQuery> {
-    let start_from = req.window.earliest_start.max(now + PURCHASE_LEAD);
-    let mut out = Vec::new();
-    for product in req.reservation_products() {
-        let mut durations = vec![req.duration_hours];
-        if req.allow_split && product == Product::CapacityBlock {
-            let half_days = (req.duration_hours / 24).div_ceil(2);
-            if half_days >= 1 && (half_days <= 14 || half_days.is_multiple_of(7)) {
-                durations.push(half_days * 24);
-            }
-        }
-        for region in &req.regions {
-            for instance_type in &req.instance_types {
-                for &duration_hours in &durations {
-                    out.push(OfferingQuery {
-                        product,
-                        region: region.clone(),
-                        instance_type: instance_type.clone(),
-                        instance_count: req.instance_count,
-                        duration_hours,
-                        start_from,
-                        end_by: req.window.latest_end,
-                    });
-                }
-            }
-        }
-    }
-    out.sort();
-    out.dedup();
-    out
 }
 
 fn summarize(rejections: &[capacity_pilot::domain::planner::Rejection]) -> String {

@@ -223,6 +223,7 @@ async fn aws(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respons
         let mut w = app.lock();
         // Every AWS call that reached the emulator, per service, for the runner's counts.
         *w.calls.entry(protocol.service().to_string()).or_default() += 1;
+        *w.operations.entry(op.clone()).or_default() += 1;
         w.take_fault(&op)
     };
     let mut lose_response = false;

@@ -426,6 +426,9 @@ pub struct World {
     /// AWS API calls served, per service (`ec2`, `sagemaker`, `events`, `cloudformation`,
     /// `sts`), since the start.
     pub calls: BTreeMap<String, u64>,
+    /// The same, per operation (`DescribeCapacityBlockOfferings`), for tests that count what
+    /// a caller asked.
+    pub operations: BTreeMap<String, u64>,
     /// CloudFormation stacks, keyed (region, name) ([`World::put_stack`]).
     pub stacks: BTreeMap<(String, String), crate::cloudformation::DeployedStack>,
     /// STS identities: access key id -> ARN ([`World::put_identity`]).
@@ -451,6 +454,7 @@ impl World {
             payment_failures: BTreeMap::new(),
             payment_passes: BTreeMap::new(),
             calls: BTreeMap::new(),
+            operations: BTreeMap::new(),
             stacks: BTreeMap::new(),
             identities: BTreeMap::new(),
             agenda: BTreeMap::new(),

@@ -89,6 +89,9 @@ impl PriceTable {
     }
 }
 
+/// When the built-in prices were current (what `capacity-pilot plan`'s break-even cites).
+pub const PRICES_AS_OF: &str = "late 2026";
+
 impl Default for PriceTable {
     /// Illustrative us-east-1 list prices. p5.48xlarge at $55.04/h is the figure the source
     /// articles quote; the rest are of the same vintage. Deployments set

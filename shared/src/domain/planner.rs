@@ -45,6 +45,36 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Hours per instance a workload can run in it: each segment from its start to its drain
+    /// (its end less AWS's forced-termination lead and the drain lead, as the windows are
+    /// drained), summed.
+    pub fn usable_hours(&self, drain: super::window::DrainLead) -> Decimal {
+        let kind = super::time_rules::WindowKind::of(self.product, false);
+        let minutes: i64 = self
+            .offerings
+            .iter()
+            .flat_map(|o| &o.segments)
+            .map(|s| {
+                let drain_at = super::time_rules::drain_start(
+                    s.end,
+                    kind,
+                    drain.requested_minutes,
+                    drain.default_minutes,
+                );
+                (drain_at - s.start).num_minutes().max(0)
+            })
+            .sum();
+        Decimal::from(minutes) / Decimal::from(60)
+    }
+
+    /// The share of its reserved instance-hours below which the same use on demand would have
+    /// cost less: fee / on-demand cost of the whole reservation. Above 1, on demand is cheaper
+    /// even used throughout. `None` without an on-demand price.
+    pub fn break_even_use(&self) -> Option<Decimal> {
+        let od = self.on_demand_cost?.amount();
+        (od > Decimal::ZERO).then(|| self.upfront_fee.amount() / od)
+    }
+
     pub fn offering_ids(&self) -> Vec<&str> {
         self.offerings.iter().map(|o| o.id.as_str()).collect()
     }

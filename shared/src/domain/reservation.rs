@@ -8,7 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::money::Usd;
-use super::offering::{Product, Segment, TargetResource};
+use super::offering::{Product, Segment};
 use super::time_rules::WindowKind;
 
 /// The life cycle AWS reports, mapped from the EC2 (`payment-pending`, ...) and SageMaker
@@ -156,15 +156,7 @@ impl Reservation {
 
     /// The forced-termination rule that applies to its windows.
     pub fn window_kind(&self) -> WindowKind {
-        match self.product {
-            Product::TrainingPlan { target } => match target {
-                TargetResource::TrainingJob => WindowKind::TrainingJobPlan,
-                TargetResource::HyperpodCluster => WindowKind::HyperPodPlan,
-                TargetResource::Endpoint => WindowKind::EndpointPlan,
-            },
-            _ if self.ultraserver => WindowKind::UltraServerBlock,
-            _ => WindowKind::CapacityBlock,
-        }
+        WindowKind::of(self.product, self.ultraserver)
     }
 }
 

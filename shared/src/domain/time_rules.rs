@@ -62,6 +62,22 @@ pub enum WindowKind {
     EndpointPlan,
 }
 
+impl WindowKind {
+    /// The kind of a window of `product` (an UltraServer block when `ultraserver`).
+    pub fn of(product: super::offering::Product, ultraserver: bool) -> WindowKind {
+        use super::offering::{Product, TargetResource};
+        match product {
+            Product::TrainingPlan { target } => match target {
+                TargetResource::TrainingJob => WindowKind::TrainingJobPlan,
+                TargetResource::HyperpodCluster => WindowKind::HyperPodPlan,
+                TargetResource::Endpoint => WindowKind::EndpointPlan,
+            },
+            _ if ultraserver => WindowKind::UltraServerBlock,
+            _ => WindowKind::CapacityBlock,
+        }
+    }
+}
+
 /// How long before a window's end AWS starts terminating instances.
 pub fn forced_termination_lead(kind: WindowKind) -> Duration {
     match kind {

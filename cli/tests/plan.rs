@@ -1,0 +1,220 @@
+//! `capacity-pilot plan` against the emulator and moto: the search function's queries,
+//! pacing and planning with the caller's credentials, buying nothing.
+
+use std::process::Output;
+
+use assert_cmd::Command;
+use integration_tests::flow::{BUS, Flow, REGION, SOURCE, t0};
+use integration_tests::moto::Moto;
+use local_cloud::cloudformation::{Stack, StackOutput};
+use serde_json::{Value, json};
+
+/// A flow, with the stack the CLI reads registered when `stack`.
+async fn flow(stack: bool) -> Flow {
+    let f = Flow::start_with(11, &[]).await;
+    if stack {
+        let parameters = [
+            ("AllowedRegions", REGION),
+            ("AllowedRequestSources", SOURCE),
+            ("ApproverSources", "com.example.approvals"),
+            ("TeamBudgetsUsd", r#"{"*": "250000"}"#),
+            (
+                "SageMakerExecutionRoleArn",
+                "arn:aws:iam::123456789012:role/sm",
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let stack = Stack {
+            name: "capacity-pilot".into(),
+            parameters,
+            outputs: vec![
+                StackOutput {
+                    key: "BusName".into(),
+                    value: BUS.into(),
+                    description: None,
+                },
+                StackOutput {
+                    key: "StateTableName".into(),
+                    value: f.table.name.clone(),
+                    description: None,
+                },
+            ],
+            ..Stack::default()
+        };
+        f.cloud
+            .with_world(|w| w.put_stack(REGION, stack))
+            .expect("the stack is registered");
+    }
+    f
+}
+
+fn cli(f: &Flow) -> Command {
+    let moto = Moto::shared().expect("moto");
+    let mut c = Command::cargo_bin("capacity-pilot").expect("the CLI is built");
+    c.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", std::env::temp_dir())
+        .env("AWS_ENDPOINT_URL", f.cloud.url())
+        .env("AWS_ENDPOINT_URL_DYNAMODB", moto.url())
+        .env("AWS_REGION", REGION)
+        .env("AWS_ACCESS_KEY_ID", "AKIDPLANNER")
+        .env("AWS_SECRET_ACCESS_KEY", "secret")
+        .env("AWS_CONFIG_FILE", "/nonexistent")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env(
+            "CAPACITY_PILOT_CLOCK_URL",
+            format!("{}/_local/clock", f.cloud.url()),
+        )
+        .env("NO_COLOR", "1");
+    c
+}
+
+fn run(f: &Flow, args: &[&str]) -> (String, String, i32) {
+    let o: Output = cli(f).args(args).output().expect("the CLI runs");
+    (
+        String::from_utf8_lossy(&o.stdout).to_string(),
+        String::from_utf8_lossy(&o.stderr).to_string(),
+        o.status.code().unwrap_or(-1),
+    )
+}
+
+fn ok(f: &Flow, args: &[&str]) -> String {
+    let (out, err, code) = run(f, args);
+    assert_eq!(
+        code, 0,
+        "capacity-pilot {args:?} exited {code}\nstdout: {out}\nstderr: {err}"
+    );
+    out
+}
+
+fn file(name: &str, v: &Value) -> String {
+    let dir = std::env::temp_dir().join(format!("capacity-pilot-plan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, serde_json::to_string_pretty(v).unwrap()).unwrap();
+    p.to_string_lossy().to_string()
+}
+
+/// How many Capacity Block searches the emulator has answered.
+fn block_searches(f: &Flow) -> usize {
+    f.cloud.with_world(|w| {
+        w.operations
+            .get("DescribeCapacityBlockOfferings")
+            .copied()
+            .unwrap_or(0) as usize
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_stack_plan_makes_at_most_five_block_searches_a_region_and_says_what_it_lacks() {
+    // GIVEN no stack, and a request whose queries are seven Capacity Block searches in one
+    // region (three types and, split allowed, two lengths of the first ... )
+    let f = flow(false).await;
+    let mut r = f.ec2_request("plan-nostack");
+    r["instance_types"] = json!([
+        "p5.48xlarge",
+        "p5e.48xlarge",
+        "p5en.48xlarge",
+        "p4d.24xlarge"
+    ]);
+    r["allow_split"] = json!(true);
+    let path = file("nostack.json", &r);
+    // WHEN it is planned
+    let before = block_searches(&f);
+    let out: Value = serde_json::from_str(&ok(&f, &["plan", &path, "-o", "json"])).unwrap();
+    // THEN five were asked, the rest named as not searched, with why
+    assert_eq!(block_searches(&f) - before, 5);
+    assert_eq!(out["searches"], 5);
+    let skipped = out["not_searched"].as_array().unwrap();
+    assert_eq!(skipped.len(), 3, "{out}");
+    assert!(
+        skipped[0]["why"]
+            .as_str()
+            .unwrap()
+            .contains("without a stack"),
+        "{out}"
+    );
+    // ... the settings and the budget say there is no stack, and nothing was bought
+    assert_eq!(out["settings"], "built-in defaults (no stack)");
+    assert_eq!(out["budget"], Value::Null);
+    assert!(!out["plans"].as_array().unwrap().is_empty(), "{out}");
+    assert_eq!(f.blocks_for("plan-nostack"), 0);
+    let table = ok(&f, &["plan", &path, "-o", "table"]);
+    assert!(table.contains("budget: unknown (no stack)"), "{table}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_stack_plan_takes_its_searches_from_the_deployments_allowance() {
+    // GIVEN a deployment, and a request of two Capacity Block searches
+    let f = flow(true).await;
+    let mut r = f.ec2_request("plan-stack");
+    r["instance_types"] = json!(["p5.48xlarge", "p5e.48xlarge"]);
+    let path = file("stack.json", &r);
+    // WHEN it is planned
+    let out: Value = serde_json::from_str(&ok(&f, &["plan", &path, "-o", "json"])).unwrap();
+    assert_eq!(out["searches"], 2);
+    assert_eq!(out["budget"]["cap_usd"], "250000");
+    // THEN the deployment's allowance for the region has those two taken: of its five, three
+    // are left for the search function this minute
+    let store = f.table.store();
+    use capacity_pilot::ports::Pacing;
+    let left = store.take_searches(REGION, 5, t0()).await.unwrap();
+    assert_eq!(left, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plan_ranked_first_is_what_the_deployment_buys_for_the_same_request() {
+    // GIVEN a deployment and a request
+    let f = flow(true).await;
+    let r = f.ec2_request("plan-then-buy");
+    let path = file("buy.json", &r);
+    // WHEN it is planned, then submitted once the allowance has refilled
+    let out: Value = serde_json::from_str(&ok(&f, &["plan", &path, "-o", "json"])).unwrap();
+    let first = out["plans"][0]["offering_ids"].clone();
+    assert!(out["plans"][0]["break_even_use"].is_string(), "{out}");
+    f.cloud.advance_to(t0() + chrono::TimeDelta::minutes(10));
+    ok(&f, &["submit", &path]);
+    f.deliver().await;
+    // THEN what it bought is the plan ranked first
+    let reserved = f.bus("Capacity Reserved");
+    assert_eq!(reserved.len(), 1, "{:?}", f.bus("Capacity Offerings Found"));
+    let bought = &f.bus("Capacity Offerings Found")[0]["detail"]["plans"][0]["offering_ids"];
+    assert_eq!(bought, &first);
+    assert_eq!(
+        (
+            &reserved[0]["detail"]["upfront_fee_usd"],
+            &reserved[0]["detail"]["start"]
+        ),
+        (
+            &out["plans"][0]["upfront_fee_usd"],
+            &out["plans"][0]["start"]
+        ),
+        "{reserved:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_shows_each_plans_use_and_break_even_and_each_offering_it_would_not_buy() {
+    // GIVEN a request whose cap rules some offerings out
+    let f = flow(true).await;
+    let mut r = f.ec2_request("plan-table");
+    r["budget"]["max_upfront_usd"] = json!("7000");
+    r["drain_minutes"] = json!(20);
+    let path = file("table.json", &r);
+    // WHEN it is planned on a terminal's table
+    let table = ok(&f, &["plan", &path, "-o", "table"]);
+    // THEN (a snapshot a person has read) the plans, their use and break-even, and every
+    // offering not planned with its reason
+    insta::assert_snapshot!("plan_table", table);
+    assert!(
+        table.contains("exceeds the request's max_upfront_usd"),
+        "{table}"
+    );
+    assert!(
+        table.contains("pays for itself if the workload runs at least"),
+        "{table}"
+    );
+}
