@@ -127,6 +127,9 @@ pub struct NewArgs {
     /// Two back-to-back reservations are acceptable.
     #[arg(long)]
     allow_split: bool,
+    /// Only plan: search and announce the plans, buy nothing, end Planned (`mode: plan`).
+    #[arg(long)]
+    plan_only: bool,
     /// Launch on demand now; reserve only if there is no capacity.
     #[arg(long)]
     on_demand_first: bool,
@@ -229,6 +232,7 @@ pub fn new(_out: &Out, a: NewArgs) -> Result<()> {
         regions: a.regions,
         allow_split: a.allow_split,
         on_demand_first: a.on_demand_first,
+        plan_only: a.plan_only,
         drain_minutes: a.drain_minutes,
         launch_template: a.launch_template,
         subnet_ids: a.subnets,
@@ -880,7 +884,7 @@ pub async fn list(g: &Global, out: &Out, a: ListArgs) -> Result<()> {
 }
 
 fn parse_status(s: &str) -> Result<RequestStatus> {
-    let all = all_statuses();
+    let all = RequestStatus::ALL;
     all.iter()
         .copied()
         .find(|x| x.as_str().eq_ignore_ascii_case(s.trim()))
@@ -893,28 +897,6 @@ fn parse_status(s: &str) -> Result<RequestStatus> {
                     .join(", ")
             ))
         })
-}
-
-fn all_statuses() -> Vec<RequestStatus> {
-    use RequestStatus::*;
-    vec![
-        Accepted,
-        Searching,
-        NotFound,
-        OfferingsFound,
-        AwaitingApproval,
-        Purchasing,
-        Reserved,
-        Active,
-        Draining,
-        TryingOnDemand,
-        RunningOnDemand,
-        RunningSpot,
-        Ended,
-        Rejected,
-        Cancelled,
-        Failed,
-    ]
 }
 
 pub async fn history(g: &Global, out: &Out, id: &str) -> Result<()> {

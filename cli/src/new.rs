@@ -235,6 +235,8 @@ struct Draft {
     drain_minutes: Option<u32>,
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     tags: std::collections::BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mode: Option<&'static str>,
 }
 
 /// What `new` is told.
@@ -257,6 +259,8 @@ pub struct NewRequest {
     pub regions: Vec<String>,
     pub allow_split: bool,
     pub on_demand_first: bool,
+    /// `mode: plan`.
+    pub plan_only: bool,
     pub drain_minutes: Option<u32>,
     pub launch_template: Option<String>,
     pub subnet_ids: Vec<String>,
@@ -407,6 +411,7 @@ pub fn request(
         workload,
         drain_minutes: n.drain_minutes,
         tags: n.tags.clone(),
+        mode: n.plan_only.then_some("plan"),
     };
     let writing = |e: serde_json::Error| Fail::Usage(format!("writing the request: {e}"));
     let text = serde_json::to_string_pretty(&draft).map_err(writing)?;

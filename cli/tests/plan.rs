@@ -218,3 +218,44 @@ async fn plan_shows_each_plans_use_and_break_even_and_each_offering_it_would_not
         "{table}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mode_plan_request_ends_planned_debiting_nothing_and_its_id_then_executes_that_plan() {
+    // GIVEN a deployment, and a request submitted with `mode: plan`
+    let f = flow(true).await;
+    let mut r = f.ec2_request("plan-mode");
+    r["mode"] = json!("plan");
+    ok(&f, &["submit", &file("mode-plan.json", &r)]);
+    f.deliver().await;
+    f.tick_all().await;
+    // THEN it ends Planned with its plans announced, and nothing bought or debited
+    let status: Value =
+        serde_json::from_str(&ok(&f, &["status", "plan-mode", "-o", "json"])).unwrap();
+    assert_eq!(status["status"], "Planned", "{status}");
+    assert_eq!(status["spent_usd"], "0");
+    assert_eq!(f.blocks_for("plan-mode"), 0);
+    assert!(f.bus("Capacity Reserved").is_empty());
+    assert_eq!(f.team_spent("team-a", t0()).await.0, 0);
+    let planned =
+        f.bus_for("Capacity Offerings Found", "plan-mode")[0]["detail"]["plans"][0].clone();
+
+    // WHEN the same id is submitted again to execute, once the allowance has refilled
+    f.cloud.advance_to(t0() + chrono::TimeDelta::minutes(10));
+    r["mode"] = json!("execute");
+    ok(&f, &["submit", &file("mode-execute.json", &r)]);
+    f.deliver().await;
+    // THEN it is a new request (not a duplicate), and it buys the plan announced first
+    let reserved = f.bus_for("Capacity Reserved", "plan-mode");
+    assert_eq!(reserved.len(), 1, "{:?}", f.cloud.events(BUS));
+    assert_eq!(
+        (
+            &reserved[0]["detail"]["upfront_fee_usd"],
+            &reserved[0]["detail"]["start"]
+        ),
+        (&planned["upfront_fee_usd"], &planned["start"])
+    );
+    let history: Value =
+        serde_json::from_str(&ok(&f, &["history", "plan-mode", "-o", "json"])).unwrap();
+    assert_eq!(history[0]["to"], "Accepted");
+    assert_eq!(history[0]["from"], Value::Null);
+}

@@ -8,6 +8,9 @@
 //! serves need, mapped through `infra/iam/operations.yaml`: nothing missing (the command
 //! would be refused in AWS) and nothing extra (least privilege). Its statements name the
 //! stack's own resources, never `*`, and it puts events only with the sources of its role.
+//! `PlanPolicy`, for `capacity-pilot plan`, is held to `plan`'s calls the same way; it puts no
+//! event, touches the table only by partition key (the pacing items it writes, the ledgers it
+//! reads), and names `*` only for the searches and describes that take no resource.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -18,6 +21,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use capacity_pilot::domain::naming::MANAGED_TAG;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -28,8 +32,19 @@ use local_cloud::cloudformation::{Stack, StackOutput};
 use serde_json::{Value, json};
 
 const STACK: &str = "capacity-pilot";
+const PLAN_POLICY: &str = "PlanPolicy";
 const APPROVER_ROLE: &str = "arn:aws:iam::123456789012:role/capacity-approver";
 const APPROVER_ARN: &str = "arn:aws:sts::123456789012:assumed-role/capacity-approver/alice";
+
+/// The only actions `PlanPolicy` may grant on `*`: the Service Authorization Reference lists
+/// no resource type for them (list_amazonec2.html, list_amazonsagemaker.html), so a statement
+/// that grants them must name every resource.
+const NO_RESOURCE_TYPE: [&str; 4] = [
+    "ec2:DescribeCapacityBlockOfferings",
+    "ec2:DescribeCapacityReservations",
+    "ec2:DescribeSubnets",
+    "sagemaker:SearchTrainingPlanOfferings",
+];
 
 /// Each policy, the commands it serves (ARCHITECTURE §8.13), and the stack parameter whose
 /// sources it may put events with.
@@ -58,12 +73,14 @@ const POLICIES: [(&str, &[&str], &str); 3] = [
 // ---------------------------------------------------------------------------------------
 
 /// One AWS call as the wire shows it: the service and operation, the DynamoDB index it
-/// reads (if any), and the sources of the events it puts (if any).
+/// reads (if any), the partition key of the item it names (`Key` or `Item`, if any), and
+/// the sources of the events it puts (if any).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Call {
     service: String,
     operation: String,
     index: Option<String>,
+    key: Option<String>,
     sources: Vec<String>,
 }
 
@@ -96,6 +113,10 @@ fn call_of(headers: &HeaderMap, body: &[u8]) -> Call {
         service,
         operation,
         index: json["IndexName"].as_str().map(str::to_string),
+        key: [&json["Key"], &json["Item"]]
+            .into_iter()
+            .find_map(|item| item["pk"]["S"].as_str())
+            .map(str::to_string),
         sources: json["Entries"]
             .as_array()
             .into_iter()
@@ -329,6 +350,10 @@ impl Recorder<'_> {
         self.ok("AKIDOPERATOR", args)
     }
 
+    fn planner(&mut self, args: &[&str]) -> String {
+        self.ok("AKIDPLANNER", args)
+    }
+
     /// A request's `approves` key, as `status` shows it.
     fn awaiting_key(&mut self, id: &str) -> String {
         let status: Value =
@@ -339,6 +364,57 @@ impl Recorder<'_> {
             .unwrap()
             .to_string()
     }
+}
+
+/// A training-job request on a training plan: 2 x ml.p5.48xlarge for 48 h in December.
+fn training_request(id: &str) -> Value {
+    json!({
+        "schema_version": 1, "request_id": id, "team": "team-b",
+        "instance_types": ["ml.p5.48xlarge"], "instance_count": 2, "duration_hours": 48,
+        "earliest_start": "2026-12-02T00:00:00Z", "latest_end": "2026-12-20T11:30:00Z",
+        "regions": [REGION],
+        "budget": {"max_upfront_usd": "20000"},
+        "workload": {"kind": "training-job",
+            "training_image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/eval:2026.11",
+            "output_s3_uri": "s3://team-b-models/eval/",
+            "volume_size_gb": 500}
+    })
+}
+
+/// A HyperPod request on a plan: 2 x ml.p5.48xlarge for 48 h in `cluster`'s group `finetune`.
+fn hyperpod_request(id: &str, cluster: &str) -> Value {
+    json!({
+        "schema_version": 1, "request_id": id, "team": "team-f",
+        "instance_types": ["ml.p5.48xlarge"], "instance_count": 2, "duration_hours": 48,
+        "earliest_start": "2026-12-02T00:00:00Z", "latest_end": "2026-12-20T11:30:00Z",
+        "regions": [REGION],
+        "budget": {"max_upfront_usd": "20000"},
+        "workload": {"kind": "hyperpod-cluster", "cluster_name": cluster,
+            "instance_group_name": "finetune",
+            "life_cycle_config": {"source_s3_uri": "s3://team-f-hyperpod/lifecycle/",
+                "on_create": "on_create.sh"}}
+    })
+}
+
+/// Creates a HyperPod cluster that carries the managed tag (with no instance groups yet),
+/// through the emulator's own CreateCluster, and waits until it is InService.
+fn managed_cluster(f: &Flow, name: &str) {
+    f.cloud
+        .with_world(|w| {
+            w.sagemaker_call(
+                REGION,
+                "CreateCluster",
+                &json!({"ClusterName": name, "Tags": [{"Key": MANAGED_TAG, "Value": "true"}]}),
+            )
+        })
+        .expect("CreateCluster");
+    f.cloud.step(chrono::TimeDelta::minutes(5));
+    let status = f.cloud.with_world(|w| {
+        w.sm.clusters
+            .get(&(REGION.to_string(), name.to_string()))
+            .map(|c| c.status.clone())
+    });
+    assert_eq!(status.as_deref(), Some("InService"));
 }
 
 /// Writes `v` to a temporary file for `submit`.
@@ -406,6 +482,49 @@ fn actions(statement: &Value) -> BTreeSet<String> {
         .collect()
 }
 
+/// How `policy` differs from what `commands` were recorded calling, mapped through
+/// infra/iam/operations.yaml: each action needed and not granted, granted and not needed,
+/// and each operation the table does not map. Empty: it grants exactly what they call.
+fn unlike_calls(
+    template: &Value,
+    policy: &str,
+    commands: &[&str],
+    recorded: &BTreeMap<String, BTreeSet<Call>>,
+) -> Vec<String> {
+    let table = operation_table();
+    let mut wrong = Vec::new();
+    let mut needed = BTreeSet::new();
+    for command in commands {
+        let calls = recorded
+            .get(*command)
+            .unwrap_or_else(|| panic!("{policy}: `{command}` was never run"));
+        for c in calls {
+            match table.get(&(c.service.clone(), c.operation.clone())) {
+                Some(actions) => needed.extend(actions.iter().cloned()),
+                None => wrong.push(format!(
+                    "`{command}` calls {}:{}, which infra/iam/operations.yaml does not map",
+                    c.service, c.operation
+                )),
+            }
+        }
+    }
+    let granted: BTreeSet<String> = statements(template, policy)
+        .iter()
+        .flat_map(actions)
+        .collect();
+    for missing in needed.difference(&granted) {
+        wrong.push(format!(
+            "{policy}: its commands call what needs {missing}, which it does not grant"
+        ));
+    }
+    for extra in granted.difference(&needed) {
+        wrong.push(format!(
+            "{policy} grants {extra}, which none of its commands was seen needing"
+        ));
+    }
+    wrong
+}
+
 /// The resources a statement of `service`'s actions names: the stack's own, by service.
 fn resources_for(service: &str, indexes: &BTreeSet<String>) -> Vec<Value> {
     match service {
@@ -420,6 +539,23 @@ fn resources_for(service: &str, indexes: &BTreeSet<String>) -> Vec<Value> {
         "cloudformation" => vec![json!({"Fn::Sub":
             "arn:${AWS::Partition}:cloudformation:${AWS::Region}:${AWS::AccountId}:stack/${AWS::StackName}/*"})],
         other => panic!("no resource is expected for {other}'s actions"),
+    }
+}
+
+/// The partition keys a statement's `dynamodb:LeadingKeys` condition allows, as patterns.
+fn leading_keys(statement: &Value) -> Vec<String> {
+    one_or_many(&statement["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"])
+        .iter()
+        .filter_map(|p| p.as_str().map(str::to_string))
+        .collect()
+}
+
+/// Whether `key` matches `pattern` as `StringLike` reads it, for the patterns the template
+/// writes: a literal, or a literal prefix and `*`.
+fn like(pattern: &str, key: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => !prefix.contains(['*', '?']) && key.starts_with(prefix),
+        None => !pattern.contains('?') && key == pattern,
     }
 }
 
@@ -451,10 +587,19 @@ fn the_proxy_reads_each_call_as_its_protocol_names_it() {
         }
         h
     };
-    // GIVEN a JSON-protocol query of an index, a put of two events, and a form-protocol call
+    // GIVEN a JSON-protocol query of an index, a read and a put of an item, a put of two
+    // events, and a form-protocol call
     let query = call_of(
         &signed("dynamodb", Some("DynamoDB_20120810.Query")),
         br#"{"TableName": "t", "IndexName": "work"}"#,
+    );
+    let get = call_of(
+        &signed("dynamodb", Some("DynamoDB_20120810.GetItem")),
+        br#"{"TableName": "t", "Key": {"pk": {"S": "BUDGET#team-a#2026-12"}, "sk": {"S": "LEDGER"}}}"#,
+    );
+    let write = call_of(
+        &signed("dynamodb", Some("DynamoDB_20120810.PutItem")),
+        br#"{"TableName": "t", "Item": {"pk": {"S": "PACE#us-east-1"}, "sk": {"S": "PACE"}}}"#,
     );
     let put = call_of(
         &signed("events", Some("AWSEvents.PutEvents")),
@@ -470,6 +615,12 @@ fn the_proxy_reads_each_call_as_its_protocol_names_it() {
         ("dynamodb", "Query")
     );
     assert_eq!(query.index.as_deref(), Some("work"));
+    assert_eq!(query.key, None);
+    assert_eq!(get.key.as_deref(), Some("BUDGET#team-a#2026-12"));
+    assert_eq!(
+        (write.operation.as_str(), write.key.as_deref()),
+        ("PutItem", Some("PACE#us-east-1"))
+    );
     assert_eq!(
         (put.operation.as_str(), put.sources.clone()),
         ("PutEvents", vec!["a".to_string(), "b".to_string()])
@@ -581,41 +732,11 @@ async fn each_role_policy_grants_exactly_what_its_commands_call() {
 
     // THEN each policy's actions are the operations its commands made, mapped through
     // infra/iam/operations.yaml: none missing, none extra
-    let table = operation_table();
     let template = yaml("infra/template.yaml");
-    let mut wrong = Vec::new();
-    for (policy, commands, _) in POLICIES {
-        let mut needed = BTreeSet::new();
-        for command in commands {
-            let calls = r
-                .calls
-                .get(*command)
-                .unwrap_or_else(|| panic!("{policy}: `{command}` was never run"));
-            for c in calls {
-                match table.get(&(c.service.clone(), c.operation.clone())) {
-                    Some(actions) => needed.extend(actions.iter().cloned()),
-                    None => wrong.push(format!(
-                        "`{command}` calls {}:{}, which infra/iam/operations.yaml does not map",
-                        c.service, c.operation
-                    )),
-                }
-            }
-        }
-        let granted: BTreeSet<String> = statements(&template, policy)
-            .iter()
-            .flat_map(actions)
-            .collect();
-        for missing in needed.difference(&granted) {
-            wrong.push(format!(
-                "{policy}: its commands call what needs {missing}, which it does not grant"
-            ));
-        }
-        for extra in granted.difference(&needed) {
-            wrong.push(format!(
-                "{policy} grants {extra}, which none of its commands was seen needing"
-            ));
-        }
-    }
+    let wrong: Vec<String> = POLICIES
+        .iter()
+        .flat_map(|(policy, commands, _)| unlike_calls(&template, policy, commands, &r.calls))
+        .collect();
     assert!(wrong.is_empty(), "{wrong:#?}\nrecorded: {:#?}", r.calls);
     // AND `types` and `new` call nothing, `approve` and `reject` ask STS who the caller is
     assert!(r.calls["types"].is_empty() && r.calls["new"].is_empty());
@@ -706,4 +827,186 @@ fn each_role_policy_is_an_output_and_grants_on_the_stacks_own_resources_and_sour
             }
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_plan_policy_grants_exactly_what_plan_calls_for_blocks_training_jobs_and_hyperpod() {
+    // GIVEN a deployment with a managed HyperPod cluster, and the CLI pointed at a recording
+    // proxy in front of moto (DynamoDB) and the emulator (the rest)
+    let f = deployed().await;
+    managed_cluster(&f, "team-f-research");
+    let moto = Moto::shared().expect("moto");
+    let proxy = Proxy::start(moto.url(), &f.cloud.url()).await;
+    let mut r = Recorder {
+        f: &f,
+        proxy,
+        calls: BTreeMap::new(),
+    };
+
+    // WHEN someone plans, with the stack, an EC2 request (Capacity Blocks), a training job and
+    // a HyperPod cluster's group (training plans)
+    let requests = [
+        ("plan-ec2", f.ec2_request("plan-ec2"), "capacity-block"),
+        (
+            "plan-training",
+            training_request("plan-training"),
+            "training-plan(training-job)",
+        ),
+        (
+            "plan-hyperpod",
+            hyperpod_request("plan-hyperpod", "team-f-research"),
+            "training-plan(hyperpod-cluster)",
+        ),
+    ];
+    for (id, request, product) in requests {
+        let path = file(&format!("{id}.json"), &request);
+        let out: Value =
+            serde_json::from_str(&r.planner(&["plan", path.to_str().unwrap(), "-o", "json"]))
+                .expect("plan answers JSON");
+        // (each is planned on its product with every query answered, the account's blocks
+        // listed when a block is planned, and the team's budget read: every call was made,
+        // and succeeded)
+        let plans = out["plans"].as_array().expect("plans");
+        assert!(plans.iter().any(|p| p["product"] == product), "{id}: {out}");
+        assert_eq!(out["not_searched"], json!([]), "{id}: {out}");
+        assert_eq!(out["decided_without"], Value::Null, "{id}: {out}");
+        assert!(out["budget"]["cap_usd"].is_string(), "{id}: {out}");
+        assert!(
+            out["rejections"]
+                .as_array()
+                .is_some_and(|r| r.iter().all(|r| !r["reason"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("HyperPod"))),
+            "{id}: {out}"
+        );
+    }
+
+    // THEN PlanPolicy's actions are the operations `plan` made, mapped through
+    // infra/iam/operations.yaml: none missing, none extra
+    let template = yaml("infra/template.yaml");
+    let wrong = unlike_calls(&template, PLAN_POLICY, &["plan"], &r.calls);
+    assert!(wrong.is_empty(), "{wrong:#?}\nrecorded: {:#?}", r.calls);
+    // AND its one write is the region's pacing item (the searches it took), and each item it
+    // reads or writes is one a statement granting that operation names by partition key
+    let calls = &r.calls["plan"];
+    let writes: BTreeSet<(&str, Option<&str>)> = calls
+        .iter()
+        .filter(|c| c.service == "dynamodb" && c.operation != "GetItem")
+        .map(|c| (c.operation.as_str(), c.key.as_deref()))
+        .collect();
+    let pace = format!("PACE#{REGION}");
+    assert_eq!(
+        writes,
+        BTreeSet::from([("PutItem", Some(pace.as_str()))]),
+        "{calls:#?}"
+    );
+    let table = operation_table();
+    let policy = statements(&template, PLAN_POLICY);
+    for c in calls.iter().filter(|c| c.service == "dynamodb") {
+        let key = c
+            .key
+            .as_deref()
+            .expect("each table call of plan names an item");
+        for action in &table[&(c.service.clone(), c.operation.clone())] {
+            assert!(
+                policy
+                    .iter()
+                    .any(|s| actions(s).contains(action)
+                        && leading_keys(s).iter().any(|p| like(p, key))),
+                "{action} on {key}: no statement of {PLAN_POLICY} grants it for that key"
+            );
+        }
+    }
+    // AND it put nothing on the bus and bought nothing
+    assert!(calls.iter().all(|c| c.sources.is_empty()), "{calls:#?}");
+    assert_eq!(f.blocks_for("plan-ec2"), 0);
+    assert!(f.cloud.with_world(|w| w.sm.plans.is_empty()));
+}
+
+#[test]
+fn the_plan_policy_is_an_output_puts_no_event_and_writes_only_the_pacing_items() {
+    // GIVEN the template
+    let template = yaml("infra/template.yaml");
+    // THEN PlanPolicy's ARN is an output, saying who attaches it
+    let output = &template["Outputs"]["PlanPolicyArn"];
+    assert_eq!(
+        output["Value"],
+        json!({"Ref": PLAN_POLICY}),
+        "PlanPolicyArn"
+    );
+    assert!(
+        output["Description"]
+            .as_str()
+            .is_some_and(|d| d.contains("Attach")),
+        "PlanPolicyArn says who attaches it: {output}"
+    );
+    let no_resource_type: BTreeSet<String> =
+        NO_RESOURCE_TYPE.iter().map(|a| a.to_string()).collect();
+    let mut writes = 0;
+    for s in statements(&template, PLAN_POLICY) {
+        // AND each statement allows one service's actions, and none puts events
+        assert_eq!(s["Effect"], "Allow", "{s}");
+        let granted = actions(&s);
+        let services: BTreeSet<&str> = granted
+            .iter()
+            .map(|a| a.split(':').next().unwrap())
+            .collect();
+        assert_eq!(services.len(), 1, "one service a statement: {s}");
+        assert!(
+            !granted.contains("events:PutEvents"),
+            "plan puts no event: {s}"
+        );
+        let resources = one_or_many(&s["Resource"]);
+        match *services.first().unwrap() {
+            // AND the table (no index) only by partition key: a statement that writes, to the
+            // pacing items only; one that reads, the pacing items or the teams' ledgers
+            "dynamodb" => {
+                assert_eq!(
+                    resources,
+                    resources_for("dynamodb", &BTreeSet::new()),
+                    "{s}"
+                );
+                let keys = leading_keys(&s);
+                assert_eq!(
+                    s["Condition"],
+                    json!({"ForAllValues:StringLike": {"dynamodb:LeadingKeys": keys}}),
+                    "{s}"
+                );
+                if granted.iter().any(|a| a != "dynamodb:GetItem") {
+                    writes += 1;
+                    assert_eq!(keys, ["PACE#*"], "{s}");
+                } else {
+                    assert!(keys == ["PACE#*"] || keys == ["BUDGET#*"], "{s}");
+                }
+            }
+            "cloudformation" => {
+                assert_eq!(
+                    resources,
+                    resources_for("cloudformation", &BTreeSet::new()),
+                    "{s}"
+                );
+                assert!(s["Condition"].is_null(), "{s}");
+            }
+            // AND `*` only for the searches and describes that take no resource; HyperPod's
+            // describes name the account's clusters
+            "ec2" | "sagemaker" if resources == [json!("*")] => {
+                assert!(granted.is_subset(&no_resource_type), "{s}");
+                assert!(s["Condition"].is_null(), "{s}");
+            }
+            "sagemaker" => {
+                assert_eq!(
+                    resources,
+                    [
+                        json!({"Fn::Sub": "arn:${AWS::Partition}:sagemaker:*:${AWS::AccountId}:cluster/*"})
+                    ],
+                    "{s}"
+                );
+                assert!(granted.iter().all(|a| !no_resource_type.contains(a)), "{s}");
+            }
+            other => panic!("{PLAN_POLICY} grants {other}'s actions: {s}"),
+        }
+    }
+    // AND it writes the table in one statement
+    assert_eq!(writes, 1);
 }

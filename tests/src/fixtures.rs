@@ -65,6 +65,7 @@ pub fn capacity_request(id: &str, team_name: &str, max_upfront: &str) -> Capacit
         },
         drain_minutes: 30,
         tags: BTreeMap::from([("project".to_string(), "llm".to_string())]),
+        mode: Default::default(),
     }
 }
 

@@ -8,14 +8,14 @@ use capacity_pilot::domain::money::MicroUsd;
 use capacity_pilot::domain::request::FieldError;
 use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus::{
-    self, Accepted, Cancelled, Draining, Ended, Failed, OfferingsFound, Purchasing, Reserved,
-    RunningOnDemand, Searching, TryingOnDemand,
+    self, Accepted, Cancelled, Draining, Ended, Failed, OfferingsFound, Planned, Purchasing,
+    Reserved, RunningOnDemand, Searching, TryingOnDemand,
 };
 use capacity_pilot::domain::window::{self, DrainLead, WindowRecord, WindowState};
 use capacity_pilot::ports::{
     BeginPurchaseOutcome, BudgetMonth, CancelNote, Cause, CreateOutcome, DueItem, KeepCancellation,
     LeaseWriteOutcome, OnDemandRun, PortError, RejectedSubmission, RequestRecord, Settle, Store,
-    Tombstone, TombstoneOutcome, WindowUpdate, WriteOutcome, outbox_seq,
+    Tombstone, TombstoneOutcome, Transition, WindowUpdate, WriteOutcome, outbox_seq,
 };
 use chrono::Duration;
 use integration_tests::TestTable;
@@ -1285,6 +1285,68 @@ async fn a_cancellation_kept_during_a_purchase_refuses_a_release_that_would_pass
         (Cancelled, MicroUsd(0), None)
     );
     assert_eq!(ledger_at_t0(&store, "ml").await, MicroUsd(0));
+}
+
+#[tokio::test]
+async fn a_planned_requests_id_takes_a_new_request_and_no_other_ended_one_does() {
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    store.begin_run(t0());
+    // GIVEN a request that searched and ended Planned, and one that ended Failed
+    let mut ends = Vec::new();
+    for (id, to) in [("planned", Planned), ("failed", Failed)] {
+        store
+            .create_request(new_request(id, "ml", None))
+            .await
+            .unwrap();
+        let rec = store.get_request(&request_id(id)).await.unwrap().unwrap();
+        let step = |n: u32| Cause::new(format!("{id}-step-{n}"));
+        store
+            .transition(Transition::of(
+                &rec,
+                Searching,
+                "searching",
+                Some(t0()),
+                t0(),
+                &step(1),
+            ))
+            .await
+            .unwrap();
+        let rec = store.get_request(&request_id(id)).await.unwrap().unwrap();
+        let w = store
+            .transition(Transition::of(&rec, to, "decided", None, t0(), &step(2)))
+            .await
+            .unwrap();
+        assert!(matches!(w, WriteOutcome::Applied { .. }), "{id}: {w:?}");
+        ends.push(id);
+    }
+    // WHEN each id is submitted again, by another event
+    store.begin_run(t0() + Duration::minutes(5));
+    let again = |id: &str| {
+        let mut n = new_request(id, "ml", None);
+        n.caused_by = Cause::new(format!("resubmit-{id}"));
+        n.at = t0() + Duration::minutes(5);
+        n
+    };
+    let planned = store.create_request(again("planned")).await.unwrap();
+    let failed = store.create_request(again("failed")).await.unwrap();
+    // THEN the planned one's id takes a new request, its history starting afresh ...
+    assert_eq!(planned, CreateOutcome::Created { version: 1 });
+    let rec = store
+        .get_request(&request_id("planned"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (rec.status, rec.created_at),
+        (Accepted, t0() + Duration::minutes(5))
+    );
+    let history = store.history(&request_id("planned")).await.unwrap();
+    assert_eq!(history.len(), 1, "{history:?}");
+    assert_eq!(history[0].from, None);
+    // ... and the failed one's does not
+    assert_eq!(failed, CreateOutcome::AlreadyExists);
+    assert_eq!(ends, ["planned", "failed"]);
 }
 
 #[tokio::test]

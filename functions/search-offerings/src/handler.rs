@@ -16,7 +16,7 @@ use capacity_pilot::domain::events::{
 use capacity_pilot::domain::money::Usd;
 use capacity_pilot::domain::offering::{Offering, Product};
 use capacity_pilot::domain::request::{
-    CapacityRequest, FieldError, RequestId, Strategy, ValidationContext, parse_request,
+    CapacityRequest, FieldError, Mode, RequestId, Strategy, ValidationContext, parse_request,
 };
 use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus;
@@ -653,6 +653,11 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
             return Ok(Some(rec));
         }
         let (to, reason) = match rec.request.strategy {
+            // A plan runs nothing on demand: it only searches and plans (ARCHITECTURE §8.1).
+            _ if rec.request.mode == Mode::Plan => (
+                RequestStatus::Searching,
+                "mode plan: searching to plan; nothing is bought or launched",
+            ),
             Strategy::OnDemandFirst => (
                 RequestStatus::TryingOnDemand,
                 "on-demand-first: trying on-demand capacity before reserving",
@@ -760,7 +765,43 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
         .with_search(round.next_round());
         let action;
         let refused = round.all_refused(all);
-        if let Some(best) = planning.best() {
+        if rec.request.mode == Mode::Plan {
+            // ARCHITECTURE §8.1: its round decided, a plan request announces its plans (none,
+            // when nothing is feasible, with every offering's reason) and ends: nothing is
+            // bought or debited, and its id may be submitted again.
+            action = "planned";
+            t.to = RequestStatus::Planned;
+            t.next_action_at = None;
+            t.reason = match planning.best() {
+                Some(best) => format!(
+                    "planned (mode plan), nothing bought: {} of {} plan(s) kept; best: {}{missing}",
+                    planning.plans.len().min(CANDIDATES_KEPT),
+                    planning.plans.len(),
+                    best.reason
+                ),
+                None => format!(
+                    "planned (mode plan), nothing bought: no feasible offering ({} offerings \
+                     seen{}){missing}",
+                    offerings.len(),
+                    summarize(&planning.rejections)
+                ),
+            };
+            let kept: Vec<_> = planning
+                .plans
+                .iter()
+                .take(CANDIDATES_KEPT)
+                .cloned()
+                .collect();
+            let (rejections, rejections_omitted) = events::bounded_rejections(&planning.rejections);
+            t.outbox = vec![outbound(&OfferingsFound {
+                event_key: event_key(rec.whose(), "offerings-found", version),
+                request_id: id.to_string(),
+                plans: kept.iter().map(PlanSummary::from).collect(),
+                rejections,
+                rejections_omitted,
+            })];
+            t.candidates = Some(kept);
+        } else if let Some(best) = planning.best() {
             action = "offerings-found";
             t.reason = format!("{}{missing}", best.reason);
             let kept: Vec<_> = planning

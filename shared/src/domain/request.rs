@@ -86,6 +86,22 @@ pub struct RequestDetail {
     pub drain_minutes: u32,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tags: BTreeMap<String, String>,
+    /// `execute` (the default) buys and launches; `plan` searches and plans, announces the
+    /// plans in `Capacity Offerings Found`, and ends `Planned`: nothing is bought or debited
+    /// (ARCHITECTURE §8.1). A `Planned` request's id may be submitted again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+}
+
+/// What a request is for (ARCHITECTURE §8.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Buy the best plan and launch the workload.
+    #[default]
+    Execute,
+    /// Search and plan only: buy, debit and launch nothing.
+    Plan,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
@@ -375,6 +391,9 @@ pub struct CapacityRequest {
     pub workload: WorkloadDetail,
     pub drain_minutes: u32,
     pub tags: BTreeMap<String, String>,
+    /// `Execute` on a request recorded before the field.
+    #[serde(default)]
+    pub mode: Mode,
 }
 
 impl CapacityRequest {
@@ -561,7 +580,7 @@ fn money_member(
     }
 }
 
-const TOP_LEVEL_FIELDS: [&str; 19] = [
+const TOP_LEVEL_FIELDS: [&str; 20] = [
     "schema_version",
     "request_id",
     "team",
@@ -580,6 +599,7 @@ const TOP_LEVEL_FIELDS: [&str; 19] = [
     "workload",
     "drain_minutes",
     "tags",
+    "mode",
     // tolerated for forward compatibility of callers that echo it back
     "comment",
 ];
@@ -706,6 +726,7 @@ pub fn parse_request(
         .unwrap_or(0);
 
     let tags = parse_tags(map, &mut p);
+    let mode = member::<Mode>(map, "mode", false, &mut p).unwrap_or_default();
     // SageMaker's tag characters are narrower than EC2's: a request whose workload or plan
     // SageMaker creates is refused here, not at purchase or launch (aws-reference §11.2).
     let in_sagemaker = matches!(&workload, Some(w) if !matches!(w, WorkloadDetail::Ec2Instances { .. }))
@@ -793,6 +814,7 @@ pub fn parse_request(
             workload,
             drain_minutes,
             tags,
+            mode,
         }),
         _ => Err(vec![FieldError {
             field: "detail".into(),

@@ -36,6 +36,9 @@ pub enum RequestStatus {
     RunningOnDemand,
     RunningSpot,
     // Terminal states. Each is recorded with a reason.
+    /// `mode: plan` (ARCHITECTURE §8.1): searched and planned, its plans announced; nothing
+    /// bought or debited. Its id may be submitted again (to execute, or to plan again).
+    Planned,
     Ended,
     Rejected,
     Cancelled,
@@ -53,7 +56,7 @@ pub struct IllegalTransition {
 }
 
 impl RequestStatus {
-    pub const ALL: [RequestStatus; 16] = [
+    pub const ALL: [RequestStatus; 17] = [
         Accepted,
         Searching,
         NotFound,
@@ -66,6 +69,7 @@ impl RequestStatus {
         TryingOnDemand,
         RunningOnDemand,
         RunningSpot,
+        Planned,
         Ended,
         Rejected,
         Cancelled,
@@ -73,7 +77,7 @@ impl RequestStatus {
     ];
 
     pub fn is_terminal(self) -> bool {
-        matches!(self, Ended | Rejected | Cancelled | Failed)
+        matches!(self, Planned | Ended | Rejected | Cancelled | Failed)
     }
 
     /// A cancellation is honoured until money is committed.
@@ -89,9 +93,24 @@ impl RequestStatus {
         match self {
             Accepted => &[Searching, TryingOnDemand, Cancelled, Failed],
             // Searching -> Searching: a search round waiting on some of its queries.
-            Searching => &[Searching, OfferingsFound, NotFound, Cancelled, Failed],
+            // Searching, NotFound -> Planned: a `mode: plan` request's round decided.
+            Searching => &[
+                Searching,
+                OfferingsFound,
+                NotFound,
+                Planned,
+                Cancelled,
+                Failed,
+            ],
             // NotFound -> NotFound: a retry that found nothing again, with a new next look.
-            NotFound => &[NotFound, Searching, OfferingsFound, Cancelled, Failed],
+            NotFound => &[
+                NotFound,
+                Searching,
+                OfferingsFound,
+                Planned,
+                Cancelled,
+                Failed,
+            ],
             // Back to Searching when the chosen offering has gone.
             OfferingsFound => &[AwaitingApproval, Purchasing, Searching, Cancelled, Failed],
             // AwaitingApproval -> TryingOnDemand: an on-demand or spot hold approved (N9).
@@ -140,7 +159,7 @@ impl RequestStatus {
             RunningOnDemand => &[Draining, Ended, Failed],
             // RunningSpot -> Draining: its drain, a cancellation, or its fall-back.
             RunningSpot => &[Draining, Ended, Failed],
-            Ended | Rejected | Cancelled | Failed => &[],
+            Planned | Ended | Rejected | Cancelled | Failed => &[],
         }
     }
 
@@ -178,6 +197,7 @@ impl RequestStatus {
             TryingOnDemand => "TryingOnDemand",
             RunningOnDemand => "RunningOnDemand",
             RunningSpot => "RunningSpot",
+            Planned => "Planned",
             Ended => "Ended",
             Rejected => "Rejected",
             Cancelled => "Cancelled",

@@ -119,6 +119,7 @@ pub fn request(id: &str, team_name: &str, max_upfront_usd: &str) -> CapacityRequ
         },
         drain_minutes: 0,
         tags: BTreeMap::new(),
+        mode: Default::default(),
     }
 }
 

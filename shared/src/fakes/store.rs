@@ -755,7 +755,11 @@ impl State {
         if self.seen(&id, &new.caused_by) {
             return CreateOutcome::DuplicateEvent;
         }
-        if self.live(&id).is_some() || self.spelled(&id).is_some() {
+        // A `Planned` request's id takes a new request (ARCHITECTURE §8.1).
+        let planned = self
+            .live(&id)
+            .is_some_and(|r| r.record.status == RequestStatus::Planned);
+        if (self.live(&id).is_some() && !planned) || self.spelled(&id).is_some() {
             return CreateOutcome::AlreadyExists;
         }
         if new.cancelled.is_none()
@@ -775,9 +779,13 @@ impl State {
         for w in &new.claims {
             self.put_claim(w);
         }
-        // An archived request past its TTL frees its id; its items went with it.
+        // An archived request past its TTL frees its id; its items went with it (a
+        // `Planned` one's too: its history is swept as DynamoStore sweeps it).
         self.reservations.remove(&id);
         self.workloads.remove(&id);
+        if planned {
+            self.history.remove(&id);
+        }
         let (status, reason, next_action_at) = match new.cancelled {
             Some(why) => (RequestStatus::Cancelled, why, None),
             None => (RequestStatus::Accepted, new.reason, new.next_action_at),

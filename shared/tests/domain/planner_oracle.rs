@@ -109,6 +109,7 @@ fn request_strategy() -> impl Strategy<Value = CapacityRequest> {
                     workload,
                     drain_minutes: 0,
                     tags: BTreeMap::new(),
+                    mode: Default::default(),
                 }
             },
         )
@@ -441,6 +442,7 @@ fn ec2_request(split: bool) -> CapacityRequest {
         },
         drain_minutes: 0,
         tags: BTreeMap::new(),
+        mode: Default::default(),
     }
 }
 

@@ -181,6 +181,65 @@ async fn a_valid_request_is_recorded_accepted_and_searched_at_once() {
 }
 
 #[tokio::test]
+async fn a_plan_request_announces_its_plans_and_ends_planned_and_one_finding_nothing_too() {
+    // GIVEN offerings, a `mode: plan` request (on-demand-first, which a plan never runs on
+    // demand), and a plan request no offering fits
+    let w = World::new();
+    w.market.list_all([
+        block("cb-cheap", day(3), 48, "6644.74"),
+        block("cb-dear", day(2), 48, "7000"),
+    ]);
+    let mut d = detail("r1");
+    d["mode"] = json!("plan");
+    d["strategy"] = json!("on-demand-first");
+    let mut none = detail("r2");
+    none["mode"] = json!("plan");
+    none["budget"]["max_upfront_usd"] = json!("100");
+
+    // WHEN each is submitted
+    for (e, d) in [("e1", d), ("e2", none)] {
+        w.searcher().handle(submitted(SOURCE, e, d)).await.unwrap();
+    }
+
+    // THEN each ended Planned, searched and announced, with nothing held or debited ...
+    let rec = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.status, RequestStatus::Planned);
+    assert_eq!(
+        (rec.open_debit, rec.spent.0, rec.next_action_at),
+        (None, 0, None)
+    );
+    assert!(
+        rec.reason
+            .starts_with("planned (mode plan), nothing bought"),
+        "{}",
+        rec.reason
+    );
+    // (on-demand-first ranks its reservations earliest first: cb-dear starts a day sooner)
+    assert_eq!(rec.candidates[0].offering_ids(), ["cb-dear"]);
+    let found = w.events.published_of("Capacity Offerings Found");
+    assert_eq!(found[0].detail["plans"][0]["offering_ids"][0], "cb-dear");
+    // ... the one finding nothing too, every offering's reason announced
+    assert_eq!(w.status("r2").await, RequestStatus::Planned);
+    assert_eq!(found[1].detail["plans"], json!([]));
+    assert_eq!(found[1].detail["rejections"].as_array().unwrap().len(), 2);
+    // ... and neither went on demand or asks anything more of the schedule
+    assert!(w.events.published_of("Capacity Not Found").is_empty());
+    assert!(
+        !w.events
+            .detail_types()
+            .iter()
+            .any(|t| t.contains("On-Demand") || t.contains("Reserved")),
+        "{:?}",
+        w.events.detail_types()
+    );
+}
+
+#[tokio::test]
 async fn an_invalid_request_is_rejected_naming_every_field_and_nothing_is_recorded() {
     let w = World::new();
     let mut d = detail("r1");

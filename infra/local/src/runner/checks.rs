@@ -665,6 +665,26 @@ pub fn judge(o: &Observed) -> Vec<Check> {
             );
         }
 
+        if e.planned {
+            // `mode: plan` (ARCHITECTURE §8.1): its plans announced, nothing bought or charged.
+            let found = o.ours(id, "Capacity Offerings Found");
+            let plans = found
+                .last()
+                .and_then(|f| f["detail"]["plans"].as_array().map(Vec::len))
+                .unwrap_or(0);
+            let reserved = o.ours(id, "Capacity Reserved").len();
+            check(
+                "planned, nothing bought",
+                id,
+                plans > 0 && reserved == 0 && windows.is_empty(),
+                format!(
+                    "{} Offerings Found event(s), the last with {plans} plan(s); {reserved} \
+                     Capacity Reserved event(s); {} reservation(s) sold for it",
+                    found.len(),
+                    windows.len()
+                ),
+            );
+        }
         if let Some(because) = &e.not_bought_because {
             let not_found = o.ours(id, "Capacity Not Found");
             let failed = o.ours(id, "Capacity Request Failed");

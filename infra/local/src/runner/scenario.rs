@@ -231,6 +231,9 @@ pub struct Expect {
     /// Rejected, naming (at least) these fields; nothing bought.
     #[serde(default)]
     pub rejected_fields: Option<Vec<String>>,
+    /// `mode: plan`: plans announced in `Capacity Offerings Found`, nothing bought.
+    #[serde(default)]
+    pub planned: bool,
     /// Nothing bought, and a `Capacity Not Found` rejection or the `Capacity Request
     /// Failed` reason says this.
     #[serde(default)]

@@ -775,31 +775,44 @@ impl DynamoStore {
     /// a live META nothing is touched (the creation finds it and answers so). A new id costs
     /// one GetItem and one Query that finds nothing.
     async fn sweep_leftovers(&self, request_id: &str) -> Result<(), PortError> {
-        if self.read_meta(request_id).await?.is_some() {
-            return Ok(());
-        }
+        // A `Planned` request's id takes a new request (ARCHITECTURE §8.1): its items go as an
+        // archived one's do, while it is still the one recorded.
+        let planned = match self.read_meta(request_id).await? {
+            Some(m) if m.record.status == RequestStatus::Planned => true,
+            Some(_) => return Ok(()),
+            None => false,
+        };
         let pk_value = request_pk(request_id);
-        let mut e = Expr::new();
-        let pk = e.name(attr::PK);
-        let pv = e.value(s(pk_value.clone()));
-        let items = self.query(None, e, format!("{pk} = {pv}")).await?;
-        let left: Vec<String> = items
-            .iter()
-            .filter_map(|i| i.get(attr::SK).and_then(|v| v.as_s().ok()).cloned())
-            .filter(|sk| {
-                [OFFER_PREFIX, RES_PREFIX, SLOT_PREFIX, HIST_PREFIX]
+        let prefixes = [OFFER_PREFIX, RES_PREFIX, SLOT_PREFIX, HIST_PREFIX];
+        let mut left: Vec<String> = Vec::new();
+        if planned {
+            // Prefix by prefix: its META, read above, is not read again (the README's read
+            // rule); and a plan has only candidates and history.
+            for prefix in [OFFER_PREFIX, HIST_PREFIX] {
+                left.extend(
+                    self.query_prefix(request_id, prefix)
+                        .await?
+                        .iter()
+                        .filter_map(|i| i.get(attr::SK).and_then(|v| v.as_s().ok()).cloned()),
+                );
+            }
+        } else {
+            let mut e = Expr::new();
+            let pk = e.name(attr::PK);
+            let pv = e.value(s(pk_value.clone()));
+            let items = self.query(None, e, format!("{pk} = {pv}")).await?;
+            left.extend(
+                items
                     .iter()
-                    .any(|p| sk.starts_with(p))
-            })
-            .collect();
+                    .filter_map(|i| i.get(attr::SK).and_then(|v| v.as_s().ok()).cloned())
+                    .filter(|sk| prefixes.iter().any(|p| sk.starts_with(p))),
+            );
+        }
         // Each batch only while no request holds the id: a concurrent submission of it that
         // created its request between our read and these deletes (its first history item
         // among what we listed) makes the batch fail whole, and this creation then finds it.
         for chunk in left.chunks(MAX_TRANSACTION_ITEMS - 1) {
-            let mut c = Expr::new();
-            let (pkn, exp) = (c.name(attr::PK), c.name(attr::EXPIRES_AT));
-            let now = c.value(n(self.now().timestamp()));
-            c.condition(format!("attribute_not_exists({pkn}) OR {exp} <= {now}"));
+            let c = replaceable(self.now());
             let mut batch = vec![condition_check(
                 &self.table,
                 key(pk_value.clone(), META_SK),
@@ -1154,6 +1167,26 @@ impl Pacing for DynamoStore {
     }
 }
 
+/// The condition that no request holds a META's id: none is recorded, the one recorded is
+/// archived past its TTL, or it ended `Planned` (ARCHITECTURE §8.1: a plan's id may be
+/// submitted again).
+fn replaceable(now: DateTime<Utc>) -> Expr {
+    let mut c = Expr::new();
+    let (pkn, exp, st) = (
+        c.name(attr::PK),
+        c.name(attr::EXPIRES_AT),
+        c.name(attr::STATUS),
+    );
+    let (nowv, planned) = (
+        c.value(n(now.timestamp())),
+        c.value(s(RequestStatus::Planned.as_str())),
+    );
+    c.condition(format!(
+        "attribute_not_exists({pkn}) OR {exp} <= {nowv} OR {st} = {planned}"
+    ));
+    c
+}
+
 impl Store for DynamoStore {
     async fn create_request(&self, new: NewRequest) -> Result<CreateOutcome, PortError> {
         let id = new.request.id.as_str().to_string();
@@ -1190,11 +1223,9 @@ impl Store for DynamoStore {
             meta.insert(attr::GSI_PART.into(), s(WORK_PARTITION));
             meta.insert(attr::GSI_DUE.into(), n(t.timestamp()));
         }
-        // An archived request past its TTL may still be on disk: its id is free again.
-        let mut c = Expr::new();
-        let (pkn, exp) = (c.name(attr::PK), c.name(attr::EXPIRES_AT));
-        let now = c.value(n(self.now().timestamp()));
-        c.condition(format!("attribute_not_exists({pkn}) OR {exp} <= {now}"));
+        // An archived request past its TTL may still be on disk, and a `Planned` one is
+        // done with: either's id is free again.
+        let c = replaceable(self.now());
 
         // Another spelling of the id holds it (review N15): refused as this spelling would be.
         let holder = self.id_holder(&new.request.id).await?;
