@@ -18,12 +18,13 @@ use crate::fail::{Fail, Result};
 /// The template's function environment (`infra/template.yaml`, `Globals.Function.
 /// Environment`) as the stack's parameters give it: each variable and the parameter it is
 /// `Ref`'d (or, when set, `Fn::If`'d) from. A test reads the template and holds this to it.
-pub const FROM_PARAMETERS: [(&str, &str); 15] = [
+pub const FROM_PARAMETERS: [(&str, &str); 16] = [
     ("ALLOWED_REGIONS", "AllowedRegions"),
     ("ALLOWED_REQUEST_SOURCES", "AllowedRequestSources"),
     ("APPROVER_SOURCES", "ApproverSources"),
     ("TEAM_BUDGETS_USD", "TeamBudgetsUsd"),
     ("APPROVE_ABOVE_USD", "ApproveAboveUsd"),
+    ("PURCHASE_MODE", "PurchaseMode"),
     ("TEAM_SOURCES", "TeamSources"),
     ("DEFAULT_DRAIN_MINUTES", "DefaultDrainMinutes"),
     ("HOLD_APPROVAL_MINUTES", "HoldApprovalMinutes"),

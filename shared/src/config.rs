@@ -76,6 +76,9 @@ pub struct Config {
     /// parameter; unset by default): a request's effective threshold is the lower of its own
     /// `approval_above_usd` and this, on its whole spend (ARCHITECTURE §9.8).
     pub approve_above: Option<Usd>,
+    /// What the deployment may do with money (`PURCHASE_MODE`, the `PurchaseMode` parameter;
+    /// ARCHITECTURE §8.1).
+    pub purchase_mode: PurchaseMode,
     /// Whether an approval can ever arrive (`APPROVALS_ENABLED`: the template sets it true
     /// only when `ApproverPrincipals` names someone; true when unset). Without approvers, a
     /// request that could pass its threshold is rejected at submission.
@@ -127,11 +130,29 @@ impl Config {
         &self,
         request: &crate::domain::request::CapacityRequest,
     ) -> Option<Usd> {
+        // `approve-all`: every purchase and hold waits for an approver (ARCHITECTURE §8.1).
+        if self.purchase_mode == PurchaseMode::ApproveAll {
+            return Some(Usd::ZERO);
+        }
         match (request.budget.approval_above, self.approve_above) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
     }
+}
+
+/// The deployment-wide `PurchaseMode` (ARCHITECTURE §8.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PurchaseMode {
+    /// Buy and launch as each request and the approval threshold say.
+    #[default]
+    Auto,
+    /// The approval gate at threshold 0: every purchase and every on-demand or spot hold
+    /// waits for an approver.
+    ApproveAll,
+    /// Buy and launch nothing, on demand included: every request is planned and ends
+    /// `Planned`.
+    PlanOnly,
 }
 
 /// Every variable at fault, with what is wrong with it.
@@ -413,6 +434,19 @@ impl Config {
             },
         };
 
+        let purchase_mode = match r.get("PURCHASE_MODE").as_deref().map(str::trim) {
+            None | Some("auto") => PurchaseMode::Auto,
+            Some("approve-all") => PurchaseMode::ApproveAll,
+            Some("plan-only") => PurchaseMode::PlanOnly,
+            Some(v) => {
+                r.fail(
+                    "PURCHASE_MODE",
+                    format!("must be auto, approve-all or plan-only, got {v:?}"),
+                );
+                PurchaseMode::Auto
+            }
+        };
+
         if !r.problems.is_empty() {
             return Err(ConfigError {
                 problems: r.problems,
@@ -435,6 +469,7 @@ impl Config {
             prices,
             clock_url,
             approve_above,
+            purchase_mode,
             approvals_enabled,
             hold_approval_minutes,
             team_sources,
@@ -685,5 +720,41 @@ mod tests {
             let e = Config::from_lookup(&env(&vars)).unwrap_err();
             assert!(e.to_string().contains("TEAM_SOURCES"), "{e}");
         }
+    }
+    #[test]
+    fn purchase_mode_reads_its_three_values_and_approve_all_sets_every_threshold_to_zero() {
+        let base = |mode: Option<&str>| {
+            let mut vars = vec![
+                ("TABLE_NAME", "t"),
+                ("EVENT_BUS_NAME", "b"),
+                ("ALLOWED_REGIONS", "us-east-1"),
+                ("ALLOWED_REQUEST_SOURCES", "com.example.ml"),
+                ("APPROVER_SOURCES", "com.example.approvals"),
+                ("TEAM_BUDGETS_USD", r#"{"*": "1000"}"#),
+                (
+                    "SAGEMAKER_EXECUTION_ROLE_ARN",
+                    "arn:aws:iam::123456789012:role/sm",
+                ),
+            ];
+            if let Some(m) = mode {
+                vars.push(("PURCHASE_MODE", m));
+            }
+            Config::from_lookup(&|k| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            })
+        };
+        assert_eq!(base(None).unwrap().purchase_mode, PurchaseMode::Auto);
+        assert_eq!(
+            base(Some("plan-only")).unwrap().purchase_mode,
+            PurchaseMode::PlanOnly
+        );
+        let all = base(Some("approve-all")).unwrap();
+        let req = crate::fakes::fixtures::request("r1", "team-a", "5000");
+        assert_eq!(all.approval_threshold(&req), Some(Usd::ZERO));
+        assert_eq!(base(None).unwrap().approval_threshold(&req), None);
+        let bad = base(Some("yolo")).unwrap_err();
+        assert_eq!(bad.problems[0].0, "PURCHASE_MODE");
     }
 }

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
-use capacity_pilot::config::Config;
+use capacity_pilot::config::{Config, PurchaseMode};
 use capacity_pilot::decision;
 pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{self, CancelRequest, EventDetail, PurchaseDecision, inbound};
@@ -19,6 +19,7 @@ use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     CapacityMarket, Cause, Clock, EventSink, PortError, RequestRecord, SharedIds, Sleep, Store,
+    Transition,
 };
 pub use capacity_pilot::purchase::Outcome;
 use capacity_pilot::purchase::Protocols;
@@ -254,6 +255,26 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
                 ));
                 return Ok(());
             }
+        }
+        // `PurchaseMode` plan-only (ARCHITECTURE §8.1): a request accepted before the mode
+        // was set is planned too; nothing is bought.
+        if self.config.purchase_mode == PurchaseMode::PlanOnly {
+            let reason = "planned, nothing bought: the deployment's PurchaseMode is plan-only";
+            let step = Cause::new(format!("{}#plan-only", cause.event_id));
+            let w = self
+                .store
+                .transition(Transition::of(
+                    &rec,
+                    RequestStatus::Planned,
+                    reason,
+                    None,
+                    now,
+                    &step,
+                ))
+                .await?;
+            out.decisions
+                .push(Decision::new(&id, decision::written(&w, "planned"), reason));
+            return Ok(());
         }
         let p = self.protocols();
         let Some(plan) = p.plan_to_buy(&rec, cause, now, out).await? else {

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
-use capacity_pilot::config::Config;
+use capacity_pilot::config::{Config, PurchaseMode};
 use capacity_pilot::decision;
 pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{
@@ -192,6 +192,11 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
             allowed_regions: &self.config.allowed_regions,
         };
         let request = match parse_request(&ev.detail, &ctx) {
+            // `PurchaseMode` plan-only: every request is a plan (ARCHITECTURE §8.1).
+            Ok(r) if self.config.purchase_mode == PurchaseMode::PlanOnly => CapacityRequest {
+                mode: Mode::Plan,
+                ..r
+            },
             Ok(r) => r,
             Err(problems) => {
                 let summary = problems

@@ -112,12 +112,21 @@ impl RequestStatus {
                 Failed,
             ],
             // Back to Searching when the chosen offering has gone.
-            OfferingsFound => &[AwaitingApproval, Purchasing, Searching, Cancelled, Failed],
+            OfferingsFound => &[
+                AwaitingApproval,
+                Purchasing,
+                Searching,
+                Planned,
+                Cancelled,
+                Failed,
+            ],
             // AwaitingApproval -> TryingOnDemand: an on-demand or spot hold approved (N9).
+            // OfferingsFound, AwaitingApproval -> Planned: `PurchaseMode` plan-only.
             AwaitingApproval => &[
                 Purchasing,
                 TryingOnDemand,
                 Searching,
+                Planned,
                 Rejected,
                 Cancelled,
                 Failed,

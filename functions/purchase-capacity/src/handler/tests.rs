@@ -5,7 +5,7 @@ use capacity_pilot::ports::default_sleep;
 use std::sync::Arc;
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
-use capacity_pilot::config::Config;
+use capacity_pilot::config::{Config, PurchaseMode};
 use capacity_pilot::domain::catalog::PriceTable;
 use capacity_pilot::domain::money::{MicroUsd, Usd};
 use capacity_pilot::domain::offering::{Offering, Product, Segment};
@@ -14,7 +14,7 @@ use capacity_pilot::domain::request::CapacityRequest;
 use capacity_pilot::domain::reservation::ReservationState;
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::window::{WindowRecord, WindowState};
-use capacity_pilot::fakes::fixtures::{request, t0, team};
+use capacity_pilot::fakes::fixtures::{request, request_id, t0, team};
 use capacity_pilot::fakes::{
     FakeMarket, InMemoryStore, ManualClock, MarketCall, MarketOp, RecordingEvents, StoreOp,
 };
@@ -447,6 +447,44 @@ async fn the_approval_threshold_is_on_the_requests_whole_spend_and_the_lower_of_
             RequestStatus::Reserved
         };
         assert_eq!(w.status("r2").await, want, "{own:?} {deployment}");
+    }
+}
+
+#[tokio::test]
+async fn each_purchase_mode_buys_waits_for_an_approver_or_plans_only() {
+    // GIVEN the same request with a candidate under no approval threshold, under each
+    // PurchaseMode
+    for (mode, want, bought) in [
+        (PurchaseMode::Auto, RequestStatus::Reserved, 1),
+        (PurchaseMode::ApproveAll, RequestStatus::AwaitingApproval, 0),
+        (PurchaseMode::PlanOnly, RequestStatus::Planned, 0),
+    ] {
+        let w = World::new();
+        w.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
+        let mut p = w.purchaser(CAPS);
+        let mut config = (*p.config).clone();
+        config.purchase_mode = mode;
+        p.config = Arc::new(config);
+        // WHEN its Offerings Found arrives
+        p.handle(found("r1", "e1")).await.unwrap();
+        // THEN auto buys it, approve-all asks an approver (threshold 0), plan-only plans it
+        // and buys nothing
+        assert_eq!(w.status("r1").await, want, "{mode:?}");
+        assert_eq!(w.market.purchase_count(), bought, "{mode:?}");
+        let rec = w
+            .store
+            .get_request(&request_id("r1"))
+            .await
+            .unwrap()
+            .unwrap();
+        if mode == PurchaseMode::PlanOnly {
+            assert!(rec.reason.contains("plan-only"), "{}", rec.reason);
+            assert_eq!((rec.spent.0, rec.open_debit), (0, None));
+        }
+        if mode == PurchaseMode::ApproveAll {
+            let asked = &w.events.published_of("Capacity Purchase Awaiting Approval")[0].detail;
+            assert_eq!(asked["approval_above_usd"], "0");
+        }
     }
 }
 

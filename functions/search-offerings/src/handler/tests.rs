@@ -240,6 +240,38 @@ async fn a_plan_request_announces_its_plans_and_ends_planned_and_one_finding_not
 }
 
 #[tokio::test]
+async fn under_purchase_mode_plan_only_every_request_is_planned() {
+    // GIVEN a deployment whose PurchaseMode is plan-only, and an execute request
+    let w = World::new();
+    w.market
+        .list_all([block("cb-cheap", day(3), 48, "6644.74")]);
+    let mut s = w.searcher();
+    let mut config = (*s.config).clone();
+    config.purchase_mode = capacity_pilot::config::PurchaseMode::PlanOnly;
+    s.config = Arc::new(config);
+    // WHEN it is submitted
+    s.handle(submitted(SOURCE, "e1", detail("r1")))
+        .await
+        .unwrap();
+    // THEN it is recorded as a plan and ends Planned, its plan announced
+    let rec = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.status, RequestStatus::Planned);
+    assert_eq!(
+        rec.request.mode,
+        capacity_pilot::domain::request::Mode::Plan
+    );
+    assert_eq!(
+        w.events.published_of("Capacity Offerings Found")[0].detail["plans"][0]["offering_ids"][0],
+        "cb-cheap"
+    );
+}
+
+#[tokio::test]
 async fn an_invalid_request_is_rejected_naming_every_field_and_nothing_is_recorded() {
     let w = World::new();
     let mut d = detail("r1");
