@@ -306,13 +306,31 @@ pub async fn plan(g: &Global, out: &Out, a: PlanArgs) -> Result<()> {
             );
         }
     }
-    if !planning.rejections.is_empty() {
+    // Every offering not in a plan shown above, with why (the plans' own offerings are
+    // listed as plans, their rank said there).
+    let shown: BTreeSet<&str> = planning
+        .plans
+        .iter()
+        .flat_map(|p| p.offering_ids())
+        .collect();
+    let others: Vec<_> = planning
+        .rejections
+        .iter()
+        .filter(|r| !shown.contains(r.offering_id.as_str()))
+        .collect();
+    if !others.is_empty() {
         println!("\nnot planned:");
-        let mut t = out.table(&["OFFERING", "REGION", "WHY"]);
-        for r in &planning.rejections {
+        let mut t = out.table(&["OFFERING", "TYPE", "WHERE", "START", "WHY"]);
+        for r in others {
+            let o = offerings
+                .iter()
+                .find(|o| o.id == r.offering_id && o.region == r.region);
             t.add_row(vec![
                 r.offering_id.clone(),
-                r.region.clone(),
+                o.map(|o| o.instance_type.clone()).unwrap_or_default(),
+                o.and_then(|o| o.segments.first()?.availability_zone.clone())
+                    .unwrap_or_else(|| r.region.clone()),
+                o.map(|o| when(o.start())).unwrap_or_default(),
                 r.reason.clone(),
             ]);
         }
@@ -322,12 +340,18 @@ pub async fn plan(g: &Global, out: &Out, a: PlanArgs) -> Result<()> {
         println!("\nnot answered:");
         for u in &unanswered {
             println!(
-                "  {} {} in {} for {} h: {}",
-                u.query.product,
-                u.query.instance_type,
-                u.query.region,
-                u.query.duration_hours,
-                u.why
+                "{}",
+                crate::show::hanging(
+                    "  ",
+                    &format!(
+                        "{} {} in {} for {} h: {}",
+                        u.query.product,
+                        u.query.instance_type,
+                        u.query.region,
+                        u.query.duration_hours,
+                        u.why
+                    )
+                )
             );
         }
     }
