@@ -41,7 +41,8 @@ use tracing::warn;
 pub const MAX_DETAIL_BYTES: usize = 64 * 1024;
 /// How long to wait before searching again when nothing feasible was found.
 pub const RETRY_AFTER: Duration = Duration::minutes(15);
-/// How many ranked plans are recorded as candidates.
+// How many ranked plans are kept as candidates, and the searches a request needs: shared with
+// `capacity-pilot plan`, which plans through the same code.
 pub use capacity_pilot::search::{CANDIDATES_KEPT, queries_for};
 
 #[derive(Debug, Default, Serialize)]
