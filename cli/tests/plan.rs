@@ -4,72 +4,22 @@
 use std::process::Output;
 
 use assert_cmd::Command;
-use integration_tests::flow::{BUS, Flow, REGION, SOURCE, t0};
-use integration_tests::moto::Moto;
-use local_cloud::cloudformation::{Stack, StackOutput};
+use integration_tests::flow::{BUS, Flow, REGION, t0};
 use serde_json::{Value, json};
+
+mod support;
 
 /// A flow, with the stack the CLI reads registered when `stack`.
 async fn flow(stack: bool) -> Flow {
-    let f = Flow::start_with(11, &[]).await;
     if stack {
-        let parameters = [
-            ("AllowedRegions", REGION),
-            ("AllowedRequestSources", SOURCE),
-            ("ApproverSources", "com.example.approvals"),
-            ("TeamBudgetsUsd", r#"{"*": "250000"}"#),
-            (
-                "SageMakerExecutionRoleArn",
-                "arn:aws:iam::123456789012:role/sm",
-            ),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        let stack = Stack {
-            name: "capacity-pilot".into(),
-            parameters,
-            outputs: vec![
-                StackOutput {
-                    key: "BusName".into(),
-                    value: BUS.into(),
-                    description: None,
-                },
-                StackOutput {
-                    key: "StateTableName".into(),
-                    value: f.table.name.clone(),
-                    description: None,
-                },
-            ],
-            ..Stack::default()
-        };
-        f.cloud
-            .with_world(|w| w.put_stack(REGION, stack))
-            .expect("the stack is registered");
+        support::deployed(&[], "").await
+    } else {
+        Flow::start_with(11, &[]).await
     }
-    f
 }
 
 fn cli(f: &Flow) -> Command {
-    let moto = Moto::shared().expect("moto");
-    let mut c = Command::cargo_bin("capacity-pilot").expect("the CLI is built");
-    c.env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("HOME", std::env::temp_dir())
-        .env("AWS_ENDPOINT_URL", f.cloud.url())
-        .env("AWS_ENDPOINT_URL_DYNAMODB", moto.url())
-        .env("AWS_REGION", REGION)
-        .env("AWS_ACCESS_KEY_ID", "AKIDPLANNER")
-        .env("AWS_SECRET_ACCESS_KEY", "secret")
-        .env("AWS_CONFIG_FILE", "/nonexistent")
-        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .env(
-            "CAPACITY_PILOT_CLOCK_URL",
-            format!("{}/_local/clock", f.cloud.url()),
-        )
-        .env("NO_COLOR", "1");
-    c
+    support::cli_as(f, "AKIDPLANNER")
 }
 
 fn run(f: &Flow, args: &[&str]) -> (String, String, i32) {
@@ -91,11 +41,7 @@ fn ok(f: &Flow, args: &[&str]) -> String {
 }
 
 fn file(name: &str, v: &Value) -> String {
-    let dir = std::env::temp_dir().join(format!("capacity-pilot-plan-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    std::fs::write(&p, serde_json::to_string_pretty(v).unwrap()).unwrap();
-    p.to_string_lossy().to_string()
+    support::file(name, v).to_string_lossy().to_string()
 }
 
 /// How many Capacity Block searches the emulator has answered.

@@ -26,15 +26,14 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use integration_tests::flow::{APPROVER, BUS, Flow, REGION, SOURCE};
+use integration_tests::flow::{APPROVER, Flow, REGION, SOURCE};
 use integration_tests::moto::Moto;
-use local_cloud::cloudformation::{Stack, StackOutput};
 use serde_json::{Value, json};
 
-const STACK: &str = "capacity-pilot";
+mod support;
+
 const PLAN_POLICY: &str = "PlanPolicy";
 const APPROVER_ROLE: &str = "arn:aws:iam::123456789012:role/capacity-approver";
-const APPROVER_ARN: &str = "arn:aws:sts::123456789012:assumed-role/capacity-approver/alice";
 
 /// The only actions `PlanPolicy` may grant on `*`: the Service Authorization Reference lists
 /// no resource type for them (list_amazonec2.html, list_amazonsagemaker.html), so a statement
@@ -227,28 +226,7 @@ fn parameters() -> BTreeMap<String, String> {
 /// A flow that asks an approver above $1, with the stack the CLI reads registered in its
 /// emulator, and the approver's access key known to its STS.
 async fn deployed() -> Flow {
-    let f = Flow::start_with(11, &[("APPROVE_ABOVE_USD", "1")]).await;
-    let output = |key: &str, value: &str| StackOutput {
-        key: key.into(),
-        value: value.into(),
-        description: None,
-    };
-    let stack = Stack {
-        name: STACK.into(),
-        parameters: parameters(),
-        outputs: vec![
-            output("BusName", BUS),
-            output("StateTableName", &f.table.name),
-        ],
-        ..Stack::default()
-    };
-    f.cloud
-        .with_world(|w| {
-            w.put_stack(REGION, stack)?;
-            w.put_identity("AKIDAPPROVER", APPROVER_ARN)
-        })
-        .expect("the stack and the approver are registered");
-    f
+    support::deployed(&[("APPROVE_ABOVE_USD", "1")], APPROVER_ROLE).await
 }
 
 /// Runs the CLI's commands through the proxy, keeping what each command called.

@@ -771,6 +771,25 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
         .with_search(round.next_round());
         let action;
         let refused = round.all_refused(all);
+        // The plans kept as candidates, announced in Capacity Offerings Found with every
+        // other offering's reason.
+        let announce = |t: &mut Transition| {
+            let kept: Vec<_> = planning
+                .plans
+                .iter()
+                .take(CANDIDATES_KEPT)
+                .cloned()
+                .collect();
+            let (rejections, rejections_omitted) = events::bounded_rejections(&planning.rejections);
+            t.outbox = vec![outbound(&OfferingsFound {
+                event_key: event_key(rec.whose(), "offerings-found", version),
+                request_id: id.to_string(),
+                plans: kept.iter().map(PlanSummary::from).collect(),
+                rejections,
+                rejections_omitted,
+            })];
+            t.candidates = Some(kept);
+        };
         if rec.request.mode == Mode::Plan {
             // ARCHITECTURE §8.1: its round decided, a plan request announces its plans (none,
             // when nothing is feasible, with every offering's reason) and ends: nothing is
@@ -792,39 +811,11 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
                     summarize(&planning.rejections)
                 ),
             };
-            let kept: Vec<_> = planning
-                .plans
-                .iter()
-                .take(CANDIDATES_KEPT)
-                .cloned()
-                .collect();
-            let (rejections, rejections_omitted) = events::bounded_rejections(&planning.rejections);
-            t.outbox = vec![outbound(&OfferingsFound {
-                event_key: event_key(rec.whose(), "offerings-found", version),
-                request_id: id.to_string(),
-                plans: kept.iter().map(PlanSummary::from).collect(),
-                rejections,
-                rejections_omitted,
-            })];
-            t.candidates = Some(kept);
+            announce(&mut t);
         } else if let Some(best) = planning.best() {
             action = "offerings-found";
             t.reason = format!("{}{missing}", best.reason);
-            let kept: Vec<_> = planning
-                .plans
-                .iter()
-                .take(CANDIDATES_KEPT)
-                .cloned()
-                .collect();
-            let (rejections, rejections_omitted) = events::bounded_rejections(&planning.rejections);
-            t.outbox = vec![outbound(&OfferingsFound {
-                event_key: event_key(rec.whose(), "offerings-found", version),
-                request_id: id.to_string(),
-                plans: kept.iter().map(PlanSummary::from).collect(),
-                rejections,
-                rejections_omitted,
-            })];
-            t.candidates = Some(kept);
+            announce(&mut t);
         } else if now >= deadline || refused {
             action = "failed";
             t.to = RequestStatus::Failed;
