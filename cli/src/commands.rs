@@ -252,23 +252,14 @@ pub fn new(_out: &Out, a: NewArgs) -> Result<()> {
     for line in said {
         eprintln!("# {line}");
     }
-    let mut left = Vec::new();
-    collect_placeholders(&v, &mut left);
+    let left: Vec<String> = capacity_pilot::domain::request::placeholders(&v)
+        .into_iter()
+        .map(|(_, what)| what)
+        .collect();
     if !left.is_empty() {
         eprintln!("# fill in before submitting: {}", left.join(", "));
     }
     Ok(())
-}
-
-fn collect_placeholders(v: &Value, out: &mut Vec<String>) {
-    match v {
-        Value::String(s) if capacity_pilot::domain::request::is_placeholder(s) => {
-            out.push(s.clone())
-        }
-        Value::Array(a) => a.iter().for_each(|x| collect_placeholders(x, out)),
-        Value::Object(m) => m.values().for_each(|x| collect_placeholders(x, out)),
-        _ => {}
-    }
 }
 
 // ---------------------------------------------------------------------------------------

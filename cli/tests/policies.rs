@@ -13,7 +13,7 @@
 //! reads), and names `*` only for the searches and describes that take no resource.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use assert_cmd::Command;
@@ -27,6 +27,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use integration_tests::flow::{APPROVER, Flow, REGION, SOURCE};
+use integration_tests::iam::{operation_table, yaml};
 use integration_tests::moto::Moto;
 use serde_json::{Value, json};
 
@@ -240,22 +241,9 @@ struct Recorder<'a> {
 impl Recorder<'_> {
     /// `capacity-pilot` with a user's environment, every AWS service at the proxy.
     fn cli(&self, access_key: &str) -> Command {
-        let mut c = Command::cargo_bin("capacity-pilot").expect("the CLI is built");
-        c.env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("HOME", std::env::temp_dir())
-            .env("AWS_ENDPOINT_URL", &self.proxy.url)
-            .env("AWS_REGION", REGION)
-            .env("AWS_ACCESS_KEY_ID", access_key)
-            .env("AWS_SECRET_ACCESS_KEY", "secret")
-            .env("AWS_CONFIG_FILE", "/nonexistent")
-            .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .env(
-                "CAPACITY_PILOT_CLOCK_URL",
-                format!("{}/_local/clock", self.f.cloud.url()),
-            )
-            .env("NO_COLOR", "1");
+        let mut c = support::cli_as(self.f, access_key);
+        c.env("AWS_ENDPOINT_URL", &self.proxy.url)
+            .env_remove("AWS_ENDPOINT_URL_DYNAMODB");
         c
     }
 
@@ -407,29 +395,6 @@ fn file(name: &str, v: &Value) -> PathBuf {
 // ---------------------------------------------------------------------------------------
 // The template and the operation table
 // ---------------------------------------------------------------------------------------
-
-fn yaml(path: &str) -> Value {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let text = std::fs::read_to_string(root.join(path)).unwrap();
-    serde_yaml_ng::from_str(&text).unwrap()
-}
-
-/// `(service, operation)` -> the IAM actions it needs.
-fn operation_table() -> BTreeMap<(String, String), BTreeSet<String>> {
-    let mut table = BTreeMap::new();
-    for (service, ops) in yaml("infra/iam/operations.yaml").as_object().unwrap() {
-        for (op, actions) in ops.as_object().unwrap() {
-            let actions = actions
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|a| a.as_str().unwrap().to_string())
-                .collect();
-            table.insert((service.clone(), op.clone()), actions);
-        }
-    }
-    table
-}
 
 fn one_or_many(v: &Value) -> Vec<Value> {
     match v {

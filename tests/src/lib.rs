@@ -6,6 +6,7 @@
 
 pub mod fixtures;
 pub mod flow;
+pub mod iam;
 pub mod in_process;
 pub mod moto;
 pub mod reads;

@@ -739,8 +739,7 @@ pub fn parse_request(
 
     // A value `capacity-pilot new` left for the caller to fill in names itself, and
     // nothing else is said of its field.
-    let mut left = Vec::new();
-    placeholders(detail, "", &mut left);
+    let left = placeholders(detail);
     if !left.is_empty() {
         p.0.retain(|f| {
             !left
@@ -829,13 +828,20 @@ pub fn is_placeholder(s: &str) -> bool {
     s.len() > 2 && s.starts_with('<') && s.ends_with('>')
 }
 
-/// Every placeholder string under `v`, with its field path (`workload.subnet_ids[0]`).
-fn placeholders(v: &Value, at: &str, out: &mut Vec<(String, String)>) {
+/// Every placeholder string in a request's `detail`, with its field path
+/// (`workload.subnet_ids[0]`), in the detail's order.
+pub fn placeholders(detail: &Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    placeholders_under(detail, "", &mut out);
+    out
+}
+
+fn placeholders_under(v: &Value, at: &str, out: &mut Vec<(String, String)>) {
     match v {
         Value::String(s) if is_placeholder(s) => out.push((at.to_string(), s.clone())),
         Value::Array(items) => {
             for (i, x) in items.iter().enumerate() {
-                placeholders(x, &format!("{at}[{i}]"), out);
+                placeholders_under(x, &format!("{at}[{i}]"), out);
             }
         }
         Value::Object(map) => {
@@ -845,7 +851,7 @@ fn placeholders(v: &Value, at: &str, out: &mut Vec<(String, String)>) {
                 } else {
                     format!("{at}.{k}")
                 };
-                placeholders(x, &path, out);
+                placeholders_under(x, &path, out);
             }
         }
         _ => {}

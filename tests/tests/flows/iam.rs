@@ -6,36 +6,10 @@
 //! function would fail in AWS) and nothing extra (least privilege).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 
 use integration_tests::flow::{Function, observed};
+use integration_tests::iam::{operation_table, yaml};
 use serde_json::Value;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn yaml(path: &str) -> Value {
-    let text = std::fs::read_to_string(root().join(path)).unwrap();
-    serde_yaml_ng::from_str(&text).unwrap()
-}
-
-/// `(service, operation)` -> the IAM actions it needs, implied ones included.
-fn operation_table() -> BTreeMap<(String, String), BTreeSet<String>> {
-    let mut table = BTreeMap::new();
-    for (service, ops) in yaml("infra/iam/operations.yaml").as_object().unwrap() {
-        for (op, actions) in ops.as_object().unwrap() {
-            let actions = actions
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|a| a.as_str().unwrap().to_string())
-                .collect();
-            table.insert((service.clone(), op.clone()), actions);
-        }
-    }
-    table
-}
 
 /// Each function (by crate name) -> every action its IAM statements allow.
 fn granted() -> BTreeMap<String, BTreeSet<String>> {
