@@ -5,7 +5,6 @@
 //! (a pipe we hold) closes, and is killed when the last test using it drops it.
 
 use std::io::Read;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex, Weak};
@@ -62,16 +61,24 @@ impl Moto {
             );
         }
         let launcher = root.join("tests/support/moto_server.py");
-        let port = free_port()?;
         let log_dir = std::env::temp_dir().join("capacity-pilot-moto");
         std::fs::create_dir_all(&log_dir)
             .with_context(|| format!("creating {}", log_dir.display()))?;
-        let log = log_dir.join(format!("moto-{port}-{}.log", std::process::id()));
+        let stem = format!(
+            "moto-{}-{}",
+            std::process::id(),
+            uuid::Uuid::new_v4().simple()
+        );
+        let log = log_dir.join(format!("{stem}.log"));
+        // moto binds a port of its own choosing and writes it here once it listens. A port
+        // picked here and handed over raced every socket opened meanwhile: an emulator
+        // started by a concurrent test once took it, and DynamoDB calls reached the emulator.
+        let port_file = log_dir.join(format!("{stem}.port"));
 
         let mut child = Command::new(&python)
             .arg(&launcher)
-            .arg(port.to_string())
             .arg(&log)
+            .arg(&port_file)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -81,19 +88,24 @@ impl Moto {
         let mut moto = Moto {
             child,
             stdin,
-            url: format!("http://127.0.0.1:{port}"),
+            url: String::new(),
             log,
         };
-        moto.wait_until_listening(port)?;
+        let port = moto.wait_for_port(&port_file)?;
+        moto.url = format!("http://127.0.0.1:{port}");
         Ok(moto)
     }
 
-    fn wait_until_listening(&mut self, port: u16) -> anyhow::Result<()> {
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    /// The port moto reports once it listens.
+    fn wait_for_port(&mut self, port_file: &Path) -> anyhow::Result<u16> {
         let deadline = Instant::now() + STARTUP_DEADLINE;
         loop {
-            if TcpStream::connect_timeout(&addr, POLL_EVERY).is_ok() {
-                return Ok(());
+            if let Some(port) = std::fs::read_to_string(port_file)
+                .ok()
+                .and_then(|t| t.trim().parse::<u16>().ok())
+            {
+                let _ = std::fs::remove_file(port_file);
+                return Ok(port);
             }
             if let Some(status) = self.child.try_wait()? {
                 bail!(
@@ -104,7 +116,7 @@ impl Moto {
             }
             if Instant::now() > deadline {
                 bail!(
-                    "moto did not listen on {addr} within {STARTUP_DEADLINE:?}; its log {}:\n{}",
+                    "moto did not listen within {STARTUP_DEADLINE:?}; its log {}:\n{}",
                     self.log.display(),
                     self.log_tail()
                 );
@@ -130,9 +142,4 @@ impl Drop for Moto {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("finding a free port")?;
-    Ok(l.local_addr()?.port())
 }

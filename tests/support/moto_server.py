@@ -4,7 +4,12 @@ Single-threaded on purpose: moto's threaded server has no per-request locking, a
 transaction rollback restores a copy of the whole table, which would erase concurrent
 commits (ARCHITECTURE section 6).
 
-Usage: moto_server.py PORT LOGFILE
+Usage: moto_server.py LOGFILE PORTFILE
+
+It binds a port the system chooses and only then writes that port to PORTFILE (whole, by
+rename). A caller that picked a free port and handed it over would race every other socket
+opened meanwhile: an emulator in the same test process once took the port first, and the
+tests' DynamoDB calls reached it ("Unknown target DynamoDB_20120810.CreateTable").
 
 Everything goes to LOGFILE, never to stdout/stderr: an inherited pipe held open by this
 process would keep CI waiting. The process exits as soon as its stdin closes, so it cannot
@@ -26,8 +31,8 @@ def _exit_when_stdin_closes() -> None:
 
 
 def main() -> None:
-    port = int(sys.argv[1])
-    log_path = sys.argv[2]
+    log_path = sys.argv[1]
+    port_path = sys.argv[2]
 
     log = open(log_path, "a", buffering=1)
     os.dup2(log.fileno(), 1)
@@ -39,10 +44,16 @@ def main() -> None:
     threading.Thread(target=_exit_when_stdin_closes, daemon=True).start()
 
     from moto.server import DomainDispatcherApplication, create_backend_app
-    from werkzeug.serving import run_simple
+    from werkzeug.serving import make_server
 
     app = DomainDispatcherApplication(create_backend_app)
-    run_simple("127.0.0.1", port, app, threaded=False, use_reloader=False)
+    server = make_server("127.0.0.1", 0, app, threaded=False)
+    partial = port_path + ".partial"
+    with open(partial, "w") as f:
+        f.write(f"{server.port}\n")
+    os.replace(partial, port_path)
+    logging.info("moto listening on 127.0.0.1:%d", server.port)
+    server.serve_forever()
 
 
 if __name__ == "__main__":

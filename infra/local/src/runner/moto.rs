@@ -9,7 +9,7 @@
 //! requests that may write (any `X-Amz-Target` but a read): the runner rescans the `due`
 //! index only when that count moved, as nothing else changes the table.
 
-use std::net::{Ipv4Addr, TcpListener};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -75,13 +75,14 @@ impl Moto {
             );
         }
         let launcher = root.join("tests/support/moto_server.py");
-        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
-            .local_addr()?
-            .port();
+        // moto binds a port of its own choosing and writes it here once it listens: a port
+        // picked here and handed over could be taken by another socket first.
+        let port_file = log.with_extension("port");
+        let _ = std::fs::remove_file(&port_file);
         let mut child = Command::new(&python)
             .arg(&launcher)
-            .arg(port.to_string())
             .arg(&log)
+            .arg(&port_file)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
@@ -89,12 +90,34 @@ impl Moto {
             .spawn()
             .with_context(|| format!("starting {} {}", python.display(), launcher.display()))?;
         let stdin = child.stdin.take();
+        let deadline = Instant::now() + STARTUP_DEADLINE;
+        let port = loop {
+            if let Some(port) = std::fs::read_to_string(&port_file)
+                .ok()
+                .and_then(|t| t.trim().parse::<u16>().ok())
+            {
+                break port;
+            }
+            if let Some(status) = child.try_wait()? {
+                bail!(
+                    "moto exited during startup ({status}); see {}",
+                    log.display()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "moto did not listen within {STARTUP_DEADLINE:?}; see {}",
+                    log.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
         let writes = Arc::new(AtomicU64::new(0));
         let calls = Arc::new(AtomicU64::new(0));
         let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
         let relay_url = format!("http://{}", listener.local_addr()?);
         let relay = tokio::spawn(relay(listener, port, writes.clone(), calls.clone()));
-        let moto = Moto {
+        Ok(Moto {
             child,
             stdin,
             direct_url: format!("http://127.0.0.1:{port}"),
@@ -104,23 +127,7 @@ impl Moto {
             calls,
             due: Mutex::new(None),
             log,
-        };
-        let deadline = Instant::now() + STARTUP_DEADLINE;
-        loop {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
-                return Ok(moto);
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "moto did not listen on port {port} within {STARTUP_DEADLINE:?}; see {}",
-                    moto.log.display()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
     }
 
     /// The functions' DynamoDB calls so far (every request through the relay).
