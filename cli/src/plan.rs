@@ -22,6 +22,7 @@ use capacity_pilot::domain::request::{ValidationContext, parse_request};
 use capacity_pilot::domain::window::DrainLead;
 use capacity_pilot::ports::{BudgetMonth, CapacityMarket, OfferingQuery, Pacing, Store};
 use capacity_pilot::search::{self, queries_for};
+use capacity_pilot::workload::preflight::Depth;
 
 use crate::Global;
 use crate::commands::{DEFAULT_REGIONS, read_request};
@@ -37,6 +38,10 @@ pub const SEARCHES_WITHOUT_STACK: u32 = search::DESCRIBE_PACE.burst;
 pub struct PlanArgs {
     /// The request, JSON or YAML; `-` reads stdin.
     file: String,
+    /// Also dry-run each EC2 launch (RunInstances with DryRun, as purchase-capacity does
+    /// before buying): needs ec2:RunInstances and iam:PassRole on the instance profile's role.
+    #[arg(long)]
+    preflight: bool,
 }
 
 /// One query that was not answered, and why.
@@ -157,6 +162,10 @@ pub async fn plan(g: &Global, out: &Out, a: PlanArgs) -> Result<()> {
     offerings.retain(|o| seen.insert((o.region.clone(), o.id.clone())));
 
     let workloads = AwsWorkloads::new(&sdk);
+    let uses_instances = capacity_pilot::workload::runs_instances(&request);
+    if a.preflight && uses_instances {
+        out.progress_line("pre-flight: dry-running each launch (ec2:RunInstances, iam:PassRole)");
+    }
     let block_regions = regions.clone();
     let (planning, missed) = search::plan_offerings(
         &workloads,
@@ -164,6 +173,12 @@ pub async fn plan(g: &Global, out: &Out, a: PlanArgs) -> Result<()> {
         &offerings,
         &prices,
         max_blocks,
+        (
+            config.as_ref(),
+            Depth {
+                dry_run: a.preflight,
+            },
+        ),
         now,
         || async {
             let mut live = Vec::new();
@@ -217,6 +232,7 @@ pub async fn plan(g: &Global, out: &Out, a: PlanArgs) -> Result<()> {
                 "instance_type": u.query.instance_type, "duration_hours": u.query.duration_hours,
                 "why": u.why,
             })).collect::<Vec<_>>(),
+            "preflight": if a.preflight { "reads and RunInstances dry runs" } else { "reads only (--preflight adds RunInstances dry runs)" },
             "decided_without": missed,
             "budget": budget.map(|(cap, spent)| json!({
                 "team": request.team, "cap_usd": cap, "spent_usd": spent.to_usd(),
@@ -355,8 +371,20 @@ pub async fn plan(g: &Global, out: &Out, a: PlanArgs) -> Result<()> {
             );
         }
     }
-    if let Some(m) = missed {
-        println!("\ndecided without {m}");
+    for m in &missed {
+        println!(
+            "{}",
+            crate::show::hanging("", &format!("decided without: {m}"))
+        );
+    }
+    if !a.preflight && uses_instances {
+        println!(
+            "\n{}",
+            paragraph(
+                "pre-flight: reads only. --preflight also dry-runs each launch as the purchase \
+                 does (needs ec2:RunInstances and iam:PassRole on the instance profile's role)."
+            )
+        );
     }
     Ok(())
 }

@@ -205,3 +205,96 @@ async fn a_mode_plan_request_ends_planned_debiting_nothing_and_its_id_then_execu
     assert_eq!(history[0]["to"], "Accepted");
     assert_eq!(history[0]["from"], Value::Null);
 }
+
+/// The seeded GPU template's id in `region`: an `lt-` id exists in that region only.
+fn template_in(f: &Flow, region: &str) -> String {
+    f.cloud.with_world(|w| {
+        w.launch_templates(region)
+            .into_iter()
+            .find(|t| t.name == "capacity-pilot-gpu")
+            .expect("the seeded GPU template")
+            .id
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offering_where_the_launch_template_does_not_resolve_is_not_planned_saying_why() {
+    // GIVEN a request for us-east-1 naming its template by us-west-2's id
+    let f = flow(true).await;
+    let mut r = f.ec2_request("plan-template");
+    r["workload"]["launch_template"] = json!({"id": template_in(&f, "us-west-2")});
+    let path = file("template.json", &r);
+    // WHEN it is planned (reads only)
+    let out: Value = serde_json::from_str(&ok(&f, &["plan", &path, "-o", "json"])).unwrap();
+    // THEN no plan is made, and every offering says the template does not resolve there
+    assert_eq!(out["plans"], json!([]), "{out}");
+    let rejections = out["rejections"].as_array().expect("rejections");
+    assert!(!rejections.is_empty(), "{out}");
+    for rj in rejections {
+        let why = rj["reason"].as_str().unwrap();
+        assert!(
+            why.contains("pre-flight: launch template lt-")
+                && why.contains("InvalidLaunchTemplateId.NotFound")
+                && why.contains("exists in one region only"),
+            "{why}"
+        );
+    }
+    // AND no dry run was made
+    assert_eq!(
+        f.cloud
+            .with_world(|w| w.operations.get("RunInstances").copied().unwrap_or(0)),
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_preflight_dry_runs_each_zone_and_an_unauthorized_launch_rejects_its_offerings() {
+    // GIVEN a deployment and an EC2 request
+    let f = flow(true).await;
+    let r = f.ec2_request("plan-preflight");
+    let path = file("preflight.json", &r);
+    // WHEN it is planned with --preflight
+    let passed: Value =
+        serde_json::from_str(&ok(&f, &["plan", &path, "--preflight", "-o", "json"])).unwrap();
+    // THEN each zone's launch was dry-run, nothing launched, and the plans stand
+    let dry_runs = f
+        .cloud
+        .with_world(|w| w.operations.get("RunInstances").copied().unwrap_or(0));
+    assert!(dry_runs >= 1, "{passed}");
+    assert!(
+        f.cloud.with_world(|w| w.ec2.instances.is_empty()),
+        "a dry run launches nothing"
+    );
+    assert!(!passed["plans"].as_array().unwrap().is_empty(), "{passed}");
+    assert_eq!(passed["preflight"], "reads and RunInstances dry runs");
+
+    // WHEN the caller may not launch (EC2 answers UnauthorizedOperation) and plans again
+    f.cloud.inject(local_cloud::world::Fault {
+        operation: "RunInstances".into(),
+        kind: local_cloud::world::FaultKind::Error {
+            status: 403,
+            code: "UnauthorizedOperation".into(),
+            message: "You are not authorized to perform this operation.".into(),
+        },
+        count: None,
+    });
+    f.cloud.advance_to(t0() + chrono::TimeDelta::minutes(10));
+    let refused: Value =
+        serde_json::from_str(&ok(&f, &["plan", &path, "--preflight", "-o", "json"])).unwrap();
+    // THEN no plan is made, each offering rejected for it with what to grant
+    assert_eq!(refused["plans"], json!([]), "{refused}");
+    let rejections = refused["rejections"].as_array().unwrap();
+    assert!(
+        rejections.iter().any(|rj| {
+            let why = rj["reason"].as_str().unwrap();
+            why.contains("RunInstances dry run")
+                && why.contains("UnauthorizedOperation")
+                && why.contains("iam:PassRole")
+        }),
+        "{refused}"
+    );
+    // AND without --preflight the same plans stand (reads only)
+    f.cloud.advance_to(t0() + chrono::TimeDelta::minutes(20));
+    let reads: Value = serde_json::from_str(&ok(&f, &["plan", &path, "-o", "json"])).unwrap();
+    assert!(!reads["plans"].as_array().unwrap().is_empty(), "{reads}");
+}

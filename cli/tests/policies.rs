@@ -39,10 +39,11 @@ const APPROVER_ROLE: &str = "arn:aws:iam::123456789012:role/capacity-approver";
 /// The only actions `PlanPolicy` may grant on `*`: the Service Authorization Reference lists
 /// no resource type for them (list_amazonec2.html, list_amazonsagemaker.html), so a statement
 /// that grants them must name every resource.
-const NO_RESOURCE_TYPE: [&str; 4] = [
+const NO_RESOURCE_TYPE: [&str; 5] = [
     "ec2:DescribeCapacityBlockOfferings",
     "ec2:DescribeCapacityReservations",
     "ec2:DescribeSubnets",
+    "ec2:DescribeLaunchTemplateVersions",
     "sagemaker:SearchTrainingPlanOfferings",
 ];
 
@@ -359,6 +360,19 @@ fn hyperpod_request(id: &str, cluster: &str) -> Value {
             "instance_group_name": "finetune",
             "life_cycle_config": {"source_s3_uri": "s3://team-f-hyperpod/lifecycle/",
                 "on_create": "on_create.sh"}}
+    })
+}
+
+/// An inference-endpoint request on a plan serving `model`: 1 x ml.p5.48xlarge for 24 h.
+fn endpoint_request(id: &str, model: &str) -> Value {
+    json!({
+        "schema_version": 1, "request_id": id, "team": "team-c",
+        "instance_types": ["ml.p5.48xlarge"], "instance_count": 1, "duration_hours": 24,
+        "earliest_start": "2026-12-02T00:00:00Z", "latest_end": "2026-12-20T11:30:00Z",
+        "regions": [REGION],
+        "budget": {"max_upfront_usd": "5000"},
+        "workload": {"kind": "inference-endpoint", "model_name": model,
+            "endpoint_name": id, "variant_name": "primary"}
     })
 }
 
@@ -773,11 +787,16 @@ fn each_role_policy_is_an_output_and_grants_on_the_stacks_own_resources_and_sour
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_plan_policy_grants_exactly_what_plan_calls_for_blocks_training_jobs_and_hyperpod() {
-    // GIVEN a deployment with a managed HyperPod cluster, and the CLI pointed at a recording
-    // proxy in front of moto (DynamoDB) and the emulator (the rest)
+async fn the_plan_policy_grants_exactly_what_plan_calls_for_blocks_jobs_hyperpod_and_endpoints() {
+    // GIVEN a deployment with a managed HyperPod cluster and a SageMaker model, and the CLI
+    // pointed at a recording proxy in front of moto (DynamoDB) and the emulator (the rest)
     let f = deployed().await;
     managed_cluster(&f, "team-f-research");
+    f.cloud
+        .with_world(|w| {
+            w.sagemaker_call(REGION, "CreateModel", &json!({"ModelName": "serving-llm"}))
+        })
+        .expect("CreateModel");
     let moto = Moto::shared().expect("moto");
     let proxy = Proxy::start(moto.url(), &f.cloud.url()).await;
     let mut r = Recorder {
@@ -786,8 +805,8 @@ async fn the_plan_policy_grants_exactly_what_plan_calls_for_blocks_training_jobs
         calls: BTreeMap::new(),
     };
 
-    // WHEN someone plans, with the stack, an EC2 request (Capacity Blocks), a training job and
-    // a HyperPod cluster's group (training plans)
+    // WHEN someone plans, with the stack, an EC2 request (Capacity Blocks), a training job, a
+    // HyperPod cluster's group and an endpoint (training plans)
     let requests = [
         ("plan-ec2", f.ec2_request("plan-ec2"), "capacity-block"),
         (
@@ -799,6 +818,11 @@ async fn the_plan_policy_grants_exactly_what_plan_calls_for_blocks_training_jobs
             "plan-hyperpod",
             hyperpod_request("plan-hyperpod", "team-f-research"),
             "training-plan(hyperpod-cluster)",
+        ),
+        (
+            "plan-endpoint",
+            endpoint_request("plan-endpoint", "serving-llm"),
+            "training-plan(endpoint)",
         ),
     ];
     for (id, request, product) in requests {
@@ -812,7 +836,7 @@ async fn the_plan_policy_grants_exactly_what_plan_calls_for_blocks_training_jobs
         let plans = out["plans"].as_array().expect("plans");
         assert!(plans.iter().any(|p| p["product"] == product), "{id}: {out}");
         assert_eq!(out["not_searched"], json!([]), "{id}: {out}");
-        assert_eq!(out["decided_without"], Value::Null, "{id}: {out}");
+        assert_eq!(out["decided_without"], json!([]), "{id}: {out}");
         assert!(out["budget"]["cap_usd"].is_string(), "{id}: {out}");
         assert!(
             out["rejections"]
@@ -932,17 +956,15 @@ fn the_plan_policy_is_an_output_puts_no_event_and_writes_only_the_pacing_items()
                 assert!(s["Condition"].is_null(), "{s}");
             }
             // AND `*` only for the searches and describes that take no resource; HyperPod's
-            // describes name the account's clusters
+            // describes name the account's clusters, DescribeModel its models
             "ec2" | "sagemaker" if resources == [json!("*")] => {
                 assert!(granted.is_subset(&no_resource_type), "{s}");
                 assert!(s["Condition"].is_null(), "{s}");
             }
             "sagemaker" => {
-                assert_eq!(
-                    resources,
-                    [
-                        json!({"Fn::Sub": "arn:${AWS::Partition}:sagemaker:*:${AWS::AccountId}:cluster/*"})
-                    ],
+                let resource = |kind: &str| json!({"Fn::Sub": format!("arn:${{AWS::Partition}}:sagemaker:*:${{AWS::AccountId}}:{kind}/*")});
+                assert!(
+                    resources == [resource("cluster")] || resources == [resource("model")],
                     "{s}"
                 );
                 assert!(granted.iter().all(|a| !no_resource_type.contains(a)), "{s}");

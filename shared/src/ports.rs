@@ -398,6 +398,24 @@ pub trait Workloads: Send + Sync {
         instance_ids: &[String],
     ) -> impl Future<Output = Result<(), PortError>> + Send;
 
+    /// The pre-flight of a launch (ARCHITECTURE §8.1): the launch template resolves in the
+    /// spec's region and, with `dry_run`, RunInstances for `spec` with `DryRun` passes. The
+    /// error carries the service's code (`InvalidLaunchTemplateId.NotFound`,
+    /// `UnauthorizedOperation`, `InsufficientInstanceCapacity` …), for
+    /// [`crate::workload::preflight`] to read.
+    fn preflight_instances(
+        &self,
+        spec: &LaunchSpec,
+        dry_run: bool,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+
+    /// Whether SageMaker model `model_name` exists in `region` (DescribeModel).
+    fn model_exists(
+        &self,
+        region: &str,
+        model_name: &str,
+    ) -> impl Future<Output = Result<bool, PortError>> + Send;
+
     /// Those of `subnet_ids` that are in `region`, in their order, each with its zone.
     fn subnet_zones(
         &self,

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use std::future::Future;
 
+use crate::config::Config;
 use crate::domain::catalog::PriceTable;
 use crate::domain::offering::{Offering, Product};
 use crate::domain::planner::{Planning, plan, within_block_limit};
@@ -22,6 +23,7 @@ use crate::domain::request::CapacityRequest;
 use crate::domain::reservation::Reservation;
 use crate::domain::time_rules::PURCHASE_LEAD;
 use crate::ports::{OfferingQuery, PortError, Workloads};
+use crate::workload::preflight::{Depth, preflight};
 
 /// How many of the ranked plans a request keeps as candidates.
 pub const CANDIDATES_KEPT: usize = 5;
@@ -62,28 +64,36 @@ pub fn queries_for(req: &CapacityRequest, now: DateTime<Utc>) -> Vec<OfferingQue
 }
 
 /// What a request's offerings come to (the search function's decision and `capacity-pilot
-/// plan` both come here): those its workload can use are planned; when a kept candidate would
-/// buy a Capacity Block, the account's limit across blocks is applied over `live_blocks`
-/// (listed only then) and the rest planned again; every other offering has its reason. The
-/// second value says what the planning went without: the live blocks, when they could not be
-/// listed (AWS then refuses a purchase past the limit, which is searched again).
+/// plan` both come here): those its workload can use and that pass the pre-flight at `depth`
+/// ([`crate::workload::preflight`]) are planned; when a kept candidate would buy a Capacity
+/// Block, the account's limit across blocks is applied over `live_blocks` (listed only then)
+/// and the rest planned again; every other offering has its reason. The second value says
+/// what the planning went without: the live blocks, when they could not be listed (AWS then
+/// refuses a purchase past the limit, which is searched again), and each pre-flight check
+/// that could not be made.
+#[allow(clippy::too_many_arguments)]
 pub async fn plan_offerings<W, F, Fut>(
     workloads: &W,
     req: &CapacityRequest,
     offerings: &[Offering],
     prices: &PriceTable,
     max_block_instances: u32,
+    (config, depth): (Option<&Config>, Depth),
     now: DateTime<Utc>,
     live_blocks: F,
-) -> Result<(Planning, Option<String>), PortError>
+) -> Result<(Planning, Vec<String>), PortError>
 where
     W: Workloads,
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<Vec<Reservation>, PortError>>,
 {
-    let (usable, unusable) = crate::workload::usable(workloads, req, offerings).await?;
+    let (usable, mut unusable) = crate::workload::usable(workloads, req, offerings).await?;
+    // Boxed: its state would otherwise sit inside every search invocation's future.
+    let checked = Box::pin(preflight(workloads, config, req, &usable, depth)).await;
+    unusable.extend(checked.rejections);
+    let usable = checked.passed;
     let mut planning = plan(req, &usable, prices, now);
-    let mut missed = None;
+    let mut missed = checked.unverified;
     // The count is a pre-check: AWS refuses a purchase past the limit, and that refusal is
     // read as no capacity (searched again), so an unreadable count costs at most a refused
     // purchase, while failing here would stop every purchase for as long as the listing fails.
@@ -102,7 +112,7 @@ where
                 }
             }
             Err(e) => {
-                missed = Some(format!(
+                missed.push(format!(
                     "the account's live Capacity Blocks, unlisted ({e}): a purchase past the \
                      limit across blocks is refused by AWS and searched again"
                 ));

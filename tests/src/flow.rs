@@ -137,7 +137,8 @@ pub struct Flow {
     pub table: TestTable,
     pub config: Arc<Config>,
     pub searcher: Searcher<DynamoStore, AwsMarket, AwsWorkloads, EventBridgeSink, ConfiguredClock>,
-    pub purchaser: Purchaser<DynamoStore, AwsMarket, EventBridgeSink, ConfiguredClock>,
+    pub purchaser:
+        Purchaser<DynamoStore, AwsMarket, EventBridgeSink, ConfiguredClock, AwsWorkloads>,
     pub launcher: Launcher<DynamoStore, AwsWorkloads, EventBridgeSink, ConfiguredClock>,
     pub replacer: Replacer<DynamoStore, AwsWorkloads, EventBridgeSink, ConfiguredClock>,
     pub cleaner: Cleaner<DynamoStore, AwsMarket, AwsWorkloads, EventBridgeSink, ConfiguredClock>,
@@ -275,11 +276,12 @@ impl Flow {
             config: config.clone(),
             blocks_seen: Default::default(),
         };
-        let (store, market, _, events, clock) = adapters(Function::Purchase);
+        let (store, market, workloads, events, clock) = adapters(Function::Purchase);
         let purchaser = Purchaser {
             store,
             market,
             events,
+            workloads,
             clock,
             config: config.clone(),
             ids: Arc::new(SeededIds::new(seed.wrapping_mul(16).wrapping_add(15))),

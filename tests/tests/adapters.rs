@@ -776,6 +776,16 @@ async fn an_endpoint_runs_in_its_plan_and_deleting_it_twice_succeeds() {
         .await
         .unwrap();
     env.cloud.advance_to(offer.start());
+    // the model the endpoint serves, created as its team would
+    env.cloud
+        .with_world(|w| {
+            w.sagemaker_call(
+                REGION,
+                "CreateModel",
+                &serde_json::json!({"ModelName": "model"}),
+            )
+        })
+        .unwrap();
     let spec = EndpointSpec {
         region: REGION.into(),
         endpoint_name: "cp-ep-1-s0".into(),
@@ -891,4 +901,97 @@ async fn the_http_clock_reads_the_emulators_simulated_time() {
     assert_eq!(clock.now().await.unwrap(), t0());
     env.cloud.step(TimeDelta::hours(3));
     assert_eq!(clock.now().await.unwrap(), t0() + TimeDelta::hours(3));
+}
+
+#[tokio::test]
+async fn a_preflight_dry_run_passes_as_dry_run_operation_and_answers_every_other_code() {
+    let env = env().await;
+    let subnet = env.cloud.with_world(|w| w.subnets(REGION).remove(0).id);
+    let spec = |template: LaunchTemplateRef| LaunchSpec {
+        region: REGION.into(),
+        market: LaunchMarket::OnDemand,
+        instance_type: "m5.large".into(),
+        count: 1,
+        subnet_id: subnet.clone(),
+        launch_template: template,
+        client_token: String::new(),
+        tags: BTreeMap::from([("team".to_string(), "a".to_string())]),
+    };
+    let by_name = |name: &str| LaunchTemplateRef {
+        id: None,
+        name: Some(name.into()),
+        version: None,
+    };
+    // A template that resolves: the reads pass, and the dry run's DryRunOperation is success
+    let good = spec(by_name("capacity-pilot-cpu"));
+    env.workloads
+        .preflight_instances(&good, false)
+        .await
+        .unwrap();
+    env.workloads
+        .preflight_instances(&good, true)
+        .await
+        .unwrap();
+    assert_eq!(
+        env.cloud
+            .with_world(|w| w.operations.get("RunInstances").copied()),
+        Some(1),
+        "one dry run"
+    );
+    assert!(
+        env.cloud.with_world(|w| w.ec2.instances.is_empty()),
+        "nothing launched"
+    );
+    // A template the region does not know: its code, with or without the dry run
+    let missing = spec(by_name("nowhere"));
+    for dry_run in [false, true] {
+        let e = env
+            .workloads
+            .preflight_instances(&missing, dry_run)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.code(),
+            Some("InvalidLaunchTemplateName.NotFoundException"),
+            "{e:?}"
+        );
+    }
+    // EC2 refusing the caller: UnauthorizedOperation comes back as it is
+    env.cloud.inject(local_cloud::world::Fault {
+        operation: "RunInstances".into(),
+        kind: local_cloud::world::FaultKind::Error {
+            status: 403,
+            code: "UnauthorizedOperation".into(),
+            message: "You are not authorized to perform this operation.".into(),
+        },
+        count: Some(1),
+    });
+    let e = env
+        .workloads
+        .preflight_instances(&good, true)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some("UnauthorizedOperation"), "{e:?}");
+}
+
+#[tokio::test]
+async fn a_model_exists_only_once_created_in_its_region() {
+    let env = env().await;
+    assert!(!env.workloads.model_exists(REGION, "llm").await.unwrap());
+    env.cloud
+        .with_world(|w| {
+            w.sagemaker_call(
+                REGION,
+                "CreateModel",
+                &serde_json::json!({"ModelName": "llm"}),
+            )
+        })
+        .unwrap();
+    assert!(env.workloads.model_exists(REGION, "llm").await.unwrap());
+    assert!(
+        !env.workloads
+            .model_exists("us-west-2", "llm")
+            .await
+            .unwrap()
+    );
 }

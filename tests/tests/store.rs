@@ -3785,12 +3785,14 @@ fn fixture_purchaser(
     capacity_pilot::fakes::FakeMarket,
     capacity_pilot::fakes::RecordingEvents,
     capacity_pilot::fakes::ManualClock,
+    capacity_pilot::fakes::FakeWorkloads,
 > {
     let config = fixture_config();
     purchase_capacity::handler::Purchaser {
         store: store.clone(),
         market: market.clone(),
         events: events.clone(),
+        workloads: capacity_pilot::fakes::FakeWorkloads::new(),
         clock: clock.clone(),
         config: std::sync::Arc::new(config),
         ids: std::sync::Arc::new(capacity_pilot::aws::ids::RandomIds),

@@ -19,19 +19,23 @@ use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     CapacityMarket, Cause, Clock, EventSink, PortError, RequestRecord, SharedIds, Sleep, Store,
-    Transition,
+    Transition, Workloads,
 };
 pub use capacity_pilot::purchase::Outcome;
 use capacity_pilot::purchase::Protocols;
 use capacity_pilot::purchase::approval::{self, Gate};
+use capacity_pilot::purchase::preflight::Preflight;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use tracing::warn;
 
-pub struct Purchaser<S, M, E, C> {
+pub struct Purchaser<S, M, E, C, W> {
     pub store: S,
     pub market: M,
     pub events: E,
+    /// The pre-flight's reads and RunInstances dry run (ARCHITECTURE §8.1); nothing is
+    /// launched from here.
+    pub workloads: W,
     pub clock: C,
     pub config: Arc<Config>,
     /// Lease tokens.
@@ -40,7 +44,7 @@ pub struct Purchaser<S, M, E, C> {
     pub sleep: Sleep,
 }
 
-impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> {
+impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock, W: Workloads> Purchaser<S, M, E, C, W> {
     /// The purchase protocols over this function's ports.
     fn protocols(&self) -> Protocols<'_, S, M, E> {
         Protocols {
@@ -280,6 +284,16 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock> Purchaser<S, M, E, C> 
         let Some(plan) = p.plan_to_buy(&rec, cause, now, out).await? else {
             return Ok(());
         };
+        // The pre-flight, before an approver is asked and again before the lease once one
+        // answers; not on each look at a plan still waiting for its approver.
+        let still_waiting = rec.status == RequestStatus::AwaitingApproval && approver.is_none();
+        // Boxed: its state would otherwise sit inside every invocation's future.
+        if !still_waiting
+            && Box::pin(p.preflight(&self.workloads, &rec, cause, now, out)).await?
+                == Preflight::Stopped
+        {
+            return Ok(());
+        }
         // The approval gate.
         if p.gate(&rec, &plan, approver, cause, now, out).await? == Gate::Held {
             return Ok(());

@@ -14,6 +14,7 @@ async fn main() -> Result<(), Error> {
         store: a.store,
         market: a.market,
         events: a.events,
+        workloads: a.workloads,
         clock: a.clock,
         config,
         ids: a.ids,

@@ -31,6 +31,7 @@ use capacity_pilot::ports::{
 use capacity_pilot::search::{self, SearchRound};
 use capacity_pilot::workload;
 use capacity_pilot::workload::claims::{self, Claiming};
+use capacity_pilot::workload::preflight::Depth;
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 use serde_json::Value;
@@ -744,12 +745,14 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
             offerings,
             &self.config.prices,
             self.config.max_block_instances,
+            // Reads only: the dry run is purchase-capacity's, under its own role.
+            (Some(&self.config), Depth { dry_run: false }),
             now,
             || self.live_blocks(now),
         )
         .await?;
-        if let Some(why) = missed {
-            warn!(request_id = %id, why = %why, "planning without the limit across blocks");
+        for why in missed {
+            warn!(request_id = %id, why = %why, "planning without a check");
             gaps.push(why);
         }
         let missing = if gaps.is_empty() {

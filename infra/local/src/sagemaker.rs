@@ -108,6 +108,15 @@ pub struct Variant {
     pub request: Value,
 }
 
+/// A model (CreateModel): what an endpoint config's variants name.
+#[derive(Debug, Clone, Serialize)]
+pub struct Model {
+    pub name: String,
+    pub arn: String,
+    pub created: DateTime<Utc>,
+    pub execution_role_arn: Option<String>,
+}
+
 /// An endpoint config.
 #[derive(Debug, Clone, Serialize)]
 pub struct EndpointConfig {
@@ -155,6 +164,7 @@ pub struct SageMakerState {
     pub plans: BTreeMap<Key, Plan>,
     pub jobs: BTreeMap<Key, TrainingJob>,
     pub clusters: BTreeMap<Key, Cluster>,
+    pub models: BTreeMap<Key, Model>,
     pub endpoint_configs: BTreeMap<Key, EndpointConfig>,
     pub endpoints: BTreeMap<Key, Endpoint>,
     /// Tags by resource ARN, in the order they were added (`Tags` on a create, `AddTags`).
@@ -167,6 +177,7 @@ impl SageMakerState {
             "training_plans": self.plans.values().collect::<Vec<_>>(),
             "training_jobs": self.jobs.values().collect::<Vec<_>>(),
             "clusters": self.clusters.values().collect::<Vec<_>>(),
+            "models": self.models.values().collect::<Vec<_>>(),
             "endpoint_configs": self.endpoint_configs.values().collect::<Vec<_>>(),
             "endpoints": self.endpoints.values().collect::<Vec<_>>(),
             "tags": self.tags,
@@ -422,6 +433,9 @@ impl World {
             "UpdateCluster" => self.update_cluster(region, input),
             "DescribeCluster" => self.describe_cluster(region, input),
             "ListClusterNodes" => self.list_cluster_nodes(region, input),
+            "CreateModel" => self.create_model(region, input),
+            "DescribeModel" => self.describe_model(region, input),
+            "DeleteModel" => self.delete_model(region, input),
             "CreateEndpointConfig" => self.create_endpoint_config(region, input),
             "CreateEndpoint" => self.create_endpoint(region, input),
             "DescribeEndpointConfig" => self.describe_endpoint_config(region, input),
@@ -1417,6 +1431,76 @@ impl World {
         Ok(json!({"ClusterNodeSummaries": items, "NextToken": next}))
     }
 
+    fn model_arn(&self, region: &str, name: &str) -> String {
+        self.arn(
+            "sagemaker",
+            region,
+            &format!("model/{}", name.to_lowercase()),
+        )
+    }
+
+    /// SageMaker's answer for a model it does not know: the unmodeled `ValidationException`
+    /// "Could not find model '<arn>'." (DescribeModel, DeleteModel, CreateEndpointConfig), as
+    /// moto answers it (`moto/sagemaker/models.py`, `describe_model`, `create_endpoint_config`).
+    fn model_not_found(&self, region: &str, name: &str) -> ApiError {
+        ApiError::validation(format!(
+            "Could not find model '{}'.",
+            self.model_arn(region, name)
+        ))
+    }
+
+    fn create_model(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let name = req(input, "ModelName")?.to_string();
+        check_name(&name, "ModelName")?;
+        let tags = parse_tags(input)?;
+        let arn = self.model_arn(region, &name);
+        let key = (region.to_string(), name.clone());
+        if self.sm.models.contains_key(&key) {
+            return Err(ApiError::validation(format!(
+                "Cannot create already existing model \"{arn}\"."
+            )));
+        }
+        self.sm.models.insert(
+            key,
+            Model {
+                name,
+                arn: arn.clone(),
+                created: self.now,
+                execution_role_arn: s(input, "ExecutionRoleArn").map(str::to_string),
+            },
+        );
+        self.put_tags(&arn, tags);
+        Ok(json!({"ModelArn": arn}))
+    }
+
+    fn describe_model(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let name = req(input, "ModelName")?.to_string();
+        let m = self
+            .sm
+            .models
+            .get(&(region.to_string(), name.clone()))
+            .ok_or_else(|| self.model_not_found(region, &name))?;
+        Ok(json!({
+            "ModelName": m.name,
+            "ModelArn": m.arn,
+            "CreationTime": epoch(m.created),
+            "ExecutionRoleArn": m.execution_role_arn,
+        }))
+    }
+
+    fn delete_model(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let name = req(input, "ModelName")?.to_string();
+        if self
+            .sm
+            .models
+            .remove(&(region.to_string(), name.clone()))
+            .is_none()
+        {
+            return Err(self.model_not_found(region, &name));
+        }
+        Ok(json!({}))
+    }
+
     fn create_endpoint_config(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
         let name = req(input, "EndpointConfigName")?.to_string();
         check_name(&name, "EndpointConfigName")?;
@@ -1440,6 +1524,15 @@ impl World {
         let mut variants = Vec::new();
         for pv in pvs {
             let vname = req(pv, "VariantName")?.to_string();
+            // A variant names a model of the region (aws-reference §11.2).
+            let model = req(pv, "ModelName")?;
+            if !self
+                .sm
+                .models
+                .contains_key(&(region.to_string(), model.to_string()))
+            {
+                return Err(self.model_not_found(region, model));
+            }
             let ty = req(pv, "InstanceType")?.to_string();
             let count = int(pv, "InitialInstanceCount").unwrap_or(1);
             let plan_arn = match pv.get("CapacityReservationConfig") {

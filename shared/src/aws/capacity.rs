@@ -165,6 +165,14 @@ impl Workloads for AwsWorkloads {
         self.ec2.terminate_instances(region, instance_ids).await
     }
 
+    async fn preflight_instances(&self, spec: &LaunchSpec, dry_run: bool) -> Result<(), PortError> {
+        self.ec2.preflight_instances(spec, dry_run).await
+    }
+
+    async fn model_exists(&self, region: &str, model_name: &str) -> Result<bool, PortError> {
+        self.sagemaker.model_exists(region, model_name).await
+    }
+
     async fn subnet_zones(
         &self,
         region: &str,

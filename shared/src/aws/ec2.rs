@@ -33,6 +33,8 @@ use crate::ports::{
 };
 
 pub const SERVICE: &str = "ec2";
+/// EC2's answer to a dry run that would have succeeded.
+const DRY_RUN_PASSED: &str = "DryRunOperation";
 
 /// Tag recording the offering a block was bought from: a Capacity Reservation does not say,
 /// and an adopted reservation (found by tag after a lost response) needs it.
@@ -630,6 +632,66 @@ impl Ec2Adapter {
         spec: &LaunchSpec,
     ) -> Result<Vec<InstanceInfo>, PortError> {
         const OP: &str = "RunInstances";
+        let req = self.run_request(spec).await?;
+        tracing::info!(
+            region = %spec.region,
+            market = ?spec.market,
+            instance_type = %spec.instance_type,
+            count = spec.count,
+            client_token = %spec.client_token,
+            "launching instances"
+        );
+        // EC2 answers no capacity with HTTP 500 (InsufficientInstanceCapacity), which the SDK
+        // would retry with backoff, seconds per zone, before the launcher's next placement and
+        // out of the invocation's time budget: not retried. Throttling and server errors are.
+        let out = req
+            .customize()
+            .config_override(
+                aws_sdk_ec2::config::Builder::default().retry_classifier(NoCapacityIsFinal),
+            )
+            .send()
+            .await
+            .map_err(err(OP, Call::Retryable))?;
+        out.instances()
+            .iter()
+            .map(|i| instance_info(&spec.region, i, InstanceHealth::Unknown))
+            .collect()
+    }
+
+    /// The pre-flight of a launch (ARCHITECTURE §8.1): the launch template resolves in the
+    /// spec's region (DescribeLaunchTemplateVersions, as the launch reads it), and, with
+    /// `dry_run`, RunInstances as [`Self::launch_instances`] would send it, with `DryRun`:
+    /// EC2's `DryRunOperation` is success. Any other answer is the error, with EC2's code.
+    pub async fn preflight_instances(
+        &self,
+        spec: &LaunchSpec,
+        dry_run: bool,
+    ) -> Result<(), PortError> {
+        const OP: &str = "RunInstances";
+        let req = self.run_request(spec).await?;
+        if !dry_run {
+            return Ok(());
+        }
+        match req.dry_run(true).send().await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let f = Failure::from_sdk(OP, e);
+                if f.code == DRY_RUN_PASSED {
+                    Ok(())
+                } else {
+                    Err(f.into_port(SERVICE, Call::Retryable))
+                }
+            }
+        }
+    }
+
+    /// The RunInstances request for `spec`: one builder for the launch and its dry run.
+    async fn run_request(
+        &self,
+        spec: &LaunchSpec,
+    ) -> Result<aws_sdk_ec2::operation::run_instances::builders::RunInstancesFluentBuilder, PortError>
+    {
+        const OP: &str = "RunInstances";
         let n = i32_of(OP, "count", spec.count)?;
         let lt = &spec.launch_template;
         let mut template = LaunchTemplateSpecification::builder()
@@ -650,7 +712,8 @@ impl Ec2Adapter {
             .instance_type(Ec2InstanceType::from(spec.instance_type.as_str()))
             .min_count(n)
             .max_count(n)
-            .client_token(&spec.client_token)
+            // A pre-flight's spec has none: a dry run is no launch to make idempotent.
+            .set_client_token(Some(spec.client_token.clone()).filter(|t| !t.is_empty()))
             .tag_specifications(tag_spec(ResourceType::Instance, &tags));
         // A template with network interfaces (EFA: several) takes the subnet in each of them:
         // beside them an instance-level SubnetId is InvalidParameterCombination, and an
@@ -701,29 +764,7 @@ impl Ec2Adapter {
             }
             LaunchMarket::OnDemand => {}
         }
-        tracing::info!(
-            region = %spec.region,
-            market = ?spec.market,
-            instance_type = %spec.instance_type,
-            count = spec.count,
-            client_token = %spec.client_token,
-            "launching instances"
-        );
-        // EC2 answers no capacity with HTTP 500 (InsufficientInstanceCapacity), which the SDK
-        // would retry with backoff, seconds per zone, before the launcher's next placement and
-        // out of the invocation's time budget: not retried. Throttling and server errors are.
-        let out = req
-            .customize()
-            .config_override(
-                aws_sdk_ec2::config::Builder::default().retry_classifier(NoCapacityIsFinal),
-            )
-            .send()
-            .await
-            .map_err(err(OP, Call::Retryable))?;
-        out.instances()
-            .iter()
-            .map(|i| instance_info(&spec.region, i, InstanceHealth::Unknown))
-            .collect()
+        Ok(req)
     }
 
     /// The network interfaces of the launch template's version the launch uses (`$Default`

@@ -1198,6 +1198,28 @@ impl SageMakerAdapter {
         }
     }
 
+    /// Whether the model exists in `region` (DescribeModel): SageMaker answers one it does
+    /// not know with `ValidationException` "Could not find model …".
+    pub async fn model_exists(&self, region: &str, model_name: &str) -> Result<bool, PortError> {
+        const OP: &str = "DescribeModel";
+        match self
+            .client(region)
+            .describe_model()
+            .model_name(model_name)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) => {
+                let f = Failure::from_sdk(OP, e);
+                if f.is_not_found() {
+                    return Ok(false);
+                }
+                Err(f.into_port(SERVICE, Call::Retryable))
+            }
+        }
+    }
+
     /// DeleteEndpoint then DeleteEndpointConfig; missing ones are success.
     pub async fn delete_endpoint(
         &self,

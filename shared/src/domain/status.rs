@@ -112,7 +112,9 @@ impl RequestStatus {
                 Failed,
             ],
             // Back to Searching when the chosen offering has gone.
+            // OfferingsFound -> OfferingsFound: candidates dropped by the pre-flight.
             OfferingsFound => &[
+                OfferingsFound,
                 AwaitingApproval,
                 Purchasing,
                 Searching,
@@ -122,7 +124,10 @@ impl RequestStatus {
             ],
             // AwaitingApproval -> TryingOnDemand: an on-demand or spot hold approved (N9).
             // OfferingsFound, AwaitingApproval -> Planned: `PurchaseMode` plan-only.
+            // AwaitingApproval -> OfferingsFound: the plan awaiting approval was dropped by
+            // the pre-flight; the next is gated afresh.
             AwaitingApproval => &[
+                OfferingsFound,
                 Purchasing,
                 TryingOnDemand,
                 Searching,

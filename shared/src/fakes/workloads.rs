@@ -32,6 +32,8 @@ pub enum WorkloadsOp {
     CreateEndpoint,
     DescribeEndpoint,
     DeleteEndpoint,
+    PreflightInstances,
+    ModelExists,
 }
 
 /// How an instance is bought, without the reservation id: what capacity can be denied for.
@@ -107,6 +109,14 @@ pub enum WorkloadsCall {
         endpoint_name: String,
         endpoint_config_name: String,
     },
+    PreflightInstances {
+        spec: LaunchSpec,
+        dry_run: bool,
+    },
+    ModelExists {
+        region: String,
+        model_name: String,
+    },
 }
 
 impl WorkloadsCall {
@@ -127,6 +137,8 @@ impl WorkloadsCall {
             WorkloadsCall::CreateEndpoint(_) => WorkloadsOp::CreateEndpoint,
             WorkloadsCall::DescribeEndpoint { .. } => WorkloadsOp::DescribeEndpoint,
             WorkloadsCall::DeleteEndpoint { .. } => WorkloadsOp::DeleteEndpoint,
+            WorkloadsCall::PreflightInstances { .. } => WorkloadsOp::PreflightInstances,
+            WorkloadsCall::ModelExists { .. } => WorkloadsOp::ModelExists,
         }
     }
 }
@@ -176,6 +188,8 @@ struct State {
     clusters: BTreeMap<Key, Cluster>,
     endpoints: BTreeMap<Key, (EndpointSpec, EndpointInfo)>,
     endpoint_configs: BTreeSet<Key>,
+    /// Models SageMaker does not know (every other name exists).
+    missing_models: BTreeSet<Key>,
     /// How many of the next endpoint creations find their config not visible yet.
     hidden_endpoint_configs: u32,
     clock: Option<ManualClock>,
@@ -219,6 +233,7 @@ impl FakeWorkloads {
                 gate: None,
                 endpoints: BTreeMap::new(),
                 endpoint_configs: BTreeSet::new(),
+                missing_models: BTreeSet::new(),
                 hidden_endpoint_configs: 0,
                 clock: None,
                 next_id: 1,
@@ -283,6 +298,13 @@ impl FakeWorkloads {
     }
 
     /// The plan reports `state` (unset plans are `Active`).
+    /// SageMaker does not know model `model_name` in `region` (every other model exists).
+    pub fn remove_model(&self, region: &str, model_name: &str) {
+        lock(&self.state)
+            .missing_models
+            .insert(k(region, model_name));
+    }
+
     pub fn set_plan_state(
         &self,
         plan_arn: &str,
@@ -874,6 +896,29 @@ impl Workloads for FakeWorkloads {
             }
         }
         finish(after, Ok(()))
+    }
+
+    /// Passes, unless a fault is scripted for [`WorkloadsOp::PreflightInstances`]: the
+    /// codes EC2 answers are the test's to choose.
+    async fn preflight_instances(&self, spec: &LaunchSpec, dry_run: bool) -> Result<(), PortError> {
+        self.pause("PreflightInstances").await;
+        let after = self.begin(WorkloadsCall::PreflightInstances {
+            spec: spec.clone(),
+            dry_run,
+        })?;
+        finish(after, Ok(()))
+    }
+
+    async fn model_exists(&self, region: &str, model_name: &str) -> Result<bool, PortError> {
+        self.pause("ModelExists").await;
+        let after = self.begin(WorkloadsCall::ModelExists {
+            region: region.to_string(),
+            model_name: model_name.to_string(),
+        })?;
+        let exists = !lock(&self.state)
+            .missing_models
+            .contains(&k(region, model_name));
+        finish(after, Ok(exists))
     }
 
     async fn subnet_zones(

@@ -7,6 +7,7 @@
 //! - [`approval`]: the approval gate and the approvers' decisions (§8.2);
 //! - [`protocol`]: the exactly-once purchase: lease and debit, doubt, reconciliation, strays,
 //!   release (§5, §8.6, §8.7);
+//! - [`preflight`]: the plan about to be bought checked to launch, dry run included (§8.1);
 //! - [`payment`]: a bought reservation read again until its payment is taken (§8.5);
 //! - [`doubt`]: a purchase that called AWS and could not be reconciled by its deadline, ended
 //!   with its debit kept and reconciled hourly (§9.1).
@@ -15,6 +16,7 @@ pub mod approval;
 pub mod cancel;
 pub mod doubt;
 pub mod payment;
+pub mod preflight;
 pub mod protocol;
 
 use chrono::{DateTime, Utc};

@@ -100,6 +100,23 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             }
         }
         let reserved = rec.status == RequestStatus::Reserved;
+        // A cancellation kept for the payments is answered once every payment is taken,
+        // whatever the request became meanwhile: a window that opened first moved it on to
+        // Active (or Draining) with the note still on it, and nothing else answers it then
+        // (simulation seed 852).
+        let windows_course = matches!(
+            rec.status,
+            RequestStatus::Reserved | RequestStatus::Active | RequestStatus::Draining
+        );
+        if lost.is_empty()
+            && windows_course
+            && let (None, Some(c)) = (next_payment_check(held.iter(), now), &rec.cancel)
+        {
+            if c.stop_running {
+                return self.stop_when_paid(&rec, &held, c, cause, now, out).await;
+            }
+            return self.refuse_when_paid(&rec, &held, c, cause, now, out).await;
+        }
         if lost.is_empty() && !reserved {
             // The request's own course goes on; only the reservations' records and next
             // checks change.
@@ -122,51 +139,6 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         }
         if lost.is_empty() {
             let next = next_payment_check(held.iter(), now);
-            if let (None, Some(c)) = (next, &rec.cancel)
-                && c.stop_running
-            {
-                return self.stop_when_paid(&rec, &held, c, cause, now, out).await;
-            }
-            if let (None, Some(c)) = (next, &rec.cancel) {
-                // Every payment is taken: the kept cancellation can no longer be applied. It
-                // is answered first; the next check records the states.
-                let why = format!(
-                    "cancellation refused: every reservation is paid for and scheduled, and \
-                     purchases cannot be undone (the cancellation was kept since {})",
-                    c.at
-                );
-                let kept_windows = window::kept(&held, &rec.windows, self.drain_lead(&rec));
-                let why = format!(
-                    "{why}; its paid windows run on to their drain ({}): a cancellation with \
-                     stop_running: true stops them",
-                    window::describe(&kept_windows)
-                );
-                let refused = CancellationRefused {
-                    event_key: format!("{id}:cancellation-refused:{}", c.event_id),
-                    request_id: id.to_string(),
-                    status: Some(rec.status),
-                    reason: why.clone(),
-                    kept_windows,
-                };
-                let k = KeepCancellation {
-                    request_id: id.clone(),
-                    expected_version: rec.version,
-                    status: rec.status,
-                    note: None,
-                    reason: format!("{}; {why}", reserved_reason(&rec.reason)),
-                    next_action_at: Some(now),
-                    at: now,
-                    caused_by: Cause::new(format!("{}#cancel-refused", cause.event_id)),
-                    outbox: vec![outbound(&refused)],
-                };
-                let w = self.store.keep_cancellation(k).await?;
-                out.decisions.push(Decision::new(
-                    &id,
-                    decision::written(&w, "cancel-refused"),
-                    why,
-                ));
-                return Ok(());
-            }
             let note = if notes.is_empty() {
                 "every reservation is scheduled or later".to_string()
             } else {
@@ -437,6 +409,63 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
 }
 
 impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
+    /// A kept cancellation without `stop_running` once every payment is taken: it can no
+    /// longer be applied, and is refused with the windows that run on. It is answered first;
+    /// the next check records the states.
+    async fn refuse_when_paid(
+        &self,
+        rec: &RequestRecord,
+        held: &[Reservation],
+        c: &CancelNote,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let id = &rec.request_id;
+        let why = format!(
+            "cancellation refused: every reservation is paid for and scheduled, and \
+             purchases cannot be undone (the cancellation was kept since {})",
+            c.at
+        );
+        let kept_windows = window::kept(held, &rec.windows, self.drain_lead(rec));
+        let why = format!(
+            "{why}; its paid windows run on to their drain ({}): a cancellation with \
+             stop_running: true stops them",
+            window::describe(&kept_windows)
+        );
+        let refused = CancellationRefused {
+            event_key: format!("{id}:cancellation-refused:{}", c.event_id),
+            request_id: id.to_string(),
+            status: Some(rec.status),
+            reason: why.clone(),
+            kept_windows,
+        };
+        let k = KeepCancellation {
+            request_id: id.clone(),
+            expected_version: rec.version,
+            status: rec.status,
+            note: None,
+            reason: format!("{}; {why}", reserved_reason(&rec.reason)),
+            // A Reserved request's next check records the states at once; a request whose
+            // window opened keeps its own course (its reservations' checks are due).
+            next_action_at: if rec.status == RequestStatus::Reserved {
+                Some(now)
+            } else {
+                rec.next_action_at
+            },
+            at: now,
+            caused_by: Cause::new(format!("{}#cancel-refused", cause.event_id)),
+            outbox: vec![outbound(&refused)],
+        };
+        let w = self.store.keep_cancellation(k).await?;
+        out.decisions.push(Decision::new(
+            id,
+            decision::written(&w, "cancel-refused"),
+            why,
+        ));
+        Ok(())
+    }
+
     /// A cancellation with `stop_running` kept until the payment was taken (§8.3, §9.1):
     /// what was bought cannot be undone, so it is applied by stopping the request's windows
     /// through the ordinary drain, answered with what it stopped, and then cleared.

@@ -992,7 +992,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         })
     }
 
-    async fn fail(
+    pub(super) async fn fail(
         &self,
         rec: &RequestRecord,
         reason: String,

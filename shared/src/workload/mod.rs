@@ -7,6 +7,7 @@ pub mod claims;
 pub mod ec2_instances;
 pub mod hyperpod_cluster;
 pub mod inference_endpoint;
+pub mod preflight;
 pub mod refusal;
 pub mod training_job;
 

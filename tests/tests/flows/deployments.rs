@@ -36,6 +36,7 @@ struct StackB {
         capacity_pilot::aws::capacity::AwsMarket,
         capacity_pilot::aws::eventbridge::EventBridgeSink,
         capacity_pilot::aws::clock::ConfiguredClock,
+        capacity_pilot::aws::capacity::AwsWorkloads,
     >,
     cleaner: Cleaner<
         capacity_pilot::aws::dynamodb::DynamoStore,
@@ -81,6 +82,7 @@ async fn stack_b(f: &Flow) -> StackB {
             store: table.store(),
             market: b.market.clone(),
             events: b.events.clone(),
+            workloads: b.workloads.clone(),
             clock: b.clock.clone(),
             config: config.clone(),
             ids: b.ids.clone(),

@@ -355,6 +355,13 @@ pub(crate) async fn each_segment_of_a_split_plan_gets_its_own_job_launched_and_d
     );
 }
 
+/// CreateModel `name` in the flow's region: what an endpoint request serves.
+fn create_model(f: &Flow, name: &str) {
+    f.cloud
+        .with_world(|w| w.sagemaker_call(REGION, "CreateModel", &json!({"ModelName": name})))
+        .expect("CreateModel");
+}
+
 /// An inference-endpoint request on a plan: 1 x ml.p5.48xlarge for 24 h.
 fn endpoint_request(id: &str) -> Value {
     json!({
@@ -375,6 +382,7 @@ pub(crate) async fn an_endpoint_is_created_on_its_active_plan_and_deleted_with_i
     // GIVEN an inference-endpoint request, bought as one plan for endpoints
     let f = Flow::start().await;
     let id = "tp-endpoint-1";
+    create_model(&f, "workshop-llm");
     assert_eq!(
         submit_and_buy(&f, endpoint_request(id)).await,
         RequestStatus::Reserved
@@ -993,6 +1001,7 @@ pub(crate) async fn an_endpoint_that_fails_is_deleted_waited_out_and_created_aga
     // endpoint it creates (asynchronously, after Creating)
     let f = Flow::start().await;
     let id = "tp-endpoint-retry";
+    create_model(&f, "workshop-llm");
     assert_eq!(
         submit_and_buy(&f, endpoint_request(id)).await,
         RequestStatus::Reserved
@@ -1191,6 +1200,7 @@ pub(crate) async fn under_the_refusing_reading_an_endpoint_still_waits_for_its_p
         w.settings.endpoint_delete_minutes = 0;
     });
     let id = "tp-endpoint-refuse";
+    create_model(&f, "workshop-llm");
     assert_eq!(
         submit_and_buy(&f, endpoint_request(id)).await,
         RequestStatus::Reserved

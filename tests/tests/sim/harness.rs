@@ -101,7 +101,7 @@ type Clock = ManualClock;
 /// The five production handlers of the simulated system.
 struct Handlers {
     searcher: Searcher<Store, AwsMarket, AwsWorkloads, EventBridgeSink, Clock>,
-    purchaser: Purchaser<Store, AwsMarket, EventBridgeSink, Clock>,
+    purchaser: Purchaser<Store, AwsMarket, EventBridgeSink, Clock, AwsWorkloads>,
     launcher: Launcher<Store, AwsWorkloads, EventBridgeSink, Clock>,
     replacer: Replacer<Store, AwsWorkloads, EventBridgeSink, Clock>,
     cleaner: Cleaner<Store, AwsMarket, AwsWorkloads, EventBridgeSink, Clock>,
@@ -635,11 +635,12 @@ impl Sim {
             config: config.clone(),
             blocks_seen: Default::default(),
         };
-        let (market, _, events) = adapters();
+        let (market, workloads, events) = adapters();
         let purchaser = Purchaser {
             store: store.clone(),
             market,
             events,
+            workloads,
             clock: clock.clone(),
             config: config.clone(),
             ids: Arc::new(SeededIds::new(seed.wrapping_mul(16).wrapping_add(15))),
@@ -1109,6 +1110,15 @@ impl Sim {
             {
                 self.cloud
                     .with_world(|w| w.force_payment_failures_after(id, after, 1));
+            }
+            if r.detail["workload"]["kind"] == "inference-endpoint" {
+                let name = r.detail["workload"]["model_name"].clone();
+                if let Err(e) = self.cloud.with_world(|w| {
+                    w.sagemaker_call(REGION, "CreateModel", &json!({"ModelName": name}))
+                }) {
+                    // A shared name: the second request serves the first's model.
+                    self.trace(format!("CreateModel {name}: {e:?}"));
+                }
             }
             if r.detail["workload"]["kind"] == "hyperpod-cluster" {
                 let name = r.detail["workload"]["cluster_name"].clone();

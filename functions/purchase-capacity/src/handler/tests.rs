@@ -16,7 +16,8 @@ use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::window::{WindowRecord, WindowState};
 use capacity_pilot::fakes::fixtures::{request, request_id, t0, team};
 use capacity_pilot::fakes::{
-    FakeMarket, InMemoryStore, ManualClock, MarketCall, MarketOp, RecordingEvents, StoreOp,
+    FakeMarket, FakeWorkloads, InMemoryStore, ManualClock, MarketCall, MarketOp, RecordingEvents,
+    StoreOp,
 };
 use capacity_pilot::ports::{BudgetMonth, PortError, PurchaseCall, RequestRecord, Store};
 use chrono::Duration;
@@ -28,15 +29,17 @@ use capacity_pilot::domain::naming::plan_name;
 use capacity_pilot::domain::time_rules::IN_DOUBT_WINDOW;
 use capacity_pilot::purchase::protocol::LEASE;
 
-type P = Purchaser<InMemoryStore, FakeMarket, RecordingEvents, ManualClock>;
+type P = Purchaser<InMemoryStore, FakeMarket, RecordingEvents, ManualClock, FakeWorkloads>;
 
 /// A purchase that called AWS and could not be reconciled by its deadline (§9.1).
 mod doubt;
+mod preflight;
 
 struct World {
     store: InMemoryStore,
     market: FakeMarket,
     events: RecordingEvents,
+    workloads: FakeWorkloads,
     clock: ManualClock,
 }
 
@@ -48,6 +51,7 @@ impl World {
             store: InMemoryStore::new(),
             market: FakeMarket::new().with_clock(clock.clone()),
             events: RecordingEvents::new(),
+            workloads: FakeWorkloads::new(),
             clock,
         }
     }
@@ -79,6 +83,7 @@ impl World {
             store: self.store.clone(),
             market: self.market.clone(),
             events: self.events.clone(),
+            workloads: self.workloads.clone(),
             clock: self.clock.clone(),
             config: Arc::new(config),
             ids: Arc::new(RandomIds),
@@ -1832,6 +1837,7 @@ async fn a_second_deployment_given_the_same_request_id_adopts_nothing_of_the_fir
         store: InMemoryStore::new(),
         market: w.market.clone(),
         events: RecordingEvents::new(),
+        workloads: w.workloads.clone(),
         clock: w.clock.clone(),
     };
     b.with_candidate(request("r1", "team-a", "5000"), block("cb-1", "1661.18"));
@@ -2232,6 +2238,39 @@ async fn a_kept_cancellation_is_refused_once_the_payment_is_taken() {
     w.clock.set(rec.next_action_at.unwrap());
     p.handle(tick("t2")).await.unwrap();
     assert_eq!(record(&w, "r1").next_action_at, None);
+    assert_eq!(
+        w.events.published_of("Capacity Cancellation Refused").len(),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kept_cancellation_is_refused_once_paid_though_a_window_opened_meanwhile() {
+    // Simulation seed 852. GIVEN r1's cancellation kept while its block's payment was
+    // pending, and the block's window opened first: launch-workloads moved r1 on to Active
+    let w = World::new();
+    let (p, cr) = bought(&w).await;
+    p.handle(cancel_event("r1", "c1")).await.unwrap();
+    let mut rec = record(&w, "r1");
+    assert!(rec.cancel.is_some(), "the cancellation is kept");
+    let check = rec.next_action_at.unwrap();
+    rec.status = RequestStatus::Active;
+    rec.version += 1;
+    w.store.insert_record(rec);
+    // WHEN the payment is taken and its check comes
+    w.market
+        .set_reservation_state(&cr, ReservationState::Active);
+    w.clock.set(check);
+    p.handle(tick("t1")).await.unwrap();
+    // THEN the cancellation is answered, refused, and the request goes on Active
+    let refused = w.events.published_of("Capacity Cancellation Refused");
+    assert_eq!(refused.len(), 1, "{}", record(&w, "r1").reason);
+    assert_eq!(refused[0].detail["status"], "Active");
+    let rec = record(&w, "r1");
+    assert_eq!(rec.status, RequestStatus::Active);
+    assert!(rec.cancel.is_none());
+    // AND the next check records the payment, answering nothing again
+    p.handle(tick("t2")).await.unwrap();
     assert_eq!(
         w.events.published_of("Capacity Cancellation Refused").len(),
         1

@@ -11,7 +11,7 @@ use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::fakes::fixtures::{request_id, t0};
 use capacity_pilot::fakes::{
-    FakeMarket, FakeWorkloads, InMemoryStore, ManualClock, MarketOp, RecordingEvents,
+    FakeMarket, FakeWorkloads, InMemoryStore, ManualClock, MarketOp, RecordingEvents, WorkloadsOp,
 };
 use capacity_pilot::ports::{PortError, Store};
 use chrono::{DateTime, Duration, Utc};
@@ -668,6 +668,103 @@ async fn a_block_in_a_zone_without_any_of_the_requests_subnets_is_never_planned(
     assert!(
         reason.contains("us-east-1b") && reason.contains("subnet"),
         "{reason}"
+    );
+}
+
+#[tokio::test]
+async fn an_offering_where_the_template_does_not_resolve_is_announced_with_the_preflights_reason() {
+    // GIVEN an offering, and EC2 answering that the request's launch template does not exist
+    // in us-east-1 (an `lt-` id of another region)
+    let w = World::new();
+    w.market.list_all([block("cb-1a", day(2), 48, "7000")]);
+    w.workloads.fail_next(
+        WorkloadsOp::PreflightInstances,
+        PortError::Permanent {
+            service: "ec2",
+            code: "InvalidLaunchTemplateId.NotFound".into(),
+            message: "The specified launch template does not exist.".into(),
+        },
+    );
+
+    // WHEN the request is searched
+    w.searcher()
+        .handle(submitted(SOURCE, "e1", detail("r1")))
+        .await
+        .unwrap();
+
+    // THEN nothing is planned, Not Found says why, and the search made reads only
+    assert_eq!(w.status("r1").await, RequestStatus::NotFound);
+    let found = &w.events.published_of("Capacity Not Found")[0].detail;
+    let reason = found["rejections"][0]["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("pre-flight: launch template")
+            && reason.contains("InvalidLaunchTemplateId.NotFound")
+            && reason.contains("exists in one region only"),
+        "{reason}"
+    );
+    let preflights = w.workloads.calls_of(WorkloadsOp::PreflightInstances);
+    assert_eq!(preflights.len(), 1);
+    assert!(matches!(
+        &preflights[0],
+        capacity_pilot::fakes::WorkloadsCall::PreflightInstances { dry_run: false, .. }
+    ));
+}
+
+#[tokio::test]
+async fn an_endpoint_offering_in_a_region_without_its_model_is_not_planned() {
+    // GIVEN an endpoint request for two regions, its model only in us-east-2
+    let w = World::new();
+    let mut d = endpoint("r1", "llm-ep", 2, 8);
+    d["regions"] = json!(["us-east-1", "us-east-2"]);
+    d["workload"]["model_name"] = json!("llm");
+    w.workloads.remove_model("us-east-1", "llm");
+    let plan = |id: &str, region: &str, fee: &str| {
+        Offering::new(
+            id,
+            Product::TrainingPlan {
+                target: capacity_pilot::domain::offering::TargetResource::Endpoint,
+            },
+            region,
+            "ml.p5.48xlarge",
+            1,
+            vec![Segment {
+                start: day(2),
+                end: day(4),
+                availability_zone: None,
+            }],
+            Usd::parse(fee).unwrap(),
+            &PriceTable::default(),
+        )
+    };
+    let east = plan("tp-east", "us-east-1", "5000");
+    let west = plan("tp-west", "us-east-2", "6000");
+    w.market.list_all([east, west]);
+
+    // WHEN it is searched
+    w.searcher()
+        .handle(submitted(SOURCE, "e1", d))
+        .await
+        .unwrap();
+
+    // THEN the us-east-2 plan is the only one, the us-east-1 offering rejected naming the model
+    let found = &w.events.published_of("Capacity Offerings Found")[0].detail;
+    assert_eq!(
+        found["plans"][0]["offering_ids"],
+        json!(["tp-west"]),
+        "{found}"
+    );
+    let east_reason = found["rejections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["offering_id"] == "tp-east")
+        .expect("tp-east explained")["reason"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        east_reason.contains("SageMaker model llm does not exist in us-east-1"),
+        "{east_reason}"
     );
 }
 

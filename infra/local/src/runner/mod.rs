@@ -867,6 +867,17 @@ impl Player {
                     ),
                 );
             }
+            What::CreateModel(m) => {
+                let region = m.region.as_deref().unwrap_or(&scenario.region);
+                let input = json!({"ModelName": m.name});
+                self.cloud
+                    .with_world(|w| w.sagemaker_call(region, "CreateModel", &input))
+                    .map_err(|e| anyhow!("CreateModel {} in {region}: {e:?}", m.name))?;
+                self.timeline.action(
+                    now,
+                    &format!("creates SageMaker model {} in {region}", m.name),
+                );
+            }
             What::FailPayments { request_id, count } => {
                 self.cloud
                     .with_world(|w| w.force_payment_failures(request_id, *count));

@@ -111,6 +111,9 @@ pub enum What {
     /// as a team would before asking for an instance group in it: `tags` as a map, and
     /// `instance_groups` in SageMaker's own shape (the groups it already has).
     CreateCluster(CreateCluster),
+    /// Create a SageMaker model (`CreateModel`) in the home region or `region`, as a team
+    /// would before asking for an inference endpoint serving it.
+    CreateModel(CreateModel),
     /// Make the payments of the next `count` reservations (Capacity Blocks or training plans)
     /// bought for a request (tag `capacity-pilot:request-id`) fail at their payment time: a
     /// block goes `payment-failed`, a plan `Failed`, and the capacity returns to the market
@@ -185,6 +188,14 @@ pub struct CreateCluster {
     pub tags: BTreeMap<String, String>,
     #[serde(default)]
     pub instance_groups: Vec<Value>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateModel {
+    pub name: String,
+    #[serde(default)]
+    pub region: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -996,3 +996,89 @@ async fn run_instances_answers_after_its_latency_without_blocking_other_calls() 
         "DescribeInstances waited for RunInstances"
     );
 }
+
+/// A RunInstances dry run checks the request before its `DryRun`: a template or subnet the
+/// region does not know answers its code, not `DryRunOperation`, and so does a zone without
+/// on-demand capacity (the harsher reading: AWS documents only the permission check).
+/// Nothing is launched by any of them (REALISM.md, EC2 instances: the dry run's order).
+#[tokio::test]
+async fn a_dry_run_answers_the_template_subnet_and_quota_codes_before_dry_run_operation() {
+    // The account's vCPU quota for the type is 0 in us-east-1b
+    let env = env_with_settings(Settings {
+        refusals: vec![local_cloud::Refusal {
+            code: local_cloud::RefusalCode::VcpuLimitExceeded,
+            region: "us-east-1".into(),
+            zone: Some("us-east-1b".into()),
+            instance_type: Some("p5.48xlarge".into()),
+            market: local_cloud::RefusalMarket::OnDemand,
+        }],
+        ..Settings::default()
+    })
+    .await;
+    let subnet = subnet_in(&env, "us-east-1a").await;
+    let dry = |template: LaunchTemplateSpecification, subnet: String, ty: &'static str| {
+        env.ec2
+            .run_instances()
+            .min_count(1)
+            .max_count(1)
+            .instance_type(ty.into())
+            .launch_template(template)
+            .subnet_id(subnet)
+            .dry_run(true)
+            .send()
+    };
+    let passed = dry(template(), subnet.clone(), "p5.48xlarge")
+        .await
+        .unwrap_err();
+    assert_eq!(passed.code(), Some("DryRunOperation"));
+
+    // A template id of another region
+    let west = env_in(
+        local_cloud::Options {
+            seed: 42,
+            start: Some(t0()),
+            ..local_cloud::Options::default()
+        },
+        "us-west-2",
+    )
+    .await;
+    let west_template = west
+        .ec2
+        .describe_launch_template_versions()
+        .launch_template_name("capacity-pilot-gpu")
+        .versions("$Default")
+        .send()
+        .await
+        .unwrap()
+        .launch_template_versions()[0]
+        .launch_template_id()
+        .unwrap()
+        .to_string();
+    let by_id = LaunchTemplateSpecification::builder()
+        .launch_template_id(&west_template)
+        .version("$Default")
+        .build();
+    let other_region = dry(by_id, subnet.clone(), "p5.48xlarge").await.unwrap_err();
+    assert_eq!(
+        other_region.code(),
+        Some("InvalidLaunchTemplateId.NotFound")
+    );
+    // A subnet of another region
+    let west_subnet = west.ec2.describe_subnets().send().await.unwrap().subnets()[0]
+        .subnet_id()
+        .unwrap()
+        .to_string();
+    let no_subnet = dry(template(), west_subnet, "p5.48xlarge")
+        .await
+        .unwrap_err();
+    assert_eq!(no_subnet.code(), Some("InvalidSubnetID.NotFound"));
+    // A quota of 0 for the type: the quota's code, before DryRun
+    let quota_subnet = subnet_in(&env, "us-east-1b").await;
+    let no_quota = dry(template(), quota_subnet, "p5.48xlarge")
+        .await
+        .unwrap_err();
+    assert_eq!(no_quota.code(), Some("VcpuLimitExceeded"));
+
+    let none = env.ec2.describe_instances().send().await.unwrap();
+    assert!(none.reservations().is_empty(), "a dry run launches nothing");
+}

@@ -157,3 +157,14 @@ fn dechunk(mut s: &str) -> String {
     }
     out
 }
+
+/// Creates SageMaker model `name` (what an endpoint config's variant names) in `env`'s region.
+pub async fn create_model(env: &Env, name: &str) {
+    env.sm
+        .create_model()
+        .model_name(name)
+        .execution_role_arn("arn:aws:iam::123456789012:role/sm")
+        .send()
+        .await
+        .expect("CreateModel");
+}

@@ -7,7 +7,7 @@ use aws_sdk_sagemaker::types::{
     ProductionVariantInstanceType, SageMakerResourceName,
 };
 use chrono::TimeDelta;
-use local_cloud::{InactivePlan, Settings};
+use local_cloud::{InactivePlan, Options, Settings};
 
 use crate::helpers::*;
 use crate::sagemaker_plans::{buy_plan, plan_offerings};
@@ -24,7 +24,14 @@ fn visible_at_once() -> Settings {
 
 /// The default environment, endpoint configs visible at once (shadows `helpers::env`).
 async fn env() -> Env {
-    env_with_settings(visible_at_once()).await
+    with_settings(visible_at_once()).await
+}
+
+/// An environment with `settings` and the model every variant here names.
+async fn with_settings(settings: Settings) -> Env {
+    let env = env_with_settings(settings).await;
+    create_model(&env, "model").await;
+    env
 }
 
 fn variant(ty: &str, plan: Option<&str>) -> ProductionVariant {
@@ -391,7 +398,7 @@ async fn a_deleted_endpoint_is_deleting_for_two_minutes_keeping_its_name_and_ins
 
 #[tokio::test]
 async fn an_endpoint_on_a_plan_that_is_not_active_is_refused_when_set() {
-    let env = env_with_settings(Settings {
+    let env = with_settings(Settings {
         endpoint_inactive_plan: InactivePlan::Refuse,
         ..visible_at_once()
     })
@@ -449,7 +456,7 @@ async fn an_endpoint_on_a_plan_that_is_not_active_is_refused_when_set() {
 
 #[tokio::test]
 async fn forced_endpoint_failures_fail_the_next_endpoints_that_would_serve() {
-    let env = env_with_settings(Settings {
+    let env = with_settings(Settings {
         endpoint_failures: 1,
         ..visible_at_once()
     })
@@ -522,7 +529,7 @@ async fn an_endpoint_config_is_not_found_until_its_visibility_lag_has_passed() {
     // that your endpoint configuration exists … If the dependent entities are not yet in
     // DynamoDB, this causes a validation error"; the lag's length is unpublished (harsher:
     // 60 s)
-    let env = env_with_settings(Settings::default()).await;
+    let env = with_settings(Settings::default()).await;
     assert_eq!(Settings::default().endpoint_config_visibility_seconds, 60);
     env.sm
         .create_endpoint_config()
@@ -595,7 +602,7 @@ async fn an_endpoint_config_is_not_found_until_its_visibility_lag_has_passed() {
     assert_eq!(status(&env, "lagging-ep").await, "Creating");
 
     // With no lag, visible at once
-    let env = env_with_settings(visible_at_once()).await;
+    let env = with_settings(visible_at_once()).await;
     env.sm
         .create_endpoint_config()
         .endpoint_config_name("cfg")
@@ -609,4 +616,105 @@ async fn an_endpoint_config_is_not_found_until_its_visibility_lag_has_passed() {
         .send()
         .await
         .unwrap();
+}
+
+/// A variant names a model of the region: SageMaker answers an unknown one with
+/// `ValidationException` "Could not find model …", on DescribeModel, DeleteModel and
+/// CreateEndpointConfig alike (REALISM.md, SageMaker: models).
+#[tokio::test]
+async fn models_are_created_described_deleted_and_named_by_endpoint_configs() {
+    let env = env_with_settings(visible_at_once()).await;
+    let unknown = env
+        .sm
+        .describe_model()
+        .model_name("llm")
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Some("ValidationException"));
+    assert_eq!(
+        unknown.message(),
+        Some("Could not find model 'arn:aws:sagemaker:us-east-1:123456789012:model/llm'.")
+    );
+    let config = |name: &'static str| {
+        env.sm
+            .create_endpoint_config()
+            .endpoint_config_name(name)
+            .production_variants(
+                ProductionVariant::builder()
+                    .variant_name("primary")
+                    .model_name("llm")
+                    .instance_type(ProductionVariantInstanceType::from("ml.g5.xlarge"))
+                    .initial_instance_count(1)
+                    .build(),
+            )
+            .send()
+    };
+    let refused = config("before").await.unwrap_err();
+    assert_eq!(refused.code(), Some("ValidationException"));
+    assert!(refused.message().unwrap().contains("Could not find model"));
+
+    create_model(&env, "llm").await;
+    let d = env
+        .sm
+        .describe_model()
+        .model_name("llm")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(d.model_name(), Some("llm"));
+    assert_eq!(
+        d.model_arn(),
+        Some("arn:aws:sagemaker:us-east-1:123456789012:model/llm")
+    );
+    config("after").await.unwrap();
+    let again = env
+        .sm
+        .create_model()
+        .model_name("llm")
+        .send()
+        .await
+        .unwrap_err();
+    assert!(again.message().unwrap().contains("already existing model"));
+    // Another region does not know it.
+    let west = env_in(
+        Options {
+            seed: 42,
+            start: Some(t0()),
+            ..Options::default()
+        },
+        "us-west-2",
+    )
+    .await;
+    assert!(
+        west.sm
+            .describe_model()
+            .model_name("llm")
+            .send()
+            .await
+            .is_err()
+    );
+
+    env.sm
+        .delete_model()
+        .model_name("llm")
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        env.sm
+            .describe_model()
+            .model_name("llm")
+            .send()
+            .await
+            .is_err()
+    );
+    assert!(
+        env.sm
+            .delete_model()
+            .model_name("llm")
+            .send()
+            .await
+            .is_err()
+    );
 }

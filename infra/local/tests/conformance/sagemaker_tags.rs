@@ -191,6 +191,7 @@ async fn plans_and_endpoints_carry_their_tags_until_deleted() {
         [("capacity-pilot:request-id".to_string(), "r-1".to_string())]
     );
 
+    create_model(&env, "m").await;
     let config = env
         .sm
         .create_endpoint_config()
