@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
-use capacity_pilot::config::Config;
+use capacity_pilot::config::{Config, PurchaseMode};
 use capacity_pilot::decision;
 pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{self, WorkloadLaunched, event_key, outbound};
@@ -391,6 +391,29 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
     ) -> Result<(), PortError> {
         let id = &rec.request_id;
         let req = &rec.request;
+        // `PurchaseMode` plan-only (ARCHITECTURE §8.1): nothing is launched on demand either. A
+        // request accepted before the mode was set, holding nothing yet, is planned instead
+        // (searched, then ended Planned by purchase-capacity); one whose estimate is held may
+        // have launched, and runs its course.
+        if self.config.purchase_mode == PurchaseMode::PlanOnly && rec.open_debit.is_none() {
+            let reason = "on-demand-first: the deployment's PurchaseMode is plan-only, so \
+                          nothing is launched on demand; searching to plan instead";
+            let t = Transition::of(
+                rec,
+                RequestStatus::Searching,
+                reason,
+                Some(now),
+                now,
+                &cause.step("plan-only"),
+            );
+            let w = self.store.transition(t).await?;
+            out.decisions.push(Decision::new(
+                id,
+                decision::written(&w, "plan-only"),
+                reason,
+            ));
+            return Ok(());
+        }
         if now < req.window.earliest_start {
             out.decisions.push(Decision::new(
                 id,

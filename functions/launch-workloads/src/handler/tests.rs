@@ -605,6 +605,55 @@ async fn on_demand_first_launches_on_demand_and_debits_the_estimate() {
 }
 
 #[tokio::test]
+async fn under_plan_only_nothing_is_launched_on_demand_and_the_request_is_planned_instead() {
+    // GIVEN an on-demand-first request accepted before the deployment went plan-only
+    let w = World::new();
+    w.record(on_demand_first("r1"), RequestStatus::TryingOnDemand, t0());
+
+    // WHEN launch-workloads wakes up under PurchaseMode plan-only
+    w.launcher_with(&[("PURCHASE_MODE", "plan-only")])
+        .handle(tick("t1"))
+        .await
+        .unwrap();
+
+    // THEN nothing is launched or held, and the request searches to be planned
+    assert!(w.workloads.instances().is_empty());
+    assert_eq!(w.spent(), MicroUsd(0));
+    let rec = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.status, RequestStatus::Searching);
+    assert!(rec.open_debit.is_none());
+    assert!(rec.reason.contains("plan-only"), "{}", rec.reason);
+}
+
+#[tokio::test]
+async fn under_plan_only_an_on_demand_estimate_already_held_runs_its_course() {
+    // GIVEN an on-demand-first request whose estimate was held before plan-only was set
+    let w = World::new();
+    w.record(on_demand_first("r1"), RequestStatus::TryingOnDemand, t0());
+    w.launcher().handle(tick("t1")).await.unwrap();
+    let held = w
+        .store
+        .get_request(&request_id("r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(held.open_debit.is_some(), "{}", held.reason);
+    // WHEN it wakes up under plan-only
+    w.launcher_with(&[("PURCHASE_MODE", "plan-only")])
+        .handle(tick("t2"))
+        .await
+        .unwrap();
+    // THEN it is not planned over what may be running: it launches as the hold allowed
+    assert_eq!(w.status("r1").await, RequestStatus::RunningOnDemand);
+    assert_eq!(w.workloads.instances().len(), 2);
+}
+
+#[tokio::test]
 async fn no_on_demand_capacity_falls_back_to_searching_without_a_kept_debit() {
     let w = World::new();
     w.record(on_demand_first("r1"), RequestStatus::TryingOnDemand, t0());
@@ -1461,6 +1510,35 @@ fn asked_for(w: &World) -> Vec<Value> {
         .into_iter()
         .map(|e| e.detail.clone())
         .collect()
+}
+
+#[tokio::test]
+async fn under_approve_all_every_on_demand_hold_waits_for_an_approver() {
+    // GIVEN an on-demand-first request with no threshold of its own, on a deployment whose
+    // PurchaseMode is approve-all (the approval gate at threshold 0)
+    let w = World::new();
+    w.record(on_demand_first("r1"), RequestStatus::TryingOnDemand, t0());
+
+    // WHEN its desired start comes
+    w.launcher_with(&[("PURCHASE_MODE", "approve-all")])
+        .handle(tick("t1"))
+        .await
+        .unwrap();
+
+    // THEN its hold waits for an approver: nothing held or launched
+    let rec = w.record_of("r1").await;
+    assert_eq!(
+        rec.status,
+        RequestStatus::AwaitingApproval,
+        "{}",
+        rec.reason
+    );
+    assert_eq!(rec.open_debit, None);
+    assert!(w.launches().is_empty());
+    let asked = asked_for(&w);
+    assert_eq!(asked.len(), 1);
+    assert_eq!(asked[0]["kind"], "on-demand");
+    assert_eq!(asked[0]["approval_above_usd"], "0");
 }
 
 #[tokio::test]
