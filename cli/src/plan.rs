@@ -337,7 +337,19 @@ pub async fn plan(g: &Global, out: &Out, a: PlanArgs) -> Result<()> {
     if !others.is_empty() {
         println!("\nnot planned:");
         let mut t = out.table(&["OFFERING", "TYPE", "WHERE", "START", "WHY"]);
+        // A reason's advice (what follows its first "; ") is said once, below the table: a
+        // pre-flight refusal is the same for every offering in a zone or region.
+        let mut advice: Vec<&str> = Vec::new();
         for r in others {
+            let why = match r.reason.split_once("; ") {
+                Some((why, then)) => {
+                    if !advice.contains(&then) {
+                        advice.push(then);
+                    }
+                    why.to_string()
+                }
+                None => r.reason.clone(),
+            };
             let o = offerings
                 .iter()
                 .find(|o| o.id == r.offering_id && o.region == r.region);
@@ -347,10 +359,13 @@ pub async fn plan(g: &Global, out: &Out, a: PlanArgs) -> Result<()> {
                 o.and_then(|o| o.segments.first()?.availability_zone.clone())
                     .unwrap_or_else(|| r.region.clone()),
                 o.map(|o| when(o.start())).unwrap_or_default(),
-                r.reason.clone(),
+                why,
             ]);
         }
         out.print_table(&mut t);
+        for a in advice {
+            println!("{}", crate::show::hanging("  ", &format!("so: {a}")));
+        }
     }
     if !unanswered.is_empty() {
         println!("\nnot answered:");

@@ -293,6 +293,17 @@ async fn plan_preflight_dry_runs_each_zone_and_an_unauthorized_launch_rejects_it
         }),
         "{refused}"
     );
+    // AND the table says the refusal per offering, and what to do once
+    let table = ok(&f, &["plan", &path, "--preflight", "-o", "table"]);
+    assert!(
+        table.contains("answered") && table.contains("UnauthorizedOperation"),
+        "{table}"
+    );
+    assert_eq!(
+        table.matches("so: the launching role needs").count(),
+        1,
+        "{table}"
+    );
     // AND without --preflight the same plans stand (reads only)
     f.cloud.advance_to(t0() + chrono::TimeDelta::minutes(20));
     let reads: Value = serde_json::from_str(&ok(&f, &["plan", &path, "-o", "json"])).unwrap();

@@ -243,11 +243,7 @@ async fn check_instances<W: Workloads>(
         };
         match found {
             Ok(Some(id)) => {
-                what = format!(
-                    "RunInstances dry run of {instance_type} from {template_name} in subnet {id} \
-                     ({})",
-                    zone.unwrap_or(region)
-                );
+                what = format!("RunInstances dry run in {}", zone.unwrap_or(region));
                 subnet_id = id;
             }
             // No subnet there: `usable` rejected the offering already, for that reason.
@@ -278,8 +274,8 @@ async fn check_instances<W: Workloads>(
         Ok(()) => Verdict::Pass,
         Err(e) => match e.code() {
             Some(code) if rejects(code) => Verdict::Reject(format!(
-                "pre-flight: {what} answered {code}: {}. {}",
-                message_of(&e),
+                "pre-flight: {what} answered {code}{}; {}",
+                detail(code, &e),
                 hint(code)
             )),
             _ => Verdict::Unverified(format!("pre-flight: {what} not verified: {e}")),
@@ -287,41 +283,91 @@ async fn check_instances<W: Workloads>(
     }
 }
 
-/// The service's message of `e`.
-fn message_of(e: &PortError) -> &str {
-    match e {
+/// The service's message of `e`, after its code: none for `UnauthorizedOperation`, whose
+/// message says only that (and may carry an encoded authorization message), and without the
+/// operation's name the adapter puts first.
+fn detail(code: &str, e: &PortError) -> String {
+    let message = match e {
         PortError::Throttled { message, .. }
         | PortError::Transient { message, .. }
         | PortError::OutcomeUnknown { message, .. }
         | PortError::OfferingGone { message, .. }
         | PortError::NoCapacity { message, .. }
-        | PortError::Permanent { message, .. } => message,
+        | PortError::Permanent { message, .. } => message.as_str(),
+    };
+    let message = message
+        .split_once(": ")
+        .filter(|(op, _)| !op.contains(' '))
+        .map_or(message, |(_, m)| m)
+        .trim()
+        .trim_end_matches('.');
+    if code == "UnauthorizedOperation" || message.is_empty() {
+        String::new()
+    } else {
+        format!(" ({message})")
     }
 }
 
 /// What to do about a rejecting code.
 fn hint(code: &str) -> &'static str {
     if code == "UnauthorizedOperation" {
-        "The launching role lacks a permission the launch needs (ec2:RunInstances on the \
-         template, image, subnet and security groups, ec2:CreateTags, iam:PassRole on the \
-         instance profile's role)"
+        "the launching role needs ec2:RunInstances, ec2:CreateTags and iam:PassRole on the \
+         instance profile's role"
     } else if code.starts_with("InvalidLaunchTemplate") {
-        "A launch template id exists in one region only: name the template by a name that \
-         exists in every region of the request, or leave this region out"
+        "a launch template id exists in one region only: name the template, or leave this \
+         region out"
     } else if code.starts_with("InvalidAMIID") {
-        "The template's image does not exist in this region (an AMI is regional): copy the \
-         image here, or leave this region out"
+        "the template's image is not in this region: copy it here, or leave this region out"
     } else if code.starts_with("InvalidSubnet") {
-        "Fix the request's subnet_ids"
+        "fix the request's subnet_ids"
     } else {
-        "The template and the request do not combine (network interfaces beside a subnet, \
-         say): fix the launch template"
+        "the template and the request do not combine: fix the launch template"
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rejections_words_carry_ec2s_message_once_and_nothing_for_unauthorized() {
+        let e = |code: &str, message: &str| PortError::Permanent {
+            service: "ec2",
+            code: code.into(),
+            message: message.into(),
+        };
+        assert_eq!(
+            detail(
+                "InvalidSubnetID.NotFound",
+                &e(
+                    "InvalidSubnetID.NotFound",
+                    "RunInstances: The subnet ID 'subnet-1' does not exist."
+                )
+            ),
+            " (The subnet ID 'subnet-1' does not exist)"
+        );
+        assert_eq!(
+            detail(
+                "UnauthorizedOperation",
+                &e(
+                    "UnauthorizedOperation",
+                    "RunInstances: You are not authorized. Encoded authorization failure message: x"
+                )
+            ),
+            ""
+        );
+        // a message that does not start with an operation's name is kept whole
+        assert_eq!(
+            detail(
+                "InvalidParameterCombination",
+                &e(
+                    "InvalidParameterCombination",
+                    "Network interfaces and a subnet: pick one."
+                )
+            ),
+            " (Network interfaces and a subnet: pick one)"
+        );
+    }
 
     #[test]
     fn the_documented_codes_reject_and_capacity_quota_and_throttling_never_do() {
