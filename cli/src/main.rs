@@ -135,3 +135,29 @@ async fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::Cli;
+
+    #[test]
+    fn version_prints_the_crates_version_and_every_command_takes_it() {
+        for args in [
+            &["capacity-pilot", "--version"][..],
+            &["capacity-pilot", "plan", "--version"][..],
+        ] {
+            let e = Cli::try_parse_from(args).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::DisplayVersion, "{args:?}");
+            let printed = e.to_string();
+            assert!(
+                printed.starts_with("capacity-pilot")
+                    && printed
+                        .trim()
+                        .ends_with(&format!(" {}", env!("CARGO_PKG_VERSION"))),
+                "{args:?}: {printed}"
+            );
+        }
+    }
+}

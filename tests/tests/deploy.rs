@@ -1099,3 +1099,29 @@ fn sagemaker_roles_are_passed_for_the_execution_role_and_every_hyperpod_role_lis
         }
     }
 }
+
+/// The licence file is the one Cargo declares for every crate (`license.workspace`), and the
+/// changelog names the version `capacity-pilot --version` prints.
+#[test]
+fn the_licence_is_the_one_cargo_declares_and_the_changelog_names_the_version() {
+    let cargo: toml_edit::DocumentMut = std::fs::read_to_string(root().join("Cargo.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let package = &cargo["workspace"]["package"];
+    assert_eq!(package["license"].as_str(), Some("Apache-2.0"));
+    let licence = std::fs::read_to_string(root().join("LICENSE")).expect("LICENSE");
+    assert!(
+        licence.contains("Apache License") && licence.contains("Version 2.0, January 2004"),
+        "LICENSE is not the Apache License 2.0"
+    );
+    let version = package["version"].as_str().expect("a workspace version");
+    let changelog = std::fs::read_to_string(root().join("CHANGELOG.md")).expect("CHANGELOG.md");
+    assert!(
+        changelog.contains(&format!("({version})")),
+        "CHANGELOG.md does not name version {version}"
+    );
+    for reader in ["### Deployers", "### Requesters", "### Event consumers"] {
+        assert!(changelog.contains(reader), "CHANGELOG.md has no {reader}");
+    }
+}

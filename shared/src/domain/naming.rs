@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
-use super::request::RequestId;
+use super::request::{RequestId, Team};
 
 /// Tag on everything we create; destructive IAM actions are conditioned on it.
 pub const MANAGED_TAG: &str = "capacity-pilot:managed";
@@ -14,17 +14,23 @@ pub const REQUEST_TAG: &str = "capacity-pilot:request-id";
 /// Tag naming the deployment (stack) that created a resource (ARCHITECTURE §8.7):
 /// reconciliation and adoption only take what carries ours.
 pub const DEPLOYMENT_TAG: &str = "capacity-pilot:deployment";
+/// Tag naming the team a resource was bought or launched for, in its ledger's spelling
+/// (lower case): activate it as a cost-allocation tag to see each team's spend in Cost
+/// Explorer.
+pub const TEAM_TAG: &str = "capacity-pilot:team";
 
 /// The tags on everything bought or launched for a request: the request's own tags, then
 /// ours, which win (destructive IAM actions and reconciliation rely on them).
 pub fn resource_tags(
     request_tags: &BTreeMap<String, String>,
     request_id: &RequestId,
+    team: &Team,
     deployment_id: &str,
 ) -> BTreeMap<String, String> {
     let mut tags = request_tags.clone();
     tags.insert(MANAGED_TAG.into(), "true".into());
     tags.insert(REQUEST_TAG.into(), request_id.to_string());
+    tags.insert(TEAM_TAG.into(), team.ledger().to_string());
     tags.insert(DEPLOYMENT_TAG.into(), deployment_id.to_string());
     tags
 }
@@ -162,7 +168,8 @@ mod tests {
     #[test]
     fn a_resource_is_ours_only_with_our_managed_request_and_deployment_tags() {
         let id = RequestId::parse("r1").unwrap();
-        let ours = resource_tags(&BTreeMap::new(), &id, "stack-a");
+        let team = Team::parse("team-a").unwrap();
+        let ours = resource_tags(&BTreeMap::new(), &id, &team, "stack-a");
         assert!(owns(&ours, &id, "stack-a"));
         assert!(!owns(&ours, &id, "stack-b"), "another deployment's");
         assert!(
@@ -215,13 +222,16 @@ mod tests {
         let mine = BTreeMap::from([
             ("project".to_string(), "x".to_string()),
             (REQUEST_TAG.to_string(), "someone-else".to_string()),
+            (TEAM_TAG.to_string(), "someone-elses".to_string()),
         ]);
-        let tags = resource_tags(&mine, &id, "prod");
+        // the team in its ledger's spelling: one cost-allocation value per team
+        let tags = resource_tags(&mine, &id, &Team::parse("Team-A").unwrap(), "prod");
         assert_eq!(tags["project"], "x");
         assert_eq!(tags[MANAGED_TAG], "true");
         assert_eq!(tags[REQUEST_TAG], "r-1");
+        assert_eq!(tags[TEAM_TAG], "team-a");
         assert_eq!(tags[DEPLOYMENT_TAG], "prod");
-        assert_eq!(tags.len(), 4);
+        assert_eq!(tags.len(), 5);
     }
 
     #[test]

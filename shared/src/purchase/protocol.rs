@@ -871,6 +871,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         let tags = resource_tags(
             &rec.request.tags,
             &rec.request_id,
+            &rec.team,
             &self.config.deployment_id,
         );
         let spec = PurchaseSpec {

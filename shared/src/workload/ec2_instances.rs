@@ -698,7 +698,7 @@ pub async fn run_replacement<W: Workloads>(
         subnet_id: String::new(),
         launch_template: template.clone(),
         client_token: String::new(),
-        tags: resource_tags(&rec.request.tags, &rec.request_id, deployment_id),
+        tags: resource_tags(&rec.request.tags, &rec.request_id, &rec.team, deployment_id),
     };
     let base = format!("{}:{}:replacement", rec.request_id, slot.reservation_id);
     Ok(Replacement::Launch(per_subnet(
@@ -742,7 +742,7 @@ pub async fn replacement<W: Workloads>(
         subnet_id: String::new(),
         launch_template: template.clone(),
         client_token: String::new(),
-        tags: resource_tags(&rec.request.tags, &rec.request_id, deployment_id),
+        tags: resource_tags(&rec.request.tags, &rec.request_id, &rec.team, deployment_id),
     };
     Ok(Replacement::Launch(per_subnet(
         &spec,

@@ -240,7 +240,12 @@ pub async fn launch<W: Workloads, S: Store>(
         rec,
         target,
         now,
-        tags: resource_tags(&rec.request.tags, &rec.request_id, &config.deployment_id),
+        tags: resource_tags(
+            &rec.request.tags,
+            &rec.request_id,
+            &rec.team,
+            &config.deployment_id,
+        ),
         recorded,
         deadline,
     };

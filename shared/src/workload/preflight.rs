@@ -257,7 +257,7 @@ async fn check_instances<W: Workloads>(
         }
     }
     let tags = match config {
-        Some(c) => resource_tags(&req.tags, &req.id, &c.deployment_id),
+        Some(c) => resource_tags(&req.tags, &req.id, &req.team, &c.deployment_id),
         None => req.tags.clone(),
     };
     let spec = LaunchSpec {

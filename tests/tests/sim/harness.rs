@@ -804,6 +804,7 @@ impl Sim {
             let mut tags = capacity_pilot::domain::naming::resource_tags(
                 &BTreeMap::new(),
                 &rec.request_id,
+                &rec.team,
                 &self.config.deployment_id,
             );
             let bought = self.cloud.with_world(|w| {

@@ -502,6 +502,7 @@ async fn endpoints_and_their_configs_are_deleted() {
             tags: capacity_pilot::domain::naming::resource_tags(
                 &BTreeMap::new(),
                 &request_id("r-1"),
+                &capacity_pilot::fakes::fixtures::team("team-a"),
                 DEPLOYMENT,
             ),
         })
