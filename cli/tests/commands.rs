@@ -350,15 +350,13 @@ async fn a_denied_put_exits_6_naming_approver_principals_when_none_are_configure
             .to_string();
     // WHEN the bus denies the decision, as its policy denies approver sources to others
     f.cloud.with_world(|w| {
-        w.faults.push(local_cloud::world::Fault {
-            operation: "PutEvents".into(),
-            kind: local_cloud::world::FaultKind::Error {
-                status: 400,
-                code: "AccessDeniedException".into(),
-                message: "User is not authorized to perform: events:PutEvents".into(),
-            },
-            count: Some(1),
-        })
+        w.faults.push(local_cloud::world::Fault::error(
+            "PutEvents",
+            400,
+            "AccessDeniedException",
+            "User is not authorized to perform: events:PutEvents",
+            Some(1),
+        ))
     });
     let err = fails(
         &mut cli(&f),

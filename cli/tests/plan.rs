@@ -269,15 +269,13 @@ async fn plan_preflight_dry_runs_each_zone_and_an_unauthorized_launch_rejects_it
     assert_eq!(passed["preflight"], "reads and RunInstances dry runs");
 
     // WHEN the caller may not launch (EC2 answers UnauthorizedOperation) and plans again
-    f.cloud.inject(local_cloud::world::Fault {
-        operation: "RunInstances".into(),
-        kind: local_cloud::world::FaultKind::Error {
-            status: 403,
-            code: "UnauthorizedOperation".into(),
-            message: "You are not authorized to perform this operation.".into(),
-        },
-        count: None,
-    });
+    f.cloud.inject(local_cloud::world::Fault::error(
+        "RunInstances",
+        403,
+        "UnauthorizedOperation",
+        "You are not authorized to perform this operation.",
+        None,
+    ));
     f.cloud.advance_to(t0() + chrono::TimeDelta::minutes(10));
     let refused: Value =
         serde_json::from_str(&ok(&f, &["plan", &path, "--preflight", "-o", "json"])).unwrap();

@@ -363,19 +363,6 @@ fn hyperpod_request(id: &str, cluster: &str) -> Value {
     })
 }
 
-/// An inference-endpoint request on a plan serving `model`: 1 x ml.p5.48xlarge for 24 h.
-fn endpoint_request(id: &str, model: &str) -> Value {
-    json!({
-        "schema_version": 1, "request_id": id, "team": "team-c",
-        "instance_types": ["ml.p5.48xlarge"], "instance_count": 1, "duration_hours": 24,
-        "earliest_start": "2026-12-02T00:00:00Z", "latest_end": "2026-12-20T11:30:00Z",
-        "regions": [REGION],
-        "budget": {"max_upfront_usd": "5000"},
-        "workload": {"kind": "inference-endpoint", "model_name": model,
-            "endpoint_name": id, "variant_name": "primary"}
-    })
-}
-
 /// Creates a HyperPod cluster that carries the managed tag (with no instance groups yet),
 /// through the emulator's own CreateCluster, and waits until it is InService.
 fn managed_cluster(f: &Flow, name: &str) {
@@ -821,7 +808,7 @@ async fn the_plan_policy_grants_exactly_what_plan_calls_for_blocks_jobs_hyperpod
         ),
         (
             "plan-endpoint",
-            endpoint_request("plan-endpoint", "serving-llm"),
+            integration_tests::flow::endpoint_request("plan-endpoint", "serving-llm"),
             "training-plan(endpoint)",
         ),
     ];

@@ -540,6 +540,14 @@ impl Flow {
 
     /// [`ec2_request`] with a launch template and subnets that exist in this emulator: its
     /// seeded GPU template and one subnet per zone, so whichever zone a block is in has one.
+    /// Creates SageMaker model `name` in the flow's region, as a team would before asking for
+    /// an endpoint serving it (CreateEndpointConfig and the pre-flight need it).
+    pub fn create_model(&self, name: &str) {
+        self.cloud
+            .with_world(|w| w.sagemaker_call(REGION, "CreateModel", &json!({"ModelName": name})))
+            .expect("CreateModel");
+    }
+
     pub fn ec2_request(&self, id: &str) -> Value {
         let (template, subnets) = self.cloud.with_world(|w| {
             let template = w
@@ -624,6 +632,21 @@ pub fn envelope(
         "resources": [], "detail": detail
     }))
     .unwrap()
+}
+
+/// An inference-endpoint request on a training plan serving `model`: 1 x ml.p5.48xlarge for
+/// 24 h in December, the endpoint named `model` too.
+pub fn endpoint_request(id: &str, model: &str) -> Value {
+    json!({
+        "schema_version": 1, "request_id": id, "team": "team-c",
+        "instance_types": ["ml.p5.48xlarge"], "instance_count": 1, "duration_hours": 24,
+        "earliest_start": "2026-12-02T00:00:00Z", "latest_end": "2026-12-20T11:30:00Z",
+        "regions": [REGION],
+        "budget": {"max_upfront_usd": "5000"},
+        "workload": {"kind": "inference-endpoint", "model_name": model,
+            "endpoint_name": model, "variant_name": "primary"},
+        "drain_minutes": 20
+    })
 }
 
 /// A valid EC2 Capacity Block request: 4 x p5.48xlarge for 48 h in December.

@@ -957,15 +957,13 @@ async fn a_preflight_dry_run_passes_as_dry_run_operation_and_answers_every_other
         );
     }
     // EC2 refusing the caller: UnauthorizedOperation comes back as it is
-    env.cloud.inject(local_cloud::world::Fault {
-        operation: "RunInstances".into(),
-        kind: local_cloud::world::FaultKind::Error {
-            status: 403,
-            code: "UnauthorizedOperation".into(),
-            message: "You are not authorized to perform this operation.".into(),
-        },
-        count: Some(1),
-    });
+    env.cloud.inject(local_cloud::world::Fault::error(
+        "RunInstances",
+        403,
+        "UnauthorizedOperation",
+        "You are not authorized to perform this operation.",
+        Some(1),
+    ));
     let e = env
         .workloads
         .preflight_instances(&good, true)

@@ -405,6 +405,28 @@ pub struct Fault {
     pub count: Option<u32>,
 }
 
+impl Fault {
+    /// The next `count` calls of `operation` (every one, with `None`) answer `code` with
+    /// `status` and `message`, doing nothing: a refusal AWS would give (an IAM denial, say).
+    pub fn error(
+        operation: &str,
+        status: u16,
+        code: &str,
+        message: &str,
+        count: Option<u32>,
+    ) -> Fault {
+        Fault {
+            operation: operation.to_string(),
+            kind: FaultKind::Error {
+                status,
+                code: code.to_string(),
+                message: message.to_string(),
+            },
+            count,
+        }
+    }
+}
+
 /// Everything the emulator knows.
 #[derive(Debug)]
 pub struct World {

@@ -355,25 +355,9 @@ pub(crate) async fn each_segment_of_a_split_plan_gets_its_own_job_launched_and_d
     );
 }
 
-/// CreateModel `name` in the flow's region: what an endpoint request serves.
-fn create_model(f: &Flow, name: &str) {
-    f.cloud
-        .with_world(|w| w.sagemaker_call(REGION, "CreateModel", &json!({"ModelName": name})))
-        .expect("CreateModel");
-}
-
-/// An inference-endpoint request on a plan: 1 x ml.p5.48xlarge for 24 h.
+/// An inference-endpoint request on a plan serving `workshop-llm`.
 fn endpoint_request(id: &str) -> Value {
-    json!({
-        "schema_version": 1, "request_id": id, "team": "team-c",
-        "instance_types": ["ml.p5.48xlarge"], "instance_count": 1, "duration_hours": 24,
-        "earliest_start": "2026-12-02T00:00:00Z", "latest_end": "2026-12-20T11:30:00Z",
-        "regions": [REGION],
-        "budget": {"max_upfront_usd": "5000"},
-        "workload": {"kind": "inference-endpoint", "model_name": "workshop-llm",
-            "endpoint_name": "workshop-llm", "variant_name": "primary"},
-        "drain_minutes": 20
-    })
+    integration_tests::flow::endpoint_request(id, "workshop-llm")
 }
 
 #[tokio::test]
@@ -382,7 +366,7 @@ pub(crate) async fn an_endpoint_is_created_on_its_active_plan_and_deleted_with_i
     // GIVEN an inference-endpoint request, bought as one plan for endpoints
     let f = Flow::start().await;
     let id = "tp-endpoint-1";
-    create_model(&f, "workshop-llm");
+    f.create_model("workshop-llm");
     assert_eq!(
         submit_and_buy(&f, endpoint_request(id)).await,
         RequestStatus::Reserved
@@ -1001,7 +985,7 @@ pub(crate) async fn an_endpoint_that_fails_is_deleted_waited_out_and_created_aga
     // endpoint it creates (asynchronously, after Creating)
     let f = Flow::start().await;
     let id = "tp-endpoint-retry";
-    create_model(&f, "workshop-llm");
+    f.create_model("workshop-llm");
     assert_eq!(
         submit_and_buy(&f, endpoint_request(id)).await,
         RequestStatus::Reserved
@@ -1200,7 +1184,7 @@ pub(crate) async fn under_the_refusing_reading_an_endpoint_still_waits_for_its_p
         w.settings.endpoint_delete_minutes = 0;
     });
     let id = "tp-endpoint-refuse";
-    create_model(&f, "workshop-llm");
+    f.create_model("workshop-llm");
     assert_eq!(
         submit_and_buy(&f, endpoint_request(id)).await,
         RequestStatus::Reserved
