@@ -100,6 +100,8 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             }
         }
         let reserved = rec.status == RequestStatus::Reserved;
+        // When to read the reservations again; `None` once every payment is taken.
+        let next = next_payment_check(held.iter(), now);
         // A cancellation kept for the payments is answered once every payment is taken,
         // whatever the request became meanwhile: a window that opened first moved it on to
         // Active (or Draining) with the note still on it, and nothing else answers it then
@@ -110,7 +112,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         );
         if lost.is_empty()
             && windows_course
-            && let (None, Some(c)) = (next_payment_check(held.iter(), now), &rec.cancel)
+            && let (None, Some(c)) = (next, &rec.cancel)
         {
             if c.stop_running {
                 return self.stop_when_paid(&rec, &held, c, cause, now, out).await;
@@ -129,7 +131,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             let t = Transition::of(&rec, rec.status, &reason, rec.next_action_at, now, cause)
                 .with_reservations(changed, None);
             let w = self.store.transition(t).await?;
-            let paid = next_payment_check(held.iter(), now).is_none();
+            let paid = next.is_none();
             out.decisions.push(Decision::new(
                 &id,
                 decision::written(&w, if paid { "paid" } else { "payment-pending" }),
@@ -138,7 +140,6 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             return Ok(());
         }
         if lost.is_empty() {
-            let next = next_payment_check(held.iter(), now);
             let note = if notes.is_empty() {
                 "every reservation is scheduled or later".to_string()
             } else {

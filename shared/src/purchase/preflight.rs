@@ -18,7 +18,7 @@ use crate::domain::status::RequestStatus;
 use crate::ports::{
     CapacityMarket, Cause, EventSink, PortError, RequestRecord, Store, Transition, Workloads,
 };
-use crate::workload::preflight::{Depth, preflight};
+use crate::workload::preflight::{Depth, Verdicts, preflight_with};
 
 /// What the pre-flight came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,13 +42,16 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         let id = &rec.request_id;
         let mut reasons = Vec::new();
         let mut passing = None;
+        // Candidates share zones: each zone's dry run is made once for all of them.
+        let mut verdicts = Verdicts::default();
         for (i, plan) in rec.candidates.iter().enumerate() {
-            let checked = preflight(
+            let checked = preflight_with(
                 workloads,
                 Some(self.config),
                 &rec.request,
                 &plan.offerings,
                 Depth { dry_run: true },
+                &mut verdicts,
             )
             .await;
             for why in &checked.unverified {

@@ -74,6 +74,11 @@ enum Verdict {
     Unverified(String),
 }
 
+/// The checks made so far, by (region, zone or ""): offerings share regions and zones, and
+/// each check is made once for all of them.
+#[derive(Debug, Default)]
+pub struct Verdicts(BTreeMap<(String, String), Verdict>);
+
 /// The pre-flight of `offerings` for `req` at `depth`. `config` is the deployment's, when
 /// known (which roles it may pass, the tags its launches carry); without it the HyperPod role
 /// check is reported unverified. Never fails: an answer it cannot read is unverified.
@@ -84,9 +89,30 @@ pub async fn preflight<W: Workloads>(
     offerings: &[Offering],
     depth: Depth,
 ) -> Checked {
+    preflight_with(
+        workloads,
+        config,
+        req,
+        offerings,
+        depth,
+        &mut Verdicts::default(),
+    )
+    .await
+}
+
+/// [`preflight`], reusing (and adding to) the checks in `verdicts`: a caller that checks
+/// several sets of offerings for one request (the purchase's candidates, in turn) asks AWS
+/// once per region and zone. A check's unverified note is reported by the call that made it.
+pub async fn preflight_with<W: Workloads>(
+    workloads: &W,
+    config: Option<&Config>,
+    req: &CapacityRequest,
+    offerings: &[Offering],
+    depth: Depth,
+    verdicts: &mut Verdicts,
+) -> Checked {
     let mut out = Checked::default();
-    // Offerings share regions and zones: each check is made once.
-    let mut verdicts: BTreeMap<(String, String), Verdict> = BTreeMap::new();
+    let verdicts = &mut verdicts.0;
     for o in offerings {
         let mut rejected = None;
         for place in places(req, o, depth) {

@@ -619,12 +619,7 @@ async fn under_plan_only_nothing_is_launched_on_demand_and_the_request_is_planne
     // THEN nothing is launched or held, and the request searches to be planned
     assert!(w.workloads.instances().is_empty());
     assert_eq!(w.spent(), MicroUsd(0));
-    let rec = w
-        .store
-        .get_request(&request_id("r1"))
-        .await
-        .unwrap()
-        .unwrap();
+    let rec = w.record_of("r1").await;
     assert_eq!(rec.status, RequestStatus::Searching);
     assert!(rec.open_debit.is_none());
     assert!(rec.reason.contains("plan-only"), "{}", rec.reason);
@@ -636,12 +631,7 @@ async fn under_plan_only_an_on_demand_estimate_already_held_runs_its_course() {
     let w = World::new();
     w.record(on_demand_first("r1"), RequestStatus::TryingOnDemand, t0());
     w.launcher().handle(tick("t1")).await.unwrap();
-    let held = w
-        .store
-        .get_request(&request_id("r1"))
-        .await
-        .unwrap()
-        .unwrap();
+    let held = w.record_of("r1").await;
     assert!(held.open_debit.is_some(), "{}", held.reason);
     // WHEN it wakes up under plan-only
     w.launcher_with(&[("PURCHASE_MODE", "plan-only")])

@@ -115,12 +115,16 @@ impl World {
     }
 
     async fn status(&self, id: &str) -> RequestStatus {
+        self.record_of(id).await.status
+    }
+
+    /// The request `id` as the store has it (on any runtime, unlike [`record`]).
+    async fn record_of(&self, id: &str) -> RequestRecord {
         self.store
             .get_request(&capacity_pilot::fakes::fixtures::request_id(id))
             .await
             .unwrap()
             .unwrap()
-            .status
     }
 
     fn spent(&self, team_name: &str) -> MicroUsd {

@@ -4,11 +4,7 @@
 
 use super::*;
 use capacity_pilot::fakes::{WorkloadsCall, WorkloadsOp};
-use capacity_pilot::ports::{LaunchMarket, Store};
-
-fn rid(id: &str) -> capacity_pilot::domain::request::RequestId {
-    capacity_pilot::fakes::fixtures::request_id(id)
-}
+use capacity_pilot::ports::LaunchMarket;
 
 /// A block like [`block`] in `zone`.
 fn block_in(id: &str, fee: &str, zone: &str) -> Offering {
@@ -85,7 +81,7 @@ async fn each_request_level_code_rejects_the_plan_and_nothing_is_bought_or_debit
         assert_eq!(w.market.purchase_count(), 0, "{code}");
         assert_eq!(w.spent("team-a"), MicroUsd(0), "{code}");
         assert_eq!(dry_runs(&w), [("subnet-a".to_string(), true)], "{code}");
-        let rec = w.store.get_request(&rid("r1")).await.unwrap().unwrap();
+        let rec = w.record_of("r1").await;
         assert!(
             rec.reason
                 .contains("no candidate plan passed the pre-flight"),
@@ -187,7 +183,7 @@ async fn a_rejected_first_candidate_is_dropped_and_the_next_is_bought_at_the_nex
     p.handle(found("r1", "e1")).await.unwrap();
 
     // THEN cb-1 is dropped with its reason, cb-2 is the candidate, and nothing is bought yet
-    let rec = w.store.get_request(&rid("r1")).await.unwrap().unwrap();
+    let rec = w.record_of("r1").await;
     assert_eq!(rec.status, RequestStatus::OfferingsFound);
     assert_eq!(rec.candidates.len(), 1);
     assert_eq!(rec.candidates[0].offering_ids(), ["cb-2"]);
@@ -308,11 +304,42 @@ async fn an_endpoint_whose_model_is_missing_in_the_region_is_not_bought() {
     // THEN it fails, naming the model and the region, and nothing is bought
     assert_eq!(w.status("r1").await, RequestStatus::Failed);
     assert_eq!(w.market.purchase_count(), 0);
-    let rec = w.store.get_request(&rid("r1")).await.unwrap().unwrap();
+    let rec = w.record_of("r1").await;
     assert!(
         rec.reason
             .contains("SageMaker model llm does not exist in us-east-1"),
         "{}",
         rec.reason
     );
+}
+
+#[tokio::test]
+async fn candidates_in_one_zone_share_its_dry_run() {
+    // GIVEN r1's two candidates, both in us-east-1a, where EC2 refuses the launch
+    let w = world();
+    w.with_candidates(
+        request("r1", "team-a", "5000"),
+        vec![
+            block_in("cb-1", "1661.18", "us-east-1a"),
+            block_in("cb-2", "1700.00", "us-east-1a"),
+        ],
+    );
+    w.workloads.fail_next(
+        WorkloadsOp::PreflightInstances,
+        ec2_error("UnauthorizedOperation"),
+    );
+
+    // WHEN the purchase function wakes up
+    w.purchaser(CAPS).handle(found("r1", "e1")).await.unwrap();
+
+    // THEN one dry run answers for both: neither passes, and nothing is bought
+    assert_eq!(dry_runs(&w), [("subnet-a".to_string(), true)]);
+    let rec = w.record_of("r1").await;
+    assert_eq!(rec.status, RequestStatus::Failed);
+    assert!(
+        rec.reason.contains("cb-1") && rec.reason.contains("cb-2"),
+        "{}",
+        rec.reason
+    );
+    assert_eq!(w.market.purchase_count(), 0);
 }
