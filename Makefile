@@ -1,6 +1,6 @@
 # capacity-pilot — the commands infra teams and CI use.
 # `make test` is what CI runs (.ci/run); it must work on a fresh machine that has only
-# the Rust toolchain, Python 3.11 and Node: everything else is installed here, pinned.
+# the Rust toolchain and Python 3.11: everything else is installed here, pinned.
 
 SHELL := /bin/bash
 VENV ?= .venv
@@ -17,7 +17,7 @@ IAC := $(VENV)/iac
 TEMPLATE := infra/template.yaml
 FORWARDER := infra/region-forwarder.yaml
 
-.PHONY: test lint lint-rust lint-iac fmt soak run venv venv-iac schemas build bench deploy sam-check deploy-forwarders \
+.PHONY: test lint lint-rust lint-iac fmt soak run venv venv-iac schemas build bench deploy sam-check deploy-forwarders destroy cost \
 	mutants mutants-store mutants-tree mutants-shards mutants-again mutants-again-run \
 	mutants-report no-mutants
 
@@ -73,40 +73,50 @@ build: $(IAC)/.cargo-lambda
 	PATH="$(abspath $(IAC))/bin:$$PATH" $(CARGO) lambda build --release --arm64 \
 		--lambda-dir target/lambda $(foreach f,$(FUNCTIONS),--package $(f)) $(BUILD_FLAGS)
 
-## deploy: sam deploy of the built functions; `make deploy GUIDED=1` the first time asks for
-## the parameters and saves them in samconfig.toml
+## deploy: one deployment, the samconfig environment ENV (default `default`): checks the
+## settings and the SAM CLI, builds (make build), deploys the main stack, then its forwarders
+## (deploy-forwarders). `make deploy ENV=<name> GUIDED=1` the first time asks for the
+## parameters and writes them to samconfig.local.toml (ignored by git; read from then on).
+## The stack is the environment's stack_name, else capacity-pilot-<ENV> (capacity-pilot for
+## `default`); its region is the environment's, else AWS_REGION, else REGION=<region>.
 ## needs SAM CLI 1.160.0 or later: the template's SourcePrincipals guards are Fn::ForEach
 ## (AWS::LanguageExtensions), which older ones fail on; checked before the long build.
 SAM_MIN := 1.160.0
-deploy: sam-check build
-	sam deploy $(if $(GUIDED),--guided)
+ENV ?= default
+REGION ?=
+REGIONS ?=
+SAMCONFIG_DIR ?=
+DEPLOY = $(PYTHON) infra/deploy.py --env "$(ENV)" $(if $(REGION),--region "$(REGION)") \
+	$(if $(SAMCONFIG_DIR),--config-dir "$(SAMCONFIG_DIR)") \
+	$(if $(REGIONS),--regions "$(REGIONS)") $(if $(filter 1 yes true,$(CONFIRM)),--confirm)
+deploy: sam-check
+	@$(DEPLOY) check $(if $(GUIDED),--guided)
+	$(MAKE) --no-print-directory build
+	@$(DEPLOY) deploy $(if $(GUIDED),--guided)
 
 sam-check:
 	@command -v sam >/dev/null || { echo "make deploy needs the AWS SAM CLI: https://docs.aws.amazon.com/serverless-application-model/latest/developerguide/install-sam-cli.html" >&2; exit 1; }
 	@v=$$(sam --version | sed -n 's/.*version \([0-9][0-9.]*\).*/\1/p'); \
 	printf '%s\n%s\n' "$(SAM_MIN)" "$$v" | sort -V -C || { echo "make deploy needs SAM CLI $(SAM_MIN) or later (the template's Fn::ForEach, AWS::LanguageExtensions); this one is '$$v': upgrade it, e.g. pip install -U aws-sam-cli" >&2; exit 1; }
 
-## deploy-forwarders: the region forwarder (infra/region-forwarder.yaml, ARCHITECTURE 8.9) as
-## stack capacity-pilot-forwarder in each region of REGIONS (comma list, default the template's
-## AllowedRegions default) except HOME_REGION (default us-east-1), sent to HOME_REGION's default
-## bus; `CONFIRM=1` asks before each change set. Builds nothing. It reads no settings of the
-## main stack's: it runs under the samconfig.toml environment `forwarder` (absent, so none).
-HOME_REGION ?= us-east-1
-REGIONS ?= us-east-1,us-east-2,us-west-2
-FORWARDER_STACK := capacity-pilot-forwarder
-comma := ,
-FORWARD_FROM = $(filter-out $(strip $(HOME_REGION)),$(subst $(comma), ,$(REGIONS)))
+## deploy-forwarders: ENV's region forwarder (infra/region-forwarder.yaml), stack
+## <stack>-forwarder, in each allowed region but the main stack's (REGIONS, comma list; default
+## the environment's AllowedRegions, else the template's), sending to the main stack's region;
+## `CONFIRM=1` asks before each change set. Builds nothing; `make deploy` runs it. Reports a
+## forwarder left under the name used before 0.1.0 (capacity-pilot-forwarder).
 deploy-forwarders:
 	@command -v sam >/dev/null || { echo "make deploy-forwarders needs the AWS SAM CLI: https://docs.aws.amazon.com/serverless-application-model/latest/developerguide/install-sam-cli.html" >&2; exit 1; }
-	@test -n "$(strip $(HOME_REGION))" || { echo "make deploy-forwarders needs HOME_REGION, the main stack's region" >&2; exit 1; }
-	@$(if $(FORWARD_FROM),,echo "no region in REGIONS=$(REGIONS) other than HOME_REGION=$(HOME_REGION): nothing to forward")
-	@set -e; for region in $(FORWARD_FROM); do \
-		echo "forwarder: $$region -> $(strip $(HOME_REGION))"; \
-		sam deploy --config-env forwarder \
-			--template-file $(FORWARDER) --stack-name $(FORWARDER_STACK) --region "$$region" \
-			--parameter-overrides HomeRegion=$(strip $(HOME_REGION)) --capabilities CAPABILITY_IAM \
-			--no-fail-on-empty-changeset $(if $(filter 1 yes true,$(CONFIRM)),--confirm-changeset,--no-confirm-changeset); \
-	done
+	@$(DEPLOY) forwarders
+
+## destroy: removes ENV's deployment: refuses while any request is live (capacity-pilot list
+## --live), deletes the forwarders and the main stack, and says what it keeps (the state
+## table, retained) and how to delete that. `CONFIRM=1` lets SAM ask before each deletion.
+CAPACITY_PILOT ?=
+destroy: sam-check
+	@cli="$(CAPACITY_PILOT)"; if [ -z "$$cli" ]; then \
+		$(CARGO) build -q -p capacity-pilot-cli && \
+		cli="$$($(CARGO) metadata --format-version 1 --no-deps | $(PYTHON) -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/debug/capacity-pilot"; \
+	fi; $(DEPLOY) destroy --cli "$$cli"
 
 ## soak: the deterministic simulation (tests/tests/sim) over seeds FIRST..FIRST+SEEDS-1 under
 ## its own optimised profile (`soak`), on every core; ends with `N seeds, V violations` and
@@ -234,9 +244,11 @@ no-mutants:
 		{ echo "a file above carries a cargo-mutants mutation: restore it (git checkout -- <file>)" >&2; exit 1; }
 
 
-## schemas: regenerate infra/events/schemas/ from the Rust event types
+## schemas: rewrite what is generated from the code: the JSON Schemas (infra/events/schemas/),
+## the emitted samples (infra/events/emitted/), the request field table (docs/requests.md) and
+## the errorType list (docs/operations.md); a test fails when a checked-in copy differs
 schemas:
-	UPDATE_SCHEMAS=1 $(CARGO) test -p capacity-pilot --test domain schemas
+	UPDATE_SCHEMAS=1 $(CARGO) test -p capacity-pilot --test domain -- generated_ the_checked_in_schemas
 
 ## venv: the pinned Python tools the tests need (moto's DynamoDB server)
 venv: $(VENV)/.installed
@@ -281,6 +293,16 @@ bench: build venv
 		$(PYTHON) bench/report.py --target "$$target" --lambda-dir target/lambda \
 		--scenario infra/local/scenarios/default.yaml --runs $(BENCH_RUNS)
 	BENCH_TLS_RUNS=$(BENCH_TLS_RUNS) $(CARGO) bench -p benches --features bench
+
+## cost: what the deployment costs a month at the published prices of infra/costs.toml
+## (us-east-1, dated there), by infra/cost.py: idle (only the schedules fire) and at the load
+## of make run's invocations.jsonl scaled to a month, with a line per resource; fails naming a
+## resource type of either template that costs.toml neither prices nor lists as free.
+## `make cost INVOCATIONS=<file>` prices another run's log. Builds and runs nothing.
+INVOCATIONS ?= $$target/capacity-pilot/invocations.jsonl
+cost: venv
+	@target="$$($(CARGO) metadata --format-version 1 --no-deps | $(PYTHON) -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"; \
+		$(VENV)/bin/python infra/cost.py --invocations "$(INVOCATIONS)" --template $(TEMPLATE) --forwarder $(FORWARDER)
 
 ## run: the whole lifecycle offline: builds the functions and plays a scenario with the real
 ## binaries on the local runner (local-cloud run), printing its timeline, a summary per request

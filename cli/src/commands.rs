@@ -462,7 +462,7 @@ pub fn read_request(file: &str) -> Result<Value> {
         std::fs::read_to_string(file)
             .map_err(|e| Fail::NotFound(format!("cannot read {file}: {e}")))?
     };
-    match serde_json::from_str::<Value>(&text) {
+    let read = match serde_json::from_str::<Value>(&text) {
         Ok(v) => Ok(v),
         Err(json_err) => {
             serde_yaml_ng::from_str::<Value>(&text).map_err(|yaml_err| Fail::Invalid {
@@ -473,6 +473,18 @@ pub fn read_request(file: &str) -> Result<Value> {
                 }],
             })
         }
+    };
+    read.map(unwrap_envelope)
+}
+
+/// A whole EventBridge event (`detail-type` and `detail`, as the samples under
+/// `infra/events/requests/` are) is read as its detail: the request.
+fn unwrap_envelope(v: Value) -> Value {
+    match v {
+        Value::Object(mut m) if m.contains_key("detail-type") && m["detail"].is_object() => {
+            m.remove("detail").unwrap_or_default()
+        }
+        other => other,
     }
 }
 

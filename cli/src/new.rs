@@ -310,7 +310,7 @@ pub fn request(
         ),
     );
     said.push(format!(
-        "window: from {} to {} (UTC; reservations start and end at 11:30 UTC)",
+        "window: from {} to {} (UTC; Capacity Blocks and training plans end at 11:30 UTC)",
         n.start.format("%Y-%m-%d %H:%M"),
         n.by.format("%Y-%m-%d %H:%M")
     ));

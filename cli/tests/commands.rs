@@ -4,6 +4,7 @@
 //! CLI puts on the bus. Table and JSON outputs are snapshots (`cli/tests/snapshots/`;
 //! `INSTA_UPDATE=always` rewrites them after a deliberate change, to be read in review).
 
+use std::path::Path;
 use std::process::Output;
 
 use assert_cmd::Command;
@@ -102,6 +103,17 @@ async fn new_writes_a_request_whose_placeholders_submit_names_and_filled_in_it_i
         err.contains("workload.subnet_ids[0]: is the placeholder"),
         "{err}"
     );
+    assert_eq!(f.bus("Capacity Request Submitted").len(), before);
+
+    // WHEN a whole event is submitted (the README's validation step: an invalid sample)
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../infra/events/requests/invalid/many-fields.json");
+    let err = fails(&mut cli(&f), &["submit", sample.to_str().unwrap()], 3);
+    // THEN its detail is the request, refused naming each field at fault, and nothing is put
+    for field in ["instance_types[1]", "instance_count", "workload.subnet_ids"] {
+        assert!(err.contains(&format!("{field}: ")), "{field}: {err}");
+    }
+    assert!(!err.contains("detail-type"), "{err}");
     assert_eq!(f.bus("Capacity Request Submitted").len(), before);
 
     // WHEN `new` is told them, and the request is submitted

@@ -36,6 +36,64 @@ impl HandlerError {
     }
 }
 
+/// Every `errorType` a failed invocation can report ([`error_type`]), with what it means and
+/// what to do; a test holds the list to the function, and `make schemas` writes it into
+/// docs/operations.md.
+pub const ERROR_TYPES: [(&str, &str); 11] = [
+    (
+        "StoreUnavailable",
+        "DynamoDB throttled or failed transiently. The next invocation retries; act only if it \
+         persists (check the table's throttling metrics).",
+    ),
+    (
+        "StoreRefused",
+        "DynamoDB refused a call (permissions, a missing table or index, an item too large). \
+         Retrying will not help: check the function's role and the table.",
+    ),
+    (
+        "EventBusUnavailable",
+        "EventBridge throttled or failed transiently; the events stay in the outbox and are \
+         sent again.",
+    ),
+    (
+        "EventBusRefused",
+        "EventBridge refused to publish (permissions, the bus missing, an entry too large). \
+         The events stay in the outbox: fix the bus or the role.",
+    ),
+    (
+        "ClockUnavailable",
+        "The function could not read the time it needs; retried on the next invocation.",
+    ),
+    (
+        "AwsThrottled",
+        "EC2 or SageMaker throttled the call; retried with backoff. Persistent: raise the API \
+         rate quota or lower the request load.",
+    ),
+    (
+        "AwsUnavailable",
+        "EC2 or SageMaker failed transiently with nothing done; retried.",
+    ),
+    (
+        "AwsOutcomeUnknown",
+        "An EC2 or SageMaker call may or may not have taken effect (a timeout, a lost \
+         answer). A purchase in doubt is reconciled by its tags before anything else is tried.",
+    ),
+    (
+        "OfferingGone",
+        "The offering sold out or expired before it was bought; the request searches again.",
+    ),
+    (
+        "NoCapacity",
+        "EC2 had no capacity for the launch (on demand, spot, or inside a reservation); \
+         retried while the window lasts.",
+    ),
+    (
+        "AwsRefused",
+        "EC2 or SageMaker refused the call (permissions, a bad launch template, subnet or \
+         model). Retrying will not help: the request's reason names the call.",
+    ),
+];
+
 /// The stable name of a failed call: the store, the event bus, the clock, or AWS's
 /// capacity and workload services, by what went wrong.
 pub fn error_type(e: &PortError) -> &'static str {
@@ -132,6 +190,49 @@ pub fn written(w: &WriteOutcome, applied: &'static str) -> &'static str {
 mod tests {
     use super::*;
     use crate::domain::money::MicroUsd;
+
+    #[test]
+    fn error_types_lists_exactly_what_a_failed_call_is_named() {
+        let services = ["dynamodb", "store", "events", "clock", "ec2", "sagemaker"];
+        let mut named = std::collections::BTreeSet::new();
+        for service in services {
+            let (code, message) = (String::from("C"), String::from("m"));
+            for e in [
+                PortError::Throttled {
+                    service,
+                    code: code.clone(),
+                    message: message.clone(),
+                },
+                PortError::Transient {
+                    service,
+                    code: code.clone(),
+                    message: message.clone(),
+                },
+                PortError::OutcomeUnknown {
+                    service,
+                    message: message.clone(),
+                },
+                PortError::Permanent {
+                    service,
+                    code: code.clone(),
+                    message: message.clone(),
+                },
+                PortError::OfferingGone {
+                    code: code.clone(),
+                    message: message.clone(),
+                },
+                PortError::NoCapacity {
+                    code: code.clone(),
+                    message: message.clone(),
+                },
+            ] {
+                named.insert(error_type(&e));
+            }
+        }
+        let listed: std::collections::BTreeSet<&str> =
+            ERROR_TYPES.iter().map(|(n, _)| *n).collect();
+        assert_eq!(named, listed);
+    }
 
     #[test]
     fn a_write_names_what_it_came_to() {

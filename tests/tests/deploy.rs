@@ -415,7 +415,10 @@ fn each_forwarder_rule_targets_the_home_default_bus_with_a_role_that_may_only_pu
 // `make deploy-forwarders` against a stub `sam` that records its arguments.
 
 /// A fresh directory holding an executable `sam` that appends each call's arguments, one a
-/// line, then `--`, to `calls` beside it.
+/// line, then `--`, to `calls` beside it, and answers as SAM would from the files beside it:
+/// `list resources` succeeds only for a `<stack> <region>` line of `stacks`, `list
+/// stack-outputs` prints `outputs`, and a `--guided` deploy appends `answers` to its
+/// `--config-file` (SAM saving what it asked).
 fn stub_sam(test: &str) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
@@ -430,10 +433,26 @@ fn stub_sam(test: &str) -> PathBuf {
     let sam = dir.join("sam");
     std::fs::write(
         &sam,
-        "#!/bin/sh\n\
-         calls=\"$(dirname \"$0\")/calls\"\n\
-         for a in \"$@\"; do printf '%s\\n' \"$a\" >> \"$calls\"; done\n\
-         printf '%s\\n' -- >> \"$calls\"\n",
+        r#"#!/bin/sh
+dir="$(dirname "$0")"
+if [ "$1" = --version ]; then echo "SAM CLI, version 1.160.0"; exit 0; fi
+for a in "$@"; do printf '%s\n' "$a" >> "$dir/calls"; done
+printf '%s\n' -- >> "$dir/calls"
+stack=; region=; config=; prev=
+for a in "$@"; do
+  case "$prev" in --stack-name) stack=$a;; --region) region=$a;; --config-file) config=$a;; esac
+  prev=$a
+done
+case "$1 $2" in
+  "list resources")
+    grep -qx "$stack $region" "$dir/stacks" 2>/dev/null ||
+      { echo "Error: Stack $stack does not exist in $region" >&2; exit 1; }
+    echo '[]';;
+  "list stack-outputs") cat "$dir/outputs" 2>/dev/null || echo '[]';;
+esac
+case " $* " in *" --guided "*) cat "$dir/answers" >> "$config";; esac
+exit 0
+"#,
     )
     .unwrap();
     std::fs::set_permissions(&sam, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -462,7 +481,12 @@ fn make_s(target: &str, path: &str, vars: &[&str]) -> Output {
         .env_remove("MFLAGS")
         .env_remove("MAKELEVEL")
         .env_remove("REGIONS")
-        .env_remove("HOME_REGION")
+        .env_remove("REGION")
+        .env_remove("ENV")
+        .env_remove("SAMCONFIG_DIR")
+        .env_remove("CAPACITY_PILOT")
+        .env_remove("AWS_REGION")
+        .env_remove("AWS_DEFAULT_REGION")
         .env_remove("CONFIRM")
         .output()
         .expect("make")
@@ -501,19 +525,24 @@ fn with_stub_path(dir: &Path) -> String {
     )
 }
 
-/// Every deploy, as (region, call); each checked for what every forwarder deploy needs.
+/// Every deploy of `stack`'s forwarder, as (region, call); each checked for what every
+/// forwarder deploy needs (other calls, such as looking for a stack, are left out).
 fn forwarder_deploys(dir: &Path, home: &str) -> Vec<(String, Vec<String>)> {
+    forwarders_of(dir, "capacity-pilot", home)
+}
+
+fn forwarders_of(dir: &Path, stack: &str, home: &str) -> Vec<(String, Vec<String>)> {
     let mut out = vec![];
+    let forwarder = format!("{stack}-forwarder");
     for call in calls(dir) {
-        assert_eq!(call.first().map(String::as_str), Some("deploy"), "{call:?}");
+        if call.first().map(String::as_str) != Some("deploy")
+            || option(&call, "--stack-name") != Some(forwarder.as_str())
+        {
+            continue;
+        }
         assert_eq!(
             option(&call, "--template-file"),
             Some(FORWARDER),
-            "{call:?}"
-        );
-        assert_eq!(
-            option(&call, "--stack-name"),
-            Some("capacity-pilot-forwarder"),
             "{call:?}"
         );
         let home_region = format!("HomeRegion={home}");
@@ -555,10 +584,7 @@ fn deploy_forwarders_deploys_to_every_region_but_home() {
     let dir = stub_sam("regions");
     let out = make_deploy_forwarders(
         &with_stub_path(&dir),
-        &[
-            "REGIONS=us-east-1,us-east-2,us-west-2",
-            "HOME_REGION=us-east-1",
-        ],
+        &["REGIONS=us-east-1,us-east-2,us-west-2", "REGION=us-east-1"],
     );
     assert!(out.status.success(), "{out:?}");
     let deploys = forwarder_deploys(&dir, "us-east-1");
@@ -576,7 +602,7 @@ fn deploy_forwarders_deploys_to_every_region_but_home() {
 #[test]
 fn deploy_forwarders_defaults_to_the_templates_allowed_regions_and_confirms_on_request() {
     let dir = stub_sam("defaults");
-    let out = make_deploy_forwarders(&with_stub_path(&dir), &["CONFIRM=1"]);
+    let out = make_deploy_forwarders(&with_stub_path(&dir), &["CONFIRM=1", "REGION=us-east-1"]);
     assert!(out.status.success(), "{out:?}");
     let template = yaml("infra/template.yaml");
     let allowed = template["Parameters"]["AllowedRegions"]["Default"]
@@ -1052,10 +1078,15 @@ fn make_deploy_refuses_a_sam_cli_too_old_for_the_templates_for_each_before_build
         );
     }
     let makefile = std::fs::read_to_string(root().join("Makefile")).unwrap();
-    assert!(
-        makefile.contains("deploy: sam-check build"),
-        "the check runs before the release build"
-    );
+    let recipe = makefile
+        .split("\ndeploy: sam-check\n")
+        .nth(1)
+        .expect("deploy runs sam-check first");
+    let check = recipe.find("$(DEPLOY) check").expect("then the settings");
+    let build = recipe
+        .find("$(MAKE) --no-print-directory build")
+        .expect("a build");
+    assert!(check < build, "the checks run before the release build");
 }
 
 #[test]
@@ -1125,3 +1156,307 @@ fn the_licence_is_the_one_cargo_declares_and_the_changelog_names_the_version() {
         assert!(changelog.contains(reader), "CHANGELOG.md has no {reader}");
     }
 }
+
+// The deploy lifecycle (issue 54): one samconfig environment is one deployment.
+
+/// A samconfig directory for the lifecycle tests: the tracked file's settings, then `extra`.
+fn samconfig_dir(dir: &Path, extra: &str) -> String {
+    let conf = dir.join("conf");
+    std::fs::create_dir_all(&conf).unwrap();
+    let tracked = std::fs::read_to_string(root().join("samconfig.toml")).unwrap();
+    std::fs::write(conf.join("samconfig.toml"), tracked + extra).unwrap();
+    format!("SAMCONFIG_DIR={}", conf.display())
+}
+
+const TWO_DEPLOYMENTS: &str = r#"
+[staging.deploy.parameters]
+region = "us-west-2"
+parameter_overrides = "AllowedRegions=\"us-east-1,us-east-2,us-west-2\" MonthlyBudgetUsd=1000"
+
+[prod.global.parameters]
+stack_name = "gpu-capacity"
+
+[prod.deploy.parameters]
+region = "us-east-1"
+"#;
+
+#[test]
+fn two_deployments_forwarders_never_collide_and_each_forwards_to_its_own_region() {
+    // GIVEN three deployments in one account: `default` (us-east-2 from the environment),
+    // `staging` (no stack name: capacity-pilot-staging, us-west-2) and `prod` (stack
+    // gpu-capacity, us-east-1), each forwarding from the template's allowed regions
+    let dir = stub_sam("two-stacks");
+    let conf = samconfig_dir(&dir, TWO_DEPLOYMENTS);
+    let path = with_stub_path(&dir);
+    let mut homes = BTreeMap::new();
+    for (env, stack, home) in [
+        ("default", "capacity-pilot", "us-east-2"),
+        ("staging", "capacity-pilot-staging", "us-west-2"),
+        ("prod", "gpu-capacity", "us-east-1"),
+    ] {
+        // WHEN each deploys its forwarders (the default's region given as AWS_REGION would be)
+        let env_var = format!("ENV={env}");
+        let mut vars = vec![env_var.as_str(), conf.as_str()];
+        if env == "default" {
+            vars.push("REGION=us-east-2");
+        }
+        let out = make_deploy_forwarders(&path, &vars);
+        assert!(out.status.success(), "{env}: {out:?}");
+        // THEN its forwarders are `<stack>-forwarder`, sending to its own region, in every
+        // allowed region but that one
+        let regions: Vec<String> = forwarders_of(&dir, stack, home)
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect();
+        let want: Vec<&str> = ["us-east-1", "us-east-2", "us-west-2"]
+            .into_iter()
+            .filter(|r| r != &home)
+            .collect();
+        assert_eq!(regions, want, "{env}");
+        homes.insert(stack, home);
+    }
+    // ... and no two deployments ever deploy the same stack in the same region
+    let mut seen = BTreeSet::new();
+    for call in calls(&dir) {
+        if call[0] != "deploy" {
+            continue;
+        }
+        let key = (
+            option(&call, "--stack-name").unwrap().to_string(),
+            option(&call, "--region").unwrap().to_string(),
+        );
+        assert!(
+            seen.insert(key.clone()),
+            "{key:?} deployed twice: collision"
+        );
+        let stack = key.0.strip_suffix("-forwarder").unwrap();
+        assert_eq!(
+            option(&call, "--parameter-overrides"),
+            Some(format!("HomeRegion={}", homes[stack]).as_str())
+        );
+    }
+    assert_eq!(seen.len(), 6);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_deployment_without_a_region_is_refused_before_anything_runs() {
+    let dir = stub_sam("no-region");
+    let out = make_deploy_forwarders(&with_stub_path(&dir), &[]);
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("no region for ENV=default") && said.contains("REGION=<region>"),
+        "{said}"
+    );
+    assert!(calls(&dir).is_empty(), "sam ran: {:?}", calls(&dir));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_forwarder_left_under_the_old_name_is_reported_with_how_to_delete_it() {
+    // GIVEN a forwarder deployed before 0.1.0 (capacity-pilot-forwarder) in us-west-2
+    let dir = stub_sam("leftover");
+    std::fs::write(dir.join("stacks"), "capacity-pilot-forwarder us-west-2\n").unwrap();
+    let conf = samconfig_dir(&dir, TWO_DEPLOYMENTS);
+    // WHEN the prod deployment (stack gpu-capacity) deploys its forwarders
+    let out = make_deploy_forwarders(&with_stub_path(&dir), &["ENV=prod", &conf]);
+    assert!(out.status.success(), "{out:?}");
+    // THEN it says where the old one is and how to delete it, and deletes nothing itself
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("leftover: stack capacity-pilot-forwarder in us-west-2")
+            && said.contains("sam delete --stack-name capacity-pilot-forwarder --region us-west-2"),
+        "{said}"
+    );
+    assert!(!said.contains("in us-east-2 is a forwarder"), "{said}");
+    assert!(calls(&dir).iter().all(|c| c[0] != "delete"));
+    // ... and the default deployment, whose forwarder that name now is, just updates it
+    let out = make_deploy_forwarders(&with_stub_path(&dir), &["REGION=us-east-1", &conf]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("leftover"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A `capacity-pilot` that records its arguments and prints `json` (its `list --live`).
+fn stub_cli(dir: &Path, json: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let cli = dir.join("capacity-pilot");
+    std::fs::write(
+        &cli,
+        format!(
+            "#!/bin/sh\nprintf '%s ' \"$@\" > \"$(dirname \"$0\")/cli-args\"\ncat <<'JSON'\n{json}\nJSON\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&cli, std::fs::Permissions::from_mode(0o755)).unwrap();
+    format!("CAPACITY_PILOT={}", cli.display())
+}
+
+#[test]
+fn destroy_refuses_while_a_request_is_live_and_deletes_nothing() {
+    let dir = stub_sam("destroy-live");
+    let cli = stub_cli(
+        &dir,
+        r#"[{"request_id": "team-a-loadtest", "status": "Active"}]"#,
+    );
+    let conf = samconfig_dir(&dir, TWO_DEPLOYMENTS);
+    let out = make_s(
+        "destroy",
+        &with_stub_path(&dir),
+        &["ENV=staging", &conf, &cli],
+    );
+    assert!(!out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("team-a-loadtest  Active")
+            && said.contains("nothing was deleted")
+            && said.contains("capacity-pilot cancel"),
+        "{said}"
+    );
+    // It asked the right deployment ...
+    let args = std::fs::read_to_string(dir.join("cli-args")).unwrap();
+    assert_eq!(
+        args.trim(),
+        "list --live --stack capacity-pilot-staging --region us-west-2 --output json"
+    );
+    // ... and deleted nothing
+    assert!(
+        calls(&dir).iter().all(|c| c[0] != "delete"),
+        "{:?}",
+        calls(&dir)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn destroy_deletes_the_forwarders_then_the_stack_and_says_what_it_keeps() {
+    // GIVEN a deployment with no live request, forwarders in two regions but one missing
+    let dir = stub_sam("destroy");
+    let cli = stub_cli(&dir, "[]");
+    std::fs::write(
+        dir.join("stacks"),
+        "capacity-pilot-staging-forwarder us-east-1\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("outputs"),
+        r#"[{"OutputKey": "StateTableName", "OutputValue": "capacity-pilot-staging-StateTable-ABC"}]"#,
+    )
+    .unwrap();
+    let conf = samconfig_dir(&dir, TWO_DEPLOYMENTS);
+    // WHEN it is destroyed
+    let out = make_s(
+        "destroy",
+        &with_stub_path(&dir),
+        &["ENV=staging", &conf, &cli],
+    );
+    assert!(out.status.success(), "{out:?}");
+    // THEN the forwarder that exists goes first, then the main stack, without prompts
+    let deletes: Vec<(String, String)> = calls(&dir)
+        .into_iter()
+        .filter(|c| c[0] == "delete")
+        .map(|c| {
+            assert!(c.iter().any(|a| a == "--no-prompts"), "{c:?}");
+            (
+                option(&c, "--stack-name").unwrap().to_string(),
+                option(&c, "--region").unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        deletes,
+        [
+            (
+                "capacity-pilot-staging-forwarder".into(),
+                "us-east-1".into()
+            ),
+            ("capacity-pilot-staging".into(), "us-west-2".into()),
+        ]
+    );
+    // ... and it names the table it keeps and how to delete it
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("kept: capacity-pilot-staging-StateTable-ABC in us-west-2")
+            && said.contains("--no-deletion-protection-enabled")
+            && said.contains(
+                "aws dynamodb delete-table --table-name capacity-pilot-staging-StateTable-ABC --region us-west-2"
+            ),
+        "{said}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_tracked_samconfig_holds_no_accounts_values_and_a_guided_deploy_writes_the_ignored_file() {
+    let tracked = std::fs::read_to_string(root().join("samconfig.toml")).unwrap();
+    for (what, found) in [
+        (
+            "parameter_overrides",
+            tracked.contains("parameter_overrides"),
+        ),
+        (
+            "a region",
+            tracked
+                .lines()
+                .any(|l| l.trim_start().starts_with("region")),
+        ),
+        ("an ARN", tracked.contains("arn:")),
+        (
+            "an account id",
+            tracked
+                .split(|c: char| !c.is_ascii_digit())
+                .any(|d| d.len() == 12),
+        ),
+    ] {
+        assert!(!found, "the tracked samconfig.toml holds {what}");
+    }
+    let ignored = std::fs::read_to_string(root().join(".gitignore")).unwrap();
+    assert!(ignored.lines().any(|l| l == "/samconfig.local.toml"));
+    // A guided deploy (the script `make deploy GUIDED=1` runs after the build): SAM is given
+    // the local file, which starts as the tracked one, and saves its answers there
+    let dir = stub_sam("guided");
+    std::fs::write(
+        dir.join("answers"),
+        "\n[lab.deploy.parameters]\nregion = \"eu-west-1\"\nparameter_overrides = \"AllowedRegions=eu-west-1\"\n",
+    )
+    .unwrap();
+    let conf = dir.join("conf");
+    samconfig_dir(&dir, "");
+    let out = Command::new("python3")
+        .current_dir(root())
+        .args(["infra/deploy.py", "--env", "lab", "--config-dir"])
+        .arg(&conf)
+        .args(["deploy", "--guided"])
+        .env("PATH", with_stub_path(&dir))
+        .env_remove("AWS_REGION")
+        .env_remove("AWS_DEFAULT_REGION")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let guided = &calls(&dir)[0];
+    assert!(guided.iter().any(|a| a == "--guided"));
+    assert_eq!(option(guided, "--config-env"), Some("lab"));
+    assert_eq!(option(guided, "--stack-name"), Some("capacity-pilot-lab"));
+    assert!(
+        option(guided, "--config-file")
+            .unwrap()
+            .ends_with("conf/samconfig.local.toml"),
+        "{guided:?}"
+    );
+    // ... the tracked file is untouched, and what SAM saved is what the next steps read
+    assert_eq!(
+        std::fs::read_to_string(conf.join("samconfig.toml")).unwrap(),
+        tracked
+    );
+    let local = std::fs::read_to_string(conf.join("samconfig.local.toml")).unwrap();
+    assert!(local.starts_with(&tracked) && local.contains("eu-west-1"));
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("stack capacity-pilot-lab deployed in eu-west-1"),
+        "{out:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+#[path = "deploy/cost.rs"]
+mod cost;

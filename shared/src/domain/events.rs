@@ -3,7 +3,8 @@
 //! checked in under `infra/events/schemas/` and a test fails when they drift.
 //!
 //! Every published detail carries `event_key`, stable across re-publication, so consumers
-//! can drop duplicates; money is a decimal string in USD.
+//! can drop duplicates, and `producer_version`, the capacity-pilot version that wrote it;
+//! money is a decimal string in USD.
 
 use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
@@ -19,6 +20,20 @@ use super::window::KeptWindow;
 
 /// The `source` of every event we publish.
 pub const SOURCE: &str = "capacity-pilot";
+
+/// The `producer_version` in every published detail: the version of the code that wrote the
+/// event (an event waiting in the outbox across an upgrade keeps the version that wrote it).
+pub const PRODUCER_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The detail field naming [`PRODUCER_VERSION`].
+pub const PRODUCER_VERSION_FIELD: &str = "producer_version";
+
+/// The schemas of what we consume, not publish (no `producer_version`).
+const CONSUMED: [&str; 3] = [
+    "capacity-request-submitted",
+    "capacity-request-cancelled",
+    "capacity-purchase-decision",
+];
 
 /// Inbound detail-types on our bus.
 pub mod inbound {
@@ -628,14 +643,39 @@ pub fn names(named: &str, approves: &str) -> bool {
             })
 }
 
-/// Every schema we check in: file stem -> schema.
+/// Every schema we check in: file stem -> schema. Each published one requires
+/// `producer_version`, which [`outbound`] adds to every detail.
 pub fn schemas() -> Vec<(&'static str, schemars::Schema)> {
+    let mut all = declared_schemas();
+    for (stem, schema) in &mut all {
+        if CONSUMED.contains(stem) {
+            continue;
+        }
+        let o = schema.ensure_object();
+        if let Some(serde_json::Value::Object(props)) = o.get_mut("properties") {
+            props.insert(
+                PRODUCER_VERSION_FIELD.into(),
+                serde_json::json!({
+                    "description": "The capacity-pilot version that wrote this event (semver).",
+                    "type": "string"
+                }),
+            );
+        }
+        if let Some(serde_json::Value::Array(r)) = o.get_mut("required") {
+            r.push(PRODUCER_VERSION_FIELD.into());
+        }
+    }
+    all
+}
+
+fn declared_schemas() -> Vec<(&'static str, schemars::Schema)> {
     use schemars::schema_for;
     vec![
-        (
-            "capacity-request-submitted",
-            schema_for!(super::request::RequestDetail),
-        ),
+        ("capacity-request-submitted", {
+            let mut s = schema_for!(super::request::RequestDetail);
+            super::request::require_per_kind(&mut s);
+            s
+        }),
         ("capacity-request-cancelled", schema_for!(CancelRequest)),
         ("capacity-purchase-decision", {
             // Required in the contract, though read leniently (see the field).
@@ -692,12 +732,17 @@ pub fn schemas() -> Vec<(&'static str, schemars::Schema)> {
     ]
 }
 
-/// Wraps a detail for the outbox.
+/// Wraps a detail for the outbox, with [`PRODUCER_VERSION`]: the one place a published
+/// detail is written.
 pub fn outbound<D: EventDetail>(detail: &D) -> crate::ports::OutboundEvent {
+    let mut value = serde_json::to_value(detail).expect("event details serialize");
+    if let serde_json::Value::Object(m) = &mut value {
+        m.insert(PRODUCER_VERSION_FIELD.into(), PRODUCER_VERSION.into());
+    }
     crate::ports::OutboundEvent {
         event_key: detail.event_key().to_string(),
         detail_type: D::DETAIL_TYPE.to_string(),
-        detail: serde_json::to_value(detail).expect("event details serialize"),
+        detail: value,
     }
 }
 

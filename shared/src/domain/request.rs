@@ -53,22 +53,29 @@ pub struct RequestDetail {
     pub request_id: String,
     /// The team whose monthly budget pays.
     pub team: String,
-    /// Acceptable instance types, most preferred first.
+    /// Acceptable instance types, most preferred first (`capacity-pilot types` lists them).
     pub instance_types: Vec<String>,
+    /// How many instances: 1-64 in a Capacity Block, 1, 2, 4, ... 64 in a training plan,
+    /// at most 256 on demand.
     pub instance_count: u32,
-    /// Whole days, in hours.
+    /// How long, in whole days given as hours (48 for two days); a Capacity Block lasts 1-14
+    /// days, then whole weeks up to 182 days.
     pub duration_hours: u32,
+    /// The earliest the capacity may start (RFC 3339, UTC); at most 8 weeks ahead.
     pub earliest_start: DateTime<Utc>,
+    /// The latest it may end; at least `duration_hours` after `earliest_start`.
     pub latest_end: DateTime<Utc>,
-    /// Regions to search; empty means the deployment's `ALLOWED_REGIONS`.
+    /// Regions to search; empty means every region the deployment allows (`AllowedRegions`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub regions: Vec<String>,
     /// Two segments are acceptable.
     #[serde(default)]
     pub allow_split: bool,
+    /// `reserve` (the default) buys the best reservation; `on-demand-first` launches on
+    /// demand now and reserves only when there is no capacity.
     #[serde(default)]
     pub strategy: Strategy,
-    /// What "best" means among feasible reservations (ARCHITECTURE §8.1): `cheapest`
+    /// What "best" means among feasible reservations: `cheapest`
     /// (default) or `earliest`; an `on-demand-first` request's fall-back uses `earliest`
     /// unless it says otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -81,19 +88,22 @@ pub struct RequestDetail {
     pub products: Option<Vec<ProductName>>,
     pub budget: BudgetDetail,
     pub workload: WorkloadDetail,
-    /// Warning the workload wants before it must stop.
+    /// Minutes before the forced end at which the workload is stopped, so it can save its
+    /// work: it brings the stop forward, it is not only a warning (at most 1440). The
+    /// deployment's `DefaultDrainMinutes` (15 unless set) applies when this is less.
     #[serde(default)]
     pub drain_minutes: u32,
+    /// Tags for everything bought and launched (at most 40; `capacity-pilot:` is ours).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tags: BTreeMap<String, String>,
     /// `execute` (the default) buys and launches; `plan` searches and plans, announces the
-    /// plans in `Capacity Offerings Found`, and ends `Planned`: nothing is bought or debited
-    /// (ARCHITECTURE §8.1). A `Planned` request's id may be submitted again.
+    /// plans in `Capacity Offerings Found`, and ends `Planned`: nothing is bought or
+    /// debited. A `Planned` request's id may be submitted again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<Mode>,
 }
 
-/// What a request is for (ARCHITECTURE §8.1).
+/// What a request is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
@@ -114,7 +124,7 @@ pub enum Strategy {
     OnDemandFirst,
 }
 
-/// The objective among feasible reservations (ARCHITECTURE §8.1).
+/// The objective among feasible reservations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Prefer {
@@ -161,8 +171,12 @@ pub struct BudgetDetail {
 pub enum WorkloadDetail {
     /// EC2 instances from a launch template (Capacity Block, on-demand or spot).
     Ec2Instances {
+        /// The launch template, by `id` (one region only) or by `name` (which must exist in
+        /// every region searched).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         launch_template: Option<LaunchTemplateRef>,
+        /// Subnets to launch in, ideally one per Availability Zone of every region searched:
+        /// a Capacity Block is in one zone.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         subnet_ids: Vec<String>,
         /// Defaults to `Linux/UNIX`.
@@ -173,19 +187,25 @@ pub enum WorkloadDetail {
     TrainingJob(TrainingJobTemplate),
     /// An instance group of an existing HyperPod cluster (training plan or on-demand).
     HyperpodCluster {
+        /// The existing HyperPod cluster to add the instance group to.
         #[serde(default)]
         cluster_name: String,
+        /// The instance group to create in it.
         #[serde(default)]
         instance_group_name: String,
+        /// The group's lifecycle scripts (default: the cluster's).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         life_cycle_config: Option<LifeCycleConfig>,
     },
     /// A SageMaker inference endpoint (training plan for `endpoint`, or on-demand).
     InferenceEndpoint {
+        /// An existing SageMaker model (checked before anything is bought).
         #[serde(default)]
         model_name: String,
+        /// The endpoint to create.
         #[serde(default)]
         endpoint_name: String,
+        /// Its production variant.
         #[serde(default)]
         variant_name: String,
     },
@@ -209,12 +229,16 @@ pub struct LaunchTemplateRef {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TrainingJobTemplate {
+    /// The training container image (ECR URI).
     #[serde(default)]
     pub training_image: String,
+    /// Where the job writes its model artifacts (`s3://...`).
     #[serde(default)]
     pub output_s3_uri: String,
+    /// The storage volume per instance, 1-16384 GB.
     #[serde(default = "default_volume_gb")]
     pub volume_size_gb: u32,
+    /// Passed to the job as they are.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub hyper_parameters: BTreeMap<String, String>,
 }
@@ -1367,6 +1391,72 @@ fn parse_workload(map: &Map<String, Value>, p: &mut Problems) -> Option<Workload
         }
     }
     (p.0.len() == before).then_some(w)
+}
+
+/// What the validator requires of each workload kind besides `kind` (a test holds the two
+/// together): the request schema requires the same ([`require_per_kind`]).
+pub const WORKLOAD_REQUIRED: [(&str, &[&str]); 4] = [
+    ("ec2-instances", &["launch_template", "subnet_ids"]),
+    ("training-job", &["training_image", "output_s3_uri"]),
+    ("hyperpod-cluster", &["cluster_name", "instance_group_name"]),
+    (
+        "inference-endpoint",
+        &["model_name", "endpoint_name", "variant_name"],
+    ),
+];
+
+/// Makes the request schema require of each workload kind what the validator requires
+/// ([`WORKLOAD_REQUIRED`]): the fields present, strings not empty, subnets listed.
+pub fn require_per_kind(schema: &mut schemars::Schema) {
+    let Some(variants) = schema
+        .ensure_object()
+        .get_mut("$defs")
+        .and_then(|d| d.get_mut("WorkloadDetail"))
+        .and_then(|w| w.get_mut("oneOf"))
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    for v in variants {
+        let Some(kind) = v["properties"]["kind"]["const"]
+            .as_str()
+            .map(str::to_string)
+        else {
+            continue;
+        };
+        let Some((_, fields)) = WORKLOAD_REQUIRED.iter().find(|(k, _)| *k == kind) else {
+            continue;
+        };
+        for f in *fields {
+            let prop = &mut v["properties"][*f];
+            match prop["type"].as_str() {
+                Some("string") => prop["minLength"] = 1.into(),
+                Some("array") => prop["minItems"] = 1.into(),
+                _ => {}
+            }
+            // Required, so neither absent (its default) nor null.
+            if let Some(branch) = prop["anyOf"]
+                .as_array()
+                .and_then(|any| any.iter().find(|b| b["type"] != "null"))
+                .cloned()
+            {
+                let description = prop["description"].clone();
+                *prop = branch;
+                if !description.is_null() {
+                    prop["description"] = description;
+                }
+            }
+            if let Some(p) = prop.as_object_mut() {
+                p.remove("default");
+            }
+        }
+        v["required"] = Value::Array(
+            std::iter::once("kind")
+                .chain(fields.iter().copied())
+                .map(Value::from)
+                .collect(),
+        );
+    }
 }
 
 /// `prefix` followed by 8 or 17 lowercase hex digits, as EC2 ids are.

@@ -2,6 +2,7 @@
 //! against a brute-force oracle, and the example events under `infra/events/`.
 
 mod examples;
+mod generated;
 mod planner_oracle;
 mod samples;
 mod schemas;

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 /// Keys sorted at every level, so the text is the same whether or not some other crate in
 /// the build turns on serde_json's `preserve_order` (features unify across the workspace).
-fn canonical(v: Value) -> Value {
+pub(crate) fn canonical(v: Value) -> Value {
     match v {
         Value::Object(m) => {
             let mut entries: Vec<(String, Value)> = m.into_iter().collect();

@@ -568,3 +568,24 @@ fn a_placeholder_left_by_new_is_named_alone_at_its_field() {
     assert!(m.contains("\"<subnet id in each zone>\""), "{m}");
     assert!(m.contains("capacity-pilot new"), "{m}");
 }
+
+#[test]
+fn each_workload_kind_requires_what_the_schema_says_it_requires() {
+    use capacity_pilot::domain::request::WORKLOAD_REQUIRED;
+    for (kind, required) in WORKLOAD_REQUIRED {
+        // GIVEN a request whose workload names only its kind
+        let mut v = if kind == "ec2-instances" {
+            ec2()
+        } else {
+            training()
+        };
+        v["workload"] = json!({ "kind": kind });
+        // THEN the validator names exactly the fields the schema requires of that kind
+        let named: Vec<String> = fields(&v)
+            .into_iter()
+            .filter(|f| f.starts_with("workload"))
+            .collect();
+        let want: Vec<String> = required.iter().map(|f| format!("workload.{f}")).collect();
+        assert_eq!(named, want, "{kind}");
+    }
+}
