@@ -229,7 +229,8 @@ def destroy(d: Deployment, cli: str, confirm: bool) -> None:
         f"(DeletionPolicy Retain, deletion protection on). To delete it too:\n"
         f"  aws dynamodb update-table --table-name {kept} --no-deletion-protection-enabled --region {region}\n"
         f"  aws dynamodb delete-table --table-name {kept} --region {region}\n"
-        f"kept too: the packages SAM uploaded to its managed bucket (aws-sam-cli-managed-default)."
+        f"kept too: SAM's managed bucket (stack aws-sam-cli-managed-default), which every stack "
+        f"deployed with SAM in this account and region shares."
     )
 
 
