@@ -230,6 +230,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             subnet_id: None,
             segment: w.number,
             must_end_by: w.forced_at,
+            drain_at: Some(w.drain_at),
         };
         match workload::launch(
             &self.workloads,
@@ -555,6 +556,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                     subnet_id: p.subnet.as_ref().map(|(s, _)| s.clone()),
                     segment: 0,
                     must_end_by: now + req.duration(),
+                    drain_at: None,
                 };
                 // A crash from here on is repaired by the next tick: the estimate is held, and
                 // the launch returns the same instances (same client tokens).

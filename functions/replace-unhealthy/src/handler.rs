@@ -85,8 +85,9 @@ pub struct Replacer<S, W, E, C> {
 
 /// Where a repaired slot's instances run.
 enum Place {
-    /// A Capacity Block: replacements launch into its reservation.
-    Block(Box<Reservation>),
+    /// A Capacity Block: replacements launch into its reservation, and carry its window's
+    /// drain start.
+    Block(Box<Reservation>, DateTime<Utc>),
     /// An on-demand or spot run: replacements launch in its market where the old instance
     /// ran.
     Run(LaunchMarket),
@@ -388,7 +389,8 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         // searched for).
         let held = self.store.reservations(id).await?;
         let lead = DrainLead::of(&rec.request, self.config.default_drain_minutes);
-        let running: BTreeSet<String> = window::windows(&held, &rec.windows, lead)
+        // Each running block's drain start, which its replacements carry as theirs.
+        let running: BTreeMap<String, DateTime<Utc>> = window::windows(&held, &rec.windows, lead)
             .into_iter()
             .filter(|w| {
                 w.state == WindowState::Running
@@ -396,7 +398,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                     // A replacement started now must end before the drain (§8.4).
                     && w.launch_ends_before_drain(now, LAUNCH_FUNCTION_TIMEOUT)
             })
-            .map(|w| w.reservation.id)
+            .map(|w| (w.reservation.id, w.drain_at))
             .collect();
         if running.is_empty() {
             out.decisions.push(ignored(id, rec.status));
@@ -404,8 +406,11 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         }
         let places: BTreeMap<String, Place> = held
             .into_iter()
-            .filter(|r| r.product == Product::CapacityBlock && running.contains(&r.id))
-            .map(|r| (r.id.clone(), Place::Block(Box::new(r))))
+            .filter(|r| r.product == Product::CapacityBlock)
+            .filter_map(|r| {
+                let drain_at = *running.get(&r.id)?;
+                Some((r.id.clone(), Place::Block(Box::new(r), drain_at)))
+            })
             .collect();
         self.repair(
             &rec,
@@ -642,7 +647,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         let id = &rec.request_id;
         let deployment = &self.config.deployment_id;
         let replacement = match place {
-            Place::Block(reservation) => {
+            Place::Block(reservation, drain_at) => {
                 let zone = old.map(|i| i.availability_zone.clone());
                 ec2_instances::replacement(
                     &self.workloads,
@@ -650,6 +655,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                     reservation,
                     slot,
                     zone,
+                    *drain_at,
                     deployment,
                 )
                 .await?

@@ -19,6 +19,16 @@ pub const DEPLOYMENT_TAG: &str = "capacity-pilot:deployment";
 /// Explorer.
 pub const TEAM_TAG: &str = "capacity-pilot:team";
 
+/// Tag on the EC2 instances launched into a window: when its drain starts (RFC 3339, UTC),
+/// the moment capacity-pilot stops them. A job reads it from the instance metadata (instance
+/// tags enabled in the launch template) to checkpoint before then.
+pub const DRAIN_AT_TAG: &str = "capacity-pilot:drain-at";
+
+/// [`DRAIN_AT_TAG`]'s value for a drain starting `at`: `2026-12-09T10:45:00Z`.
+pub fn drain_at_value(at: chrono::DateTime<chrono::Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
 /// The tags on everything bought or launched for a request: the request's own tags, then
 /// ours, which win (destructive IAM actions and reconciliation rely on them).
 pub fn resource_tags(
@@ -142,6 +152,18 @@ pub fn workload_name(request_id: &RequestId, segment: u32) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_drain_tag_reads_as_an_rfc_3339_instant_to_the_second_in_utc() {
+        use chrono::TimeZone;
+        let at = chrono::Utc
+            .with_ymd_and_hms(2026, 12, 9, 10, 45, 0)
+            .unwrap();
+        assert_eq!(drain_at_value(at), "2026-12-09T10:45:00Z");
+        let back: chrono::DateTime<chrono::Utc> = drain_at_value(at).parse().unwrap();
+        assert_eq!(back, at);
+    }
+
     use super::*;
 
     #[test]

@@ -10,7 +10,7 @@ use tracing::info;
 
 use super::refusal::{self, Placement, Scope};
 use super::{DrainTarget, Launch, Launching, Target, rejection, settle};
-use crate::domain::naming::{client_token, owns, resource_tags};
+use crate::domain::naming::{DRAIN_AT_TAG, client_token, drain_at_value, owns, resource_tags};
 use crate::domain::offering::{Offering, Product};
 use crate::domain::planner::Rejection;
 use crate::domain::request::{LaunchTemplateRef, RequestId, WorkloadDetail};
@@ -708,12 +708,14 @@ pub async fn run_replacement<W: Workloads>(
 
 /// The launch that replaces `slot`'s instance inside `reservation`: the block's zone when
 /// the reservation records one, else the zone the old instance was in (`zone`).
+/// It carries the window's drain start (`drain_at`) as its instances do.
 pub async fn replacement<W: Workloads>(
     workloads: &W,
     rec: &RequestRecord,
     reservation: &Reservation,
     slot: &WorkloadRecord,
     zone: Option<String>,
+    drain_at: DateTime<Utc>,
     deployment_id: &str,
 ) -> Result<Replacement, PortError> {
     let (template, subnet_ids) = match replaceable(rec) {
@@ -742,7 +744,12 @@ pub async fn replacement<W: Workloads>(
         subnet_id: String::new(),
         launch_template: template.clone(),
         client_token: String::new(),
-        tags: resource_tags(&rec.request.tags, &rec.request_id, &rec.team, deployment_id),
+        tags: {
+            let mut tags =
+                resource_tags(&rec.request.tags, &rec.request_id, &rec.team, deployment_id);
+            tags.insert(DRAIN_AT_TAG.into(), drain_at_value(drain_at));
+            tags
+        },
     };
     Ok(Replacement::Launch(per_subnet(
         &spec,

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 
 use crate::config::Config;
-use crate::domain::naming::resource_tags;
+use crate::domain::naming::{DRAIN_AT_TAG, drain_at_value, resource_tags};
 use crate::domain::offering::Offering;
 use crate::domain::planner::Rejection;
 use crate::domain::request::{CapacityRequest, FieldError, WorkloadDetail};
@@ -47,6 +47,9 @@ pub struct Target {
     pub segment: u32,
     /// When the workload must be gone; a training job's max runtime stops it by then.
     pub must_end_by: DateTime<Utc>,
+    /// When the window's drain starts, for a launch into a window: EC2 instances carry it as
+    /// `capacity-pilot:drain-at`, so the workload can checkpoint before it is stopped.
+    pub drain_at: Option<DateTime<Utc>>,
 }
 
 /// What one launch attempt came to, short of an error worth retrying as it is.
@@ -233,6 +236,18 @@ pub async fn launch<W: Workloads, S: Store>(
         .filter(|w| w.reservation_id == target.reservation_id)
         .map(|w| (w.slot, w))
         .collect();
+    let mut tags = resource_tags(
+        &rec.request.tags,
+        &rec.request_id,
+        &rec.team,
+        &config.deployment_id,
+    );
+    // Instances can read their own tags from the instance metadata; SageMaker's cannot.
+    if let (WorkloadDetail::Ec2Instances { .. }, Some(at)) =
+        (&rec.request.workload, target.drain_at)
+    {
+        tags.insert(DRAIN_AT_TAG.into(), drain_at_value(at));
+    }
     let l = Launching {
         workloads,
         store,
@@ -240,12 +255,7 @@ pub async fn launch<W: Workloads, S: Store>(
         rec,
         target,
         now,
-        tags: resource_tags(
-            &rec.request.tags,
-            &rec.request_id,
-            &rec.team,
-            &config.deployment_id,
-        ),
+        tags,
         recorded,
         deadline,
     };

@@ -119,6 +119,7 @@ fn on_demand(region: &str) -> Target {
         subnet_id: None,
         segment: 0,
         must_end_by: t0() + Duration::hours(24),
+        drain_at: None,
     }
 }
 
@@ -325,6 +326,7 @@ fn block_with_two_subnets(
         subnet_id: None,
         segment: 0,
         must_end_by: t0() + Duration::hours(24),
+        drain_at: None,
     };
     (workloads, store, record(req), target)
 }
@@ -648,6 +650,7 @@ fn plan_target() -> Target {
         subnet_id: None,
         segment: 0,
         must_end_by: t0() + Duration::hours(24),
+        drain_at: None,
     }
 }
 
@@ -948,4 +951,38 @@ async fn an_endpoint_whose_config_is_not_visible_yet_waits_and_is_created_on_the
     );
     assert!(workloads.describe_endpoint_now(REGION, "shared-llm"));
     assert_eq!(workloads.calls_of(WorkloadsOp::CreateEndpoint).len(), 2);
+}
+
+#[tokio::test]
+async fn instances_launched_into_a_window_carry_its_drain_start() {
+    // Issue 55: GIVEN a block whose window drains at 10:45 on its last day
+    let (workloads, store, rec, mut target) = block_with_two_subnets(2, 5, 5);
+    let drain = t0() + Duration::hours(23) + Duration::minutes(15);
+    target.drain_at = Some(drain);
+
+    // WHEN its window's launch runs
+    let got = launch_now(&workloads, &store, &rec, &target).await.unwrap();
+    assert!(
+        matches!(got, Launch::Done(ref ids) if ids.len() == 2),
+        "{got:?}"
+    );
+
+    // THEN every instance carries capacity-pilot:drain-at, readable from its metadata, beside
+    // the tags every resource carries
+    for i in workloads.instances() {
+        assert_eq!(
+            i.tags
+                .get(crate::domain::naming::DRAIN_AT_TAG)
+                .map(String::as_str),
+            Some(crate::domain::naming::drain_at_value(drain).as_str()),
+            "{:?}",
+            i.tags
+        );
+        assert_eq!(
+            i.tags
+                .get(crate::domain::naming::REQUEST_TAG)
+                .map(String::as_str),
+            Some(rec.request_id.as_str())
+        );
+    }
 }

@@ -314,6 +314,16 @@ async fn an_impaired_instance_is_replaced_once_with_a_new_client_token() {
             reservation_id: "cr-1".into()
         }
     );
+    // ... carrying the window's drain start as the instances launched with it do (issue 55):
+    // the 24 h block ends at t0 + 26 h, and drains 45 min before
+    let drain_at = t0() + Duration::hours(26) - Duration::minutes(45);
+    assert_eq!(
+        launch
+            .tags
+            .get(capacity_pilot::domain::naming::DRAIN_AT_TAG)
+            .map(String::as_str),
+        Some(capacity_pilot::domain::naming::drain_at_value(drain_at).as_str())
+    );
     let ev = &w.events.published_of(REPLACED)[0].detail;
     assert_eq!(ev["replaced_instance_id"], json!(sick));
     assert_eq!(ev["new_instance_id"], json!(slot.resource_id));
