@@ -29,7 +29,7 @@ pub const PRODUCER_VERSION: &str = env!("CARGO_PKG_VERSION");
 pub const PRODUCER_VERSION_FIELD: &str = "producer_version";
 
 /// The schemas of what we consume, not publish (no `producer_version`).
-const CONSUMED: [&str; 3] = [
+pub const CONSUMED: [&str; 3] = [
     "capacity-request-submitted",
     "capacity-request-cancelled",
     "capacity-purchase-decision",

@@ -10,11 +10,11 @@ use std::path::{Path, PathBuf};
 
 use capacity_pilot::domain::catalog::SupportedInstanceTypes;
 use capacity_pilot::domain::events::{
-    ApprovalRefused, AwaitingApproval, CancellationApplied, CancellationRefused, EventDetail,
-    InstanceMaintenanceScheduled, InstanceReplaced, NotFound, OfferingsFound, PRODUCER_VERSION,
-    PaymentFailed, PurchaseInDoubt, RequestAccepted, RequestFailed, RequestRejected,
-    ReservationEnded, ReservationExpiring, ReservationUnrecorded, Reserved, SOURCE,
-    WorkloadDrained, WorkloadInterrupted, WorkloadLaunched, outbound, schemas,
+    ApprovalRefused, AwaitingApproval, CONSUMED, CancellationApplied, CancellationRefused,
+    EventDetail, InstanceMaintenanceScheduled, InstanceReplaced, NotFound, OfferingsFound,
+    PRODUCER_VERSION, PaymentFailed, PurchaseInDoubt, RequestAccepted, RequestFailed,
+    RequestRejected, ReservationEnded, ReservationExpiring, ReservationUnrecorded, Reserved,
+    SOURCE, WorkloadDrained, WorkloadInterrupted, WorkloadLaunched, outbound, schemas,
 };
 use capacity_pilot::domain::request::{ValidationContext, parse_request};
 use capacity_pilot::domain::time_rules::search_deadline;
@@ -481,14 +481,7 @@ fn generated_emitted_samples_are_what_the_code_publishes() {
     let published: BTreeSet<String> = schemas()
         .into_iter()
         .map(|(s, _)| s.to_string())
-        .filter(|s| {
-            ![
-                "capacity-request-submitted",
-                "capacity-request-cancelled",
-                "capacity-purchase-decision",
-            ]
-            .contains(&s.as_str())
-        })
+        .filter(|s| !CONSUMED.contains(&s.as_str()))
         .collect();
     assert_eq!(stems, published, "one sample per published event type");
     for entry in std::fs::read_dir(&dir).unwrap() {
