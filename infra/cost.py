@@ -346,6 +346,7 @@ class Usage:
     events: float = 0.0
     cross_region: float = 0.0
     failures: float = 0.0
+    notices: float = 0.0
 
 
 @dataclass
@@ -415,6 +416,9 @@ def priced(u: Usage, costs: Costs, retention_days: int) -> list[tuple[str, float
     price = costs.unit
     # One alarm notice per failure: an SNS publish and its KMS request (no data key caching).
     notice = price("sns_publish") + price("kms_request")
+    # Each notice to people: a publish, its KMS request, and an email to the one address
+    # NotificationEmail subscribes (teams' own subscriptions are billed the same way, each).
+    told = notice + price("sns_email_delivery")
     return [
         ("lambda requests", u.requests * price("lambda_request")),
         ("lambda compute, arm64", u.gb_seconds * price("lambda_arm64_gb_second")),
@@ -426,6 +430,7 @@ def priced(u: Usage, costs: Costs, retention_days: int) -> list[tuple[str, float
         ),
         ("sqs dead letters", u.failures * price("sqs_request")),
         ("sns alarm notices + kms requests", u.failures * notice),
+        ("sns notices to people + kms + one email each", u.notices * told),
         ("logs ingestion", ingested_gb * price("logs_ingestion")),
         (
             f"logs storage ({retention_days} days kept)",
@@ -489,6 +494,7 @@ def estimate(args) -> list[str]:
             load.events += scale * len(i.published)
             load.cross_region += scale * (i.trigger in forwarded)
             load.failures += scale * (not i.ok)
+            load.notices += scale * int(i.calls.get("sns", 0))
         # The ticks the runner skipped (nothing due) still fire in AWS: idle ticks.
         for name, f in fns.items():
             logged = sum(1 for i in invocations if i.function == name and i.trigger == SCHEDULED)

@@ -682,7 +682,7 @@ fn status_json(rec: &RequestRecord, windows: &[KeptWindow], resources: &[Value])
         "status": rec.status,
         "reason": rec.reason,
         "next_action": next_action(rec, windows),
-        "next_action_at": rec.due_at(),
+        "next_action_at": rec.next_step_at(),
         "instance_types": rec.request.instance_types,
         "instance_count": rec.request.instance_count,
         "duration_hours": rec.request.duration_hours,
@@ -850,7 +850,7 @@ pub async fn list(g: &Global, out: &Out, a: ListArgs) -> Result<()> {
                 "request_id": r.request_id, "team": r.team, "status": r.status,
                 "workload_kind": r.request.workload_kind(), "instance_types": r.request.instance_types,
                 "instance_count": r.request.instance_count, "duration_hours": r.request.duration_hours,
-                "spent_usd": r.spent.to_usd(), "next_action_at": r.due_at(),
+                "spent_usd": r.spent.to_usd(), "next_action_at": r.next_step_at(),
                 "created_at": r.created_at, "updated_at": r.updated_at,
             }))
             .collect();
@@ -879,7 +879,7 @@ pub async fn list(g: &Global, out: &Out, a: ListArgs) -> Result<()> {
                 r.request.instance_count, r.request.instance_types[0], r.request.duration_hours
             )),
             Cell::new(micro(r.spent)),
-            Cell::new(when_opt(r.due_at())),
+            Cell::new(when_opt(r.next_step_at())),
         ]);
     }
     out.print_table(&mut t);

@@ -222,6 +222,9 @@ pub fn config_of(
         "TABLE_NAME" => Some(table.to_string()),
         "EVENT_BUS_NAME" => Some(bus.to_string()),
         "APPROVALS_ENABLED" => Some(parameter("ApproverPrincipals").is_some().to_string()),
+        // Empty means no notices of that kind, as the functions read it.
+        "NOTICE_OPENING_LEADS_MINUTES" => parameters.get("NoticeOpeningLeadsMinutes").cloned(),
+        "NOTICE_ENDING_LEADS_MINUTES" => parameters.get("NoticeEndingLeadsMinutes").cloned(),
         "DEPLOYMENT_ID" => {
             parameter("DeploymentId").or_else(|| stack_id.split('/').nth(2).map(str::to_string))
         }
@@ -291,6 +294,10 @@ mod tests {
             "APPROVALS_ENABLED",
             "DEPLOYMENT_ID",
             "UNPINNED_DEPLOYMENT_ID",
+            // the CLI publishes no notice
+            "NOTICES_TOPIC_ARN",
+            "NOTICE_OPENING_LEADS_MINUTES",
+            "NOTICE_ENDING_LEADS_MINUTES",
         ];
         for (var, v) in &env {
             if derived.contains(&var.as_str()) {

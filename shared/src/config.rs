@@ -48,6 +48,13 @@ impl TeamBudgets {
 pub struct Config {
     pub table_name: String,
     pub event_bus_name: String,
+    /// The notices topic (`NOTICES_TOPIC_ARN`, ARCHITECTURE §9.2): the functions require it
+    /// ([`crate::aws::wiring::Adapters`]); the CLI reads configuration without it.
+    pub notices_topic_arn: Option<String>,
+    /// The leads of the lead-time notices (`NOTICE_OPENING_LEADS_MINUTES`,
+    /// `NOTICE_ENDING_LEADS_MINUTES`, comma-separated minutes; 1440,60 and 1440,780,60 by
+    /// default).
+    pub notice_leads: crate::domain::notices::Leads,
     pub allowed_regions: Vec<String>,
     pub allowed_request_sources: Vec<String>,
     pub approver_sources: Vec<String>,
@@ -261,6 +268,25 @@ impl Config {
         };
         let table_name = r.required("TABLE_NAME");
         let event_bus_name = r.required("EVENT_BUS_NAME");
+        let notices_topic_arn = r.get("NOTICES_TOPIC_ARN").map(|v| v.trim().to_string());
+        if let Some(arn) = &notices_topic_arn
+            && !arn.starts_with("arn:aws")
+        {
+            r.fail("NOTICES_TOPIC_ARN", "must be an SNS topic ARN");
+        }
+        let mut notice_leads = crate::domain::notices::Leads::default();
+        for (var, leads) in [
+            ("NOTICE_OPENING_LEADS_MINUTES", &mut notice_leads.opening),
+            ("NOTICE_ENDING_LEADS_MINUTES", &mut notice_leads.ending),
+        ] {
+            // Set but empty means none: `get` treats blank as unset, so read it raw.
+            if let Some(v) = (r.lookup)(var) {
+                match crate::domain::notices::Leads::parse_list(&v) {
+                    Ok(l) => *leads = l,
+                    Err(why) => r.fail(var, why),
+                }
+            }
+        }
 
         let allowed_regions = r.list("ALLOWED_REGIONS", true);
         if let Some(bad) = allowed_regions.iter().find(|x| !is_region_name(x)) {
@@ -455,6 +481,8 @@ impl Config {
         Ok(Config {
             table_name,
             event_bus_name,
+            notices_topic_arn,
+            notice_leads,
             allowed_regions,
             allowed_request_sources,
             approver_sources,

@@ -21,6 +21,16 @@ use crate::ports::WallDeadline;
 pub async fn cold_start() -> Result<(Arc<Config>, Adapters), Error> {
     lambda_runtime::tracing::init_default_subscriber();
     let config = Arc::new(Config::from_env()?);
+    if config.notices_topic_arn.is_none() {
+        // The functions publish notices; the CLI reads the same configuration without them.
+        return Err(crate::config::ConfigError {
+            problems: vec![(
+                "NOTICES_TOPIC_ARN".into(),
+                "is required and not set (the stack's NoticesTopic)".into(),
+            )],
+        }
+        .into());
+    }
     let adapters = Adapters::from_env(&config).await?;
     let now = crate::ports::Clock::now(&adapters.clock).await?;
     check_deployment(&adapters.store, &config, now).await?;

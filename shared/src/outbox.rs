@@ -4,9 +4,10 @@
 
 use tracing::warn;
 
-use crate::domain::events::{RequestRejected, outbound};
+use crate::domain::events::RequestRejected;
+use crate::domain::notices::{Notice, announced};
 use crate::domain::request::FieldError;
-use crate::ports::{Agenda, EventSink, OutboundEvent, PortError, Store};
+use crate::ports::{Agenda, EventSink, NoticeSink, OutboundEvent, PortError, PublishReport, Store};
 
 /// How many unsent items one run publishes at most.
 pub const FLUSH_LIMIT: usize = 100;
@@ -115,6 +116,58 @@ pub async fn flush<S: Store, E: EventSink>(
     Ok(report.sent.len())
 }
 
+/// The bus and the notices topic as one sink (ARCHITECTURE §9.2): each event goes to the
+/// bus and then, once the bus took it, its notice to the topic. An event counts as sent only
+/// when both took it; otherwise the outbox keeps it and the next run sends both again under
+/// the same `event_key` (a consumer drops the duplicate event; the topic is told once more).
+/// The bus goes first: of the two, only its duplicates can be dropped by their reader.
+#[derive(Debug, Clone)]
+pub struct Announcing<E, N> {
+    pub bus: E,
+    pub topic: N,
+}
+
+impl<E: EventSink, N: NoticeSink> EventSink for Announcing<E, N> {
+    async fn publish(&self, events: &[OutboundEvent]) -> Result<PublishReport, PortError> {
+        // Boxed: each handler's future holds this one, and the two publishes would otherwise
+        // sit inline in it (an in-process flow's whole lifecycle runs on one test thread).
+        let mut report = Box::pin(self.bus.publish(events)).await?;
+        let noticed: Vec<(String, Notice)> = events
+            .iter()
+            .filter(|e| report.sent.contains(&e.event_key))
+            .filter_map(|e| e.notice.clone().map(|n| (e.event_key.clone(), n)))
+            .collect();
+        if noticed.is_empty() {
+            return Ok(report);
+        }
+        let told = match Box::pin(self.topic.notify(&noticed)).await {
+            Ok(r) => r,
+            Err(e) => PublishReport {
+                sent: Vec::new(),
+                failed: noticed
+                    .iter()
+                    .map(|(k, _)| {
+                        (
+                            k.clone(),
+                            e.code().unwrap_or("NoticeFailed").to_string(),
+                            e.to_string(),
+                        )
+                    })
+                    .collect(),
+            },
+        };
+        report
+            .sent
+            .retain(|k| !noticed.iter().any(|(n, _)| n == k) || told.sent.contains(k));
+        for (key, code, message) in told.failed {
+            warn!(event_key = %key, code = %code, message = %message,
+                "notice not taken by the topic; the event stays in the outbox");
+            report.failed.push((key, code, message));
+        }
+        Ok(report)
+    }
+}
+
 /// Publishes a `Capacity Request Rejected` for an inbound event we will not act on (bad
 /// source, bad detail, oversize). There is no stored request to carry an outbox, so a
 /// publish failure fails the invocation and EventBridge delivers the event again.
@@ -123,6 +176,7 @@ pub async fn reject<E: EventSink>(
     event_id: &str,
     source: &str,
     request_id: Option<String>,
+    team: Option<&str>,
     problems: Vec<FieldError>,
 ) -> Result<(), PortError> {
     let detail = RequestRejected {
@@ -132,7 +186,7 @@ pub async fn reject<E: EventSink>(
         event_id: event_id.to_string(),
         problems,
     };
-    publish_now(sink, &[outbound(&detail)]).await
+    publish_now(sink, &[announced(team, &detail)]).await
 }
 
 /// Publishes answers that change no stored request (a rejection, a refusal, a notice), so

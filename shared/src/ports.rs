@@ -517,6 +517,19 @@ pub struct OutboundEvent {
     pub detail_type: String,
     /// The JSON detail, carrying `event_key` too.
     pub detail: serde_json::Value,
+    /// What the notices topic is told of it (ARCHITECTURE §9.2), rendered when the event was
+    /// written; none for an event people are not told of, and for an outbox item written
+    /// before notices existed (it goes to the bus only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice: Option<crate::domain::notices::Notice>,
+}
+
+impl OutboundEvent {
+    /// The same event, told to no one (it still goes to the bus).
+    pub fn unannounced(mut self) -> OutboundEvent {
+        self.notice = None;
+        self
+    }
 }
 
 /// What a publish did with each event.
@@ -533,6 +546,16 @@ pub trait EventSink: Send + Sync {
     fn publish(
         &self,
         events: &[OutboundEvent],
+    ) -> impl Future<Output = Result<PublishReport, PortError>> + Send;
+}
+
+/// The notices topic (ARCHITECTURE §9.2): SNS `Publish`, one notice per call.
+pub trait NoticeSink: Send + Sync {
+    /// Publishes each `(event_key, notice)`; reports the keys the topic took and those it
+    /// refused, never dropping one silently.
+    fn notify(
+        &self,
+        notices: &[(String, crate::domain::notices::Notice)],
     ) -> impl Future<Output = Result<PublishReport, PortError>> + Send;
 }
 
@@ -876,12 +899,26 @@ impl RequestRecord {
         crate::domain::window::next_action_at(self.next_action_at, &self.windows)
     }
 
+    /// When capacity-pilot next acts on it (its own next action, or a window's launch, drain
+    /// or end), its lead-time notices aside: what a person is shown as its next step.
+    pub fn next_step_at(&self) -> Option<DateTime<Utc>> {
+        crate::domain::window::window_action_at(&self.windows)
+            .into_iter()
+            .chain(self.next_action_at)
+            .min()
+    }
+
     /// Whether one of its windows is due: launch and cleanup have work on it now, whatever
     /// its status.
     pub fn window_due(&self, now: DateTime<Utc>) -> bool {
         self.windows
             .iter()
             .any(|w| w.next_action_at.is_some_and(|t| t <= now))
+    }
+
+    /// Whether a lead-time notice of one of its windows is due (cleanup's work).
+    pub fn notice_due(&self, now: DateTime<Utc>) -> bool {
+        crate::domain::window::notice_at(&self.windows).is_some_and(|t| t <= now)
     }
 
     /// Whether it ended with a purchase in doubt (ARCHITECTURE §9.1): a call may have bought
@@ -1587,6 +1624,9 @@ pub struct DueItem {
     /// The earliest of its windows' next actions (a launch, a drain, an end).
     #[serde(default)]
     pub window_action_at: Option<DateTime<Utc>>,
+    /// The earliest of its windows' lead-time notices (cleanup sends them).
+    #[serde(default)]
+    pub notice_at: Option<DateTime<Utc>>,
 }
 
 impl DueItem {
@@ -1599,6 +1639,11 @@ impl DueItem {
     /// Whether one of its windows is due (launch and cleanup's work).
     pub fn window_due(&self, now: DateTime<Utc>) -> bool {
         self.window_action_at.is_some_and(|t| t <= now)
+    }
+
+    /// Whether a lead-time notice of one of its windows is due.
+    pub fn notice_due(&self, now: DateTime<Utc>) -> bool {
+        self.notice_at.is_some_and(|t| t <= now)
     }
 }
 
@@ -2067,6 +2112,7 @@ mod tests {
             state: crate::domain::window::WindowState::Pending,
             next_action_at: next,
             updated_at: at(0, 0),
+            notices: None,
         };
         let rec = |windows| RequestRecord {
             next_action_at: Some(at(0, 0)),
@@ -2090,6 +2136,7 @@ mod tests {
             next_action_at: at(0, 0),
             own_action_at: own,
             window_action_at: window,
+            notice_at: None,
         };
         let searching = item(Some(at(0, 0)), None);
         assert!(searching.own_action_due(at(0, 0)));

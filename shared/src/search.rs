@@ -228,6 +228,42 @@ pub struct SearchRound {
     pub started_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub outcomes: BTreeMap<String, QueryOutcome>,
+    /// The gist ([`not_found_gist`]) of the `Capacity Not Found` last announced: another is
+    /// announced, and its notice sent, only when the reason or the alternatives change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announced: Option<String>,
+}
+
+/// What a `Capacity Not Found` says, short of its times and counts: the distinct reasons the
+/// offerings were rejected for and what the search could not check, with numbers masked, so
+/// a market that moves by a day or an offering does not make it news.
+pub fn not_found_gist(rejections: &[crate::domain::planner::Rejection], missing: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mask = |s: &str| -> String {
+        let mut out = String::new();
+        let mut digits = false;
+        for c in s.chars() {
+            if c.is_ascii_digit() {
+                if !digits {
+                    out.push('#');
+                }
+                digits = true;
+            } else {
+                digits = false;
+                out.push(c);
+            }
+        }
+        out
+    };
+    let reasons: std::collections::BTreeSet<String> =
+        rejections.iter().map(|r| mask(&r.reason)).collect();
+    let mut h = Sha256::new();
+    for r in &reasons {
+        h.update(r.as_bytes());
+        h.update([0]);
+    }
+    h.update(mask(missing).as_bytes());
+    hex::encode(h.finalize())[..16].to_string()
 }
 
 /// A query's identity within a round: its product, region, type, count and duration (its
@@ -464,6 +500,7 @@ impl SearchRound {
     pub fn next_round(&self) -> SearchRound {
         SearchRound {
             started_at: None,
+            announced: self.announced.clone(),
             outcomes: self
                 .outcomes
                 .iter()

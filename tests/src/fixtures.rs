@@ -74,6 +74,7 @@ pub fn event(key: &str) -> OutboundEvent {
         event_key: key.to_string(),
         detail_type: "Capacity Request Accepted".into(),
         detail: serde_json::json!({ "event_key": key }),
+        notice: None,
     }
 }
 

@@ -16,12 +16,14 @@ use capacity_pilot::aws::capacity::{AwsMarket, AwsWorkloads};
 use capacity_pilot::aws::clock::ConfiguredClock;
 use capacity_pilot::aws::dynamodb::DynamoStore;
 use capacity_pilot::aws::eventbridge::EventBridgeSink;
+use capacity_pilot::aws::sns::SnsNotices;
 use capacity_pilot::aws::wiring::Adapters;
 use capacity_pilot::config::Config;
 use capacity_pilot::domain::money::MicroUsd;
 use capacity_pilot::domain::request::{RequestId, Team};
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::ids::SeededIds;
+use capacity_pilot::outbox::Announcing;
 use capacity_pilot::ports::{BudgetMonth, RequestRecord, Store, WallDeadline, default_sleep};
 use chrono::{DateTime, Utc};
 use cleanup_expired::handler::Cleaner;
@@ -48,6 +50,8 @@ pub const BUS: &str = "capacity-pilot";
 pub const SOURCE: &str = "com.example.ml-platform";
 pub const APPROVER: &str = "com.example.approvals";
 pub const REGION: &str = "us-east-1";
+/// The notices topic the flows' functions publish to (created in the emulator at start).
+pub const NOTICES_TOPIC: &str = "arn:aws:sns:us-east-1:123456789012:capacity-pilot-notices";
 
 /// Which function an event reaches, by the rules of ARCHITECTURE section 4.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -124,11 +128,14 @@ pub fn observed() -> BTreeMap<Function, BTreeSet<Operation>> {
     out
 }
 
+/// The bus and the notices topic, as the functions publish.
+pub type Events = Announcing<EventBridgeSink, SnsNotices>;
+
 type Sdk = (
     DynamoStore,
     AwsMarket,
     AwsWorkloads,
-    EventBridgeSink,
+    Events,
     ConfiguredClock,
 );
 
@@ -136,12 +143,11 @@ pub struct Flow {
     pub cloud: LocalCloud,
     pub table: TestTable,
     pub config: Arc<Config>,
-    pub searcher: Searcher<DynamoStore, AwsMarket, AwsWorkloads, EventBridgeSink, ConfiguredClock>,
-    pub purchaser:
-        Purchaser<DynamoStore, AwsMarket, EventBridgeSink, ConfiguredClock, AwsWorkloads>,
-    pub launcher: Launcher<DynamoStore, AwsWorkloads, EventBridgeSink, ConfiguredClock>,
-    pub replacer: Replacer<DynamoStore, AwsWorkloads, EventBridgeSink, ConfiguredClock>,
-    pub cleaner: Cleaner<DynamoStore, AwsMarket, AwsWorkloads, EventBridgeSink, ConfiguredClock>,
+    pub searcher: Searcher<DynamoStore, AwsMarket, AwsWorkloads, Events, ConfiguredClock>,
+    pub purchaser: Purchaser<DynamoStore, AwsMarket, Events, ConfiguredClock, AwsWorkloads>,
+    pub launcher: Launcher<DynamoStore, AwsWorkloads, Events, ConfiguredClock>,
+    pub replacer: Replacer<DynamoStore, AwsWorkloads, Events, ConfiguredClock>,
+    pub cleaner: Cleaner<DynamoStore, AwsMarket, AwsWorkloads, Events, ConfiguredClock>,
     /// How many events of each (region, bus) [`Flow::deliver`] has looked at.
     delivered: Mutex<BTreeMap<(String, String), usize>>,
     ticks: Mutex<u64>,
@@ -154,11 +160,27 @@ pub struct Flow {
     pub calls: BTreeMap<Function, Calls>,
 }
 
+/// Creates [`NOTICES_TOPIC`] in the emulator `sdk` points at, as the stack does: a publish
+/// to a topic that does not exist is refused (`NotFound`).
+pub async fn create_notices_topic(sdk: &aws_config::SdkConfig) {
+    let name = NOTICES_TOPIC.rsplit(':').next().expect("a topic name");
+    let arn = aws_sdk_sns::Client::new(sdk)
+        .create_topic()
+        .name(name)
+        .send()
+        .await
+        .expect("the notices topic is created")
+        .topic_arn
+        .expect("an ARN");
+    assert_eq!(arn, NOTICES_TOPIC, "the emulator's account and region");
+}
+
 /// The configuration every flow starts from; `overrides` replace or add variables.
 pub fn env(table: &str, cloud_url: &str, overrides: &[(&str, &str)]) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = [
         ("TABLE_NAME", table.to_string()),
         ("EVENT_BUS_NAME", BUS.to_string()),
+        ("NOTICES_TOPIC_ARN", NOTICES_TOPIC.to_string()),
         ("ALLOWED_REGIONS", REGION.to_string()),
         ("ALLOWED_REQUEST_SOURCES", SOURCE.to_string()),
         ("APPROVER_SOURCES", APPROVER.to_string()),
@@ -234,6 +256,7 @@ impl Flow {
             .credentials_provider(Credentials::new("AKIDTEST", "secret", None, None, "flow"))
             .load()
             .await;
+        create_notices_topic(&sdk).await;
         // Each function gets its own adapters, as each Lambda has its own; the store is
         // this test's table on moto (production points DynamoDB elsewhere by endpoint too).
         // Each records the AWS operations it makes, for the IAM test.

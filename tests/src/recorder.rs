@@ -179,12 +179,22 @@ fn operation_of(request: &HttpRequest) -> Option<Operation> {
         return Some((service.to_string(), op.to_string()));
     }
     let body = request.body().bytes()?;
-    let action = serde_urlencoded::from_bytes::<Vec<(String, String)>>(body)
-        .ok()?
-        .into_iter()
-        .find(|(k, _)| k == "Action")?
-        .1;
-    Some(("ec2".to_string(), action))
+    let pairs = serde_urlencoded::from_bytes::<Vec<(String, String)>>(body).ok()?;
+    let field = |name: &str| {
+        pairs
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    let action = field("Action")?;
+    // Query-protocol services are told apart by their API version.
+    let service = match field("Version").as_deref() {
+        Some("2010-03-31") => "sns",
+        Some("2010-05-15") => "cloudformation",
+        Some("2011-06-15") => "sts",
+        _ => "ec2",
+    };
+    Some((service.to_string(), action))
 }
 
 #[cfg(test)]
@@ -218,6 +228,13 @@ mod tests {
         assert_eq!(
             operation_of(&request(None, "Action=RunInstances&Version=2016-11-15")),
             op("ec2", "RunInstances")
+        );
+        assert_eq!(
+            operation_of(&request(
+                None,
+                "Action=Publish&Version=2010-03-31&TopicArn=arn%3Aaws%3Asns%3Aus-east-1%3A1%3At"
+            )),
+            op("sns", "Publish")
         );
         assert_eq!(operation_of(&request(None, "")), None);
     }

@@ -868,6 +868,7 @@ async fn an_eventbridge_partial_failure_is_reported_not_dropped() {
             event_key: format!("req-1#reserved#{i}"),
             detail_type: "Capacity Reserved".into(),
             detail: serde_json::json!({"request_id": "req-1", "event_key": format!("req-1#reserved#{i}")}),
+            notice: None,
         })
         .collect();
     events[4].detail["padding"] = serde_json::json!("x".repeat(4096));

@@ -1040,9 +1040,18 @@ fn the_local_runner_still_reads_the_template() {
     }
     locals.resources.insert("StateTable".into(), "table".into());
     locals.resources.insert("Bus".into(), "bus".into());
+    locals.resources.insert(
+        "NoticesTopic".into(),
+        "arn:aws:sns:us-east-1:1:notices".into(),
+    );
     let specs = functions(&t, &locals).expect("the runner reads the template");
     assert_eq!(specs.len(), 5);
     assert!(specs.iter().all(|f| f.env["EVENT_BUS_NAME"] == "bus"));
+    assert!(
+        specs
+            .iter()
+            .all(|f| f.env["NOTICES_TOPIC_ARN"] == "arn:aws:sns:us-east-1:1:notices")
+    );
     local_cloud::rules::Rules::from_template(&root().join("infra/template.yaml"))
         .expect("the rules read the template");
 }

@@ -85,6 +85,24 @@ async fn running_block(store: &DynamoStore, id: &str, res: &str) -> Reservation 
 }
 
 /// The due items as (request, status, due time).
+/// [`due_keys`] by when a function next acts (its own action or a window's), the windows'
+/// lead-time notices aside: a window never looked at for its notices is due at once for them,
+/// to cleanup-expired only.
+fn acting_keys(
+    due: Vec<DueItem>,
+) -> Vec<(
+    capacity_pilot::domain::request::RequestId,
+    RequestStatus,
+    Option<chrono::DateTime<chrono::Utc>>,
+)> {
+    due.into_iter()
+        .map(|d| {
+            let acts = d.own_action_at.into_iter().chain(d.window_action_at).min();
+            (d.request_id, d.status, acts)
+        })
+        .collect()
+}
+
 fn due_keys(
     due: Vec<DueItem>,
 ) -> Vec<(
@@ -2052,17 +2070,27 @@ async fn a_splits_replacement_block_is_numbered_after_the_kept_block_and_the_req
         ]
     );
     assert_eq!(rec.next_action_at, None, "no payment check was asked for");
-    assert_eq!(rec.due_at(), Some(a.start()));
+    assert_eq!(rec.next_step_at(), Some(a.start()));
+    assert!(
+        rec.notice_due(rec.updated_at),
+        "its lead-time notices are due at once"
+    );
     assert_eq!((rec.lease, rec.open_debit), (None, None));
     assert_eq!(rec.spent, usd("9000.00").to_micros_ceil());
     let just_before = store
         .due(&[Reserved], a.start() - Duration::seconds(1))
         .await
         .unwrap();
-    assert!(just_before.is_empty(), "{just_before:?}");
+    // (due before its start only for its lead-time notices, which cleanup sends)
+    assert!(
+        just_before
+            .iter()
+            .all(|d| !d.window_due(a.start() - Duration::seconds(1))),
+        "{just_before:?}"
+    );
     assert_eq!(
-        due_keys(store.due(&[Reserved], a.start()).await.unwrap()),
-        vec![(request_id(id), Reserved, a.start())]
+        acting_keys(store.due(&[Reserved], a.start()).await.unwrap()),
+        vec![(request_id(id), Reserved, Some(a.start()))]
     );
 }
 
@@ -2112,7 +2140,9 @@ async fn a_block_recorded_beside_one_from_before_windows_records_both_windows_in
             ("cr-b#0", 1, WindowState::Pending, Some(b.start())),
         ]
     );
-    assert_eq!(rec.due_at(), Some(a.start()));
+    assert_eq!(rec.next_step_at(), Some(a.start()));
+    // (and due at once besides, for its windows' lead-time notices, never looked at yet)
+    assert!(rec.notice_due(rec.updated_at));
 }
 
 /// A reservation recorded while another writer moves the request (issue 51's store campaign:
@@ -2320,13 +2350,14 @@ async fn a_window_update_while_searching_or_purchasing_changes_only_the_windows_
         state: WindowState::Launching,
         next_action_at: Some(a.start()),
         updated_at: t0() + Duration::minutes(5),
+        notices: None,
     }];
     assert_eq!(rec, expected);
     assert_eq!(rec.next_action_at, Some(lease_expiry));
-    assert_eq!(rec.due_at(), Some(lease_expiry.min(a.start())));
+    assert_eq!(rec.next_step_at(), Some(lease_expiry.min(a.start())));
     assert_eq!(
-        due_keys(store.due(&[Purchasing], lease_expiry).await.unwrap()),
-        vec![(request_id(id), Purchasing, lease_expiry)]
+        acting_keys(store.due(&[Purchasing], lease_expiry).await.unwrap()),
+        vec![(request_id(id), Purchasing, Some(lease_expiry))]
     );
 
     // GIVEN the rest of the purchase released: Searching, next looking after A is over
@@ -2372,6 +2403,7 @@ async fn a_window_update_while_searching_or_purchasing_changes_only_the_windows_
         state: WindowState::Running,
         next_action_at: Some(drain),
         updated_at: a.start(),
+        notices: None,
     }];
     assert_eq!(rec, expected);
     assert_eq!(
@@ -2383,15 +2415,21 @@ async fn a_window_update_while_searching_or_purchasing_changes_only_the_windows_
         ),
         (Searching, Some(next_search), None, None)
     );
-    assert_eq!(rec.due_at(), Some(drain));
+    assert_eq!(rec.next_step_at(), Some(drain));
     let just_before = store
         .due(&[Searching], drain - Duration::seconds(1))
         .await
         .unwrap();
-    assert!(just_before.is_empty(), "{just_before:?}");
+    assert!(
+        just_before
+            .iter()
+            .all(|d| !d.window_due(drain - Duration::seconds(1))
+                && !d.own_action_due(drain - Duration::seconds(1))),
+        "{just_before:?}"
+    );
     assert_eq!(
-        due_keys(store.due(&[Searching], drain).await.unwrap()),
-        vec![(request_id(id), Searching, drain)]
+        acting_keys(store.due(&[Searching], drain).await.unwrap()),
+        vec![(request_id(id), Searching, Some(drain))]
     );
 }
 
@@ -2443,12 +2481,17 @@ async fn a_reserved_requests_windows_move_it_to_active_and_to_ended_and_stale_or
     let drain = drain_at(&store, id, "cr-a#0").await;
     let rec = get(&store, id).await;
     assert_eq!(
-        (rec.status, rec.version, rec.next_action_at, rec.due_at()),
+        (
+            rec.status,
+            rec.version,
+            rec.next_action_at,
+            rec.next_step_at()
+        ),
         (Active, 6, None, Some(drain))
     );
     assert_eq!(
-        due_keys(store.due(&[Active], drain).await.unwrap()),
-        vec![(request_id(id), Active, drain)]
+        acting_keys(store.due(&[Active], drain).await.unwrap()),
+        vec![(request_id(id), Active, Some(drain))]
     );
     assert!(store.due(&[Reserved], drain).await.unwrap().is_empty());
 
@@ -2504,7 +2547,7 @@ async fn a_reserved_requests_windows_move_it_to_active_and_to_ended_and_stale_or
         WriteOutcome::Applied { version: 7 }
     );
     let rec = get(&store, id).await;
-    assert_eq!((rec.status, rec.due_at()), (Draining, Some(a.end())));
+    assert_eq!((rec.status, rec.next_step_at()), (Draining, Some(a.end())));
     let ended = window_update(&store, id, "cr-a#0", WindowState::Ended, a.end(), "end-a").await;
     assert_eq!(
         store.update_windows(ended).await.unwrap(),
@@ -2666,8 +2709,17 @@ async fn a_tick_reads_what_is_due_what_runs_and_what_is_unsent_in_one_query() {
     // recorded, and every unsent item; nothing due later or idle
     let made = &calls.log()[before..];
     assert_eq!(made, [("dynamodb".to_string(), "Query".to_string())]);
-    let due: Vec<&str> = agenda.due.iter().map(|d| d.request_id.as_str()).collect();
-    assert_eq!(due, ["due-now"]);
+    let mut due: Vec<&str> = agenda.due.iter().map(|d| d.request_id.as_str()).collect();
+    due.sort_unstable();
+    // ("runs" is due too, for cleanup only: its window's lead-time notices were never looked
+    // at)
+    assert_eq!(due, ["due-now", "runs"]);
+    let runs = agenda
+        .due
+        .iter()
+        .find(|d| d.request_id.as_str() == "runs")
+        .unwrap();
+    assert!(runs.notice_due(now) && !runs.window_due(now));
     assert_eq!(agenda.live.len(), 1);
     let live = &agenda.live[0];
     assert_eq!(

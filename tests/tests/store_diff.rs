@@ -117,6 +117,7 @@ fn windows(rng: &mut Rng, now: DateTime<Utc>) -> Vec<WindowRecord> {
                 next_action_at: (state != WindowState::Ended)
                     .then(|| now + Duration::minutes(rng.below(240) as i64 - 60)),
                 updated_at: now,
+                notices: None,
             }
         })
         .collect()

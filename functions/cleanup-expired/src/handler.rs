@@ -20,6 +20,7 @@ use capacity_pilot::domain::events::{
 };
 use capacity_pilot::domain::money::MicroUsd;
 use capacity_pilot::domain::naming::{DEPLOYMENT_TAG, MANAGED_TAG, REQUEST_TAG};
+use capacity_pilot::domain::notices::{self, NoticeMarks, announced};
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::status::RequestStatus;
@@ -171,6 +172,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                         RequestStatus::RunningOnDemand | RequestStatus::RunningSpot
                     )
                     || d.window_due(now)
+                    || d.notice_due(now)
             };
             for item in a.due_in(&due_statuses()).into_iter().filter(mine) {
                 if done.contains(&item.request_id) {
@@ -360,7 +362,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                 rec.status,
                 RequestStatus::RunningOnDemand | RequestStatus::RunningSpot
             );
-        if searching && warned.is_none() && !rec.window_due(now) {
+        if searching && warned.is_none() && !rec.window_due(now) && !rec.notice_due(now) {
             // Due for its search or purchase, not for a window.
             return Ok(());
         }
@@ -381,7 +383,27 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             }
             return self.process_run(&rec, base, now, out).await;
         }
+        // A window about to be drained or ended whose lead-time notices are due: they are
+        // looked at first, with the window as it was, so a lead the step makes moot (a drain
+        // that comes late, after an outage) is recorded as skipped instead of being lost once
+        // the window has ended. (Simulation seed 852.)
+        let moot = windows.iter().any(|w| {
+            (w.needs_end(now) || w.needs_drain(now, warned == Some(w.reservation.id.as_str())))
+                && rec
+                    .windows
+                    .iter()
+                    .any(|r| r.key == w.key && r.notice_due().is_some_and(|t| t <= now))
+        });
         let mut rec = rec;
+        if moot {
+            self.notices(&rec, &windows, base, "notices-first", now, out)
+                .await?;
+            match self.store.get_request(id).await? {
+                Some(r) => rec = r,
+                None => return Ok(()),
+            }
+            windows = window::windows(&reservations, &rec.windows, lead);
+        }
         for step in 0..MAX_STEPS {
             let warned_here = |w: &window::Window| warned == Some(w.reservation.id.as_str());
             let Some(w) = windows
@@ -392,7 +414,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                     out.decisions
                         .push(Decision::new(id, "waiting", waiting(&windows)));
                 }
-                return Ok(());
+                break;
             };
             let written = if w.needs_end(now) {
                 self.end_window(&rec, &windows, w, base, now, out).await?
@@ -411,6 +433,82 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             }
             windows = window::windows(&reservations, &rec.windows, lead);
         }
+        self.notices(&rec, &windows, base, "notices", now, out)
+            .await
+    }
+
+    /// Sends the lead-time notices of `rec`'s windows that are due at `now` (ARCHITECTURE
+    /// §9.2) and records those skipped, with each window's marks, in one write: its history
+    /// says what was sent and what was not, and why. A window whose notices were never
+    /// looked at (just bought) gets its marks, and so its next due time, here.
+    async fn notices(
+        &self,
+        rec: &RequestRecord,
+        windows: &[window::Window],
+        base: &str,
+        step: &str,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        if !rec.notice_due(now) {
+            return Ok(());
+        }
+        let leads = &self.config.notice_leads;
+        let checkpoint = leads.ending.iter().min().copied();
+        let mut records = rec.windows.clone();
+        let mut outbox = Vec::new();
+        let mut said = Vec::new();
+        for r in records.iter_mut() {
+            if r.notice_due().is_none_or(|t| t > now) {
+                continue;
+            }
+            let Some(w) = windows.iter().find(|w| w.key == r.key) else {
+                // A record no reservation derives any more: nothing to announce.
+                r.notices = Some(NoticeMarks::default());
+                continue;
+            };
+            let since = w.reservation.bought_at.unwrap_or(r.updated_at);
+            let plan = notices::plan_leads(w, leads, since, now);
+            for (l, late) in &plan.send {
+                outbox.push(notices::lead_event(
+                    rec.whose(),
+                    rec.team.as_str(),
+                    w,
+                    *l,
+                    *late,
+                    checkpoint,
+                ));
+                said.push(format!(
+                    "sent {}{}",
+                    l.describe(w.number),
+                    if *late { ", late" } else { "" }
+                ));
+            }
+            said.extend(plan.skipped.iter().map(|(_, why)| why.clone()));
+            r.notices = Some(plan.marks);
+        }
+        let reason = if said.is_empty() {
+            match window::notice_at(&records) {
+                Some(t) => format!("lead-time notices: none due yet; the next at {t}"),
+                None => "lead-time notices: none left to send".to_string(),
+            }
+        } else {
+            said.join("; ")
+        };
+        let u = WindowUpdate::of(
+            rec,
+            records,
+            &reason,
+            now,
+            &Cause::new(format!("{base}#{step}")),
+            outbox,
+        );
+        let written = self.store.update_windows(u).await?;
+        out.decisions.push(Decision::new(
+            &rec.request_id,
+            decision::written(&written, "noticed"),
+            reason,
+        ));
         Ok(())
     }
 
@@ -498,7 +596,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             &reason,
             now,
             &Cause::new(format!("{base}#drain-s{}", w.number)),
-            vec![outbound(&drained)],
+            vec![announced(Some(rec.team.as_str()), &drained)],
         );
         let written = self.store.update_windows(u).await?;
         out.decisions.push(Decision::new(
@@ -784,7 +882,10 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             now,
             &Cause::new(format!("{base}#drain")),
         )
-        .with_outbox(vec![outbound(&expiring), outbound(&drained)])
+        .with_outbox(vec![
+            outbound(&expiring),
+            announced(Some(rec.team.as_str()), &drained),
+        ])
         .settling(settle);
         let written = self.store.transition(t).await?;
         out.decisions.push(Decision::new(

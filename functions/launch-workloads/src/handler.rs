@@ -15,8 +15,9 @@ use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use capacity_pilot::config::{Config, PurchaseMode};
 use capacity_pilot::decision;
 pub use capacity_pilot::decision::{Decision, HandlerError};
-use capacity_pilot::domain::events::{self, WorkloadLaunched, event_key, outbound};
+use capacity_pilot::domain::events::{self, WorkloadLaunched, event_key};
 use capacity_pilot::domain::money::{MicroUsd, Usd};
+use capacity_pilot::domain::notices::announced;
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::{CapacityRequest, RequestId};
 use capacity_pilot::domain::status::RequestStatus;
@@ -278,7 +279,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                     &reason,
                     now,
                     &cause.step("launch"),
-                    vec![outbound(&ev)],
+                    vec![announced(Some(rec.team.as_str()), &ev)],
                 );
                 let written = self.store.update_windows(u).await?;
                 out.decisions.push(Decision::new(
@@ -857,7 +858,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             now,
             &cause.step("launch"),
         )
-        .with_outbox(vec![outbound(&ev)])
+        .with_outbox(vec![announced(Some(rec.team.as_str()), &ev)])
         .with_run(OnDemandRun {
             attempt: t.reservation_id.clone(),
             held_at,
@@ -966,7 +967,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             now,
             &cause.step("fail"),
         )
-        .with_outbox(vec![outbound(&ev)])
+        .with_outbox(vec![announced(Some(rec.team.as_str()), &ev)])
         .settling(settle);
         let t = match ended {
             Some(records) => t.with_windows(records),

@@ -196,7 +196,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock, W: Workloads> Purchase
         }];
         let request_id = request_id_of(&ev.detail).map(|r| r.to_string());
         let event_id = ev.id.clone().unwrap_or_default();
-        outbox::reject(&self.events, &event_id, source, request_id, problems).await
+        outbox::reject(&self.events, &event_id, source, request_id, None, problems).await
     }
 
     async fn process(

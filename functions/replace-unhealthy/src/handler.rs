@@ -31,6 +31,7 @@ use capacity_pilot::domain::events::{
     InstanceMaintenanceScheduled, InstanceReplaced, WorkloadInterrupted, event_key, outbound,
 };
 use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG};
+use capacity_pilot::domain::notices::announced;
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::reservation::Reservation;
@@ -854,7 +855,8 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let event = interruption(rec, slot, at, replacement, &reason);
-        self.publish_now(outbound(&event), out).await?;
+        self.publish_now(announced(Some(rec.team.as_str()), &event), out)
+            .await?;
         out.decisions
             .push(Decision::new(&rec.request_id, "interrupted", reason));
         Ok(())
@@ -947,7 +949,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Replacer<S, W, E, C> {
                 left
             };
             let event = interruption(rec, &left, left.ended_at, None, &reason);
-            outbox.push(outbound(&event));
+            outbox.push(announced(Some(rec.team.as_str()), &event));
         }
         let t = Transition::of(
             rec,

@@ -14,6 +14,7 @@ use capacity_pilot::domain::events::{
     inbound, outbound,
 };
 use capacity_pilot::domain::money::Usd;
+use capacity_pilot::domain::notices::announced;
 use capacity_pilot::domain::offering::{Offering, Product};
 use capacity_pilot::domain::request::{
     CapacityRequest, FieldError, Mode, RequestId, Strategy, ValidationContext, parse_request,
@@ -144,10 +145,17 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
             .get("request_id")
             .and_then(Value::as_str)
             .map(str::to_string);
+        // The team it names, when it names one: its notice goes to that team's subscribers.
+        let claimed_team = ev
+            .detail
+            .get("team")
+            .and_then(Value::as_str)
+            .map(str::to_string);
         // A rejection is kept under the id it claimed, when that is an id, so that the
         // requester can read why (`capacity-pilot submit --wait`, `status`); then published.
         let reject = |problems: Vec<FieldError>| {
             let claimed = claimed_id.clone();
+            let team = claimed_team.clone();
             async move {
                 if let Some(id) = claimed.as_deref().and_then(|i| RequestId::parse(i).ok()) {
                     self.store
@@ -160,7 +168,15 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
                         })
                         .await?;
                 }
-                outbox::reject(&self.events, event_id, source, claimed, problems).await
+                outbox::reject(
+                    &self.events,
+                    event_id,
+                    source,
+                    claimed,
+                    team.as_deref(),
+                    problems,
+                )
+                .await
             }
         };
         if !self
@@ -846,19 +862,22 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
                     )
                 }
             );
-            t.outbox = vec![outbound(&events::RequestFailed {
-                event_key: event_key(rec.whose(), "failed", version),
-                request_id: id.to_string(),
-                status_before: rec.status,
-                reason: t.reason.clone(),
-                reservation_ids: kept.iter().map(|r| r.id.clone()).collect(),
-                spent_usd: rec.spent.to_usd(),
-                kept_windows: window::kept(
-                    kept,
-                    &rec.windows,
-                    DrainLead::of(req, self.config.default_drain_minutes),
-                ),
-            })];
+            t.outbox = vec![announced(
+                Some(rec.team.as_str()),
+                &events::RequestFailed {
+                    event_key: event_key(rec.whose(), "failed", version),
+                    request_id: id.to_string(),
+                    status_before: rec.status,
+                    reason: t.reason.clone(),
+                    reservation_ids: kept.iter().map(|r| r.id.clone()).collect(),
+                    spent_usd: rec.spent.to_usd(),
+                    kept_windows: window::kept(
+                        kept,
+                        &rec.windows,
+                        DrainLead::of(req, self.config.default_drain_minutes),
+                    ),
+                },
+            )];
         } else {
             action = "not-found";
             let next = (now + RETRY_AFTER).min(deadline);
@@ -870,19 +889,31 @@ impl<S: Store + Pacing, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock>
                 offerings.len(),
                 summarize(&planning.rejections)
             );
-            // Announce once; later retries only move the next look.
-            if rec.status != RequestStatus::NotFound {
+            // Announce the first time, then only when the reason or the alternatives change
+            // (a request that was NotFound before gists were kept counts as announced);
+            // other retries only move the next look.
+            let gist = capacity_pilot::search::not_found_gist(&planning.rejections, &missing);
+            let before = rec.search.as_ref().and_then(|s| s.announced.clone());
+            let news = rec.status != RequestStatus::NotFound
+                || before.as_ref().is_some_and(|b| *b != gist);
+            if let Some(s) = t.search.as_mut() {
+                s.announced = Some(gist);
+            }
+            if news {
                 let (rejections, rejections_omitted) =
                     events::bounded_rejections(&planning.rejections);
-                t.outbox = vec![outbound(&NotFound {
-                    event_key: event_key(rec.whose(), "not-found", version),
-                    request_id: id.to_string(),
-                    reason: t.reason.clone(),
-                    next_search_at: next,
-                    search_deadline: deadline,
-                    rejections,
-                    rejections_omitted,
-                })];
+                t.outbox = vec![announced(
+                    Some(rec.team.as_str()),
+                    &NotFound {
+                        event_key: event_key(rec.whose(), "not-found", version),
+                        request_id: id.to_string(),
+                        reason: t.reason.clone(),
+                        next_search_at: next,
+                        search_deadline: deadline,
+                        rejections,
+                        rejections_omitted,
+                    },
+                )];
             }
         }
         let reason = t.reason.clone();

@@ -1,7 +1,7 @@
 //! `local-cloud`: an offline stand-in for the parts of AWS that capacity-pilot uses, so the project
 //! runs and is tested without an AWS account. It serves EC2 (query protocol), SageMaker and
-//! EventBridge (awsJson1_1), and CloudFormation `DescribeStacks` and STS `GetCallerIdentity`
-//! (awsQuery) on one HTTP port to the unmodified AWS SDK clients and the AWS CLI,
+//! EventBridge (awsJson1_1), and CloudFormation `DescribeStacks`, STS `GetCallerIdentity` and SNS
+//! standard topics (awsQuery) on one HTTP port to the unmodified AWS SDK clients and the AWS CLI,
 //! models a seeded capacity market with AWS's offering rules, drives every lifecycle from a
 //! simulated clock, and records the events AWS would emit.
 //!
@@ -31,6 +31,7 @@ pub mod rules;
 pub mod runner;
 pub mod sagemaker;
 pub mod server;
+pub mod sns;
 pub mod sts;
 pub mod util;
 pub mod world;
@@ -181,6 +182,40 @@ impl LocalCloud {
     /// The home region ([`Settings::home_region`]).
     pub fn home_region(&self) -> String {
         self.shared.lock().settings.home_region.clone()
+    }
+
+    /// Creates the standard topic `name` in `region` for this emulator's account, as a stack
+    /// would (`CreateTopic`, idempotent); returns its ARN.
+    pub fn create_sns_topic(&self, region: &str, name: &str) -> Result<String, ApiError> {
+        let q = crate::query::Query::parse(
+            format!("Action=CreateTopic&Version=2010-03-31&Name={name}").as_bytes(),
+        )?;
+        let mut w = self.shared.lock();
+        w.sns_call(Some("AKIDSTACK"), region, "CreateTopic", &q)?;
+        Ok(format!(
+            "arn:aws:sns:{region}:{}:{name}",
+            w.settings.account_id
+        ))
+    }
+
+    /// Every message SNS accepted, oldest first, as `GET /_local/sns/messages` lists them:
+    /// `topic_arn`, `message_id`, `subject`, `message`, `attributes` (name -> value),
+    /// `attribute_types`, `at` and `deliveries` (the subscription ARNs it reached).
+    pub fn sns_messages(&self) -> Vec<Value> {
+        self.shared.lock().sns_messages()
+    }
+
+    /// Every SNS subscription, as `GET /_local/sns/subscriptions` lists them.
+    pub fn sns_subscriptions(&self) -> Vec<Value> {
+        self.shared.lock().sns_subscriptions()
+    }
+
+    /// Confirms a pending SNS subscription (the recipient following the confirmation link).
+    pub fn confirm_sns_subscription(&self, subscription_arn: &str) -> Result<(), ApiError> {
+        self.shared
+            .lock()
+            .confirm_sns_subscriptions(Some(subscription_arn), None, None)
+            .map(|_| ())
     }
 
     /// Injects a fault.

@@ -98,6 +98,9 @@ async fn main() -> anyhow::Result<()> {
             let html = result.out_dir.join("report.html");
             std::fs::write(&html, local_cloud::runner::report::html(&result))
                 .with_context(|| format!("writing {}", html.display()))?;
+            let notices = result.out_dir.join("notices.txt");
+            std::fs::write(&notices, local_cloud::runner::report::notices_text(&result))
+                .with_context(|| format!("writing {}", notices.display()))?;
             let jsonl = result.out_dir.join("invocations.jsonl");
             std::fs::write(
                 &jsonl,

@@ -1,6 +1,6 @@
 //! The HTTP face: one `POST /` for every AWS service (routed by `X-Amz-Target`, or for a form
-//! body by the SigV4 credential scope's service: `cloudformation` and `sts` are awsQuery, anything
-//! else EC2's query protocol), the region read from the credential scope, fault injection, and the
+//! body by the SigV4 credential scope's service: `cloudformation`, `sts` and `sns` are awsQuery,
+//! anything else EC2's query protocol), the region read from the credential scope, fault injection, and the
 //! rendering of results and errors in each protocol's shape. The control API lives under
 //! `/_local/`.
 
@@ -81,6 +81,9 @@ pub fn router(app: App) -> Router {
             "/_local/identities",
             get(identities_get).post(identities_put),
         )
+        .route("/_local/sns/messages", get(sns_messages_get))
+        .route("/_local/sns/subscriptions", get(sns_subscriptions_get))
+        .route("/_local/sns/subscriptions/confirm", post(sns_confirm))
         .with_state(app)
 }
 
@@ -118,6 +121,8 @@ enum Protocol {
     CloudFormation,
     /// awsQuery
     Sts,
+    /// awsQuery
+    Sns,
 }
 
 impl Protocol {
@@ -129,6 +134,7 @@ impl Protocol {
             Protocol::Events => "events",
             Protocol::CloudFormation => "cloudformation",
             Protocol::Sts => "sts",
+            Protocol::Sns => "sns",
         }
     }
 
@@ -137,6 +143,7 @@ impl Protocol {
         match self {
             Protocol::CloudFormation => Some(crate::cloudformation::XMLNS),
             Protocol::Sts => Some(crate::sts::XMLNS),
+            Protocol::Sns => Some(crate::sns::XMLNS),
             _ => None,
         }
     }
@@ -148,10 +155,12 @@ fn form_protocol(scope: Option<&Scope>, query: &Query) -> Protocol {
     match scope.map(|s| s.service.as_str()) {
         Some("cloudformation") => Protocol::CloudFormation,
         Some("sts") => Protocol::Sts,
+        Some("sns") => Protocol::Sns,
         Some(_) => Protocol::Ec2,
         None => match query.get("Version") {
             Some("2010-05-15") => Protocol::CloudFormation,
             Some("2011-06-15") => Protocol::Sts,
+            Some("2010-03-31") => Protocol::Sns,
             _ => Protocol::Ec2,
         },
     }
@@ -163,7 +172,8 @@ enum Answer {
     Ec2(Vec<El>),
     /// awsJson.
     Json(Value),
-    /// awsQuery: the children of `<{op}Result>`.
+    /// awsQuery: the children of `<{op}Result>` (none: an operation that answers nothing has
+    /// no `<{op}Result>`).
     Query(Vec<El>),
 }
 
@@ -240,7 +250,7 @@ async fn aws(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respons
                 Protocol::Ec2 => {
                     ApiError::new(503, "RequestLimitExceeded", "Request limit exceeded.")
                 }
-                Protocol::CloudFormation | Protocol::Sts => {
+                Protocol::CloudFormation | Protocol::Sts | Protocol::Sns => {
                     ApiError::new(400, "Throttling", "Rate exceeded")
                 }
                 _ => ApiError::new(400, "ThrottlingException", "Rate exceeded"),
@@ -280,6 +290,14 @@ async fn aws(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respons
                     &query,
                 )
                 .map(Answer::Query),
+            Protocol::Sns => w
+                .sns_call(
+                    scope.as_ref().map(|s| s.access_key_id.as_str()),
+                    &region,
+                    &op,
+                    &query,
+                )
+                .map(Answer::Query),
         };
         (result, latency_ms)
     };
@@ -314,13 +332,15 @@ async fn aws(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Respons
             let ns = protocol
                 .query_xmlns()
                 .unwrap_or(crate::cloudformation::XMLNS);
-            let mut result = el(&format!("{op}Result"));
-            for c in children {
-                result = result.child(c);
+            let mut root = el(&format!("{op}Response"));
+            if !children.is_empty() {
+                let mut result = el(&format!("{op}Result"));
+                for c in children {
+                    result = result.child(c);
+                }
+                root = root.child(result);
             }
-            let root = el(&format!("{op}Response"))
-                .child(result)
-                .child(el("ResponseMetadata").v("RequestId", &request_id));
+            let root = root.child(el("ResponseMetadata").v("RequestId", &request_id));
             with_ids(
                 (
                     StatusCode::OK,
@@ -358,6 +378,8 @@ fn internal(protocol: Protocol) -> ApiError {
             "InternalFailure",
             "The request processing has failed because of an unknown error, exception or failure.",
         ),
+        // SNS's modelled `InternalErrorException`
+        Protocol::Sns => ApiError::new(500, "InternalError", "Internal Error"),
     }
 }
 
@@ -386,7 +408,7 @@ fn render_error(protocol: Protocol, e: &ApiError, request_id: &str) -> Response 
             )
                 .into_response()
         }
-        Protocol::CloudFormation | Protocol::Sts => {
+        Protocol::CloudFormation | Protocol::Sts | Protocol::Sns => {
             // awsQuery: `Sender` for the caller's errors, `Receiver` for the service's.
             let kind = if e.status >= 500 {
                 "Receiver"
@@ -691,6 +713,46 @@ async fn identities_put(State(app): State<App>, body: Bytes) -> Response {
     }
 }
 
+/// Every message SNS accepted, oldest first.
+async fn sns_messages_get(State(app): State<App>) -> Json<Value> {
+    Json(json!({"messages": app.lock().sns_messages()}))
+}
+
+/// Every SNS subscription, in creation order.
+async fn sns_subscriptions_get(State(app): State<App>) -> Json<Value> {
+    Json(json!({"subscriptions": app.lock().sns_subscriptions()}))
+}
+
+/// Which pending SNS subscription(s) to confirm: one by ARN, or every one of a topic to an
+/// endpoint.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SnsConfirm {
+    #[serde(default)]
+    subscription_arn: Option<String>,
+    #[serde(default)]
+    topic_arn: Option<String>,
+    #[serde(default)]
+    endpoint: Option<String>,
+}
+
+/// Confirms pending SNS subscriptions, standing in for the recipient following the link.
+async fn sns_confirm(State(app): State<App>, body: Bytes) -> Response {
+    let c: SnsConfirm = match serde_json::from_slice(&body) {
+        Ok(c) => c,
+        Err(e) => return control_error(&ApiError::new(400, "BadRequest", e.to_string())),
+    };
+    let confirmed = app.lock().confirm_sns_subscriptions(
+        c.subscription_arn.as_deref(),
+        c.topic_arn.as_deref(),
+        c.endpoint.as_deref(),
+    );
+    match confirmed {
+        Ok(arns) => Json(json!({"confirmed": arns})).into_response(),
+        Err(e) => control_error(&e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -709,7 +771,7 @@ mod tests {
 
     #[test]
     fn a_form_body_goes_to_the_service_its_signature_names() {
-        // GIVEN form bodies signed for CloudFormation, STS and EC2, and unsigned ones
+        // GIVEN form bodies signed for CloudFormation, STS, SNS and EC2, and unsigned ones
         let q = |body: &str| Query::parse(body.as_bytes()).expect("form");
         let describe = q("Action=DescribeStacks&Version=2010-05-15");
         let cfn = signed("AKID/20260901/us-west-2/cloudformation/aws4_request");
@@ -746,6 +808,17 @@ mod tests {
         assert_eq!(
             form_protocol(None, &q("Action=DescribeSubnets&Version=2016-11-15")),
             Protocol::Ec2
+        );
+        assert_eq!(
+            form_protocol(
+                scope_of(&signed("AKID/20260901/us-east-1/sns/aws4_request")).as_ref(),
+                &q("Action=Publish&Version=2010-03-31")
+            ),
+            Protocol::Sns
+        );
+        assert_eq!(
+            form_protocol(None, &q("Action=Publish&Version=2010-03-31")),
+            Protocol::Sns
         );
         assert_eq!(region_of(&HeaderMap::new()), "us-east-1");
     }

@@ -446,7 +446,7 @@ pub struct World {
     /// apply (a split's later block, a replacement).
     pub payment_passes: BTreeMap<String, u32>,
     /// AWS API calls served, per service (`ec2`, `sagemaker`, `events`, `cloudformation`,
-    /// `sts`), since the start.
+    /// `sts`, `sns`), since the start.
     pub calls: BTreeMap<String, u64>,
     /// The same, per operation (`DescribeCapacityBlockOfferings`), for tests that count what
     /// a caller asked.
@@ -455,6 +455,8 @@ pub struct World {
     pub stacks: BTreeMap<(String, String), crate::cloudformation::DeployedStack>,
     /// STS identities: access key id -> ARN ([`World::put_identity`]).
     pub identities: BTreeMap<String, String>,
+    /// SNS topics, subscriptions and every accepted publish (`crate::sns`).
+    pub sns: crate::sns::SnsState,
     agenda: BTreeMap<(DateTime<Utc>, u64), Action>,
     seq: u64,
     ids: u64,
@@ -479,6 +481,7 @@ impl World {
             operations: BTreeMap::new(),
             stacks: BTreeMap::new(),
             identities: BTreeMap::new(),
+            sns: crate::sns::SnsState::default(),
             agenda: BTreeMap::new(),
             seq: 0,
             ids: 0,
@@ -815,6 +818,7 @@ impl World {
             "payment_passes": self.payment_passes,
             "stacks": self.stacks_snapshot(),
             "identities": self.identities,
+            "sns": self.sns.snapshot(),
         })
     }
 

@@ -67,6 +67,13 @@ async fn every_scenario_plays_with_the_real_binaries_on_one_moto_and_every_check
         .await
         .unwrap_or_else(|e| panic!("{name}.yaml does not play: {e:#}"));
 
+        // (What the notices topic received, as its recipients read it, is kept beside the
+        // logs: `<target>/capacity-pilot-test-<name>/notices.txt`.)
+        std::fs::write(
+            result.out_dir.join("notices.txt"),
+            report::notices_text(&result),
+        )
+        .expect("writing notices.txt");
         // THEN every check passes, about every request it expects something of
         every_check_passes_about_every_request(name, &result);
         // ... and what each known scenario shows besides

@@ -229,6 +229,7 @@ mod tests {
                 event_key: format!("k{i}"),
                 detail_type: "Capacity Reserved".into(),
                 detail: serde_json::json!({"event_key": format!("k{i}")}),
+                notice: None,
             })
             .collect()
     }

@@ -10,6 +10,7 @@ pub mod hyperpod_update;
 pub mod ids;
 pub mod regional;
 pub mod sagemaker;
+pub mod sns;
 pub mod wiring;
 
 /// The explicit operation timeout of a purchase call (`PurchaseCapacityBlock`,

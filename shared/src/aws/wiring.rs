@@ -13,7 +13,9 @@ use crate::aws::clock::ConfiguredClock;
 use crate::aws::dynamodb::DynamoStore;
 use crate::aws::eventbridge::EventBridgeSink;
 use crate::aws::ids::RandomIds;
+use crate::aws::sns::SnsNotices;
 use crate::config::Config;
+use crate::outbox::Announcing;
 use crate::ports::{PortError, SharedIds, Sleep, default_sleep};
 
 /// The SDK configuration loader every client is built from, in production and in the tests:
@@ -38,7 +40,8 @@ pub struct Adapters {
     pub store: DynamoStore,
     pub market: AwsMarket,
     pub workloads: AwsWorkloads,
-    pub events: EventBridgeSink,
+    /// The bus and the notices topic (ARCHITECTURE §9.2).
+    pub events: Announcing<EventBridgeSink, SnsNotices>,
     pub clock: ConfiguredClock,
     /// Lease tokens: random (ARCHITECTURE §8.12).
     pub ids: SharedIds,
@@ -55,11 +58,22 @@ impl Adapters {
 
     /// Builds every adapter from a given SDK configuration (tests pass a stand-in's URL).
     pub fn from_sdk(sdk: SdkConfig, config: &Config) -> Result<Adapters, PortError> {
+        let Some(topic) = config.notices_topic_arn.as_deref() else {
+            return Err(PortError::Permanent {
+                service: "config",
+                code: "ConfigInvalid".into(),
+                message: "NOTICES_TOPIC_ARN is required and not set (the stack's NoticesTopic)"
+                    .into(),
+            });
+        };
         Ok(Adapters {
             store: DynamoStore::new(aws_sdk_dynamodb::Client::new(&sdk), &config.table_name),
             market: AwsMarket::new(&sdk, config.prices.clone()),
             workloads: AwsWorkloads::new(&sdk),
-            events: EventBridgeSink::new(&sdk, &config.event_bus_name),
+            events: Announcing {
+                bus: EventBridgeSink::new(&sdk, &config.event_bus_name),
+                topic: SnsNotices::new(&sdk, topic),
+            },
             clock: ConfiguredClock::from_url(config.clock_url.as_deref())?,
             ids: Arc::new(RandomIds),
             sleep: sdk.sleep_impl().unwrap_or_else(default_sleep),

@@ -390,6 +390,65 @@ pub struct ReservationExpiring {
 }
 detail!(ReservationExpiring, "Capacity Reservation Expiring");
 
+/// A window opens soon (ARCHITECTURE §9.2): published `lead_minutes` before `opens_at`, for
+/// each lead the deployment configures (24 h and 1 h by default), so the people waiting for
+/// it can get ready. Late (`late: true`) when the lead passed while the function that sends it
+/// was down and the window has not opened yet; not sent at all when the lead's moment came
+/// before the reservation was bought.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct WindowOpening {
+    /// `<request>:window-<n>:opening-<lead>m<salt>`: one per window and lead.
+    pub event_key: String,
+    pub request_id: String,
+    /// The window's number among the request's windows.
+    pub window: u32,
+    pub reservation_id: String,
+    pub product: Product,
+    pub region: String,
+    pub instance_type: String,
+    pub instance_count: u32,
+    pub opens_at: DateTime<Utc>,
+    /// When its drain starts: what runs in it is stopped then.
+    pub drain_at: DateTime<Utc>,
+    pub lead_minutes: u32,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub late: bool,
+}
+detail!(WindowOpening, "Capacity Window Opening");
+
+/// A window's drain comes soon (ARCHITECTURE §9.2): published `lead_minutes` before
+/// `drain_at`, for each lead the deployment configures (24 h and 13 h by default, and the
+/// checkpoint notice 1 h before), so the job can checkpoint, or an extension be asked for while
+/// one can be. Unlike `Capacity Reservation Expiring`, which comes with the drain, this one
+/// comes while there is time to act.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ReservationEnding {
+    /// `<request>:window-<n>:ending-<lead>m<salt>`: one per window and lead.
+    pub event_key: String,
+    pub request_id: String,
+    pub window: u32,
+    pub reservation_id: String,
+    pub product: Product,
+    pub region: String,
+    /// When the drain starts: what runs in the window is stopped then.
+    pub drain_at: DateTime<Utc>,
+    /// When the reservation's window ends.
+    pub ends_at: DateTime<Utc>,
+    pub lead_minutes: u32,
+    /// The last notice before the drain: checkpoint now.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub checkpoint: bool,
+    /// Whether an extension of the reservation can be asked for (false until capacity-pilot
+    /// extends reservations).
+    pub extendable: bool,
+    /// Until when an extension can be asked for, when `extendable`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extend_by: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub late: bool,
+}
+detail!(ReservationEnding, "Capacity Reservation Ending");
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct WorkloadDrained {
     pub event_key: String,
@@ -729,6 +788,11 @@ fn declared_schemas() -> Vec<(&'static str, schemars::Schema)> {
         ("capacity-workload-drained", schema_for!(WorkloadDrained)),
         ("capacity-reservation-ended", schema_for!(ReservationEnded)),
         ("capacity-request-failed", schema_for!(RequestFailed)),
+        ("capacity-window-opening", schema_for!(WindowOpening)),
+        (
+            "capacity-reservation-ending",
+            schema_for!(ReservationEnding),
+        ),
     ]
 }
 
@@ -743,6 +807,7 @@ pub fn outbound<D: EventDetail>(detail: &D) -> crate::ports::OutboundEvent {
         event_key: detail.event_key().to_string(),
         detail_type: D::DETAIL_TYPE.to_string(),
         detail: value,
+        notice: None,
     }
 }
 
@@ -784,22 +849,27 @@ pub fn ending_events(
         .unwrap_or(rec.status);
     let cancelled = to == RequestStatus::Cancelled;
     let mut out = Vec::new();
+    let team = Some(rec.team.as_str());
     if cancelled {
-        out.push(outbound(&CancellationApplied {
-            event_key: event_key(whose, "cancellation-applied", version),
-            request_id: id.to_string(),
-            status_before: Some(before),
-            reason: reason.to_string(),
-            kept_windows: kept_windows.clone(),
-            // What a kept cancellation with `stop_running` stopped when it came.
-            stopped_windows: rec
-                .cancel
-                .as_ref()
-                .map(|c| c.stopped.clone())
-                .unwrap_or_default(),
-        }));
+        out.push(super::notices::announced(
+            team,
+            &CancellationApplied {
+                event_key: event_key(whose, "cancellation-applied", version),
+                request_id: id.to_string(),
+                status_before: Some(before),
+                reason: reason.to_string(),
+                kept_windows: kept_windows.clone(),
+                // What a kept cancellation with `stop_running` stopped when it came.
+                stopped_windows: rec
+                    .cancel
+                    .as_ref()
+                    .map(|c| c.stopped.clone())
+                    .unwrap_or_default(),
+            },
+        ));
     }
-    out.push(outbound(&RequestFailed {
+    // A cancellation is told once, by its Cancellation Applied.
+    let failed = RequestFailed {
         event_key: event_key(
             whose,
             if cancelled { "cancelled" } else { "failed" },
@@ -811,7 +881,12 @@ pub fn ending_events(
         reservation_ids: kept,
         spent_usd: spent.to_usd(),
         kept_windows,
-    }));
+    };
+    out.push(if cancelled {
+        outbound(&failed)
+    } else {
+        super::notices::announced(team, &failed)
+    });
     out
 }
 

@@ -5,6 +5,7 @@ pub mod catalog;
 pub mod events;
 pub mod money;
 pub mod naming;
+pub mod notices;
 pub mod offering;
 pub mod planner;
 pub mod request;

@@ -16,6 +16,7 @@ use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::notices::NoticeMarks;
 use super::offering::Segment;
 use super::reservation::{Reservation, ReservationState};
 use super::status::RequestStatus;
@@ -93,6 +94,10 @@ pub struct WindowRecord {
     /// end (clean up); none once ended. The request is due at the earliest of these.
     pub next_action_at: Option<DateTime<Utc>>,
     pub updated_at: DateTime<Utc>,
+    /// Its lead-time notices so far (ARCHITECTURE §9.2); none until cleanup first looks at
+    /// them, which is due at once ([`WindowRecord::notice_due`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notices: Option<NoticeMarks>,
 }
 
 /// The drain lead a request asks for and the deployment's default (the larger wins).
@@ -128,6 +133,8 @@ pub struct Window {
     pub forced_at: DateTime<Utc>,
     /// Its reservation has no later segment: when this window ends, the reservation has.
     pub last_of_reservation: bool,
+    /// Its lead-time notices so far, as its record keeps them.
+    pub notices: Option<NoticeMarks>,
 }
 
 pub fn window_key(reservation_id: &str, segment_index: usize) -> String {
@@ -135,6 +142,19 @@ pub fn window_key(reservation_id: &str, segment_index: usize) -> String {
 }
 
 impl WindowRecord {
+    /// When its lead-time notices are next due: at once (its `updated_at`) when none were
+    /// looked at yet (a window just bought, or recorded before notices existed); never once
+    /// it ended.
+    pub fn notice_due(&self) -> Option<DateTime<Utc>> {
+        if self.state == WindowState::Ended {
+            return None;
+        }
+        match &self.notices {
+            None => Some(self.updated_at),
+            Some(m) => m.next_at,
+        }
+    }
+
     /// The reservation its key ([`window_key`]) names.
     pub fn reservation_id(&self) -> &str {
         self.key
@@ -216,6 +236,7 @@ impl Window {
             state,
             next_action_at: self.next_action_in(state),
             updated_at: at,
+            notices: self.notices.clone(),
         }
     }
 }
@@ -255,6 +276,7 @@ pub fn windows(
                 drain_at: drain_start(s.end, kind, drain.requested_minutes, drain.default_minutes),
                 forced_at: s.end - forced_lead,
                 last_of_reservation: i + 1 == r.segments.len(),
+                notices: record.and_then(|w| w.notices.clone()),
             });
         }
     }
@@ -557,6 +579,7 @@ pub fn undrained_reservations(records: &[WindowRecord]) -> BTreeSet<String> {
         .collect()
 }
 
+/// (Its windows' lead-time notices included: the `work` index holds the request then.)
 pub fn next_action_at(
     own: Option<DateTime<Utc>>,
     records: &[WindowRecord],
@@ -564,8 +587,21 @@ pub fn next_action_at(
     records
         .iter()
         .filter_map(|r| r.next_action_at)
+        .chain(records.iter().filter_map(WindowRecord::notice_due))
         .chain(own)
         .min()
+}
+
+/// The earliest of its windows' own next actions (a launch, a drain, an end): what launch
+/// and cleanup act on.
+pub fn window_action_at(records: &[WindowRecord]) -> Option<DateTime<Utc>> {
+    records.iter().filter_map(|r| r.next_action_at).min()
+}
+
+/// The earliest of its windows' lead-time notices ([`WindowRecord::notice_due`]): cleanup
+/// sends them.
+pub fn notice_at(records: &[WindowRecord]) -> Option<DateTime<Utc>> {
+    records.iter().filter_map(WindowRecord::notice_due).min()
 }
 
 #[cfg(test)]

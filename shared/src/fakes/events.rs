@@ -147,6 +147,7 @@ mod tests {
             event_key: key.into(),
             detail_type: detail_type.into(),
             detail: serde_json::json!({ "event_key": key, "request_id": "r-1" }),
+            notice: None,
         }
     }
 

@@ -129,5 +129,6 @@ pub fn event(event_key: &str, detail_type: &str, request_id: &str) -> OutboundEv
         event_key: event_key.into(),
         detail_type: detail_type.into(),
         detail: serde_json::json!({ "event_key": event_key, "request_id": request_id }),
+        notice: None,
     }
 }

@@ -15,6 +15,7 @@ mod events;
 pub mod fixtures;
 mod gate;
 mod market;
+mod notices;
 mod store;
 mod workloads;
 
@@ -27,6 +28,7 @@ pub use clock::{FixedClock, ManualClock, StepDeadline};
 pub use events::RecordingEvents;
 pub use gate::Gate;
 pub use market::{FakeMarket, MarketCall, MarketOp};
+pub use notices::RecordingNotices;
 pub use store::{DEFAULT_RETENTION, DueTimes, InMemoryStore, StoreOp};
 pub use workloads::{FakeWorkloads, LaunchKind, WorkloadsCall, WorkloadsOp};
 

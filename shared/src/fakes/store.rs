@@ -407,6 +407,11 @@ impl InMemoryStore {
             .map(|s| s.record.clone())
     }
 
+    /// Every request's history, as recorded (for checks; no fault or pause applies).
+    pub fn all_history(&self) -> BTreeMap<RequestId, Vec<HistoryEntry>> {
+        lock(&self.state).history.clone()
+    }
+
     /// Every reservation recorded, by request.
     pub fn all_reservations(&self) -> BTreeMap<RequestId, Vec<Reservation>> {
         lock(&self.state).reservations.clone()
@@ -692,7 +697,8 @@ impl State {
                     status: rec.status,
                     next_action_at: at,
                     own_action_at: rec.next_action_at,
-                    window_action_at: window::next_action_at(None, &rec.windows),
+                    window_action_at: window::window_action_at(&rec.windows),
+                    notice_at: window::notice_at(&rec.windows),
                 });
             }
             if window::may_be_running(rec.status, &rec.windows) {

@@ -12,9 +12,9 @@ use crate::decision::{self, Decision};
 use crate::domain::events::{
     self, ApprovalKind, ApprovalRefused, AwaitingApproval, HoldSummary, PlanSummary,
     PurchaseDecision, asked_key, awaiting_approval_key, event_key, hold_approval_key, names,
-    outbound,
 };
 use crate::domain::money::Usd;
+use crate::domain::notices::announced;
 use crate::domain::planner::Plan;
 use crate::domain::request::RequestId;
 use crate::domain::status::RequestStatus;
@@ -60,7 +60,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 d.request_id
             );
             return self
-                .refuse(d, approved, &d.request_id, why, None, cause, out)
+                .refuse(d, approved, &d.request_id, None, why, None, cause, out)
                 .await;
         };
         let id = rec.request_id.clone();
@@ -97,7 +97,16 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 return Ok(None);
             }
             return self
-                .refuse(d, approved, id.as_str(), why, current, cause, out)
+                .refuse(
+                    d,
+                    approved,
+                    id.as_str(),
+                    Some(rec.team.as_str()),
+                    why,
+                    current,
+                    cause,
+                    out,
+                )
                 .await;
         }
         if let Some((run, asked)) = hold_awaiting(&rec) {
@@ -128,7 +137,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 kept_windows,
             };
             let t = Transition::of(&rec, RequestStatus::Rejected, &reason, None, now, cause)
-                .with_outbox(vec![outbound(&failed)]);
+                .with_outbox(vec![announced(Some(rec.team.as_str()), &failed)]);
             let w = self.store.transition(t).await?;
             out.decisions.push(Decision::new(
                 &id,
@@ -142,11 +151,13 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
     /// Answers decision `d` about `request_id` with `Capacity Purchase Approval Refused`,
     /// saying `why` (and the key a decision must name now, `current`); nothing is bought.
     #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)]
     async fn refuse(
         &self,
         d: &PurchaseDecision,
         approved: bool,
         request_id: &str,
+        team: Option<&str>,
         why: String,
         current: Option<String>,
         cause: &Cause,
@@ -163,7 +174,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             reason: reason.clone(),
             current_event_key: current,
         };
-        outbox::publish_now(self.events, &[outbound(&ev)]).await?;
+        outbox::publish_now(self.events, &[announced(team, &ev)]).await?;
         out.decisions
             .push(Decision::about(request_id, "approval-refused", reason));
         Ok(None)
@@ -236,7 +247,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 now,
                 cause,
             )
-            .with_outbox(vec![outbound(&ev)]);
+            .with_outbox(vec![announced(Some(rec.team.as_str()), &ev)]);
             let w = self.store.transition(t).await?;
             out.decisions.push(Decision::new(
                 id,
@@ -355,7 +366,16 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                     );
                     let current = awaiting(&rec);
                     return self
-                        .refuse(d, approved, id.as_str(), why, current, cause, out)
+                        .refuse(
+                            d,
+                            approved,
+                            id.as_str(),
+                            Some(rec.team.as_str()),
+                            why,
+                            current,
+                            cause,
+                            out,
+                        )
                         .await;
                 }
             }
@@ -567,6 +587,6 @@ pub async fn ask_for_hold<S: Store>(
         &cause.step(&format!("ask-{attempt}")),
     )
     .with_run(run)
-    .with_outbox(vec![outbound(&ev)]);
+    .with_outbox(vec![announced(Some(rec.team.as_str()), &ev)]);
     Ok((store.transition(t).await?, reason))
 }

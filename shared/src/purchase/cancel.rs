@@ -12,6 +12,7 @@ use crate::domain::events::{
     CancelRequest, CancellationApplied, CancellationRefused, EventDetail, ReservationExpiring,
     ending_events, event_key, outbound,
 };
+use crate::domain::notices::announced;
 use crate::domain::request::RequestId;
 use crate::domain::reservation::Reservation;
 use crate::domain::status::RequestStatus;
@@ -42,6 +43,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             return self
                 .refuse_cancel(
                     &c.request_id,
+                    None,
                     None,
                     format!("{:?} is not a request id", c.request_id),
                     vec![],
@@ -199,7 +201,15 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 )
             };
             return self
-                .refuse_cancel(id.as_str(), Some(rec.status), why, kept, cause, out)
+                .refuse_cancel(
+                    id.as_str(),
+                    Some(rec.team.as_str()),
+                    Some(rec.status),
+                    why,
+                    kept,
+                    cause,
+                    out,
+                )
                 .await;
         }
         Err(PortError::Transient {
@@ -299,7 +309,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         };
         let placed = self
             .store
-            .put_tombstone(t, vec![outbound(&applied)])
+            .put_tombstone(t, vec![announced(None, &applied)])
             .await?;
         if placed == TombstoneOutcome::Placed {
             out.decisions.push(Decision::new(id, "tombstone", reason));
@@ -425,19 +435,22 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         let reason = match &answer {
             Some(a) => {
                 let reason = format!("{}; {what}", a.reason);
-                outbox.push(outbound(&CancellationApplied {
-                    event_key: event_key(rec.whose(), "cancellation-applied", rec.version + 1),
-                    request_id: rec.request_id.to_string(),
-                    status_before: Some(a.status_before),
-                    reason: reason.clone(),
-                    kept_windows: vec![],
-                    stopped_windows: a
-                        .stopped_before
-                        .iter()
-                        .cloned()
-                        .chain(window::listed(stop))
-                        .collect(),
-                }));
+                outbox.push(announced(
+                    Some(rec.team.as_str()),
+                    &CancellationApplied {
+                        event_key: event_key(rec.whose(), "cancellation-applied", rec.version + 1),
+                        request_id: rec.request_id.to_string(),
+                        status_before: Some(a.status_before),
+                        reason: reason.clone(),
+                        kept_windows: vec![],
+                        stopped_windows: a
+                            .stopped_before
+                            .iter()
+                            .cloned()
+                            .chain(window::listed(stop))
+                            .collect(),
+                    },
+                ));
                 reason
             }
             None => what.clone(),
@@ -462,9 +475,11 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
 
     /// Whether a write caused by this cancellation event (or one of its steps) is in the
     /// request's history. Read only on the way to a refusal.
+    #[allow(clippy::too_many_arguments)]
     async fn refuse_cancel(
         &self,
         request_id: &str,
+        team: Option<&str>,
         status: Option<RequestStatus>,
         why: String,
         kept_windows: Vec<KeptWindow>,
@@ -478,7 +493,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             reason: format!("cancellation refused: {why}"),
             kept_windows,
         };
-        outbox::publish_now(self.events, &[outbound(&ev)]).await?;
+        outbox::publish_now(self.events, &[announced(team, &ev)]).await?;
         if let Ok(id) = RequestId::parse(request_id) {
             out.decisions.push(Decision::new(&id, "kept", ev.reason));
         }

@@ -17,11 +17,10 @@ use super::payment::payment_check_after;
 use super::protocol::{doubted, is_from, purchase_deadline};
 use super::{Outcome, Protocols};
 use crate::decision::{self, Decision};
-use crate::domain::events::{
-    PurchaseInDoubt, ReservationUnrecorded, ending_events, event_key, outbound,
-};
+use crate::domain::events::{PurchaseInDoubt, ReservationUnrecorded, ending_events, event_key};
 use crate::domain::money::MicroUsd;
 use crate::domain::naming::plan_name;
+use crate::domain::notices::announced;
 use crate::domain::offering::{Offering, Product};
 use crate::domain::planner::Plan;
 use crate::domain::reservation::Reservation;
@@ -102,7 +101,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 reason: reason.clone(),
             };
             let (kept, windows) = self.kept(&now_rec).await?;
-            let mut outbox = vec![outbound(&ev)];
+            let mut outbox = vec![announced(Some(now_rec.team.as_str()), &ev)];
             outbox.extend(ending_events(
                 &now_rec,
                 to,
@@ -263,7 +262,12 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         }
         let outbox = found
             .iter()
-            .map(|r| outbound(&ReservationUnrecorded::of(id.as_str(), r, reason.clone())))
+            .map(|r| {
+                announced(
+                    Some(rec.team.as_str()),
+                    &ReservationUnrecorded::of(id.as_str(), r, reason.clone()),
+                )
+            })
             .collect();
         if resolved {
             // What the plan never called goes back; what was called stays spent.

@@ -9,10 +9,9 @@ use tracing::warn;
 use super::cancel::Answer;
 use super::{Outcome, Protocols};
 use crate::decision::{self, Decision};
-use crate::domain::events::{
-    CancellationRefused, PaymentFailed, ending_events, event_key, outbound,
-};
+use crate::domain::events::{CancellationRefused, PaymentFailed, ending_events, event_key};
 use crate::domain::money::MicroUsd;
+use crate::domain::notices::announced;
 use crate::domain::request::Team;
 use crate::domain::reservation::Reservation;
 use crate::domain::status::RequestStatus;
@@ -346,26 +345,29 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         }
         let mut outbox = Vec::new();
         for (i, l) in lost.iter().filter(|l| l.state.is_unpaid()).enumerate() {
-            outbox.push(outbound(&PaymentFailed {
-                event_key: event_key(
-                    rec.whose(),
-                    &if i == 0 {
-                        "payment-failed".to_string()
-                    } else {
-                        format!("payment-failed-{i}")
-                    },
-                    version,
-                ),
-                request_id: id.to_string(),
-                reservation_id: l.id.clone(),
-                product: l.product,
-                region: l.region.clone(),
-                state: l.state,
-                upfront_fee_usd: l.upfront_fee,
-                returned_usd: l.upfront_fee.min(returned.to_usd()),
-                searching_again: to == RequestStatus::Searching,
-                reason: reason.clone(),
-            }));
+            outbox.push(announced(
+                Some(rec.team.as_str()),
+                &PaymentFailed {
+                    event_key: event_key(
+                        rec.whose(),
+                        &if i == 0 {
+                            "payment-failed".to_string()
+                        } else {
+                            format!("payment-failed-{i}")
+                        },
+                        version,
+                    ),
+                    request_id: id.to_string(),
+                    reservation_id: l.id.clone(),
+                    product: l.product,
+                    region: l.region.clone(),
+                    state: l.state,
+                    upfront_fee_usd: l.upfront_fee,
+                    returned_usd: l.upfront_fee.min(returned.to_usd()),
+                    searching_again: to == RequestStatus::Searching,
+                    reason: reason.clone(),
+                },
+            ));
         }
         if to.is_terminal() && !status.is_terminal() {
             // What is kept: the live ones (a lost one's debit went back above; a loss is
@@ -456,7 +458,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             },
             at: now,
             caused_by: Cause::new(format!("{}#cancel-refused", cause.event_id)),
-            outbox: vec![outbound(&refused)],
+            outbox: vec![announced(Some(rec.team.as_str()), &refused)],
         };
         let w = self.store.keep_cancellation(k).await?;
         out.decisions.push(Decision::new(

@@ -12,11 +12,10 @@ use tracing::warn;
 use super::payment::{next_payment_check, payment_check_after};
 use super::{Outcome, Protocols};
 use crate::decision::{self, Decision};
-use crate::domain::events::{
-    self, ReservationUnrecorded, Reserved, ending_events, event_key, outbound,
-};
+use crate::domain::events::{self, ReservationUnrecorded, Reserved, ending_events, event_key};
 use crate::domain::money::{MicroUsd, Usd};
 use crate::domain::naming::{plan_name, resource_tags};
+use crate::domain::notices::announced;
 use crate::domain::offering::{Offering, Product};
 use crate::domain::planner::Plan;
 use crate::domain::request::{RequestId, Strategy};
@@ -538,12 +537,15 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             // Each reservation is announced once, in the write that records it (review N13):
             // a split's first block even when its later one is never bought, and never again
             // beside a replacement bought after a payment failure.
-            let outbox = vec![outbound(&reserved_event(
-                rec,
-                Some(plan),
-                &bought[bought.len() - 1..],
-                rec.version + 1 + bought.len() as u64,
-            ))];
+            let outbox = vec![announced(
+                Some(rec.team.as_str()),
+                &reserved_event(
+                    rec,
+                    Some(plan),
+                    &bought[bought.len() - 1..],
+                    rec.version + 1 + bought.len() as u64,
+                ),
+            )];
             let w = self
                 .store
                 .record_reservation(RecordReservation {
@@ -713,19 +715,16 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         }
         // Announced as it is recorded, in the plan's place or beside it: it is the request's,
         // paid for and debited (review N13).
-        let mut outbox = vec![outbound(&reserved_event(
-            rec,
-            None,
-            &[(stray.clone(), true)],
-            rec.version + 2,
-        ))];
+        let mut outbox = vec![announced(
+            Some(rec.team.as_str()),
+            &reserved_event(rec, None, &[(stray.clone(), true)], rec.version + 2),
+        )];
         if !past.is_empty() {
             warn!(alert = "reservation-unrecorded", request_id = %id, reservation_id = %stray.id, "{reason}");
-            outbox.push(outbound(&ReservationUnrecorded::of(
-                id.as_str(),
-                stray,
-                reason.clone(),
-            )));
+            outbox.push(announced(
+                Some(rec.team.as_str()),
+                &ReservationUnrecorded::of(id.as_str(), stray, reason.clone()),
+            ));
         }
         let mut adopted = stray.clone();
         adopted.bought_at = Some(now);
@@ -1012,7 +1011,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             kept_windows,
         };
         let t = Transition::of(rec, RequestStatus::Failed, &reason, None, now, cause)
-            .with_outbox(vec![outbound(&ev)]);
+            .with_outbox(vec![announced(Some(rec.team.as_str()), &ev)]);
         let w = self.store.transition(t).await?;
         out.decisions.push(Decision::new(
             &rec.request_id,

@@ -13,8 +13,9 @@ use capacity_pilot::domain::events::{
     ApprovalRefused, AwaitingApproval, CONSUMED, CancellationApplied, CancellationRefused,
     EventDetail, InstanceMaintenanceScheduled, InstanceReplaced, NotFound, OfferingsFound,
     PRODUCER_VERSION, PaymentFailed, PurchaseInDoubt, RequestAccepted, RequestFailed,
-    RequestRejected, ReservationEnded, ReservationExpiring, ReservationUnrecorded, Reserved,
-    SOURCE, WorkloadDrained, WorkloadInterrupted, WorkloadLaunched, outbound, schemas,
+    RequestRejected, ReservationEnded, ReservationEnding, ReservationExpiring,
+    ReservationUnrecorded, Reserved, SOURCE, WindowOpening, WorkloadDrained, WorkloadInterrupted,
+    WorkloadLaunched, outbound, schemas,
 };
 use capacity_pilot::domain::request::{ValidationContext, parse_request};
 use capacity_pilot::domain::time_rules::search_deadline;
@@ -335,6 +336,26 @@ fn samples() -> Vec<(&'static str, &'static str, &'static str, OutboundEvent)> {
             })),
         ),
         (
+            "capacity-reservation-ending",
+            "c1b2c3d4-0023-4f00-8000-000000000023",
+            "2026-12-09T09:40:00Z",
+            publish::<ReservationEnding>(json!({
+                "event_key": "team-a-loadtest-2026-12:window-0:ending-60m:c1796040000",
+                "request_id": "team-a-loadtest-2026-12",
+                "window": 0,
+                "reservation_id": "cr-0123456789abcdef0",
+                "product": {
+                    "product": "capacity-block"
+                },
+                "region": "us-east-1",
+                "drain_at": "2026-12-09T10:40:00Z",
+                "ends_at": "2026-12-09T11:30:00Z",
+                "lead_minutes": 60,
+                "checkpoint": true,
+                "extendable": false
+            })),
+        ),
+        (
             "capacity-reservation-unrecorded",
             "c1b2c3d4-0015-4f00-8000-000000000015",
             "2026-11-30T12:00:03Z",
@@ -376,6 +397,26 @@ fn samples() -> Vec<(&'static str, &'static str, &'static str, OutboundEvent)> {
                 "on_demand_cost_usd": "10487.04",
                 "saving_usd": "4340.74",
                 "adopted": false
+            })),
+        ),
+        (
+            "capacity-window-opening",
+            "c1b2c3d4-0022-4f00-8000-000000000022",
+            "2026-12-06T11:30:00Z",
+            publish::<WindowOpening>(json!({
+                "event_key": "team-a-loadtest-2026-12:window-0:opening-1440m:c1796040000",
+                "request_id": "team-a-loadtest-2026-12",
+                "window": 0,
+                "reservation_id": "cr-0123456789abcdef0",
+                "product": {
+                    "product": "capacity-block"
+                },
+                "region": "us-east-1",
+                "instance_type": "p5.48xlarge",
+                "instance_count": 1,
+                "opens_at": "2026-12-07T11:30:00Z",
+                "drain_at": "2026-12-09T10:40:00Z",
+                "lead_minutes": 1440
             })),
         ),
         (

@@ -255,6 +255,7 @@ fn arbitrary_records() -> impl Strategy<Value = Vec<WindowRecord>> {
                 state,
                 next_action_at,
                 updated_at: recorded_at(),
+                notices: None,
             })
             .collect()
     })
@@ -402,7 +403,8 @@ proptest! {
 
         let mut expected = own;
         for r in &records {
-            if let Some(t) = r.next_action_at {
+            // A window's lead-time notices are due beside its own action (ARCHITECTURE §9.2).
+            for t in [r.next_action_at, r.notice_due()].into_iter().flatten() {
                 expected = Some(match expected {
                     Some(e) if e <= t => e,
                     _ => t,
@@ -410,12 +412,18 @@ proptest! {
             }
         }
         prop_assert_eq!(got, expected);
-        let all_none = own.is_none() && records.iter().all(|r| r.next_action_at.is_none());
+        let all_none = own.is_none()
+            && records.iter().all(|r| r.next_action_at.is_none() && r.notice_due().is_none());
         prop_assert_eq!(got.is_none(), all_none);
         if let Some(g) = got {
             prop_assert!(own.is_none_or(|o| g <= o));
             prop_assert!(records.iter().filter_map(|r| r.next_action_at).all(|t| g <= t));
         }
+        // What launch and cleanup act on is the windows' own actions alone.
+        prop_assert_eq!(
+            window::window_action_at(&records),
+            records.iter().filter_map(|r| r.next_action_at).min()
+        );
     }
 
     #[test]
@@ -444,7 +452,13 @@ proptest! {
         // The request built from these records is due at their earliest next action.
         let records: Vec<WindowRecord> = ws.iter().map(|w| w.record(w.state, case.now)).collect();
         let earliest = ws.iter().filter_map(|w| w.next_action_in(w.state)).min();
-        prop_assert_eq!(window::next_action_at(None, &records), earliest);
+        prop_assert_eq!(window::window_action_at(&records), earliest);
+        // (and with their lead-time notices, never looked at here, due at once)
+        let notices = records.iter().filter_map(WindowRecord::notice_due).min();
+        prop_assert_eq!(
+            window::next_action_at(None, &records),
+            earliest.into_iter().chain(notices).min()
+        );
     }
 
     #[test]
@@ -556,6 +570,7 @@ proptest! {
                 state,
                 next_action_at: None,
                 updated_at: recorded_at(),
+                notices: None,
             })
             .collect();
         let s = window::summary(&records);

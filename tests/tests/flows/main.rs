@@ -6,6 +6,7 @@ mod basics;
 mod deployments;
 mod ec2;
 mod iam;
+mod notices;
 mod payment;
 mod sagemaker;
 mod windows;
@@ -59,6 +60,9 @@ pub(crate) fn play_all() {
         payment::a_training_plan_that_fails_is_bought_again_under_the_next_name,
         payment::a_failed_payment_seen_after_the_search_deadline_fails_the_request_with_the_money_back,
         deployments::a_second_deployment_in_the_account_neither_sweeps_nor_adopts_the_firsts,
+        notices::each_lead_time_notice_goes_on_time_late_or_is_recorded_as_skipped,
+        notices::a_lead_whose_moment_came_before_the_purchase_produces_nothing,
+        notices::a_teams_filter_policy_receives_only_its_own_notices,
     ];
     for scenario in scenarios {
         scenario();

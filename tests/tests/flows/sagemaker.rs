@@ -221,6 +221,9 @@ pub(crate) async fn a_training_job_runs_on_its_plan_and_is_stopped_before_forced
             &["Capacity Offerings Found"],
             &["Capacity Reserved"],
             &["Capacity Workload Launched"],
+            // cleanup's first tick in the flow, just before the drain: the checkpoint
+            // notice, late (ARCHITECTURE §9.2)
+            &["Capacity Reservation Ending"],
             &["Capacity Reservation Expiring", "Capacity Workload Drained"],
             &["Capacity Reservation Ended"],
         ],
@@ -341,9 +344,14 @@ pub(crate) async fn each_segment_of_a_split_plan_gets_its_own_job_launched_and_d
             &["Capacity Offerings Found"],
             &["Capacity Reserved"],
             &["Capacity Workload Launched"],
+            // cleanup's first tick in the flow, at the first drain: before draining, the
+            // first window's Ending notices are recorded as skipped (its drain has come), and
+            // the second window's Opening notice goes
+            &["Capacity Window Opening"],
             &["Capacity Reservation Expiring", "Capacity Workload Drained"],
             // the plan goes on: its first segment's end is no Reservation Ended
             &["Capacity Workload Launched"],
+            &["Capacity Reservation Ending"],
             &["Capacity Reservation Expiring", "Capacity Workload Drained"],
             &["Capacity Reservation Ended"],
         ],
@@ -470,6 +478,9 @@ pub(crate) async fn an_endpoint_is_created_on_its_active_plan_and_deleted_with_i
             &["Capacity Offerings Found"],
             &["Capacity Reserved"],
             &["Capacity Workload Launched"],
+            // cleanup's first tick in the flow, just before the drain: the checkpoint
+            // notice, late (ARCHITECTURE §9.2)
+            &["Capacity Reservation Ending"],
             &["Capacity Reservation Expiring", "Capacity Workload Drained"],
             &["Capacity Reservation Ended"],
         ],
@@ -660,6 +671,9 @@ pub(crate) async fn a_managed_hyperpod_cluster_gets_its_instance_group_on_the_pl
             &["Capacity Offerings Found"],
             &["Capacity Reserved"],
             &["Capacity Workload Launched"],
+            // cleanup's first tick in the flow, just before the drain: the checkpoint
+            // notice, late (ARCHITECTURE §9.2)
+            &["Capacity Reservation Ending"],
             &["Capacity Reservation Expiring", "Capacity Workload Drained"],
             &["Capacity Reservation Ended"],
         ],

@@ -794,6 +794,7 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
             }
         }
     }
+    out.extend(lead_notices(sim, &recs, &bus, end).await);
     // A terminal request buys nothing (ARCHITECTURE §9.1): nothing AWS sold for a request
     // (but the harness's strays) was bought after it first reached an ended status.
     for r in recs.values().filter(|r| r.status.is_terminal()) {
@@ -1633,6 +1634,22 @@ pub fn reached(sim: &Sim) -> BTreeSet<String> {
         out.insert("a late drain was published".to_string());
     }
     if sim.cloud.events(BUS).iter().any(|e| {
+        ["Capacity Window Opening", "Capacity Reservation Ending"]
+            .contains(&e["detail-type"].as_str().unwrap_or_default())
+            && e["detail"]["late"] == true
+    }) {
+        out.insert("a lead-time notice was published late".to_string());
+    }
+    if sim
+        .store
+        .all_history()
+        .values()
+        .flatten()
+        .any(|h| h.reason.contains("notice of window") && h.reason.contains("was not sent"))
+    {
+        out.insert("a lead-time notice's skip was recorded".to_string());
+    }
+    if sim.cloud.events(BUS).iter().any(|e| {
         e["detail-type"] == "Capacity Cancellation Applied"
             && e["detail"]["stopped_windows"]
                 .as_array()
@@ -1774,6 +1791,112 @@ pub fn reached(sim: &Sim) -> BTreeSet<String> {
                 .is_some_and(|id| respelled.contains(id))
     }) {
         out.insert("a cancellation spelling its id in another case was applied".to_string());
+    }
+    out
+}
+
+/// ARCHITECTURE §9.2's lead-time notices: each is published under one key at most (a window
+/// and lead is one notice, however often its write is retried or raced), and none whose moment
+/// came after its window's purchase is passed over without a record: it was published, or the
+/// request's history says why not.
+async fn lead_notices(
+    sim: &Sim,
+    recs: &BTreeMap<String, RequestRecord>,
+    bus: &[Value],
+    end: DateTime<Utc>,
+) -> Vec<String> {
+    use capacity_pilot::domain::notices::{Lead, LeadKind};
+    use capacity_pilot::domain::reservation::ReservationState;
+    use capacity_pilot::domain::window::{DrainLead, windows};
+    const KINDS: [(&str, LeadKind); 2] = [
+        ("Capacity Window Opening", LeadKind::Opening),
+        ("Capacity Reservation Ending", LeadKind::Ending),
+    ];
+    let mut out = Vec::new();
+    let mut keys: BTreeMap<(String, String, String, String), BTreeSet<String>> = BTreeMap::new();
+    for e in bus {
+        let dt = e["detail-type"].as_str().unwrap_or_default();
+        if !KINDS.iter().any(|(d, _)| *d == dt) {
+            continue;
+        }
+        let d = &e["detail"];
+        keys.entry((
+            d["request_id"].to_string(),
+            d["reservation_id"].to_string(),
+            d["window"].to_string(),
+            format!("{dt} {}", d["lead_minutes"]),
+        ))
+        .or_default()
+        .insert(d["event_key"].to_string());
+    }
+    for ((request, res, window, what), ks) in &keys {
+        if ks.len() > 1 {
+            out.push(format!(
+                "a lead-time notice is published under one key: {request}'s {what} of window \
+                 {window} ({res}) went out as {ks:?}"
+            ));
+        }
+    }
+    let reservations = sim.store.all_reservations();
+    let leads = &sim.config.notice_leads;
+    for r in recs.values() {
+        let held = reservations.get(&r.request_id).cloned().unwrap_or_default();
+        let ws = windows(
+            &held,
+            &r.windows,
+            DrainLead::of(&r.request, sim.config.default_drain_minutes),
+        );
+        if ws.is_empty() {
+            continue;
+        }
+        let history = sim.store.history(&r.request_id).await.unwrap_or_default();
+        for w in &ws {
+            // A reservation AWS never let be used announces nothing.
+            if matches!(
+                w.reservation.state,
+                ReservationState::PaymentFailed | ReservationState::Failed
+            ) {
+                continue;
+            }
+            let Some(bought) = w.reservation.bought_at else {
+                continue;
+            };
+            for (dt, kind) in KINDS {
+                let minutes = match kind {
+                    LeadKind::Opening => &leads.opening,
+                    LeadKind::Ending => &leads.ending,
+                };
+                for m in minutes {
+                    let lead = Lead { kind, minutes: *m };
+                    let moment = lead.moment(w);
+                    // Not due (before the purchase), or not yet owed by the end of the run.
+                    if moment < bought || moment > end - TimeDelta::minutes(10) {
+                        continue;
+                    }
+                    let published = bus.iter().any(|e| {
+                        e["detail-type"] == dt
+                            && same_id(&e["detail"]["request_id"], r.request_id.as_str())
+                            && e["detail"]["reservation_id"] == w.reservation.id.as_str()
+                            && e["detail"]["window"] == w.number
+                            && e["detail"]["lead_minutes"] == *m
+                    });
+                    let said = format!("{} was not sent", lead.describe(w.number));
+                    let recorded = history.iter().any(|h| h.reason.contains(&said));
+                    if !published && !recorded {
+                        out.push(format!(
+                            "a lead-time notice is never skipped without a record: {}'s {} \
+                             ({}, due at {moment}) was neither published nor its skip recorded \
+                             ({}; window {})",
+                            r.request_id,
+                            lead.describe(w.number),
+                            w.reservation.id,
+                            r.status,
+                            w.state
+                        ));
+                    }
+                }
+            }
+        }
     }
     out
 }

@@ -12,7 +12,6 @@ use std::task::Poll;
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use capacity_pilot::aws::capacity::{AwsMarket, AwsWorkloads};
-use capacity_pilot::aws::eventbridge::EventBridgeSink;
 use capacity_pilot::aws::wiring::Adapters;
 use capacity_pilot::config::Config;
 use capacity_pilot::domain::status::RequestStatus;
@@ -22,6 +21,7 @@ use capacity_pilot::fakes::{Gate, InMemoryStore, ManualClock, StepDeadline};
 use capacity_pilot::ids::SeededIds;
 use chrono::{DateTime, TimeDelta, Utc};
 use cleanup_expired::handler::Cleaner;
+use integration_tests::flow::Events;
 use integration_tests::in_process::{self, InProcess, NoWait};
 use integration_tests::moto::workspace_root;
 use launch_workloads::handler::Launcher;
@@ -100,11 +100,11 @@ type Clock = ManualClock;
 
 /// The five production handlers of the simulated system.
 struct Handlers {
-    searcher: Searcher<Store, AwsMarket, AwsWorkloads, EventBridgeSink, Clock>,
-    purchaser: Purchaser<Store, AwsMarket, EventBridgeSink, Clock, AwsWorkloads>,
-    launcher: Launcher<Store, AwsWorkloads, EventBridgeSink, Clock>,
-    replacer: Replacer<Store, AwsWorkloads, EventBridgeSink, Clock>,
-    cleaner: Cleaner<Store, AwsMarket, AwsWorkloads, EventBridgeSink, Clock>,
+    searcher: Searcher<Store, AwsMarket, AwsWorkloads, Events, Clock>,
+    purchaser: Purchaser<Store, AwsMarket, Events, Clock, AwsWorkloads>,
+    launcher: Launcher<Store, AwsWorkloads, Events, Clock>,
+    replacer: Replacer<Store, AwsWorkloads, Events, Clock>,
+    cleaner: Cleaner<Store, AwsMarket, AwsWorkloads, Events, Clock>,
 }
 
 type Decisions = Result<Vec<capacity_pilot::decision::Decision>, String>;
@@ -502,6 +502,7 @@ fn env(budgets: &str) -> Vec<(String, String)> {
     [
         ("TABLE_NAME", "capacity-pilot-sim"),
         ("EVENT_BUS_NAME", BUS),
+        ("NOTICES_TOPIC_ARN", integration_tests::flow::NOTICES_TOPIC),
         ("ALLOWED_REGIONS", REGION),
         ("ALLOWED_REQUEST_SOURCES", SOURCE),
         ("APPROVER_SOURCES", APPROVER),
@@ -619,6 +620,13 @@ impl Sim {
                 }
             }));
         let sdk = in_process::sdk_config(connector.http_client(), REGION, t0().into());
+        // The stack's notices topic, created outside the gate (nothing of the sim's own).
+        integration_tests::flow::create_notices_topic(&in_process::sdk_config(
+            InProcess::new(cloud.router()).http_client(),
+            REGION,
+            t0().into(),
+        ))
+        .await;
         let adapters = || {
             let a = Adapters::from_sdk(sdk.clone(), &config).expect("adapters");
             let (market, workloads) =
@@ -1491,6 +1499,25 @@ impl Sim {
                 self.trace(format!(
                     "sabotage: {cr}'s offering bought again for {id}: {bought:?}"
                 ));
+            }
+            "Capacity Window Opening"
+                if self.scenario.sabotage_notices && ev["source"] == "capacity-pilot" =>
+            {
+                // A producer announces the same lead-time notice again under another key.
+                let mut detail = ev["detail"].clone();
+                detail["event_key"] = json!(format!(
+                    "{}-twin",
+                    detail["event_key"].as_str().unwrap_or_default()
+                ));
+                self.trace(format!("sabotage: {} announced again", detail["event_key"]));
+                self.act_at(
+                    now,
+                    Act::Put {
+                        source: "sim-sabotage".to_string(),
+                        detail_type: "Capacity Window Opening".to_string(),
+                        detail,
+                    },
+                );
             }
             "Capacity Workload Launched" if self.launched.insert(i) => {
                 for (h, index, impair) in self.scenario.requests[i].instance_failures.clone() {

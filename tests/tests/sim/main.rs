@@ -235,6 +235,11 @@ const MUST_REACH: &[&str] = &[
     // ARCHITECTURE §9.1: stopping paid workloads early is an explicit ask
     "stop_running was asked of a running window",
     "stop_running stopped a paid window",
+    // ARCHITECTURE §9.2: lead-time notices, on time, late and skipped
+    "Capacity Window Opening",
+    "Capacity Reservation Ending",
+    "a lead-time notice was published late",
+    "a lead-time notice's skip was recorded",
 ];
 
 /// `make test`'s seeds: the range of seeds.txt, on both cores, every promise kept, every
@@ -294,6 +299,24 @@ fn the_checks_catch_a_second_block_bought_for_one_window() {
         "seed {seed}: {all}"
     );
     assert!(all.contains("ledger bounded"), "seed {seed}: {all}");
+}
+
+/// The lead-time notice check can fail: a producer announcing a Window Opening again under
+/// another key (the harness's sabotage) is caught (ARCHITECTURE §9.2).
+#[test]
+fn the_checks_catch_a_lead_time_notice_published_under_two_keys() {
+    let seed = (1..=200)
+        .find(|s| run_seed(*s).reached.contains("Capacity Window Opening"))
+        .expect("a seed that announces a window opening");
+    let mut scenario = Scenario::from_seed(seed);
+    scenario.sabotage_notices = true;
+    let o = play(scenario);
+    let all = o.violations.join("\n");
+    let sabotage: Vec<&String> = o.trace.iter().filter(|l| l.contains("sabotage")).collect();
+    assert!(
+        all.contains("a lead-time notice is published under one key"),
+        "seed {seed}: {all}\n{sabotage:?}"
+    );
 }
 
 /// Two runs of a seed give byte-identical traces (and so the same decisions and events).

@@ -270,6 +270,8 @@ pub struct Scenario {
     pub legacy_ledgers: Vec<(String, i64)>,
     /// Never generated: a test sets it to show the checks catch what they should.
     pub sabotage: bool,
+    /// Never generated: a lead-time notice is announced again under another key.
+    pub sabotage_notices: bool,
 }
 
 impl Scenario {
@@ -810,6 +812,7 @@ impl Scenario {
             spot_runs,
             reconcile_outage,
             sabotage: false,
+            sabotage_notices: false,
         }
     }
 }

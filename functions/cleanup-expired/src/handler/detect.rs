@@ -14,7 +14,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use capacity_pilot::domain::events::{ReservationUnrecorded, outbound};
+use capacity_pilot::domain::events::ReservationUnrecorded;
+use capacity_pilot::domain::notices::announced;
 use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus;
@@ -132,11 +133,10 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                     }
                 );
                 warn!(alert = "reservation-unrecorded", request_id = %id, reservation_id = %r.id, "{reason}");
-                events.push(outbound(&ReservationUnrecorded::of(
-                    id.as_str(),
-                    &r,
-                    reason.clone(),
-                )));
+                events.push(announced(
+                    rec.as_ref().map(|x| x.team.as_str()),
+                    &ReservationUnrecorded::of(id.as_str(), &r, reason.clone()),
+                ));
                 out.decisions
                     .push(Decision::new(&id, "reservation-unrecorded", reason));
             }

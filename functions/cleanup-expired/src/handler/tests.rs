@@ -443,8 +443,17 @@ async fn duplicate_warnings_act_once() {
     // THEN one drain is written and published
     assert_eq!(w.events.published_of(EXPIRING).len(), 1);
     assert_eq!(w.events.published_of(DRAINED).len(), 1);
-    // (Two writes: the window marked stopping, then drained.)
-    assert_eq!(w.record("r-1").await.version, 9);
+    // (Three writes: the window marked stopping, then drained, then its lead-time notices
+    // looked at for the first time: a block recorded with no purchase time, whose leads
+    // all passed before that look, so none is due.)
+    let rec = w.record("r-1").await;
+    assert_eq!(rec.version, 10);
+    assert_eq!(rec.reason, "lead-time notices: none left to send");
+    assert!(
+        w.events
+            .published_of("Capacity Reservation Ending")
+            .is_empty()
+    );
 }
 
 #[tokio::test]
@@ -659,7 +668,14 @@ async fn a_split_plan_returns_to_reserved_until_its_last_segment_ends() {
     // THEN the request waits for the second segment
     let rec = w.record("r-1").await;
     assert_eq!(rec.status, RequestStatus::Reserved);
-    assert_eq!(rec.due_at(), Some(end() + Duration::hours(24)));
+    assert_eq!(
+        capacity_pilot::domain::window::window_action_at(&rec.windows),
+        Some(end() + Duration::hours(24))
+    );
+    // (Due before that for the second window's 1 h Window Opening notice: its 24 h one went
+    // with the first window's end.)
+    assert_eq!(rec.due_at(), Some(end() + Duration::hours(23)));
+    assert_eq!(w.events.published_of("Capacity Window Opening").len(), 1);
     assert_eq!(
         w.events.published_of(ENDED)[0].detail["reservation_ids"],
         json!(["cr-1"])
@@ -1111,6 +1127,7 @@ async fn running_window(
         state: capacity_pilot::domain::window::WindowState::Running,
         next_action_at: Some(drain_at),
         updated_at: open(),
+        notices: None,
     }];
     rec.next_action_at = None;
     w.store.insert_record(rec);

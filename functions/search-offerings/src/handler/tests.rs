@@ -458,6 +458,44 @@ async fn identical_queries_across_requests_share_one_search() {
     assert_eq!(w.status("r2").await, RequestStatus::OfferingsFound);
 }
 
+/// Issue 55: a Not Found is told the first time, then again only when its reason or its
+/// alternatives change, never for a round that only moved the times.
+#[tokio::test]
+async fn not_found_is_told_again_only_when_its_reason_or_alternatives_change() {
+    let w = World::new();
+    let s = w.searcher();
+    w.market.list(block("cb-short", day(3), 24, "3000"));
+    s.handle(submitted(SOURCE, "e1", detail("r1")))
+        .await
+        .unwrap();
+    let told = w.events.published_of("Capacity Not Found");
+    assert_eq!(told.len(), 1);
+    let notice = told[0].notice.clone().expect("the first is told");
+    assert_eq!(notice.request_id.as_deref(), Some("r1"));
+    assert!(notice.body.contains("cb-short"), "{}", notice.body);
+    // WHEN a retry sees the same short offering again (another day's copy of it)
+    w.market.list(block("cb-short-2", day(4), 24, "3100"));
+    w.clock.advance(RETRY_AFTER);
+    s.handle(tick("t1")).await.unwrap();
+    // THEN nothing new is said
+    assert_eq!(w.events.published_of("Capacity Not Found").len(), 1);
+    // WHEN the alternatives change: an offering too dear is all there is besides
+    w.market.list(block("cb-dear", day(3), 48, "9000000"));
+    w.clock.advance(RETRY_AFTER);
+    s.handle(tick("t2")).await.unwrap();
+    // THEN a second Not Found is published and told, saying why this one does not fit
+    assert_eq!(w.status("r1").await, RequestStatus::NotFound);
+    let told = w.events.published_of("Capacity Not Found");
+    assert_eq!(
+        told.len(),
+        2,
+        "{:?}",
+        told.iter().map(|e| &e.detail["reason"]).collect::<Vec<_>>()
+    );
+    assert_ne!(told[0].event_key, told[1].event_key);
+    assert!(told[1].notice.is_some());
+}
+
 #[tokio::test]
 async fn nothing_feasible_is_announced_once_retried_and_failed_at_the_deadline() {
     let w = World::new();
@@ -1592,6 +1630,7 @@ async fn a_request_that_ended_leaves_its_name_or_keeps_it_over_its_paid_windows_
                 state: WindowState::Pending,
                 next_action_at: Some(day(3)),
                 updated_at: t0(),
+                notices: None,
             }];
             // (Its block, cr-1, days 3-5.)
             let mut paid = block_starting(day(3), ReservationState::Scheduled);

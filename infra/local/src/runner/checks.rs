@@ -761,6 +761,32 @@ pub fn judge(o: &Observed) -> Vec<Check> {
                 ),
             );
         }
+
+        if e.noticed {
+            let (ok, detail) = noticed(o, id, &windows);
+            check("told before each window opened and drained", id, ok, detail);
+        }
+        if e.noticed_late {
+            let late: Vec<&Value> = ["Capacity Window Opening", "Capacity Reservation Ending"]
+                .into_iter()
+                .flat_map(|dt| o.ours(id, dt))
+                .filter(|ev| ev["detail"]["late"] == true && told(o, ev))
+                .collect();
+            check(
+                "a lead-time notice sent late",
+                id,
+                !late.is_empty(),
+                match late.first() {
+                    Some(ev) => format!(
+                        "{} {} min lead, published at {}",
+                        ev["detail-type"].as_str().unwrap_or("?"),
+                        ev["detail"]["lead_minutes"],
+                        ev["time"].as_str().unwrap_or("?")
+                    ),
+                    None => "no late Window Opening or Reservation Ending reached the topic".into(),
+                },
+            );
+        }
     }
 
     if o.scenario.budgets_exact {
@@ -811,4 +837,144 @@ pub fn judge(o: &Observed) -> Vec<Check> {
 /// A short form of a reservation id or plan ARN, for reading.
 pub fn short(id: &str) -> &str {
     id.rsplit('/').next().unwrap_or(id)
+}
+
+/// The leads of the lead-time notices the scenario's stack configures (the template's
+/// defaults unless its parameters say otherwise).
+fn leads(o: &Observed, parameter: &str, default: &str) -> Vec<i64> {
+    o.scenario
+        .parameters
+        .get(parameter)
+        .map(String::as_str)
+        .unwrap_or(default)
+        .split(',')
+        .filter_map(|m| m.trim().parse().ok())
+        .collect()
+}
+
+/// Whether the notices topic received the notice of our event `ev` (its body names the
+/// event's key).
+fn told(o: &Observed, ev: &Value) -> bool {
+    let Some(key) = ev["detail"]["event_key"].as_str() else {
+        return false;
+    };
+    o.cloud.sns_messages().iter().any(|m| {
+        m["message"].as_str().is_some_and(|b| b.contains(key))
+            && m["attributes"]["detail_type"] == ev["detail-type"]
+    })
+}
+
+/// ARCHITECTURE §9.2 for request `id`: each window had a `Capacity Window Opening` for each
+/// lead whose moment came after its purchase, published before it opened, and a `Capacity
+/// Reservation Ending` for each such lead before its drain, each on the topic too.
+fn noticed(o: &Observed, id: &str, windows: &[Window]) -> (bool, String) {
+    let opening = leads(o, "NoticeOpeningLeadsMinutes", "1440,60");
+    let ending = leads(o, "NoticeEndingLeadsMinutes", "1440,780,60");
+    let mut ok = !windows.is_empty();
+    let mut notes = Vec::new();
+    let mut sent = 0;
+    for w in windows {
+        let bought = o
+            .ours(id, "Capacity Reserved")
+            .into_iter()
+            .filter(|r| {
+                r["detail"]["reservation_ids"]
+                    .as_array()
+                    .is_some_and(|ids| ids.iter().any(|i| *i == w.reservation_id.as_str()))
+            })
+            .filter_map(|r| time(&r["time"]))
+            .min();
+        let Some(bought) = bought else {
+            ok = false;
+            notes.push(format!(
+                "{}: no Capacity Reserved names it",
+                short(&w.reservation_id)
+            ));
+            continue;
+        };
+        let mine = |dt: &str| -> Vec<&Value> {
+            o.ours(id, dt)
+                .into_iter()
+                .filter(|ev| ev["detail"]["reservation_id"] == w.reservation_id.as_str())
+                .collect()
+        };
+        for lead in &opening {
+            if w.start - TimeDelta::minutes(*lead) < bought {
+                continue;
+            }
+            let hit = mine("Capacity Window Opening").into_iter().find(|ev| {
+                ev["detail"]["lead_minutes"] == *lead
+                    && time(&ev["detail"]["opens_at"]) == Some(w.start)
+            });
+            match hit {
+                Some(ev) if time(&ev["time"]).is_some_and(|t| t < w.start) && told(o, ev) => {
+                    sent += 1
+                }
+                Some(ev) => {
+                    ok = false;
+                    notes.push(format!(
+                        "{} opening {lead} min: published at {} (opens {}), told: {}",
+                        short(&w.reservation_id),
+                        ev["time"].as_str().unwrap_or("?"),
+                        w.start,
+                        told(o, ev)
+                    ));
+                }
+                None => {
+                    ok = false;
+                    notes.push(format!(
+                        "{} opening {lead} min: never published",
+                        short(&w.reservation_id)
+                    ));
+                }
+            }
+        }
+        let endings = mine("Capacity Reservation Ending");
+        // The drain as the notices name it; before any, the latest it can be (the forced
+        // termination).
+        let drain = endings
+            .iter()
+            .filter(|ev| time(&ev["detail"]["ends_at"]) == Some(w.end))
+            .find_map(|ev| time(&ev["detail"]["drain_at"]))
+            .unwrap_or(w.forced);
+        for lead in &ending {
+            if drain - TimeDelta::minutes(*lead) < bought {
+                continue;
+            }
+            let hit = endings.iter().find(|ev| {
+                ev["detail"]["lead_minutes"] == *lead
+                    && time(&ev["detail"]["ends_at"]) == Some(w.end)
+            });
+            match hit {
+                Some(ev) if time(&ev["time"]).is_some_and(|t| t < drain) && told(o, ev) => {
+                    sent += 1
+                }
+                Some(ev) => {
+                    ok = false;
+                    notes.push(format!(
+                        "{} ending {lead} min: published at {} (drain {drain}), told: {}",
+                        short(&w.reservation_id),
+                        ev["time"].as_str().unwrap_or("?"),
+                        told(o, ev)
+                    ));
+                }
+                None => {
+                    ok = false;
+                    notes.push(format!(
+                        "{} ending {lead} min: never published (drain {drain})",
+                        short(&w.reservation_id)
+                    ));
+                }
+            }
+        }
+    }
+    let detail = if notes.is_empty() {
+        format!(
+            "{sent} lead-time notice(s) on the bus and the topic, each before what it announced, for {} window(s)",
+            windows.len()
+        )
+    } else {
+        notes.join("; ")
+    };
+    (ok, detail)
 }

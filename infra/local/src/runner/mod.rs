@@ -138,6 +138,8 @@ pub struct RunResult {
     /// Where the function binaries came from (`.../debug` or `.../release`).
     pub bin_dir: PathBuf,
     pub summary: Vec<report::RequestSummary>,
+    /// What the notices topic received, oldest first (`GET /_local/sns/messages`).
+    pub notices: Vec<Value>,
     /// The stack as the emulator's CloudFormation showed it at the end.
     pub stack: Option<crate::cloudformation::DeployedStack>,
 }
@@ -259,6 +261,13 @@ pub async fn run_with(
     let mut locals = template::Locals::default();
     locals.resources.insert("StateTable".into(), table.clone());
     locals.resources.insert("Bus".into(), bus_name.into());
+    // The notices topic (ARCHITECTURE §9.2): what it receives is on each request's timeline.
+    let notices_topic = cloud
+        .create_sns_topic(&scenario.region, "capacity-pilot-notices")
+        .map_err(|e| anyhow!("creating the notices topic: {e:?}"))?;
+    locals
+        .resources
+        .insert("NoticesTopic".into(), notices_topic.clone());
     locals.parameters = scenario.parameters.clone();
     locals.stack_name = Some(template::LOCAL_STACK_NAME.to_string());
     locals.stack_id = Some(template::local_stack_id(
@@ -271,7 +280,7 @@ pub async fn run_with(
     deploy_stack(&cloud, &template, &locals, &scenario)?;
     let specs = template::functions(&template, &locals)?;
     let mut extra = BTreeMap::new();
-    for service in ["EC2", "SAGEMAKER", "EVENTBRIDGE"] {
+    for service in ["EC2", "SAGEMAKER", "EVENTBRIDGE", "SNS"] {
         extra.insert(format!("AWS_ENDPOINT_URL_{service}"), cloud.url());
     }
     extra.insert("AWS_ENDPOINT_URL_DYNAMODB".into(), moto.url().to_string());
@@ -331,6 +340,8 @@ pub async fn run_with(
         every_tick: opts.every_tick,
         steps: 0,
         cli,
+        down: BTreeMap::new(),
+        held: Vec::new(),
     };
     let played = player.play(&scenario).await;
     let Player {
@@ -371,6 +382,7 @@ pub async fn run_with(
     let schedule_rates: BTreeMap<String, TimeDelta> = bus.schedules().into_iter().collect();
     let default_events = cloud.events("default");
     let custom_events = cloud.events(bus_name);
+    let notices = cloud.sns_messages();
     let forwarded = bus.forwarded_counts();
     let obs = checks::Observed {
         scenario: &scenario,
@@ -406,6 +418,7 @@ pub async fn run_with(
         steps,
         out_dir,
         summary,
+        notices,
         stack,
     })
 }
@@ -659,6 +672,11 @@ struct Player {
     every_tick: bool,
     steps: u64,
     cli: CliEnv,
+    /// Functions down until the time given (the scenario's `outage`).
+    down: BTreeMap<String, DateTime<Utc>>,
+    /// Events routed to a function while it was down, with their trigger: EventBridge
+    /// retries them, delivered once it is back.
+    held: Vec<(String, Value, String)>,
 }
 
 impl Player {
@@ -694,6 +712,10 @@ impl Player {
             if let Some(t) = self.next_schedule(now).await? {
                 next = next.min(t);
             }
+            // A function coming back takes the events held for it.
+            if let Some(t) = self.down.values().filter(|t| **t > now).min() {
+                next = next.min(*t);
+            }
             if now >= scenario.end {
                 break;
             }
@@ -715,6 +737,7 @@ impl Player {
             }
             self.cloud.advance_to(next);
             self.steps += 1;
+            self.redeliver().await?;
             self.deliver().await?;
             self.fire_schedules(next).await?;
         }
@@ -728,13 +751,24 @@ impl Player {
         }
         let after = a.after.as_ref()?;
         let t: DateTime<Utc> = self.cloud.with_world(|w| {
-            w.home_events(&self.bus.custom).iter().find(|e| {
-                e["detail-type"] == "Capacity Workload Launched"
-                    && e["detail"]["request_id"] == after.launched.as_str()
-            })?["time"]
-                .as_str()?
-                .parse()
-                .ok()
+            let events = w.home_events(&self.bus.custom);
+            match (&after.launched, &after.opens) {
+                (Some(id), _) => events.iter().find(|e| {
+                    e["detail-type"] == "Capacity Workload Launched"
+                        && e["detail"]["request_id"] == id.as_str()
+                })?["time"]
+                    .as_str()?
+                    .parse()
+                    .ok(),
+                (None, Some(id)) => events.iter().find(|e| {
+                    e["detail-type"] == "Capacity Reserved"
+                        && e["detail"]["request_id"] == id.as_str()
+                })?["detail"]["start"]
+                    .as_str()?
+                    .parse()
+                    .ok(),
+                (None, None) => None,
+            }
         })?;
         Some(t + after.offset())
     }
@@ -889,6 +923,18 @@ impl Player {
                 );
             }
             What::Cli(c) => self.run_cli(c, scenario).await?,
+            What::Outage { function, minutes } => {
+                anyhow::ensure!(
+                    self.functions.contains_key(function),
+                    "outage of {function}, which the runner did not start"
+                );
+                let until = now + TimeDelta::minutes(*minutes);
+                self.timeline.action(
+                    now,
+                    &format!("{function} is down until {until} (its schedule's ticks are lost; its events wait for EventBridge's retries)"),
+                );
+                self.down.insert(function.clone(), until);
+            }
         }
         Ok(())
     }
@@ -992,9 +1038,37 @@ impl Player {
         }
     }
 
+    /// Whether `function` is down (the scenario's `outage`) now.
+    fn is_down(&self, function: &str) -> bool {
+        self.down
+            .get(function)
+            .is_some_and(|until| self.cloud.now() < *until)
+    }
+
+    /// Delivers the events held for functions that are back.
+    async fn redeliver(&mut self) -> anyhow::Result<()> {
+        let held = std::mem::take(&mut self.held);
+        for (function, event, trigger) in held {
+            if self.is_down(&function) {
+                self.held.push((function, event, trigger));
+            } else {
+                self.invoke(&function, &event, &trigger).await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Invokes `function` with `event`; a failed invocation is retried twice, as Lambda
-    /// retries an asynchronous invocation.
+    /// retries an asynchronous invocation. A function that is down loses a schedule's tick,
+    /// and an event waits for it (EventBridge retries a failed delivery for a day).
     async fn invoke(&mut self, function: &str, event: &Value, trigger: &str) -> anyhow::Result<()> {
+        if self.is_down(function) {
+            if trigger != "Scheduled Event" {
+                self.held
+                    .push((function.to_string(), event.clone(), trigger.to_string()));
+            }
+            return Ok(());
+        }
         for _attempt in 0..3 {
             let before = event_count(&self.cloud, &self.bus.region, &self.bus.custom);
             let calls_before = self.aws_calls();

@@ -446,6 +446,30 @@ pub fn render(r: &RunResult) -> String {
             t(q.ended)
         );
     }
+    let _ = writeln!(
+        s,
+        "\n== notices (what the notices topic received, by request; bodies in notices.txt) =="
+    );
+    for q in &r.summary {
+        let mine: Vec<&Value> = r
+            .notices
+            .iter()
+            .filter(|m| m["attributes"]["request_id"] == q.request_id.as_str())
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let _ = writeln!(s, "{} (team {}):", q.request_id, q.team);
+        for m in mine {
+            let _ = writeln!(
+                s,
+                "  {}  {:<40} {}",
+                time(&m["at"]).map_or("-".into(), |t| t.format("%m-%d %H:%M").to_string()),
+                m["attributes"]["detail_type"].as_str().unwrap_or("?"),
+                m["subject"].as_str().unwrap_or("")
+            );
+        }
+    }
     let _ = writeln!(s, "\n== functions (real binaries under the Lambda host) ==");
     let _ = writeln!(
         s,
@@ -845,6 +869,26 @@ fn calls_of(r: &RunResult, function: &str) -> Calls {
 
 /// One JSON line per invocation: when, which function, on what, what it decided and published,
 /// how long it took, its peak memory and its AWS calls per service.
+/// Every notice the topic received, as a recipient reads it: its time, attributes, subject
+/// and body.
+pub fn notices_text(r: &RunResult) -> String {
+    let mut s = String::new();
+    for m in &r.notices {
+        let _ = writeln!(
+            s,
+            "=== {} | team={} detail_type={} request_id={} | delivered to {}\nSubject: {}\n\n{}\n",
+            m["at"].as_str().unwrap_or("?"),
+            m["attributes"]["team"].as_str().unwrap_or("-"),
+            m["attributes"]["detail_type"].as_str().unwrap_or("-"),
+            m["attributes"]["request_id"].as_str().unwrap_or("-"),
+            m["deliveries"].as_array().map_or(0, Vec::len),
+            m["subject"].as_str().unwrap_or(""),
+            m["message"].as_str().unwrap_or("")
+        );
+    }
+    s
+}
+
 pub fn invocations_jsonl(r: &RunResult) -> String {
     let mut out = String::new();
     for i in &r.invocations {

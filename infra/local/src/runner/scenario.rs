@@ -73,11 +73,16 @@ pub struct Action {
     pub what: What,
 }
 
-/// A time relative to the first `Capacity Workload Launched` of a request.
+/// A time relative to the first `Capacity Workload Launched` of a request (`launched`), or to
+/// the start of the first window it reserved (`opens`, from its first `Capacity Reserved`;
+/// a negative offset is before it). Exactly one of the two.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct After {
-    pub launched: String,
+    #[serde(default)]
+    pub launched: Option<String>,
+    #[serde(default)]
+    pub opens: Option<String>,
     #[serde(default)]
     pub hours: i64,
     #[serde(default)]
@@ -126,6 +131,13 @@ pub enum What {
     /// Run the `capacity-pilot` CLI (built with the functions) against the emulator at this
     /// simulated time, as an operator would, and check its exit code and output.
     Cli(CliCall),
+    /// A function cannot run for `minutes` from now (a bad deployment, Lambda unable to run
+    /// it): its schedule's ticks in that time are lost, and the events routed to it wait for
+    /// EventBridge's retries, delivered once it is back.
+    Outage {
+        function: String,
+        minutes: i64,
+    },
 }
 
 /// One run of the `capacity-pilot` CLI: `<bin_dir>/capacity-pilot <args...>` in the
@@ -249,6 +261,15 @@ pub struct Expect {
     /// Failed` reason says this.
     #[serde(default)]
     pub not_bought_because: Option<String>,
+    /// Every window had each `Capacity Window Opening` lead due after its purchase before it
+    /// opened, and each `Capacity Reservation Ending` lead before its drain, on the bus and
+    /// on the notices topic (ARCHITECTURE §9.2).
+    #[serde(default)]
+    pub noticed: bool,
+    /// At least one lead-time notice of it was published late (`late: true`), after its
+    /// moment and before what it announced.
+    #[serde(default)]
+    pub noticed_late: bool,
 }
 
 impl Scenario {
@@ -268,6 +289,13 @@ impl Scenario {
                 "{}: action {i} needs exactly one of `at` and `after`",
                 path.display()
             );
+            if let Some(after) = &a.after {
+                anyhow::ensure!(
+                    after.launched.is_some() != after.opens.is_some(),
+                    "{}: action {i}'s `after` needs exactly one of `launched` and `opens`",
+                    path.display()
+                );
+            }
         }
         Ok(s)
     }

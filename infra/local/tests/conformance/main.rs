@@ -15,3 +15,4 @@ mod sagemaker_endpoints;
 mod sagemaker_hyperpod;
 mod sagemaker_plans;
 mod sagemaker_tags;
+mod sns;

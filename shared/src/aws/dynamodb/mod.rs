@@ -2748,7 +2748,8 @@ impl DynamoStore {
                     status,
                     next_action_at,
                     own_action_at,
-                    window_action_at: window::next_action_at(None, &windows),
+                    window_action_at: window::window_action_at(&windows),
+                    notice_at: window::notice_at(&windows),
                 });
             }
             if window::may_be_running(status, &windows) {

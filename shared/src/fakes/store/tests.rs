@@ -1319,6 +1319,71 @@ async fn a_run_publishes_what_it_wrote_or_its_agenda_showed_and_reads_the_outbox
     );
 }
 
+/// ARCHITECTURE §9.2: an outbox item with a notice is sent only when both the bus and the
+/// topic took it; one written before notices existed goes to the bus only.
+#[tokio::test]
+async fn an_item_with_a_notice_is_sent_only_once_the_bus_and_the_topic_both_took_it() {
+    use crate::domain::notices::Notice;
+    use crate::fakes::{RecordingEvents, RecordingNotices};
+    use crate::outbox::{Announcing, Run, flush};
+    let store = InMemoryStore::new();
+    let sink = Announcing {
+        bus: RecordingEvents::new(),
+        topic: RecordingNotices::new(),
+    };
+    let notice = Notice {
+        subject: "r-1 reserved".into(),
+        body: "Request r-1 is reserved.".into(),
+        team: Some("ml-research".into()),
+        detail_type: "Capacity Request Accepted".into(),
+        request_id: Some(R1.into()),
+    };
+    // GIVEN two requests: r-1's event carries a notice, r-2's (written before notices
+    // existed) none
+    let mut told = new_request(R1, "5000", "ev-1");
+    told.outbox[0].notice = Some(notice.clone());
+    store.create_request(told).await.unwrap();
+    store
+        .create_request(new_request("r-2", "5000", "ev-2"))
+        .await
+        .unwrap();
+    // WHEN the topic refuses the notice
+    sink.topic.refuse_next(1, "Throttled", "Rate exceeded");
+    let run = Run::start(&store, t0());
+    let agenda = store.agenda(t0()).await.unwrap();
+    let sent = flush(&store, &sink, run.with_agenda(Some(&agenda)))
+        .await
+        .unwrap();
+    // THEN both events reached the bus, but only r-2's is sent: r-1's stays in the outbox
+    assert_eq!(sink.bus.published().len(), 2);
+    assert_eq!(sent, 1);
+    let unsent = store.unsent_outbox(10).await.unwrap();
+    assert_eq!(
+        unsent
+            .iter()
+            .map(|i| i.event.event_key.as_str())
+            .collect::<Vec<_>>(),
+        vec!["r-1/accepted"]
+    );
+    assert!(sink.topic.told().is_empty());
+    // WHEN the next run (its claim expired) flushes again
+    let later = t0() + crate::outbox::CLAIM_FOR + Duration::seconds(1);
+    let run = Run::start(&store, later);
+    let agenda = store.agenda(later).await.unwrap();
+    let sent = flush(&store, &sink, run.with_agenda(Some(&agenda)))
+        .await
+        .unwrap();
+    // THEN the bus gets r-1's event again under its key, the topic takes the notice, and the
+    // item is sent
+    assert_eq!(sent, 1);
+    assert_eq!(sink.bus.published_of("Capacity Request Accepted").len(), 3);
+    assert_eq!(
+        sink.topic.told(),
+        vec![("r-1/accepted".to_string(), notice)]
+    );
+    assert!(store.unsent_outbox(10).await.unwrap().is_empty());
+}
+
 #[tokio::test]
 async fn every_state_change_is_kept_in_the_requests_history() {
     let store = InMemoryStore::new();
