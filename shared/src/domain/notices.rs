@@ -461,7 +461,7 @@ impl Announce for WorkloadLaunched {
         Some((
             format!("{id} launched in window {}", self.segment),
             format!(
-                "The {} of request {id} is launched in window {} ({}) at {}{late}:\n  {}{cost}{}",
+                "The workload of request {id} ({}) is launched in window {} ({}) at {}{late}:\n  {}{cost}{}",
                 self.workload_kind.as_str(),
                 self.segment,
                 self.reservation_id,
