@@ -183,6 +183,7 @@ pub fn written(w: &WriteOutcome, applied: &'static str) -> &'static str {
         WriteOutcome::OverTeamBudget { .. } | WriteOutcome::OverRequestBudget { .. } => {
             "over-budget"
         }
+        WriteOutcome::Paused(_) => "paused",
     }
 }
 

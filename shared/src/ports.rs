@@ -1477,6 +1477,9 @@ pub enum WriteOutcome {
         spent: MicroUsd,
         cap: MicroUsd,
     },
+    /// An operator paused purchases (ARCHITECTURE §9.7): a hold (`Transition::hold`) is
+    /// refused while the PAUSE item exists; nothing was written.
+    Paused(Pause),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1500,6 +1503,39 @@ pub enum BeginPurchaseOutcome {
         spent: MicroUsd,
         cap: MicroUsd,
     },
+    /// An operator paused purchases (ARCHITECTURE §9.7): a new purchase's lease is refused
+    /// while the PAUSE item exists (a takeover's is not: that purchase was under way before
+    /// the pause). Nothing was written.
+    Paused(Pause),
+}
+
+/// Purchases paused by an operator (ARCHITECTURE §9.7): `capacity-pilot pause` writes it and
+/// `resume` deletes it. While it exists, no purchase's lease is taken and no on-demand or
+/// spot run is held; everything else goes on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pause {
+    /// Who paused: the caller's ARN.
+    pub by: String,
+    pub reason: String,
+    pub since: DateTime<Utc>,
+}
+
+impl Pause {
+    /// What a decision held back by it says: "paused by <by> since <since>: <reason>".
+    pub fn describe(&self) -> String {
+        format!(
+            "paused by {} since {}: {}",
+            self.by,
+            self.since.format("%Y-%m-%d %H:%M UTC"),
+            self.reason
+        )
+    }
+
+    /// Whether `reason` (a request's) already says it was held back by this pause: each
+    /// pause is written into a request's history once, not at every tick.
+    pub fn told(&self, reason: &str) -> bool {
+        reason.starts_with("paused") && reason.contains(&self.describe())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1677,6 +1713,9 @@ pub struct Agenda {
     pub payments: Vec<PaymentDue>,
     /// The regions whose unrecorded-reservation detector is due (ARCHITECTURE §9.1).
     pub detectors: Vec<DetectorDue>,
+    /// Purchases paused by an operator (ARCHITECTURE §9.7): the PAUSE item sits in the
+    /// index before every request, so the tick's one read returns it.
+    pub pause: Option<Pause>,
 }
 
 /// A region's deployment-wide detector of unrecorded reservations, due at `at`, as the
@@ -1715,6 +1754,34 @@ impl Agenda {
             .filter(|d| statuses.contains(&d.status))
             .cloned()
             .collect()
+    }
+
+    /// The requests past their next action by more than `bound` at `now`, most overdue
+    /// first, with how late each is: stuck, unless held back by the operator's pause (a plan
+    /// waiting to be bought, an on-demand run waiting to be held), which waits on purpose.
+    pub fn overdue(
+        &self,
+        now: DateTime<Utc>,
+        bound: chrono::Duration,
+    ) -> Vec<(&DueItem, chrono::Duration)> {
+        let paused = |d: &DueItem| {
+            self.pause.is_some()
+                && matches!(
+                    d.status,
+                    RequestStatus::OfferingsFound | RequestStatus::TryingOnDemand
+                )
+        };
+        let mut late: Vec<(&DueItem, chrono::Duration)> = self
+            .due
+            .iter()
+            .map(|d| (d, now - d.next_action_at))
+            .filter(|(d, late)| *late > bound && !paused(d))
+            .collect();
+        late.sort_by(|x, y| {
+            y.1.cmp(&x.1)
+                .then_with(|| x.0.request_id.cmp(&y.0.request_id))
+        });
+        late
     }
 
     /// A request's status as the read showed it, when it was due or live.
@@ -2055,6 +2122,19 @@ pub trait Store: Send + Sync {
         at: DateTime<Utc>,
     ) -> impl Future<Output = Result<bool, PortError>> + Send;
 
+    /// The PAUSE item (ARCHITECTURE §9.7), by a fresh read: what a refused lease or hold
+    /// reports, and what `capacity-pilot status` shows. A tick has it from its agenda.
+    fn read_pause(&self) -> impl Future<Output = Result<Option<Pause>, PortError>> + Send;
+
+    /// Pauses purchases, unless they are paused already: `Err` with the pause that stands.
+    fn put_pause(
+        &self,
+        pause: Pause,
+    ) -> impl Future<Output = Result<Result<(), Pause>, PortError>> + Send;
+
+    /// Resumes purchases: the pause deleted, or `None` when there was none.
+    fn delete_pause(&self) -> impl Future<Output = Result<Option<Pause>, PortError>> + Send;
+
     /// A tick's whole read, in one call while it fits a page ([`Agenda`]).
     fn agenda(&self, now: DateTime<Utc>) -> impl Future<Output = Result<Agenda, PortError>> + Send;
 
@@ -2099,6 +2179,52 @@ mod tests {
         "2026-12-01T10:00:00Z".parse::<DateTime<Utc>>().unwrap()
             + chrono::Duration::hours(h)
             + chrono::Duration::minutes(m)
+    }
+
+    fn due(id: &str, status: RequestStatus, next: DateTime<Utc>) -> DueItem {
+        DueItem {
+            request_id: crate::fakes::fixtures::request_id(id),
+            status,
+            next_action_at: next,
+            own_action_at: Some(next),
+            window_action_at: None,
+            notice_at: None,
+        }
+    }
+
+    /// The operations kit's stuck requests: past their next action by more than the bound,
+    /// most overdue first; under a pause, a plan or an on-demand run waiting to be bought or
+    /// held is not stuck but paused.
+    #[test]
+    fn a_request_is_overdue_past_the_bound_unless_the_pause_holds_it_back() {
+        let now = at(2, 0);
+        let mut a = Agenda {
+            due: vec![
+                due("on-time", RequestStatus::Searching, at(1, 35)),
+                due("late", RequestStatus::Active, at(1, 29)),
+                due("later", RequestStatus::Reserved, at(0, 0)),
+                due("buying", RequestStatus::OfferingsFound, at(1, 0)),
+                due("holding", RequestStatus::TryingOnDemand, at(1, 0)),
+            ],
+            ..Agenda::default()
+        };
+        let ids = |a: &Agenda| -> Vec<String> {
+            a.overdue(now, crate::domain::time_rules::OVERDUE_AFTER)
+                .iter()
+                .map(|(d, _)| d.request_id.to_string())
+                .collect()
+        };
+        assert_eq!(ids(&a), ["later", "buying", "holding", "late"]);
+        assert_eq!(
+            a.overdue(now, crate::domain::time_rules::OVERDUE_AFTER)[0].1,
+            chrono::Duration::hours(2)
+        );
+        a.pause = Some(Pause {
+            by: "arn:aws:iam::123456789012:role/ops".into(),
+            reason: "r".into(),
+            since: at(0, 0),
+        });
+        assert_eq!(ids(&a), ["later", "late"]);
     }
 
     /// A request read for a window (issue 51: `RequestRecord::window_due` -> `true` had launch

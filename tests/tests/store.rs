@@ -4367,3 +4367,116 @@ async fn a_refund_returns_a_debit_to_the_ledger_it_was_charged_to_old_key_or_new
         );
     }
 }
+
+fn ops_pause() -> capacity_pilot::ports::Pause {
+    capacity_pilot::ports::Pause {
+        by: "arn:aws:sts::123456789012:assumed-role/ops/dana".into(),
+        reason: "budget review".into(),
+        since: t0(),
+    }
+}
+
+/// ARCHITECTURE §9.7: the lease's ConditionCheck, not what the worker read, decides.
+#[tokio::test]
+async fn a_pause_committed_between_a_purchases_read_and_its_lease_stops_the_lease_and_a_hold() {
+    // GIVEN a request read at version 3 with a plan to buy, then purchases paused
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    request_with_offerings(&store, "r", "ml").await;
+    let read = store.get_request(&request_id("r")).await.unwrap().unwrap();
+    assert_eq!(store.put_pause(ops_pause()).await.unwrap(), Ok(()));
+
+    // WHEN the worker takes the lease with the debit
+    let amount = usd("7974.40").to_micros_ceil();
+    let d = debit("ml", amount, MicroUsd(amount.0 * 10));
+    let b = begin_purchase(
+        "r",
+        read.version,
+        OfferingsFound,
+        "w",
+        t0(),
+        Some(d.clone()),
+    );
+    // THEN it is refused, naming the pause, and nothing moved
+    assert_eq!(
+        store.begin_purchase(b.clone()).await.unwrap(),
+        BeginPurchaseOutcome::Paused(ops_pause())
+    );
+    assert_eq!(status_of(&store, "r").await, OfferingsFound);
+    assert_eq!(ledger_at_t0(&store, "ml").await, MicroUsd(0));
+
+    // AND an on-demand hold is refused the same way
+    store
+        .create_request(new_request("o", "ml", None))
+        .await
+        .unwrap();
+    store
+        .transition(transition("o", 1, Accepted, TryingOnDemand, "try-o"))
+        .await
+        .unwrap();
+    let mut hold = transition("o", 2, TryingOnDemand, TryingOnDemand, "hold-o");
+    hold.debit = Some(d.clone());
+    hold.hold = true;
+    assert_eq!(
+        store.transition(hold.clone()).await.unwrap(),
+        WriteOutcome::Paused(ops_pause())
+    );
+    assert_eq!(ledger_at_t0(&store, "ml").await, MicroUsd(0));
+
+    // AND a second pause does not replace the first
+    let mut other = ops_pause();
+    other.reason = "another".into();
+    assert_eq!(store.put_pause(other).await.unwrap(), Err(ops_pause()));
+
+    // WHEN purchases resume, the same lease is taken
+    assert_eq!(store.delete_pause().await.unwrap(), Some(ops_pause()));
+    assert_eq!(store.read_pause().await.unwrap(), None);
+    assert!(matches!(
+        store.begin_purchase(b).await.unwrap(),
+        BeginPurchaseOutcome::Acquired { .. }
+    ));
+    assert_eq!(ledger_at_t0(&store, "ml").await, amount);
+}
+
+#[tokio::test]
+async fn a_takeover_goes_on_under_a_pause() {
+    // GIVEN a purchase under way whose worker died, then purchases paused
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    request_with_offerings(&store, "r", "ml").await;
+    let amount = usd("7974.40").to_micros_ceil();
+    let d = debit("ml", amount, MicroUsd(amount.0 * 10));
+    store
+        .begin_purchase(begin_purchase("r", 3, OfferingsFound, "w1", t0(), Some(d)))
+        .await
+        .unwrap();
+    store.put_pause(ops_pause()).await.unwrap().unwrap();
+    // WHEN another worker takes the expired lease over
+    let later = t0() + Duration::minutes(30);
+    let takeover = begin_purchase("r", 4, Purchasing, "w2", later, None);
+    // THEN it takes it: that purchase began before the pause
+    assert!(matches!(
+        store.begin_purchase(takeover).await.unwrap(),
+        BeginPurchaseOutcome::Acquired { .. }
+    ));
+}
+
+#[tokio::test]
+async fn a_quiet_tick_under_a_pause_makes_one_read_which_shows_the_pause() {
+    use integration_tests::recorder::Calls;
+    // GIVEN nothing due, and purchases paused
+    let table = TestTable::fresh().await.unwrap();
+    let calls = Calls::default();
+    let store = table.store_with(calls.http_client());
+    store.put_pause(ops_pause()).await.unwrap().unwrap();
+    let before = calls.log().len();
+    // WHEN a tick reads its work
+    let agenda = store.agenda(t0() + Duration::hours(1)).await.unwrap();
+    // THEN one Query answered it, with the pause, and nothing due or unsent
+    assert_eq!(
+        &calls.log()[before..],
+        [("dynamodb".to_string(), "Query".to_string())]
+    );
+    assert_eq!(agenda.pause, Some(ops_pause()));
+    assert!(agenda.due.is_empty() && agenda.outbox.is_empty() && agenda.live.is_empty());
+}

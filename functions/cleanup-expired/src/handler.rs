@@ -25,7 +25,7 @@ use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::time_rules::{
-    LAUNCH_FUNCTION_TIMEOUT, LISTING_LAG_BOUND, PURCHASE_LEAD,
+    LAUNCH_FUNCTION_TIMEOUT, LISTING_LAG_BOUND, OVERDUE_AFTER, PURCHASE_LEAD,
 };
 use capacity_pilot::domain::window::{
     self, DrainLead, FOLLOWS_WINDOWS, HOLDS_WINDOWS, WindowState,
@@ -155,6 +155,9 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         let mut agenda = None;
         if wake {
             let a = agenda.insert(self.store.agenda(now).await?);
+            if scheduled {
+                overdue(a, now);
+            }
             // ARCHITECTURE §9.1's upgrade: a terminal request written before the rule with a
             // window not ended loses the TTL it was given then, the first time a tick reads
             // it (the sweep reads one whose window runs, below).
@@ -1380,6 +1383,28 @@ fn shown_windows(a: &Agenda, id: &RequestId) -> Option<Vec<window::WindowRecord>
 }
 
 pub mod detect;
+
+/// The operations kit's stuck requests: each request past its next action by more than
+/// [`OVERDUE_AFTER`] is logged, at every scheduled tick while it stays so, with the alert
+/// `request-overdue` that `RequestOverdueMetric` (infra/template.yaml) counts and
+/// `RequestOverdueAlarm` pages on. Whatever function owns it, this one reads the same index.
+fn overdue(agenda: &Agenda, now: DateTime<Utc>) {
+    for (item, late) in agenda.overdue(now, OVERDUE_AFTER) {
+        warn!(
+            alert = "request-overdue",
+            request_id = %item.request_id,
+            status = %item.status,
+            due_at = %item.next_action_at,
+            overdue_minutes = late.num_minutes(),
+            "request {} ({}) is {} min past its next action, due at {}: see `capacity-pilot status {}`",
+            item.request_id,
+            item.status,
+            late.num_minutes(),
+            item.next_action_at,
+            item.request_id
+        );
+    }
+}
 
 #[cfg(test)]
 mod tests;

@@ -30,10 +30,10 @@ use capacity_pilot::domain::window::{
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     BudgetMonth, Cause, Clock, Deadline, Debit, DueItem, EventSink, LaunchMarket, Lease,
-    OnDemandRun, PortError, RequestRecord, Settle, Store, Transition, WallDeadline, WindowUpdate,
-    Workloads, WriteOutcome,
+    OnDemandRun, Pause, PortError, RequestRecord, Settle, Store, Transition, WallDeadline,
+    WindowUpdate, Workloads, WriteOutcome,
 };
-use capacity_pilot::purchase::approval;
+use capacity_pilot::purchase::{approval, pause};
 use capacity_pilot::workload::refusal::{self, Placement};
 use capacity_pilot::workload::{self, Launch, Target};
 use chrono::{DateTime, Duration, Utc};
@@ -122,9 +122,17 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 RequestStatus::TryingOnDemand => d.own_action_due(now),
                 _ => d.window_due(now),
             };
+            let pause = a.pause.clone();
             for item in a.due_in(&due_statuses()).into_iter().filter(mine) {
                 if let Err(e) = self
-                    .process(&item.request_id, &cause, now, deadline, &mut out)
+                    .process(
+                        &item.request_id,
+                        &cause,
+                        pause.as_ref(),
+                        now,
+                        deadline,
+                        &mut out,
+                    )
                     .await
                 {
                     warn!(request_id = %item.request_id, error = %e, "launch step failed; the next tick retries");
@@ -138,10 +146,12 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         decision::finish(out, errors)
     }
 
+    /// `pause`: the operator's pause as this tick read it (ARCHITECTURE §9.7).
     async fn process(
         &self,
         id: &RequestId,
         cause: &Cause,
+        pause: Option<&Pause>,
         now: DateTime<Utc>,
         deadline: &dyn Deadline,
         out: &mut Outcome,
@@ -151,7 +161,8 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         };
         match rec.status {
             RequestStatus::TryingOnDemand => {
-                self.try_on_demand(&rec, cause, now, deadline, out).await
+                self.try_on_demand(&rec, cause, pause, now, deadline, out)
+                    .await
             }
             s if HOLDS_WINDOWS.contains(&s) => {
                 self.launch_windows(&rec, cause, now, deadline, out).await
@@ -387,6 +398,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         &self,
         rec: &RequestRecord,
         cause: &Cause,
+        pause: Option<&Pause>,
         now: DateTime<Utc>,
         deadline: &dyn Deadline,
         out: &mut Outcome,
@@ -425,6 +437,11 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                     req.window.earliest_start
                 ),
             ));
+            return Ok(());
+        }
+        // Held back by the pause and told so already: nothing held, nothing to look at.
+        if let Some(d) = pause::told(pause, rec) {
+            out.decisions.push(d);
             return Ok(());
         }
         let Some(instance_type) = req.instance_types.first() else {
@@ -524,6 +541,17 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                             continue;
                         }
                         Held::MovedOn => return Ok(()),
+                        Held::Paused(p) => {
+                            let what = format!(
+                                "on-demand-first: the {label} estimate ${cost} is not held and \
+                                 nothing is launched"
+                            );
+                            let d =
+                                pause::hold_back(&self.store, &rec, &p, &what, vec![], cause, now)
+                                    .await?;
+                            out.decisions.push(d);
+                            return Ok(());
+                        }
                     }
                     cost
                 }
@@ -715,6 +743,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 cap.to_usd(),
                 spent.to_usd()
             )),
+            WriteOutcome::Paused(p) => Held::Paused(p),
             w @ (WriteOutcome::Conflict | WriteOutcome::DuplicateEvent) => {
                 out.decisions.push(Decision::new(
                     id,
@@ -1017,6 +1046,8 @@ enum Held {
     No(String),
     /// Another run moved the request on.
     MovedOn,
+    /// Purchases are paused (ARCHITECTURE §9.7): nothing is held or launched.
+    Paused(Pause),
 }
 
 #[cfg(test)]

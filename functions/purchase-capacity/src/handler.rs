@@ -18,12 +18,13 @@ use capacity_pilot::domain::request::{FieldError, RequestId};
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
-    CapacityMarket, Cause, Clock, EventSink, PortError, RequestRecord, SharedIds, Sleep, Store,
-    Transition, Workloads,
+    CapacityMarket, Cause, Clock, EventSink, Pause, PortError, RequestRecord, SharedIds, Sleep,
+    Store, Transition, Workloads,
 };
 pub use capacity_pilot::purchase::Outcome;
 use capacity_pilot::purchase::Protocols;
 use capacity_pilot::purchase::approval::{self, Gate};
+use capacity_pilot::purchase::pause;
 use capacity_pilot::purchase::preflight::Preflight;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -99,7 +100,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock, W: Workloads> Purchase
                         continue;
                     }
                     if let Err(e) = self
-                        .process_record(rec, &cause, None, now, &mut out)
+                        .process_record(rec, &cause, None, a.pause.as_ref(), now, &mut out)
                         .await
                         .map_err(HandlerError::from)
                     {
@@ -144,8 +145,15 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock, W: Workloads> Purchase
                                 .decide(&d, approved, &cause, now, &mut out)
                                 .await?
                             {
-                                self.process_record(rec, &cause, Some(&d.approver), now, &mut out)
-                                    .await?;
+                                self.process_record(
+                                    rec,
+                                    &cause,
+                                    Some(&d.approver),
+                                    None,
+                                    now,
+                                    &mut out,
+                                )
+                                .await?;
                             }
                         }
                     }
@@ -208,16 +216,21 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock, W: Workloads> Purchase
         out: &mut Outcome,
     ) -> Result<(), HandlerError> {
         match self.store.get_request(id).await? {
-            Some(rec) => Ok(self.process_record(rec, cause, approver, now, out).await?),
+            Some(rec) => Ok(self
+                .process_record(rec, cause, approver, None, now, out)
+                .await?),
             None => Ok(()),
         }
     }
 
+    /// `pause`: the operator's pause as the tick read it (ARCHITECTURE §9.7); `None` when it
+    /// was not read (an event woke this run), when the lease's own check answers.
     async fn process_record(
         &self,
         rec: RequestRecord,
         cause: &Cause,
         approver: Option<&str>,
+        pause: Option<&Pause>,
         now: DateTime<Utc>,
         out: &mut Outcome,
     ) -> Result<(), PortError> {
@@ -278,6 +291,15 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock, W: Workloads> Purchase
                 .await?;
             out.decisions
                 .push(Decision::new(&id, decision::written(&w, "planned"), reason));
+            return Ok(());
+        }
+        // A plan held back by the pause, and told so already: left alone until purchases
+        // resume (no pre-flight, no write).
+        if approver.is_none()
+            && rec.status == RequestStatus::OfferingsFound
+            && let Some(d) = pause::told(pause, &rec)
+        {
+            out.decisions.push(d);
             return Ok(());
         }
         let p = self.protocols();

@@ -43,6 +43,12 @@ pub const IN_DOUBT_WINDOW: Duration = Duration::hours(1);
 
 /// How often a bought reservation is read again until AWS reports it scheduled or later
 /// (payment clears 5 minutes to 12 hours after a purchase: aws-reference §2.1, §11.1).
+/// How far past its next action a request may be before it is reported stuck (the
+/// operations kit's `RequestOverdueAlarm`): its owner runs every 5 minutes at most, retries a
+/// failed invocation twice, and a purchase lease lasts 15 minutes, so a request this late has
+/// missed several chances to move on.
+pub const OVERDUE_AFTER: Duration = Duration::minutes(30);
+
 pub const PAYMENT_CHECK_EVERY: Duration = Duration::minutes(10);
 
 /// Payment for a training plan must complete this long before its start.

@@ -23,7 +23,7 @@ use crate::ports::{
     Agenda, BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, Claim, ClaimKey, ClaimWrite,
     CreateOutcome, Debit, DetectorDue, DueItem, FailInDoubt, HistoryEntry, KeepCancellation,
     LeaseWriteOutcome, LiveRequest, MarkPurchaseCall, NewRequest, OutboundEvent, OutboxItem,
-    Pacing, PaymentDue, PortError, PurchaseCall, REJECTION_KEPT, RecordReservation,
+    Pacing, Pause, PaymentDue, PortError, PurchaseCall, REJECTION_KEPT, RecordReservation,
     RejectedSubmission, ReleaseUnbought, RequestRecord, Store, Tombstone, TombstoneOutcome,
     Transition, WindowUpdate, WorkloadRecord, WriteOutcome, outbox_seq,
 };
@@ -64,6 +64,9 @@ pub enum StoreOp {
     Due,
     Agenda,
     History,
+    ReadPause,
+    PutPause,
+    DeletePause,
 }
 
 impl StoreOp {
@@ -85,6 +88,8 @@ impl StoreOp {
                 | StoreOp::UpdateWindows
                 | StoreOp::PutWorkload
                 | StoreOp::MarkSent
+                | StoreOp::PutPause
+                | StoreOp::DeletePause
         )
     }
 }
@@ -133,6 +138,10 @@ struct State {
     allowances: BTreeMap<String, Allowance>,
     /// Each region's detector of unrecorded reservations: its next run.
     detectors: BTreeMap<String, DateTime<Utc>>,
+    /// Purchases paused by an operator (ARCHITECTURE §9.7).
+    paused: Option<Pause>,
+    /// Pauses an operator commits just before the next call of an op.
+    pause_before: Vec<(StoreOp, Pause)>,
     retention: Duration,
     told: Option<DateTime<Utc>>,
     clock: Option<ManualClock>,
@@ -304,6 +313,12 @@ impl InMemoryStore {
     /// again.
     pub fn race_next(&self, op: StoreOp) {
         lock(&self.state).races.push(op);
+    }
+
+    /// Just before the next call of `op`, an operator pauses purchases with `pause`
+    /// (ARCHITECTURE §9.7): what the run read before no longer holds.
+    pub fn pause_before_next(&self, op: StoreOp, pause: Pause) {
+        lock(&self.state).pause_before.push((op, pause));
     }
 
     /// The next call of `op` returns `error`, writing nothing.
@@ -487,6 +502,10 @@ impl InMemoryStore {
     fn begin(&self, op: StoreOp) -> Result<Option<PortError>, PortError> {
         let mut s = lock(&self.state);
         s.calls.push(op);
+        if let Some(i) = s.pause_before.iter().position(|(o, _)| *o == op) {
+            let (_, p) = s.pause_before.remove(i);
+            s.paused = Some(p);
+        }
         let fault = match s.faults.next(op) {
             Some(f) => Some(f),
             None if op.is_write() => s.write_faults.pop_front(),
@@ -679,7 +698,10 @@ impl State {
 
     /// What a tick reads at `now` ([`Store::agenda`]).
     fn agenda(&self, now: DateTime<Utc>) -> Agenda {
-        let mut a = Agenda::default();
+        let mut a = Agenda {
+            pause: self.paused.clone(),
+            ..Agenda::default()
+        };
         for r in self
             .requests
             .values()
@@ -889,6 +911,14 @@ impl State {
                 format!("{}: a debit is already open", t.request_id),
             ));
         }
+        // As the adapter's transaction checks it: after the request's own conditions, before
+        // the caps (unless the debit alone passes the team's, which it answers first).
+        if t.hold
+            && let Some(p) = &self.paused
+            && t.debit.as_ref().is_none_or(|d| d.amount <= d.team_cap)
+        {
+            return Ok(WriteOutcome::Paused(p.clone()));
+        }
         if let Some(d) = &t.debit {
             match self.over_budget(&stored.record, d) {
                 Some(OverBudget::Request { spent, cap }) => {
@@ -1045,6 +1075,15 @@ impl State {
         self.observe(b.at);
         if self.seen(&b.request_id, &b.caused_by) {
             return Ok(BeginPurchaseOutcome::DuplicateEvent);
+        }
+        // As the adapter's transaction checks it: before the request's conditions, unless the
+        // debit alone passes the team's cap (answered before any transaction). A takeover goes
+        // on with a purchase begun before the pause.
+        if !takeover
+            && let Some(p) = &self.paused
+            && b.debit.as_ref().is_none_or(|d| d.amount <= d.team_cap)
+        {
+            return Ok(BeginPurchaseOutcome::Paused(p.clone()));
         }
         let Some(stored) = self.live(&b.request_id) else {
             return Ok(BeginPurchaseOutcome::Conflict);
@@ -1675,6 +1714,35 @@ impl Store for InMemoryStore {
             stored.expires_at = None;
         }
         Ok(stale)
+    }
+
+    async fn read_pause(&self) -> Result<Option<Pause>, PortError> {
+        self.pause("ReadPause").await;
+        let after = self.begin(StoreOp::ReadPause)?;
+        let found = lock(&self.state).paused.clone();
+        finish(after, Ok(found))
+    }
+
+    async fn put_pause(&self, pause: Pause) -> Result<Result<(), Pause>, PortError> {
+        self.pause("PutPause").await;
+        let after = self.begin(StoreOp::PutPause)?;
+        let mut s = lock(&self.state);
+        let outcome = match &s.paused {
+            Some(standing) => Err(standing.clone()),
+            None => {
+                s.paused = Some(pause);
+                Ok(())
+            }
+        };
+        drop(s);
+        finish(after, Ok(outcome))
+    }
+
+    async fn delete_pause(&self) -> Result<Option<Pause>, PortError> {
+        self.pause("DeletePause").await;
+        let after = self.begin(StoreOp::DeletePause)?;
+        let gone = lock(&self.state).paused.take();
+        finish(after, Ok(gone))
     }
 
     async fn agenda(&self, now: DateTime<Utc>) -> Result<Agenda, PortError> {

@@ -10,11 +10,13 @@
 //! - [`preflight`]: the plan about to be bought checked to launch, dry run included (§8.1);
 //! - [`payment`]: a bought reservation read again until its payment is taken (§8.5);
 //! - [`doubt`]: a purchase that called AWS and could not be reconciled by its deadline, ended
-//!   with its debit kept and reconciled hourly (§9.1).
+//!   with its debit kept and reconciled hourly (§9.1);
+//! - [`pause`]: what a request held back by an operator's pause is told (§9.7).
 
 pub mod approval;
 pub mod cancel;
 pub mod doubt;
+pub mod pause;
 pub mod payment;
 pub mod preflight;
 pub mod protocol;

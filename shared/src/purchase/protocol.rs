@@ -150,6 +150,9 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 );
                 self.fail(rec, reason, now, cause, out).await
             }
+            BeginPurchaseOutcome::Paused(p) => {
+                self.paused(rec, plan, &p, approver, cause, now, out).await
+            }
             BeginPurchaseOutcome::LeaseHeld { until } => {
                 out.decisions.push(Decision::new(
                     &id,

@@ -487,6 +487,38 @@ async fn concurrent_ticks_drain_once() {
 }
 
 #[tokio::test]
+async fn a_drain_runs_under_a_pause() {
+    // GIVEN an Active block at its drain start, and purchases paused (ARCHITECTURE §9.7)
+    let w = World::new();
+    w.instance("i-1", "r-1", Some("cr-1"), true);
+    w.seed(
+        request("r-1", "team-a", "50000"),
+        &[block("cr-1", "r-1")],
+        RequestStatus::Active,
+        open(),
+    )
+    .await;
+    w.store
+        .put_pause(capacity_pilot::ports::Pause {
+            by: "arn:aws:sts::123456789012:assumed-role/ops/dana".into(),
+            reason: "budget review".into(),
+            since: open(),
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    w.clock.set(end() - Duration::minutes(45));
+    // WHEN the tick comes
+    let out = w.cleaner().handle(scheduled("t1")).await.unwrap();
+    // THEN the drain happens as it would without the pause
+    assert!(
+        out.decisions.iter().any(|d| d.action == "drained"),
+        "{out:?}"
+    );
+    assert_eq!(w.events.published_of(EXPIRING).len(), 1);
+}
+
+#[tokio::test]
 async fn endpoints_and_their_configs_are_deleted() {
     // GIVEN an inference endpoint running on an endpoint plan
     let w = World::new();

@@ -644,6 +644,75 @@ async fn under_plan_only_an_on_demand_estimate_already_held_runs_its_course() {
     assert_eq!(w.workloads.instances().len(), 2);
 }
 
+fn pause() -> capacity_pilot::ports::Pause {
+    capacity_pilot::ports::Pause {
+        by: "arn:aws:sts::123456789012:assumed-role/ops/dana".into(),
+        reason: "budget review".into(),
+        since: t0(),
+    }
+}
+
+#[tokio::test]
+async fn a_pause_committed_after_the_ticks_read_stops_an_on_demand_hold_and_is_told_once() {
+    // GIVEN an on-demand-first request due, and an operator who pauses after the tick's read
+    let w = World::new();
+    w.record(on_demand_first("r1"), RequestStatus::TryingOnDemand, t0());
+    w.store
+        .pause_before_next(capacity_pilot::fakes::StoreOp::Transition, pause());
+
+    // WHEN the tick goes on to hold the estimate
+    w.launcher().handle(tick("t1")).await.unwrap();
+
+    // THEN nothing is held or launched, and r1 says why in its reason and history
+    assert_eq!(w.spent(), MicroUsd(0));
+    assert!(w.workloads.instances().is_empty());
+    let rec = w.record_of("r1").await;
+    assert_eq!(
+        (rec.status, rec.open_debit),
+        (RequestStatus::TryingOnDemand, None)
+    );
+    assert!(
+        rec.reason.starts_with("paused by") && rec.reason.contains("budget review"),
+        "{}",
+        rec.reason
+    );
+    let told = w.store.history(&request_id("r1")).await.unwrap();
+    assert_eq!(told.last().unwrap().reason, rec.reason);
+
+    // AND the next ticks, which read the pause, leave it alone: no placement read, no write
+    let calls = w.workloads.calls().len();
+    w.clock.advance(Duration::minutes(1));
+    w.launcher().handle(tick("t2")).await.unwrap();
+    assert_eq!(w.workloads.calls().len(), calls);
+    assert_eq!(
+        w.store.history(&request_id("r1")).await.unwrap().len(),
+        told.len()
+    );
+
+    // WHEN purchases resume, the next tick holds and launches
+    w.store.delete_pause().await.unwrap();
+    w.clock.advance(Duration::minutes(1));
+    w.launcher().handle(tick("t3")).await.unwrap();
+    w.launcher().handle(tick("t4")).await.unwrap();
+    assert_eq!(w.status("r1").await, RequestStatus::RunningOnDemand);
+    assert_eq!(w.spent(), MicroUsd(2_641_920_000));
+}
+
+#[tokio::test]
+async fn under_a_pause_a_window_bought_before_it_launches_when_it_opens() {
+    // GIVEN a reserved window opening, and purchases paused
+    let w = World::new();
+    w.reserved(ec2_request("r1"), block("cr-1", 2, "us-east-1b"), opens())
+        .await;
+    w.store.put_pause(pause()).await.unwrap().unwrap();
+    w.clock.set(opens() + Duration::minutes(1));
+    // WHEN the tick comes
+    w.launcher().handle(tick("t1")).await.unwrap();
+    // THEN what was paid for runs
+    assert_eq!(w.workloads.live_in_reservation("cr-1").len(), 2);
+    assert_eq!(w.status("r1").await, RequestStatus::Active);
+}
+
 #[tokio::test]
 async fn no_on_demand_capacity_falls_back_to_searching_without_a_kept_debit() {
     let w = World::new();

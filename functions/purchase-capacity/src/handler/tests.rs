@@ -33,6 +33,8 @@ type P = Purchaser<InMemoryStore, FakeMarket, RecordingEvents, ManualClock, Fake
 
 /// A purchase that called AWS and could not be reconciled by its deadline (§9.1).
 mod doubt;
+/// An operator's pause (§9.7).
+mod pause;
 mod preflight;
 
 struct World {

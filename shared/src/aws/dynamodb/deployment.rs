@@ -10,7 +10,7 @@
 //!
 //! Old tables: one written before pinning has no `DEPLOYMENT#ID`. If anything of it is live
 //! (an item in the work index: a live request, a paid window, a run, an unsent event, a
-//! planted detector), it is pinned to the id the template gave before (`unpinned`: the
+//! planted detector; not the PAUSE item), it is pinned to the id the template gave before (`unpinned`: the
 //! `DeploymentId` parameter, or the stack name when it was empty), so an upgrade that
 //! changes the default is refused rather than obeyed. One whose requests have all ended
 //! (nothing they bought or launched is live) is pinned to the configured id, as a new one.
@@ -115,10 +115,16 @@ impl DynamoStore {
             .key_condition_expression("#p = :p")
             .expression_attribute_names("#p", attr::GSI_PART)
             .expression_attribute_values(":p", s(WORK_PARTITION))
-            .limit(1)
+            // The PAUSE item (ARCHITECTURE §9.7), first in the index when it exists, says
+            // nothing of what the table's requests bought: a table paused before its first
+            // cold start is new.
+            .limit(2)
             .send()
             .await
             .map_err(|e| sdk_error("Query", e, Call::Read))?;
-        Ok(out.count > 0)
+        Ok(out
+            .items()
+            .iter()
+            .any(|i| i.get(attr::PK) != Some(&s(super::pause::PAUSE_KEY))))
     }
 }

@@ -12,6 +12,7 @@
 //! | `REQ#<id>`                | `OUTBOX#<event key>`               | an event to publish      |
 //! | `BUDGET#<team>#<yyyy-mm>` | `LEDGER`                           | a team's monthly spend   |
 //! | `DETECT#<region>`         | `DETECT#<region>`                  | a region's next detector |
+//! | `PAUSE`                   | `PAUSE`                            | purchases paused (§9.7)  |
 //!
 //! The request's windows (`domain::window`) live on its META item, as JSON in `windows`, so a
 //! window's step and the status it implies are one conditional write. `next_action_at` holds
@@ -143,6 +144,7 @@ pub(super) mod kind {
     pub const OUTBOX: &str = "outbox";
     pub const LEDGER: &str = "ledger";
     pub const TOMBSTONE: &str = "tombstone";
+    pub const PAUSE: &str = "pause";
     /// A rejected submission's reasons (`REQ#<id>` / `REJECTED#<event id>`).
     pub const REJECTION: &str = "rejection";
     pub const HISTORY: &str = "history";

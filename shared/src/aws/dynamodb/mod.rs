@@ -11,6 +11,7 @@ mod error;
 mod expr;
 mod ids;
 mod item;
+mod pause;
 mod seen;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -49,7 +50,7 @@ use crate::ports::{
     Agenda, BeginPurchase, BeginPurchaseOutcome, BudgetMonth, Cause, Claim, ClaimKey, ClaimWrite,
     CreateOutcome, Debit, DetectorDue, DueItem, FailInDoubt, HistoryEntry, KeepCancellation,
     LeaseWriteOutcome, LiveRequest, MarkPurchaseCall, NewRequest, OutboundEvent, OutboxItem,
-    Pacing, PaymentDue, PortError, PurchaseCall, REJECTION_KEPT, RecordReservation,
+    Pacing, Pause, PaymentDue, PortError, PurchaseCall, REJECTION_KEPT, RecordReservation,
     RejectedSubmission, ReleaseUnbought, RequestRecord, Store, TOMBSTONE_KEPT, Tombstone,
     TombstoneOutcome, Transition, WindowUpdate, WorkloadRecord, WriteOutcome, outbox_seq,
 };
@@ -1743,6 +1744,11 @@ impl Store for DynamoStore {
                 archived,
             },
         )?);
+        // ARCHITECTURE §9.7: no on-demand or spot run is held once a pause commits.
+        let pause_item = t.hold.then_some(items.len());
+        if t.hold {
+            items.push(pause::pause_absent(&self.table)?);
+        }
 
         let committed = self.transact(items).await?;
         if committed == Committed::Yes {
@@ -1761,6 +1767,13 @@ impl Store for DynamoStore {
         }
         if committed.failed(EVENT_ITEM) {
             return Ok(WriteOutcome::DuplicateEvent);
+        }
+        if let Some(i) = pause_item
+            && committed.failed(i)
+            && let Some(p) = self.pause_item().await?
+        {
+            tracing::info!(request_id = id, by = %p.by, "hold refused: purchases are paused");
+            return Ok(WriteOutcome::Paused(p));
         }
         // The request moved (or spent less than the refund) is a conflict; a ledger short
         // of a refund the request holds is corruption.
@@ -1985,6 +1998,12 @@ impl Store for DynamoStore {
                 archived: false,
             },
         )?);
+        // ARCHITECTURE §9.7: nothing new is bought once a pause commits. A takeover goes on
+        // with a purchase begun before it (`pause` lists those).
+        let pause_item = (!takeover).then_some(items.len());
+        if !takeover {
+            items.push(pause::pause_absent(&self.table)?);
+        }
 
         let committed = self.transact(items).await?;
         if committed == Committed::Yes {
@@ -1999,6 +2018,13 @@ impl Store for DynamoStore {
         }
         if committed.failed(EVENT_ITEM) {
             return Ok(BeginPurchaseOutcome::DuplicateEvent);
+        }
+        if let Some(i) = pause_item
+            && committed.failed(i)
+            && let Some(p) = self.pause_item().await?
+        {
+            tracing::info!(request_id = id, by = %p.by, "purchase lease refused: purchases are paused");
+            return Ok(BeginPurchaseOutcome::Paused(p));
         }
         if committed.failed(META_ITEM) {
             let Some(m) = self.read_meta(id).await? else {
@@ -2638,6 +2664,18 @@ impl Store for DynamoStore {
         Ok(true)
     }
 
+    async fn read_pause(&self) -> Result<Option<Pause>, PortError> {
+        self.pause_item().await
+    }
+
+    async fn put_pause(&self, pause: Pause) -> Result<Result<(), Pause>, PortError> {
+        self.write_pause(pause).await
+    }
+
+    async fn delete_pause(&self) -> Result<Option<Pause>, PortError> {
+        self.remove_pause().await
+    }
+
     async fn agenda(&self, now: DateTime<Utc>) -> Result<Agenda, PortError> {
         let mut a = self.read_work(now.timestamp()).await?;
         // The index holds whole seconds; `next_action_at` is exact.
@@ -2691,6 +2729,10 @@ impl DynamoStore {
             }
             let r = Read::new(&i);
             let sk = r.str(attr::SK)?;
+            if sk == pause::PAUSE_KEY {
+                a.pause = Some(pause::read(&i)?);
+                continue;
+            }
             if sk.starts_with("OUTBOX#") {
                 a.outbox.push(OutboxItem {
                     request_id: r.str(attr::REQUEST_ID)?.to_string(),
