@@ -267,14 +267,14 @@ pub fn new(_out: &Out, a: NewArgs) -> Result<()> {
 // ---------------------------------------------------------------------------------------
 
 /// What a command that talks to the deployment holds.
-struct Conn {
-    sdk: SdkConfig,
+pub(crate) struct Conn {
+    pub(crate) sdk: SdkConfig,
     dep: Deployment,
-    store: DynamoStore,
-    now: chrono::DateTime<chrono::Utc>,
+    pub(crate) store: DynamoStore,
+    pub(crate) now: chrono::DateTime<chrono::Utc>,
 }
 
-async fn connect(g: &Global) -> Result<Conn> {
+pub(crate) async fn connect(g: &Global) -> Result<Conn> {
     let sdk = deployment::sdk(g).await?;
     let dep = Deployment::resolve(g, &sdk).await?;
     let now = deployment::now().await?;
@@ -727,8 +727,12 @@ pub async fn status(g: &Global, out: &Out, id: &str) -> Result<()> {
         .iter()
         .map(|w| json!({"resource_id": w.resource_id, "state": w.state, "reservation_id": w.reservation_id, "slot": w.slot, "generation": w.generation}))
         .collect();
+    // ARCHITECTURE §9.7: the deployment's pause, which holds back every new purchase.
+    let pause = c.store.read_pause().await.map_err(Fail::store)?;
     if out.json() {
-        out.print_json(&status_json(&rec, &windows, &resources));
+        let mut v = status_json(&rec, &windows, &resources);
+        v["purchases_paused"] = serde_json::to_value(&pause).unwrap_or(Value::Null);
+        out.print_json(&v);
         return Ok(());
     }
     let r = &rec.request;
@@ -740,6 +744,15 @@ pub async fn status(g: &Global, out: &Out, id: &str) -> Result<()> {
     t.add_row(vec![Cell::new("status"), out.status(rec.status)]);
     t.add_row(vec!["reason", &rec.reason]);
     t.add_row(vec!["next".to_string(), next_action(&rec, &windows)]);
+    if let Some(p) = &pause {
+        t.add_row(vec![
+            Cell::new("paused"),
+            out.warn(format!(
+                "purchases are {}; nothing new is bought until `capacity-pilot resume`",
+                p.describe()
+            )),
+        ]);
+    }
     t.add_row(vec!["team".to_string(), rec.team.to_string()]);
     t.add_row(vec![
         "asks".to_string(),

@@ -6,6 +6,7 @@ mod commands;
 mod deployment;
 mod fail;
 mod new;
+mod pause;
 mod plan;
 mod show;
 
@@ -96,6 +97,10 @@ enum Command {
     Reject(commands::DecideArgs),
     /// Cancel a request: stops what is not yet bought (with --stop-running, paid windows too).
     Cancel(commands::CancelArgs),
+    /// Stop every new purchase and on-demand run until `resume`; what is under way finishes.
+    Pause(pause::PauseArgs),
+    /// Let purchases go on after `pause`.
+    Resume,
     /// Shell completions: `capacity-pilot completions bash > /etc/bash_completion.d/capacity-pilot`.
     Completions { shell: clap_complete::Shell },
 }
@@ -117,6 +122,8 @@ async fn main() -> ExitCode {
         Command::Approve(a) => commands::decide(&cli.global, &out, a, true).await,
         Command::Reject(a) => commands::decide(&cli.global, &out, a, false).await,
         Command::Cancel(a) => commands::cancel(&cli.global, &out, a).await,
+        Command::Pause(a) => pause::pause(&cli.global, &out, a).await,
+        Command::Resume => pause::resume(&cli.global, &out).await,
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,

@@ -98,6 +98,12 @@ impl Out {
         }
     }
 
+    /// Something a person should not miss (a pause), yellow on a terminal.
+    pub fn warn(&self, text: impl Into<String>) -> Cell {
+        let c = Cell::new(text.into());
+        if self.colour { c.fg(Color::Yellow) } else { c }
+    }
+
     /// A status, coloured by what it means on a terminal.
     pub fn status(&self, s: RequestStatus) -> Cell {
         let c = Cell::new(s.as_str());

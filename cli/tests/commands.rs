@@ -449,6 +449,58 @@ async fn cancel_lists_the_paid_windows_that_run_on_and_stop_running_asks_to_stop
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_holds_back_every_purchase_until_resume_and_status_shows_it() {
+    // GIVEN a deployed stack whose purchases an operator pauses
+    let f = deployed(&[], "").await;
+    let paused = ok(
+        &mut cli(&f),
+        &["pause", "--reason", "budget review", "-o", "table"],
+    );
+    assert!(
+        paused.contains("purchases paused by arn:") && paused.contains("budget review"),
+        "{paused}"
+    );
+    assert!(paused.contains("no purchase was under way"), "{paused}");
+    // AND pausing again is refused, naming the pause that stands
+    let again = fails(&mut cli(&f), &["pause", "--reason", "other"], 6);
+    assert!(
+        again.contains("already paused") && again.contains("budget review"),
+        "{again}"
+    );
+    // AND a pause must say why
+    fails(&mut cli(&f), &["pause", "--reason", " "], 2);
+
+    // WHEN a request is submitted and the functions run
+    let path = file("paused.json", &f.ec2_request("cli-paused"));
+    ok(&mut cli(&f), &["submit", path.to_str().unwrap()]);
+    f.deliver().await;
+    // THEN its plan is found but not bought, and status says why, with the pause
+    let status: Value =
+        serde_json::from_str(&ok(&mut cli(&f), &["status", "cli-paused", "-o", "json"])).unwrap();
+    assert_eq!(status["status"], "OfferingsFound", "{status}");
+    assert!(
+        status["reason"].as_str().unwrap().starts_with("paused by"),
+        "{status}"
+    );
+    assert_eq!(status["purchases_paused"]["reason"], "budget review");
+    let table = ok(&mut cli(&f), &["status", "cli-paused", "-o", "table"]);
+    assert!(
+        table.contains("paused") && table.contains("capacity-pilot resume"),
+        "{table}"
+    );
+    let history = ok(&mut cli(&f), &["history", "cli-paused", "-o", "table"]);
+    assert!(history.contains("budget review"), "{history}");
+
+    // WHEN purchases resume and the purchase function runs
+    let resumed = ok(&mut cli(&f), &["resume", "-o", "table"]);
+    assert!(resumed.contains("purchases resumed"), "{resumed}");
+    assert!(ok(&mut cli(&f), &["resume", "-o", "table"]).contains("were not paused"));
+    f.tick(Function::Purchase).await.unwrap();
+    // THEN it is bought
+    assert_eq!(f.status("cli-paused").await.as_str(), "Reserved");
+}
+
 /// JSON `text` with every object's keys sorted: what serde_json writes keeps insertion order
 /// when a crate of the build turns on its `preserve_order` feature (a workspace build does),
 /// so a snapshot holds the content, not the build's order.
