@@ -270,4 +270,6 @@ pub(crate) async fn a_bought_block_the_table_no_longer_records_is_announced_by_t
         held[0].id.as_str()
     );
     assert_eq!(unrecorded[0]["detail"]["request_id"], id);
+    // AND the operations kit's alarm counts it
+    crate::alarms::assert_counted("ReservationUnrecordedAlarm", &unrecorded[0]);
 }

@@ -2,6 +2,7 @@
 //! (`local-cloud`) and moto's DynamoDB, one test binary so that the IAM test can play every
 //! scenario and see every AWS operation each function makes.
 
+mod alarms;
 mod basics;
 mod deployments;
 mod ec2;

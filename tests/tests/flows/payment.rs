@@ -63,6 +63,8 @@ pub(crate) async fn a_block_whose_payment_fails_gives_its_debit_back_and_is_boug
     let failed = f.bus_for("Capacity Payment Failed", id);
     assert_eq!(failed.len(), 1, "{failed:#?}");
     assert_eq!(failed[0]["detail"]["reservation_id"], cr.as_str());
+    // (and the operations kit's alarm counts it)
+    crate::alarms::assert_counted("PaymentFailedAlarm", &failed[0]);
     assert_eq!(
         failed[0]["detail"]["returned_usd"],
         first["detail"]["upfront_fee_usd"]
