@@ -17,7 +17,9 @@ Two figures, for a month of 730 hours:
   the fixed costs.
 
 Lambda compute is each invocation's duration rounded up to 1 ms, times MemorySize / 1024 GB,
-at the arm64 GB-second price. The log counts AWS calls per service without telling DynamoDB's
+at the arm64 GB-second price. Each event published is written to the event log (when a rule of
+the template targets a log group) and taken by the bus's archive (when the template has one),
+at [estimate] event_bytes each, and kept for their retention. The log counts AWS calls per service without telling DynamoDB's
 reads from its writes, so each DynamoDB call is priced as one write request unit (the harsher
 reading). Each event published is one PutEvents entry; each delivery of an AWS event that a
 forwarder's rule matches is priced as sent from another region (the harsher reading: some
@@ -178,6 +180,33 @@ def functions(t: Template) -> dict[str, Function]:
             raise Failure(f"{t.path}: {lid}: MemorySize {memory!r} is not a number of MB")
         out[name] = Function(name, int(memory), str(arch), schedules)
     return out
+
+
+def days_kept(value) -> int:
+    """A retention in days; none (or 0, "for ever") is priced as a year's."""
+    return int(value) if str(value).isdigit() and int(value) > 0 else 365
+
+
+def event_log_days(t: Template) -> int | None:
+    """The retention of the log group a rule of the template writes events to (the event log),
+    or None when no rule targets a log group."""
+    groups = {lid: p for lid, p, _ in t.of_type("AWS::Logs::LogGroup")}
+    for _, p, _ in t.of_type("AWS::Events::Rule"):
+        for target in p.get("Targets") or []:
+            arn = target.get("Arn")
+            got = arn.get("Fn::GetAtt") if isinstance(arn, dict) else None
+            lid = (got[0] if isinstance(got, list) else str(got).split(".")[0]) if got else None
+            if lid in groups:
+                return days_kept(t.resolve(groups[lid].get("RetentionInDays")))
+    return None
+
+
+def archive_days(t: Template) -> int | None:
+    """The retention of the template's event archive, or None when it has none."""
+    archives = t.of_type("AWS::Events::Archive")
+    if not archives:
+        return None
+    return max(days_kept(t.resolve(p.get("RetentionDays"))) for _, p, _ in archives)
 
 
 def forwarded_detail_types(t: Template) -> set[str]:
@@ -355,6 +384,9 @@ class Fixed:
 
     rows: list[tuple[str, float]]
     retention_days: int
+    # How long the event log and the archive keep an event (None: the template has none).
+    event_log_days: int | None = None
+    archive_days: int | None = None
 
 
 def fixed_costs(costs: Costs, main: Template, forwarder: Template) -> Fixed:
@@ -364,10 +396,12 @@ def fixed_costs(costs: Costs, main: Template, forwarder: Template) -> Fixed:
     alarms = of_both("AWS::CloudWatch::Alarm")
     high_res = sum(n for _, p, n in alarms if float(main.resolve(p.get("Period", 300))) < 60)
     standard = sum(n for _, _, n in alarms) - high_res
-    # A metric filter with a DefaultValue publishes its metric whenever its group gets logs (every
-    # tick): a custom metric all month. Without one, only when it matches: not counted.
+    # A metric filter with a DefaultValue publishes its metric whenever its group gets logs (a
+    # function's every tick; the event log's whenever an event is published, counted all month
+    # too, the harsher reading): a custom metric all month. Without one, only when it matches:
+    # not counted. A namespace may be a Fn::Sub (the stack's own): compared as written.
     metrics = {
-        (m.get("MetricNamespace"), m.get("MetricName"))
+        (json.dumps(m.get("MetricNamespace"), sort_keys=True), m.get("MetricName"))
         for _, p, _ in of_both("AWS::Logs::MetricFilter")
         for m in p.get("MetricTransformations") or []
         if "DefaultValue" in m
@@ -404,16 +438,29 @@ def fixed_costs(costs: Costs, main: Template, forwarder: Template) -> Fixed:
             (f"dynamodb storage + PITR ({len(tables)} x {table_gb:g} GB)", storage + backups),
         ],
         retention,
+        event_log_days(main),
+        archive_days(main),
     )
 
 
-def priced(u: Usage, costs: Costs, retention_days: int) -> list[tuple[str, float]]:
+def priced(u: Usage, costs: Costs, fixed: Fixed) -> list[tuple[str, float]]:
     """A month's usage in dollars, a row per resource."""
     hours = float(costs.doc["hours_per_month"])
     log_bytes = float(costs.doc["estimate"]["log_bytes_per_invocation"])
     ingested_gb = u.requests * log_bytes / GIB
+    retention_days = fixed.retention_days
     kept_months = retention_days / (hours / 24)
     price = costs.unit
+    # Each event of ours, whole, in the event log and in the archive, kept their retention.
+    events_gb = u.events * float(costs.doc["estimate"]["event_bytes"]) / GIB
+    log_days, kept_days = fixed.event_log_days or 0, fixed.archive_days or 0
+    event_log = events_gb * (
+        price("logs_ingestion") + log_days / (hours / 24) * price("logs_storage")
+    )
+    archive = events_gb * (
+        price("eventbridge_archive_processing")
+        + kept_days / (hours / 24) * price("eventbridge_archive_storage")
+    )
     # One alarm notice per failure: an SNS publish and its KMS request (no data key caching).
     notice = price("sns_publish") + price("kms_request")
     # Each notice to people: a publish, its KMS request, and an email to the one address
@@ -436,6 +483,8 @@ def priced(u: Usage, costs: Costs, retention_days: int) -> list[tuple[str, float
             f"logs storage ({retention_days} days kept)",
             ingested_gb * kept_months * price("logs_storage"),
         ),
+        (f"event log ({log_days} days kept)", event_log if fixed.event_log_days else 0.0),
+        (f"event archive ({kept_days} days kept)", archive if fixed.archive_days else 0.0),
     ]
 
 
@@ -502,8 +551,8 @@ def estimate(args) -> list[str]:
 
     fixed = fixed_costs(costs, main, forwarder)
     fixed_total = sum(c for _, c in fixed.rows)
-    idle_rows = priced(idle, costs, fixed.retention_days)
-    load_rows = priced(load, costs, fixed.retention_days) if load is not None else None
+    idle_rows = priced(idle, costs, fixed)
+    load_rows = priced(load, costs, fixed) if load is not None else None
 
     region = costs.doc.get("region", "?")
     out = [
@@ -540,9 +589,10 @@ def estimate(args) -> list[str]:
     out += wrapped(
         "assumptions: the log does not tell DynamoDB reads from writes, so each call is one write "
         f"request unit (${wru:g}/M, the harsher price; items over 1 KB, transactions and index "
-        f"writes cost more); {est['log_bytes_per_invocation']:g} log bytes an invocation and a "
-        f"{est['table_gb']:g} GB table are estimates ([estimate]); not priced: cold-start init, "
-        "the requesters' own PutEvents, inter-region data transfer."
+        f"writes cost more); {est['log_bytes_per_invocation']:g} log bytes an invocation, "
+        f"{est['event_bytes']:g} bytes an event and a {est['table_gb']:g} GB table are "
+        "estimates ([estimate]); not priced: cold-start init, the requesters' own PutEvents, "
+        "inter-region data transfer, Logs Insights queries."
     )
     return out
 

@@ -36,62 +36,120 @@ impl HandlerError {
     }
 }
 
-/// Every `errorType` a failed invocation can report ([`error_type`]), with what it means and
-/// what to do; a test holds the list to the function, and `make schemas` writes it into
-/// docs/operations.md.
-pub const ERROR_TYPES: [(&str, &str); 11] = [
-    (
-        "StoreUnavailable",
-        "DynamoDB throttled or failed transiently. The next invocation retries; act only if it \
-         persists (check the table's throttling metrics).",
-    ),
-    (
-        "StoreRefused",
-        "DynamoDB refused a call (permissions, a missing table or index, an item too large). \
-         Retrying will not help: check the function's role and the table.",
-    ),
-    (
-        "EventBusUnavailable",
-        "EventBridge throttled or failed transiently; the events stay in the outbox and are \
-         sent again.",
-    ),
-    (
-        "EventBusRefused",
-        "EventBridge refused to publish (permissions, the bus missing, an entry too large). \
-         The events stay in the outbox: fix the bus or the role.",
-    ),
-    (
-        "ClockUnavailable",
-        "The function could not read the time it needs; retried on the next invocation.",
-    ),
-    (
-        "AwsThrottled",
-        "EC2 or SageMaker throttled the call; retried with backoff. Persistent: raise the API \
-         rate quota or lower the request load.",
-    ),
-    (
-        "AwsUnavailable",
-        "EC2 or SageMaker failed transiently with nothing done; retried.",
-    ),
-    (
-        "AwsOutcomeUnknown",
-        "An EC2 or SageMaker call may or may not have taken effect (a timeout, a lost \
-         answer). A purchase in doubt is reconciled by its tags before anything else is tried.",
-    ),
-    (
-        "OfferingGone",
-        "The offering sold out or expired before it was bought; the request searches again.",
-    ),
-    (
-        "NoCapacity",
-        "EC2 had no capacity for the launch (on demand, spot, or inside a reservation); \
-         retried while the window lasts.",
-    ),
-    (
-        "AwsRefused",
-        "EC2 or SageMaker refused the call (permissions, a bad launch template, subnet or \
-         model). Retrying will not help: the request's reason names the call.",
-    ),
+/// One `errorType` a failed invocation can report, with its runbook entry: what it means,
+/// whether the next tick heals it, what a person does, and the command to look with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorType {
+    pub name: &'static str,
+    pub meaning: &'static str,
+    /// Whether the next invocation or tick heals it, and how.
+    pub heals: &'static str,
+    pub action: &'static str,
+    /// A command (the `capacity-pilot` CLI or the AWS CLI) that shows what to look at.
+    pub look: &'static str,
+}
+
+/// Every `errorType` a failed invocation can report ([`error_type`]), with its runbook entry;
+/// a test holds the list to the function, and `make schemas` writes it into
+/// docs/operations.md. SNS errors (the notices topic) are named like EC2's and SageMaker's.
+pub const ERROR_TYPES: [ErrorType; 11] = [
+    ErrorType {
+        name: "StoreUnavailable",
+        meaning: "DynamoDB throttled the call or failed transiently; nothing was written.",
+        heals: "Yes: Lambda retries the invocation, and the next tick resumes from what the \
+                table says.",
+        action: "Nothing while it is brief. If it lasts, look at the table's throttling and \
+                 system errors and at the AWS Health Dashboard.",
+        look: "capacity-pilot list --live",
+    },
+    ErrorType {
+        name: "StoreRefused",
+        meaning: "DynamoDB refused a call: permissions, a missing table or index, an item too \
+                  large.",
+        heals: "No: every retry is refused the same way.",
+        action: "Read the message in the function's log. Check the function's role, and that the \
+                 table and its `work` index exist (a stack update still running, a table \
+                 deleted by hand).",
+        look: "aws dynamodb describe-table --table-name \"$TABLE\"",
+    },
+    ErrorType {
+        name: "EventBusUnavailable",
+        meaning: "EventBridge throttled PutEvents or failed transiently.",
+        heals: "Yes: the events stay in the outbox and the next tick publishes them again.",
+        action: "Nothing while it is brief. If it lasts, check the account's PutEvents quota \
+                 (Service Quotas) and the AWS Health Dashboard.",
+        look: "aws service-quotas list-service-quotas --service-code events",
+    },
+    ErrorType {
+        name: "EventBusRefused",
+        meaning: "EventBridge refused to publish: permissions, the bus missing, an entry too \
+                  large.",
+        heals: "No, but nothing is lost: the events stay in the outbox until they can be sent.",
+        action: "Fix the bus or the role (the message in the function's log names the entry \
+                 and the error); the next tick sends what waited.",
+        look: "aws events describe-event-bus --name \"$BUS\"",
+    },
+    ErrorType {
+        name: "ClockUnavailable",
+        meaning: "The function could not read the time it needs (only a local run reads a \
+                  clock over the network).",
+        heals: "Yes: the next invocation reads it again.",
+        action: "In AWS, nothing: the clock is the system's. Locally, check that the emulator \
+                 is running.",
+        look: "capacity-pilot list --live",
+    },
+    ErrorType {
+        name: "AwsThrottled",
+        meaning: "An AWS service (EC2, SageMaker, SNS) throttled the call.",
+        heals: "Yes: retried with backoff, then at the next tick.",
+        action: "If it lasts, raise the API's rate quota or spread the requests; EC2's \
+                 Capacity Block searches have their own low limit per account and region.",
+        look: "aws service-quotas list-service-quotas --service-code ec2",
+    },
+    ErrorType {
+        name: "AwsUnavailable",
+        meaning: "An AWS service (EC2, SageMaker, SNS) failed transiently with nothing done.",
+        heals: "Yes: the next tick tries again.",
+        action: "Nothing while it is brief; if it lasts, the AWS Health Dashboard for the \
+                 service and region.",
+        look: "aws health describe-events --filter services=EC2,SAGEMAKER",
+    },
+    ErrorType {
+        name: "AwsOutcomeUnknown",
+        meaning: "A call to an AWS service (EC2, SageMaker, SNS) may or may not have taken \
+                  effect: a timeout, a lost answer.",
+        heals: "Yes: a purchase in doubt is reconciled by its tags before anything else is \
+                tried, a notice is sent again under the same key, a launch looks for what it \
+                started.",
+        action: "Nothing unless the request ends in doubt (PurchaseInDoubtAlarm); then follow \
+                 that entry.",
+        look: "capacity-pilot status <request-id>",
+    },
+    ErrorType {
+        name: "OfferingGone",
+        meaning: "The offering sold out or expired before it was bought.",
+        heals: "Yes: the request searches again until its deadline.",
+        action: "Nothing; a request that keeps losing offerings fails at its search deadline \
+                 with the reason.",
+        look: "capacity-pilot history <request-id>",
+    },
+    ErrorType {
+        name: "NoCapacity",
+        meaning: "EC2 had no capacity for the launch (on demand, spot, or inside a reservation).",
+        heals: "Yes: retried at each tick while the window lasts.",
+        action: "Nothing for a reservation's window (AWS delivers it late at worst); for on \
+                 demand, the request falls back to a reservation as its strategy says.",
+        look: "capacity-pilot status <request-id>",
+    },
+    ErrorType {
+        name: "AwsRefused",
+        meaning: "An AWS service (EC2, SageMaker, SNS) refused the call: permissions, a bad \
+                  launch template, subnet or model, a topic gone.",
+        heals: "No: the request's reason names the call and the refusal.",
+        action: "Fix what the reason names (the role, the launch template, the subnets, the \
+                 model); a request that failed must be submitted again.",
+        look: "capacity-pilot history <request-id>",
+    },
 ];
 
 /// The stable name of a failed call: the store, the event bus, the clock, or AWS's
@@ -230,8 +288,7 @@ mod tests {
                 named.insert(error_type(&e));
             }
         }
-        let listed: std::collections::BTreeSet<&str> =
-            ERROR_TYPES.iter().map(|(n, _)| *n).collect();
+        let listed: std::collections::BTreeSet<&str> = ERROR_TYPES.iter().map(|t| t.name).collect();
         assert_eq!(named, listed);
     }
 

@@ -5,7 +5,8 @@
 //! with a role that may do nothing else), `make deploy-forwarders` run against a stub
 //! `sam`, a release profile that leaves cargo-lambda nothing to choose, and the bus policy's
 //! SourcePrincipals guards (issue 49, Teams), expanded from their `Fn::ForEach` as
-//! CloudFormation would. Nothing here touches the network or AWS.
+//! CloudFormation would; the operations kit (issue 56, `operations`) and the cost model
+//! (`cost`). Nothing here touches the network or AWS.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -1469,3 +1470,5 @@ fn the_tracked_samconfig_holds_no_accounts_values_and_a_guided_deploy_writes_the
 }
 #[path = "deploy/cost.rs"]
 mod cost;
+#[path = "deploy/operations.rs"]
+mod operations;

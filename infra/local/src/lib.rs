@@ -25,6 +25,7 @@ pub mod cloudformation;
 pub mod ec2;
 pub mod error;
 pub mod eventbridge;
+pub mod logs;
 pub mod market;
 pub mod query;
 pub mod rules;

@@ -2,11 +2,12 @@
 //! no second copy): each SAM function's `EventBridgeRule` events (pattern and bus) and
 //! `Schedule` events (rate), and each plain `AWS::Events::Rule` (its `EventPattern` or
 //! `ScheduleExpression`, its `EventBusName`, and whether its target is a function of the
-//! template or an event bus, as `infra/region-forwarder.yaml`'s are), with the patterns matched
-//! by `quamina` as EventBridge matches them.
+//! template, an event bus, as `infra/region-forwarder.yaml`'s are, or a CloudWatch Logs log
+//! group, as the event log's is), with the patterns matched by `quamina` as EventBridge matches
+//! them.
 //!
 //! The flow tests route the buses' events with it, and the local runner delivers events, fires
-//! schedules and forwards other regions' events with it.
+//! schedules, forwards other regions' events and writes the event log with it.
 
 use std::path::Path;
 
@@ -40,13 +41,16 @@ pub enum Target {
     /// An event bus: the target's `Arn` as written (e.g. a `Fn::Sub` naming the home region's
     /// `event-bus/default`).
     EventBus(Value),
+    /// A CloudWatch Logs log group of the template (`Fn::GetAtt: [Group, Arn]`): its logical id.
+    /// EventBridge writes each matching event, whole, as one log event.
+    LogGroup(String),
 }
 
 /// One event source of one function, or one plain `AWS::Events::Rule`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rule {
     /// The function's crate (and binary) name, from its `CodeUri`; empty when the target is
-    /// an event bus.
+    /// an event bus or a log group.
     pub function: String,
     /// The function's logical id in the template (a plain rule's own logical id).
     pub logical_id: String,
@@ -99,7 +103,17 @@ impl Rules {
         let mut rules = Vec::new();
         for (logical_id, resource) in resources {
             if resource["Type"] == "AWS::Events::Rule" {
-                rules.extend(plain_rule(logical_id, &resource["Properties"], &crate_of)?);
+                let is_log_group = |id: &str| {
+                    resources
+                        .get(id)
+                        .is_some_and(|r| r["Type"] == "AWS::Logs::LogGroup")
+                };
+                rules.extend(plain_rule(
+                    logical_id,
+                    &resource["Properties"],
+                    &crate_of,
+                    &is_log_group,
+                )?);
                 continue;
             }
             if resource["Type"] != "AWS::Serverless::Function" {
@@ -199,6 +213,20 @@ impl Rules {
             .collect()
     }
 
+    /// The log groups (logical ids) that `event` on `bus` is written to, each once, in
+    /// template order.
+    pub fn log_groups_for(&self, bus: Bus, event: &Value) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for r in self.matching(bus, event) {
+            if let Target::LogGroup(group) = &r.target
+                && !out.contains(group)
+            {
+                out.push(group.clone());
+            }
+        }
+        out
+    }
+
     /// Each schedule: the function it invokes and how often.
     pub fn schedules(&self) -> Vec<(&str, TimeDelta)> {
         self.rules
@@ -215,11 +243,14 @@ impl Rules {
 /// A plain CloudFormation `AWS::Events::Rule`: one [`Rule`] per target (none when it is
 /// `DISABLED`). Its bus is `EventBusName` (absent or `default`: the default bus); its trigger
 /// its `EventPattern` or `ScheduleExpression`; a target is a function of the template
-/// (`Fn::GetAtt: [Function, Arn]`, `Ref`) or an event bus (an ARN with `:event-bus/`).
+/// (`Fn::GetAtt: [Function, Arn]`, `Ref`), a log group of the template (`Fn::GetAtt: [Group,
+/// Arn]`: a log group's `Ref` is its name, not an ARN) or an event bus (an ARN with
+/// `:event-bus/`).
 fn plain_rule(
     logical_id: &str,
     p: &Value,
     crate_of: &dyn Fn(&str) -> Result<String, RulesError>,
+    is_log_group: &dyn Fn(&str) -> bool,
 ) -> Result<Vec<Rule>, RulesError> {
     if p["State"].as_str().is_some_and(|s| s != "ENABLED") {
         return Ok(Vec::new());
@@ -259,18 +290,31 @@ fn plain_rule(
         .iter()
         .map(|t| {
             let arn = &t["Arn"];
-            let function = arn["Fn::GetAtt"][0]
-                .as_str()
-                .or_else(|| arn["Ref"].as_str());
-            let (function, target) = if let Some(f) = function {
-                (crate_of(f)?, Target::Function)
-            } else if arn_text(arn).is_some_and(|a| a.contains(":event-bus/")) {
-                (String::new(), Target::EventBus(arn.clone()))
-            } else {
-                return Err(RulesError::Template(format!(
-                    "{logical_id}: target {arn} is neither a function of the template nor an \
-                     event bus"
-                )));
+            let got = arn["Fn::GetAtt"][0].as_str().or_else(|| {
+                arn["Fn::GetAtt"]
+                    .as_str()
+                    .and_then(|dotted| dotted.split('.').next())
+            });
+            let (function, target) = match (got, arn["Ref"].as_str()) {
+                (Some(group), _) if is_log_group(group) => {
+                    (String::new(), Target::LogGroup(group.to_string()))
+                }
+                (_, Some(group)) if is_log_group(group) => {
+                    return Err(RulesError::Template(format!(
+                        "{logical_id}: target {arn}: a log group's Ref is its name; a rule \
+                         targets its ARN (Fn::GetAtt: [{group}, Arn])"
+                    )));
+                }
+                (Some(f), _) | (None, Some(f)) => (crate_of(f)?, Target::Function),
+                (None, None) if arn_text(arn).is_some_and(|a| a.contains(":event-bus/")) => {
+                    (String::new(), Target::EventBus(arn.clone()))
+                }
+                (None, None) => {
+                    return Err(RulesError::Template(format!(
+                        "{logical_id}: target {arn} is neither a function nor a log group of \
+                         the template, nor an event bus"
+                    )));
+                }
             };
             Ok(Rule {
                 function,
@@ -441,7 +485,7 @@ Resources:
                     assert!(arn.ends_with(":event-bus/default"), "{arn}");
                     assert!(arn.contains("${HomeRegion}"), "{arn}");
                 }
-                Target::Function => panic!("{} targets a function", r.logical_id),
+                other => panic!("{} targets {other:?}", r.logical_id),
             }
         }
         assert!(rules.schedules().is_empty());
@@ -459,6 +503,48 @@ Resources:
         let scheduled = ev("aws.events", "Scheduled Event");
         assert!(rules.forwarding(Bus::Default, &scheduled).is_empty());
         assert!(rules.matching(Bus::Default, &scheduled).is_empty());
+    }
+
+    /// The event log (ARCHITECTURE §9, issue 56): a plain rule on the custom bus whose target
+    /// is a log group of the template writes our events there, and a replayed event (it
+    /// carries `replay-name`) is not written again.
+    #[test]
+    fn a_rule_targeting_a_log_group_writes_our_events_there_but_not_replays() {
+        let template = r#"
+Resources:
+  Bus:
+    Type: AWS::Events::EventBus
+  EventLog:
+    Type: AWS::Logs::LogGroup
+  EventLogRule:
+    Type: AWS::Events::Rule
+    Properties:
+      EventBusName: {Ref: Bus}
+      EventPattern: {"source": ["capacity-pilot"], "replay-name": [{"exists": false}]}
+      Targets: [{Id: event-log, Arn: {"Fn::GetAtt": [EventLog, Arn]}}]
+"#;
+        let rules = Rules::from_yaml(template).unwrap();
+        assert_eq!(rules.all().len(), 1);
+        assert_eq!(rules.all()[0].target, Target::LogGroup("EventLog".into()));
+        let ours = ev("capacity-pilot", "Capacity Reserved");
+        assert_eq!(rules.log_groups_for(Bus::Custom, &ours), ["EventLog"]);
+        assert!(rules.functions_for(Bus::Custom, &ours).is_empty());
+        assert!(rules.forwarding(Bus::Custom, &ours).is_empty());
+        assert!(rules.log_groups_for(Bus::Default, &ours).is_empty());
+        assert!(
+            rules
+                .log_groups_for(Bus::Custom, &ev("team", "X"))
+                .is_empty()
+        );
+        let mut replayed = ours.clone();
+        replayed["replay-name"] = json!("replay-1");
+        assert!(rules.log_groups_for(Bus::Custom, &replayed).is_empty());
+        assert!(rules.schedules().is_empty());
+        let by_name = template.replace(r#"{"Fn::GetAtt": [EventLog, Arn]}"#, "{Ref: EventLog}");
+        let err = Rules::from_yaml(&by_name)
+            .err()
+            .expect("a log group's Ref is refused");
+        assert!(err.to_string().contains("Fn::GetAtt"), "{err}");
     }
 
     #[test]

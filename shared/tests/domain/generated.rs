@@ -1,6 +1,6 @@
 //! What the documentation lists that the code knows: the request's field table
 //! (docs/requests.md, from the request's JSON Schema and the sample requests) and the
-//! `errorType` list (docs/operations.md, from `decision::ERROR_TYPES`). Each sits between
+//! `errorType` runbook entries (docs/operations.md, from `decision::ERROR_TYPES`). Each sits between
 //! `<!-- BEGIN GENERATED: <what> (make schemas) -->` and `<!-- END GENERATED -->`; `make
 //! schemas` rewrites it, and these tests fail when a checked-in copy differs.
 
@@ -262,11 +262,21 @@ fn generated_request_field_table_matches_the_schema() {
     generated("docs/requests.md", "request fields", &field_table());
 }
 
+/// The runbook's entry for each `errorType`: a heading (its GitHub anchor is the name in lower
+/// case, which tests/tests/deploy.rs looks for), what it means, whether the next tick heals
+/// it, what to do, and the command to look with.
 #[test]
 fn generated_error_type_list_matches_the_code() {
-    let mut body = String::from("| errorType | What it means, and what to do |\n|---|---|\n");
-    for (name, meaning) in ERROR_TYPES {
-        body.push_str(&format!("| `{name}` | {} |\n", one_line(meaning)));
+    let mut body = String::new();
+    for t in ERROR_TYPES {
+        body.push_str(&format!(
+            "### `{}`\n\n{}\n\n- **Heals by itself?** {}\n- **What to do:** {}\n- **Look:** `{}`\n\n",
+            t.name,
+            one_line(t.meaning),
+            one_line(t.heals),
+            one_line(t.action),
+            t.look,
+        ));
     }
     generated("docs/operations.md", "errorType", &body);
 }

@@ -68,14 +68,18 @@ fn text(output: &Output) -> (String, String) {
 // and never appears in the log (its idle tick is costs.toml's default). Two standard alarms
 // and a high-resolution one, one custom metric published by two filters with a DefaultValue
 // (a third filter has none: no metric until it matches), one KMS key, one table with point-in-
-// time recovery, log groups kept LogRetentionDays (30 by default). The short tags are
-// CloudFormation's, which cost.py must read.
+// time recovery, log groups kept LogRetentionDays (30 by default), an event log kept 14 days
+// (a rule writes our events there) and an archive of the bus kept ArchiveDays (60 by
+// default). The short tags are CloudFormation's, which cost.py must read.
 const TEMPLATE: &str = r#"AWSTemplateFormatVersion: "2010-09-09"
 Transform: AWS::Serverless-2016-10-31
 Parameters:
   LogRetentionDays:
     Type: Number
     Default: 30
+  ArchiveDays:
+    Type: Number
+    Default: 60
 Globals:
   Function:
     Runtime: provided.al2023
@@ -129,6 +133,22 @@ Resources:
     Type: AWS::Logs::LogGroup
     Properties:
       RetentionInDays: !Ref LogRetentionDays
+  EventLog:
+    Type: AWS::Logs::LogGroup
+    Properties:
+      RetentionInDays: 14
+  EventLogRule:
+    Type: AWS::Events::Rule
+    Properties:
+      EventPattern: {"source": ["capacity-pilot"]}
+      Targets:
+        - Id: event-log
+          Arn: !GetAtt EventLog.Arn
+  Archive:
+    Type: AWS::Events::Archive
+    Properties:
+      EventPattern: {"source": ["capacity-pilot"]}
+      RetentionDays: !Ref ArchiveDays
   Key:
     Type: AWS::KMS::Key
     Properties:
@@ -389,6 +409,8 @@ fn cost_prints_the_idle_and_at_load_figures_of_its_model_at_costs_toml_prices() 
         "estimate.log_bytes_per_invocation",
     ) / (1024.0 * 1024.0 * 1024.0);
     let table_gb = number(&c["estimate"]["table_gb"], "estimate.table_gb");
+    let event_gb =
+        number(&c["estimate"]["event_bytes"], "estimate.event_bytes") / (1024.0 * 1024.0 * 1024.0);
     let retention_months = 30.0 / (hours / 24.0);
     let gb_s = |ms: f64, mb: f64| ms.ceil() / 1000.0 * mb / 1024.0;
     let fns = fixture_functions(&c);
@@ -457,6 +479,9 @@ fn cost_prints_the_idle_and_at_load_figures_of_its_model_at_costs_toml_prices() 
 
     let priced = |u: &Usage| {
         let ingested = u.requests * log_gb;
+        // Every event published, whole, in the event log (14 days) and the archive (60).
+        let events = u.events * event_gb;
+        let months = |days: f64| days / (hours / 24.0);
         vec![
             ("lambda requests", u.requests * p("lambda_request")),
             (
@@ -484,6 +509,16 @@ fn cost_prints_the_idle_and_at_load_figures_of_its_model_at_costs_toml_prices() 
             (
                 "logs storage (30 days kept)",
                 ingested * retention_months * p("logs_storage"),
+            ),
+            (
+                "event log (14 days kept)",
+                events * (p("logs_ingestion") + months(14.0) * p("logs_storage")),
+            ),
+            (
+                "event archive (60 days kept)",
+                events
+                    * (p("eventbridge_archive_processing")
+                        + months(60.0) * p("eventbridge_archive_storage")),
             ),
         ]
     };
@@ -538,7 +573,7 @@ fn cost_prints_the_idle_and_at_load_figures_of_its_model_at_costs_toml_prices() 
         "the fixture exercises every row: {out}"
     );
     assert!(
-        out.lines().count() < 30,
+        out.lines().count() < 35,
         "{} lines:\n{out}",
         out.lines().count()
     );

@@ -3,8 +3,9 @@
 //! events of each other allowed region's default bus that `infra/region-forwarder.yaml`'s
 //! rules match to the home region's default bus (ARCHITECTURE §8.9), hands each new event of
 //! the home region's buses to the functions whose rules in the template match it, and builds
-//! the `Scheduled Event`s of the template's `Schedule` rules on the simulated clock. The wiring
-//! is `crate::rules` (no second copy).
+//! the `Scheduled Event`s of the template's `Schedule` rules on the simulated clock. It also
+//! says which of the template's log groups a rule writes each event to (the event log). The
+//! wiring is `crate::rules` (no second copy).
 
 use chrono::{DateTime, TimeDelta, Utc};
 use serde_json::{Value, json};
@@ -13,12 +14,14 @@ use crate::LocalCloud;
 use crate::rules::{Bus, Rules};
 use crate::util::event_time;
 
-/// A new event on a bus and the functions its rules reach.
+/// A new event on a bus, the functions its rules reach and the log groups (logical ids) its
+/// rules write it to.
 #[derive(Debug, Clone)]
 pub struct Delivery {
     pub bus: Bus,
     pub event: Value,
     pub targets: Vec<String>,
+    pub log_groups: Vec<String>,
 }
 
 /// One other region's default bus, forwarded by the forwarder's rules.
@@ -127,10 +130,12 @@ impl LocalBus {
             for event in events {
                 *seen += 1;
                 let targets = self.rules.functions_for(bus, &event);
+                let log_groups = self.rules.log_groups_for(bus, &event);
                 out.push(Delivery {
                     bus,
                     event,
                     targets,
+                    log_groups,
                 });
             }
         }

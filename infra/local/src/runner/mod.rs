@@ -6,8 +6,10 @@
 //! template's environment; then it steps the simulated clock from one moment with work to the
 //! next (a schedule tick with due work, the emulator's next transition, the next scenario
 //! action), fires the schedules due then, delivers every event to the functions the
-//! template's rules name, runs the `capacity-pilot` CLI when the scenario says, and finally
-//! judges the outcomes from the buses and the emulator.
+//! template's rules name, writes those a rule sends to a log group to `<out_dir>/events.log`
+//! (one JSON line each, as EventBridge writes an event to CloudWatch Logs), runs the
+//! `capacity-pilot` CLI when the scenario says, and finally judges the outcomes from the buses
+//! and the emulator.
 
 pub mod bus;
 pub mod checks;
@@ -213,8 +215,11 @@ pub async fn run_with(
     };
     let logs = out_dir.join("logs");
     std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-    // This run's CLI commands only (the log is appended to command by command).
+    // This run's CLI commands only (the log is appended to command by command), and this
+    // run's events only (likewise, event by event).
     let _ = std::fs::remove_file(logs.join("cli.log"));
+    let event_log = out_dir.join(EVENT_LOG);
+    let _ = std::fs::remove_file(&event_log);
 
     // The emulator, on the scenario's seed and clock.
     let mut settings = Settings::default();
@@ -342,6 +347,7 @@ pub async fn run_with(
         cli,
         down: BTreeMap::new(),
         held: Vec::new(),
+        event_log,
     };
     let played = player.play(&scenario).await;
     let Player {
@@ -421,6 +427,22 @@ pub async fn run_with(
         notices,
         stack,
     })
+}
+
+/// The file under the run's output directory that stands for the template's event log
+/// (`EventLog`): each event its rule matches, one JSON line, oldest first.
+pub const EVENT_LOG: &str = "events.log";
+
+/// Appends `event` to the event log at `path` as one line: the whole envelope, as EventBridge
+/// writes it to a CloudWatch Logs log group (the log event's message is the event's JSON).
+pub fn append_event(path: &Path, event: &Value) -> anyhow::Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    writeln!(file, "{}", serde_json::to_string(event)?)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// The state table of a scenario played on a shared moto: named after it (DynamoDB's table
@@ -677,6 +699,8 @@ struct Player {
     /// Events routed to a function while it was down, with their trigger: EventBridge
     /// retries them, delivered once it is back.
     held: Vec<(String, Value, String)>,
+    /// `<out_dir>/events.log`: every event a rule of the template writes to a log group.
+    event_log: PathBuf,
 }
 
 impl Player {
@@ -1025,6 +1049,9 @@ impl Player {
                 return Ok(());
             }
             for d in new {
+                if !d.log_groups.is_empty() {
+                    append_event(&self.event_log, &d.event)?;
+                }
                 let at = event_time(&d.event).unwrap_or_else(|| self.cloud.now());
                 let from = d.event["region"]
                     .as_str()
@@ -1216,6 +1243,62 @@ mod tests {
             expect_stdout: expect.iter().map(|s| s.to_string()).collect(),
             request_id: request_id.map(str::to_string),
         }
+    }
+
+    fn samples(dir: &str) -> Vec<Value> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../events")
+            .join(dir);
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        files
+            .iter()
+            .map(|f| serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap())
+            .collect()
+    }
+
+    /// The event log as the runner writes it (issue 56): the template's EventLogRule sends
+    /// each of our events on the custom bus to `events.log`, one line holding the whole
+    /// envelope; an inbound event of another source and a replay (it carries `replay-name`)
+    /// are not written.
+    #[test]
+    fn the_event_log_holds_each_of_our_events_whole_and_no_inbound_event_or_replay() {
+        // GIVEN the template's rules and our emitted sample events
+        let template = Path::new(env!("CARGO_MANIFEST_DIR")).join("../template.yaml");
+        let rules = Rules::from_template(&template).expect("the template's rules");
+        let ours = samples("emitted");
+        assert!(ours.len() > 10);
+        let dir = std::env::temp_dir().join(format!("local-cloud-events-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join(EVENT_LOG);
+        let _ = std::fs::remove_file(&log);
+        // WHEN each is delivered on the custom bus as the runner does
+        for e in &ours {
+            let groups = rules.log_groups_for(Bus::Custom, e);
+            assert_eq!(groups, ["EventLog"], "{}", e["detail-type"]);
+            append_event(&log, e).unwrap();
+        }
+        // THEN the log holds each, whole, one line each, in order
+        let text = std::fs::read_to_string(&log).unwrap();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines, ours);
+        // AND inbound events are logged by their source alone (a forged one that claims ours
+        // is, as in AWS), replays and the default bus's events are not
+        for e in samples("inbound") {
+            let logged = !rules.log_groups_for(Bus::Custom, &e).is_empty();
+            assert_eq!(logged, e["source"] == "capacity-pilot", "{e}");
+        }
+        let mut replayed = ours[0].clone();
+        replayed["replay-name"] = json!("replay-1");
+        assert!(rules.log_groups_for(Bus::Custom, &replayed).is_empty());
+        assert!(rules.log_groups_for(Bus::Default, &ours[0]).is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

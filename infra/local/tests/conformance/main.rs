@@ -9,6 +9,7 @@ mod ec2_launch_templates;
 mod eventbridge;
 mod faults;
 mod helpers;
+mod logs;
 mod properties;
 mod refusals;
 mod sagemaker_endpoints;
