@@ -64,7 +64,9 @@ const POLICIES: [(&str, &[&str], &str); 3] = [
     ),
     (
         "OperatorPolicy",
-        &["status", "list", "history", "watch", "budget", "cancel"],
+        &[
+            "status", "list", "history", "watch", "budget", "cancel", "pause", "resume",
+        ],
         "AllowedRequestSources",
     ),
 ];
@@ -673,6 +675,9 @@ async fn each_role_policy_grants_exactly_what_its_commands_call() {
     let cancelled: Value = serde_json::from_str(&cancelled).expect("cancel --wait answers JSON");
     assert!(cancelled["status"].is_string(), "answered: {cancelled}");
     r.requester(&["cancel", "pol-bought", "--stop-running", "-o", "json"]);
+    // AND an operator pauses purchases and resumes them (ARCHITECTURE 9.7)
+    r.operator(&["pause", "--reason", "policy test", "-o", "json"]);
+    r.operator(&["resume", "-o", "json"]);
 
     // THEN each policy's actions are the operations its commands made, mapped through
     // infra/iam/operations.yaml: none missing, none extra
@@ -691,6 +696,21 @@ async fn each_role_policy_grants_exactly_what_its_commands_call() {
                 .any(|c| c.service == "sts" && c.operation == "GetCallerIdentity"),
             "{decide}: {:?}",
             r.calls[decide]
+        );
+    }
+
+    // AND the pause's writes name the PAUSE item, the one key OperatorPolicy lets them
+    for command in ["pause", "resume"] {
+        let writes: Vec<&Call> = r.calls[command]
+            .iter()
+            .filter(|c| {
+                c.service == "dynamodb" && matches!(c.operation.as_str(), "PutItem" | "DeleteItem")
+            })
+            .collect();
+        assert!(!writes.is_empty(), "{command}: {:?}", r.calls[command]);
+        assert!(
+            writes.iter().all(|c| c.key.as_deref() == Some("PAUSE")),
+            "{command}: {writes:?}"
         );
     }
 
@@ -764,8 +784,19 @@ fn each_role_policy_is_an_output_and_grants_on_the_stacks_own_resources_and_sour
                 "{policy}: {service} statement names {resources:?}, not {expected:?}"
             );
             // AND a put is conditioned on the event's source being one of its role's sources
+            let writes = actions(&s)
+                .iter()
+                .any(|a| a == "dynamodb:PutItem" || a == "dynamodb:DeleteItem");
             if service == "events" {
                 assert_eq!(s["Condition"], source_condition(parameter), "{policy}");
+            } else if writes {
+                // (ARCHITECTURE 9.7: the operators' one write, the PAUSE item, and no other)
+                assert_eq!(policy, "OperatorPolicy", "{s}");
+                assert_eq!(
+                    s["Condition"],
+                    json!({"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["PAUSE"]}}),
+                    "{policy}: {s}"
+                );
             } else {
                 assert!(s["Condition"].is_null(), "{policy}: {s}");
             }

@@ -105,9 +105,12 @@ where
     lambda_runtime::run(service_fn(
         move |event: LambdaEvent<EventBridgeEvent<Value>>| async move {
             let deadline = WallDeadline::at_epoch_ms(event.context.deadline);
-            handle(event.payload, deadline)
-                .await
-                .map_err(Diagnostic::from)
+            handle(event.payload, deadline).await.map_err(|e| {
+                // One ERROR line per failed invocation, with its stable type: what the
+                // ErrorsByTypeQuery (infra/template.yaml) counts and the runbook explains.
+                tracing::error!(error_type = e.error_type(), error = %e, "invocation failed");
+                Diagnostic::from(e)
+            })
         },
     ))
     .await

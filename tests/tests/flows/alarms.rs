@@ -45,7 +45,11 @@ fn counter(alarm: &str) -> Counter {
             pattern: p["FilterPattern"].as_str().unwrap().to_string(),
         })
         .collect();
-    assert_eq!(made.len(), 1, "{alarm}: the filters making its metric: {made:?}");
+    assert_eq!(
+        made.len(),
+        1,
+        "{alarm}: the filters making its metric: {made:?}"
+    );
     made.into_iter().next().unwrap()
 }
 
@@ -58,7 +62,10 @@ fn rules() -> Rules {
 /// routes it to the event log, and the event log's filter matches it.
 fn counts(alarm: &str, event: &Value) -> bool {
     let c = counter(alarm);
-    assert_eq!(c.log_group, "EventLog", "{alarm} does not watch the event log");
+    assert_eq!(
+        c.log_group, "EventLog",
+        "{alarm} does not watch the event log"
+    );
     let logged = rules()
         .matching(Bus::Custom, event)
         .iter()
@@ -102,17 +109,15 @@ fn each_outcome_alarm_counts_its_event_and_no_other() {
             }
         }
         for e in variants {
-            let expected: Vec<&str> = match (e["detail-type"].as_str().unwrap(), &e["detail"]["late"]) {
-                ("Capacity Payment Failed", _) => vec!["PaymentFailedAlarm"],
-                ("Capacity Workload Drained", Value::Bool(true)) => vec!["DrainLateAlarm"],
-                ("Capacity Purchase In Doubt", _) => vec!["PurchaseInDoubtAlarm"],
-                ("Capacity Reservation Unrecorded", _) => vec!["ReservationUnrecordedAlarm"],
-                _ => vec![],
-            };
-            let counted: Vec<&str> = EVENT_ALARMS
-                .into_iter()
-                .filter(|a| counts(a, &e))
-                .collect();
+            let expected: Vec<&str> =
+                match (e["detail-type"].as_str().unwrap(), &e["detail"]["late"]) {
+                    ("Capacity Payment Failed", _) => vec!["PaymentFailedAlarm"],
+                    ("Capacity Workload Drained", Value::Bool(true)) => vec!["DrainLateAlarm"],
+                    ("Capacity Purchase In Doubt", _) => vec!["PurchaseInDoubtAlarm"],
+                    ("Capacity Reservation Unrecorded", _) => vec!["ReservationUnrecordedAlarm"],
+                    _ => vec![],
+                };
+            let counted: Vec<&str> = EVENT_ALARMS.into_iter().filter(|a| counts(a, &e)).collect();
             assert_eq!(counted, expected, "{}: {e}", path.display());
             seen += 1;
         }
@@ -140,8 +145,7 @@ pub(crate) async fn a_drain_after_the_forced_termination_is_counted_by_the_late_
     f.tick(Function::Launch).await.unwrap();
     assert_eq!(f.status(id).await, RequestStatus::Active);
     // WHEN cleanup-expired first runs after AWS's forced termination (30 min before the end)
-    f.cloud
-        .advance_to(at("end") - Duration::minutes(25));
+    f.cloud.advance_to(at("end") - Duration::minutes(25));
     f.tick(Function::Cleanup).await.unwrap();
     // THEN its drain is late, and the late-drain alarm counts it
     let drained = f.bus_for("Capacity Workload Drained", id);
@@ -195,7 +199,11 @@ pub(crate) async fn a_request_past_its_next_action_is_counted_by_the_overdue_ala
     assert_eq!(f.status(id).await, RequestStatus::Reserved);
     // (cleanup-expired running on time meanwhile: the window's notices are planned)
     f.tick(Function::Cleanup).await.unwrap();
-    let due = f.record(id).await.next_action_at.expect("a payment check is due");
+    let due = f
+        .record(id)
+        .await
+        .next_action_at
+        .expect("a payment check is due");
     let counter = counter("RequestOverdueAlarm");
     assert_eq!(counter.log_group, "CleanupExpiredLogs");
     let lines = |id: &str| -> Vec<Value> {
@@ -211,7 +219,8 @@ pub(crate) async fn a_request_past_its_next_action_is_counted_by_the_overdue_ala
     f.tick(Function::Cleanup).await.unwrap();
     assert!(lines(id).is_empty(), "{:?}", lines(id));
     // WHEN it comes past the bound
-    f.cloud.advance_to(due + OVERDUE_AFTER + Duration::minutes(5));
+    f.cloud
+        .advance_to(due + OVERDUE_AFTER + Duration::minutes(5));
     f.tick(Function::Cleanup).await.unwrap();
     // THEN its log line is counted by the alarm's filter, naming the request
     let counted = lines(id);
