@@ -315,6 +315,12 @@ impl InMemoryStore {
         lock(&self.state).races.push(op);
     }
 
+    /// Pauses purchases (`Some`) or resumes them (`None`) at once, as `capacity-pilot pause`
+    /// and `resume` do, outside any run (ARCHITECTURE §9.7).
+    pub fn set_pause(&self, pause: Option<Pause>) {
+        lock(&self.state).paused = pause;
+    }
+
     /// Just before the next call of `op`, an operator pauses purchases with `pause`
     /// (ARCHITECTURE §9.7): what the run read before no longer holds.
     pub fn pause_before_next(&self, op: StoreOp, pause: Pause) {

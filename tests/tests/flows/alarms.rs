@@ -6,7 +6,7 @@
 //! `local_cloud::logs`, the emulator's reading of CloudWatch Logs' filter syntax.
 
 use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Duration, Utc};
 use integration_tests::flow::{Flow, Function};
@@ -156,22 +156,22 @@ pub(crate) async fn a_drain_after_the_forced_termination_is_counted_by_the_late_
 
 /// The functions' log lines, written as `lambda_runtime::tracing::init_default_subscriber`
 /// writes them under Lambda's JSON log format (lambda_runtime_api_client 1.1's tracing.rs:
-/// `fmt().with_target(false).without_time()...json()`), warnings and up, for this binary.
-fn function_logs() -> Arc<Mutex<Vec<u8>>> {
-    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let buf = Arc::new(Mutex::new(Vec::new()));
-        let writer = Sink(buf.clone());
-        let _ = tracing_subscriber::fmt()
-            .with_target(false)
-            .without_time()
-            .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
-            .with_writer(move || writer.clone())
-            .json()
-            .try_init();
-        buf
-    })
-    .clone()
+/// `fmt().with_target(false).without_time()...json()`), warnings and up, while the guard
+/// lives, on this thread only (the flow's handlers run on the test's one thread; a global
+/// subscriber would log every other test of the binary too).
+fn function_logs() -> (Arc<Mutex<Vec<u8>>>, impl Drop) {
+    use tracing_subscriber::util::SubscriberInitExt;
+    let buf = Arc::new(Mutex::new(Vec::new()));
+    let writer = Sink(buf.clone());
+    let guard = tracing_subscriber::fmt()
+        .with_target(false)
+        .without_time()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .with_writer(move || writer.clone())
+        .json()
+        .finish()
+        .set_default();
+    (buf, guard)
 }
 
 #[derive(Clone)]
@@ -189,7 +189,7 @@ impl Write for Sink {
 
 #[tokio::test]
 pub(crate) async fn a_request_past_its_next_action_is_counted_by_the_overdue_alarm() {
-    let logs = function_logs();
+    let (logs, _guard) = function_logs();
     // GIVEN a request bought, whose payment check is due, and a purchase function that
     // does not run (an outage)
     let f = Flow::start().await;

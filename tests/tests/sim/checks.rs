@@ -735,8 +735,39 @@ fn time(v: &Value) -> Option<DateTime<Utc>> {
 }
 
 /// The promises that hold at the end of the run, after the settling period.
-pub async fn at_end(sim: &Sim) -> Vec<String> {
+/// ARCHITECTURE §9.7: while an operator's pause stands, no purchase lease is taken (a
+/// takeover of one begun before it goes on) and no on-demand or spot estimate is held.
+fn nothing_begun_while_paused(sim: &Sim) -> Vec<String> {
+    let paused = |at: DateTime<Utc>| {
+        sim.scenario.pauses.iter().any(|(from, to)| {
+            t0() + TimeDelta::minutes(*from) <= at && at < t0() + TimeDelta::minutes(*to)
+        })
+    };
     let mut out = Vec::new();
+    for (id, entries) in sim.store.all_history() {
+        for h in entries {
+            let lease =
+                h.to == RequestStatus::Purchasing && h.from != Some(RequestStatus::Purchasing);
+            let hold = h.reason.starts_with("on-demand-first: holding the");
+            if (lease || hold) && paused(h.at) {
+                out.push(format!(
+                    "{id}: {} at {} while purchases were paused: {}",
+                    if lease {
+                        "a purchase lease taken"
+                    } else {
+                        "an estimate held"
+                    },
+                    h.at,
+                    h.reason
+                ));
+            }
+        }
+    }
+    out
+}
+
+pub async fn at_end(sim: &Sim) -> Vec<String> {
+    let mut out = nothing_begun_while_paused(sim);
     let sold = counted(sim);
     let recs = records(sim);
     let bus: Vec<Value> = sim.cloud.events(BUS);
@@ -1648,6 +1679,15 @@ pub fn reached(sim: &Sim) -> BTreeSet<String> {
         .any(|h| h.reason.contains("notice of window") && h.reason.contains("was not sent"))
     {
         out.insert("a lead-time notice's skip was recorded".to_string());
+    }
+    if sim
+        .store
+        .all_history()
+        .values()
+        .flatten()
+        .any(|h| h.reason.starts_with("paused by"))
+    {
+        out.insert("a purchase was held back by a pause".to_string());
     }
     if sim.cloud.events(BUS).iter().any(|e| {
         e["detail-type"] == "Capacity Cancellation Applied"

@@ -82,6 +82,9 @@ enum Act {
         impair: bool,
     },
     Settle,
+    /// An operator pauses purchases (the scenario's pause of that index), or resumes them.
+    Pause(usize),
+    Resume,
 }
 
 /// An inbound event (ours from a requester or approver) that reached a function and was
@@ -1154,6 +1157,10 @@ impl Sim {
         for (k, f) in s.store_faults.iter().enumerate() {
             self.act_at(Sim::at(f.at), Act::StoreFault(k));
         }
+        for (k, (from, to)) in s.pauses.iter().enumerate() {
+            self.act_at(Sim::at(*from), Act::Pause(k));
+            self.act_at(Sim::at(*to), Act::Resume);
+        }
         for (call, nth) in &s.crash_after {
             self.gate.die_after(call, *nth);
         }
@@ -1588,6 +1595,19 @@ impl Sim {
                 detail_type,
                 detail,
             } => self.put(&source, &detail_type, &detail),
+            Act::Pause(k) => {
+                let (from, _) = self.scenario.pauses[k];
+                self.trace("operator: purchases paused".to_string());
+                self.store.set_pause(Some(capacity_pilot::ports::Pause {
+                    by: "arn:aws:sts::123456789012:assumed-role/ops/sim".into(),
+                    reason: format!("sim pause {k}"),
+                    since: Sim::at(from),
+                }));
+            }
+            Act::Resume => {
+                self.trace("operator: purchases resumed".to_string());
+                self.store.set_pause(None);
+            }
             Act::Market(k) => {
                 let m = self.scenario.market[k].clone();
                 self.cloud.with_world(|w| {

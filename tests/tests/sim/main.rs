@@ -171,6 +171,7 @@ fn report(failed: &[(u64, Vec<String>)]) -> String {
 /// them leaves that part of the system unexercised, and this test says so.
 const MUST_REACH: &[&str] = &[
     "a ledger from before §9.8 held a purchase back",
+    "a purchase was held back by a pause",
     "Capacity Reserved",
     "Capacity Payment Failed",
     "Capacity Workload Launched",
@@ -378,6 +379,7 @@ fn smaller(s: &Scenario) -> Vec<Scenario> {
         crash_after,
         races,
         outages,
+        pauses,
         deliveries,
         api_faults,
         store_faults,

@@ -253,6 +253,9 @@ pub struct Scenario {
     /// Strays, bought by the harness when their request first waits to be purchased.
     pub strays: Vec<PlannedStray>,
     pub outages: Vec<Outage>,
+    /// (from, to), minutes after [`t0`]: an operator's pause of purchases (ARCHITECTURE
+    /// §9.7), written at `from` and deleted at `to`.
+    pub pauses: Vec<(i64, i64)>,
     /// Whether an event delivered twice runs its two deliveries at once (interleaved).
     pub concurrent_duplicates: bool,
     /// EC2 refuses the undocumented tag filter on DescribeCapacityReservations (the harsher
@@ -784,6 +787,14 @@ impl Scenario {
             let usd = if r.chance(65) { cap } else { cap / 2 };
             legacy_ledgers.push((spelled.to_string(), usd * 1_000_000));
         }
+        // (Issue 56, after every earlier draw.) An operator pauses purchases for a while in
+        // the fault hours and resumes: nothing new is bought or held meanwhile, and what
+        // waited goes on after.
+        let mut pauses = Vec::new();
+        if r.chance(30) {
+            let from = r.range(0, 60 * (FAULT_HOURS - 12));
+            pauses.push((from, from + *r.pick(&[20, 90, 360, 720])));
+        }
         Scenario {
             seed,
             team_budgets,
@@ -807,6 +818,7 @@ impl Scenario {
             stop_running,
             strays,
             outages,
+            pauses,
             concurrent_duplicates,
             refuse_tag_filters,
             spot_runs,
