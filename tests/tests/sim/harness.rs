@@ -1595,6 +1595,9 @@ impl Sim {
                 detail_type,
                 detail,
             } => self.put(&source, &detail_type, &detail),
+            Act::Pause(_) if self.scenario.sabotage_pause => {
+                self.trace("sabotage: the pause is not written".to_string());
+            }
             Act::Pause(k) => {
                 let (from, _) = self.scenario.pauses[k];
                 self.trace("operator: purchases paused".to_string());

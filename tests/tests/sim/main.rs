@@ -320,6 +320,35 @@ fn the_checks_catch_a_lead_time_notice_published_under_two_keys() {
     );
 }
 
+/// ARCHITECTURE §9.7: a pause over the whole fault period holds every purchase back, and the
+/// checks catch a lease taken through it (the harness not writing it).
+#[test]
+fn a_pause_holds_every_purchase_back_and_the_checks_catch_one_taken_through_it() {
+    let seed = (1..=200)
+        .find(|s| run_seed(*s).reached.contains("a block was bought"))
+        .expect("a seed that buys a block");
+    let mut scenario = Scenario::from_seed(seed);
+    scenario.pauses = vec![(0, scenario::FAULT_HOURS * 60)];
+    let held = play(scenario.clone());
+    assert!(
+        held.violations.is_empty(),
+        "seed {seed}: {:?}",
+        held.violations
+    );
+    assert!(
+        held.reached.contains("a purchase was held back by a pause"),
+        "seed {seed}: {:?}",
+        held.reached
+    );
+    scenario.sabotage_pause = true;
+    let o = play(scenario);
+    let all = o.violations.join("\n");
+    assert!(
+        all.contains("while purchases were paused"),
+        "seed {seed}: {all}"
+    );
+}
+
 /// Two runs of a seed give byte-identical traces (and so the same decisions and events).
 #[test]
 fn a_seed_replays_to_a_byte_identical_trace() {

@@ -275,6 +275,9 @@ pub struct Scenario {
     pub sabotage: bool,
     /// Never generated: a lead-time notice is announced again under another key.
     pub sabotage_notices: bool,
+    /// Never generated: the harness does not write the scenario's pauses, so purchases go
+    /// on through them (the checks must catch it).
+    pub sabotage_pause: bool,
 }
 
 impl Scenario {
@@ -792,7 +795,8 @@ impl Scenario {
         // waited goes on after.
         let mut pauses = Vec::new();
         if r.chance(30) {
-            let from = r.range(0, 60 * (FAULT_HOURS - 12));
+            // (In the first hours, when most purchases are made.)
+            let from = r.range(0, 6 * 60);
             pauses.push((from, from + *r.pick(&[20, 90, 360, 720])));
         }
         Scenario {
@@ -825,6 +829,7 @@ impl Scenario {
             reconcile_outage,
             sabotage: false,
             sabotage_notices: false,
+            sabotage_pause: false,
         }
     }
 }
