@@ -729,8 +729,18 @@ pub async fn status(g: &Global, out: &Out, id: &str) -> Result<()> {
         .collect();
     // ARCHITECTURE §9.7: the deployment's pause, which holds back every new purchase.
     let pause = c.store.read_pause().await.map_err(Fail::store)?;
+    // A request the pause holds back waits for `resume`, not for its recorded next action.
+    let held = pause.as_ref().is_some_and(|p| p.told(&rec.reason));
+    let next = if held {
+        "held back by the pause: bought at the purchase function's first run after \
+         `capacity-pilot resume`, if it still can be"
+            .to_string()
+    } else {
+        next_action(&rec, &windows)
+    };
     if out.json() {
         let mut v = status_json(&rec, &windows, &resources);
+        v["next_action"] = json!(next);
         v["purchases_paused"] = serde_json::to_value(&pause).unwrap_or(Value::Null);
         out.print_json(&v);
         return Ok(());
@@ -743,7 +753,7 @@ pub async fn status(g: &Global, out: &Out, id: &str) -> Result<()> {
     t.add_row(vec![Cell::new("request"), Cell::new(&rec.request_id)]);
     t.add_row(vec![Cell::new("status"), out.status(rec.status)]);
     t.add_row(vec!["reason", &rec.reason]);
-    t.add_row(vec!["next".to_string(), next_action(&rec, &windows)]);
+    t.add_row(vec!["next".to_string(), next]);
     if let Some(p) = &pause {
         t.add_row(vec![
             Cell::new("paused"),

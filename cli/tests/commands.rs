@@ -484,6 +484,13 @@ async fn pause_holds_back_every_purchase_until_resume_and_status_shows_it() {
         "{status}"
     );
     assert_eq!(status["purchases_paused"]["reason"], "budget review");
+    assert!(
+        status["next_action"]
+            .as_str()
+            .unwrap()
+            .contains("capacity-pilot resume"),
+        "{status}"
+    );
     let table = ok(&mut cli(&f), &["status", "cli-paused", "-o", "table"]);
     assert!(
         table.contains("paused") && table.contains("capacity-pilot resume"),
