@@ -78,6 +78,19 @@ class Deployment:
                 return value
         return template_default("AllowedRegions")
 
+    def need_stack_name(self) -> str:
+        """The stack name, if the template can name its resources after it: the event
+        archive is named after the stack alone, and an archive's name has at most 48
+        characters of [.-_A-Za-z0-9] (EventBridge's Archive API reference)."""
+        if len(self.stack) > 48 or not all(c.isalnum() or c in ".-_" for c in self.stack):
+            fail(
+                f"stack name {self.stack!r} for ENV={self.env} is {len(self.stack)} characters: "
+                f"the stack's event archive is named after it, and an archive name has at most "
+                f"48 letters, digits, '.', '-' or '_'; set a shorter `stack_name` under "
+                f"[{self.env}.global.parameters] in {self.config.name}"
+            )
+        return self.stack
+
     def need_region(self) -> str:
         if not self.region:
             fail(
@@ -168,6 +181,7 @@ def report_leftovers(d: Deployment, regions: list[str]) -> None:
 
 
 def deploy(d: Deployment, guided: bool, confirm: bool) -> None:
+    d.need_stack_name()
     args = ["deploy", "--config-env", d.env, "--stack-name", d.stack]
     if guided:
         if not d.local.exists():
@@ -249,6 +263,7 @@ def main() -> None:
     d = Deployment(a.env or "default", a.config_dir, a.region or None, a.regions or None)
     if a.command == "check":
         # Before the long build: the settings a deploy needs resolve.
+        d.need_stack_name()
         if not a.guided:
             d.need_region()
         print(f"ENV={d.env}: stack {d.stack} in {d.region or '(asked)'}, config {d.config.name}")

@@ -1264,6 +1264,31 @@ fn a_deployment_without_a_region_is_refused_before_anything_runs() {
 }
 
 #[test]
+fn a_stack_name_longer_than_its_event_archive_may_be_named_is_refused_before_anything_runs() {
+    // GIVEN a deployment whose stack name has 49 characters (the archive takes the stack's
+    // name, and an archive name has at most 48)
+    let dir = stub_sam("long-name");
+    let long = "x".repeat(49);
+    let conf = samconfig_dir(
+        &dir,
+        &format!(
+            "\n[long.global.parameters]\nstack_name = \"{long}\"\n\n[long.deploy.parameters]\nregion = \"us-east-1\"\n"
+        ),
+    );
+    // WHEN it is deployed
+    let out = make_s("deploy", &with_stub_path(&dir), &[&conf, "ENV=long"]);
+    // THEN it is refused, saying what to change, before any build or sam call
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&long) && said.contains("at most") && said.contains("stack_name"),
+        "{said}"
+    );
+    assert!(calls(&dir).is_empty(), "sam ran: {:?}", calls(&dir));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_forwarder_left_under_the_old_name_is_reported_with_how_to_delete_it() {
     // GIVEN a forwarder deployed before 0.1.0 (capacity-pilot-forwarder) in us-west-2
     let dir = stub_sam("leftover");

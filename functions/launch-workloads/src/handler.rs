@@ -546,9 +546,17 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                                 "on-demand-first: the {label} estimate ${cost} is not held and \
                                  nothing is launched"
                             );
-                            let d =
-                                pause::hold_back(&self.store, &rec, &p, &what, vec![], cause, now)
-                                    .await?;
+                            // Boxed: its state would otherwise sit in every launch's future.
+                            let d = Box::pin(pause::hold_back(
+                                &self.store,
+                                &rec,
+                                &p,
+                                &what,
+                                vec![],
+                                cause,
+                                now,
+                            ))
+                            .await?;
                             out.decisions.push(d);
                             return Ok(());
                         }

@@ -150,8 +150,9 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 );
                 self.fail(rec, reason, now, cause, out).await
             }
+            // Boxed: its state would otherwise sit inside every purchase's future.
             BeginPurchaseOutcome::Paused(p) => {
-                self.paused(rec, plan, &p, approver, cause, now, out).await
+                Box::pin(self.paused(rec, plan, &p, approver, cause, now, out)).await
             }
             BeginPurchaseOutcome::LeaseHeld { until } => {
                 out.decisions.push(Decision::new(

@@ -152,8 +152,28 @@ pub(crate) async fn an_ec2_request_lives_from_submission_to_the_end_of_its_block
     lives_to_the_end_of_its_block(&f, "life-1").await;
 }
 
-#[tokio::test]
-pub(crate) async fn one_seed_replays_a_whole_lifecycle_bit_for_bit() {
+/// The in-process flow answers each AWS call inside the caller's own poll, on one thread,
+/// nesting the emulator's server in every function's call stack: deeper than a deployed
+/// function runs (its main thread has 8 MiB), and within a few hundred KiB of a test thread's
+/// 2 MiB. It runs on a thread of its own with room to spare.
+#[test]
+pub(crate) fn one_seed_replays_a_whole_lifecycle_bit_for_bit() {
+    std::thread::Builder::new()
+        .name("replay".into())
+        .stack_size(16 << 20)
+        .spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime")
+                .block_on(replays_bit_for_bit())
+        })
+        .expect("a thread")
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e));
+}
+
+async fn replays_bit_for_bit() {
     // GIVEN the same lifecycle played twice on seed 21, in-process, with the injected time,
     // sleep, ids and idempotency token (ARCHITECTURE §8.12), and once on seed 22
     async fn play(seed: u64) -> (Vec<Value>, Vec<Value>, Value, String, String) {

@@ -1770,7 +1770,7 @@ impl Store for DynamoStore {
         }
         if let Some(i) = pause_item
             && committed.failed(i)
-            && let Some(p) = self.pause_item().await?
+            && let Some(p) = Box::pin(self.pause_item()).await?
         {
             tracing::info!(request_id = id, by = %p.by, "hold refused: purchases are paused");
             return Ok(WriteOutcome::Paused(p));
@@ -2021,7 +2021,7 @@ impl Store for DynamoStore {
         }
         if let Some(i) = pause_item
             && committed.failed(i)
-            && let Some(p) = self.pause_item().await?
+            && let Some(p) = Box::pin(self.pause_item()).await?
         {
             tracing::info!(request_id = id, by = %p.by, "purchase lease refused: purchases are paused");
             return Ok(BeginPurchaseOutcome::Paused(p));
