@@ -398,6 +398,16 @@ pub trait Workloads: Send + Sync {
         instance_ids: &[String],
     ) -> impl Future<Output = Result<(), PortError>> + Send;
 
+    /// Sets `tags` on the instances (EC2 CreateTags): a window's instances get its new
+    /// `capacity-pilot:drain-at` when AWS moves its end (ARCHITECTURE §9.3). Idempotent; an
+    /// instance gone is skipped.
+    fn tag_instances(
+        &self,
+        region: &str,
+        instance_ids: &[String],
+        tags: &BTreeMap<String, String>,
+    ) -> impl Future<Output = Result<(), PortError>> + Send;
+
     /// The pre-flight of a launch (ARCHITECTURE §8.1): the launch template resolves in the
     /// spec's region and, with `dry_run`, RunInstances for `spec` with `DryRun` passes. The
     /// error carries the service's code (`InvalidLaunchTemplateId.NotFound`,
@@ -1286,6 +1296,10 @@ pub struct WindowUpdate {
     pub at: DateTime<Utc>,
     pub caused_by: Cause,
     pub outbox: Vec<OutboundEvent>,
+    /// Recorded reservations written again as given (AWS moved their ends, ARCHITECTURE
+    /// §9.3), in the same write as the windows that derive from them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reservations: Vec<Reservation>,
 }
 
 impl WindowUpdate {
@@ -1307,6 +1321,7 @@ impl WindowUpdate {
             at,
             caused_by: cause.clone(),
             outbox,
+            reservations: vec![],
         }
     }
 
@@ -1342,7 +1357,7 @@ impl WindowUpdate {
             run: None,
             search: None,
             cancel: None,
-            reservations: vec![],
+            reservations: self.reservations.clone(),
             refund: None,
             resolve_doubt: false,
         })

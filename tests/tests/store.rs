@@ -2433,6 +2433,94 @@ async fn a_window_update_while_searching_or_purchasing_changes_only_the_windows_
     );
 }
 
+/// ARCHITECTURE §9.3: an end AWS moved is written with the windows that derive from it, in
+/// one write: the reservation's new end and the window's new next action are read back
+/// together, and a stale update writes neither.
+#[tokio::test]
+async fn a_window_update_writes_a_reservation_whose_end_moved_with_its_windows() {
+    // GIVEN a request with one block A bought, its window running
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let id = "windows-moved";
+    let a = block("cr-a", "4000.00", 3, 2);
+    request_with_offerings(&store, id, "ml").await;
+    let fee = usd("4000.00").to_micros_ceil();
+    store
+        .begin_purchase(begin_purchase(
+            id,
+            3,
+            OfferingsFound,
+            "w",
+            t0(),
+            Some(debit("ml", fee, MicroUsd(fee.0 * 10))),
+        ))
+        .await
+        .unwrap();
+    store
+        .record_reservation(record_reservation(id, "w", a.clone(), t0()))
+        .await
+        .unwrap();
+    let run = window_update(&store, id, "cr-a#0", WindowState::Running, a.start(), "run").await;
+    store.update_windows(run).await.unwrap();
+    let rec = get(&store, id).await;
+    let spent = rec.spent;
+
+    // WHEN AWS reports A a day longer, and the update says so
+    let held = store.reservations(&request_id(id)).await.unwrap();
+    let mut seen = held[0].clone();
+    seen.segments[0].end += Duration::days(1);
+    let moved = window::ends_moved(
+        &held,
+        &rec.windows,
+        std::slice::from_ref(&seen),
+        DRAIN,
+        a.start(),
+    );
+    let mut u = WindowUpdate::of(
+        &rec,
+        moved.records.clone(),
+        "the end moved",
+        a.start() + Duration::hours(1),
+        &Cause::new("moved"),
+        vec![],
+    );
+    u.reservations = vec![seen.clone()];
+    let stale = WindowUpdate {
+        expected_version: rec.version - 1,
+        caused_by: Cause::new("moved-stale"),
+        ..u.clone()
+    };
+    assert_eq!(
+        store.update_windows(stale).await.unwrap(),
+        WriteOutcome::Conflict
+    );
+    assert_eq!(store.reservations(&request_id(id)).await.unwrap(), held);
+    let outcome = store.update_windows(u).await.unwrap();
+
+    // THEN the reservation is recorded with the new end, the window due at its new drain,
+    // and nothing is spent for it
+    assert_eq!(
+        outcome,
+        WriteOutcome::Applied {
+            version: rec.version + 1
+        }
+    );
+    let after = store.reservations(&request_id(id)).await.unwrap();
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].end(), a.end() + Duration::days(1));
+    assert_eq!(after[0].debit_month, held[0].debit_month);
+    let rec = get(&store, id).await;
+    assert_eq!(
+        rec.windows[0].next_action_at,
+        Some(drain_at(&store, id, "cr-a#0").await)
+    );
+    assert_eq!(
+        drain_at(&store, id, "cr-a#0").await,
+        a.end() + Duration::days(1) - Duration::minutes(60)
+    );
+    assert_eq!(rec.spent, spent);
+}
+
 #[tokio::test]
 async fn a_reserved_requests_windows_move_it_to_active_and_to_ended_and_stale_or_repeated_updates_are_refused()
  {

@@ -568,6 +568,7 @@ async fn play(seed: u64, steps: usize, reached: &mut Reached) {
                     } else {
                         vec![]
                     },
+                    reservations: vec![],
                 };
                 let d = both!(s, w, format!("{at}: windows in {}", r.status), |st| st
                     .update_windows(u.clone()));

@@ -19,10 +19,13 @@ use capacity_pilot::domain::events::{
     ReservationEnded, ReservationExpiring, WorkloadDrained, ending_events, event_key, outbound,
 };
 use capacity_pilot::domain::money::MicroUsd;
-use capacity_pilot::domain::naming::{DEPLOYMENT_TAG, MANAGED_TAG, REQUEST_TAG};
+use capacity_pilot::domain::naming::{
+    DEPLOYMENT_TAG, DRAIN_AT_TAG, MANAGED_TAG, REQUEST_TAG, drain_at_value,
+};
 use capacity_pilot::domain::notices::{self, NoticeMarks, announced};
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::RequestId;
+use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::time_rules::{
     LAUNCH_FUNCTION_TIMEOUT, LISTING_LAG_BOUND, OVERDUE_AFTER, PURCHASE_LEAD,
@@ -32,9 +35,9 @@ use capacity_pilot::domain::window::{
 };
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
-    Agenda, CapacityMarket, Cause, Clock, DueItem, EventSink, FallBack, InstanceFilter, PortError,
-    RequestRecord, Settle, Store, Transition, WindowUpdate, WorkloadRecord, Workloads,
-    WriteOutcome,
+    Agenda, CapacityMarket, Cause, Clock, DueItem, EventSink, FallBack, InstanceFilter,
+    InstanceState, PortError, RequestRecord, Settle, Store, Transition, WindowUpdate,
+    WorkloadRecord, Workloads, WriteOutcome,
 };
 use capacity_pilot::workload::ec2_instances::ours;
 use capacity_pilot::workload::{self, DrainTarget};
@@ -76,6 +79,39 @@ pub struct ExpirationWarning {
     /// Informational only: the table's reservation says when the window ends.
     #[serde(rename = "end-date", default)]
     pub end_date: Option<String>,
+}
+
+impl ExpirationWarning {
+    /// The end the warning is for, when its `end-date` reads as a time.
+    pub fn end(&self) -> Option<DateTime<Utc>> {
+        self.end_date
+            .as_deref()
+            .and_then(|d| DateTime::parse_from_rfc3339(d).ok())
+            .map(|d| d.with_timezone(&Utc))
+    }
+}
+
+/// An Expiration Warning, with its reservation as AWS reported it when the warning came.
+#[derive(Debug, Clone)]
+struct Warned {
+    reservation_id: String,
+    /// The end it warns of (`detail.end-date`).
+    end: Option<DateTime<Utc>>,
+    /// Its reservation as read back just now.
+    seen: Reservation,
+}
+
+impl Warned {
+    /// Whether it brings window `w`'s drain forward: it names `w`'s reservation and the end
+    /// `w` has as read back (ARCHITECTURE §9.3: a warning for an end that has since moved
+    /// is ignored; one without a readable end-date counts, as before).
+    fn applies(&self, w: &window::Window) -> bool {
+        self.reservation_id == w.reservation.id
+            && w.last_of_reservation
+            && self
+                .end
+                .is_none_or(|e| (e - w.end()).num_seconds().abs() < 60)
+    }
 }
 
 /// One reserved window (a segment of one or more reservations ending together), or an
@@ -329,23 +365,28 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             .market
             .describe(Product::CapacityBlock, region, rid)
             .await?;
-        let Some(id) = found
-            .and_then(|r| r.request_tag)
-            .and_then(|t| RequestId::parse(&t).ok())
-        else {
+        let Some((id, seen)) = found.and_then(|r| {
+            let id = RequestId::parse(r.request_tag.as_deref()?).ok()?;
+            Some((id, r))
+        }) else {
             warn!(reservation_id = %rid, region, end_date = ?w.end_date,
                 "expiration warning for a reservation not tagged for any request; ignoring");
             return Ok(());
         };
         done.insert(id.clone());
-        self.process(&id, base, Some(rid), now, out).await
+        let warned = Warned {
+            reservation_id: rid.clone(),
+            end: w.end(),
+            seen,
+        };
+        self.process(&id, base, Some(&warned), now, out).await
     }
 
     async fn process(
         &self,
         id: &RequestId,
         base: &str,
-        warned: Option<&str>,
+        warned: Option<&Warned>,
         now: DateTime<Utc>,
         out: &mut Outcome,
     ) -> Result<(), PortError> {
@@ -386,12 +427,47 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             }
             return self.process_run(&rec, base, now, out).await;
         }
+        // ARCHITECTURE §9.3: a window's end is what AWS reports. Its reservation is read back
+        // before the window is drained and before an Ending notice counts down to its end;
+        // an end AWS moved (an extension bought in the console) moves the drain, the notices
+        // and the instances' drain-at first.
+        let (rec, reservations) = match self
+            .read_back(rec, reservations, &windows, warned, base, now, out)
+            .await?
+        {
+            Some(read) => read,
+            None => return Ok(()),
+        };
+        windows = window::windows(&reservations, &rec.windows, lead);
+        let warned_here = |w: &window::Window| warned.is_some_and(|x| x.applies(w));
+        if let Some(x) = warned
+            && !windows.iter().any(|w| x.applies(w))
+            && let Some(w) = windows
+                .iter()
+                .find(|w| w.reservation.id == x.reservation_id && w.last_of_reservation)
+        {
+            out.decisions.push(Decision::new(
+                id,
+                "ignored",
+                format!(
+                    "an Expiration Warning for {} ending {}, but AWS reports it ending at {}: \
+                     the warning is for an end that has since moved, so nothing is drained \
+                     before window {}'s drain at {}",
+                    x.reservation_id,
+                    x.end
+                        .map_or_else(|| "(no end-date)".to_string(), |e| e.to_string()),
+                    w.end(),
+                    w.number,
+                    w.drain_at
+                ),
+            ));
+        }
         // A window about to be drained or ended whose lead-time notices are due: they are
         // looked at first, with the window as it was, so a lead the step makes moot (a drain
         // that comes late, after an outage) is recorded as skipped instead of being lost once
         // the window has ended. (Simulation seed 852.)
         let moot = windows.iter().any(|w| {
-            (w.needs_end(now) || w.needs_drain(now, warned == Some(w.reservation.id.as_str())))
+            (w.needs_end(now) || w.needs_drain(now, warned_here(w)))
                 && rec
                     .windows
                     .iter()
@@ -408,7 +484,6 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             windows = window::windows(&reservations, &rec.windows, lead);
         }
         for step in 0..MAX_STEPS {
-            let warned_here = |w: &window::Window| warned == Some(w.reservation.id.as_str());
             let Some(w) = windows
                 .iter()
                 .find(|w| w.needs_end(now) || w.needs_drain(now, warned_here(w)))
@@ -438,6 +513,235 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         }
         self.notices(&rec, &windows, base, "notices", now, out)
             .await
+    }
+
+    /// ARCHITECTURE §9.3: reads back the reservations of `windows` about to be drained or to
+    /// have an Ending notice sent (and the one `warned` names), and when AWS reports an end
+    /// that moved, records it: the windows' drain, next action and Ending notices follow the
+    /// new end, `Capacity Reservation Extended` says so, and the windows' instances get the
+    /// new `capacity-pilot:drain-at` (re-tagged wherever it differs, whether or not the end
+    /// moved now: a launch racing the move heals here). A reservation that cannot be read
+    /// keeps its recorded end: the drain is never held back by a failed read. The request and
+    /// its reservations as they stand after, or `None` when another writer moved it.
+    #[allow(clippy::too_many_arguments)]
+    async fn read_back(
+        &self,
+        rec: RequestRecord,
+        reservations: Vec<Reservation>,
+        windows: &[window::Window],
+        warned: Option<&Warned>,
+        base: &str,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<Option<(RequestRecord, Vec<Reservation>)>, PortError> {
+        let id = rec.request_id.clone();
+        let mut read: Vec<&Reservation> = Vec::new();
+        for w in windows {
+            let named = warned.is_some_and(|x| x.reservation_id == w.reservation.id);
+            let drains = w.state.is_undrained() && w.needs_drain(now, named);
+            if (drains || named || self.ending_due(&rec, w, now))
+                && !read.iter().any(|r| r.id == w.reservation.id)
+            {
+                read.push(&w.reservation);
+            }
+        }
+        if read.is_empty() {
+            return Ok(Some((rec, reservations)));
+        }
+        let mut seen: Vec<Reservation> = Vec::new();
+        let mut notes: Vec<String> = Vec::new();
+        for r in &read {
+            let described = match warned.filter(|x| x.reservation_id == r.id) {
+                Some(x) => Some(x.seen.clone()),
+                None => match self.market.describe(r.product, &r.region, &r.id).await {
+                    Ok(d) => d,
+                    Err(e) => {
+                        warn!(request_id = %id, reservation_id = %r.id, error = %e,
+                            "reading a reservation back failed; its recorded end stands");
+                        notes.push(format!(
+                            "{} could not be read back ({e}): its recorded end {} stands",
+                            r.id,
+                            r.end()
+                        ));
+                        continue;
+                    }
+                },
+            };
+            if let Some(moved) = described.and_then(|d| r.read_back(&d)) {
+                seen.push(moved);
+            }
+        }
+        let lead = self.drain_lead(&rec);
+        let moved = window::ends_moved(&reservations, &rec.windows, &seen, lead, now);
+        let after = window::windows(&moved.reservations, &moved.records, lead);
+        let read_ids: Vec<&str> = read.iter().map(|r| r.id.as_str()).collect();
+        let tagged = self.retag(&rec, &after, &read_ids, &mut notes).await;
+        if seen.is_empty() {
+            if !notes.is_empty() || !tagged.is_empty() {
+                notes.extend(tagged);
+                out.decisions
+                    .push(Decision::new(&id, "read-back", notes.join("; ")));
+            }
+            return Ok(Some((rec, reservations)));
+        }
+        let mut said: Vec<String> = moved
+            .moved
+            .iter()
+            .map(|(before, w)| {
+                format!(
+                    "AWS reports {} ending at {} ({} {before}){}: window {} now drains at {} \
+                     and its Ending notices count down to the new end",
+                    w.reservation.id,
+                    w.end(),
+                    if w.end() > *before {
+                        "extended from"
+                    } else {
+                        "recorded"
+                    },
+                    if w.end() > *before {
+                        ", an extension bought outside capacity-pilot whose fee is not counted"
+                    } else {
+                        ""
+                    },
+                    w.number,
+                    w.drain_at
+                )
+            })
+            .collect();
+        said.extend(tagged);
+        said.extend(notes);
+        let outbox = moved
+            .moved
+            .iter()
+            .filter(|(before, w)| w.end() > *before)
+            .map(|(before, w)| {
+                notices::extended_event(rec.whose(), rec.team.as_str(), *before, w, true)
+            })
+            .collect();
+        let reason = said.join("; ");
+        let mut u = WindowUpdate::of(
+            &rec,
+            moved.records,
+            &reason,
+            now,
+            &Cause::new(format!("{base}#read-back")),
+            outbox,
+        );
+        u.reservations = seen;
+        let written = self.store.update_windows(u).await?;
+        out.decisions.push(Decision::new(
+            &id,
+            decision::written(&written, "end-moved"),
+            reason,
+        ));
+        if !matches!(written, WriteOutcome::Applied { .. }) {
+            return Ok(None);
+        }
+        let Some(rec) = self.store.get_request(&id).await? else {
+            return Ok(None);
+        };
+        let reservations = self.store.reservations(&id).await?;
+        Ok(Some((rec, reservations)))
+    }
+
+    /// Whether an Ending notice of window `w` is due to be sent at `now`.
+    fn ending_due(&self, rec: &RequestRecord, w: &window::Window, now: DateTime<Utc>) -> bool {
+        let Some(r) = rec.windows.iter().find(|r| r.key == w.key) else {
+            return false;
+        };
+        if r.notice_due().is_none_or(|t| t > now) {
+            return false;
+        }
+        let since = w.reservation.bought_at.unwrap_or(r.updated_at);
+        notices::plan_leads(w, &self.config.notice_leads, since, now)
+            .send
+            .iter()
+            .any(|(l, _)| l.kind == notices::LeadKind::Ending)
+    }
+
+    /// Sets `capacity-pilot:drain-at` to its window's drain on every EC2 instance of the
+    /// request in the reservations `read` whose tag says otherwise (ARCHITECTURE §9.3). What
+    /// it did, for the decision; a failure is noted and left to the next read back (the
+    /// drain is never held back by a tag).
+    async fn retag(
+        &self,
+        rec: &RequestRecord,
+        windows: &[window::Window],
+        read: &[&str],
+        notes: &mut Vec<String>,
+    ) -> Vec<String> {
+        let mut said = Vec::new();
+        if !matches!(
+            rec.request.workload,
+            capacity_pilot::domain::request::WorkloadDetail::Ec2Instances { .. }
+        ) {
+            return said;
+        }
+        for w in windows.iter().filter(|w| {
+            read.contains(&w.reservation.id.as_str())
+                && w.reservation.product == Product::CapacityBlock
+                && matches!(
+                    w.state,
+                    WindowState::Launching | WindowState::Running | WindowState::Stopping
+                )
+        }) {
+            let region = &w.reservation.region;
+            let value = drain_at_value(w.drain_at);
+            let found = self
+                .workloads
+                .describe_instances(
+                    region,
+                    &InstanceFilter {
+                        request_id: Some(rec.request_id.clone()),
+                        reservation_id: Some(w.reservation.id.clone()),
+                        managed_only: true,
+                        ..Default::default()
+                    },
+                )
+                .await;
+            let stale: Vec<String> = match found {
+                Ok(found) => found
+                    .into_iter()
+                    .filter(|i| ours(i, &rec.request_id, &self.config.deployment_id))
+                    .filter(|i| {
+                        !matches!(
+                            i.state,
+                            InstanceState::Terminated | InstanceState::ShuttingDown
+                        )
+                    })
+                    .filter(|i| i.tags.get(DRAIN_AT_TAG) != Some(&value))
+                    .map(|i| i.instance_id)
+                    .collect(),
+                Err(e) => {
+                    warn!(request_id = %rec.request_id, error = %e, "describing instances to re-tag failed");
+                    notes.push(format!(
+                        "window {}'s instances could not be read to re-tag ({e}); the next \
+                         read back tries again",
+                        w.number
+                    ));
+                    continue;
+                }
+            };
+            if stale.is_empty() {
+                continue;
+            }
+            let tags = BTreeMap::from([(DRAIN_AT_TAG.to_string(), value.clone())]);
+            match self.workloads.tag_instances(region, &stale, &tags).await {
+                Ok(()) => said.push(format!(
+                    "{} re-tagged {DRAIN_AT_TAG}={value}",
+                    stale.join(", ")
+                )),
+                Err(e) => {
+                    warn!(request_id = %rec.request_id, instances = ?stale, error = %e, "re-tagging instances failed");
+                    notes.push(format!(
+                        "{} could not be re-tagged {DRAIN_AT_TAG}={value} ({e}); the next read \
+                         back tries again",
+                        stale.join(", ")
+                    ));
+                }
+            }
+        }
+        said
     }
 
     /// Sends the lead-time notices of `rec`'s windows that are due at `now` (ARCHITECTURE

@@ -165,6 +165,15 @@ impl Workloads for AwsWorkloads {
         self.ec2.terminate_instances(region, instance_ids).await
     }
 
+    async fn tag_instances(
+        &self,
+        region: &str,
+        instance_ids: &[String],
+        tags: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), PortError> {
+        self.ec2.tag_instances(region, instance_ids, tags).await
+    }
+
     async fn preflight_instances(&self, spec: &LaunchSpec, dry_run: bool) -> Result<(), PortError> {
         self.ec2.preflight_instances(spec, dry_run).await
     }

@@ -952,6 +952,51 @@ impl Ec2Adapter {
         Ok(())
     }
 
+    /// CreateTags on instances; one that is gone (`InvalidInstanceID.NotFound`) is skipped.
+    pub async fn tag_instances(
+        &self,
+        region: &str,
+        instance_ids: &[String],
+        tags: &BTreeMap<String, String>,
+    ) -> Result<(), PortError> {
+        const OP: &str = "CreateTags";
+        let client = self.client(region);
+        let tags: Vec<Tag> = tags
+            .iter()
+            .map(|(k, v)| Tag::builder().key(k).value(v).build())
+            .collect();
+        for chunk in instance_ids.chunks(TERMINATE_BATCH) {
+            tracing::info!(region, instance_ids = ?chunk, "tagging instances");
+            let res = client
+                .create_tags()
+                .set_resources(Some(chunk.to_vec()))
+                .set_tags(Some(tags.clone()))
+                .send()
+                .await;
+            let Err(e) = res else { continue };
+            let f = Failure::from_sdk(OP, e);
+            if f.code != "InvalidInstanceID.NotFound" {
+                return Err(f.into_port(SERVICE, Call::Retryable));
+            }
+            // One unknown id fails the whole call: tag one by one, skipping the gone.
+            for id in chunk {
+                let res = client
+                    .create_tags()
+                    .resources(id)
+                    .set_tags(Some(tags.clone()))
+                    .send()
+                    .await;
+                if let Err(e) = res {
+                    let f = Failure::from_sdk(OP, e);
+                    if f.code != "InvalidInstanceID.NotFound" {
+                        return Err(f.into_port(SERVICE, Call::Retryable));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The first of `subnet_ids` (in the caller's order) in `availability_zone`.
     pub async fn subnet_in_zone(
         &self,

@@ -423,7 +423,8 @@ detail!(WindowOpening, "Capacity Window Opening");
 /// comes while there is time to act.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ReservationEnding {
-    /// `<request>:window-<n>:ending-<lead>m<salt>`: one per window and lead.
+    /// `<request>:window-<n>:ending-<lead>m:ends-<end><salt>`: one per window, lead and end
+    /// (an end AWS moves gets notices of its own).
     pub event_key: String,
     pub request_id: String,
     pub window: u32,
@@ -448,6 +449,31 @@ pub struct ReservationEnding {
     pub late: bool,
 }
 detail!(ReservationEnding, "Capacity Reservation Ending");
+
+/// A window's end moved later (ARCHITECTURE §9.3): its reservation was extended. `external`
+/// when the extension was bought outside capacity-pilot (in the console, by the API): capacity-pilot
+/// saw the new end when it read the reservation back, and its fee is not capacity-pilot's and
+/// never counted against a budget. The drain, the Ending notices and the instances'
+/// `capacity-pilot:drain-at` follow the new end.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ReservationExtended {
+    /// `<request>:window-<n>:extended:ends-<end><salt>`: one per window and end.
+    pub event_key: String,
+    pub request_id: String,
+    pub window: u32,
+    pub reservation_id: String,
+    pub product: Product,
+    pub region: String,
+    /// The end before.
+    pub previous_ends_at: DateTime<Utc>,
+    /// The end AWS now reports.
+    pub ends_at: DateTime<Utc>,
+    /// When the drain now starts.
+    pub drain_at: DateTime<Utc>,
+    /// Bought outside capacity-pilot: its fee is not counted.
+    pub external: bool,
+}
+detail!(ReservationExtended, "Capacity Reservation Extended");
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct WorkloadDrained {
@@ -792,6 +818,10 @@ fn declared_schemas() -> Vec<(&'static str, schemars::Schema)> {
         (
             "capacity-reservation-ending",
             schema_for!(ReservationEnding),
+        ),
+        (
+            "capacity-reservation-extended",
+            schema_for!(ReservationExtended),
         ),
     ]
 }

@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 use super::events::{
     ApprovalKind, ApprovalRefused, AwaitingApproval, CancellationApplied, CancellationRefused,
     EventDetail, NotFound, PaymentFailed, PurchaseInDoubt, RequestFailed, RequestRejected,
-    ReservationEnding, ReservationUnrecorded, Reserved, WindowOpening, WorkloadDrained,
-    WorkloadInterrupted, WorkloadLaunched, outbound,
+    ReservationEnding, ReservationExtended, ReservationUnrecorded, Reserved, WindowOpening,
+    WorkloadDrained, WorkloadInterrupted, WorkloadLaunched, outbound,
 };
 use super::window::{KeptWindow, Window, WindowState, describe};
 use crate::ports::OutboundEvent;
@@ -686,6 +686,41 @@ impl Announce for ReservationEnding {
     }
 }
 
+impl Announce for ReservationExtended {
+    fn request(&self) -> Option<&str> {
+        Some(&self.request_id)
+    }
+    fn text(&self) -> Option<(String, String)> {
+        let id = &self.request_id;
+        let how = if self.external {
+            "was extended outside capacity-pilot (in the console or by the API). Its fee was \
+             not paid through capacity-pilot and is not counted against the request's budget."
+        } else {
+            "was extended by capacity-pilot."
+        };
+        Some((
+            format!(
+                "{id}: window {} extended, now ends {}",
+                self.window,
+                short(self.ends_at)
+            ),
+            format!(
+                "Window {} of request {id} ({} {}) {how}\nIt now ends at {} instead of {}. \
+                 What runs in it is stopped at the drain, now at {}; EC2 instances carry the new \
+                 time in their capacity-pilot:drain-at tag, and the Ending notices count down \
+                 to the new end.{}",
+                self.window,
+                self.product,
+                self.reservation_id,
+                at(self.ends_at),
+                at(self.previous_ends_at),
+                at(self.drain_at),
+                next(format!("capacity-pilot status {id}"))
+            ),
+        ))
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Lead-time notices
 // ---------------------------------------------------------------------------------------
@@ -806,6 +841,38 @@ pub struct NoticeMarks {
     /// When the next configured lead falls due; none when every one is dealt with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_at: Option<DateTime<Utc>>,
+    /// When AWS was last seen to move the window's end (an extension, ARCHITECTURE §9.3): its
+    /// Ending leads were reset then, and one whose moment came before is not due, as one
+    /// before the purchase is not (`Capacity Reservation Extended` said the new end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_moved_at: Option<DateTime<Utc>>,
+}
+
+impl NoticeMarks {
+    /// These marks once the window's end moved at `at`: its Ending leads are to be dealt
+    /// with again, counting down to the new end, and looked at at once; its Opening leads
+    /// stand.
+    pub fn end_moved(&self, at: DateTime<Utc>) -> NoticeMarks {
+        let ending = format!("{}-", LeadKind::Ending.as_str());
+        NoticeMarks {
+            done: self
+                .done
+                .iter()
+                .filter(|k| !k.starts_with(&ending))
+                .cloned()
+                .collect(),
+            next_at: Some(at),
+            end_moved_at: Some(at),
+        }
+    }
+
+    /// Since when a lead of `kind` of a window whose reservation was bought `bought` is due.
+    pub fn due_since(&self, kind: LeadKind, bought: DateTime<Utc>) -> DateTime<Utc> {
+        match (kind, self.end_moved_at) {
+            (LeadKind::Ending, Some(t)) => bought.max(t),
+            _ => bought,
+        }
+    }
 }
 
 /// What to do about a window's lead-time notices at `now`.
@@ -829,8 +896,8 @@ impl LeadPlan {
 }
 
 /// The lead-time notices of window `w` due at `now` (ARCHITECTURE §9.2). `since` is when its
-/// reservation was bought: a lead whose moment came before it is not due, and produces
-/// nothing. A lead that passed is sent (late, when [`LATE_AFTER`] has gone by) unless what it
+/// reservation was bought: a lead whose moment came before it (an Ending lead's, before its
+/// end last moved, [`NoticeMarks::end_moved_at`]) is not due, and produces nothing. A lead that passed is sent (late, when [`LATE_AFTER`] has gone by) unless what it
 /// announces already happened (the window opened, or its drain began), in which case it is
 /// skipped; of several leads of one kind that passed together only the shortest is sent.
 pub fn plan_leads(w: &Window, leads: &Leads, since: DateTime<Utc>, now: DateTime<Utc>) -> LeadPlan {
@@ -862,7 +929,7 @@ pub fn plan_leads(w: &Window, leads: &Leads, since: DateTime<Utc>, now: DateTime
                 continue;
             }
             let moment = lead.moment(w);
-            if moment < since {
+            if moment < plan.marks.due_since(kind, since) {
                 plan.marks.done.push(lead.key());
             } else if moment <= now || happened {
                 passed.push(lead);
@@ -913,12 +980,19 @@ pub fn plan_leads(w: &Window, leads: &Leads, since: DateTime<Utc>, now: DateTime
     plan
 }
 
-/// The `event_key` of lead `lead` of window `number` of the request `whose` names: one per
-/// window and lead, whatever the write that sends it.
-pub fn lead_key(whose: super::events::Whose<'_>, number: u32, lead: Lead) -> String {
+/// The `event_key` of lead `lead` of window `w` of the request `whose` names: one per window
+/// and lead, whatever the write that sends it, and for an Ending lead one per end too
+/// (`…:ending-60m:ends-20261209T1130Z…`): when AWS moves the end, the countdown to the new
+/// end is new notices, not duplicates of the old one's.
+pub fn lead_key(whose: super::events::Whose<'_>, w: &Window, lead: Lead) -> String {
+    let ends = match lead.kind {
+        LeadKind::Opening => String::new(),
+        LeadKind::Ending => format!(":ends-{}", w.end().format("%Y%m%dT%H%MZ")),
+    };
     format!(
-        "{}:window-{number}:{}{}",
+        "{}:window-{}:{}{ends}{}",
         whose.request_id,
+        w.number,
         lead.key(),
         whose.salt()
     )
@@ -933,7 +1007,7 @@ pub fn lead_event(
     late: bool,
     checkpoint_minutes: Option<u32>,
 ) -> OutboundEvent {
-    let key = lead_key(whose, w.number, lead);
+    let key = lead_key(whose, w, lead);
     let r = &w.reservation;
     match lead.kind {
         LeadKind::Opening => announced(
@@ -972,6 +1046,40 @@ pub fn lead_event(
             },
         ),
     }
+}
+
+/// The event (and notice, for `team`) of window `after`'s end having moved later from
+/// `previous_end` (ARCHITECTURE §9.3); `external` when capacity-pilot did not buy the
+/// extension.
+pub fn extended_event(
+    whose: super::events::Whose<'_>,
+    team: &str,
+    previous_end: DateTime<Utc>,
+    after: &Window,
+    external: bool,
+) -> OutboundEvent {
+    let r = &after.reservation;
+    announced(
+        Some(team),
+        &ReservationExtended {
+            event_key: format!(
+                "{}:window-{}:extended:ends-{}{}",
+                whose.request_id,
+                after.number,
+                after.end().format("%Y%m%dT%H%MZ"),
+                whose.salt()
+            ),
+            request_id: whose.request_id.to_string(),
+            window: after.number,
+            reservation_id: r.id.clone(),
+            product: r.product,
+            region: r.region.clone(),
+            previous_ends_at: previous_end,
+            ends_at: after.end(),
+            drain_at: after.drain_at,
+            external,
+        },
+    )
 }
 
 #[cfg(test)]

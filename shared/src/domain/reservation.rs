@@ -158,6 +158,46 @@ impl Reservation {
     pub fn window_kind(&self) -> WindowKind {
         WindowKind::of(self.product, self.ultraserver)
     }
+
+    /// This recorded reservation with the times AWS reports in `seen` (ARCHITECTURE §9.3: a
+    /// window's end is what AWS reports), when they moved: an extension bought in the console
+    /// or by the API moves the last end, or adds a segment. `None` when nothing moved, or when
+    /// `seen` cannot say: AWS reports it final (it is drained and ended as recorded), or not
+    /// yet settled (an unpaid plan reports its whole window as one segment), or with fewer
+    /// segments, or a segment starting elsewhere (not an extension: the record stands). A
+    /// move of less than a minute is none (AWS's times are to the second).
+    pub fn read_back(&self, seen: &Reservation) -> Option<Reservation> {
+        if seen.id != self.id
+            || !seen.state.is_settled()
+            || seen.state.is_final()
+            || seen.segments.len() < self.segments.len()
+        {
+            return None;
+        }
+        let mut segments = Vec::with_capacity(seen.segments.len());
+        let mut moved = seen.segments.len() > self.segments.len();
+        for (i, s) in seen.segments.iter().enumerate() {
+            match self.segments.get(i) {
+                Some(r) if r.start != s.start => return None,
+                Some(r) => {
+                    if (s.end - r.end).num_seconds().abs() >= 60 {
+                        moved = true;
+                        segments.push(Segment {
+                            end: s.end,
+                            ..r.clone()
+                        });
+                    } else {
+                        segments.push(r.clone());
+                    }
+                }
+                None => segments.push(s.clone()),
+            }
+        }
+        moved.then(|| Reservation {
+            segments,
+            ..self.clone()
+        })
+    }
 }
 
 #[cfg(test)]

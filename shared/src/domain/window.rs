@@ -379,6 +379,72 @@ pub fn records_lost(
         .collect()
 }
 
+/// What AWS moving a reservation's ends does to a request's windows (ARCHITECTURE §9.3).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndsMoved {
+    /// The request's reservations, each moved one as AWS reports it.
+    pub reservations: Vec<Reservation>,
+    /// The window records after: each window of a moved reservation not ended is due at its
+    /// new drain or end, its Ending notices count down to the new end; a segment AWS added is
+    /// a new window.
+    pub records: Vec<WindowRecord>,
+    /// Each window whose end moved (or that AWS added), with the end it had before (a new
+    /// segment's: its reservation's end before).
+    pub moved: Vec<(DateTime<Utc>, Window)>,
+}
+
+/// `reservations` and `records` once `seen` (each a recorded reservation as AWS now reports
+/// it, [`Reservation::read_back`]) replace theirs, at `at`. A window already ended stays as
+/// it is; one drained keeps its state and is cleaned up at its new end.
+pub fn ends_moved(
+    reservations: &[Reservation],
+    records: &[WindowRecord],
+    seen: &[Reservation],
+    drain: DrainLead,
+    at: DateTime<Utc>,
+) -> EndsMoved {
+    let before = windows(reservations, records, drain);
+    let after_reservations: Vec<Reservation> = reservations
+        .iter()
+        .map(|r| seen.iter().find(|s| s.id == r.id).unwrap_or(r).clone())
+        .collect();
+    let after = windows(&after_reservations, records, drain);
+    let mut out = records.to_vec();
+    let mut moved = Vec::new();
+    for w in after
+        .iter()
+        .filter(|w| seen.iter().any(|s| s.id == w.reservation.id))
+    {
+        let was = before.iter().find(|b| b.key == w.key);
+        if was.is_some_and(|b| b.end() == w.end()) {
+            continue;
+        }
+        let previous_end = match was {
+            Some(b) => b.end(),
+            None => reservations
+                .iter()
+                .find(|r| r.id == w.reservation.id)
+                .map_or(w.start(), Reservation::end),
+        };
+        match out.iter_mut().find(|r| r.key == w.key) {
+            Some(r) if r.state == WindowState::Ended => continue,
+            Some(r) => {
+                r.next_action_at = w.next_action_in(r.state);
+                r.notices = Some(r.notices.clone().unwrap_or_default().end_moved(at));
+                r.updated_at = at;
+            }
+            None => out.push(w.record(w.state, at)),
+        }
+        moved.push((previous_end, w.clone()));
+    }
+    out.sort_by_key(|r| r.number);
+    EndsMoved {
+        reservations: after_reservations,
+        records: out,
+        moved,
+    }
+}
+
 /// Every window's record, those never recorded included (as `Pending`, numbered): what the
 /// store keeps once a reservation is recorded, so numbers are fixed from then on.
 pub fn all_records(
@@ -787,5 +853,124 @@ mod tests {
         );
         assert_eq!(summary(&recs(Ended, Ended)), Some(RequestStatus::Ended));
         assert_eq!(summary(&[]), None);
+    }
+
+    /// ARCHITECTURE §9.3: an end AWS moved (an extension bought in the console) moves the
+    /// window's drain and next action, and its Ending notices start over for the new end;
+    /// its Opening notices stand.
+    #[test]
+    fn an_end_aws_moved_later_moves_the_drain_the_next_action_and_the_ending_notices() {
+        let recorded = block("cr-1", 3, 4);
+        let ws = windows(std::slice::from_ref(&recorded), &[], LEAD);
+        let mut running = ws[0].record(WindowState::Running, t(3));
+        running.notices = Some(NoticeMarks {
+            done: vec!["ending-1440m".into(), "opening-60m".into()],
+            next_at: Some(t(4) - Duration::minutes(45 + 780)),
+            end_moved_at: None,
+        });
+        let mut seen = block("cr-1", 3, 5);
+        seen.state = ReservationState::Active;
+        let moved = recorded.read_back(&seen).expect("the end moved");
+        assert_eq!(moved.end(), t(5));
+        let at = t(3) + Duration::hours(2);
+        let m = ends_moved(
+            std::slice::from_ref(&recorded),
+            std::slice::from_ref(&running),
+            std::slice::from_ref(&moved),
+            LEAD,
+            at,
+        );
+        assert_eq!(m.reservations, vec![moved.clone()]);
+        let r = &m.records[0];
+        assert_eq!(r.state, WindowState::Running);
+        assert_eq!(r.next_action_at, Some(t(5) - Duration::minutes(45)));
+        let marks = r.notices.clone().unwrap();
+        assert_eq!(marks.done, vec!["opening-60m".to_string()]);
+        assert_eq!((marks.next_at, marks.end_moved_at), (Some(at), Some(at)));
+        assert_eq!(m.moved.len(), 1);
+        assert_eq!(m.moved[0].0, t(4));
+        assert_eq!(m.moved[0].1.drain_at, t(5) - Duration::minutes(45));
+        // An ended window stays as it is.
+        let ended = ws[0].record(WindowState::Ended, t(4));
+        let m = ends_moved(
+            std::slice::from_ref(&recorded),
+            std::slice::from_ref(&ended),
+            std::slice::from_ref(&moved),
+            LEAD,
+            at,
+        );
+        assert_eq!(m.records, vec![ended]);
+        assert!(m.moved.is_empty());
+    }
+
+    #[test]
+    fn only_what_can_be_an_extension_is_read_back() {
+        let recorded = block("cr-1", 3, 4);
+        let seen = |f: &dyn Fn(&mut Reservation)| {
+            let mut r = block("cr-1", 3, 5);
+            f(&mut r);
+            recorded.read_back(&r)
+        };
+        assert!(seen(&|_| {}).is_some());
+        // Final, or not yet paid for: the recorded end stands.
+        for state in [
+            ReservationState::Expired,
+            ReservationState::Cancelled,
+            ReservationState::PaymentPending,
+            ReservationState::Pending,
+        ] {
+            assert!(seen(&|r| r.state = state).is_none(), "{state}");
+        }
+        // Another reservation, a segment starting elsewhere, fewer segments, under a minute.
+        assert!(seen(&|r| r.id = "cr-2".into()).is_none());
+        assert!(seen(&|r| r.segments[0].start = t(2)).is_none());
+        assert!(seen(&|r| r.segments.clear()).is_none());
+        assert!(seen(&|r| r.segments[0].end = t(4) + Duration::seconds(59)).is_none());
+        assert!(
+            block("cr-1", 3, 4)
+                .read_back(&block("cr-1", 3, 4))
+                .is_none()
+        );
+        // An earlier end is read back too: AWS terminates by its end, not ours.
+        assert_eq!(
+            seen(&|r| r.segments[0].end = t(4) - Duration::hours(1)).map(|r| r.end()),
+            Some(t(4) - Duration::hours(1))
+        );
+    }
+
+    /// A plan extension that adds a reserved capacity (sources are silent on which it does)
+    /// is a new window, numbered after every other.
+    #[test]
+    fn a_segment_aws_adds_is_a_new_window_numbered_after_the_others() {
+        let mut plan = block("arn:plan", 3, 4);
+        plan.segments.push(Segment {
+            start: t(5),
+            end: t(6),
+            availability_zone: None,
+        });
+        let records = all_records(std::slice::from_ref(&plan), &[], t(1));
+        let mut seen = plan.clone();
+        seen.segments.push(Segment {
+            start: t(6),
+            end: t(7),
+            availability_zone: None,
+        });
+        let moved = plan.read_back(&seen).expect("a segment was added");
+        let m = ends_moved(
+            std::slice::from_ref(&plan),
+            &records,
+            std::slice::from_ref(&moved),
+            LEAD,
+            t(2),
+        );
+        assert_eq!(m.records.len(), 3);
+        let added = &m.records[2];
+        assert_eq!(
+            (added.key.as_str(), added.number, added.state),
+            ("arn:plan#2", 2, WindowState::Pending)
+        );
+        assert_eq!(added.next_action_at, Some(t(6)));
+        assert_eq!(m.moved.len(), 1);
+        assert_eq!(m.moved[0].0, t(6));
     }
 }

@@ -227,6 +227,24 @@ impl FakeMarket {
         }
     }
 
+    /// Moves a reservation's last end by `by`, as an extension bought outside capacity-pilot
+    /// would (in the console); returns whether it exists.
+    pub fn extend_reservation(&self, reservation_id: &str, by: Duration) -> bool {
+        let mut s = lock(&self.state);
+        match s
+            .reservations
+            .iter_mut()
+            .find(|o| o.reservation.id == reservation_id)
+            .and_then(|o| o.reservation.segments.last_mut())
+        {
+            Some(seg) => {
+                seg.end += by;
+                true
+            }
+            None => false,
+        }
+    }
+
     // ---- faults ------------------------------------------------------------------------
 
     /// The next call of `op` returns `error` and does nothing.

@@ -1056,6 +1056,15 @@ impl State {
         follow_windows(r);
         let version = r.version;
         archive(stored, u.at, self.retention);
+        if !u.reservations.is_empty() {
+            let list = self.reservations.entry(u.request_id.clone()).or_default();
+            for r in u.reservations {
+                match list.iter_mut().find(|x| x.id == r.id) {
+                    Some(existing) => *existing = r,
+                    None => list.push(r),
+                }
+            }
+        }
         self.commit(&u.request_id, &u.caused_by, u.at, &u.outbox);
         Ok(WriteOutcome::Applied { version })
     }

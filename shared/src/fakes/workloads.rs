@@ -20,6 +20,7 @@ pub enum WorkloadsOp {
     LaunchInstances,
     DescribeInstances,
     TerminateInstances,
+    TagInstances,
     SubnetInZone,
     SubnetZones,
     PlanState,
@@ -65,6 +66,11 @@ pub enum WorkloadsCall {
     TerminateInstances {
         region: String,
         instance_ids: Vec<String>,
+    },
+    TagInstances {
+        region: String,
+        instance_ids: Vec<String>,
+        tags: BTreeMap<String, String>,
     },
     SubnetInZone {
         region: String,
@@ -125,6 +131,7 @@ impl WorkloadsCall {
             WorkloadsCall::LaunchInstances(_) => WorkloadsOp::LaunchInstances,
             WorkloadsCall::DescribeInstances { .. } => WorkloadsOp::DescribeInstances,
             WorkloadsCall::TerminateInstances { .. } => WorkloadsOp::TerminateInstances,
+            WorkloadsCall::TagInstances { .. } => WorkloadsOp::TagInstances,
             WorkloadsCall::SubnetInZone { .. } => WorkloadsOp::SubnetInZone,
             WorkloadsCall::SubnetZones { .. } => WorkloadsOp::SubnetZones,
             WorkloadsCall::PlanState { .. } => WorkloadsOp::PlanState,
@@ -893,6 +900,29 @@ impl Workloads for FakeWorkloads {
                 && i.region == region
             {
                 i.state = InstanceState::Terminated;
+            }
+        }
+        finish(after, Ok(()))
+    }
+
+    async fn tag_instances(
+        &self,
+        region: &str,
+        instance_ids: &[String],
+        tags: &BTreeMap<String, String>,
+    ) -> Result<(), PortError> {
+        self.pause("CreateTags").await;
+        let after = self.begin(WorkloadsCall::TagInstances {
+            region: region.to_string(),
+            instance_ids: instance_ids.to_vec(),
+            tags: tags.clone(),
+        })?;
+        let mut s = lock(&self.state);
+        for id in instance_ids {
+            if let Some(i) = s.instances.get_mut(id)
+                && i.region == region
+            {
+                i.tags.extend(tags.clone());
             }
         }
         finish(after, Ok(()))

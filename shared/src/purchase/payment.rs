@@ -46,8 +46,11 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             return Ok(());
         }
         let mut held = self.store.reservations(&id).await?;
+        let recorded = held.clone();
         // Every reservation read, with its state as AWS reports it and its next check.
         let mut changed: Vec<Reservation> = Vec::new();
+        // Those whose ends AWS reports moved (ARCHITECTURE §9.3), as read back.
+        let mut moved: Vec<Reservation> = Vec::new();
         let mut notes: Vec<String> = Vec::new();
         let mut lost: Vec<Reservation> = Vec::new();
         for r in held.iter_mut() {
@@ -63,6 +66,10 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 Some(seen) => {
                     let was = r.state;
                     r.state = seen.state;
+                    if let Some(m) = r.read_back(&seen) {
+                        r.segments = m.segments;
+                        moved.push(r.clone());
+                    }
                     r.payment_check_at = payment_check_after(r, now);
                     if r.state.is_final() {
                         lost.push(r.clone());
@@ -127,8 +134,13 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 notes.join("; ")
             };
             let reason = format!("{}{PAYMENT_NOTE}{note}", reserved_reason(&rec.reason));
-            let t = Transition::of(&rec, rec.status, &reason, rec.next_action_at, now, cause)
-                .with_reservations(changed, None);
+            let t = self.ends_read_back(
+                Transition::of(&rec, rec.status, &reason, rec.next_action_at, now, cause)
+                    .with_reservations(changed, None),
+                &rec,
+                &recorded,
+                &moved,
+            );
             let w = self.store.transition(t).await?;
             let paid = next.is_none();
             out.decisions.push(Decision::new(
@@ -145,8 +157,13 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 notes.join("; ")
             };
             let reason = format!("{}{PAYMENT_NOTE}{note}", reserved_reason(&rec.reason));
-            let t = Transition::of(&rec, RequestStatus::Reserved, &reason, next, now, cause)
-                .with_reservations(changed, None);
+            let t = self.ends_read_back(
+                Transition::of(&rec, RequestStatus::Reserved, &reason, next, now, cause)
+                    .with_reservations(changed, None),
+                &rec,
+                &recorded,
+                &moved,
+            );
             let w = self.store.transition(t).await?;
             out.decisions.push(Decision::new(
                 &id,
@@ -164,6 +181,43 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         }
         self.payment_failed(rec, held, changed, lost, notes, cause, now, out)
             .await
+    }
+
+    /// `t` with what AWS moving the ends of `moved` does to `rec`'s windows (ARCHITECTURE
+    /// §9.3): their drain, next action and Ending notices follow the new ends, and each later
+    /// end is announced as an extension bought outside capacity-pilot.
+    fn ends_read_back(
+        &self,
+        mut t: Transition,
+        rec: &RequestRecord,
+        recorded: &[Reservation],
+        moved: &[Reservation],
+    ) -> Transition {
+        if moved.is_empty() {
+            return t;
+        }
+        let lead = window::DrainLead::of(&rec.request, self.config.default_drain_minutes);
+        let m = window::ends_moved(recorded, &rec.windows, moved, lead, t.at);
+        for (before, w) in &m.moved {
+            t.reason.push_str(&format!(
+                "; AWS reports {} ending at {} (recorded {before}): window {} now drains at {}",
+                w.reservation.id,
+                w.end(),
+                w.number,
+                w.drain_at
+            ));
+            if w.end() > *before {
+                t.outbox.push(crate::domain::notices::extended_event(
+                    rec.whose(),
+                    rec.team.as_str(),
+                    *before,
+                    w,
+                    true,
+                ));
+            }
+        }
+        t.windows = Some(m.records);
+        t
     }
 
     /// `lost` went final before it was ever scheduled: give back what AWS did not take, and

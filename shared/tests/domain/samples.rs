@@ -13,7 +13,7 @@ use capacity_pilot::domain::events::{
     ApprovalRefused, AwaitingApproval, CONSUMED, CancellationApplied, CancellationRefused,
     EventDetail, InstanceMaintenanceScheduled, InstanceReplaced, NotFound, OfferingsFound,
     PRODUCER_VERSION, PaymentFailed, PurchaseInDoubt, RequestAccepted, RequestFailed,
-    RequestRejected, ReservationEnded, ReservationEnding, ReservationExpiring,
+    RequestRejected, ReservationEnded, ReservationEnding, ReservationExpiring, ReservationExtended,
     ReservationUnrecorded, Reserved, SOURCE, WindowOpening, WorkloadDrained, WorkloadInterrupted,
     WorkloadLaunched, outbound, schemas,
 };
@@ -340,7 +340,7 @@ fn samples() -> Vec<(&'static str, &'static str, &'static str, OutboundEvent)> {
             "c1b2c3d4-0023-4f00-8000-000000000023",
             "2026-12-09T09:40:00Z",
             publish::<ReservationEnding>(json!({
-                "event_key": "team-a-loadtest-2026-12:window-0:ending-60m:c1796040000",
+                "event_key": "team-a-loadtest-2026-12:window-0:ending-60m:ends-20261209T1130Z:c1796040000",
                 "request_id": "team-a-loadtest-2026-12",
                 "window": 0,
                 "reservation_id": "cr-0123456789abcdef0",
@@ -353,6 +353,25 @@ fn samples() -> Vec<(&'static str, &'static str, &'static str, OutboundEvent)> {
                 "lead_minutes": 60,
                 "checkpoint": true,
                 "extendable": false
+            })),
+        ),
+        (
+            "capacity-reservation-extended",
+            "c1b2c3d4-0027-4f00-8000-000000000027",
+            "2026-12-09T08:40:00Z",
+            publish::<ReservationExtended>(json!({
+                "event_key": "team-a-loadtest-2026-12:window-0:extended:ends-20261210T1130Z:c1796040000",
+                "request_id": "team-a-loadtest-2026-12",
+                "window": 0,
+                "reservation_id": "cr-0123456789abcdef0",
+                "product": {
+                    "product": "capacity-block"
+                },
+                "region": "us-east-1",
+                "previous_ends_at": "2026-12-09T11:30:00Z",
+                "ends_at": "2026-12-10T11:30:00Z",
+                "drain_at": "2026-12-10T10:40:00Z",
+                "external": true
             })),
         ),
         (

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use capacity_pilot::config::Config;
 use capacity_pilot::domain::money::{MicroUsd, Usd};
-use capacity_pilot::domain::naming::{MANAGED_TAG, REQUEST_TAG, workload_name};
+use capacity_pilot::domain::naming::{
+    DRAIN_AT_TAG, MANAGED_TAG, REQUEST_TAG, drain_at_value, workload_name,
+};
 use capacity_pilot::domain::offering::{Product, Segment, TargetResource};
 use capacity_pilot::domain::request::{CapacityRequest, TrainingJobTemplate, WorkloadDetail};
 use capacity_pilot::domain::reservation::{Reservation, ReservationState};
@@ -32,6 +34,8 @@ const REGION: &str = "us-east-1";
 const EXPIRING: &str = "Capacity Reservation Expiring";
 const DRAINED: &str = "Capacity Workload Drained";
 const ENDED: &str = "Capacity Reservation Ended";
+const EXTENDED: &str = "Capacity Reservation Extended";
+const ENDING: &str = "Capacity Reservation Ending";
 
 /// 2026-12-02 11:30 UTC: when the test block ends.
 fn end() -> DateTime<Utc> {
@@ -214,6 +218,13 @@ fn warning(id: &str, detail_type: &str, reservation_id: &str) -> EventBridgeEven
         "detail": { "capacity-reservation-id": reservation_id, "end-date": "2026-12-02T11:30:00Z" }
     }))
     .unwrap()
+}
+
+/// An Expiration Warning for `reservation_id` naming the end `ends`.
+fn warning_ending(id: &str, reservation_id: &str, ends: DateTime<Utc>) -> EventBridgeEvent<Value> {
+    let mut ev = warning(id, "Capacity Block Expiration Warning", reservation_id);
+    ev.detail["end-date"] = json!(ends.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    ev
 }
 
 fn reservation(id: &str, req: &str, product: Product, start: DateTime<Utc>) -> Reservation {
@@ -1711,4 +1722,178 @@ async fn spot_run_of_two(w: &World, first_state: &str) -> MicroUsd {
             .unwrap();
     }
     estimate
+}
+
+// ---- ARCHITECTURE §9.3: a window's end is what AWS reports ------------------------------
+
+/// Issue 57: a team extends its block by hand in the console; capacity-pilot reads the end
+/// back before the drain and drains before the new end, not the old one.
+#[tokio::test]
+async fn a_block_extended_in_the_console_drains_before_its_new_end_not_its_old_one() {
+    // GIVEN a running block
+    let w = World::new();
+    let drain_at = running_window_of(&w, RequestStatus::Active).await;
+    // WHEN the team extends it by a day in the console, and the schedule reaches the old drain
+    assert!(w.market.extend_reservation("cr-1", Duration::days(1)));
+    let out = w.tick_at(drain_at, "tick-1").await;
+    // THEN nothing is drained
+    let new_end = end() + Duration::days(1);
+    let new_drain = drain_at + Duration::days(1);
+    assert_eq!(w.status("r-1").await, RequestStatus::Active, "{out:?}");
+    assert_eq!(w.state_of("i-1"), InstanceState::Running);
+    assert!(w.events.published_of(EXPIRING).is_empty());
+    // AND the extension is announced, its fee not counted
+    let ext = w.events.published_of(EXTENDED);
+    assert_eq!(ext.len(), 1, "{out:?}");
+    let d = &ext[0].detail;
+    assert_eq!(d["external"], json!(true));
+    assert_eq!(d["previous_ends_at"], json!(end()));
+    assert_eq!(d["ends_at"], json!(new_end));
+    assert_eq!(d["drain_at"], json!(new_drain));
+    let rec = w.record("r-1").await;
+    assert_eq!(
+        rec.spent,
+        MicroUsd(1_000_000_000),
+        "an outside fee is never counted"
+    );
+    // AND the window is due at its new drain, its reservation recorded with the new end
+    assert_eq!(rec.windows[0].next_action_at, Some(new_drain));
+    let held = w.store.reservations(&request_id("r-1")).await.unwrap();
+    assert_eq!(held[0].end(), new_end);
+    assert!(
+        out.decisions
+            .iter()
+            .any(|d| d.action == "end-moved" && d.reason.contains("extended from")),
+        "{out:?}"
+    );
+    // AND its instance carries the new drain-at
+    let tags = w.workloads.instance("i-1").unwrap().tags;
+    assert_eq!(tags.get(DRAIN_AT_TAG), Some(&drain_at_value(new_drain)));
+    // WHEN the schedule ticks on
+    w.tick_at(drain_at + Duration::minutes(1), "tick-2").await;
+    // THEN nothing more is announced
+    assert_eq!(w.events.published_of(EXTENDED).len(), 1);
+    // WHEN the new drain comes
+    w.tick_at(new_drain, "tick-3").await;
+    // THEN it drains then, ahead of the new forced termination
+    assert_eq!(w.status("r-1").await, RequestStatus::Draining);
+    assert_eq!(w.state_of("i-1"), InstanceState::Terminated);
+    assert_eq!(
+        w.events.published_of(EXPIRING)[0].detail["forced_termination_at"],
+        json!(new_end - Duration::minutes(30))
+    );
+}
+
+/// The same for a training plan extended as `ExtendTrainingPlan` would: the HyperPod group on
+/// it stays until the drain before the plan's new end.
+#[tokio::test]
+async fn a_plan_extended_outside_capacity_pilot_drains_before_its_new_end() {
+    let w = World::new();
+    let req = hyperpod_group_of(&w, request("r-1", "team-a", "50000")).await;
+    let plan = plan("arn:plan/1", "r-1", TargetResource::HyperpodCluster);
+    w.seed(req, &[plan], RequestStatus::Active, open()).await;
+    // HyperPod's forced termination is an hour before the end, the default drain 15 min.
+    let drain_at = end() - Duration::minutes(75);
+    assert!(
+        w.market
+            .extend_reservation("arn:plan/1", Duration::hours(36))
+    );
+    // WHEN the schedule reaches the old drain
+    let out = w.tick_at(drain_at, "tick-1").await;
+    // THEN the group stays, and the new end is announced
+    assert_ne!(w.status("r-1").await, RequestStatus::Draining, "{out:?}");
+    assert!(w.events.published_of(EXPIRING).is_empty());
+    assert!(
+        w.workloads
+            .calls_of(WorkloadsOp::RemoveInstanceGroup)
+            .is_empty()
+    );
+    let ext = w.events.published_of(EXTENDED);
+    assert_eq!(ext.len(), 1, "{out:?}");
+    assert_eq!(ext[0].detail["ends_at"], json!(end() + Duration::hours(36)));
+    // WHEN the new drain comes
+    w.tick_at(drain_at + Duration::hours(36), "tick-2").await;
+    // THEN the group is removed then
+    assert_eq!(w.status("r-1").await, RequestStatus::Draining);
+    assert_eq!(w.events.published_of(DRAINED).len(), 1);
+    assert!(
+        w.workloads
+            .instance_group_spec(REGION, "hp", "workers")
+            .is_none()
+    );
+}
+
+/// AWS's Expiration Warning may still fire for the end before an extension (sources are
+/// silent): one for an end that has since moved drains nothing; one for the end AWS now
+/// reports brings the drain forward as before.
+#[tokio::test]
+async fn a_stale_expiration_warning_drains_nothing() {
+    // GIVEN a running block extended by a day in the console
+    let w = World::new();
+    let drain_at = running_window_of(&w, RequestStatus::Active).await;
+    assert!(w.market.extend_reservation("cr-1", Duration::days(1)));
+    // WHEN the warning for the old end arrives, 40 min before it (after the old drain start,
+    // with the schedule not yet past it)
+    w.clock.set(end() - Duration::minutes(40));
+    let out = w
+        .cleaner()
+        .handle(warning_ending("warn-1", "cr-1", end()))
+        .await
+        .unwrap();
+    // THEN nothing is drained, and the decision says why
+    assert_eq!(w.status("r-1").await, RequestStatus::Active, "{out:?}");
+    assert_eq!(w.state_of("i-1"), InstanceState::Running);
+    assert!(w.events.published_of(EXPIRING).is_empty());
+    assert!(
+        out.decisions
+            .iter()
+            .any(|d| d.action == "ignored" && d.reason.contains("has since moved")),
+        "{out:?}"
+    );
+    assert_eq!(w.events.published_of(EXTENDED).len(), 1);
+    assert_eq!(
+        w.record("r-1").await.windows[0].next_action_at,
+        Some(drain_at + Duration::days(1))
+    );
+    // WHEN a warning for the new end arrives early
+    w.clock.set(end() + Duration::hours(20));
+    w.cleaner()
+        .handle(warning_ending("warn-2", "cr-1", end() + Duration::days(1)))
+        .await
+        .unwrap();
+    // THEN it brings the drain forward, as any warning does
+    assert_eq!(w.status("r-1").await, RequestStatus::Draining);
+    assert_eq!(w.state_of("i-1"), InstanceState::Terminated);
+}
+
+/// The Ending notices count down to the end AWS reports: those of the old end stop, the new
+/// end's go at their moments under keys of their own.
+#[tokio::test]
+async fn the_ending_notices_follow_the_new_end() {
+    let w = World::new();
+    let drain_at = running_window_of(&w, RequestStatus::Active).await;
+    // GIVEN the 13 h Ending notice went for the old end
+    w.tick_at(open(), "tick-0").await;
+    let out = w.tick_at(drain_at - Duration::hours(13), "tick-1").await;
+    let ending = w.events.published_of(ENDING);
+    assert_eq!(ending.len(), 1, "{out:?}");
+    assert_eq!(ending[0].detail["ends_at"], json!(end()));
+    assert_eq!(ending[0].detail["lead_minutes"], json!(780));
+    // WHEN the block is extended by a day and the 1 h moment of the old end comes
+    assert!(w.market.extend_reservation("cr-1", Duration::days(1)));
+    let out = w.tick_at(drain_at - Duration::hours(1), "tick-2").await;
+    // THEN the end is read back before the notice: none goes for the old end
+    assert_eq!(w.events.published_of(ENDING).len(), 1, "{out:?}");
+    assert_eq!(w.events.published_of(EXTENDED).len(), 1);
+    // WHEN the new end's 24 h moment comes (the old drain)
+    w.tick_at(drain_at, "tick-3").await;
+    // THEN its 24 h notice goes, naming the new end, under a key of its own; nothing drains
+    let ending = w.events.published_of(ENDING);
+    assert_eq!(ending.len(), 2);
+    let d = &ending[1].detail;
+    assert_eq!(d["ends_at"], json!(end() + Duration::days(1)));
+    assert_eq!(d["drain_at"], json!(drain_at + Duration::days(1)));
+    assert_eq!(d["lead_minutes"], json!(1440));
+    assert_ne!(d["event_key"], ending[0].detail["event_key"]);
+    assert_eq!(w.status("r-1").await, RequestStatus::Active);
 }

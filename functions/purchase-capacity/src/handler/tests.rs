@@ -1399,6 +1399,39 @@ async fn a_payment_that_clears_while_the_by_id_lookup_still_lags_is_never_read_a
     assert_eq!(record(&w, "r1").next_action_at, None);
 }
 
+/// ARCHITECTURE §9.3: payment tracking reads the reservation anyway, so an end AWS reports
+/// moved when the payment clears is recorded then, with the window's next action and the
+/// announcement of an extension bought outside capacity-pilot, its fee not counted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payment_check_that_reads_a_moved_end_records_it_with_the_window() {
+    // GIVEN a block bought, its payment pending
+    let w = World::new();
+    let (p, cr) = bought(&w).await;
+    let spent = w.spent("team-a");
+    // AND AWS reports it paid, a day longer (extended in the console)
+    w.market
+        .set_reservation_state(&cr, ReservationState::Scheduled);
+    assert!(w.market.extend_reservation(&cr, Duration::days(1)));
+    let id = capacity_pilot::fakes::fixtures::request_id("r1");
+    let before = w.store.reservations(&id).await.unwrap()[0].end();
+    // WHEN the payment check comes
+    w.clock.set(record(&w, "r1").next_action_at.unwrap());
+    p.handle(tick("t1")).await.unwrap();
+    // THEN the reservation is recorded scheduled with the new end, its window due at its
+    // start as before, and the extension announced with nothing spent for it
+    let held = w.store.reservations(&id).await.unwrap();
+    assert_eq!(held[0].state, ReservationState::Scheduled);
+    assert_eq!(held[0].end(), before + Duration::days(1));
+    let rec = record(&w, "r1");
+    assert!(rec.reason.contains("ending at"), "{}", rec.reason);
+    assert_eq!(rec.windows[0].next_action_at, Some(held[0].start()));
+    let ext = w.events.published_of("Capacity Reservation Extended");
+    assert_eq!(ext.len(), 1);
+    assert_eq!(ext[0].detail["external"], json!(true));
+    assert_eq!(ext[0].detail["previous_ends_at"], json!(before));
+    assert_eq!(w.spent("team-a"), spent);
+}
+
 /// A split's one block lost past the search deadline (issue 51: `payment_failed`'s `gone`,
 /// `l.id == r.id` -> `!=`, counted every other block lost with it, and failed the request).
 #[tokio::test(flavor = "multi_thread")]

@@ -1864,6 +1864,13 @@ impl Store for DynamoStore {
                 archived,
             },
         )?);
+        for r in &u.reservations {
+            items.push(put(
+                &self.table,
+                reservation_item(&pk, id, r, u.at, archived)?,
+                None,
+            )?);
+        }
         Ok(match self.transact(items).await? {
             Committed::Yes => {
                 tracing::info!(request_id = id, status = %u.status, reason = %u.reason, "windows updated");

@@ -108,6 +108,7 @@ fn the_ending_notices_come_24_h_13_h_and_1_h_before_the_drain_the_last_a_checkpo
     let mut marks = Some(NoticeMarks {
         done: vec!["opening-1440m".into(), "opening-60m".into()],
         next_at: None,
+        ..NoticeMarks::default()
     });
     let mut sent = Vec::new();
     for lead in [24 * 60, 13 * 60, 60] {
@@ -172,6 +173,7 @@ fn a_lead_passed_while_down_is_sent_late_and_only_the_shortest_of_a_kind() {
         Some(NoticeMarks {
             done: vec![],
             next_at: Some(opens() - Duration::hours(24)),
+            ..NoticeMarks::default()
         }),
     );
     let now = opens() - Duration::minutes(40);
@@ -205,6 +207,7 @@ fn a_lead_whose_news_already_happened_is_skipped_and_recorded_not_sent() {
         Some(NoticeMarks {
             done: vec![],
             next_at: Some(opens() - Duration::hours(24)),
+            ..NoticeMarks::default()
         }),
     );
     let p = plan_leads(
@@ -238,6 +241,7 @@ fn a_window_stopped_early_skips_its_ending_notices_and_an_ended_one_is_never_due
         Some(NoticeMarks {
             done: vec!["opening-1440m".into(), "opening-60m".into()],
             next_at: Some(opens() + Duration::hours(10)),
+            ..NoticeMarks::default()
         }),
     );
     let p = plan_leads(&w, &Leads::default(), bought, opens() + Duration::hours(10));
@@ -322,4 +326,82 @@ fn a_notice_carries_the_filter_attributes_and_a_drain_on_time_is_not_told() {
         ]
     );
     assert!(n.body.contains("r1:drained:v9"), "the footer names the key");
+}
+
+/// ARCHITECTURE §9.3: when AWS moves the end, the Ending notices count down to the new one
+/// under keys of their own; a lead whose moment came before the move is not due (the
+/// Extended notice told of the new end), and the Opening marks stand.
+#[test]
+fn ending_notices_follow_an_end_that_moved_under_keys_that_carry_it() {
+    let leads = Leads::default();
+    let bought = opens() - Duration::days(3);
+    let drain = opens() + Duration::days(2) - Duration::minutes(45);
+    let whose = Whose {
+        request_id: "r1",
+        created_at: bought,
+    };
+    // GIVEN the 24 h Ending notice was sent for the old end
+    let marks = NoticeMarks {
+        done: vec![
+            "ending-1440m".into(),
+            "opening-1440m".into(),
+            "opening-60m".into(),
+        ],
+        next_at: Some(drain - Duration::hours(13)),
+        end_moved_at: None,
+    };
+    let old = window(WindowState::Running, Some(marks.clone()));
+    let old_key = lead_key(
+        whose,
+        &old,
+        Lead {
+            kind: LeadKind::Ending,
+            minutes: 60,
+        },
+    );
+    assert!(
+        old_key.ends_with(":ending-60m:ends-20261212T1130Z:c1796643000"),
+        "{old_key}"
+    );
+    // WHEN AWS reports the end 10 h later, 2 h before the old drain
+    let moved_at = drain - Duration::hours(2);
+    let mut r = block(bought);
+    r.segments[0].end += Duration::hours(10);
+    let record = WindowRecord {
+        key: crate::domain::window::window_key(&r.id, 0),
+        number: 0,
+        state: WindowState::Running,
+        next_action_at: None,
+        updated_at: bought,
+        notices: Some(marks.end_moved(moved_at)),
+    };
+    let w = windows(
+        &[r],
+        &[record],
+        DrainLead {
+            requested_minutes: 0,
+            default_minutes: 15,
+        },
+    )
+    .remove(0);
+    let p = plan_leads(&w, &leads, bought, moved_at);
+    // THEN the 24 h and 13 h leads of the new end, passed before the move, are not due, and
+    // nothing is sent or skipped for them; the 1 h one is next, 1 h before the new drain
+    assert!(p.send.is_empty() && p.skipped.is_empty(), "{p:?}");
+    assert!(p.marks.done.contains(&"ending-1440m".to_string()));
+    assert!(p.marks.done.contains(&"ending-780m".to_string()));
+    assert!(p.marks.done.contains(&"opening-60m".to_string()));
+    assert_eq!(p.marks.next_at, Some(w.drain_at - Duration::hours(1)));
+    assert_eq!(w.drain_at, drain + Duration::hours(10));
+    // AND it goes at its moment under a key naming the new end
+    let at = w.drain_at - Duration::hours(1);
+    let w2 = Window {
+        notices: Some(p.marks),
+        ..w
+    };
+    let sent = plan_leads(&w2, &leads, bought, at);
+    assert_eq!(keys(&sent.send), vec![("ending-60m".to_string(), false)]);
+    let new_key = lead_key(whose, &w2, sent.send[0].0);
+    assert!(new_key.contains(":ends-20261212T2130Z:"), "{new_key}");
+    assert_ne!(new_key, old_key);
 }
