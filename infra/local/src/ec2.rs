@@ -994,16 +994,17 @@ impl World {
         Ok(out)
     }
 
-    fn describe_extension_offerings(
+    /// The extension offerings of `hours` for block `cr_id`, by the API's rules (the block
+    /// `active` or `scheduled` with no `payment-pending` extension, block durations, between 56
+    /// days and 1 hour before the end, 182 days in all, capacity in its zone), each recorded so
+    /// that it can be bought: none or one.
+    fn extension_offerings(
         &mut self,
         region: &str,
-        q: &Query,
-    ) -> Result<Vec<El>, ApiError> {
-        dry_run(q)?;
-        let hours = q.req_int("CapacityBlockExtensionDurationHours")?;
-        let cr = self
-            .find_cr(region, q.req("CapacityReservationId")?)?
-            .clone();
+        cr_id: &str,
+        hours: i64,
+    ) -> Result<Vec<ExtensionOffering>, ApiError> {
+        let cr = self.find_cr(region, cr_id)?.clone();
         if !valid_block_hours(hours) {
             return Err(ApiError::invalid(format!(
                 "Invalid CapacityBlockExtensionDurationHours {hours}: extensions are 1-14 days in 1-day increments, then 7-day increments"
@@ -1052,6 +1053,19 @@ impl World {
         for o in &offerings {
             self.ec2.extension_offerings.insert(o.id.clone(), o.clone());
         }
+        Ok(offerings)
+    }
+
+    fn describe_extension_offerings(
+        &mut self,
+        region: &str,
+        q: &Query,
+    ) -> Result<Vec<El>, ApiError> {
+        dry_run(q)?;
+        let hours = q.req_int("CapacityBlockExtensionDurationHours")?;
+        let cr_id = q.req("CapacityReservationId")?.to_string();
+        let offerings = self.extension_offerings(region, &cr_id, hours)?;
+        let cr = self.ec2.reservations[&cr_id].clone();
         let (page, next) = paginate(
             offerings,
             q.int("MaxResults")?,
@@ -2385,19 +2399,8 @@ impl World {
             .get(cr_id)
             .map(|cr| cr.region.clone())
             .ok_or_else(|| cr_not_found(cr_id))?;
-        let hours_s = hours.to_string();
-        let search = Query::from_pairs(&[
-            ("CapacityReservationId", cr_id),
-            ("CapacityBlockExtensionDurationHours", &hours_s),
-        ]);
-        self.describe_extension_offerings(&region, &search)?;
+        let offering = self.extension_offerings(&region, cr_id, hours)?.pop();
         let cr = self.ec2.reservations[cr_id].clone();
-        let offering = self
-            .ec2
-            .extension_offerings
-            .values()
-            .find(|o| o.cr == cr_id && o.start == cr.end && o.hours == hours)
-            .cloned();
         let Some(offering) = offering else {
             let why = if self.now < cr.end - TimeDelta::days(56)
                 || self.now > cr.end - TimeDelta::hours(1)
