@@ -83,6 +83,11 @@ pub struct Extension {
     pub status: String,
     pub purchased: DateTime<Utc>,
     pub upfront_fee: Decimal,
+    /// When its payment succeeded (the block's end moved then).
+    pub paid_at: Option<DateTime<Utc>>,
+    /// Bought by hand (the console: [`World::extend_block`]), not through the API by the
+    /// product.
+    pub by_hand: bool,
 }
 
 /// A Capacity Block extension offering.
@@ -989,16 +994,17 @@ impl World {
         Ok(out)
     }
 
-    fn describe_extension_offerings(
+    /// The extension offerings of `hours` for block `cr_id`, by the API's rules (the block
+    /// `active` or `scheduled` with no `payment-pending` extension, block durations, between 56
+    /// days and 1 hour before the end, 182 days in all, capacity in its zone), each recorded so
+    /// that it can be bought: none or one.
+    fn extension_offerings(
         &mut self,
         region: &str,
-        q: &Query,
-    ) -> Result<Vec<El>, ApiError> {
-        dry_run(q)?;
-        let hours = q.req_int("CapacityBlockExtensionDurationHours")?;
-        let cr = self
-            .find_cr(region, q.req("CapacityReservationId")?)?
-            .clone();
+        cr_id: &str,
+        hours: i64,
+    ) -> Result<Vec<ExtensionOffering>, ApiError> {
+        let cr = self.find_cr(region, cr_id)?.clone();
         if !valid_block_hours(hours) {
             return Err(ApiError::invalid(format!(
                 "Invalid CapacityBlockExtensionDurationHours {hours}: extensions are 1-14 days in 1-day increments, then 7-day increments"
@@ -1047,6 +1053,19 @@ impl World {
         for o in &offerings {
             self.ec2.extension_offerings.insert(o.id.clone(), o.clone());
         }
+        Ok(offerings)
+    }
+
+    fn describe_extension_offerings(
+        &mut self,
+        region: &str,
+        q: &Query,
+    ) -> Result<Vec<El>, ApiError> {
+        dry_run(q)?;
+        let hours = q.req_int("CapacityBlockExtensionDurationHours")?;
+        let cr_id = q.req("CapacityReservationId")?.to_string();
+        let offerings = self.extension_offerings(region, &cr_id, hours)?;
+        let cr = self.ec2.reservations[&cr_id].clone();
         let (page, next) = paginate(
             offerings,
             q.int("MaxResults")?,
@@ -1124,6 +1143,8 @@ impl World {
             status: "payment-pending".to_string(),
             purchased: self.now,
             upfront_fee: offering.upfront_fee,
+            paid_at: None,
+            by_hand: false,
         };
         let pay_at =
             self.payment_time(offering.start - TimeDelta::minutes(EXTENSION_PAYMENT_LEAD_MINUTES));
@@ -2098,13 +2119,13 @@ impl World {
                 } else {
                     "Capacity Block Delivered"
                 };
-                self.block_event(&cr, name);
+                self.block_event(&cr, name, cr.end);
             }
             Action::BlockWarn { cr, end } => {
                 let Some(c) = self.ec2.reservations.get(&cr).cloned() else {
                     return;
                 };
-                if c.end != end || !["active", "scheduled"].contains(&c.state.as_str()) {
+                if !["active", "scheduled"].contains(&c.state.as_str()) {
                     return;
                 }
                 let name = if self.settings.reservation_event_names {
@@ -2112,8 +2133,21 @@ impl World {
                 } else {
                     "Capacity Block Expiration Warning"
                 };
-                self.block_event(&c, name);
-                self.interruption_warnings(&c);
+                if c.end == end {
+                    self.block_event(&c, name, c.end);
+                    self.interruption_warnings(&c);
+                    return;
+                }
+                // The warning due for an end an extension has since moved: with the harsher
+                // reading (sources silent) it is still sent, naming the old end, and nothing
+                // else happens then (the instances run on to the new end).
+                let moved = c
+                    .extensions
+                    .iter()
+                    .any(|e| e.status == "payment-succeeded" && e.start == end);
+                if moved && !self.settings.warning_follows_extension {
+                    self.block_event(&c, name, end);
+                }
             }
             Action::BlockTerminate { cr, end } => {
                 let Some(c) = self.ec2.reservations.get(&cr).cloned() else {
@@ -2172,6 +2206,7 @@ impl World {
                     return;
                 }
                 ext.status = "payment-succeeded".to_string();
+                ext.paid_at = Some(self.now);
                 c.end = ext.end;
                 let c = c.clone();
                 self.schedule_block_end(&c);
@@ -2317,7 +2352,9 @@ impl World {
         }
     }
 
-    fn block_event(&mut self, cr: &CapacityReservation, detail_type: &str) {
+    /// A block event; `end` is its `end-date` (the block's end, or an earlier end a stale
+    /// warning names).
+    fn block_event(&mut self, cr: &CapacityReservation, detail_type: &str, end: DateTime<Utc>) {
         let arn = self.arn(
             "ec2",
             &cr.region,
@@ -2330,7 +2367,7 @@ impl World {
             vec![arn],
             json!({
                 "capacity-reservation-id": cr.id,
-                "end-date": crate::util::event_time(cr.end),
+                "end-date": crate::util::event_time(end),
             }),
         );
     }
@@ -2344,6 +2381,63 @@ impl World {
             .ok_or_else(|| ApiError::new(404, "NotFound", format!("no reservation {cr_id}")))?;
         cr.fail_payment = true;
         Ok(())
+    }
+
+    /// Control: extends a block by `hours` as a team would by hand in the console, through
+    /// the extension path the API takes: the offering `DescribeCapacityBlockExtensionOfferings`
+    /// would answer (its rules: the block `active` or `scheduled` with no `payment-pending`
+    /// extension, whole days by the block durations, between 56 days and 1 hour before the
+    /// end, capacity in the block's zone), then `PurchaseCapacityBlockExtension`: the extension
+    /// is `payment-pending` and the end moves when it is paid, as a bought one does. An error
+    /// is the API's; no offering (the API's empty list) is `NoExtensionOffering`. Not counted
+    /// as an API call and not subject to injected faults.
+    pub fn extend_block(&mut self, cr_id: &str, hours: i64) -> Result<Extension, ApiError> {
+        self.settle();
+        let region = self
+            .ec2
+            .reservations
+            .get(cr_id)
+            .map(|cr| cr.region.clone())
+            .ok_or_else(|| cr_not_found(cr_id))?;
+        let offering = self.extension_offerings(&region, cr_id, hours)?.pop();
+        let cr = self.ec2.reservations[cr_id].clone();
+        let Some(offering) = offering else {
+            let why = if self.now < cr.end - TimeDelta::days(56)
+                || self.now > cr.end - TimeDelta::hours(1)
+            {
+                "an extension is offered between 56 days and 1 hour before the block's end"
+            } else if cr.end + TimeDelta::hours(hours) - cr.start > TimeDelta::days(182) {
+                "a block lasts at most 182 days with its extensions"
+            } else {
+                "its zone has no capacity for the added days"
+            };
+            return Err(ApiError::new(
+                400,
+                "NoExtensionOffering",
+                format!(
+                    "No Capacity Block extension of {hours} hours is offered for {cr_id} (ends {}): {why}",
+                    ec2_time(cr.end)
+                ),
+            ));
+        };
+        let buy = Query::from_pairs(&[
+            ("CapacityBlockExtensionOfferingId", &offering.id),
+            ("CapacityReservationId", cr_id),
+        ]);
+        self.purchase_extension(&region, &buy)?;
+        let cr = self
+            .ec2
+            .reservations
+            .get_mut(cr_id)
+            .expect("extended above");
+        let ext = cr
+            .extensions
+            .last_mut()
+            .expect("the purchase added an extension");
+        ext.by_hand = true;
+        let ext = ext.clone();
+        tracing::info!(capacity_reservation_id = %cr_id, hours, "capacity block extended by hand");
+        Ok(ext)
     }
 
     fn instance_mut(&mut self, id: &str) -> Result<&mut Instance, ApiError> {

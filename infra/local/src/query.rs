@@ -36,6 +36,17 @@ impl Query {
         })
     }
 
+    /// A request built from its parameters, as a form body would decode (the emulator's own
+    /// callers: the control API's console actions).
+    pub fn from_pairs(pairs: &[(&str, &str)]) -> Query {
+        Query {
+            map: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
     /// Every decoded key/value pair.
     pub fn pairs(&self) -> impl Iterator<Item = (&String, &String)> {
         self.map.iter()

@@ -6,13 +6,17 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, TimeDelta, Utc};
+use rust_decimal::Decimal;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
-use crate::market::{PlanOffering, PlanSearch, Pool};
+use crate::market::{PlanOffering, PlanSearch, Pool, Segment};
 use crate::util::epoch;
-use crate::world::{Action, InactivePlan, PAYMENT_LEAD_MINUTES, REQUEST_TAG, RefusalMarket, World};
+use crate::world::{
+    Action, EXTENSION_PAYMENT_LEAD_MINUTES, InactivePlan, PAYMENT_LEAD_MINUTES, REQUEST_TAG,
+    RefusalMarket, World,
+};
 
 /// A purchased training plan.
 #[derive(Debug, Clone, Serialize)]
@@ -28,6 +32,34 @@ pub struct Plan {
     /// The payment failed: the plan is `Failed` and its capacity back in the market.
     pub failed: bool,
     pub reserved_capacity_arns: Vec<String>,
+    /// Extensions bought for it, oldest first ([`World::extend_plan`]).
+    pub extensions: Vec<PlanExtension>,
+}
+
+/// An extension of a training plan: `hours` more of its last reserved capacity, from its end
+/// (`start`) to `end`. The plan's end moves when it is paid.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanExtension {
+    pub hours: i64,
+    pub start: DateTime<Utc>,
+    pub end: DateTime<Utc>,
+    pub availability_zone: String,
+    pub upfront_fee: Decimal,
+    pub extended_at: DateTime<Utc>,
+    /// When its payment clears; the plan's last segment ends at `end` from then.
+    pub paid_at: DateTime<Utc>,
+    pub paid: bool,
+    /// Bought by hand (the console), not through the API by the product. Every extension is,
+    /// today: `ExtendTrainingPlan` is not emulated.
+    pub by_hand: bool,
+}
+
+impl PlanExtension {
+    /// `Pending` until paid, then `Completed` (DescribeTrainingPlanExtensionHistory's
+    /// `PaymentStatus`; its values beyond `Pending` are not published).
+    pub fn payment_status(&self) -> &'static str {
+        if self.paid { "Completed" } else { "Pending" }
+    }
 }
 
 /// A training job.
@@ -628,6 +660,7 @@ impl World {
                 fail_payment,
                 failed: false,
                 reserved_capacity_arns: rcs,
+                extensions: Vec::new(),
             },
         );
         self.put_tags(&arn, tags);
@@ -652,6 +685,144 @@ impl World {
         }
         plan.fail_payment = true;
         Ok(())
+    }
+
+    /// Control: extends training plan `name` by `hours`, as a team would by hand in the
+    /// console, the way `ExtendTrainingPlan` does: its last reserved capacity gains `hours`
+    /// from the plan's end, in its zone. The plan must be `Scheduled` or `Active` ("must
+    /// reference an existing training plan with status Active or Scheduled") with no extension
+    /// still being paid, `hours` whole days (every reserved capacity ends at 11:30 UTC), the
+    /// plan 182 days at most with them, and the extension asked between 56 days and 1 hour
+    /// before the end (the Capacity Block rule; SageMaker's sources are silent); else
+    /// `ValidationException`. The capacity comes from the market (none: `NoExtensionOffering`,
+    /// the search's empty list), priced as a plan. The extension is paid like a block's
+    /// (`payment_minutes`, no later than 35 minutes before the end); then the last segment's
+    /// `EndTime` (and the plan's `EndTime`, `DurationHours`/`DurationMinutes`), the fee and
+    /// what follows the end (jobs, nodes, endpoints) move.
+    pub fn extend_plan(
+        &mut self,
+        region: &str,
+        name: &str,
+        hours: i64,
+    ) -> Result<PlanExtension, ApiError> {
+        self.settle();
+        let key = (region.to_string(), name.to_ascii_lowercase());
+        let p =
+            self.sm.plans.get(&key).cloned().ok_or_else(|| {
+                ApiError::not_found(format!("Training plan {name} does not exist"))
+            })?;
+        let status = plan_status(&p, self.now);
+        if !matches!(status, "Scheduled" | "Active") {
+            return Err(ApiError::validation(format!(
+                "Training plan {name} is {status}; only a Scheduled or Active training plan can be extended"
+            )));
+        }
+        if p.extensions.iter().any(|e| !e.paid) {
+            return Err(ApiError::validation(format!(
+                "Training plan {name} has an extension whose payment is still pending"
+            )));
+        }
+        let end = p.offering.end();
+        let new_end = end + TimeDelta::hours(hours);
+        if hours <= 0 || hours % 24 != 0 {
+            return Err(ApiError::validation(format!(
+                "Invalid extension of {hours} hours: a training plan is extended by whole days (24-hour multiples)"
+            )));
+        }
+        if new_end - p.offering.start() > TimeDelta::days(182) {
+            return Err(ApiError::validation(format!(
+                "Invalid extension of {hours} hours: training plan {name} would last more than 182 days"
+            )));
+        }
+        let no_offering = |why: &str| {
+            ApiError::new(
+                400,
+                "NoExtensionOffering",
+                format!("No extension of {hours} hours is offered for training plan {name}: {why}"),
+            )
+        };
+        if self.now < end - TimeDelta::days(56) || self.now > end - TimeDelta::hours(1) {
+            return Err(no_offering(
+                "an extension is offered between 56 days and 1 hour before the plan's end",
+            ));
+        }
+        let o = &p.offering;
+        let az = o.segments[o.segments.len() - 1].availability_zone.clone();
+        let free = self.market.free_between(
+            Pool::TrainingPlan,
+            region,
+            &az,
+            &o.instance_type,
+            end,
+            new_end,
+        );
+        if i64::from(free) < o.instance_count {
+            return Err(no_offering("its zone has no capacity for the added days"));
+        }
+        let added = Segment {
+            availability_zone: az.clone(),
+            start: end,
+            end: new_end,
+        };
+        let hourly =
+            self.market
+                .plan_hourly(region, std::slice::from_ref(&added), &o.instance_type);
+        let fee = (hourly * Decimal::from(hours) * Decimal::from(o.instance_count)).round_dp(2);
+        self.market.consume(
+            Pool::TrainingPlan,
+            region,
+            &az,
+            &o.instance_type,
+            (end, new_end),
+            o.instance_count,
+        );
+        let paid_at = self.payment_time(end - TimeDelta::minutes(EXTENSION_PAYMENT_LEAD_MINUTES));
+        let ext = PlanExtension {
+            hours,
+            start: end,
+            end: new_end,
+            availability_zone: az,
+            upfront_fee: fee,
+            extended_at: self.now,
+            paid_at,
+            paid: false,
+            by_hand: true,
+        };
+        self.sm
+            .plans
+            .get_mut(&key)
+            .expect("found above")
+            .extensions
+            .push(ext.clone());
+        self.schedule(paid_at, Action::SageMakerSync);
+        tracing::info!(training_plan = %p.name, hours, upfront_fee = %fee, "training plan extended by hand");
+        Ok(ext)
+    }
+
+    /// Applies each plan extension whose payment is due: the last segment ends later, the fee
+    /// grows, and the work that follows the end is scheduled for the new end.
+    fn apply_due_plan_extensions(&mut self) {
+        let now = self.now;
+        let job_lead = TimeDelta::minutes(self.settings.training_job_termination_lead_minutes);
+        let node_lead = TimeDelta::minutes(self.settings.hyperpod_termination_lead_minutes);
+        let mut times = Vec::new();
+        for p in self.sm.plans.values_mut() {
+            for i in 0..p.extensions.len() {
+                let e = &p.extensions[i];
+                if e.paid || now < e.paid_at || p.failed {
+                    continue;
+                }
+                let (end, fee) = (e.end, e.upfront_fee);
+                p.extensions[i].paid = true;
+                let last = p.offering.segments.len() - 1;
+                p.offering.segments[last].end = end;
+                p.offering.upfront_fee += fee;
+                times.extend([end, end - job_lead, end - node_lead]);
+            }
+        }
+        for t in times {
+            self.schedule(t.max(now), Action::SageMakerSync);
+        }
     }
 
     /// Fails each plan whose forced payment failure is due, releasing its capacity.
@@ -1949,6 +2120,7 @@ impl World {
     /// let capacity freed by one resource be taken by another at the same instant.
     pub(crate) fn sagemaker_sync(&mut self) {
         self.fail_due_plan_payments();
+        self.apply_due_plan_extensions();
         for _ in 0..3 {
             let keys: Vec<Key> = self.sm.jobs.keys().cloned().collect();
             for k in keys {

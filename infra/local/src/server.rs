@@ -64,8 +64,16 @@ pub fn router(app: App) -> Router {
             post(reservation_fail_payment),
         )
         .route(
+            "/_local/capacity-reservations/{id}/extend",
+            post(reservation_extend),
+        )
+        .route(
             "/_local/training-plans/{region}/{name}/fail-payment",
             post(plan_fail_payment),
+        )
+        .route(
+            "/_local/training-plans/{region}/{name}/extend",
+            post(plan_extend),
         )
         .route(
             "/_local/payment-failures",
@@ -588,6 +596,69 @@ async fn plan_fail_payment(
     Path((region, name)): Path<(String, String)>,
 ) -> Response {
     done(app.lock().fail_plan_payment(&region, &name))
+}
+
+/// A console extension: `{"hours": n}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Extend {
+    pub hours: i64,
+}
+
+fn extend_body(body: &[u8]) -> Result<Extend, ApiError> {
+    serde_json::from_slice::<Extend>(body)
+        .map_err(|e| ApiError::new(400, "BadRequest", e.to_string()))
+}
+
+/// Extends a block by hand, as the console would (`World::extend_block`).
+async fn reservation_extend(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    let hours = match extend_body(&body) {
+        Ok(e) => e.hours,
+        Err(e) => return control_error(&e),
+    };
+    match app.lock().extend_block(&id, hours) {
+        Ok(e) => Json(json!({
+            "capacity_reservation_id": id,
+            "offering_id": e.offering_id,
+            "status": e.status,
+            "hours": e.hours,
+            "start": rfc(e.start),
+            "end": rfc(e.end),
+            "upfront_fee": e.upfront_fee.to_string(),
+        }))
+        .into_response(),
+        Err(e) => control_error(&e),
+    }
+}
+
+/// Extends a training plan by hand, as the console would (`World::extend_plan`).
+async fn plan_extend(
+    State(app): State<App>,
+    Path((region, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    let hours = match extend_body(&body) {
+        Ok(e) => e.hours,
+        Err(e) => return control_error(&e),
+    };
+    match app.lock().extend_plan(&region, &name, hours) {
+        Ok(e) => Json(json!({
+            "training_plan_name": name,
+            "payment_status": e.payment_status(),
+            "hours": e.hours,
+            "start": rfc(e.start),
+            "end": rfc(e.end),
+            "paid_at": rfc(e.paid_at),
+            "availability_zone": e.availability_zone,
+            "upfront_fee": e.upfront_fee.to_string(),
+        }))
+        .into_response(),
+        Err(e) => control_error(&e),
+    }
 }
 
 /// Forces the payments of the next `count` reservations bought for a request to fail.

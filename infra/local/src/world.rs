@@ -33,6 +33,13 @@ pub struct Settings {
     pub block_warning_lead_minutes: i64,
     /// The same for UltraServer blocks.
     pub ultraserver_warning_lead_minutes: i64,
+    /// Whether a block's `Capacity Block Expiration Warning` follows its end when an extension
+    /// moves it: true, only the new end warns. The sources are silent (no evidence either way,
+    /// design review peers-3 §8), so the default is the harsher false: the warning due for the
+    /// old end is still sent at old end − lead, with the old `end-date`, while the block is
+    /// `scheduled` or `active` (its instances get no interruption warning and are not
+    /// terminated then); the new end warns too, at its time.
+    pub warning_follows_extension: bool,
     /// Minutes before a block's end that its instances are terminated.
     pub block_termination_lead_minutes: i64,
     /// The same for UltraServer blocks.
@@ -268,6 +275,7 @@ impl Default for Settings {
             reservation_event_names: false,
             block_warning_lead_minutes: 40,
             ultraserver_warning_lead_minutes: 70,
+            warning_follows_extension: false,
             block_termination_lead_minutes: 30,
             ultraserver_termination_lead_minutes: 60,
             payment_minutes: 5,
@@ -856,7 +864,8 @@ mod tests {
              refuse_expired_plan_groups: false\n\
              refuse_tag_filters: true\n\
              max_block_instances: 64\n\
-             block_limit_code: SomethingElse\n",
+             block_limit_code: SomethingElse\n\
+             warning_follows_extension: true\n",
         )
         .expect("yaml");
         let s: Settings = serde_json::from_value(v).expect("settings");
@@ -873,6 +882,7 @@ mod tests {
         assert!(!s.refuse_partial_cluster_updates);
         assert!(!s.refuse_expired_plan_groups);
         assert!(s.refuse_tag_filters);
+        assert!(s.warning_follows_extension);
         assert_eq!(
             (s.max_block_instances, s.block_limit_code.as_str()),
             (64, "SomethingElse")
@@ -883,6 +893,7 @@ mod tests {
                 && d.refuse_dropped_interfaces
                 && d.cluster_omit_current_count
                 && !d.refuse_tag_filters
+                && !d.warning_follows_extension
         );
         assert_eq!(
             (d.instance_listing_lag_seconds, d.run_instances_latency_ms),

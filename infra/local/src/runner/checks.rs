@@ -47,9 +47,34 @@ pub struct Window {
     /// When a launch into it can first succeed: a block's activation (its start plus the
     /// emulator's activation lag), a plan segment's start.
     pub usable: DateTime<Utc>,
+    /// What capacity-pilot bought it for: its fee and the extensions the product bought (one
+    /// a team bought by hand, an `extend` action, is not counted).
     pub fee: Decimal,
     pub kind: String,
 }
+
+/// An extension a team bought by hand (a scenario's `extend`) that was paid, so its window
+/// ends later.
+#[derive(Debug, Clone)]
+pub struct HandExtension {
+    /// The block id, or the plan ARN.
+    pub reservation_id: String,
+    /// The plan segment it lengthened (the last); 0 for a block.
+    pub segment: usize,
+    pub kind: String,
+    pub old_end: DateTime<Utc>,
+    pub new_end: DateTime<Utc>,
+    /// AWS's forced termination for the new end, by the emulator's settings.
+    pub new_forced: DateTime<Utc>,
+    pub paid_at: DateTime<Utc>,
+    /// A block's instances that had not terminated when it was paid, each with its
+    /// `capacity-pilot:drain-at` tag.
+    pub instances: Vec<(String, Option<String>)>,
+}
+
+/// The instance tag that says when the product drains an instance's window (the product's
+/// `shared/src/domain/naming.rs` `DRAIN_AT_TAG`, a `drain_at_value`: RFC 3339 in seconds).
+pub const DRAIN_AT_TAG: &str = "capacity-pilot:drain-at";
 
 impl Window {
     /// Whether an event's `segment` names this window: a plan's segment by its index; a
@@ -148,7 +173,7 @@ impl Observed<'_> {
                     fee: cr.upfront_fee
                         + cr.extensions
                             .iter()
-                            .filter(|x| x.status != "payment-failed")
+                            .filter(|x| x.status != "payment-failed" && !x.by_hand)
                             .map(|x| x.upfront_fee)
                             .sum::<Decimal>(),
                     kind: "capacity-block".into(),
@@ -182,9 +207,15 @@ impl Observed<'_> {
                         } else {
                             s.start
                         },
-                        // the plan's fee, once, on its first segment
+                        // the plan's fee, once, on its first segment (less the
+                        // extensions a team bought by hand: not ours)
                         fee: if i == 0 {
                             p.offering.upfront_fee
+                                - p.extensions
+                                    .iter()
+                                    .filter(|x| x.paid && x.by_hand)
+                                    .map(|x| x.upfront_fee)
+                                    .sum::<Decimal>()
                         } else {
                             Decimal::ZERO
                         },
@@ -193,6 +224,74 @@ impl Observed<'_> {
                 }
             }
             out.sort_by_key(|w| w.start);
+            out
+        })
+    }
+
+    /// The paid extensions a team bought by hand for the reservations of request `id`.
+    pub fn hand_extensions(&self, id: &str) -> Vec<HandExtension> {
+        self.cloud.with_world(|w| {
+            let mut out = Vec::new();
+            for cr in w.ec2.reservations.values() {
+                if cr.tags.get(REQUEST_TAG).map(String::as_str) != Some(id) {
+                    continue;
+                }
+                let lead = if cr.ultraserver {
+                    w.settings.ultraserver_termination_lead_minutes
+                } else {
+                    w.settings.block_termination_lead_minutes
+                };
+                for x in cr.extensions.iter().filter(|x| x.by_hand) {
+                    let Some(paid_at) = x.paid_at else {
+                        continue;
+                    };
+                    let instances = w
+                        .ec2
+                        .instances
+                        .values()
+                        .filter(|i| i.capacity_reservation_id.as_deref() == Some(cr.id.as_str()))
+                        .filter(|i| i.terminated_at.is_none_or(|t| t > paid_at))
+                        .map(|i| (i.id.clone(), i.tags.get(DRAIN_AT_TAG).cloned()))
+                        .collect();
+                    out.push(HandExtension {
+                        reservation_id: cr.id.clone(),
+                        segment: 0,
+                        kind: "capacity-block".into(),
+                        old_end: x.start,
+                        new_end: x.end,
+                        new_forced: x.end - TimeDelta::minutes(lead),
+                        paid_at,
+                        instances,
+                    });
+                }
+            }
+            for p in w.sm.plans.values() {
+                let tagged =
+                    w.sm.tags
+                        .get(&p.arn)
+                        .is_some_and(|tags| tags.iter().any(|(k, v)| k == REQUEST_TAG && v == id));
+                if !tagged {
+                    continue;
+                }
+                let lead = match p.offering.target.as_str() {
+                    "training-job" => w.settings.training_job_termination_lead_minutes,
+                    "hyperpod-cluster" => w.settings.hyperpod_termination_lead_minutes,
+                    _ => 0,
+                };
+                for x in p.extensions.iter().filter(|x| x.by_hand && x.paid) {
+                    out.push(HandExtension {
+                        reservation_id: p.arn.clone(),
+                        segment: p.offering.segments.len() - 1,
+                        kind: format!("training-plan/{}", p.offering.target),
+                        old_end: x.start,
+                        new_end: x.end,
+                        new_forced: x.end - TimeDelta::minutes(lead),
+                        paid_at: x.paid_at,
+                        instances: Vec::new(),
+                    });
+                }
+            }
+            out.sort_by_key(|x| x.paid_at);
             out
         })
     }
@@ -491,6 +590,11 @@ pub fn judge(o: &Observed) -> Vec<Check> {
                 ok,
                 notes.join("; "),
             );
+        }
+
+        if e.drain_followed_extension {
+            let (ok, detail) = drain_followed_extension(o, id);
+            check("drain followed the extension by hand", id, ok, detail);
         }
 
         if e.cleaned_up {
@@ -832,6 +936,122 @@ pub fn judge(o: &Observed) -> Vec<Check> {
         },
     );
     out
+}
+
+/// For request `id`, whose reservation a team extended by hand: each paid extension's window
+/// was first drained after its old end and before the new end's forced termination, and (a
+/// block) each of its instances still running when the extension was paid carries a
+/// `capacity-pilot:drain-at` tag after the old end and no later than that forced termination.
+fn drain_followed_extension(o: &Observed, id: &str) -> (bool, String) {
+    let extensions = o.hand_extensions(id);
+    if extensions.is_empty() {
+        return (
+            false,
+            "no extension bought by hand (an `extend` action) of its reservations was paid".into(),
+        );
+    }
+    let drained = o.ours(id, "Capacity Workload Drained");
+    let mut ok = true;
+    let mut notes = Vec::new();
+    for x in &extensions {
+        let window = Window {
+            reservation_id: x.reservation_id.clone(),
+            segment: x.segment,
+            start: x.old_end,
+            end: x.new_end,
+            forced: x.new_forced,
+            usable: x.old_end,
+            fee: Decimal::ZERO,
+            kind: x.kind.clone(),
+        };
+        let first = drained
+            .iter()
+            .filter(|d| {
+                d["detail"]["reservation_id"] == x.reservation_id.as_str()
+                    && window.is_segment(&d["detail"])
+            })
+            .filter_map(|d| time(&d["time"]))
+            .min();
+        let name = short(&x.reservation_id);
+        let span = format!(
+            "{name} extended by hand from {} to {} (paid {}; AWS's forced termination {})",
+            x.old_end.format("%m-%d %H:%M"),
+            x.new_end.format("%m-%d %H:%M"),
+            x.paid_at.format("%m-%d %H:%M"),
+            x.new_forced.format("%m-%d %H:%M")
+        );
+        match first {
+            Some(t) if t > x.old_end && t < x.new_forced => notes.push(format!(
+                "{span}: drained {}, after the old end and {} min before the forced termination",
+                t.format("%m-%d %H:%M"),
+                (x.new_forced - t).num_minutes()
+            )),
+            Some(t) if t <= x.old_end => {
+                ok = false;
+                notes.push(format!(
+                    "{span}: drained {}, by the OLD end: the drain did not follow the extension",
+                    t.format("%m-%d %H:%M")
+                ));
+            }
+            Some(t) => {
+                ok = false;
+                notes.push(format!(
+                    "{span}: drained {}, not before the new end's forced termination",
+                    t.format("%m-%d %H:%M")
+                ));
+            }
+            None => {
+                ok = false;
+                notes.push(format!("{span}: never drained"));
+            }
+        }
+        if x.kind != "capacity-block" {
+            continue;
+        }
+        if x.instances.is_empty() {
+            ok = false;
+            notes.push(format!(
+                "{name}: no instance of it was running when the extension was paid"
+            ));
+        }
+        let stale: Vec<String> = x
+            .instances
+            .iter()
+            .filter(|(_, tag)| {
+                !tag.as_deref()
+                    .and_then(|v| v.parse::<DateTime<Utc>>().ok())
+                    .is_some_and(|t| t > x.old_end && t <= x.new_forced)
+            })
+            .map(|(i, tag)| {
+                format!(
+                    "{i} ({DRAIN_AT_TAG} {})",
+                    tag.as_deref().unwrap_or("absent")
+                )
+            })
+            .collect();
+        if stale.is_empty() {
+            if !x.instances.is_empty() {
+                notes.push(format!(
+                    "its {} instance(s) carry {DRAIN_AT_TAG} {}",
+                    x.instances.len(),
+                    x.instances
+                        .iter()
+                        .filter_map(|(_, t)| t.clone())
+                        .collect::<BTreeSet<_>>()
+                        .into_iter()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+        } else {
+            ok = false;
+            notes.push(format!(
+                "instances whose drain time is not after the old end: {}",
+                stale.join(", ")
+            ));
+        }
+    }
+    (ok, notes.join("; "))
 }
 
 /// A short form of a reservation id or plan ARN, for reading.

@@ -946,6 +946,49 @@ impl Player {
                     ),
                 );
             }
+            What::Extend(x) => {
+                let done = self.cloud.with_world(|w| {
+                    let live = live_reservations(w, &x.request_id);
+                    let Some(r) = live.get(x.index) else {
+                        return Err(format!(
+                            "has no live reservation #{} to extend ({} live)",
+                            x.index,
+                            live.len()
+                        ));
+                    };
+                    match r {
+                        Reservation::Block(id) => w
+                            .extend_block(id, x.hours)
+                            .map(|e| {
+                                format!(
+                                    "Capacity Block {id}: extension {}, to end {} once paid",
+                                    e.status,
+                                    e.end.format("%m-%d %H:%M")
+                                )
+                            })
+                            .map_err(|e| format!("Capacity Block {id} was not extended: {e}")),
+                        Reservation::Plan(region, name) => w
+                            .extend_plan(region, name, x.hours)
+                            .map(|e| {
+                                format!(
+                                    "training plan {name}: payment {}, to end {} once paid at {}",
+                                    e.payment_status(),
+                                    e.end.format("%m-%d %H:%M"),
+                                    e.paid_at.format("%m-%d %H:%M")
+                                )
+                            })
+                            .map_err(|e| format!("training plan {name} was not extended: {e}")),
+                    }
+                });
+                let what = done.map_err(|e| anyhow!("at {now}: request {} {e}", x.request_id))?;
+                self.timeline.action(
+                    now,
+                    &format!(
+                        "the team of {} extends it by {} h by hand (console): {what}",
+                        x.request_id, x.hours
+                    ),
+                );
+            }
             What::Cli(c) => self.run_cli(c, scenario).await?,
             What::Outage { function, minutes } => {
                 anyhow::ensure!(
@@ -1212,6 +1255,50 @@ pub fn bus_label(bus: Bus) -> &'static str {
         Bus::Default => "default",
         Bus::Custom => "capacity-pilot",
     }
+}
+
+/// A reservation of a request an `extend` action can name.
+enum Reservation {
+    /// A Capacity Block's reservation id.
+    Block(String),
+    /// A training plan's region and name.
+    Plan(String, String),
+}
+
+/// The reservations bought for `request_id` (by its request tag) that are still live: blocks
+/// not expired or released, plans not expired or failed; by start, then id.
+fn live_reservations(w: &crate::World, request_id: &str) -> Vec<Reservation> {
+    let mut live: Vec<(DateTime<Utc>, String, Reservation)> = Vec::new();
+    for cr in w.ec2.reservations.values() {
+        if cr.tags.get(checks::REQUEST_TAG).map(String::as_str) == Some(request_id)
+            && matches!(
+                cr.state.as_str(),
+                "pending" | "payment-pending" | "scheduled" | "active"
+            )
+        {
+            live.push((cr.start, cr.id.clone(), Reservation::Block(cr.id.clone())));
+        }
+    }
+    for p in w.sm.plans.values() {
+        let tagged = w.sm.tags.get(&p.arn).is_some_and(|tags| {
+            tags.iter()
+                .any(|(k, v)| k == checks::REQUEST_TAG && v == request_id)
+        });
+        if tagged
+            && matches!(
+                crate::sagemaker::plan_status(p, w.now),
+                "Pending" | "Scheduled" | "Active"
+            )
+        {
+            live.push((
+                p.offering.start(),
+                p.arn.clone(),
+                Reservation::Plan(p.region.clone(), p.name.clone()),
+            ));
+        }
+    }
+    live.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    live.into_iter().map(|(_, _, r)| r).collect()
 }
 
 /// The `index`th live (running or pending) instance of `request_id`, in launch order.

@@ -39,7 +39,9 @@ pub struct Scenario {
     #[serde(default)]
     pub expect: BTreeMap<String, Expect>,
     /// Each team's fees on the bus equal what the emulator charged it (a reservation whose
-    /// payment failed charged nothing, and its Reserved event does not count).
+    /// payment failed charged nothing, and its Reserved event does not count; an extension a
+    /// team bought by hand, an `extend` action, was not bought by capacity-pilot and is not
+    /// counted).
     #[serde(default = "yes")]
     pub budgets_exact: bool,
 }
@@ -128,6 +130,14 @@ pub enum What {
         #[serde(default = "one")]
         count: u32,
     },
+    /// A team extends a reservation of a request (found by its tag `capacity-pilot:request-id`)
+    /// by `hours` by hand, as in the console, outside capacity-pilot: a Capacity Block through
+    /// EC2's extension path (`payment-pending`, then the end moves), a training plan as
+    /// `ExtendTrainingPlan` would (the emulator's `POST /_local/capacity-reservations/{id}/extend`
+    /// and `POST /_local/training-plans/{region}/{name}/extend`). `index` picks among the
+    /// request's live reservations (not expired, released or failed) by start; the first by
+    /// default. A refusal fails the run.
+    Extend(ExtendBy),
     /// Run the `capacity-pilot` CLI (built with the functions) against the emulator at this
     /// simulated time, as an operator would, and check its exit code and output.
     Cli(CliCall),
@@ -218,6 +228,15 @@ pub struct InstanceOf {
     pub index: usize,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExtendBy {
+    pub request_id: String,
+    pub hours: i64,
+    #[serde(default)]
+    pub index: usize,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Retirement {
@@ -261,6 +280,12 @@ pub struct Expect {
     /// Failed` reason says this.
     #[serde(default)]
     pub not_bought_because: Option<String>,
+    /// Its reservation, extended by hand by an `extend` action, was followed: the first drain
+    /// of the extended window came after its old end and before the new end's forced
+    /// termination, and its EC2 instances running when the extension was paid carry
+    /// `capacity-pilot:drain-at` after the old end.
+    #[serde(default)]
+    pub drain_followed_extension: bool,
     /// Every window had each `Capacity Window Opening` lead due after its purchase before it
     /// opened, and each `Capacity Reservation Ending` lead before its drain, on the bus and
     /// on the notices topic (ARCHITECTURE §9.2).
@@ -467,6 +492,54 @@ mod tests {
             })
             .collect();
         assert_eq!(forced, [("team-a".into(), 2), ("team-b".into(), 1)]);
+    }
+
+    #[test]
+    fn a_scenario_can_extend_a_request_by_hand_and_expect_its_drain_to_follow() {
+        // GIVEN an extension at a time and one relative to a window's opening, of another
+        // reservation of the request, and the check about it
+        let s: Scenario = serde_yaml_ng::from_str(
+            "name: x\nseed: 1\nstart: 2026-12-01T09:00:00Z\nend: 2026-12-04T12:30:00Z\n\
+             actions:\n\
+             - at: 2026-12-02T13:00:00Z\n  extend: {request_id: team-a, hours: 24}\n\
+             - after: {opens: team-b, minutes: 120}\n  extend: {request_id: team-b, hours: 48, index: 1}\n\
+             expect:\n  team-a: {drain_followed_extension: true}\n",
+        )
+        .expect("parses");
+        // WHEN its actions are read
+        let extends: Vec<&ExtendBy> = s
+            .actions
+            .iter()
+            .map(|a| match &a.what {
+                What::Extend(e) => e,
+                other => panic!("not extend: {other:?}"),
+            })
+            .collect();
+        // THEN each says whose reservation, by how much, and which; the first by default
+        assert_eq!(
+            extends,
+            [
+                &ExtendBy {
+                    request_id: "team-a".into(),
+                    hours: 24,
+                    index: 0
+                },
+                &ExtendBy {
+                    request_id: "team-b".into(),
+                    hours: 48,
+                    index: 1
+                },
+            ]
+        );
+        let after = s.actions[1].after.as_ref().expect("relative");
+        assert_eq!(after.opens.as_deref(), Some("team-b"));
+        assert_eq!(after.offset(), TimeDelta::minutes(120));
+        assert!(s.expect["team-a"].drain_followed_extension);
+        // ... and hours are required
+        let bad = serde_yaml_ng::from_str::<Vec<Action>>(
+            "- at: 2026-12-01T09:00:00Z\n  extend: {request_id: team-a}\n",
+        );
+        assert!(bad.is_err());
     }
 
     #[test]

@@ -12,14 +12,14 @@ use local_cloud::Settings;
 use crate::ec2_blocks::{buy, describe, offerings};
 use crate::helpers::*;
 
-fn template() -> LaunchTemplateSpecification {
+pub(crate) fn template() -> LaunchTemplateSpecification {
     LaunchTemplateSpecification::builder()
         .launch_template_name("capacity-pilot-gpu")
         .version("$Default")
         .build()
 }
 
-async fn subnet_in(env: &Env, az: &str) -> String {
+pub(crate) async fn subnet_in(env: &Env, az: &str) -> String {
     env.ec2
         .describe_subnets()
         .filters(
@@ -37,7 +37,7 @@ async fn subnet_in(env: &Env, az: &str) -> String {
         .to_string()
 }
 
-fn into_block(
+pub(crate) fn into_block(
     cr: &str,
 ) -> (
     InstanceMarketOptionsRequest,

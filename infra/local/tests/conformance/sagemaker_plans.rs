@@ -95,7 +95,7 @@ pub fn job(
         )
 }
 
-async fn job_status(env: &Env, name: &str) -> (String, String) {
+pub(crate) async fn job_status(env: &Env, name: &str) -> (String, String) {
     let out = env
         .sm
         .describe_training_job()
