@@ -162,6 +162,7 @@ struct State {
 pub struct DueTimes {
     pub status: RequestStatus,
     pub own: Option<DateTime<Utc>>,
+    /// Its windows' next actions, and their lead-time notices (cleanup's work too).
     pub window: Option<DateTime<Utc>>,
 }
 
@@ -463,6 +464,7 @@ impl InMemoryStore {
                     .windows
                     .iter()
                     .filter_map(|w| w.next_action_at)
+                    .chain(crate::domain::window::notice_at(&r.record.windows))
                     .min(),
             })
             .collect();

@@ -34,6 +34,8 @@ pub struct Sold {
     pub id: String,
     pub start: DateTime<Utc>,
     pub end: DateTime<Utc>,
+    /// Its end as bought: before any extension a team bought by hand in the console.
+    pub bought_end: DateTime<Utc>,
     pub created: DateTime<Utc>,
     /// Its upfront fee in micro-USD, extensions included.
     pub fee: i64,
@@ -150,10 +152,11 @@ pub fn sold(cloud: &LocalCloud) -> Vec<Sold> {
             let Some(req) = cr.tags.get(REQUEST_TAG) else {
                 continue;
             };
+            // An extension bought by hand in the console is the team's, never counted.
             let ext: Decimal = cr
                 .extensions
                 .iter()
-                .filter(|e| e.status != "payment-failed")
+                .filter(|e| e.status != "payment-failed" && !e.by_hand)
                 .map(|e| e.upfront_fee)
                 .sum();
             out.push(Sold {
@@ -161,6 +164,13 @@ pub fn sold(cloud: &LocalCloud) -> Vec<Sold> {
                 id: cr.id.clone(),
                 start: cr.start,
                 end: cr.end,
+                bought_end: cr
+                    .extensions
+                    .iter()
+                    .filter(|e| e.by_hand && e.status == "payment-succeeded")
+                    .map(|e| e.start)
+                    .min()
+                    .unwrap_or(cr.end),
                 created: cr.created,
                 fee: micros(cr.upfront_fee + ext),
                 live_or_paid: cr.state != "payment-failed",
@@ -180,8 +190,22 @@ pub fn sold(cloud: &LocalCloud) -> Vec<Sold> {
                 id: p.arn.clone(),
                 start: p.offering.start(),
                 end: p.offering.end(),
+                bought_end: p
+                    .extensions
+                    .iter()
+                    .filter(|e| e.by_hand && e.paid)
+                    .map(|e| e.start)
+                    .min()
+                    .unwrap_or(p.offering.end()),
                 created: p.created,
-                fee: micros(p.offering.upfront_fee),
+                fee: micros(
+                    p.offering.upfront_fee
+                        - p.extensions
+                            .iter()
+                            .filter(|e| e.paid && e.by_hand)
+                            .map(|e| e.upfront_fee)
+                            .sum::<Decimal>(),
+                ),
                 live_or_paid: plan_status(p, w.now) != "Failed",
                 plan: true,
                 windows: p.offering.segments.len(),
@@ -598,7 +622,8 @@ pub fn per_step(sim: &Sim) -> Vec<String> {
         }
         for (a, x) in list.iter().enumerate() {
             for y in list.iter().skip(a + 1) {
-                if x.start < y.end && y.start < x.end {
+                // (As bought: a team's own extension in the console may run into the next.)
+                if x.start < y.bought_end && y.start < x.bought_end {
                     out.push(format!(
                         "one reservation per window: {id}'s {} and {} overlap",
                         x.id, y.id
@@ -726,6 +751,38 @@ fn ours<'a>(events: &'a [Value], detail_type: &str, id: &str) -> Vec<&'a Value> 
 }
 
 /// Whether the event's `request_id` is `id`, ignoring case as request ids compare.
+/// The segment ends AWS reports now of each reservation a team extended in the console.
+fn aws_ends(sim: &Sim) -> BTreeMap<String, Vec<DateTime<Utc>>> {
+    sim.cloud.with_world(|w| {
+        sim.extended
+            .iter()
+            .filter_map(|(id, _)| {
+                if let Some(cr) = w.ec2.reservations.get(id) {
+                    return Some((id.clone(), vec![cr.end]));
+                }
+                let p = w.sm.plans.values().find(|p| p.arn == *id)?;
+                Some((
+                    id.clone(),
+                    p.offering.segments.iter().map(|s| s.end).collect(),
+                ))
+            })
+            .collect()
+    })
+}
+
+/// Whether the submitted `detail` is `planned`'s: the same but for the budget (a cap set
+/// at the quote just before it went).
+fn same_submission(detail: &Value, planned: &Value) -> bool {
+    let strip = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(o) = v.as_object_mut() {
+            o.remove("budget");
+        }
+        v
+    };
+    strip(detail) == strip(planned)
+}
+
 fn same_id(v: &Value, id: &str) -> bool {
     v.as_str().is_some_and(|v| v.eq_ignore_ascii_case(id))
 }
@@ -882,10 +939,16 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
         } else {
             t.listed_at
         };
-        let purchased_after = sim
-            .lease_times
-            .iter()
-            .any(|(id, at)| *id == t.request && *at >= readable);
+        // A lease a takeover later released without asking AWS (none of the purchase's
+        // leases called it) never reconciled: the detector announces what it left (seed 746).
+        let purchased_after = sim.lease_times.iter().any(|(id, at)| {
+            *id == t.request
+                && *at >= readable
+                && !sim
+                    .uncalled_releases
+                    .iter()
+                    .any(|(r, released)| r == id && released >= at)
+        });
         let live = self::sold(&sim.cloud)
             .iter()
             .any(|s| s.id == t.id && s.live_or_paid);
@@ -1072,10 +1135,13 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
                 })
                 .filter_map(|p| p["field"].as_str().map(str::to_string))
                 .collect();
+            // This submission, not another of the same id (seed 1283: a valid-looking one of
+            // the same id, rejected for its own field, was taken for it while its own went
+            // to the DLQ); its max_upfront_usd may be set at the quote when submitted.
             let delivered = sim.delivered.iter().any(|d| {
                 d.handled
                     && d.event["detail-type"] == "Capacity Request Submitted"
-                    && d.event["detail"]["request_id"] == id
+                    && same_submission(&d.event["detail"], &planned.detail)
             });
             if delivered && !recs.contains_key(id) {
                 for f in &planned.invalid {
@@ -1454,9 +1520,26 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
                 })
             })
     };
+    // ARCHITECTURE §9.3: a window's end is what AWS reports. A reservation extended by hand
+    // (in the console, more than 3 h before its end, so paid before any drain) is judged
+    // by the end AWS reports now, not the one recorded when it was bought.
+    let aws_ends = aws_ends(sim);
     for r in recs.values() {
         let id = r.request_id.as_str();
-        let held = reservations.get(&r.request_id).cloned().unwrap_or_default();
+        let held: Vec<Reservation> = reservations
+            .get(&r.request_id)
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|mut h| {
+                if let Some(ends) = aws_ends.get(&h.id) {
+                    for (s, end) in h.segments.iter_mut().zip(ends) {
+                        s.end = *end;
+                    }
+                }
+                h
+            })
+            .collect();
         let lead = capacity_pilot::domain::window::DrainLead::of(
             &r.request,
             capacity_pilot::config::DEFAULT_DRAIN_MINUTES,
@@ -1860,11 +1943,13 @@ async fn lead_notices(
             continue;
         }
         let d = &e["detail"];
+        // (An Ending notice counts down to one end: when AWS moves it, the new end's are
+        // other notices, ARCHITECTURE §9.3.)
         keys.entry((
             d["request_id"].to_string(),
             d["reservation_id"].to_string(),
             d["window"].to_string(),
-            format!("{dt} {}", d["lead_minutes"]),
+            format!("{dt} {} {}", d["lead_minutes"], d["ends_at"]),
         ))
         .or_default()
         .insert(d["event_key"].to_string());
@@ -1909,8 +1994,13 @@ async fn lead_notices(
                 for m in minutes {
                     let lead = Lead { kind, minutes: *m };
                     let moment = lead.moment(w);
-                    // Not due (before the purchase), or not yet owed by the end of the run.
-                    if moment < bought || moment > end - TimeDelta::minutes(10) {
+                    // Not due (before the purchase, or an Ending lead before the end last
+                    // moved), or not yet owed by the end of the run.
+                    let since = w
+                        .notices
+                        .as_ref()
+                        .map_or(bought, |n| n.due_since(kind, bought));
+                    if moment < since || moment > end - TimeDelta::minutes(10) {
                         continue;
                     }
                     let published = bus.iter().any(|e| {
@@ -1919,6 +2009,8 @@ async fn lead_notices(
                             && e["detail"]["reservation_id"] == w.reservation.id.as_str()
                             && e["detail"]["window"] == w.number
                             && e["detail"]["lead_minutes"] == *m
+                            && (kind == LeadKind::Opening
+                                || e["detail"]["ends_at"] == json!(w.end()))
                     });
                     let said = format!("{} was not sent", lead.describe(w.number));
                     let recorded = history.iter().any(|h| h.reason.contains(&said));

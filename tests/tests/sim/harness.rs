@@ -34,7 +34,9 @@ use search_offerings::handler::Searcher;
 use serde_json::{Value, json};
 
 use super::checks;
-use super::scenario::{ApiFaultKind, Approver, DeliveryFault, FUNCTIONS, RaceWith, Scenario, t0};
+use super::scenario::{
+    ApiFaultKind, Approver, DeliveryFault, FUNCTIONS, Outage, RaceWith, Scenario, t0,
+};
 
 pub const REGION: &str = "us-east-1";
 pub const BUS: &str = "capacity-pilot";
@@ -82,6 +84,11 @@ enum Act {
         impair: bool,
     },
     Settle,
+    /// A team extends its request's reservation by hand in the console, by `hours`.
+    ConsoleExtend {
+        request: usize,
+        hours: i64,
+    },
     /// An operator pauses purchases (the scenario's pause of that index), or resumes them.
     Pause(usize),
     Resume,
@@ -267,6 +274,11 @@ pub struct Sim {
     leases: BTreeMap<String, String>,
     /// (request, when) for each purchase lease taken, as the steps saw them.
     pub lease_times: Vec<(String, DateTime<Utc>)>,
+    /// (reservation, when) for each reservation a team extended by hand in the console.
+    pub extended: Vec<(String, DateTime<Utc>)>,
+    /// (request, when) for each purchase a takeover released because no lease of it called
+    /// AWS: the leases before it never reconciled (seed 746).
+    pub uncalled_releases: Vec<(String, DateTime<Utc>)>,
     /// The strays bought so far.
     pub strays: Vec<checks::Stray>,
     /// Promises broken inside an invocation or at a write, for the next step's checks.
@@ -729,6 +741,8 @@ impl Sim {
             terminations,
             leases: BTreeMap::new(),
             lease_times: Vec::new(),
+            uncalled_releases: Vec::new(),
+            extended: Vec::new(),
             strays: Vec::new(),
             problems: Vec::new(),
             refusals: Vec::new(),
@@ -1526,7 +1540,49 @@ impl Sim {
                     },
                 );
             }
+            // (Issue 57: with notices driving cleanup's ticks, one goes late only when cleanup
+            // is down at its moment.) cleanup-expired is down across the window's 1 h Opening
+            // notice, once a run: it goes out late, saying so.
+            "Capacity Window Opening"
+                if self.scenario.late_notice_outage
+                    && self.faults_on
+                    && ev["source"] == "capacity-pilot"
+                    && ev["detail"]["lead_minutes"] == 1440
+                    && !self.scenario.outages.iter().any(|o| o.late_notice) =>
+            {
+                if let Some(opens) = ev["detail"]["opens_at"]
+                    .as_str()
+                    .and_then(|t| t.parse::<DateTime<Utc>>().ok())
+                {
+                    let from = (opens - TimeDelta::minutes(70) - t0()).num_minutes();
+                    if from > (now - t0()).num_minutes()
+                        && from + 30 < (self.scenario.faults_end() - t0()).num_minutes()
+                    {
+                        self.trace(format!(
+                            "fault: cleanup-expired will be down 30 min across {id}'s 1 h \
+                             Window Opening notice"
+                        ));
+                        self.scenario.outages.push(Outage {
+                            function: "cleanup-expired",
+                            from,
+                            minutes: 30,
+                            late_notice: true,
+                        });
+                    }
+                }
+            }
             "Capacity Workload Launched" if self.launched.insert(i) => {
+                for x in self.scenario.console_extensions.clone() {
+                    if x.request == i {
+                        self.act_at(
+                            now + TimeDelta::minutes(x.after),
+                            Act::ConsoleExtend {
+                                request: i,
+                                hours: x.hours,
+                            },
+                        );
+                    }
+                }
                 for (h, index, impair) in self.scenario.requests[i].instance_failures.clone() {
                     self.act_at(
                         now + TimeDelta::hours(h) + TimeDelta::minutes(17),
@@ -1717,6 +1773,65 @@ impl Sim {
                         self.reached
                             .insert("a spot instance was reclaimed".to_string());
                     }
+                }
+            }
+            Act::ConsoleExtend { request, hours } => {
+                let id = self.scenario.requests[request].detail["request_id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                let now = self.clock.get();
+                // The reservation it runs in now, more than 3 hours before its end: the
+                // extension's payment clears before any drain (at most 105 min before it).
+                let margin = TimeDelta::hours(3);
+                let done = self.cloud.with_world(|w| {
+                    let block = w
+                        .ec2
+                        .reservations
+                        .values()
+                        .filter(|c| {
+                            c.tags.get("capacity-pilot:request-id") == Some(&id)
+                                && c.state == "active"
+                                && c.start <= now
+                                && c.end > now + margin
+                                && c.extensions.iter().all(|e| e.status != "payment-pending")
+                        })
+                        .map(|c| c.id.clone())
+                        .next();
+                    if let Some(cr) = block {
+                        return Some((cr.clone(), w.extend_block(&cr, hours).map(|e| e.end)));
+                    }
+                    let plan =
+                        w.sm.plans
+                            .values()
+                            .filter(|p| {
+                                w.sm.tags.get(&p.arn).is_some_and(|t| {
+                                    t.iter()
+                                        .any(|(k, v)| k == "capacity-pilot:request-id" && *v == id)
+                                }) && p.offering.start() <= now
+                                    && p.offering.end() > now + margin
+                                    && p.extensions.iter().all(|e| e.paid)
+                            })
+                            .map(|p| (p.region.clone(), p.name.clone(), p.arn.clone()))
+                            .next();
+                    let (region, name, arn) = plan?;
+                    Some((arn, w.extend_plan(&region, &name, hours).map(|e| e.end)))
+                });
+                match done {
+                    Some((rid, Ok(end))) => {
+                        self.trace(format!(
+                            "console: {rid} of {id} extended by {hours} h, to end at {end}"
+                        ));
+                        self.extended.push((rid, now));
+                        self.reached
+                            .insert("a reservation was extended in the console".to_string());
+                    }
+                    Some((rid, Err(e))) => {
+                        self.trace(format!("console: extending {rid} of {id} refused: {e:?}"));
+                    }
+                    None => self.trace(format!(
+                        "console: {id} runs in no reservation ending more than 3 h from now"
+                    )),
                 }
             }
             Act::Settle => {
@@ -2147,6 +2262,13 @@ impl Sim {
                     }
                     if d.action == "ended-in-doubt" {
                         self.ended_in_doubt.insert(d.request_id.to_string());
+                    }
+                    // A takeover that releases a purchase no lease called AWS for asks AWS
+                    // nothing (ARCHITECTURE 9.1): the leases it ends adopted no stray.
+                    if p.function == "purchase-capacity"
+                        && d.reason.contains("stopped before calling AWS")
+                    {
+                        self.uncalled_releases.push((d.request_id.to_string(), now));
                     }
                     if d.action == "doubt-resolved" && d.reason.contains("was listed up to its end")
                     {

@@ -172,6 +172,8 @@ fn report(failed: &[(u64, Vec<String>)]) -> String {
 const MUST_REACH: &[&str] = &[
     "a ledger from before §9.8 held a purchase back",
     "a purchase was held back by a pause",
+    "a reservation was extended in the console",
+    "Capacity Reservation Extended",
     "Capacity Reserved",
     "Capacity Payment Failed",
     "Capacity Workload Launched",
@@ -415,8 +417,14 @@ fn smaller(s: &Scenario) -> Vec<Scenario> {
         market,
         crowded_days,
         refused,
-        strays
+        strays,
+        console_extensions
     );
+    if s.late_notice_outage {
+        let mut c = s.clone();
+        c.late_notice_outage = false;
+        out.push(c);
+    }
     if s.refuse_later_block {
         let mut c = s.clone();
         c.refuse_later_block = false;
@@ -430,6 +438,12 @@ fn smaller(s: &Scenario) -> Vec<Scenario> {
             for t in &mut c.strays {
                 if t.request > i {
                     t.request -= 1;
+                }
+            }
+            c.console_extensions.retain(|x| x.request != i);
+            for x in &mut c.console_extensions {
+                if x.request > i {
+                    x.request -= 1;
                 }
             }
             out.push(c);

@@ -94,6 +94,17 @@ pub struct PlannedStray {
     pub serves: bool,
 }
 
+/// A team extends the reservation its request `request` runs in, in the console, `after`
+/// minutes after its first launch, by `hours`: as the console would (an extension purchase
+/// for a block, `ExtendTrainingPlan` for a plan), more than 3 hours before the end, so its
+/// payment clears well before any drain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsoleExtension {
+    pub request: usize,
+    pub after: i64,
+    pub hours: i64,
+}
+
 /// A change of the market at a time.
 #[derive(Debug, Clone)]
 pub struct MarketMove {
@@ -188,6 +199,8 @@ pub struct Outage {
     pub function: &'static str,
     pub from: i64,
     pub minutes: i64,
+    /// Set by the harness across a lead-time notice ([`Scenario::late_notice_outage`]).
+    pub late_notice: bool,
 }
 
 impl Outage {
@@ -256,6 +269,12 @@ pub struct Scenario {
     /// (from, to), minutes after [`t0`]: an operator's pause of purchases (ARCHITECTURE
     /// §9.7), written at `from` and deleted at `to`.
     pub pauses: Vec<(i64, i64)>,
+    /// Teams that extend their block or plan by hand in the console (ARCHITECTURE §9.3):
+    /// the drain must follow the new end.
+    pub console_extensions: Vec<ConsoleExtension>,
+    /// cleanup-expired goes down for 30 min across the first window's 1 h Opening notice
+    /// (the harness adds the outage once it knows when that is): the notice goes late.
+    pub late_notice_outage: bool,
     /// Whether an event delivered twice runs its two deliveries at once (interleaved).
     pub concurrent_duplicates: bool,
     /// EC2 refuses the undocumented tag filter on DescribeCapacityReservations (the harsher
@@ -511,6 +530,7 @@ impl Scenario {
                     function: FUNCTIONS[(r.next() % FUNCTIONS.len() as u64) as usize],
                     from: r.range(0, 60 * (FAULT_HOURS - 1)),
                     minutes: *r.pick(&[60, 180, 480, 1440]),
+                    late_notice: false,
                 });
             }
         }
@@ -799,6 +819,19 @@ impl Scenario {
             let from = r.range(0, 6 * 60);
             pauses.push((from, from + *r.pick(&[20, 90, 360, 720])));
         }
+        // (Issue 57, after every earlier draw.) A team extends its block or plan by hand in
+        // the console while its window runs.
+        let mut console_extensions = Vec::new();
+        for (i, req) in requests.iter().enumerate() {
+            if req.invalid.is_empty() && r.chance(25) {
+                console_extensions.push(ConsoleExtension {
+                    request: i,
+                    after: r.range(10, 12 * 60),
+                    hours: *r.pick(&[24, 48]),
+                });
+            }
+        }
+        let late_notice_outage = r.chance(40);
         Scenario {
             seed,
             team_budgets,
@@ -823,6 +856,8 @@ impl Scenario {
             strays,
             outages,
             pauses,
+            console_extensions,
+            late_notice_outage,
             concurrent_duplicates,
             refuse_tag_filters,
             spot_runs,
