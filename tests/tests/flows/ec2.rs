@@ -35,7 +35,7 @@ fn instances_for(f: &Flow, id: &str) -> Vec<Instance> {
 }
 
 /// Those of [`instances_for`] that are pending or running.
-fn live_for(f: &Flow, id: &str) -> Vec<Instance> {
+pub(crate) fn live_for(f: &Flow, id: &str) -> Vec<Instance> {
     instances_for(f, id)
         .into_iter()
         .filter(|i| i.state == "pending" || i.state == "running")
@@ -112,12 +112,12 @@ fn fee_of(reserved: &Value) -> MicroUsd {
         .to_micros_ceil()
 }
 
-fn time_of(v: &Value) -> DateTime<Utc> {
+pub(crate) fn time_of(v: &Value) -> DateTime<Utc> {
     v.as_str().unwrap().parse().unwrap()
 }
 
 /// AWS events of `detail_type` on the default bus about reservation `cr`.
-fn aws_events(f: &Flow, detail_type: &str, cr: &str) -> Vec<Value> {
+pub(crate) fn aws_events(f: &Flow, detail_type: &str, cr: &str) -> Vec<Value> {
     f.cloud
         .events("default")
         .into_iter()
@@ -127,7 +127,7 @@ fn aws_events(f: &Flow, detail_type: &str, cr: &str) -> Vec<Value> {
 
 /// Submits the request and delivers what follows until it is Reserved (search, Offerings
 /// Found to purchase-capacity). Returns the Reserved event.
-async fn reserve(f: &Flow, id: &str) -> Value {
+pub(crate) async fn reserve(f: &Flow, id: &str) -> Value {
     f.submit(f.ec2_request(id)).await;
     assert_eq!(f.status(id).await, RequestStatus::OfferingsFound);
     f.deliver().await;

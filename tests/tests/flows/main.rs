@@ -6,6 +6,7 @@ mod alarms;
 mod basics;
 mod deployments;
 mod ec2;
+mod extensions;
 mod iam;
 mod notices;
 mod payment;
@@ -64,6 +65,8 @@ pub(crate) fn play_all() {
         notices::each_lead_time_notice_goes_on_time_late_or_is_recorded_as_skipped,
         notices::a_lead_whose_moment_came_before_the_purchase_produces_nothing,
         notices::a_teams_filter_policy_receives_only_its_own_notices,
+        extensions::a_block_extended_by_hand_drains_before_its_new_end_and_a_stale_warning_drains_nothing,
+        extensions::a_plan_extended_by_hand_is_not_drained_at_its_old_end,
     ];
     for scenario in scenarios {
         scenario();

@@ -1897,3 +1897,63 @@ async fn the_ending_notices_follow_the_new_end() {
     assert_ne!(d["event_key"], ending[0].detail["event_key"]);
     assert_eq!(w.status("r-1").await, RequestStatus::Active);
 }
+
+/// A reservation that cannot be read back keeps its recorded end: the drain is never held
+/// back by a failed read (AWS terminates by the end; a drain missed costs the workload), and
+/// the decision says what could not be read. A failed re-tag does not hold the move back
+/// either; the next read back tags what it left.
+#[tokio::test]
+async fn a_failed_read_back_never_holds_a_drain_back_and_a_failed_retag_heals_at_the_next() {
+    use capacity_pilot::fakes::MarketOp;
+    let transient = || capacity_pilot::ports::PortError::Transient {
+        service: "ec2",
+        code: "InternalError".into(),
+        message: "try again".into(),
+    };
+    // GIVEN a running block extended by a day, and EC2 failing the read back at the drain
+    let w = World::new();
+    let drain_at = running_window_of(&w, RequestStatus::Active).await;
+    assert!(w.market.extend_reservation("cr-1", Duration::days(1)));
+    w.market.fail_next(MarketOp::Describe, transient());
+    // WHEN the drain start comes
+    let out = w.tick_at(drain_at, "tick-1").await;
+    // THEN it drains as recorded, saying the end could not be read
+    assert_eq!(w.status("r-1").await, RequestStatus::Draining, "{out:?}");
+    assert!(
+        out.decisions
+            .iter()
+            .any(|d| d.reason.contains("could not be read back")),
+        "{out:?}"
+    );
+
+    // GIVEN another running block extended by a day, and EC2 failing the re-tag
+    let w = World::new();
+    let drain_at = running_window_of(&w, RequestStatus::Active).await;
+    assert!(w.market.extend_reservation("cr-1", Duration::days(1)));
+    w.workloads
+        .fail_next(WorkloadsOp::TagInstances, transient());
+    // WHEN the drain start comes
+    let out = w.tick_at(drain_at, "tick-1").await;
+    // THEN the end moves all the same, the failure said, the instance still tagged as before
+    assert_eq!(w.status("r-1").await, RequestStatus::Active, "{out:?}");
+    assert_eq!(w.events.published_of(EXTENDED).len(), 1);
+    assert!(
+        out.decisions
+            .iter()
+            .any(|d| d.reason.contains("could not be re-tagged")),
+        "{out:?}"
+    );
+    assert_eq!(
+        w.workloads.instance("i-1").unwrap().tags.get(DRAIN_AT_TAG),
+        None
+    );
+    // WHEN the next read back comes (the 13 h Ending notice of the new end; its 24 h one
+    // went with the move, at the old drain)
+    let out = w.tick_at(drain_at + Duration::hours(11), "tick-2").await;
+    // THEN the instance gets its new drain-at
+    assert_eq!(
+        w.workloads.instance("i-1").unwrap().tags.get(DRAIN_AT_TAG),
+        Some(&drain_at_value(drain_at + Duration::days(1))),
+        "{out:?}"
+    );
+}
