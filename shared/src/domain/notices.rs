@@ -706,15 +706,19 @@ impl Announce for ReservationExtended {
             ),
             format!(
                 "Window {} of request {id} ({} {}) {how}\nIt now ends at {} instead of {}. \
-                 What runs in it is stopped at the drain, now at {}; EC2 instances carry the new \
-                 time in their capacity-pilot:drain-at tag, and the Ending notices count down \
-                 to the new end.{}",
+                 What runs in it is stopped at the drain, now at {}{}, and the Ending notices \
+                 count down to the new end.{}",
                 self.window,
                 self.product,
                 self.reservation_id,
                 at(self.ends_at),
                 at(self.previous_ends_at),
                 at(self.drain_at),
+                if self.product == super::offering::Product::CapacityBlock {
+                    "; EC2 instances carry the new time in their capacity-pilot:drain-at tag"
+                } else {
+                    ""
+                },
                 next(format!("capacity-pilot status {id}"))
             ),
         ))
