@@ -584,40 +584,10 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             }
             return Ok(Some((rec, reservations)));
         }
-        let mut said: Vec<String> = moved
-            .moved
-            .iter()
-            .map(|(before, w)| {
-                format!(
-                    "AWS reports {} ending at {} ({} {before}){}: window {} now drains at {} \
-                     and its Ending notices count down to the new end",
-                    w.reservation.id,
-                    w.end(),
-                    if w.end() > *before {
-                        "extended from"
-                    } else {
-                        "recorded"
-                    },
-                    if w.end() > *before {
-                        ", an extension bought outside capacity-pilot whose fee is not counted"
-                    } else {
-                        ""
-                    },
-                    w.number,
-                    w.drain_at
-                )
-            })
-            .collect();
+        let mut said = moved.said();
         said.extend(tagged);
         said.extend(notes);
-        let outbox = moved
-            .moved
-            .iter()
-            .filter(|(before, w)| w.end() > *before)
-            .map(|(before, w)| {
-                notices::extended_event(rec.whose(), rec.team.as_str(), *before, w, true)
-            })
-            .collect();
+        let outbox = moved.announced(rec.whose(), rec.team.as_str());
         let reason = said.join("; ");
         let mut u = WindowUpdate::of(
             &rec,

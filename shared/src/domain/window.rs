@@ -393,6 +393,46 @@ pub struct EndsMoved {
     pub moved: Vec<(DateTime<Utc>, Window)>,
 }
 
+impl EndsMoved {
+    /// Each move in words, for a decision's reason and the request's history.
+    pub fn said(&self) -> Vec<String> {
+        self.moved
+            .iter()
+            .map(|(before, w)| {
+                let later = w.end() > *before;
+                format!(
+                    "AWS reports {} ending at {} ({} {before}){}: window {} now drains at {} \
+                     and its Ending notices count down to the new end",
+                    w.reservation.id,
+                    w.end(),
+                    if later { "extended from" } else { "recorded" },
+                    if later {
+                        ", an extension bought outside capacity-pilot whose fee is not counted"
+                    } else {
+                        ""
+                    },
+                    w.number,
+                    w.drain_at
+                )
+            })
+            .collect()
+    }
+
+    /// `Capacity Reservation Extended {external: true}` (and its notice, for `team`) for each
+    /// window whose end moved later.
+    pub fn announced(
+        &self,
+        whose: super::events::Whose<'_>,
+        team: &str,
+    ) -> Vec<crate::ports::OutboundEvent> {
+        self.moved
+            .iter()
+            .filter(|(before, w)| w.end() > *before)
+            .map(|(before, w)| super::notices::extended_event(whose, team, *before, w, true))
+            .collect()
+    }
+}
+
 /// `reservations` and `records` once `seen` (each a recorded reservation as AWS now reports
 /// it, [`Reservation::read_back`]) replace theirs, at `at`. A window already ended stays as
 /// it is; one drained keeps its state and is cleaned up at its new end.

@@ -196,26 +196,12 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         if moved.is_empty() {
             return t;
         }
-        let lead = window::DrainLead::of(&rec.request, self.config.default_drain_minutes);
-        let m = window::ends_moved(recorded, &rec.windows, moved, lead, t.at);
-        for (before, w) in &m.moved {
-            t.reason.push_str(&format!(
-                "; AWS reports {} ending at {} (recorded {before}): window {} now drains at {}",
-                w.reservation.id,
-                w.end(),
-                w.number,
-                w.drain_at
-            ));
-            if w.end() > *before {
-                t.outbox.push(crate::domain::notices::extended_event(
-                    rec.whose(),
-                    rec.team.as_str(),
-                    *before,
-                    w,
-                    true,
-                ));
-            }
+        let m = window::ends_moved(recorded, &rec.windows, moved, self.drain_lead(rec), t.at);
+        for said in m.said() {
+            t.reason.push_str("; ");
+            t.reason.push_str(&said);
         }
+        t.outbox.extend(m.announced(rec.whose(), rec.team.as_str()));
         t.windows = Some(m.records);
         t
     }
