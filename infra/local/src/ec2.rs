@@ -14,10 +14,7 @@ use crate::error::ApiError;
 use crate::market::{BlockOffering, BlockSearch, Pool, valid_block_hours};
 use crate::query::{Query, filter_matches};
 use crate::util::{ec2_time, hex_id};
-use crate::world::{
-    Action, EXTENSION_PAYMENT_LEAD_MINUTES, PAYMENT_LEAD_MINUTES, REQUEST_TAG, RefusalCode,
-    RefusalMarket, World,
-};
+use crate::world::{Action, PAYMENT_LEAD_MINUTES, REQUEST_TAG, RefusalCode, RefusalMarket, World};
 use crate::xml::{El, el, set};
 
 /// The platforms a Capacity Block can be bought for.
@@ -88,6 +85,8 @@ pub struct Extension {
     /// Bought by hand (the console: [`World::extend_block`]), not through the API by the
     /// product.
     pub by_hand: bool,
+    /// Its payment fails at its payment time ([`World::extension_payment`]).
+    pub fail_payment: bool,
 }
 
 /// A Capacity Block extension offering.
@@ -565,6 +564,7 @@ impl World {
                 self.describe_extension_offerings(region, q)
             }
             "PurchaseCapacityBlockExtension" => self.purchase_extension(region, q),
+            "DescribeCapacityBlockExtensionHistory" => self.describe_extension_history(region, q),
             "DescribeSubnets" => self.describe_subnets(region, q),
             "DescribeLaunchTemplateVersions" => self.describe_launch_template_versions(region, q),
             "RunInstances" => self.run_instances(region, q),
@@ -1135,6 +1135,7 @@ impl World {
             (offering.start, offering.end),
             cr.count,
         );
+        let (pay_at, fail_payment) = self.extension_payment(&cr_id, offering.start);
         let ext = Extension {
             offering_id: offering_id.clone(),
             start: offering.start,
@@ -1145,9 +1146,8 @@ impl World {
             upfront_fee: offering.upfront_fee,
             paid_at: None,
             by_hand: false,
+            fail_payment,
         };
-        let pay_at =
-            self.payment_time(offering.start - TimeDelta::minutes(EXTENSION_PAYMENT_LEAD_MINUTES));
         self.ec2
             .reservations
             .get_mut(&cr_id)
@@ -1161,10 +1161,75 @@ impl World {
                 extension: offering_id,
             },
         );
+        let zone_id = self.zone_id(region, &cr.availability_zone);
         Ok(vec![set(
             "capacityBlockExtensionSet",
-            [extension_el(&cr, &ext)],
+            [extension_el(&cr, &ext, &zone_id)],
         )])
+    }
+
+    /// Every extension of the region's blocks (bought through the API or by hand), oldest
+    /// purchase first, each once [`crate::world::Settings::listing_lag_seconds`] have passed
+    /// since its purchase (its status as it is now). `CapacityReservationId.N` names blocks,
+    /// each of which must exist and be listed (else `InvalidCapacityReservationId.NotFound`);
+    /// an unknown filter name is `InvalidParameterValue`.
+    fn describe_extension_history(&mut self, region: &str, q: &Query) -> Result<Vec<El>, ApiError> {
+        dry_run(q)?;
+        let ids = q.list("CapacityReservationId");
+        for id in &ids {
+            let cr = self.find_cr(region, id)?;
+            if !self.listed(cr.created) {
+                return Err(cr_not_found(id));
+            }
+        }
+        let filters = q.filters();
+        const NAMES: [&str; 6] = [
+            "availability-zone",
+            "availability-zone-id",
+            "capacity-block-extension-offering-id",
+            "capacity-block-extension-status",
+            "capacity-reservation-id",
+            "instance-type",
+        ];
+        if let Some(f) = filters.iter().find(|f| !NAMES.contains(&f.name.as_str())) {
+            return Err(ApiError::invalid(format!(
+                "The filter '{}' is invalid",
+                f.name
+            )));
+        }
+        let mut found: Vec<(DateTime<Utc>, String, El)> = Vec::new();
+        for cr in self
+            .ec2
+            .reservations
+            .values()
+            .filter(|cr| cr.region == region && (ids.is_empty() || ids.contains(&cr.id)))
+        {
+            let zone_id = self.zone_id(region, &cr.availability_zone);
+            for e in cr.extensions.iter().filter(|e| self.listed(e.purchased)) {
+                let matches = filters.iter().all(|f| {
+                    let actual = match f.name.as_str() {
+                        "availability-zone" => cr.availability_zone.as_str(),
+                        "availability-zone-id" => zone_id.as_str(),
+                        "capacity-block-extension-offering-id" => e.offering_id.as_str(),
+                        "capacity-block-extension-status" => e.status.as_str(),
+                        "capacity-reservation-id" => cr.id.as_str(),
+                        _ => cr.instance_type.as_str(),
+                    };
+                    filter_matches(&f.values, actual)
+                });
+                if matches {
+                    found.push((e.purchased, cr.id.clone(), extension_el(cr, e, &zone_id)));
+                }
+            }
+        }
+        found.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        let items: Vec<El> = found.into_iter().map(|(_, _, e)| e).collect();
+        let (page, next) = paginate(items, q.int("MaxResults")?, q.get("NextToken"), (1, 1000))?;
+        let mut out = vec![set("capacityBlockExtensionSet", page)];
+        if let Some(n) = next {
+            out.push(El::leaf("nextToken", n));
+        }
+        Ok(out)
     }
 
     fn describe_subnets(&mut self, region: &str, q: &Query) -> Result<Vec<El>, ApiError> {
@@ -2191,7 +2256,7 @@ impl World {
                 else {
                     return;
                 };
-                if c.fail_payment {
+                if c.fail_payment || ext.fail_payment {
                     ext.status = "payment-failed".to_string();
                     let (start, end) = (ext.start, ext.end);
                     let c = c.clone();
@@ -2562,12 +2627,13 @@ fn cr_not_found(id: &str) -> ApiError {
     )
 }
 
-fn extension_el(cr: &CapacityReservation, e: &Extension) -> El {
+fn extension_el(cr: &CapacityReservation, e: &Extension, zone_id: &str) -> El {
     el("item")
         .v("capacityReservationId", &cr.id)
         .v("instanceType", &cr.instance_type)
         .v("instanceCount", cr.count)
         .v("availabilityZone", &cr.availability_zone)
+        .v("availabilityZoneId", zone_id)
         .v("capacityBlockExtensionOfferingId", &e.offering_id)
         .v("capacityBlockExtensionDurationHours", e.hours)
         .v("capacityBlockExtensionStatus", &e.status)

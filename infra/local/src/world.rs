@@ -3,7 +3,7 @@
 //! only through [`World::advance_to`], which replays due transitions in time order so that every
 //! lifecycle change and event carries the simulated time at which AWS would have made it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
@@ -186,6 +186,11 @@ pub struct Settings {
     /// so that the product is tested with other codes too; the product must read the message,
     /// which names the limit, not rely on the code. Default `CapacityBlockLimitExceeded`.
     pub block_limit_code: String,
+    /// Every extension's payment (a Capacity Block's or a training plan's, bought through the
+    /// API or by hand) fails at its payment time: the block's extension `payment-failed`, the
+    /// plan's `PaymentStatus` `Failed`, the end kept and the capacity returned. For one
+    /// reservation's next extension only, `POST /_local/extension-payment-fails`. Default false.
+    pub extension_payment_fails: bool,
 }
 
 /// One entry of [`Settings::subnet_sizes`]: the seeded subnets of `region` (in `zone`, and the
@@ -316,6 +321,7 @@ impl Default for Settings {
             cluster_omit_current_count: true,
             max_block_instances: 256,
             block_limit_code: "CapacityBlockLimitExceeded".to_string(),
+            extension_payment_fails: false,
         }
     }
 }
@@ -327,6 +333,9 @@ pub const PAYMENT_LEAD_MINUTES: i64 = 10;
 /// The latest an extension's payment clears before the block's end (aws-reference §11.1
 /// Extensions: "no later than 35 minutes before the end").
 pub const EXTENSION_PAYMENT_LEAD_MINUTES: i64 = 35;
+/// The documented bound on an extension's payment after its purchase (aws-reference §11.1
+/// Extensions: "within 12 hours"); the model clears within [`PAYMENT_MAX_HOURS`], inside it.
+pub const EXTENSION_PAYMENT_MAX_HOURS: i64 = 12;
 /// The request tag a forced payment failure is keyed by (`POST /_local/payment-failures`).
 pub const REQUEST_TAG: &str = "capacity-pilot:request-id";
 
@@ -453,6 +462,10 @@ pub struct World {
     /// How many of the next reservations bought with the tag pay before its forced failures
     /// apply (a split's later block, a replacement).
     pub payment_passes: BTreeMap<String, u32>,
+    /// Armed one-shot extension payment failures ([`World::fail_next_extension_payment`]): the
+    /// next extension bought for the reservation (a Capacity Reservation id, or a training
+    /// plan's ARN) fails its payment.
+    pub extension_payment_failures: BTreeSet<String>,
     /// AWS API calls served, per service (`ec2`, `sagemaker`, `events`, `cloudformation`,
     /// `sts`, `sns`), since the start.
     pub calls: BTreeMap<String, u64>,
@@ -485,6 +498,7 @@ impl World {
             faults: Vec::new(),
             payment_failures: BTreeMap::new(),
             payment_passes: BTreeMap::new(),
+            extension_payment_failures: BTreeSet::new(),
             calls: BTreeMap::new(),
             operations: BTreeMap::new(),
             stacks: BTreeMap::new(),
@@ -718,6 +732,79 @@ impl World {
             .max(self.now)
     }
 
+    /// Control: the next extension bought for `reservation` (a Capacity Reservation id, a
+    /// training plan's ARN, or its name, looked up in the home region first, then in any) fails
+    /// its payment at its payment time. One shot; arming it twice arms it once. Returns the key
+    /// armed (the reservation id or the plan's ARN); an unknown reservation is `NotFound`.
+    pub fn fail_next_extension_payment(&mut self, reservation: &str) -> Result<String, ApiError> {
+        let key = if self.ec2.reservations.contains_key(reservation) {
+            Some(reservation.to_string())
+        } else {
+            let name = reservation
+                .rsplit('/')
+                .next()
+                .unwrap_or(reservation)
+                .to_ascii_lowercase();
+            let home = &self.settings.home_region;
+            self.sm
+                .plans
+                .values()
+                .filter(|p| p.arn == reservation || p.name.to_ascii_lowercase() == name)
+                .min_by_key(|p| (p.arn != reservation, &p.region != home))
+                .map(|p| p.arn.clone())
+        };
+        let key = key.ok_or_else(|| {
+            ApiError::new(
+                404,
+                "NotFound",
+                format!("no Capacity Reservation or training plan {reservation}"),
+            )
+        })?;
+        self.extension_payment_failures.insert(key.clone());
+        Ok(key)
+    }
+
+    /// When the payment of an extension bought now for `key` (a reservation id or a plan's ARN)
+    /// whose reservation ends at `end` clears, and whether it fails then. It clears
+    /// `payment_minutes` after the purchase, no later than [`PAYMENT_MAX_HOURS`] after it (within
+    /// the documented 12 h) and [`EXTENSION_PAYMENT_LEAD_MINUTES`] before `end`, never before the
+    /// purchase. It fails when it cannot clear by 35 minutes before the end (bought later than
+    /// that: it fails at once), when [`Settings::extension_payment_fails`] is set, or when a
+    /// one-shot failure is armed for `key` (which this takes).
+    pub fn extension_payment(&mut self, key: &str, end: DateTime<Utc>) -> (DateTime<Utc>, bool) {
+        let deadline = end - TimeDelta::minutes(EXTENSION_PAYMENT_LEAD_MINUTES);
+        let at = self.payment_time(deadline);
+        let armed = self.extension_payment_failures.remove(key);
+        let late =
+            deadline < self.now || at > self.now + TimeDelta::hours(EXTENSION_PAYMENT_MAX_HOURS);
+        (at, armed || late || self.settings.extension_payment_fails)
+    }
+
+    /// A zone's id as EC2 reports it (`use1-az1`, `apne1-az2`): the region's code and the
+    /// zone's position in the region (the account's mapping of names to ids is not modelled).
+    pub fn zone_id(&self, region: &str, zone: &str) -> String {
+        let index = self
+            .market
+            .region(region)
+            .azs
+            .iter()
+            .position(|a| a == zone)
+            .unwrap_or(0);
+        let parts: Vec<&str> = region.split('-').collect();
+        let mut code = parts[0].to_string();
+        for p in &parts[1..] {
+            code.push_str(match *p {
+                "northeast" => "ne",
+                "northwest" => "nw",
+                "southeast" => "se",
+                "southwest" => "sw",
+                p if p.chars().all(|c| c.is_ascii_digit()) => p,
+                p => &p[..p.len().min(1)],
+            });
+        }
+        format!("{code}-az{}", index + 1)
+    }
+
     /// Whether a reservation or plan created at `created` is listed by Describe*/List* yet.
     pub fn listed(&self, created: DateTime<Utc>) -> bool {
         self.now >= created + TimeDelta::seconds(self.settings.listing_lag_seconds.max(0))
@@ -824,6 +911,7 @@ impl World {
             "faults": self.faults,
             "payment_failures": self.payment_failures,
             "payment_passes": self.payment_passes,
+            "extension_payment_failures": self.extension_payment_failures,
             "stacks": self.stacks_snapshot(),
             "identities": self.identities,
             "sns": self.sns.snapshot(),
