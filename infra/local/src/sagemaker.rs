@@ -13,10 +13,7 @@ use serde_json::{Map, Value, json};
 use crate::error::ApiError;
 use crate::market::{PlanOffering, PlanSearch, Pool, Segment};
 use crate::util::epoch;
-use crate::world::{
-    Action, EXTENSION_PAYMENT_LEAD_MINUTES, InactivePlan, PAYMENT_LEAD_MINUTES, REQUEST_TAG,
-    RefusalMarket, World,
-};
+use crate::world::{Action, InactivePlan, PAYMENT_LEAD_MINUTES, REQUEST_TAG, RefusalMarket, World};
 
 /// A purchased training plan.
 #[derive(Debug, Clone, Serialize)]
@@ -40,26 +37,72 @@ pub struct Plan {
 /// (`start`) to `end`. The plan's end moves when it is paid.
 #[derive(Debug, Clone, Serialize)]
 pub struct PlanExtension {
+    /// The `tpeo-` offering it was bought from (`ExtendTrainingPlan`, or by hand).
+    pub offering_id: String,
     pub hours: i64,
     pub start: DateTime<Utc>,
     pub end: DateTime<Utc>,
     pub availability_zone: String,
     pub upfront_fee: Decimal,
     pub extended_at: DateTime<Utc>,
-    /// When its payment clears; the plan's last segment ends at `end` from then.
+    /// When its payment clears (or fails); the plan's last segment ends at `end` from then.
     pub paid_at: DateTime<Utc>,
+    /// Its payment succeeded.
     pub paid: bool,
-    /// Bought by hand (the console), not through the API by the product. Every extension is,
-    /// today: `ExtendTrainingPlan` is not emulated.
+    /// Its payment fails at `paid_at` ([`World::extension_payment`]).
+    pub fail_payment: bool,
+    /// Its payment failed: the plan kept its end, the capacity went back to the market.
+    pub failed: bool,
+    /// Bought by hand (the console, [`World::extend_plan`]), not through the API
+    /// (`ExtendTrainingPlan`) by the product.
     pub by_hand: bool,
 }
 
 impl PlanExtension {
-    /// `Pending` until paid, then `Completed` (DescribeTrainingPlanExtensionHistory's
-    /// `PaymentStatus`; its values beyond `Pending` are not published).
-    pub fn payment_status(&self) -> &'static str {
-        if self.paid { "Completed" } else { "Pending" }
+    /// Its payment neither succeeded nor failed yet: no other extension can be bought.
+    pub fn pending(&self) -> bool {
+        !self.paid && !self.failed
     }
+
+    /// `PaymentStatus`: `Pending` until its payment clears, then `Succeeded` or `Failed`.
+    /// The model types it a free string and publishes only `Pending` (the purchase's
+    /// answer): the other two are a guess (REALISM).
+    pub fn payment_status(&self) -> &'static str {
+        if self.paid {
+            "Succeeded"
+        } else if self.failed {
+            "Failed"
+        } else {
+            "Pending"
+        }
+    }
+
+    /// `Status`: `Pending` until its payment clears, then `Active` or `Failed` (a free string
+    /// whose values beyond `Pending` are a guess, REALISM).
+    pub fn status(&self) -> &'static str {
+        if self.paid {
+            "Active"
+        } else if self.failed {
+            "Failed"
+        } else {
+            "Pending"
+        }
+    }
+}
+
+/// A training plan extension offering (`SearchTrainingPlanOfferings` with `TrainingPlanArn`),
+/// bought with `ExtendTrainingPlan`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanExtensionOffering {
+    pub id: String,
+    pub region: String,
+    /// The plan's key: (region, name lower-cased).
+    pub plan: (String, String),
+    pub start: DateTime<Utc>,
+    pub end: DateTime<Utc>,
+    pub hours: i64,
+    pub availability_zone: String,
+    pub upfront_fee: Decimal,
 }
 
 /// A training job.
@@ -193,6 +236,10 @@ type Key = (String, String);
 pub struct SageMakerState {
     pub offerings: HashMap<String, PlanOffering>,
     pub consumed_offerings: HashSet<String>,
+    /// Extension offerings answered by a search with `TrainingPlanArn`, by id.
+    pub extension_offerings: HashMap<String, PlanExtensionOffering>,
+    /// Extension offerings already bought (each can be bought once).
+    pub consumed_extension_offerings: HashSet<String>,
     pub plans: BTreeMap<Key, Plan>,
     pub jobs: BTreeMap<Key, TrainingJob>,
     pub clusters: BTreeMap<Key, Cluster>,
@@ -458,6 +505,10 @@ impl World {
             "CreateTrainingPlan" => self.create_plan(region, input),
             "DescribeTrainingPlan" => self.describe_plan(region, input),
             "ListTrainingPlans" => self.list_plans(region, input),
+            "ExtendTrainingPlan" => self.extend_training_plan(region, input),
+            "DescribeTrainingPlanExtensionHistory" => {
+                self.describe_plan_extension_history(region, input)
+            }
             "CreateTrainingJob" => self.create_job(region, input),
             "DescribeTrainingJob" => self.describe_job(region, input),
             "StopTrainingJob" => self.stop_job(region, input),
@@ -489,9 +540,28 @@ impl World {
     }
 
     fn search_plan_offerings(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
-        if s(input, "TrainingPlanArn").is_some() {
-            // extension offerings are not emulated: an honest empty answer
-            return Ok(json!({"TrainingPlanOfferings": [], "TrainingPlanExtensionOfferings": []}));
+        if let Some(arn) = s(input, "TrainingPlanArn") {
+            let hours = int(input, "DurationHours").ok_or_else(|| missing("DurationHours"))?;
+            let offerings: Vec<Value> = self
+                .plan_extension_offering(region, arn, hours)?
+                .ok()
+                .iter()
+                .map(|o| {
+                    json!({
+                        "TrainingPlanExtensionOfferingId": o.id,
+                        "AvailabilityZone": o.availability_zone,
+                        "StartDate": epoch(o.start),
+                        "EndDate": epoch(o.end),
+                        "DurationHours": o.hours,
+                        "UpfrontFee": o.upfront_fee.to_string(),
+                        "CurrencyCode": "USD",
+                    })
+                })
+                .collect();
+            return Ok(json!({
+                "TrainingPlanOfferings": [],
+                "TrainingPlanExtensionOfferings": offerings,
+            }));
         }
         let targets: Vec<&str> = input
             .get("TargetResources")
@@ -688,17 +758,10 @@ impl World {
     }
 
     /// Control: extends training plan `name` by `hours`, as a team would by hand in the
-    /// console, the way `ExtendTrainingPlan` does: its last reserved capacity gains `hours`
-    /// from the plan's end, in its zone. The plan must be `Scheduled` or `Active` ("must
-    /// reference an existing training plan with status Active or Scheduled") with no extension
-    /// still being paid, `hours` whole days (every reserved capacity ends at 11:30 UTC), the
-    /// plan 182 days at most with them, and the extension asked between 56 days and 1 hour
-    /// before the end (the Capacity Block rule; SageMaker's sources are silent); else
-    /// `ValidationException`. The capacity comes from the market (none: `NoExtensionOffering`,
-    /// the search's empty list), priced as a plan. The extension is paid like a block's
-    /// (`payment_minutes`, no later than 35 minutes before the end); then the last segment's
-    /// `EndTime` (and the plan's `EndTime`, `DurationHours`/`DurationMinutes`), the fee and
-    /// what follows the end (jobs, nodes, endpoints) move.
+    /// console, the way `ExtendTrainingPlan` does: the offering a search with the plan's ARN
+    /// would answer ([`World::plan_extension_offering`]: its rules and refusals), then its
+    /// purchase ([`World::buy_plan_extension`]); no offering (the search's empty list) is
+    /// `NoExtensionOffering`. Not counted as an API call and not subject to injected faults.
     pub fn extend_plan(
         &mut self,
         region: &str,
@@ -706,18 +769,48 @@ impl World {
         hours: i64,
     ) -> Result<PlanExtension, ApiError> {
         self.settle();
-        let key = (region.to_string(), name.to_ascii_lowercase());
-        let p =
-            self.sm.plans.get(&key).cloned().ok_or_else(|| {
-                ApiError::not_found(format!("Training plan {name} does not exist"))
+        let offering = self
+            .plan_extension_offering(region, name, hours)?
+            .map_err(|why| {
+                ApiError::new(
+                    400,
+                    "NoExtensionOffering",
+                    format!(
+                        "No extension of {hours} hours is offered for training plan {name}: {why}"
+                    ),
+                )
             })?;
+        let ext = self.buy_plan_extension(region, &offering.id, true)?;
+        tracing::info!(training_plan = %name, hours, upfront_fee = %ext.upfront_fee, "training plan extended by hand");
+        Ok(ext)
+    }
+
+    /// The extension of `hours` training plan `name_or_arn` can be offered now, recorded so
+    /// that it can be bought: its last reserved capacity gains `hours` from the plan's end, in
+    /// its zone. The plan must be `Scheduled` or `Active` ("must reference an existing
+    /// training plan with status Active or Scheduled") with no extension still being paid,
+    /// `hours` whole days (every reserved capacity ends at 11:30 UTC), the plan 182 days at
+    /// most with them; else `ValidationException` (an unknown plan `ResourceNotFound`).
+    /// `Ok(Err(why))`: none is offered (the search's empty list): asked outside 56 days to
+    /// 1 hour before the end (the Capacity Block rule; SageMaker's sources are silent), or no
+    /// capacity in the zone. Priced as a plan (`hours` × count × the plan hourly price).
+    pub fn plan_extension_offering(
+        &mut self,
+        region: &str,
+        name_or_arn: &str,
+        hours: i64,
+    ) -> Result<Result<PlanExtensionOffering, &'static str>, ApiError> {
+        let p = self.plan(region, name_or_arn).cloned().ok_or_else(|| {
+            ApiError::not_found(format!("Training plan {name_or_arn} does not exist"))
+        })?;
+        let name = &p.name;
         let status = plan_status(&p, self.now);
         if !matches!(status, "Scheduled" | "Active") {
             return Err(ApiError::validation(format!(
                 "Training plan {name} is {status}; only a Scheduled or Active training plan can be extended"
             )));
         }
-        if p.extensions.iter().any(|e| !e.paid) {
+        if p.extensions.iter().any(PlanExtension::pending) {
             return Err(ApiError::validation(format!(
                 "Training plan {name} has an extension whose payment is still pending"
             )));
@@ -734,15 +827,8 @@ impl World {
                 "Invalid extension of {hours} hours: training plan {name} would last more than 182 days"
             )));
         }
-        let no_offering = |why: &str| {
-            ApiError::new(
-                400,
-                "NoExtensionOffering",
-                format!("No extension of {hours} hours is offered for training plan {name}: {why}"),
-            )
-        };
         if self.now < end - TimeDelta::days(56) || self.now > end - TimeDelta::hours(1) {
-            return Err(no_offering(
+            return Ok(Err(
                 "an extension is offered between 56 days and 1 hour before the plan's end",
             ));
         }
@@ -757,7 +843,7 @@ impl World {
             new_end,
         );
         if i64::from(free) < o.instance_count {
-            return Err(no_offering("its zone has no capacity for the added days"));
+            return Ok(Err("its zone has no capacity for the added days"));
         }
         let added = Segment {
             availability_zone: az.clone(),
@@ -768,35 +854,163 @@ impl World {
             self.market
                 .plan_hourly(region, std::slice::from_ref(&added), &o.instance_type);
         let fee = (hourly * Decimal::from(hours) * Decimal::from(o.instance_count)).round_dp(2);
+        let offering = PlanExtensionOffering {
+            id: self.next_id("tpeo-"),
+            region: region.to_string(),
+            plan: (region.to_string(), p.name.to_ascii_lowercase()),
+            start: end,
+            end: new_end,
+            hours,
+            availability_zone: az,
+            upfront_fee: fee,
+        };
+        self.sm
+            .extension_offerings
+            .insert(offering.id.clone(), offering.clone());
+        Ok(Ok(offering))
+    }
+
+    /// Buys extension offering `offering_id` (`ExtendTrainingPlan`, or by hand): an unknown
+    /// or already bought offering, or one whose plan is no longer `Scheduled`/`Active`, has an
+    /// extension still being paid, has moved its end or whose zone has lost the capacity, is
+    /// `ValidationException`. The extension is `Pending` and is paid like a block's
+    /// ([`World::extension_payment`]: `payment_minutes`, no later than 35 minutes before the
+    /// end, or it fails); then the last segment's `EndTime` (and the plan's `EndTime`,
+    /// `DurationHours`/`DurationMinutes`), the fee and what follows the end (jobs, nodes,
+    /// endpoints) move. A failed payment keeps the end and returns the capacity.
+    pub fn buy_plan_extension(
+        &mut self,
+        region: &str,
+        offering_id: &str,
+        by_hand: bool,
+    ) -> Result<PlanExtension, ApiError> {
+        let offering = self
+            .sm
+            .extension_offerings
+            .get(offering_id)
+            .filter(|o| o.region == region)
+            .cloned()
+            .ok_or_else(|| {
+                ApiError::validation(format!(
+                    "Training plan extension offering {offering_id} does not exist"
+                ))
+            })?;
+        if self.sm.consumed_extension_offerings.contains(offering_id) {
+            return Err(ApiError::validation(format!(
+                "Training plan extension offering {offering_id} has already been used"
+            )));
+        }
+        let p = self.sm.plans.get(&offering.plan).cloned().ok_or_else(|| {
+            ApiError::not_found(format!("Training plan {} does not exist", offering.plan.1))
+        })?;
+        let status = plan_status(&p, self.now);
+        if !matches!(status, "Scheduled" | "Active") {
+            return Err(ApiError::validation(format!(
+                "Training plan {} is {status}; only a Scheduled or Active training plan can be extended",
+                p.name
+            )));
+        }
+        if p.extensions.iter().any(PlanExtension::pending) {
+            return Err(ApiError::validation(format!(
+                "Training plan {} has an extension whose payment is still pending",
+                p.name
+            )));
+        }
+        let o = &p.offering;
+        let free = self.market.free_between(
+            Pool::TrainingPlan,
+            region,
+            &offering.availability_zone,
+            &o.instance_type,
+            offering.start,
+            offering.end,
+        );
+        if offering.start != o.end() || i64::from(free) < o.instance_count {
+            return Err(ApiError::validation(format!(
+                "Training plan extension offering {offering_id} is no longer available"
+            )));
+        }
         self.market.consume(
             Pool::TrainingPlan,
             region,
-            &az,
+            &offering.availability_zone,
             &o.instance_type,
-            (end, new_end),
+            (offering.start, offering.end),
             o.instance_count,
         );
-        let paid_at = self.payment_time(end - TimeDelta::minutes(EXTENSION_PAYMENT_LEAD_MINUTES));
+        self.sm
+            .consumed_extension_offerings
+            .insert(offering_id.to_string());
+        let (paid_at, fail_payment) = self.extension_payment(&p.arn, offering.start);
         let ext = PlanExtension {
-            hours,
-            start: end,
-            end: new_end,
-            availability_zone: az,
-            upfront_fee: fee,
+            offering_id: offering_id.to_string(),
+            hours: offering.hours,
+            start: offering.start,
+            end: offering.end,
+            availability_zone: offering.availability_zone.clone(),
+            upfront_fee: offering.upfront_fee,
             extended_at: self.now,
             paid_at,
             paid: false,
-            by_hand: true,
+            fail_payment,
+            failed: false,
+            by_hand,
         };
         self.sm
             .plans
-            .get_mut(&key)
+            .get_mut(&offering.plan)
             .expect("found above")
             .extensions
             .push(ext.clone());
         self.schedule(paid_at, Action::SageMakerSync);
-        tracing::info!(training_plan = %p.name, hours, upfront_fee = %fee, "training plan extended by hand");
         Ok(ext)
+    }
+
+    /// A `TrainingPlanExtension` as `ExtendTrainingPlan` and the history answer it.
+    fn plan_extension_json(&self, region: &str, e: &PlanExtension) -> Value {
+        json!({
+            "TrainingPlanExtensionOfferingId": e.offering_id,
+            "ExtendedAt": epoch(e.extended_at),
+            "StartDate": epoch(e.start),
+            "EndDate": epoch(e.end),
+            "Status": e.status(),
+            "PaymentStatus": e.payment_status(),
+            "AvailabilityZone": e.availability_zone,
+            "AvailabilityZoneId": self.zone_id(region, &e.availability_zone),
+            "DurationHours": e.hours,
+            "UpfrontFee": e.upfront_fee.to_string(),
+            "CurrencyCode": "USD",
+        })
+    }
+
+    fn extend_training_plan(&mut self, region: &str, input: &Value) -> Result<Value, ApiError> {
+        let id = req(input, "TrainingPlanExtensionOfferingId")?.to_string();
+        let ext = self.buy_plan_extension(region, &id, false)?;
+        tracing::info!(offering = %id, hours = ext.hours, upfront_fee = %ext.upfront_fee, "training plan extended");
+        Ok(json!({"TrainingPlanExtensions": [self.plan_extension_json(region, &ext)]}))
+    }
+
+    /// The plan's extensions (API or by hand), oldest first, each once
+    /// [`crate::world::Settings::listing_lag_seconds`] have passed since its purchase; a plan
+    /// inside its own listing lag, or unknown, is `ResourceNotFound`.
+    fn describe_plan_extension_history(
+        &mut self,
+        region: &str,
+        input: &Value,
+    ) -> Result<Value, ApiError> {
+        let arn = req(input, "TrainingPlanArn")?;
+        let p = self
+            .plan(region, arn)
+            .filter(|p| self.listed(p.created))
+            .ok_or_else(|| ApiError::not_found(format!("Training plan {arn} does not exist")))?;
+        let items: Vec<Value> = p
+            .extensions
+            .iter()
+            .filter(|e| self.listed(e.extended_at))
+            .map(|e| self.plan_extension_json(region, e))
+            .collect();
+        let (items, next) = page(items, input, 100)?;
+        Ok(json!({"TrainingPlanExtensions": items, "NextToken": next}))
     }
 
     /// Applies each plan extension whose payment is due: the last segment ends later, the fee
@@ -806,10 +1020,23 @@ impl World {
         let job_lead = TimeDelta::minutes(self.settings.training_job_termination_lead_minutes);
         let node_lead = TimeDelta::minutes(self.settings.hyperpod_termination_lead_minutes);
         let mut times = Vec::new();
+        let mut released = Vec::new();
         for p in self.sm.plans.values_mut() {
             for i in 0..p.extensions.len() {
                 let e = &p.extensions[i];
-                if e.paid || now < e.paid_at || p.failed {
+                if !e.pending() || now < e.paid_at || p.failed {
+                    continue;
+                }
+                if e.fail_payment {
+                    released.push((
+                        p.region.clone(),
+                        e.availability_zone.clone(),
+                        p.offering.instance_type.clone(),
+                        (e.start, e.end),
+                        -p.offering.instance_count,
+                    ));
+                    p.extensions[i].failed = true;
+                    tracing::info!(training_plan = %p.name, "training plan extension payment failed");
                     continue;
                 }
                 let (end, fee) = (e.end, e.upfront_fee);
@@ -822,6 +1049,10 @@ impl World {
         }
         for t in times {
             self.schedule(t.max(now), Action::SageMakerSync);
+        }
+        for (region, az, ty, window, count) in released {
+            self.market
+                .consume(Pool::TrainingPlan, &region, &az, &ty, window, count);
         }
     }
 
