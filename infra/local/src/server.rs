@@ -76,6 +76,10 @@ pub fn router(app: App) -> Router {
             post(plan_extend),
         )
         .route(
+            "/_local/extension-payment-fails",
+            post(extension_payment_fails),
+        )
+        .route(
             "/_local/payment-failures",
             get(payment_failures_get).post(payment_failures_add),
         )
@@ -658,6 +662,25 @@ async fn plan_extend(
         }))
         .into_response(),
         Err(e) => control_error(&e),
+    }
+}
+
+/// Arms a one-shot extension payment failure: `{"reservation": "<cr id, plan ARN or name>"}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExtensionPaymentFails {
+    pub reservation: String,
+}
+
+/// The next extension bought for the reservation fails its payment
+/// (`World::fail_next_extension_payment`); answers the key armed.
+async fn extension_payment_fails(State(app): State<App>, body: Bytes) -> Response {
+    match serde_json::from_slice::<ExtensionPaymentFails>(&body) {
+        Ok(x) => match app.lock().fail_next_extension_payment(&x.reservation) {
+            Ok(key) => Json(json!({"armed": key})).into_response(),
+            Err(e) => control_error(&e),
+        },
+        Err(e) => control_error(&ApiError::new(400, "BadRequest", e.to_string())),
     }
 }
 

@@ -989,6 +989,36 @@ impl Player {
                     ),
                 );
             }
+            What::FailExtensionPayment(x) => {
+                let done = self.cloud.with_world(|w| {
+                    let live = live_reservations(w, &x.request_id);
+                    let Some(r) = live.get(x.index) else {
+                        return Err(format!(
+                            "has no live reservation #{} whose extension payment could fail ({} live)",
+                            x.index,
+                            live.len()
+                        ));
+                    };
+                    let key = match r {
+                        Reservation::Block(id) => id.clone(),
+                        Reservation::Plan(region, name) => w
+                            .sm
+                            .plans
+                            .get(&(region.clone(), name.to_ascii_lowercase()))
+                            .map_or_else(|| name.clone(), |p| p.arn.clone()),
+                    };
+                    w.fail_next_extension_payment(&key)
+                        .map_err(|e| format!("{key}: {e}"))
+                });
+                let key = done.map_err(|e| anyhow!("at {now}: request {} {e}", x.request_id))?;
+                self.timeline.action(
+                    now,
+                    &format!(
+                        "makes the payment of the next extension of {} ({key}) fail",
+                        x.request_id
+                    ),
+                );
+            }
             What::Cli(c) => self.run_cli(c, scenario).await?,
             What::Outage { function, minutes } => {
                 anyhow::ensure!(
@@ -1257,7 +1287,7 @@ pub fn bus_label(bus: Bus) -> &'static str {
     }
 }
 
-/// A reservation of a request an `extend` action can name.
+/// A reservation of a request an `extend` or `fail_extension_payment` action can name.
 enum Reservation {
     /// A Capacity Block's reservation id.
     Block(String),

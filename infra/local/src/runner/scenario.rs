@@ -138,6 +138,13 @@ pub enum What {
     /// request's live reservations (not expired, released or failed) by start; the first by
     /// default. A refusal fails the run.
     Extend(ExtendBy),
+    /// The next extension bought (by capacity-pilot through the API, or by hand) of a
+    /// reservation of a request (found by its tag `capacity-pilot:request-id`, `index` among
+    /// its live reservations as for `extend`) fails its payment at its payment time: a block's
+    /// extension `payment-failed`, a plan's `PaymentStatus` `Failed`; the end is kept and the
+    /// capacity returned (the emulator's `POST /_local/extension-payment-fails`). A request
+    /// with no such reservation fails the run.
+    FailExtensionPayment(ReservationOf),
     /// Run the `capacity-pilot` CLI (built with the functions) against the emulator at this
     /// simulated time, as an operator would, and check its exit code and output.
     Cli(CliCall),
@@ -223,6 +230,15 @@ pub struct CreateModel {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InstanceOf {
+    pub request_id: String,
+    #[serde(default)]
+    pub index: usize,
+}
+
+/// A live reservation of a request: the `index`th by start (the first by default).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReservationOf {
     pub request_id: String,
     #[serde(default)]
     pub index: usize,
@@ -492,6 +508,39 @@ mod tests {
             })
             .collect();
         assert_eq!(forced, [("team-a".into(), 2), ("team-b".into(), 1)]);
+    }
+
+    #[test]
+    fn a_scenario_can_make_the_next_extension_payment_of_a_request_fail() {
+        let actions: Vec<Action> = serde_yaml_ng::from_str(
+            "- at: 2026-12-01T09:00:00Z\n  fail_extension_payment: {request_id: team-a}\n\
+             - at: 2026-12-01T10:00:00Z\n  fail_extension_payment: {request_id: team-b, index: 1}\n",
+        )
+        .expect("parses");
+        let armed: Vec<ReservationOf> = actions
+            .into_iter()
+            .map(|a| match a.what {
+                What::FailExtensionPayment(r) => r,
+                other => panic!("not fail_extension_payment: {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            armed,
+            [
+                ReservationOf {
+                    request_id: "team-a".into(),
+                    index: 0
+                },
+                ReservationOf {
+                    request_id: "team-b".into(),
+                    index: 1
+                },
+            ]
+        );
+        let bad = serde_yaml_ng::from_str::<Vec<Action>>(
+            "- at: 2026-12-01T09:00:00Z\n  fail_extension_payment: {request_id: a, hours: 1}\n",
+        );
+        assert!(bad.is_err(), "unknown fields are refused");
     }
 
     #[test]
