@@ -7,6 +7,7 @@ mod ec2_blocks;
 mod ec2_instances;
 mod ec2_launch_templates;
 mod eventbridge;
+mod extensions_api;
 mod extensions_by_hand;
 mod faults;
 mod helpers;
