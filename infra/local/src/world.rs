@@ -953,7 +953,8 @@ mod tests {
              refuse_tag_filters: true\n\
              max_block_instances: 64\n\
              block_limit_code: SomethingElse\n\
-             warning_follows_extension: true\n",
+             warning_follows_extension: true\n\
+             extension_payment_fails: true\n",
         )
         .expect("yaml");
         let s: Settings = serde_json::from_value(v).expect("settings");
@@ -971,6 +972,7 @@ mod tests {
         assert!(!s.refuse_expired_plan_groups);
         assert!(s.refuse_tag_filters);
         assert!(s.warning_follows_extension);
+        assert!(s.extension_payment_fails);
         assert_eq!(
             (s.max_block_instances, s.block_limit_code.as_str()),
             (64, "SomethingElse")
@@ -982,6 +984,7 @@ mod tests {
                 && d.cluster_omit_current_count
                 && !d.refuse_tag_filters
                 && !d.warning_follows_extension
+                && !d.extension_payment_fails
         );
         assert_eq!(
             (d.instance_listing_lag_seconds, d.run_instances_latency_ms),
