@@ -105,6 +105,10 @@ pub struct Config {
     /// The account's limit of instances across live Capacity Blocks whose windows overlap
     /// (`MAX_BLOCK_INSTANCES`, 256 by default; an account AWS allows more sets it).
     pub max_block_instances: u32,
+    /// How long before a window's drain an extension of its reservation is bought at the
+    /// latest (`EXTENSION_PAYMENT_LEAD_MINUTES`, 720 by default: AWS may take 12 hours to
+    /// take the payment, ARCHITECTURE §9.3). An ask after it is refused.
+    pub extension_payment_lead_minutes: u32,
 }
 
 impl Config {
@@ -325,6 +329,10 @@ impl Config {
         };
 
         let default_drain_minutes = r.number("DEFAULT_DRAIN_MINUTES", DEFAULT_DRAIN_MINUTES);
+        let extension_payment_lead_minutes = r.number(
+            "EXTENSION_PAYMENT_LEAD_MINUTES",
+            crate::domain::extension::DEFAULT_PAYMENT_LEAD_MINUTES,
+        );
         let hold_approval_minutes =
             r.number("HOLD_APPROVAL_MINUTES", DEFAULT_HOLD_APPROVAL_MINUTES);
         if hold_approval_minutes == 0 {
@@ -500,6 +508,7 @@ impl Config {
             purchase_mode,
             approvals_enabled,
             hold_approval_minutes,
+            extension_payment_lead_minutes,
             team_sources,
             hyperpod_role_arns,
             max_block_instances,

@@ -11,6 +11,7 @@ use chrono::{DateTime, Datelike, Utc};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::domain::extension::{ExtensionOffer, ExtensionSeen};
 use crate::domain::money::{MicroUsd, Usd};
 use crate::domain::offering::{Offering, Product};
 use crate::domain::planner::Plan;
@@ -158,6 +159,30 @@ pub trait CapacityMarket: Send + Sync {
         region: &str,
         deployment_id: &str,
     ) -> impl Future<Output = Result<Vec<Reservation>, PortError>> + Send;
+
+    /// What reservation `r` can be extended by, for `hours` (ARCHITECTURE §9.3): AWS's
+    /// extension offerings, none when it cannot be (not active or scheduled, an extension
+    /// payment pending, outside 56 days to 1 hour before its end, no capacity).
+    fn extension_offers(
+        &self,
+        r: &Reservation,
+        hours: u32,
+    ) -> impl Future<Output = Result<Vec<ExtensionOffer>, PortError>> + Send;
+
+    /// Buys extension `offer` of `r` **with SDK retries disabled**, as [`Self::purchase`]:
+    /// any doubt is `OutcomeUnknown`, settled by [`Self::extensions`].
+    fn extend(
+        &self,
+        r: &Reservation,
+        offer: &ExtensionOffer,
+    ) -> impl Future<Output = Result<ExtensionSeen, PortError>> + Send;
+
+    /// Every extension of `r` AWS lists (whoever bought it), paid, pending or failed. A new
+    /// one may be missing for a while (the listing lags).
+    fn extensions(
+        &self,
+        r: &Reservation,
+    ) -> impl Future<Output = Result<Vec<ExtensionSeen>, PortError>> + Send;
 
     /// Every live Capacity Block reservation in `region`, whoever bought it (this deployment,
     /// another, a person): what the account's limit of instances across Capacity Blocks
@@ -1155,6 +1180,10 @@ pub struct Transition {
     /// A terminal request's purchase in doubt is resolved: its doubt and call marker are
     /// cleared ([`RequestRecord::in_doubt`]).
     pub resolve_doubt: bool,
+    /// Written only while purchases are not paused (ARCHITECTURE §9.7): an extension's lease
+    /// and debit, like a hold's, are refused once a pause commits (`WriteOutcome::Paused`).
+    #[serde(default)]
+    pub unpaused: bool,
 }
 
 /// A kept purchase debit returned to the ledger it was charged to (`team`, `month`) and taken
@@ -1220,6 +1249,7 @@ impl Transition {
             reservations: vec![],
             refund: None,
             resolve_doubt: false,
+            unpaused: false,
         }
     }
 
@@ -1360,6 +1390,7 @@ impl WindowUpdate {
             reservations: self.reservations.clone(),
             refund: None,
             resolve_doubt: false,
+            unpaused: false,
         })
     }
 }

@@ -66,6 +66,7 @@ pub fn capacity_request(id: &str, team_name: &str, max_upfront: &str) -> Capacit
         drain_minutes: 30,
         tags: BTreeMap::from([("project".to_string(), "llm".to_string())]),
         mode: Default::default(),
+        extend: None,
     }
 }
 
@@ -133,6 +134,7 @@ pub fn reservation(id: &str, fee: &str) -> Reservation {
         debit_month: None,
         debit_team: None,
         payment_check_at: None,
+        extensions: Vec::new(),
         deployment_tag: None,
     }
 }
@@ -165,6 +167,7 @@ pub fn transition(
         reservations: vec![],
         refund: None,
         resolve_doubt: false,
+        unpaused: false,
     }
 }
 

@@ -2521,6 +2521,153 @@ async fn a_window_update_writes_a_reservation_whose_end_moved_with_its_windows()
     assert_eq!(rec.spent, spent);
 }
 
+/// ARCHITECTURE §9.3: an extension's lease is one write of the request's version that
+/// records the extension on its reservation and debits its fee within the team's cap and the
+/// request's; it is refused while purchases are paused, and its failure's refund gives the fee
+/// back to the ledger it came from.
+#[tokio::test]
+async fn an_extensions_lease_records_it_with_its_debit_refused_while_paused_and_refunded() {
+    use capacity_pilot::domain::extension::{Asked, Extension, ExtensionOffer, ExtensionState};
+    use capacity_pilot::ports::Refund;
+    // GIVEN a request with block A bought and running
+    let table = TestTable::fresh().await.unwrap();
+    let store = table.store();
+    let id = "extended";
+    let a = block("cr-a", "4000.00", 3, 2);
+    request_with_offerings(&store, id, "ml").await;
+    let fee = usd("4000.00").to_micros_ceil();
+    store
+        .begin_purchase(begin_purchase(
+            id,
+            3,
+            OfferingsFound,
+            "w",
+            t0(),
+            Some(debit("ml", fee, MicroUsd(fee.0 * 10))),
+        ))
+        .await
+        .unwrap();
+    store
+        .record_reservation(record_reservation(id, "w", a.clone(), t0()))
+        .await
+        .unwrap();
+    let run = window_update(&store, id, "cr-a#0", WindowState::Running, a.start(), "run").await;
+    store.update_windows(run).await.unwrap();
+    let rec = get(&store, id).await;
+    let at = a.start() + Duration::hours(1);
+    // AND an extension of A by a day, leased
+    let ext_fee = usd("1500.00");
+    let mut held = store.reservations(&request_id(id)).await.unwrap();
+    held[0].extensions.push(Extension {
+        number: 1,
+        asked: Asked::Requested {
+            event_id: "x1".into(),
+        },
+        asked_at: at,
+        offer: ExtensionOffer {
+            offering_id: "cbe-1".into(),
+            hours: 24,
+            starts_at: a.end(),
+            ends_at: a.end() + Duration::days(1),
+            fee: ext_fee,
+        },
+        state: ExtensionState::Buying,
+        reason: "buying".into(),
+        buy_by: a.end() - Duration::hours(13),
+        check_at: Some(at + Duration::minutes(5)),
+        lease_token: Some("lease-1".into()),
+        lease_until: Some(at + Duration::minutes(5)),
+        called_at: None,
+        doubt_since: Some(at),
+        approval_key: None,
+        approved_by: None,
+        debited: ext_fee.to_micros_ceil(),
+        debit_team: Some("ml".into()),
+        debit_month: Some(BudgetMonth::of(t0()).0),
+    });
+    let lease = |rec: &RequestRecord, cause: &str| {
+        let mut t = Transition::of(
+            rec,
+            rec.status,
+            "extension leased",
+            rec.next_action_at,
+            at,
+            &Cause::new(cause),
+        );
+        t.reservations = held.clone();
+        t.debit = Some(debit("ml", ext_fee.to_micros_ceil(), MicroUsd(fee.0 * 10)));
+        t.unpaused = true;
+        t
+    };
+
+    // WHEN purchases are paused, the lease is refused and nothing moves
+    assert_eq!(store.put_pause(ops_pause()).await.unwrap(), Ok(()));
+    assert_eq!(
+        store.transition(lease(&rec, "lease-paused")).await.unwrap(),
+        WriteOutcome::Paused(ops_pause())
+    );
+    assert!(
+        store.reservations(&request_id(id)).await.unwrap()[0]
+            .extensions
+            .is_empty()
+    );
+    assert_eq!(ledger_at_t0(&store, "ml").await, fee);
+
+    // WHEN they resume, the lease records the extension and its debit together
+    store.delete_pause().await.unwrap();
+    assert!(matches!(
+        store.transition(lease(&rec, "lease")).await.unwrap(),
+        WriteOutcome::Applied { .. }
+    ));
+    let after = store.reservations(&request_id(id)).await.unwrap();
+    assert_eq!(after[0].extensions, held[0].extensions);
+    // AND the reservation is due a look at the lease's expiry, in the index
+    assert_eq!(after[0].payment_due(), Some(at + Duration::minutes(5)));
+    assert_eq!(
+        ledger_at_t0(&store, "ml").await,
+        MicroUsd(fee.0 + ext_fee.to_micros_ceil().0)
+    );
+    let rec = get(&store, id).await;
+    assert_eq!(rec.spent, MicroUsd(fee.0 + ext_fee.to_micros_ceil().0));
+    // AND a stale lease (another worker read the same version) is refused
+    let stale = Transition {
+        expected_version: rec.version - 1,
+        ..lease(&rec, "lease-again")
+    };
+    assert_eq!(
+        store.transition(stale).await.unwrap(),
+        WriteOutcome::Conflict
+    );
+
+    // WHEN it fails, its refund goes back with its record
+    let mut failed = after.clone();
+    failed[0].extensions[0].state = ExtensionState::Failed;
+    failed[0].extensions[0].check_at = None;
+    let mut t = Transition::of(
+        &rec,
+        rec.status,
+        "extension failed",
+        rec.next_action_at,
+        at,
+        &Cause::new("failed"),
+    );
+    t.reservations = failed.clone();
+    t.refund = Some(Refund {
+        month: BudgetMonth::of(t0()),
+        amount: ext_fee.to_micros_ceil(),
+        team: Some(team("ml")),
+    });
+    assert!(matches!(
+        store.transition(t).await.unwrap(),
+        WriteOutcome::Applied { .. }
+    ));
+    assert_eq!(ledger_at_t0(&store, "ml").await, fee);
+    assert_eq!(get(&store, id).await.spent, fee);
+    let last = store.reservations(&request_id(id)).await.unwrap();
+    assert_eq!(last[0].extensions[0].state, ExtensionState::Failed);
+    assert_eq!(last[0].payment_due(), None);
+}
+
 #[tokio::test]
 async fn a_reserved_requests_windows_move_it_to_active_and_to_ended_and_stale_or_repeated_updates_are_refused()
  {

@@ -13,13 +13,16 @@ use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use capacity_pilot::config::{Config, PurchaseMode};
 use capacity_pilot::decision;
 pub use capacity_pilot::decision::{Decision, HandlerError};
-use capacity_pilot::domain::events::{self, CancelRequest, EventDetail, PurchaseDecision, inbound};
+use capacity_pilot::domain::events::{
+    self, CancelRequest, EventDetail, ExtensionRequest, PurchaseDecision, inbound,
+};
+use capacity_pilot::domain::extension::Asked;
 use capacity_pilot::domain::request::{FieldError, RequestId};
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::outbox;
 use capacity_pilot::ports::{
     CapacityMarket, Cause, Clock, EventSink, Pause, PortError, RequestRecord, SharedIds, Sleep,
-    Store, Transition, Workloads,
+    Store, Transition, Workloads, request_named,
 };
 pub use capacity_pilot::purchase::Outcome;
 use capacity_pilot::purchase::Protocols;
@@ -108,12 +111,12 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock, W: Workloads> Purchase
                         errors.push(e);
                     }
                 }
-                for id in payments {
-                    let step = match self.store.get_request(&id).await {
-                        Ok(Some(rec)) => self.protocols().track(rec, &cause, now, &mut out).await,
-                        Ok(None) => continue,
-                        Err(e) => Err(e),
-                    };
+                for id in a.payments_due(now) {
+                    // A reservation's own payment, and its extensions (ARCHITECTURE §9.3),
+                    // each read when due.
+                    let step = self
+                        .payments_and_extensions(&id, payments.contains(&id), &cause, now, &mut out)
+                        .await;
                     if let Err(e) = step {
                         warn!(request_id = %id, error = %e, "payment check failed");
                         errors.push(HandlerError::from(e));
@@ -137,6 +140,15 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock, W: Workloads> Purchase
                             self.reject_inbound(&ev, &source, "detail", &e.to_string())
                                 .await?
                         }
+                        Ok(d)
+                            if d.approves
+                                .as_deref()
+                                .is_some_and(|k| k.contains(":extension-")) =>
+                        {
+                            let approved = detail_type == inbound::PURCHASE_APPROVED;
+                            self.extension_decided(&d, approved, &cause, now, &mut out)
+                                .await?;
+                        }
                         Ok(d) => {
                             let approved = detail_type == inbound::PURCHASE_APPROVED;
                             // An approval of the plan awaiting it goes on to buy it.
@@ -156,6 +168,18 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock, W: Workloads> Purchase
                                 .await?;
                             }
                         }
+                    }
+                }
+            }
+            inbound::EXTENSION_REQUESTED => {
+                match serde_json::from_value::<ExtensionRequest>(ev.detail.clone()) {
+                    Err(e) => {
+                        self.reject_inbound(&ev, &source, "detail", &e.to_string())
+                            .await?
+                    }
+                    Ok(x) => {
+                        self.extension_requested(&ev, &source, x, &cause, now, &mut out)
+                            .await?
                     }
                 }
             }
@@ -189,6 +213,123 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock, W: Workloads> Purchase
         decision::log(&out.decisions);
         let errors = errors.into_iter().map(HandlerError::into_port).collect();
         decision::finish(out, errors)
+    }
+
+    /// A request's reservation payments (`own`: one is due a read) and its extensions due a
+    /// look at `now`, each read when due.
+    async fn payments_and_extensions(
+        &self,
+        id: &RequestId,
+        own: bool,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let held = self.store.reservations(id).await?;
+        let paying = held.iter().any(|r| {
+            r.state.is_live()
+                && !r.state.is_settled()
+                && r.payment_check_at.is_some_and(|t| t <= now)
+        });
+        let extending = held.iter().any(|r| r.extensions.iter().any(|e| e.due(now)));
+        if own
+            && paying
+            && let Some(rec) = self.store.get_request(id).await?
+        {
+            self.protocols().track(rec, cause, now, out).await?;
+        }
+        if extending && let Some(rec) = self.store.get_request(id).await? {
+            self.protocols()
+                .step_extensions(&rec, cause, now, out)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// `Capacity Extension Requested`: from a source that may submit requests and, when the
+    /// request's source is recorded, that source; the request's extension protocol answers
+    /// it (ARCHITECTURE §9.3).
+    async fn extension_requested(
+        &self,
+        ev: &EventBridgeEvent<Value>,
+        source: &str,
+        x: ExtensionRequest,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        if !self
+            .config
+            .allowed_request_sources
+            .iter()
+            .any(|s| s == source)
+        {
+            return self
+                .reject_inbound(ev, source, "source", "may not ask for extensions")
+                .await;
+        }
+        let rec = match RequestId::parse(&x.request_id) {
+            Ok(id) => request_named(&self.store, &id).await?,
+            Err(_) => None,
+        };
+        let Some(rec) = rec else {
+            return self
+                .reject_inbound(
+                    ev,
+                    source,
+                    "request_id",
+                    &format!(
+                        "names no recorded request {:?} (never submitted, rejected, or archived)",
+                        x.request_id
+                    ),
+                )
+                .await;
+        };
+        if let Some(p) = self.config.team_source_problem(&rec.team, source) {
+            return self.reject_inbound(ev, source, "source", &p.message).await;
+        }
+        self.protocols()
+            .ask_extension(
+                rec,
+                x.reservation_id.as_deref(),
+                x.hours,
+                Asked::Requested {
+                    event_id: cause.event_id.clone(),
+                },
+                cause,
+                now,
+                out,
+            )
+            .await
+    }
+
+    /// An approver's decision naming an extension's key.
+    async fn extension_decided(
+        &self,
+        d: &PurchaseDecision,
+        approved: bool,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let rec = match RequestId::parse(&d.request_id) {
+            Ok(id) => request_named(&self.store, &id).await?,
+            Err(_) => None,
+        };
+        match rec {
+            Some(rec) => {
+                self.protocols()
+                    .decide_extension(&rec, d, approved, cause, now, out)
+                    .await?;
+                Ok(())
+            }
+            // Answered as any decision for no request is.
+            None => self
+                .protocols()
+                .decide(d, approved, cause, now, out)
+                .await
+                .map(|_| ()),
+        }
     }
 
     async fn reject_inbound(

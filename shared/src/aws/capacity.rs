@@ -7,6 +7,7 @@ use aws_config::SdkConfig;
 use super::ec2::Ec2Adapter;
 use super::sagemaker::SageMakerAdapter;
 use crate::domain::catalog::PriceTable;
+use crate::domain::extension::{ExtensionOffer, ExtensionSeen};
 use crate::domain::offering::{Offering, Product};
 use crate::domain::request::RequestId;
 use crate::domain::reservation::Reservation;
@@ -78,6 +79,46 @@ impl CapacityMarket for AwsMarket {
             Product::TrainingPlan { .. } => {
                 self.sagemaker.describe_plan(region, reservation_id).await
             }
+            p => Err(not_a_reservation(p)),
+        }
+    }
+
+    async fn extension_offers(
+        &self,
+        r: &Reservation,
+        hours: u32,
+    ) -> Result<Vec<ExtensionOffer>, PortError> {
+        match r.product {
+            Product::CapacityBlock => {
+                self.ec2
+                    .block_extension_offers(&r.region, &r.id, hours)
+                    .await
+            }
+            Product::TrainingPlan { .. } => {
+                self.sagemaker
+                    .plan_extension_offers(&r.region, &r.id, hours)
+                    .await
+            }
+            p => Err(not_a_reservation(p)),
+        }
+    }
+
+    async fn extend(
+        &self,
+        r: &Reservation,
+        offer: &ExtensionOffer,
+    ) -> Result<ExtensionSeen, PortError> {
+        match r.product {
+            Product::CapacityBlock => self.ec2.extend_block(&r.region, &r.id, offer).await,
+            Product::TrainingPlan { .. } => self.sagemaker.extend_plan(&r.region, offer).await,
+            p => Err(not_a_reservation(p)),
+        }
+    }
+
+    async fn extensions(&self, r: &Reservation) -> Result<Vec<ExtensionSeen>, PortError> {
+        match r.product {
+            Product::CapacityBlock => self.ec2.block_extensions(&r.region, &r.id).await,
+            Product::TrainingPlan { .. } => self.sagemaker.plan_extensions(&r.region, &r.id).await,
             p => Err(not_a_reservation(p)),
         }
     }

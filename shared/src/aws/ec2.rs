@@ -22,6 +22,7 @@ use chrono::{DateTime, Utc};
 use super::error::{Call, Failure, classify, malformed, to_chrono, to_smithy};
 use super::regional::Regional;
 use crate::domain::catalog::PriceTable;
+use crate::domain::extension::{ExtensionOffer, ExtensionPayment, ExtensionSeen};
 use crate::domain::money::Usd;
 use crate::domain::naming::{DEPLOYMENT_TAG, MANAGED_TAG, REQUEST_TAG};
 use crate::domain::offering::{Offering, Product, Segment};
@@ -129,6 +130,57 @@ fn time(
 ) -> Result<DateTime<Utc>, PortError> {
     t.and_then(to_chrono)
         .ok_or_else(|| malformed(SERVICE, op, format!("{what} is missing or out of range")))
+}
+
+/// An extension as EC2 reports it; a status this build does not know is read as pending
+/// (live: never as failed, which would give its debit back).
+fn block_extension(
+    op: &'static str,
+    e: &aws_sdk_ec2::types::CapacityBlockExtension,
+) -> Result<ExtensionSeen, PortError> {
+    use aws_sdk_ec2::types::CapacityBlockExtensionStatus as S;
+    let id = e
+        .capacity_block_extension_offering_id()
+        .ok_or_else(|| malformed(SERVICE, op, "an extension has no offering id"))?;
+    let fee = match e.upfront_fee() {
+        Some(f) if e.currency_code().is_none_or(|c| c == "USD") => {
+            Some(Usd::parse(f).map_err(|err| {
+                malformed(
+                    SERVICE,
+                    op,
+                    format!("extension {id} UpfrontFee {f:?}: {err}"),
+                )
+            })?)
+        }
+        _ => None,
+    };
+    Ok(ExtensionSeen {
+        offering_id: id.to_string(),
+        hours: count(
+            op,
+            "CapacityBlockExtensionDurationHours",
+            e.capacity_block_extension_duration_hours(),
+        )?,
+        starts_at: time(
+            op,
+            "CapacityBlockExtensionStartDate",
+            e.capacity_block_extension_start_date(),
+        )?,
+        ends_at: time(
+            op,
+            "CapacityBlockExtensionEndDate",
+            e.capacity_block_extension_end_date(),
+        )?,
+        fee,
+        payment: match e.capacity_block_extension_status() {
+            Some(S::PaymentSucceeded) => ExtensionPayment::Succeeded,
+            Some(S::PaymentFailed) => ExtensionPayment::Failed,
+            _ => ExtensionPayment::Pending,
+        },
+        bought_at: e
+            .capacity_block_extension_purchase_date()
+            .and_then(to_chrono),
+    })
 }
 
 fn count(op: &'static str, what: &str, n: Option<i32>) -> Result<u32, PortError> {
@@ -400,6 +452,148 @@ impl Ec2Adapter {
         Ok(r)
     }
 
+    /// DescribeCapacityBlockExtensionOfferings: what block `reservation_id` can be extended
+    /// by, for `hours` (ARCHITECTURE §9.3).
+    pub async fn block_extension_offers(
+        &self,
+        region: &str,
+        reservation_id: &str,
+        hours: u32,
+    ) -> Result<Vec<ExtensionOffer>, PortError> {
+        const OP: &str = "DescribeCapacityBlockExtensionOfferings";
+        let mut pages = self
+            .client(region)
+            .describe_capacity_block_extension_offerings()
+            .capacity_reservation_id(reservation_id)
+            .capacity_block_extension_duration_hours(i32_of(OP, "hours", hours)?)
+            .into_paginator()
+            .items()
+            .send();
+        let mut out = Vec::new();
+        while let Some(item) = pages.next().await {
+            let o = item.map_err(err(OP, Call::Retryable))?;
+            let id = o
+                .capacity_block_extension_offering_id()
+                .ok_or_else(|| malformed(SERVICE, OP, "an extension offering has no id"))?;
+            if let Some(c) = o.currency_code().filter(|c| *c != "USD") {
+                tracing::warn!(
+                    offering_id = id,
+                    currency = c,
+                    "skipping an extension offering not priced in USD"
+                );
+                continue;
+            }
+            let fee = o
+                .upfront_fee()
+                .ok_or_else(|| malformed(SERVICE, OP, format!("offering {id} has no UpfrontFee")))
+                .and_then(|f| {
+                    Usd::parse(f).map_err(|e| {
+                        malformed(SERVICE, OP, format!("offering {id} UpfrontFee {f:?}: {e}"))
+                    })
+                })?;
+            out.push(ExtensionOffer {
+                offering_id: id.to_string(),
+                hours: count(
+                    OP,
+                    "CapacityBlockExtensionDurationHours",
+                    o.capacity_block_extension_duration_hours(),
+                )?,
+                starts_at: time(
+                    OP,
+                    "CapacityBlockExtensionStartDate",
+                    o.capacity_block_extension_start_date(),
+                )?,
+                ends_at: time(
+                    OP,
+                    "CapacityBlockExtensionEndDate",
+                    o.capacity_block_extension_end_date(),
+                )?,
+                fee,
+            });
+        }
+        Ok(out)
+    }
+
+    /// PurchaseCapacityBlockExtension with SDK retries disabled, as a block's purchase: the
+    /// API has no idempotency token. Any doubt is `OutcomeUnknown`, settled by
+    /// [`Ec2Adapter::block_extensions`].
+    pub async fn extend_block(
+        &self,
+        region: &str,
+        reservation_id: &str,
+        offer: &ExtensionOffer,
+    ) -> Result<ExtensionSeen, PortError> {
+        const OP: &str = "PurchaseCapacityBlockExtension";
+        tracing::info!(
+            reservation_id,
+            offering_id = %offer.offering_id,
+            region,
+            upfront_fee = %offer.fee,
+            "purchasing capacity block extension"
+        );
+        let out = self
+            .client(region)
+            .purchase_capacity_block_extension()
+            .capacity_block_extension_offering_id(&offer.offering_id)
+            .capacity_reservation_id(reservation_id)
+            .customize()
+            .config_override(
+                aws_sdk_ec2::config::Builder::default()
+                    .retry_config(RetryConfig::disabled())
+                    .timeout_config(
+                        aws_sdk_ec2::config::timeout::TimeoutConfig::builder()
+                            .operation_timeout(super::PURCHASE_OPERATION_TIMEOUT)
+                            .build(),
+                    ),
+            )
+            .send()
+            .await
+            .map_err(err(OP, Call::Purchase))?;
+        let e = out
+            .capacity_block_extensions()
+            .iter()
+            .find(|e| e.capacity_block_extension_offering_id() == Some(offer.offering_id.as_str()))
+            .ok_or_else(|| PortError::OutcomeUnknown {
+                service: SERVICE,
+                message: format!(
+                    "{OP}: the response names no extension of {}",
+                    offer.offering_id
+                ),
+            })?;
+        block_extension(OP, e).map_err(|e| PortError::OutcomeUnknown {
+            service: SERVICE,
+            message: format!("{OP}: bought, but the response is unreadable: {e}"),
+        })
+    }
+
+    /// DescribeCapacityBlockExtensionHistory of block `reservation_id`: every extension of it
+    /// AWS lists (by whomever bought), paid, pending or failed.
+    pub async fn block_extensions(
+        &self,
+        region: &str,
+        reservation_id: &str,
+    ) -> Result<Vec<ExtensionSeen>, PortError> {
+        const OP: &str = "DescribeCapacityBlockExtensionHistory";
+        let mut pages = self
+            .client(region)
+            .describe_capacity_block_extension_history()
+            .capacity_reservation_ids(reservation_id)
+            .into_paginator()
+            .items()
+            .send();
+        let mut out = Vec::new();
+        while let Some(item) = pages.next().await {
+            let e = item.map_err(err(OP, Call::Retryable))?;
+            if e.capacity_reservation_id()
+                .is_some_and(|id| id != reservation_id)
+            {
+                continue;
+            }
+            out.push(block_extension(OP, &e)?);
+        }
+        Ok(out)
+    }
+
     fn reservation(
         &self,
         region: &str,
@@ -447,6 +641,7 @@ impl Ec2Adapter {
             debit_month: None,
             debit_team: None,
             payment_check_at: None,
+            extensions: Vec::new(),
             deployment_tag: tags.get(DEPLOYMENT_TAG).cloned(),
         })
     }

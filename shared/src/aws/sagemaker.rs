@@ -27,6 +27,7 @@ use super::error::{Call, Failure, classify, malformed, to_chrono, to_smithy};
 use super::hyperpod_update;
 use super::regional::Regional;
 use crate::domain::catalog::PriceTable;
+use crate::domain::extension::{ExtensionOffer, ExtensionPayment, ExtensionSeen};
 use crate::domain::money::Usd;
 use crate::domain::naming::{MANAGED_TAG, REQUEST_TAG};
 use crate::domain::offering::{Offering, Product, Segment, TargetResource};
@@ -104,6 +105,46 @@ fn fee(
     }
     let f = fee.ok_or_else(|| malformed(SERVICE, op, format!("{id} has no UpfrontFee")))?;
     Usd::parse(f).map_err(|e| malformed(SERVICE, op, format!("{id} UpfrontFee {f:?}: {e}")))
+}
+
+/// A plan's extension as SageMaker reports it. Its `PaymentStatus` and `Status` are free
+/// strings (aws-reference §3.1): failed when either says so; taken when the payment status
+/// says it succeeded (or, with no payment status, the extension is active); anything else is
+/// pending (live: never read as failed, which would give its debit back).
+fn plan_extension(
+    op: &'static str,
+    e: &aws_sdk_sagemaker::types::TrainingPlanExtension,
+) -> Result<ExtensionSeen, PortError> {
+    let id = e
+        .training_plan_extension_offering_id()
+        .ok_or_else(|| malformed(SERVICE, op, "an extension has no offering id"))?;
+    let said = |s: Option<&str>| s.unwrap_or_default().to_ascii_lowercase();
+    let (payment, status) = (said(e.payment_status()), said(e.status()));
+    let payment = if payment.contains("fail") || status.contains("fail") {
+        ExtensionPayment::Failed
+    } else if ["succeeded", "success", "paid", "completed"].contains(&payment.as_str())
+        || (payment.is_empty() && status == "active")
+    {
+        ExtensionPayment::Succeeded
+    } else {
+        ExtensionPayment::Pending
+    };
+    let fee = match e.upfront_fee() {
+        Some(_) => Some(fee(op, id, e.upfront_fee(), e.currency_code())?),
+        None => None,
+    };
+    Ok(ExtensionSeen {
+        offering_id: id.to_string(),
+        hours: e
+            .duration_hours()
+            .and_then(|h| u32::try_from(h).ok())
+            .unwrap_or_default(),
+        starts_at: time(op, "StartDate", e.start_date())?,
+        ends_at: time(op, "EndDate", e.end_date())?,
+        fee,
+        payment,
+        bought_at: e.extended_at().and_then(to_chrono),
+    })
 }
 
 /// The `SageMakerResourceName` a plan serves, as the domain's target.
@@ -256,6 +297,7 @@ fn plan_reservation(
         debit_month: None,
         debit_team: None,
         payment_check_at: None,
+        extensions: Vec::new(),
         deployment_tag: None,
     }))
 }
@@ -426,11 +468,120 @@ impl SageMakerAdapter {
             debit_month: None,
             debit_team: None,
             payment_check_at: None,
+            extensions: Vec::new(),
             deployment_tag: None,
         })
     }
 
     /// DescribeTrainingPlan by name or ARN; `None` when SageMaker does not know it.
+    /// SearchTrainingPlanOfferings with the plan's ARN: what plan `arn` can be extended by,
+    /// for `hours` (ARCHITECTURE §9.3).
+    pub async fn plan_extension_offers(
+        &self,
+        region: &str,
+        arn: &str,
+        hours: u32,
+    ) -> Result<Vec<ExtensionOffer>, PortError> {
+        const OP: &str = "SearchTrainingPlanOfferings";
+        let out = self
+            .client(region)
+            .search_training_plan_offerings()
+            .training_plan_arn(arn)
+            .duration_hours(i64::from(hours))
+            .send()
+            .await
+            .map_err(err(OP, Call::Retryable))?;
+        let mut offers = Vec::new();
+        for o in out.training_plan_extension_offerings() {
+            let id = o
+                .training_plan_extension_offering_id()
+                .ok_or_else(|| malformed(SERVICE, OP, "an extension offering has no id"))?;
+            offers.push(ExtensionOffer {
+                offering_id: id.to_string(),
+                hours: o
+                    .duration_hours()
+                    .and_then(|h| u32::try_from(h).ok())
+                    .ok_or_else(|| malformed(SERVICE, OP, format!("{id} has no DurationHours")))?,
+                starts_at: time(OP, "StartDate", o.start_date())?,
+                ends_at: time(OP, "EndDate", o.end_date())?,
+                fee: fee(OP, id, o.upfront_fee(), o.currency_code())?,
+            });
+        }
+        Ok(offers)
+    }
+
+    /// ExtendTrainingPlan with SDK retries disabled, as a plan's purchase: the API has no
+    /// idempotency token. Any doubt is `OutcomeUnknown`, settled by
+    /// [`SageMakerAdapter::plan_extensions`].
+    pub async fn extend_plan(
+        &self,
+        region: &str,
+        offer: &ExtensionOffer,
+    ) -> Result<ExtensionSeen, PortError> {
+        const OP: &str = "ExtendTrainingPlan";
+        tracing::info!(
+            offering_id = %offer.offering_id,
+            region,
+            upfront_fee = %offer.fee,
+            "purchasing training plan extension"
+        );
+        let out = self
+            .client(region)
+            .extend_training_plan()
+            .training_plan_extension_offering_id(&offer.offering_id)
+            .customize()
+            .config_override(
+                aws_sdk_sagemaker::config::Builder::default()
+                    .retry_config(RetryConfig::disabled())
+                    .timeout_config(
+                        aws_sdk_sagemaker::config::timeout::TimeoutConfig::builder()
+                            .operation_timeout(super::PURCHASE_OPERATION_TIMEOUT)
+                            .build(),
+                    ),
+            )
+            .send()
+            .await
+            .map_err(err(OP, Call::Purchase))?;
+        let e = out
+            .training_plan_extensions()
+            .iter()
+            .find(|e| e.training_plan_extension_offering_id() == Some(offer.offering_id.as_str()))
+            .ok_or_else(|| PortError::OutcomeUnknown {
+                service: SERVICE,
+                message: format!(
+                    "{OP}: the response names no extension of {}",
+                    offer.offering_id
+                ),
+            })?;
+        plan_extension(OP, e).map_err(|e| PortError::OutcomeUnknown {
+            service: SERVICE,
+            message: format!("{OP}: bought, but the response is unreadable: {e}"),
+        })
+    }
+
+    /// DescribeTrainingPlanExtensionHistory of plan `arn`: every extension of it SageMaker
+    /// lists, paid, pending or failed.
+    pub async fn plan_extensions(
+        &self,
+        region: &str,
+        arn: &str,
+    ) -> Result<Vec<ExtensionSeen>, PortError> {
+        const OP: &str = "DescribeTrainingPlanExtensionHistory";
+        let mut pages = self
+            .client(region)
+            .describe_training_plan_extension_history()
+            .training_plan_arn(arn)
+            .into_paginator()
+            .items()
+            .send();
+        let mut out = Vec::new();
+        while let Some(item) = pages.next().await {
+            let e = item.map_err(err(OP, Call::Retryable))?;
+            out.push(plan_extension(OP, &e)?);
+        }
+        Ok(out)
+    }
+
     pub async fn describe_plan(
         &self,
         region: &str,

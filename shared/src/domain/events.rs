@@ -29,10 +29,11 @@ pub const PRODUCER_VERSION: &str = env!("CARGO_PKG_VERSION");
 pub const PRODUCER_VERSION_FIELD: &str = "producer_version";
 
 /// The schemas of what we consume, not publish (no `producer_version`).
-pub const CONSUMED: [&str; 3] = [
+pub const CONSUMED: [&str; 4] = [
     "capacity-request-submitted",
     "capacity-request-cancelled",
     "capacity-purchase-decision",
+    "capacity-extension-requested",
 ];
 
 /// Inbound detail-types on our bus.
@@ -41,6 +42,7 @@ pub mod inbound {
     pub const REQUEST_CANCELLED: &str = "Capacity Request Cancelled";
     pub const PURCHASE_APPROVED: &str = "Capacity Purchase Approved";
     pub const PURCHASE_REJECTED: &str = "Capacity Purchase Rejected";
+    pub const EXTENSION_REQUESTED: &str = "Capacity Extension Requested";
 }
 
 /// A published event's detail: its detail-type comes with it.
@@ -592,6 +594,99 @@ pub struct PurchaseDecision {
     pub comment: Option<String>,
 }
 
+/// `Capacity Extension Requested` (inbound, from the request's own source): extend the
+/// request's reservation by `hours` (ARCHITECTURE §9.3). Its `extend` policy bounds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExtensionRequest {
+    pub request_id: String,
+    /// Whole days given as hours (24, 48, ...; beyond 14 days whole weeks).
+    pub hours: u32,
+    /// Which of its reservations; by default the one whose window ends last among those not
+    /// yet drained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation_id: Option<String>,
+}
+
+/// What an extension is, as its events describe it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ExtensionSummary {
+    /// The extension's number among its reservation's extensions, from 1.
+    pub extension: u32,
+    pub reservation_id: String,
+    pub product: Product,
+    pub region: String,
+    /// The window that ends with the reservation.
+    pub window: u32,
+    pub offering_id: String,
+    pub hours: u32,
+    /// The reservation's end now, and once extended.
+    pub ends_at: DateTime<Utc>,
+    pub extended_ends_at: DateTime<Utc>,
+    pub upfront_fee_usd: Usd,
+    /// `requested` (the team asked) or `workload-running` (the policy, the workload running).
+    pub asked_by: String,
+}
+
+/// An extension was priced (ARCHITECTURE §9.3): AWS's offering for the hours asked, within
+/// the request's `extend` policy. It is bought next, or waits for an approver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ExtensionOffered {
+    /// `<request>:extension-<reservation>-<n>:offered<salt>`.
+    pub event_key: String,
+    pub request_id: String,
+    #[serde(flatten)]
+    pub extension: ExtensionSummary,
+    /// Whether an approver must answer first.
+    pub needs_approval: bool,
+    /// No purchase after this: the window's drain less the payment lead.
+    pub buy_by: DateTime<Utc>,
+}
+detail!(ExtensionOffered, "Capacity Extension Offered");
+
+/// An extension's fee takes the request above its approval threshold: bought only once an
+/// approver answers with `Capacity Purchase Approved {approves: event_key}` before `buy_by`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ExtensionAwaitingApproval {
+    /// `<request>:extension-<reservation>-<n>:awaiting-approval<salt>`: what a decision names.
+    pub event_key: String,
+    pub request_id: String,
+    pub team: String,
+    #[serde(flatten)]
+    pub extension: ExtensionSummary,
+    /// The threshold that applies: the lower of the request's and the deployment's.
+    pub approval_above_usd: Usd,
+    /// What the request has spent before this fee.
+    pub spent_usd: Usd,
+    /// An approval after this is refused.
+    pub buy_by: DateTime<Utc>,
+}
+detail!(
+    ExtensionAwaitingApproval,
+    "Capacity Extension Awaiting Approval"
+);
+
+/// An extension asked for was not bought, or its payment failed (ARCHITECTURE §9.3): the
+/// reservation keeps its end and its drain, and what was debited for it went back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ExtensionFailed {
+    /// `<request>:extension-<reservation>-<n>:failed<salt>`, or, for an ask refused before
+    /// it was priced, `<request>:extension-refused:<event id>`.
+    pub event_key: String,
+    pub request_id: String,
+    /// The extension, once it was priced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extension: Option<ExtensionSummary>,
+    /// The hours asked for.
+    pub hours: u32,
+    /// In words: `past the payment lead`, over `extend.max_hours` or `max_upfront_usd`,
+    /// no offering, rejected by an approver, its payment failed...
+    pub reason: String,
+    /// What went back to the team's budget and the request's caps.
+    pub returned_usd: Usd,
+}
+detail!(ExtensionFailed, "Capacity Extension Failed");
+
 /// A live reservation tagged for a request of this deployment that no plan of the request
 /// accounted for (another offering, count or time), adopted and debited past the team's or
 /// the request's cap (ARCHITECTURE §8.6): the money was already spent, so a person must look.
@@ -823,6 +918,16 @@ fn declared_schemas() -> Vec<(&'static str, schemars::Schema)> {
             "capacity-reservation-extended",
             schema_for!(ReservationExtended),
         ),
+        (
+            "capacity-extension-requested",
+            schema_for!(ExtensionRequest),
+        ),
+        ("capacity-extension-offered", schema_for!(ExtensionOffered)),
+        (
+            "capacity-extension-awaiting-approval",
+            schema_for!(ExtensionAwaitingApproval),
+        ),
+        ("capacity-extension-failed", schema_for!(ExtensionFailed)),
     ]
 }
 

@@ -3,6 +3,7 @@
 
 pub mod catalog;
 pub mod events;
+pub mod extension;
 pub mod money;
 pub mod naming;
 pub mod notices;

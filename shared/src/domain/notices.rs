@@ -14,9 +14,10 @@ use serde::{Deserialize, Serialize};
 
 use super::events::{
     ApprovalKind, ApprovalRefused, AwaitingApproval, CancellationApplied, CancellationRefused,
-    EventDetail, NotFound, PaymentFailed, PurchaseInDoubt, RequestFailed, RequestRejected,
-    ReservationEnding, ReservationExtended, ReservationUnrecorded, Reserved, WindowOpening,
-    WorkloadDrained, WorkloadInterrupted, WorkloadLaunched, outbound,
+    EventDetail, ExtensionAwaitingApproval, ExtensionFailed, ExtensionOffered, ExtensionSummary,
+    NotFound, PaymentFailed, PurchaseInDoubt, RequestFailed, RequestRejected, ReservationEnding,
+    ReservationExtended, ReservationUnrecorded, Reserved, WindowOpening, WorkloadDrained,
+    WorkloadInterrupted, WorkloadLaunched, outbound,
 };
 use super::window::{KeptWindow, Window, WindowState, describe};
 use crate::ports::OutboundEvent;
@@ -680,6 +681,104 @@ impl Announce for ReservationEnding {
                 self.reservation_id,
                 at(self.drain_at),
                 at(self.ends_at),
+                next(format!("capacity-pilot status {id}"))
+            ),
+        ))
+    }
+}
+
+/// "window 0 (capacity-block cr-0123) by 24 h, to Thu 2026-12-10 11:30 UTC, for $3000.00".
+fn extension_words(e: &ExtensionSummary) -> String {
+    format!(
+        "window {} ({} {}) by {} h, from {} to {}, for ${}",
+        e.window,
+        e.product,
+        e.reservation_id,
+        e.hours,
+        at(e.ends_at),
+        at(e.extended_ends_at),
+        e.upfront_fee_usd
+    )
+}
+
+impl Announce for ExtensionOffered {
+    fn request(&self) -> Option<&str> {
+        Some(&self.request_id)
+    }
+    fn text(&self) -> Option<(String, String)> {
+        let id = &self.request_id;
+        let then = if self.needs_approval {
+            format!(
+                "It waits for an approver, who must answer before {}.",
+                at(self.buy_by)
+            )
+        } else {
+            "capacity-pilot buys it now.".to_string()
+        };
+        Some((
+            format!(
+                "{id}: extension of window {} by {} h offered, ${}",
+                self.extension.window, self.extension.hours, self.extension.upfront_fee_usd
+            ),
+            format!(
+                "An extension of request {id}'s {} is offered ({}).\n{then}{}",
+                extension_words(&self.extension),
+                self.extension.asked_by,
+                next(format!("capacity-pilot status {id}"))
+            ),
+        ))
+    }
+}
+
+impl Announce for ExtensionAwaitingApproval {
+    fn request(&self) -> Option<&str> {
+        Some(&self.request_id)
+    }
+    fn text(&self) -> Option<(String, String)> {
+        let id = &self.request_id;
+        Some((
+            format!(
+                "{id}: extension by {} h needs approval, ${}",
+                self.extension.hours, self.extension.upfront_fee_usd
+            ),
+            format!(
+                "An extension of request {id}'s {} waits for an approver: with the ${} the \
+                 request has spent, it is above the approval threshold of ${}.\nApprove it \
+                 before {}, or it is not bought and the window drains as planned.{}",
+                extension_words(&self.extension),
+                self.spent_usd,
+                self.approval_above_usd,
+                at(self.buy_by),
+                next(format!(
+                    "capacity-pilot approve {id} --key {}",
+                    self.event_key
+                ))
+            ),
+        ))
+    }
+}
+
+impl Announce for ExtensionFailed {
+    fn request(&self) -> Option<&str> {
+        Some(&self.request_id)
+    }
+    fn text(&self) -> Option<(String, String)> {
+        let id = &self.request_id;
+        let what = match &self.extension {
+            Some(e) => format!("The extension of request {id}'s {}", extension_words(e)),
+            None => format!("The extension of request {id} by {} h", self.hours),
+        };
+        let returned = if self.returned_usd > super::money::Usd::ZERO {
+            format!(" ${} went back to the team's budget.", self.returned_usd)
+        } else {
+            String::new()
+        };
+        Some((
+            format!("{id}: extension by {} h failed", self.hours),
+            format!(
+                "{what} was not made: {}.{returned}\nThe reservation keeps its end, and what \
+                 runs in it is stopped at the drain as planned.{}",
+                self.reason,
                 next(format!("capacity-pilot status {id}"))
             ),
         ))

@@ -532,6 +532,7 @@ mod tests {
             debit_month: None,
             debit_team: None,
             payment_check_at: None,
+            extensions: Vec::new(),
             deployment_tag: None,
         }
     }

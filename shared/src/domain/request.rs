@@ -101,6 +101,12 @@ pub struct RequestDetail {
     /// debited. A `Planned` request's id may be submitted again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<Mode>,
+    /// Whether and how far its reservations may be extended: `when`
+    /// (`requested`: only when the team asks; `workload-running`: also while the workload
+    /// still runs near the end), `max_hours` added in all, `max_upfront_usd` spent on them in
+    /// all. Without it, nothing is extended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extend: Option<super::extension::ExtendPolicy>,
 }
 
 /// What a request is for.
@@ -418,6 +424,9 @@ pub struct CapacityRequest {
     /// `Execute` on a request recorded before the field.
     #[serde(default)]
     pub mode: Mode,
+    /// Its extension policy (ARCHITECTURE §9.3); none: nothing is extended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extend: Option<super::extension::ExtendPolicy>,
 }
 
 impl CapacityRequest {
@@ -604,7 +613,7 @@ fn money_member(
     }
 }
 
-const TOP_LEVEL_FIELDS: [&str; 20] = [
+const TOP_LEVEL_FIELDS: [&str; 21] = [
     "schema_version",
     "request_id",
     "team",
@@ -624,6 +633,7 @@ const TOP_LEVEL_FIELDS: [&str; 20] = [
     "drain_minutes",
     "tags",
     "mode",
+    "extend",
     // tolerated for forward compatibility of callers that echo it back
     "comment",
 ];
@@ -751,6 +761,11 @@ pub fn parse_request(
 
     let tags = parse_tags(map, &mut p);
     let mode = member::<Mode>(map, "mode", false, &mut p).unwrap_or_default();
+    let extend = parse_extend(
+        map,
+        products.as_ref().map(|_| uses_block || uses_plan),
+        &mut p,
+    );
     // SageMaker's tag characters are narrower than EC2's: a request whose workload or plan
     // SageMaker creates is refused here, not at purchase or launch (aws-reference §11.2).
     let in_sagemaker = matches!(&workload, Some(w) if !matches!(w, WorkloadDetail::Ec2Instances { .. }))
@@ -838,6 +853,7 @@ pub fn parse_request(
             drain_minutes,
             tags,
             mode,
+            extend,
         }),
         _ => Err(vec![FieldError {
             field: "detail".into(),
@@ -1144,6 +1160,78 @@ pub fn is_region_name(r: &str) -> bool {
             .all(|s| !s.is_empty() && s.chars().all(|c| c.is_ascii_lowercase()))
         && parts[parts.len() - 1].chars().all(|c| c.is_ascii_digit())
         && !parts[parts.len() - 1].is_empty()
+}
+
+/// `extend`: `when`, `max_hours` (whole days, at most 182 of them) and `max_upfront_usd`;
+/// only for a request that may buy a reservation (`reserves`).
+fn parse_extend(
+    map: &Map<String, Value>,
+    reserves: Option<bool>,
+    p: &mut Problems,
+) -> Option<super::extension::ExtendPolicy> {
+    use super::extension::{ExtendPolicy, ExtendWhen, MAX_EXTENSION_HOURS};
+    let v = map.get("extend").filter(|v| !v.is_null())?;
+    let Some(e) = v.as_object() else {
+        p.add(
+            "extend",
+            "must be an object with when, max_hours and max_upfront_usd",
+        );
+        return None;
+    };
+    for key in e.keys() {
+        if !["when", "max_hours", "max_upfront_usd"].contains(&key.as_str()) {
+            p.add(format!("extend.{key}"), "is not a field of extend");
+        }
+    }
+    let when = match e.get("when") {
+        None | Some(Value::Null) => {
+            p.add("extend.when", "is required");
+            None
+        }
+        Some(w) => match serde_json::from_value::<ExtendWhen>(w.clone()) {
+            Ok(w) => Some(w),
+            Err(_) => {
+                p.add(
+                    "extend.when",
+                    format!("must be \"requested\" or \"workload-running\", got {w}"),
+                );
+                None
+            }
+        },
+    };
+    let max_hours = match e.get("max_hours") {
+        None | Some(Value::Null) => {
+            p.add("extend.max_hours", "is required");
+            None
+        }
+        Some(h) => match h.as_u64() {
+            Some(h) if (24..=u64::from(MAX_EXTENSION_HOURS)).contains(&h) => u32::try_from(h).ok(),
+            _ => {
+                p.add(
+                    "extend.max_hours",
+                    format!(
+                        "must be a whole number of hours from 24 (a day, the shortest \
+                         extension) to {MAX_EXTENSION_HOURS} (182 days), got {h}"
+                    ),
+                );
+                None
+            }
+        },
+    };
+    let max_upfront = money_member(e, "extend", "max_upfront_usd", true, p);
+    if reserves == Some(false) {
+        p.add(
+            "extend",
+            "only a Capacity Block or a training plan is extended: this request buys neither \
+             (see products and workload.kind)",
+        );
+        return None;
+    }
+    Some(ExtendPolicy {
+        when: when?,
+        max_hours: max_hours?,
+        max_upfront_usd: max_upfront?,
+    })
 }
 
 fn parse_budget(map: &Map<String, Value>, p: &mut Problems) -> Option<Budget> {

@@ -129,13 +129,35 @@ pub struct Reservation {
     /// check sets it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payment_check_at: Option<DateTime<Utc>>,
+    /// Its extensions bought or being bought by capacity-pilot (ARCHITECTURE §9.3), oldest
+    /// first; an extension bought outside it is not among them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extensions: Vec<super::extension::Extension>,
 }
 
 impl Reservation {
-    /// When its payment is next due a read: while it is live and not yet scheduled.
+    /// When its payment is next due a read: while it is live and not yet scheduled; or, the
+    /// earlier, when an extension of it not yet settled is due a look.
     pub fn payment_due(&self) -> Option<DateTime<Utc>> {
         self.payment_check_at
             .filter(|_| self.state.is_live() && !self.state.is_settled())
+            .into_iter()
+            .chain(self.extension_due())
+            .min()
+    }
+
+    /// When an extension of it not yet settled is next due a look (the purchase function's).
+    pub fn extension_due(&self) -> Option<DateTime<Utc>> {
+        self.extensions
+            .iter()
+            .filter(|e| e.is_open())
+            .filter_map(|e| e.check_at)
+            .min()
+    }
+
+    /// Its extension not yet settled, if any (AWS takes one at a time).
+    pub fn open_extension(&self) -> Option<&super::extension::Extension> {
+        self.extensions.iter().find(|e| e.is_open())
     }
 
     /// Their ids, comma-separated, as a decision's reason names them.

@@ -406,10 +406,12 @@ impl EndsMoved {
                     w.reservation.id,
                     w.end(),
                     if later { "extended from" } else { "recorded" },
-                    if later {
-                        ", an extension bought outside capacity-pilot whose fee is not counted"
-                    } else {
-                        ""
+                    match (later, ours(w)) {
+                        (true, Some(n)) => format!(", capacity-pilot's extension {n}"),
+                        (true, None) => ", an extension bought outside capacity-pilot whose fee \
+                                         is not counted"
+                            .to_string(),
+                        (false, _) => String::new(),
                     },
                     w.number,
                     w.drain_at
@@ -418,8 +420,8 @@ impl EndsMoved {
             .collect()
     }
 
-    /// `Capacity Reservation Extended {external: true}` (and its notice, for `team`) for each
-    /// window whose end moved later.
+    /// `Capacity Reservation Extended` (and its notice, for `team`) for each window whose end
+    /// moved later: `external` unless an extension capacity-pilot bought ends there.
     pub fn announced(
         &self,
         whose: super::events::Whose<'_>,
@@ -428,9 +430,27 @@ impl EndsMoved {
         self.moved
             .iter()
             .filter(|(before, w)| w.end() > *before)
-            .map(|(before, w)| super::notices::extended_event(whose, team, *before, w, true))
+            .map(|(before, w)| {
+                super::notices::extended_event(whose, team, *before, w, ours(w).is_none())
+            })
             .collect()
     }
+}
+
+/// The number of capacity-pilot's extension of `w`'s reservation that ends where `w` now
+/// ends (within a minute: AWS's times are to the second), if one does: bought (its payment
+/// pending or taken), so the move is ours, and its fee was debited.
+fn ours(w: &Window) -> Option<u32> {
+    use super::extension::ExtensionState::{Buying, PaymentPending, Succeeded};
+    if !w.last_of_reservation {
+        return None;
+    }
+    w.reservation
+        .extensions
+        .iter()
+        .filter(|e| matches!(e.state, Buying | PaymentPending | Succeeded))
+        .find(|e| (e.offer.ends_at - w.end()).num_seconds().abs() < 60)
+        .map(|e| e.number)
 }
 
 /// `reservations` and `records` once `seen` (each a recorded reservation as AWS now reports
@@ -742,6 +762,7 @@ mod tests {
             debit_month: None,
             debit_team: None,
             payment_check_at: None,
+            extensions: Vec::new(),
             deployment_tag: None,
         }
     }

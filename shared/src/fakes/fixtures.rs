@@ -81,6 +81,7 @@ pub fn block_starting(start: DateTime<Utc>, state: ReservationState) -> Reservat
         debit_month: None,
         debit_team: None,
         payment_check_at: None,
+        extensions: Vec::new(),
     }
 }
 
@@ -120,6 +121,7 @@ pub fn request(id: &str, team_name: &str, max_upfront_usd: &str) -> CapacityRequ
         drain_minutes: 0,
         tags: BTreeMap::new(),
         mode: Default::default(),
+        extend: None,
     }
 }
 
@@ -130,5 +132,14 @@ pub fn event(event_key: &str, detail_type: &str, request_id: &str) -> OutboundEv
         detail_type: detail_type.into(),
         detail: serde_json::json!({ "event_key": event_key, "request_id": request_id }),
         notice: None,
+    }
+}
+
+/// An operator's pause (ARCHITECTURE §9.7), since `t0`.
+pub fn pause() -> crate::ports::Pause {
+    crate::ports::Pause {
+        by: "arn:aws:sts::123456789012:assumed-role/ops/dana".into(),
+        reason: "budget review".into(),
+        since: t0(),
     }
 }

@@ -8,6 +8,8 @@ use std::sync::{Arc, Mutex};
 use chrono::{DateTime, Duration, Utc};
 
 use super::{Fault, Faults, ManualClock, REQUEST_ID_TAG, errors, lock};
+use crate::domain::extension::{ExtensionOffer, ExtensionPayment, ExtensionSeen};
+use crate::domain::money::Usd;
 use crate::domain::offering::{Offering, Product};
 use crate::domain::request::RequestId;
 use crate::domain::reservation::{Reservation, ReservationState};
@@ -25,6 +27,9 @@ pub enum MarketOp {
     FindByRequest,
     FindByDeployment,
     BlocksInAccount,
+    ExtensionOffers,
+    Extend,
+    Extensions,
 }
 
 /// One call the market received, for assertions.
@@ -53,6 +58,28 @@ pub enum MarketCall {
     BlocksInAccount {
         region: String,
     },
+    ExtensionOffers {
+        reservation_id: String,
+        hours: u32,
+    },
+    Extend {
+        reservation_id: String,
+        offering_id: String,
+    },
+    Extensions {
+        reservation_id: String,
+    },
+}
+
+/// An extension the market sold (through the port, or by hand).
+#[derive(Debug, Clone)]
+struct SoldExtension {
+    reservation_id: String,
+    seen: ExtensionSeen,
+    /// Lookups of the history that still miss it (without a clock).
+    unlisted_for: u32,
+    /// With a clock: when the history starts to list it.
+    listed_from: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone)]
@@ -100,6 +127,9 @@ struct State {
     /// search fails with the error, until cleared.
     search_errors: Vec<(String, Option<String>, PortError)>,
     calls: Vec<MarketCall>,
+    /// What an hour of extension costs, per reservation instance; `None`: nothing offered.
+    extension_hourly: Option<Usd>,
+    extensions: Vec<SoldExtension>,
 }
 
 /// An in-memory [`CapacityMarket`]; clones share the market.
@@ -134,6 +164,8 @@ impl FakeMarket {
                 faults: Faults::default(),
                 search_errors: Vec::new(),
                 calls: Vec::new(),
+                extension_hourly: None,
+                extensions: Vec::new(),
             })),
         }
     }
@@ -245,6 +277,83 @@ impl FakeMarket {
         }
     }
 
+    /// Offers extensions of every active or scheduled reservation with no extension payment
+    /// pending, at `hourly` per instance-hour (none are offered until this is called).
+    pub fn offer_extensions(&self, hourly: Usd) {
+        lock(&self.state).extension_hourly = Some(hourly);
+    }
+
+    /// Settles every extension whose payment is pending as `payment` says: a paid one moves
+    /// its reservation's last end to the extension's; a failed one leaves it. Returns how
+    /// many it settled.
+    pub fn settle_extensions(&self, payment: ExtensionPayment) -> usize {
+        let mut s = lock(&self.state);
+        let mut settled = Vec::new();
+        for e in s.extensions.iter_mut() {
+            if e.seen.payment == ExtensionPayment::Pending {
+                e.seen.payment = payment;
+                settled.push((e.reservation_id.clone(), e.seen.ends_at));
+            }
+        }
+        if payment == ExtensionPayment::Succeeded {
+            for (id, end) in &settled {
+                if let Some(seg) = s
+                    .reservations
+                    .iter_mut()
+                    .find(|o| o.reservation.id == *id)
+                    .and_then(|o| o.reservation.segments.last_mut())
+                {
+                    seg.end = *end;
+                }
+            }
+        }
+        settled.len()
+    }
+
+    /// An extension of `reservation_id` by `hours` bought outside capacity-pilot (in the
+    /// console) at `at`, paid at once: listed in the history at once, the end moved.
+    pub fn extend_by_hand(&self, reservation_id: &str, hours: u32, at: DateTime<Utc>) -> bool {
+        let mut s = lock(&self.state);
+        let n = s.extensions.len() + 1;
+        let Some(seg) = s
+            .reservations
+            .iter_mut()
+            .find(|o| o.reservation.id == reservation_id)
+            .and_then(|o| o.reservation.segments.last_mut())
+        else {
+            return false;
+        };
+        let starts_at = seg.end;
+        seg.end += Duration::hours(i64::from(hours));
+        let ends_at = seg.end;
+        s.extensions.push(SoldExtension {
+            reservation_id: reservation_id.to_string(),
+            seen: ExtensionSeen {
+                offering_id: format!("hand-{n:05}"),
+                hours,
+                starts_at,
+                ends_at,
+                fee: None,
+                payment: ExtensionPayment::Succeeded,
+                bought_at: Some(at),
+            },
+            unlisted_for: 0,
+            listed_from: None,
+        });
+        true
+    }
+
+    /// How many extensions of `reservation_id` were bought through the port.
+    pub fn extensions_bought(&self, reservation_id: &str) -> usize {
+        lock(&self.state)
+            .extensions
+            .iter()
+            .filter(|e| {
+                e.reservation_id == reservation_id && !e.seen.offering_id.starts_with("hand-")
+            })
+            .count()
+    }
+
     // ---- faults ------------------------------------------------------------------------
 
     /// The next call of `op` returns `error` and does nothing.
@@ -327,6 +436,9 @@ impl FakeMarket {
                     MarketCall::FindByRequest { .. } => MarketOp::FindByRequest,
                     MarketCall::FindByDeployment { .. } => MarketOp::FindByDeployment,
                     MarketCall::BlocksInAccount { .. } => MarketOp::BlocksInAccount,
+                    MarketCall::ExtensionOffers { .. } => MarketOp::ExtensionOffers,
+                    MarketCall::Extend { .. } => MarketOp::Extend,
+                    MarketCall::Extensions { .. } => MarketOp::Extensions,
                 }
             })
             .count()
@@ -413,6 +525,7 @@ impl State {
             debit_month: None,
             debit_team: None,
             payment_check_at: None,
+            extensions: Vec::new(),
         };
         let (unlisted_for, listed_from) = match &self.clock {
             Some(c) => (0, Some(c.get() + self.listing_lag_time)),
@@ -580,6 +693,143 @@ impl CapacityMarket for FakeMarket {
             .filter(|o| o.reservation.deployment_tag.as_deref() == Some(deployment_id))
             .filter_map(|o| o.look_up(now))
             .collect())
+    }
+
+    async fn extension_offers(
+        &self,
+        r: &Reservation,
+        hours: u32,
+    ) -> Result<Vec<ExtensionOffer>, PortError> {
+        let mut s = lock(&self.state);
+        s.calls.push(MarketCall::ExtensionOffers {
+            reservation_id: r.id.clone(),
+            hours,
+        });
+        if let Some(Fault::Fail(e) | Fault::ApplyThenFail(e)) =
+            s.faults.next(MarketOp::ExtensionOffers)
+        {
+            return Err(e);
+        }
+        let Some(hourly) = s.extension_hourly else {
+            return Ok(Vec::new());
+        };
+        let pending = s
+            .extensions
+            .iter()
+            .any(|e| e.reservation_id == r.id && e.seen.payment == ExtensionPayment::Pending);
+        let Some(held) = s
+            .reservations
+            .iter()
+            .find(|o| o.reservation.id == r.id)
+            .map(|o| o.reservation.clone())
+        else {
+            return Ok(Vec::new());
+        };
+        if pending
+            || !matches!(
+                held.state,
+                ReservationState::Active | ReservationState::Scheduled
+            )
+        {
+            return Ok(Vec::new());
+        }
+        let n = s.next_id;
+        s.next_id += 1;
+        let prefix = match held.product {
+            Product::TrainingPlan { .. } => "tpeo",
+            _ => "cbe",
+        };
+        let fee = Usd::new(
+            hourly.amount()
+                * rust_decimal::Decimal::from(hours)
+                * rust_decimal::Decimal::from(held.instance_count),
+        );
+        Ok(vec![ExtensionOffer {
+            offering_id: format!("{prefix}-{n:017x}"),
+            hours,
+            starts_at: held.end(),
+            ends_at: held.end() + Duration::hours(i64::from(hours)),
+            fee,
+        }])
+    }
+
+    async fn extend(
+        &self,
+        r: &Reservation,
+        offer: &ExtensionOffer,
+    ) -> Result<ExtensionSeen, PortError> {
+        let mut s = lock(&self.state);
+        s.calls.push(MarketCall::Extend {
+            reservation_id: r.id.clone(),
+            offering_id: offer.offering_id.clone(),
+        });
+        let after = match s.faults.next(MarketOp::Extend) {
+            Some(Fault::Fail(e)) => return Err(e),
+            Some(Fault::ApplyThenFail(e)) => Some(e),
+            None => None,
+        };
+        let now = s.clock.as_ref().map(ManualClock::get);
+        if s.extensions
+            .iter()
+            .any(|e| e.seen.offering_id == offer.offering_id)
+        {
+            return Err(PortError::OfferingGone {
+                code: "InvalidParameterValue".into(),
+                message: format!(
+                    "extension offering {} was bought already",
+                    offer.offering_id
+                ),
+            });
+        }
+        let seen = ExtensionSeen {
+            offering_id: offer.offering_id.clone(),
+            hours: offer.hours,
+            starts_at: offer.starts_at,
+            ends_at: offer.ends_at,
+            fee: Some(offer.fee),
+            payment: ExtensionPayment::Pending,
+            bought_at: now,
+        };
+        let (unlisted_for, listed_from) = match now {
+            Some(now) => (0, Some(now + s.listing_lag_time)),
+            None => (s.listing_lag, None),
+        };
+        s.extensions.push(SoldExtension {
+            reservation_id: r.id.clone(),
+            seen: seen.clone(),
+            unlisted_for,
+            listed_from,
+        });
+        match after {
+            Some(e) => Err(e),
+            None => Ok(seen),
+        }
+    }
+
+    async fn extensions(&self, r: &Reservation) -> Result<Vec<ExtensionSeen>, PortError> {
+        let mut s = lock(&self.state);
+        s.calls.push(MarketCall::Extensions {
+            reservation_id: r.id.clone(),
+        });
+        if let Some(Fault::Fail(e) | Fault::ApplyThenFail(e)) = s.faults.next(MarketOp::Extensions)
+        {
+            return Err(e);
+        }
+        let now = s.clock.as_ref().map(ManualClock::get);
+        let mut out = Vec::new();
+        for e in s.extensions.iter_mut().filter(|e| e.reservation_id == r.id) {
+            if let (Some(from), Some(now)) = (e.listed_from, now)
+                && now < from
+            {
+                continue;
+            }
+            if e.unlisted_for > 0 {
+                e.unlisted_for -= 1;
+                continue;
+            }
+            out.push(e.seen.clone());
+        }
+        Ok(out)
     }
 
     async fn blocks_in_account(&self, region: &str) -> Result<Vec<Reservation>, PortError> {

@@ -921,7 +921,7 @@ impl State {
         }
         // As the adapter's transaction checks it: after the request's own conditions, before
         // the caps (unless the debit alone passes the team's, which it answers first).
-        if t.hold
+        if (t.hold || t.unpaused)
             && let Some(p) = &self.paused
             && t.debit.as_ref().is_none_or(|d| d.amount <= d.team_cap)
         {

@@ -11,11 +11,14 @@
 //! - [`payment`]: a bought reservation read again until its payment is taken (§8.5);
 //! - [`doubt`]: a purchase that called AWS and could not be reconciled by its deadline, ended
 //!   with its debit kept and reconciled hourly (§9.1);
-//! - [`pause`]: what a request held back by an operator's pause is told (§9.7).
+//! - [`pause`]: what a request held back by an operator's pause is told (§9.7);
+//! - [`extension`]: a reservation's extension, asked, priced, approved, bought once under its
+//!   lease and debit, reconciled and read until paid (§9.3).
 
 pub mod approval;
 pub mod cancel;
 pub mod doubt;
+pub mod extension;
 pub mod pause;
 pub mod payment;
 pub mod preflight;

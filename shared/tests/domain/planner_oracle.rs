@@ -110,6 +110,7 @@ fn request_strategy() -> impl Strategy<Value = CapacityRequest> {
                     drain_minutes: 0,
                     tags: BTreeMap::new(),
                     mode: Default::default(),
+                    extend: None,
                 }
             },
         )
@@ -443,6 +444,7 @@ fn ec2_request(split: bool) -> CapacityRequest {
         drain_minutes: 0,
         tags: BTreeMap::new(),
         mode: Default::default(),
+        extend: None,
     }
 }
 

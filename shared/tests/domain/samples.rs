@@ -11,9 +11,10 @@ use std::path::{Path, PathBuf};
 use capacity_pilot::domain::catalog::SupportedInstanceTypes;
 use capacity_pilot::domain::events::{
     ApprovalRefused, AwaitingApproval, CONSUMED, CancellationApplied, CancellationRefused,
-    EventDetail, InstanceMaintenanceScheduled, InstanceReplaced, NotFound, OfferingsFound,
-    PRODUCER_VERSION, PaymentFailed, PurchaseInDoubt, RequestAccepted, RequestFailed,
-    RequestRejected, ReservationEnded, ReservationEnding, ReservationExpiring, ReservationExtended,
+    EventDetail, ExtensionAwaitingApproval, ExtensionFailed, ExtensionOffered,
+    InstanceMaintenanceScheduled, InstanceReplaced, NotFound, OfferingsFound, PRODUCER_VERSION,
+    PaymentFailed, PurchaseInDoubt, RequestAccepted, RequestFailed, RequestRejected,
+    ReservationEnded, ReservationEnding, ReservationExpiring, ReservationExtended,
     ReservationUnrecorded, Reserved, SOURCE, WindowOpening, WorkloadDrained, WorkloadInterrupted,
     WorkloadLaunched, outbound, schemas,
 };
@@ -372,6 +373,83 @@ fn samples() -> Vec<(&'static str, &'static str, &'static str, OutboundEvent)> {
                 "ends_at": "2026-12-10T11:30:00Z",
                 "drain_at": "2026-12-10T10:40:00Z",
                 "external": true
+            })),
+        ),
+        (
+            "capacity-extension-offered",
+            "c1b2c3d4-0028-4f00-8000-000000000028",
+            "2026-12-08T10:00:02Z",
+            publish::<ExtensionOffered>(json!({
+                "event_key": "team-a-loadtest-2026-12:window-0:extension-1:offered:c1796040000",
+                "request_id": "team-a-loadtest-2026-12",
+                "extension": 1,
+                "reservation_id": "cr-0123456789abcdef0",
+                "product": {
+                    "product": "capacity-block"
+                },
+                "region": "us-east-1",
+                "window": 0,
+                "offering_id": "cbe-0123456789abcdefg",
+                "hours": 24,
+                "ends_at": "2026-12-09T11:30:00Z",
+                "extended_ends_at": "2026-12-10T11:30:00Z",
+                "upfront_fee_usd": "1661.18",
+                "asked_by": "requested",
+                "needs_approval": true,
+                "buy_by": "2026-12-08T22:40:00Z"
+            })),
+        ),
+        (
+            "capacity-extension-awaiting-approval",
+            "c1b2c3d4-0029-4f00-8000-000000000029",
+            "2026-12-08T10:00:02Z",
+            publish::<ExtensionAwaitingApproval>(json!({
+                "event_key": "team-a-loadtest-2026-12:window-0:extension-1:awaiting-approval:c1796040000",
+                "request_id": "team-a-loadtest-2026-12",
+                "team": "team-a",
+                "extension": 1,
+                "reservation_id": "cr-0123456789abcdef0",
+                "product": {
+                    "product": "capacity-block"
+                },
+                "region": "us-east-1",
+                "window": 0,
+                "offering_id": "cbe-0123456789abcdefg",
+                "hours": 24,
+                "ends_at": "2026-12-09T11:30:00Z",
+                "extended_ends_at": "2026-12-10T11:30:00Z",
+                "upfront_fee_usd": "1661.18",
+                "asked_by": "requested",
+                "approval_above_usd": "5000",
+                "spent_usd": "3800",
+                "buy_by": "2026-12-08T22:40:00Z"
+            })),
+        ),
+        (
+            "capacity-extension-failed",
+            "c1b2c3d4-0030-4f00-8000-000000000030",
+            "2026-12-08T12:10:00Z",
+            publish::<ExtensionFailed>(json!({
+                "event_key": "team-a-loadtest-2026-12:window-0:extension-1:failed:c1796040000",
+                "request_id": "team-a-loadtest-2026-12",
+                "extension": {
+                "extension": 1,
+                "reservation_id": "cr-0123456789abcdef0",
+                "product": {
+                    "product": "capacity-block"
+                },
+                "region": "us-east-1",
+                "window": 0,
+                "offering_id": "cbe-0123456789abcdefg",
+                "hours": 24,
+                "ends_at": "2026-12-09T11:30:00Z",
+                "extended_ends_at": "2026-12-10T11:30:00Z",
+                "upfront_fee_usd": "1661.18",
+                "asked_by": "requested"
+                },
+                "hours": 24,
+                "reason": "bought cbe-0123456789abcdefg: AWS reports its payment pending; cbe-0123456789abcdefg read back: AWS did not take the payment; the reservation keeps its end",
+                "returned_usd": "1661.18"
             })),
         ),
         (

@@ -169,6 +169,7 @@ fn reservations_strategy() -> impl Strategy<Value = Vec<Reservation>> {
                     debit_month: None,
                     debit_team: None,
                     payment_check_at: None,
+                    extensions: Vec::new(),
                     deployment_tag: None,
                 }
             })

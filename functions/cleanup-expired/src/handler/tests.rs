@@ -248,6 +248,7 @@ fn reservation(id: &str, req: &str, product: Product, start: DateTime<Utc>) -> R
         debit_month: None,
         debit_team: None,
         payment_check_at: None,
+        extensions: Vec::new(),
         deployment_tag: None,
     }
 }

@@ -181,6 +181,7 @@ fn block(id: &str, count: u32, zone: &str) -> Reservation {
         debit_month: None,
         debit_team: None,
         payment_check_at: None,
+        extensions: Vec::new(),
         deployment_tag: None,
     }
 }

@@ -33,6 +33,8 @@ type P = Purchaser<InMemoryStore, FakeMarket, RecordingEvents, ManualClock, Fake
 
 /// A purchase that called AWS and could not be reconciled by its deadline (§9.1).
 mod doubt;
+/// Extensions of a bought reservation (§9.3).
+mod extensions;
 /// An operator's pause (§9.7).
 mod pause;
 mod preflight;
@@ -1756,6 +1758,7 @@ async fn buying_a_plan_again_after_a_failed_one_takes_the_next_plan_name() {
         debit_month: None,
         debit_team: None,
         payment_check_at: None,
+        extensions: Vec::new(),
         deployment_tag: None,
     };
     w.store.insert_reservation(&rec.request_id, failed);
@@ -1824,6 +1827,7 @@ async fn a_pending_plan_listed_without_its_capacities_under_the_requests_plan_na
             debit_month: None,
             debit_team: None,
             payment_check_at: None,
+            extensions: Vec::new(),
             deployment_tag: None,
         },
         Some(name.as_str()),
@@ -1927,6 +1931,7 @@ fn stray(
         debit_month: None,
         debit_team: None,
         payment_check_at: None,
+        extensions: Vec::new(),
         deployment_tag: Some(DEPLOYMENT.into()),
     }
 }

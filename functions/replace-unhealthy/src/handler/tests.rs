@@ -75,6 +75,7 @@ impl World {
             debit_month: None,
             debit_team: None,
             payment_check_at: None,
+            extensions: Vec::new(),
             deployment_tag: None,
         };
         let mut rec = RequestRecord {

@@ -909,6 +909,7 @@ fn kept_first_half(w: &World, id: &str) {
             debit_month: None,
             debit_team: None,
             payment_check_at: None,
+            extensions: Vec::new(),
             deployment_tag: None,
         },
     );

@@ -1744,9 +1744,10 @@ impl Store for DynamoStore {
                 archived,
             },
         )?);
-        // ARCHITECTURE §9.7: no on-demand or spot run is held once a pause commits.
-        let pause_item = t.hold.then_some(items.len());
-        if t.hold {
+        // ARCHITECTURE §9.7: no on-demand or spot run is held, and no extension leased, once a
+        // pause commits.
+        let pause_item = (t.hold || t.unpaused).then_some(items.len());
+        if t.hold || t.unpaused {
             items.push(pause::pause_absent(&self.table)?);
         }
 

@@ -34,6 +34,7 @@ fn block(bought: DateTime<Utc>) -> Reservation {
         debit_month: None,
         debit_team: None,
         payment_check_at: None,
+        extensions: Vec::new(),
         deployment_tag: None,
     }
 }

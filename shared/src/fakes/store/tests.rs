@@ -60,6 +60,7 @@ fn transition(rid: &str, version: u64, from: RequestStatus, to: RequestStatus) -
         reservations: vec![],
         refund: None,
         resolve_doubt: false,
+        unpaused: false,
     }
 }
 
@@ -123,6 +124,7 @@ fn reservation(rid: &str, res_id: &str, fee: &str) -> Reservation {
         debit_month: None,
         debit_team: None,
         payment_check_at: None,
+        extensions: Vec::new(),
         deployment_tag: None,
     }
 }

@@ -3,15 +3,7 @@
 //! held-back request is told once, in its reason and history.
 
 use super::*;
-use capacity_pilot::ports::Pause;
-
-fn pause() -> Pause {
-    Pause {
-        by: "arn:aws:sts::123456789012:assumed-role/ops/dana".into(),
-        reason: "budget review".into(),
-        since: t0(),
-    }
-}
+use capacity_pilot::fakes::fixtures::pause;
 
 async fn history(w: &World, id: &str) -> Vec<capacity_pilot::ports::HistoryEntry> {
     w.store.history(&request_id(id)).await.unwrap()
