@@ -135,6 +135,7 @@ pub fn reservation(id: &str, fee: &str) -> Reservation {
         debit_team: None,
         payment_check_at: None,
         extensions: Vec::new(),
+        extension_check_at: None,
         deployment_tag: None,
     }
 }

@@ -18,11 +18,12 @@ pub use capacity_pilot::decision::{Decision, HandlerError};
 use capacity_pilot::domain::events::{
     ReservationEnded, ReservationExpiring, WorkloadDrained, ending_events, event_key, outbound,
 };
+use capacity_pilot::domain::extension::{self, ExtendWhen};
 use capacity_pilot::domain::money::MicroUsd;
 use capacity_pilot::domain::naming::{
     DEPLOYMENT_TAG, DRAIN_AT_TAG, MANAGED_TAG, REQUEST_TAG, drain_at_value,
 };
-use capacity_pilot::domain::notices::{self, NoticeMarks, announced};
+use capacity_pilot::domain::notices::{self, LeadKind, NoticeMarks, announced};
 use capacity_pilot::domain::offering::Product;
 use capacity_pilot::domain::request::RequestId;
 use capacity_pilot::domain::reservation::Reservation;
@@ -735,6 +736,11 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         let mut records = rec.windows.clone();
         let mut outbox = Vec::new();
         let mut said = Vec::new();
+        // Reservations whose workload is looked at, to extend it (ARCHITECTURE §9.3).
+        let mut armed: Vec<Reservation> = Vec::new();
+        let payment_lead =
+            chrono::Duration::minutes(i64::from(self.config.extension_payment_lead_minutes));
+        let policy = rec.request.extend.as_ref();
         for r in records.iter_mut() {
             if r.notice_due().is_none_or(|t| t > now) {
                 continue;
@@ -746,6 +752,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             };
             let since = w.reservation.bought_at.unwrap_or(r.updated_at);
             let plan = notices::plan_leads(w, leads, since, now);
+            let extend_by = extension::ask_by(policy, w, payment_lead, now);
             for (l, late) in &plan.send {
                 outbox.push(notices::lead_event(
                     rec.whose(),
@@ -754,12 +761,33 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
                     *l,
                     *late,
                     checkpoint,
+                    extend_by,
                 ));
                 said.push(format!(
                     "sent {}{}",
                     l.describe(w.number),
                     if *late { ", late" } else { "" }
                 ));
+            }
+            // `extend.when: workload-running`: with each Ending notice before the payment
+            // lead, the purchase function is asked to look whether the workload runs on (a
+            // day's block gets its first while it has not opened yet).
+            let ending = plan.send.iter().any(|(l, _)| l.kind == LeadKind::Ending);
+            if ending
+                && extend_by.is_some()
+                && policy.is_some_and(|p| p.when == ExtendWhen::WorkloadRunning)
+                && w.reservation.open_extension().is_none()
+                && w.reservation.extension_check_at.is_none()
+                && !armed.iter().any(|a| a.id == w.reservation.id)
+            {
+                let mut armed_r = w.reservation.clone();
+                armed_r.extension_check_at = Some(now);
+                said.push(format!(
+                    "the purchase function looks whether window {}'s workload runs on, to \
+                     extend {} (extend.when: workload-running)",
+                    w.number, armed_r.id
+                ));
+                armed.push(armed_r);
             }
             said.extend(plan.skipped.iter().map(|(_, why)| why.clone()));
             r.notices = Some(plan.marks);
@@ -772,7 +800,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         } else {
             said.join("; ")
         };
-        let u = WindowUpdate::of(
+        let mut u = WindowUpdate::of(
             rec,
             records,
             &reason,
@@ -780,6 +808,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             &Cause::new(format!("{base}#{step}")),
             outbox,
         );
+        u.reservations = armed;
         let written = self.store.update_windows(u).await?;
         out.decisions.push(Decision::new(
             &rec.request_id,

@@ -232,6 +232,9 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock, W: Workloads> Purchase
                 && r.payment_check_at.is_some_and(|t| t <= now)
         });
         let extending = held.iter().any(|r| r.extensions.iter().any(|e| e.due(now)));
+        let looking = held
+            .iter()
+            .any(|r| r.extension_check_at.is_some_and(|t| t <= now));
         if own
             && paying
             && let Some(rec) = self.store.get_request(id).await?
@@ -241,6 +244,11 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock, W: Workloads> Purchase
         if extending && let Some(rec) = self.store.get_request(id).await? {
             self.protocols()
                 .step_extensions(&rec, cause, now, out)
+                .await?;
+        }
+        if looking && let Some(rec) = self.store.get_request(id).await? {
+            self.protocols()
+                .auto_extend(&self.workloads, &rec, cause, now, out)
                 .await?;
         }
         Ok(())

@@ -642,6 +642,7 @@ impl Ec2Adapter {
             debit_team: None,
             payment_check_at: None,
             extensions: Vec::new(),
+            extension_check_at: None,
             deployment_tag: tags.get(DEPLOYMENT_TAG).cloned(),
         })
     }

@@ -298,6 +298,7 @@ fn plan_reservation(
         debit_team: None,
         payment_check_at: None,
         extensions: Vec::new(),
+        extension_check_at: None,
         deployment_tag: None,
     }))
 }
@@ -469,6 +470,7 @@ impl SageMakerAdapter {
             debit_team: None,
             payment_check_at: None,
             extensions: Vec::new(),
+            extension_check_at: None,
             deployment_tag: None,
         })
     }

@@ -441,8 +441,9 @@ pub struct ReservationEnding {
     /// The last notice before the drain: checkpoint now.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub checkpoint: bool,
-    /// Whether an extension of the reservation can be asked for (false until capacity-pilot
-    /// extends reservations).
+    /// Whether an extension of the reservation can be asked for (`capacity-pilot extend`, or
+    /// `Capacity Extension Requested`): the request has an `extend` policy, the window ends
+    /// its reservation, and the payment lead before the drain has not passed.
     pub extendable: bool,
     /// Until when an extension can be asked for, when `extendable`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

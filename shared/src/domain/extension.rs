@@ -256,6 +256,25 @@ impl Extension {
     }
 }
 
+/// Until when an extension of window `w`'s reservation can be asked for, with policy
+/// `policy` and `payment_lead` (what `Capacity Reservation Ending` says in `extend_by`): the
+/// window's drain less the payment lead, when the request has a policy, `w` ends its
+/// reservation (a block, or a plan's last segment) and that moment has not passed at `now`.
+pub fn ask_by(
+    policy: Option<&ExtendPolicy>,
+    w: &super::window::Window,
+    payment_lead: Duration,
+    now: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    let by = w.drain_at - payment_lead;
+    (policy.is_some()
+        && w.last_of_reservation
+        && w.reservation.product.is_reservation()
+        && w.state.is_undrained()
+        && now <= by)
+        .then_some(by)
+}
+
 /// What a request's extensions have taken of its `extend` policy: hours and fees of those
 /// not failed.
 pub fn used<'a>(all: impl IntoIterator<Item = &'a Extension>) -> (u32, MicroUsd) {

@@ -1101,7 +1101,8 @@ pub fn lead_key(whose: super::events::Whose<'_>, w: &Window, lead: Lead) -> Stri
     )
 }
 
-/// The event (and notice, for `team`) of lead `lead` of window `w`.
+/// The event (and notice, for `team`) of lead `lead` of window `w`; an Ending notice says
+/// until when an extension can be asked for (`extend_by`, [`super::extension::ask_by`]).
 pub fn lead_event(
     whose: super::events::Whose<'_>,
     team: &str,
@@ -1109,6 +1110,7 @@ pub fn lead_event(
     lead: Lead,
     late: bool,
     checkpoint_minutes: Option<u32>,
+    extend_by: Option<DateTime<Utc>>,
 ) -> OutboundEvent {
     let key = lead_key(whose, w, lead);
     let r = &w.reservation;
@@ -1143,8 +1145,8 @@ pub fn lead_event(
                 ends_at: w.end(),
                 lead_minutes: lead.minutes,
                 checkpoint: checkpoint_minutes == Some(lead.minutes),
-                extendable: false,
-                extend_by: None,
+                extendable: extend_by.is_some(),
+                extend_by,
                 late,
             },
         ),

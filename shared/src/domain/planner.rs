@@ -533,6 +533,7 @@ mod tests {
             debit_team: None,
             payment_check_at: None,
             extensions: Vec::new(),
+            extension_check_at: None,
             deployment_tag: None,
         }
     }

@@ -133,6 +133,11 @@ pub struct Reservation {
     /// first; an extension bought outside it is not among them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extensions: Vec<super::extension::Extension>,
+    /// When the purchase function looks whether the workload in its last window still runs,
+    /// to extend it (`extend.when: workload-running`): set by cleanup with the window's first
+    /// Ending notice, cleared once looked at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extension_check_at: Option<DateTime<Utc>>,
 }
 
 impl Reservation {
@@ -146,12 +151,14 @@ impl Reservation {
             .min()
     }
 
-    /// When an extension of it not yet settled is next due a look (the purchase function's).
+    /// When an extension of it not yet settled is next due a look, or whether its workload
+    /// runs on to be extended (the purchase function's).
     pub fn extension_due(&self) -> Option<DateTime<Utc>> {
         self.extensions
             .iter()
             .filter(|e| e.is_open())
             .filter_map(|e| e.check_at)
+            .chain(self.extension_check_at)
             .min()
     }
 

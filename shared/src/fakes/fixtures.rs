@@ -82,6 +82,7 @@ pub fn block_starting(start: DateTime<Utc>, state: ReservationState) -> Reservat
         debit_team: None,
         payment_check_at: None,
         extensions: Vec::new(),
+        extension_check_at: None,
     }
 }
 

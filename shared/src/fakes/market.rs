@@ -526,6 +526,7 @@ impl State {
             debit_team: None,
             payment_check_at: None,
             extensions: Vec::new(),
+            extension_check_at: None,
         };
         let (unlisted_for, listed_from) = match &self.clock {
             Some(c) => (0, Some(c.get() + self.listing_lag_time)),

@@ -30,19 +30,22 @@ use crate::domain::events::{
     ApprovalRefused, ExtensionAwaitingApproval, ExtensionFailed, ExtensionOffered,
     ExtensionSummary, PurchaseDecision,
 };
+use crate::domain::extension::ExtendWhen;
 use crate::domain::extension::{
     Asked, Extension, ExtensionOffer, ExtensionPayment, ExtensionSeen, ExtensionState, LEASE,
     PAYMENT_READ_EVERY, hours_problem, used,
 };
 use crate::domain::money::MicroUsd;
 use crate::domain::notices::announced;
+use crate::domain::request::WorkloadKind;
 use crate::domain::reservation::Reservation;
 use crate::domain::time_rules::IN_DOUBT_WINDOW;
-use crate::domain::window::{self, Window};
+use crate::domain::window::{self, Window, WindowState};
 use crate::outbox;
 use crate::ports::{
-    AsyncSleep, BudgetMonth, CapacityMarket, Cause, Debit, EventSink, OutboundEvent, PortError,
-    Refund, RequestRecord, Store, Transition, WriteOutcome,
+    AsyncSleep, BudgetMonth, CapacityMarket, Cause, Debit, EventSink, InstanceFilter,
+    InstanceState, JobState, OutboundEvent, PortError, Refund, RequestRecord, Store, Transition,
+    Workloads, WriteOutcome,
 };
 
 /// How often one invocation re-reads the request and tries a step again after another
@@ -1157,6 +1160,192 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             }
         }
         Ok(())
+    }
+
+    /// `extend.when: workload-running` (ARCHITECTURE §9.3): each reservation of `rec` whose
+    /// look is due (armed by cleanup with its window's first Ending notice) is extended by a
+    /// day, within `extend.max_hours`, while the workload in its last window still runs: EC2
+    /// instances running, a training job in progress, a HyperPod group with nodes. A stopped
+    /// workload is not extended; an endpoint is not extended automatically (its invocations
+    /// are not read). The look is cleared with its reason first, so it is made once per end.
+    pub async fn auto_extend<W: Workloads>(
+        &self,
+        workloads: &W,
+        rec: &RequestRecord,
+        cause: &Cause,
+        now: DateTime<Utc>,
+        out: &mut Outcome,
+    ) -> Result<(), PortError> {
+        let id = &rec.request_id;
+        let (held, windows) = self.windows_of(rec).await?;
+        for r in held
+            .iter()
+            .filter(|r| r.extension_check_at.is_some_and(|t| t <= now))
+        {
+            let w = last_window(&windows, r);
+            let policy = rec.request.extend.as_ref();
+            let (used_hours, _) = used(held.iter().flat_map(|h| h.extensions.iter()));
+            let hours = policy.map_or(0, |p| p.max_hours.saturating_sub(used_hours).min(24));
+            let why_not = match (policy, w) {
+                (Some(p), _) if p.when != ExtendWhen::WorkloadRunning => Some(format!(
+                    "extend.when is {}: only an ask extends it",
+                    p.when.as_str()
+                )),
+                (None, _) => Some("the request has no extend policy".to_string()),
+                (_, None) => Some("no window of it is left to run".to_string()),
+                _ if r.open_extension().is_some() => {
+                    Some("an extension of it is being bought already".to_string())
+                }
+                (_, Some(w)) if w.state != WindowState::Running => Some(format!(
+                    "window {} is {}, not running",
+                    w.number,
+                    w.state.as_str()
+                )),
+                (_, Some(w)) if now > w.drain_at - self.extension_lead() => Some(format!(
+                    "past the payment lead ({})",
+                    w.drain_at - self.extension_lead()
+                )),
+                _ if hours < 24 => Some(format!(
+                    "extend.max_hours is used up ({used_hours} h extended so far)"
+                )),
+                (_, Some(w)) => match self.workload_runs(workloads, rec, r).await? {
+                    Some(true) => None,
+                    Some(false) => Some(format!(
+                        "window {}'s workload is not running: a stopped workload is not \
+                         extended",
+                        w.number
+                    )),
+                    None => Some(format!(
+                        "window {}'s workload is an inference endpoint, whose invocations \
+                         capacity-pilot does not read: it is extended only when asked \
+                         (capacity-pilot extend)",
+                        w.number
+                    )),
+                },
+            };
+            let reason = match &why_not {
+                Some(why) => format!("{} is not extended automatically: {why}", r.id),
+                None => format!(
+                    "the workload in {}'s last window runs on: extending it by {hours} h \
+                     (extend.when: workload-running)",
+                    r.id
+                ),
+            };
+            // The look is cleared first: made once per end, whatever follows.
+            let mut cleared = false;
+            for _ in 0..WRITE_ATTEMPTS {
+                let Some(fresh) = self.store.get_request(id).await? else {
+                    return Ok(());
+                };
+                let held = self.store.reservations(id).await?;
+                let Some(mut r) = held.into_iter().find(|x| x.id == r.id) else {
+                    break;
+                };
+                if r.extension_check_at.is_none_or(|t| t > now) {
+                    break;
+                }
+                r.extension_check_at = None;
+                let mut t = Transition::of(
+                    &fresh,
+                    fresh.status,
+                    &reason,
+                    fresh.next_action_at,
+                    now,
+                    &cause.step(&format!("extension-{}-look", r.id)),
+                );
+                t.reservations = vec![r];
+                match self.store.transition(t).await? {
+                    WriteOutcome::Conflict => continue,
+                    w => {
+                        cleared = matches!(w, WriteOutcome::Applied { .. });
+                        out.decisions.push(Decision::new(
+                            id,
+                            decision::written(&w, "extension-look"),
+                            reason.clone(),
+                        ));
+                        break;
+                    }
+                }
+            }
+            if cleared
+                && why_not.is_none()
+                && let Some(fresh) = self.store.get_request(id).await?
+            {
+                self.ask_extension(
+                    fresh,
+                    Some(&r.id),
+                    hours,
+                    Asked::WorkloadRunning,
+                    &cause.step(&format!("extension-{}-auto", r.id)),
+                    now,
+                    out,
+                )
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the workload in reservation `r`'s windows runs: `None` when it is not judged
+    /// (an inference endpoint).
+    async fn workload_runs<W: Workloads>(
+        &self,
+        workloads: &W,
+        rec: &RequestRecord,
+        r: &Reservation,
+    ) -> Result<Option<bool>, PortError> {
+        let slots: Vec<_> = self
+            .store
+            .workloads(&rec.request_id)
+            .await?
+            .into_iter()
+            .filter(|s| s.reservation_id == r.id)
+            .collect();
+        match rec.request.workload_kind() {
+            WorkloadKind::Ec2Instances => {
+                let filter = InstanceFilter {
+                    reservation_id: Some(r.id.clone()),
+                    request_id: Some(rec.request_id.clone()),
+                    managed_only: true,
+                    ..InstanceFilter::default()
+                };
+                Ok(Some(
+                    workloads
+                        .describe_instances(&r.region, &filter)
+                        .await?
+                        .iter()
+                        .any(|i| i.state == InstanceState::Running),
+                ))
+            }
+            WorkloadKind::TrainingJob => {
+                for s in &slots {
+                    if let Some(j) = workloads
+                        .describe_training_job(&r.region, &s.resource_id)
+                        .await?
+                        && j.state == JobState::InProgress
+                    {
+                        return Ok(Some(true));
+                    }
+                }
+                Ok(Some(false))
+            }
+            WorkloadKind::HyperpodCluster => {
+                for s in &slots {
+                    let Some((cluster, group)) = s.resource_id.split_once('/') else {
+                        continue;
+                    };
+                    if let Some(g) = workloads
+                        .describe_instance_group(&r.region, cluster, group)
+                        .await?
+                        && g.current_count > 0
+                    {
+                        return Ok(Some(true));
+                    }
+                }
+                Ok(Some(false))
+            }
+            WorkloadKind::InferenceEndpoint => Ok(None),
+        }
     }
 
     /// Whether decision `d` names an extension awaiting approval of `rec`: it is answered

@@ -170,6 +170,7 @@ fn reservations_strategy() -> impl Strategy<Value = Vec<Reservation>> {
                     debit_team: None,
                     payment_check_at: None,
                     extensions: Vec::new(),
+                    extension_check_at: None,
                     deployment_tag: None,
                 }
             })

@@ -249,6 +249,7 @@ fn reservation(id: &str, req: &str, product: Product, start: DateTime<Utc>) -> R
         debit_team: None,
         payment_check_at: None,
         extensions: Vec::new(),
+        extension_check_at: None,
         deployment_tag: None,
     }
 }
@@ -1897,6 +1898,64 @@ async fn the_ending_notices_follow_the_new_end() {
     assert_eq!(d["lead_minutes"], json!(1440));
     assert_ne!(d["event_key"], ending[0].detail["event_key"]);
     assert_eq!(w.status("r-1").await, RequestStatus::Active);
+}
+
+/// ARCHITECTURE §9.3: an Ending notice says whether and until when an extension can be asked
+/// for, and, under `extend.when: workload-running`, asks the purchase function to look
+/// whether the workload runs on; past the payment lead it says neither.
+#[tokio::test]
+async fn ending_notices_say_until_when_an_extension_can_be_asked_and_arm_the_workload_look() {
+    use capacity_pilot::domain::extension::{ExtendPolicy, ExtendWhen};
+    for (when, lead_hours) in [
+        (Some(ExtendWhen::WorkloadRunning), 13),
+        (Some(ExtendWhen::Requested), 13),
+        (Some(ExtendWhen::WorkloadRunning), 1),
+        (None, 13),
+    ] {
+        let w = World::new();
+        let drain_at = end() - Duration::minutes(30) - Duration::minutes(15);
+        let mut req = request("r-1", "team-a", "50000");
+        req.extend = when.map(|when| ExtendPolicy {
+            when,
+            max_hours: 48,
+            max_upfront_usd: "1000".parse().unwrap(),
+        });
+        running_window(
+            &w,
+            req,
+            block("cr-1", "r-1"),
+            RequestStatus::Active,
+            drain_at,
+        )
+        .await;
+        w.instance("i-1", "r-1", Some("cr-1"), true);
+        w.tick_at(open(), "tick-0").await;
+        // WHEN the Ending notice of the lead comes
+        w.tick_at(drain_at - Duration::hours(lead_hours), "tick-1")
+            .await;
+        let ending = w.events.published_of(ENDING);
+        let d = &ending.last().expect("an Ending notice").detail;
+        let held = w.store.reservations(&request_id("r-1")).await.unwrap();
+        // THEN before the payment lead, with a policy, it says until when
+        let by = drain_at - Duration::hours(12);
+        if when.is_some() && lead_hours > 12 {
+            assert_eq!(d["extendable"], json!(true), "{when:?}");
+            assert_eq!(d["extend_by"], json!(by));
+        } else {
+            assert_eq!(d["extendable"], json!(false), "{when:?} {lead_hours}");
+            assert!(d.get("extend_by").is_none());
+        }
+        // AND only workload-running, before the lead, asks for a look
+        let armed = when == Some(ExtendWhen::WorkloadRunning) && lead_hours > 12;
+        assert_eq!(
+            held[0].extension_check_at.is_some(),
+            armed,
+            "{when:?} {lead_hours}"
+        );
+        if armed {
+            assert_eq!(held[0].payment_due(), held[0].extension_check_at);
+        }
+    }
 }
 
 /// A reservation that cannot be read back keeps its recorded end: the drain is never held

@@ -182,6 +182,7 @@ fn block(id: &str, count: u32, zone: &str) -> Reservation {
         debit_team: None,
         payment_check_at: None,
         extensions: Vec::new(),
+        extension_check_at: None,
         deployment_tag: None,
     }
 }

@@ -1759,6 +1759,7 @@ async fn buying_a_plan_again_after_a_failed_one_takes_the_next_plan_name() {
         debit_team: None,
         payment_check_at: None,
         extensions: Vec::new(),
+        extension_check_at: None,
         deployment_tag: None,
     };
     w.store.insert_reservation(&rec.request_id, failed);
@@ -1828,6 +1829,7 @@ async fn a_pending_plan_listed_without_its_capacities_under_the_requests_plan_na
             debit_team: None,
             payment_check_at: None,
             extensions: Vec::new(),
+            extension_check_at: None,
             deployment_tag: None,
         },
         Some(name.as_str()),
@@ -1932,6 +1934,7 @@ fn stray(
         debit_team: None,
         payment_check_at: None,
         extensions: Vec::new(),
+        extension_check_at: None,
         deployment_tag: Some(DEPLOYMENT.into()),
     }
 }

@@ -76,6 +76,7 @@ impl World {
             debit_team: None,
             payment_check_at: None,
             extensions: Vec::new(),
+            extension_check_at: None,
             deployment_tag: None,
         };
         let mut rec = RequestRecord {

@@ -910,6 +910,7 @@ fn kept_first_half(w: &World, id: &str) {
             debit_team: None,
             payment_check_at: None,
             extensions: Vec::new(),
+            extension_check_at: None,
             deployment_tag: None,
         },
     );

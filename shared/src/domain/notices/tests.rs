@@ -35,6 +35,7 @@ fn block(bought: DateTime<Utc>) -> Reservation {
         debit_team: None,
         payment_check_at: None,
         extensions: Vec::new(),
+        extension_check_at: None,
         deployment_tag: None,
     }
 }
@@ -138,6 +139,7 @@ fn the_ending_notices_come_24_h_13_h_and_1_h_before_the_drain_the_last_a_checkpo
         },
         false,
         Some(60),
+        None,
     );
     assert_eq!(ev.detail_type, "Capacity Reservation Ending");
     assert_eq!(ev.detail["checkpoint"], true);

@@ -125,6 +125,7 @@ fn reservation(rid: &str, res_id: &str, fee: &str) -> Reservation {
         debit_team: None,
         payment_check_at: None,
         extensions: Vec::new(),
+        extension_check_at: None,
         deployment_tag: None,
     }
 }

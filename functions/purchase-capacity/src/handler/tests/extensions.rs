@@ -423,3 +423,134 @@ async fn no_extension_is_leased_while_purchases_are_paused() {
         failed[0].detail
     );
 }
+
+/// GIVEN r1's block scheduled with `extend.when: workload-running` (at most 48 h), its window
+/// running, and cleanup's Ending notice having asked for a look now; an instance in it running
+/// or not.
+async fn looked_at(w: &World, running: bool) -> (P, String) {
+    let (p, cr) = scheduled(
+        w,
+        ExtendPolicy {
+            when: ExtendWhen::WorkloadRunning,
+            ..policy(48, "2000")
+        },
+        None,
+    )
+    .await;
+    let r = held(w)[0].clone();
+    // The window opened an hour ago, and runs.
+    w.clock.set(r.start() + Duration::hours(1));
+    let mut rec = record(w, "r1");
+    rec.status = RequestStatus::Active;
+    rec.windows[0].state = WindowState::Running;
+    rec.windows[0].next_action_at = Some(r.end() - Duration::minutes(45));
+    w.store.insert_record(rec);
+    let mut armed = r.clone();
+    armed.extension_check_at = Some(w.clock.get());
+    rewrite(w, armed).await;
+    let mut tags = std::collections::BTreeMap::new();
+    tags.insert("capacity-pilot:managed".to_string(), "true".to_string());
+    tags.insert("capacity-pilot:request-id".to_string(), "r1".to_string());
+    w.workloads
+        .add_instance(capacity_pilot::ports::InstanceInfo {
+            instance_id: "i-1".into(),
+            region: "us-east-1".into(),
+            availability_zone: "us-east-1a".into(),
+            instance_type: "p5.48xlarge".into(),
+            state: if running {
+                capacity_pilot::ports::InstanceState::Running
+            } else {
+                capacity_pilot::ports::InstanceState::Stopped
+            },
+            health: capacity_pilot::ports::InstanceHealth::Ok,
+            reservation_id: Some(cr.clone()),
+            launched_at: Some(r.start()),
+            tags,
+            scheduled: vec![],
+        });
+    (p, cr)
+}
+
+/// Writes `r` as r1's record of it (as cleanup's notice write does).
+async fn rewrite(w: &World, r: Reservation) {
+    let rec = record(w, "r1");
+    let mut t = capacity_pilot::ports::Transition::of(
+        &rec,
+        rec.status,
+        "armed",
+        rec.next_action_at,
+        w.clock.get(),
+        &capacity_pilot::ports::Cause::new(format!("arm-{}", w.clock.get().timestamp())),
+    );
+    t.reservations = vec![r];
+    w.store.transition(t).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_running_workload_is_extended_by_a_day_and_a_stopped_one_is_not() {
+    for running in [true, false] {
+        let w = World::new();
+        let (p, cr) = looked_at(&w, running).await;
+        // WHEN the purchase function looks
+        p.handle(tick("t1")).await.unwrap();
+        let r = held(&w)[0].clone();
+        // THEN the look is made once, and cleared
+        assert_eq!(r.extension_check_at, None);
+        let reason = record(&w, "r1").reason;
+        if running {
+            // AND a running workload's block is extended by a day, as the policy's ask
+            assert_eq!(w.market.extensions_bought(&cr), 1, "{reason}");
+            assert_eq!(r.extensions[0].offer.hours, 24);
+            assert_eq!(
+                r.extensions[0].asked,
+                capacity_pilot::domain::extension::Asked::WorkloadRunning
+            );
+            let offered = w.events.published_of("Capacity Extension Offered");
+            assert_eq!(offered[0].detail["asked_by"], json!("workload-running"));
+        } else {
+            // AND a stopped one's is not, and the history says why
+            assert_eq!(w.market.calls_of(MarketOp::ExtensionOffers), 0);
+            assert!(r.extensions.is_empty());
+            let history = w
+                .store
+                .history(&capacity_pilot::fakes::fixtures::request_id("r1"))
+                .await
+                .unwrap();
+            assert!(
+                history
+                    .iter()
+                    .any(|h| h.reason.contains("a stopped workload is not extended")),
+                "{history:?}"
+            );
+        }
+        // AND a second tick looks no more
+        let calls = w.workloads.calls().len();
+        p.handle(tick("t2")).await.unwrap();
+        assert_eq!(w.workloads.calls().len(), calls);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_look_past_max_hours_extends_nothing() {
+    // GIVEN 48 h extended already
+    let w = World::new();
+    let (p, cr) = looked_at(&w, true).await;
+    p.handle(tick("t1")).await.unwrap();
+    w.market.settle_extensions(ExtensionPayment::Succeeded);
+    tick_when_due(&w, &p, "t2").await;
+    let mut r = held(&w)[0].clone();
+    r.extension_check_at = Some(w.clock.get());
+    rewrite(&w, r).await;
+    p.handle(tick("t3")).await.unwrap();
+    w.market.settle_extensions(ExtensionPayment::Succeeded);
+    tick_when_due(&w, &p, "t4").await;
+    assert_eq!(w.market.extensions_bought(&cr), 2);
+    // WHEN another look comes
+    let mut r = held(&w)[0].clone();
+    r.extension_check_at = Some(w.clock.get());
+    rewrite(&w, r).await;
+    p.handle(tick("t5")).await.unwrap();
+    // THEN nothing more is bought: max_hours is used up
+    assert_eq!(w.market.extensions_bought(&cr), 2);
+    assert!(record(&w, "r1").reason.contains("max_hours is used up"));
+}
