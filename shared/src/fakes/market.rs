@@ -311,10 +311,12 @@ impl FakeMarket {
     }
 
     /// An extension of `reservation_id` by `hours` bought outside capacity-pilot (in the
-    /// console) at `at`, paid at once: listed in the history at once, the end moved.
+    /// console) at `at`, paid at once (priced as [`FakeMarket::offer_extensions`] says):
+    /// listed in the history at once, the end moved.
     pub fn extend_by_hand(&self, reservation_id: &str, hours: u32, at: DateTime<Utc>) -> bool {
         let mut s = lock(&self.state);
         let n = s.extensions.len() + 1;
+        let hourly = s.extension_hourly;
         let Some(seg) = s
             .reservations
             .iter_mut()
@@ -326,6 +328,13 @@ impl FakeMarket {
         let starts_at = seg.end;
         seg.end += Duration::hours(i64::from(hours));
         let ends_at = seg.end;
+        let count = rust_decimal::Decimal::from(
+            s.reservations
+                .iter()
+                .find(|o| o.reservation.id == reservation_id)
+                .map_or(0, |o| o.reservation.instance_count),
+        );
+        let fee = hourly.map(|h| Usd::new(h.amount() * rust_decimal::Decimal::from(hours) * count));
         s.extensions.push(SoldExtension {
             reservation_id: reservation_id.to_string(),
             seen: ExtensionSeen {
@@ -333,7 +342,7 @@ impl FakeMarket {
                 hours,
                 starts_at,
                 ends_at,
-                fee: None,
+                fee,
                 payment: ExtensionPayment::Succeeded,
                 bought_at: Some(at),
             },

@@ -808,18 +808,27 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 return Ok(());
             }
             let w = last_window(&windows, &r).map_or(0, |w| w.number);
+            let mut fx = Effects::default();
             if let Some(s) = &seen
                 && s.offering_id != e.offer.offering_id
             {
-                // Adopted in doubt: AWS's record of it is what was bought.
+                // Adopted in doubt: AWS's record of it is what was bought, and its fee what
+                // was spent (ARCHITECTURE §8.6: debited even past the caps; what was held
+                // beyond it goes back).
                 e.offer.offering_id = s.offering_id.clone();
                 e.offer.ends_at = s.ends_at;
                 e.offer.starts_at = s.starts_at;
                 e.offer.hours = s.hours;
+                if let Some(fee) = s.fee {
+                    let (debit, refund) = adjusted(&rec, &e, fee, now);
+                    fx.debit = debit;
+                    fx.refund = refund;
+                    e.offer.fee = fee;
+                    e.debited = fee.to_micros_ceil();
+                }
             }
             e.lease_token = None;
             e.lease_until = None;
-            let mut fx = Effects::default();
             let paid = seen
                 .as_ref()
                 .is_some_and(|s| s.payment == ExtensionPayment::Succeeded);
@@ -1481,6 +1490,48 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         out.decisions
             .push(Decision::new(&rec.request_id, "approval-refused", reason));
         Ok(())
+    }
+}
+
+/// What changes when extension `e`, debited `e.debited`, turns out to have cost `fee`: the
+/// difference debited to the same ledger (past the caps: it was spent), or returned to it.
+fn adjusted(
+    rec: &RequestRecord,
+    e: &Extension,
+    fee: crate::domain::money::Usd,
+    now: DateTime<Utc>,
+) -> (Option<Debit>, Option<Refund>) {
+    let diff = fee.to_micros_ceil().0 - e.debited.0;
+    let team = e
+        .debit_team
+        .as_deref()
+        .and_then(|t| crate::domain::request::Team::parse(t).ok())
+        .unwrap_or_else(|| rec.team.ledger());
+    let month = BudgetMonth(
+        e.debit_month
+            .clone()
+            .unwrap_or_else(|| BudgetMonth::of(now).0),
+    );
+    match diff.cmp(&0) {
+        std::cmp::Ordering::Greater => (
+            Some(Debit {
+                team,
+                month,
+                amount: MicroUsd(diff),
+                team_cap: MicroUsd(i64::MAX / 4),
+                request_cap: MicroUsd(i64::MAX / 4),
+            }),
+            None,
+        ),
+        std::cmp::Ordering::Less => (
+            None,
+            Some(Refund {
+                month,
+                amount: MicroUsd(-diff),
+                team: Some(team),
+            }),
+        ),
+        std::cmp::Ordering::Equal => (None, None),
     }
 }
 

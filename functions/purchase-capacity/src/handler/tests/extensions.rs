@@ -386,17 +386,19 @@ async fn a_console_extension_during_doubt_is_adopted_one_outside_doubt_is_not() 
     w.market
         .fail_next(MarketOp::Extend, errors::outcome_unknown("ec2"));
     p.handle(ask("x1", 24)).await.unwrap();
-    // WHEN someone extends the block in the console meanwhile
+    // WHEN someone extends the block in the console meanwhile, by two days
     w.clock.set(w.clock.get() + Duration::minutes(2));
-    assert!(w.market.extend_by_hand(&cr, 24, w.clock.get()));
+    assert!(w.market.extend_by_hand(&cr, 48, w.clock.get()));
     tick_when_due(&w, &p, "t1").await;
-    // THEN it is taken for ours: adopted, its debit kept, paid
+    // THEN it is taken for ours: adopted, paid, and debited what it cost
     let r = held(&w)[0].clone();
     assert_eq!(r.extensions.len(), 1);
     let e = &r.extensions[0];
     assert!(e.offer.offering_id.starts_with("hand-"), "{e:?}");
     assert_eq!(e.state, ExtensionState::Succeeded, "{}", e.reason);
-    assert_eq!(w.spent("team-a"), MicroUsd(FEE_1661 + DAY_FEE));
+    assert_eq!(e.offer.hours, 48);
+    assert_eq!(w.spent("team-a"), MicroUsd(FEE_1661 + 2 * DAY_FEE));
+    assert_eq!(record(&w, "r1").spent, MicroUsd(FEE_1661 + 2 * DAY_FEE));
     assert_eq!(w.market.extensions_bought(&cr), 0);
 }
 
