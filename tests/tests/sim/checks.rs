@@ -48,6 +48,12 @@ pub struct Sold {
     pub alt: String,
     /// The offering a block was bought from (empty for a plan).
     pub offering: String,
+    /// Extensions a team bought by hand in the console, not failed (offering id, fee in
+    /// micro-USD): the team's, unless capacity-pilot adopted one in doubt (ARCHITECTURE
+    /// §9.3), which it then paid for ([`counted`]).
+    pub hand: Vec<(String, i64)>,
+    /// Extensions bought through the API (capacity-pilot's): offering ids.
+    pub extensions: Vec<String>,
 }
 
 /// A block the harness bought for a request behind the system's back (a purchase whose
@@ -85,6 +91,17 @@ fn bought_at(
 /// but a stray its request never recorded (the stray's own check judges that).
 pub fn counted(sim: &Sim) -> Vec<Sold> {
     let reservations = sim.store.all_reservations();
+    // Extensions capacity-pilot recorded as its own, not failed: (reservation, offering).
+    let ours: BTreeSet<(String, String)> = reservations
+        .values()
+        .flatten()
+        .flat_map(|r| {
+            r.extensions
+                .iter()
+                .filter(|e| e.state != capacity_pilot::domain::extension::ExtensionState::Failed)
+                .map(|e| (r.id.clone(), e.offer.offering_id.clone()))
+        })
+        .collect();
     sold(&sim.cloud)
         .into_iter()
         .filter(|s| {
@@ -92,6 +109,16 @@ pub fn counted(sim: &Sim) -> Vec<Sold> {
                 || reservations
                     .iter()
                     .any(|(k, v)| k.as_str() == s.request && v.iter().any(|r| s.names(&r.id)))
+        })
+        .map(|mut s| {
+            // One bought by hand and adopted in doubt is capacity-pilot's: it paid for it.
+            s.fee += s
+                .hand
+                .iter()
+                .filter(|(o, _)| ours.contains(&(s.id.clone(), o.clone())))
+                .map(|(_, f)| f)
+                .sum::<i64>();
+            s
         })
         .collect()
 }
@@ -178,6 +205,18 @@ pub fn sold(cloud: &LocalCloud) -> Vec<Sold> {
                 windows: 1,
                 alt: cr.block_id.clone(),
                 offering: cr.offering_id.clone(),
+                hand: cr
+                    .extensions
+                    .iter()
+                    .filter(|e| e.by_hand && e.status != "payment-failed")
+                    .map(|e| (e.offering_id.clone(), micros(e.upfront_fee)))
+                    .collect(),
+                extensions: cr
+                    .extensions
+                    .iter()
+                    .filter(|e| !e.by_hand)
+                    .map(|e| e.offering_id.clone())
+                    .collect(),
             });
         }
         for p in w.sm.plans.values() {
@@ -198,11 +237,18 @@ pub fn sold(cloud: &LocalCloud) -> Vec<Sold> {
                     .min()
                     .unwrap_or(p.offering.end()),
                 created: p.created,
+                // The plan's fee grows with each extension once paid: without them, and
+                // with capacity-pilot's own not failed (as a block's, debited when bought).
                 fee: micros(
                     p.offering.upfront_fee
                         - p.extensions
                             .iter()
-                            .filter(|e| e.paid && e.by_hand)
+                            .filter(|e| e.paid)
+                            .map(|e| e.upfront_fee)
+                            .sum::<Decimal>()
+                        + p.extensions
+                            .iter()
+                            .filter(|e| !e.by_hand && !e.failed)
                             .map(|e| e.upfront_fee)
                             .sum::<Decimal>(),
                 ),
@@ -211,6 +257,18 @@ pub fn sold(cloud: &LocalCloud) -> Vec<Sold> {
                 windows: p.offering.segments.len(),
                 alt: p.name.clone(),
                 offering: String::new(),
+                hand: p
+                    .extensions
+                    .iter()
+                    .filter(|e| e.by_hand && e.paid)
+                    .map(|e| (e.offering_id.clone(), micros(e.upfront_fee)))
+                    .collect(),
+                extensions: p
+                    .extensions
+                    .iter()
+                    .filter(|e| !e.by_hand)
+                    .map(|e| e.offering_id.clone())
+                    .collect(),
             });
         }
         out
@@ -472,7 +530,11 @@ fn recorded_fees(
         .map(|rs| {
             rs.iter()
                 .filter(|x| sold.iter().any(|s| s.live_or_paid && s.names(&x.id)))
-                .map(|x| x.upfront_fee.to_micros_ceil().0)
+                .map(|x| {
+                    // Its extensions' debits too (a failed one's went back).
+                    x.upfront_fee.to_micros_ceil().0
+                        + x.extensions.iter().map(|e| e.debited.0).sum::<i64>()
+                })
                 .sum()
         })
         .unwrap_or(0)
@@ -496,8 +558,22 @@ fn money(sim: &Sim, sold: &[Sold]) -> BTreeMap<String, (i64, i64)> {
     for r in recs.values() {
         let fees = recorded_fees(&reservations, sold, r);
         let kept = unverified(sim, r, fees);
+        // An extension being bought holds its debit until AWS lists it (or, past the doubt
+        // window, does not: then it goes back), and one whose payment is pending until its
+        // failure, if it fails, is read.
+        let buying: i64 = reservations
+            .get(&r.request_id)
+            .into_iter()
+            .flatten()
+            .flat_map(|x| x.extensions.iter())
+            .filter(|e| {
+                use capacity_pilot::domain::extension::ExtensionState::{Buying, PaymentPending};
+                matches!(e.state, Buying | PaymentPending)
+            })
+            .map(|e| e.debited.0)
+            .sum();
         let e = out.entry(r.team.ledger().to_string()).or_default();
-        e.1 += r.open_debit.map_or(0, |d| d.0) + on_demand_part(r, fees + kept) + kept;
+        e.1 += r.open_debit.map_or(0, |d| d.0) + on_demand_part(r, fees + kept) + kept + buying;
     }
     out
 }
@@ -857,6 +933,44 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
 
     // The ledger is exact: no holds left, and it equals what AWS sold plus on-demand spend.
     let reservations = sim.store.all_reservations();
+    // An extension is bought once (ARCHITECTURE §9.3): every extension AWS sold through the
+    // API is recorded, by its offering, on its reservation (one bought twice would be a
+    // second, unrecorded); and none recorded as bought is missing from AWS.
+    for s in &sold {
+        let recorded: Vec<&capacity_pilot::domain::extension::Extension> = reservations
+            .values()
+            .flatten()
+            .filter(|r| s.names(&r.id))
+            .flat_map(|r| r.extensions.iter())
+            .collect();
+        for o in &s.extensions {
+            if !recorded.iter().any(|e| e.offer.offering_id == *o) {
+                out.push(format!(
+                    "an extension is bought once: AWS sold extension {o} of {} ({}), which \
+                     no record of capacity-pilot's holds",
+                    s.id, s.request
+                ));
+            }
+        }
+        for e in recorded.iter().filter(|e| {
+            matches!(
+                e.state,
+                capacity_pilot::domain::extension::ExtensionState::PaymentPending
+                    | capacity_pilot::domain::extension::ExtensionState::Succeeded
+            )
+        }) {
+            let o = &e.offer.offering_id;
+            if !s.extensions.contains(o) && !s.hand.iter().any(|(h, _)| h == o) {
+                out.push(format!(
+                    "an extension is bought once: {}'s extension {} ({o}) is recorded {} but \
+                     AWS sold no such extension",
+                    s.id,
+                    e.number,
+                    e.state.as_str()
+                ));
+            }
+        }
+    }
     // A paid window is served to its drain whatever becomes of its request (ARCHITECTURE
     // §9.1): by the end, every window of every request (Failed, Rejected and Cancelled ones
     // included) whose segment has ended is ended too, launched, drained and cleaned up or

@@ -89,6 +89,15 @@ enum Act {
         request: usize,
         hours: i64,
     },
+    /// A team asks capacity-pilot to extend its request's reservation by `hours`.
+    AskExtension {
+        request: usize,
+        hours: i64,
+    },
+    /// The next extension payment of the request's live reservations fails.
+    FailExtensionPayment {
+        request: usize,
+    },
     /// An operator pauses purchases (the scenario's pause of that index), or resumes them.
     Pause(usize),
     Resume,
@@ -1460,7 +1469,22 @@ impl Sim {
             return;
         };
         match dt {
-            "Capacity Purchase Awaiting Approval" => {
+            "Capacity Reservation Extended" if ev["detail"]["external"] == false => {
+                self.reached.insert("an extension was bought".to_string());
+            }
+            "Capacity Extension Offered" if ev["detail"]["asked_by"] == "workload-running" => {
+                self.reached
+                    .insert("an extension was bought because the workload ran".to_string());
+            }
+            "Capacity Extension Failed"
+                if ev["detail"]["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("did not take the payment")) =>
+            {
+                self.reached
+                    .insert("an extension's payment failed".to_string());
+            }
+            "Capacity Purchase Awaiting Approval" | "Capacity Extension Awaiting Approval" => {
                 let key = ev["detail"]["event_key"].as_str().unwrap_or_default();
                 if !self.answered.insert(key.to_string()) {
                     return;
@@ -1572,6 +1596,22 @@ impl Sim {
                 }
             }
             "Capacity Workload Launched" if self.launched.insert(i) => {
+                for x in self.scenario.extension_asks.clone() {
+                    if x.request == i {
+                        for k in 0..if x.twice { 2 } else { 1 } {
+                            self.act_at(
+                                now + TimeDelta::minutes(x.after + k),
+                                Act::AskExtension {
+                                    request: i,
+                                    hours: x.hours,
+                                },
+                            );
+                        }
+                    }
+                }
+                if self.scenario.extension_payment_failures.contains(&i) {
+                    self.act_at(now, Act::FailExtensionPayment { request: i });
+                }
                 for x in self.scenario.console_extensions.clone() {
                     if x.request == i {
                         self.act_at(
@@ -1774,6 +1814,46 @@ impl Sim {
                             .insert("a spot instance was reclaimed".to_string());
                     }
                 }
+            }
+            Act::AskExtension { request, hours } => {
+                let id = self.scenario.requests[request].detail["request_id"].clone();
+                self.put(
+                    SOURCE,
+                    "Capacity Extension Requested",
+                    &json!({"request_id": id, "hours": hours}),
+                );
+            }
+            Act::FailExtensionPayment { request } => {
+                let id = self.scenario.requests[request].detail["request_id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                let armed = self.cloud.with_world(|w| {
+                    let mut ids: Vec<String> = w
+                        .ec2
+                        .reservations
+                        .values()
+                        .filter(|c| c.tags.get("capacity-pilot:request-id") == Some(&id))
+                        .map(|c| c.id.clone())
+                        .collect();
+                    ids.extend(
+                        w.sm.plans
+                            .values()
+                            .filter(|p| {
+                                w.sm.tags.get(&p.arn).is_some_and(|t| {
+                                    t.iter()
+                                        .any(|(k, v)| k == "capacity-pilot:request-id" && *v == id)
+                                })
+                            })
+                            .map(|p| p.arn.clone()),
+                    );
+                    ids.into_iter()
+                        .filter_map(|r| w.fail_next_extension_payment(&r).ok())
+                        .collect::<Vec<_>>()
+                });
+                self.trace(format!(
+                    "fault: the next extension payment of {id}'s {armed:?} fails"
+                ));
             }
             Act::ConsoleExtend { request, hours } => {
                 let id = self.scenario.requests[request].detail["request_id"]

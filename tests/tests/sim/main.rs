@@ -173,6 +173,12 @@ const MUST_REACH: &[&str] = &[
     "a ledger from before §9.8 held a purchase back",
     "a purchase was held back by a pause",
     "a reservation was extended in the console",
+    "Capacity Extension Offered",
+    "Capacity Extension Awaiting Approval",
+    "Capacity Extension Failed",
+    "an extension was bought",
+    "an extension was bought because the workload ran",
+    "an extension's payment failed",
     "Capacity Reservation Extended",
     "Capacity Reserved",
     "Capacity Payment Failed",
@@ -418,8 +424,14 @@ fn smaller(s: &Scenario) -> Vec<Scenario> {
         crowded_days,
         refused,
         strays,
-        console_extensions
+        console_extensions,
+        extension_asks
     );
+    if !s.extension_payment_failures.is_empty() {
+        let mut c = s.clone();
+        c.extension_payment_failures.clear();
+        out.push(c);
+    }
     if s.late_notice_outage {
         let mut c = s.clone();
         c.late_notice_outage = false;
@@ -444,6 +456,18 @@ fn smaller(s: &Scenario) -> Vec<Scenario> {
             for x in &mut c.console_extensions {
                 if x.request > i {
                     x.request -= 1;
+                }
+            }
+            c.extension_asks.retain(|x| x.request != i);
+            for x in &mut c.extension_asks {
+                if x.request > i {
+                    x.request -= 1;
+                }
+            }
+            c.extension_payment_failures.retain(|x| *x != i);
+            for x in &mut c.extension_payment_failures {
+                if *x > i {
+                    *x -= 1;
                 }
             }
             out.push(c);

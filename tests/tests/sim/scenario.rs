@@ -105,6 +105,17 @@ pub struct ConsoleExtension {
     pub hours: i64,
 }
 
+/// A team asks for an extension of its request's reservation (`Capacity Extension Requested`,
+/// ARCHITECTURE §9.3) `after` minutes after its workload launched, by `hours`; with `twice`,
+/// the same ask is put again a minute later (a person pressing twice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExtensionAsk {
+    pub request: usize,
+    pub after: i64,
+    pub hours: i64,
+    pub twice: bool,
+}
+
 /// A change of the market at a time.
 #[derive(Debug, Clone)]
 pub struct MarketMove {
@@ -272,6 +283,12 @@ pub struct Scenario {
     /// Teams that extend their block or plan by hand in the console (ARCHITECTURE §9.3):
     /// the drain must follow the new end.
     pub console_extensions: Vec<ConsoleExtension>,
+    /// Teams that ask capacity-pilot to extend (ARCHITECTURE §9.3): their requests carry an
+    /// `extend` policy (`requested`, or `workload-running`, which extends by itself).
+    pub extension_asks: Vec<ExtensionAsk>,
+    /// Requests (by index) whose extensions' payments fail (the emulator's one-shot failure,
+    /// armed when the workload launches): the reservation keeps its end, the fee goes back.
+    pub extension_payment_failures: Vec<usize>,
     /// cleanup-expired goes down for 30 min across the first window's 1 h Opening notice
     /// (the harness adds the outage once it knows when that is): the notice goes late.
     pub late_notice_outage: bool,
@@ -832,6 +849,43 @@ impl Scenario {
             }
         }
         let late_notice_outage = r.chance(40);
+        // (Issue 58, after every earlier draw.) Requests that capacity-pilot may extend:
+        // asked by the team while the window runs, or by the policy while the workload runs;
+        // some payments fail.
+        let mut extension_asks = Vec::new();
+        let mut extension_payment_failures = Vec::new();
+        for (i, req) in requests.iter_mut().enumerate() {
+            let reserves = req.detail.get("products").is_none_or(|ps| {
+                ps.as_array().is_some_and(|ps| {
+                    ps.iter()
+                        .any(|p| p == "capacity-block" || p == "training-plan")
+                })
+            });
+            if !req.invalid.is_empty() || !reserves || !r.chance(35) {
+                continue;
+            }
+            let auto = r.chance(35);
+            let policy = json!({
+                "when": if auto { "workload-running" } else { "requested" },
+                "max_hours": *r.pick(&[24, 48, 96]),
+                "max_upfront_usd": *r.pick(&["300", "5000", "50000"]),
+            });
+            req.detail["extend"] = policy.clone();
+            if let Some((_, again)) = &mut req.resubmit {
+                again["extend"] = policy;
+            }
+            if !auto || r.chance(30) {
+                extension_asks.push(ExtensionAsk {
+                    request: i,
+                    after: r.range(10, 12 * 60),
+                    hours: *r.pick(&[24, 48]),
+                    twice: r.chance(25),
+                });
+            }
+            if r.chance(25) {
+                extension_payment_failures.push(i);
+            }
+        }
         Scenario {
             seed,
             team_budgets,
@@ -857,6 +911,8 @@ impl Scenario {
             outages,
             pauses,
             console_extensions,
+            extension_asks,
+            extension_payment_failures,
             late_notice_outage,
             concurrent_duplicates,
             refuse_tag_filters,
