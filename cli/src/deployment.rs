@@ -18,7 +18,7 @@ use crate::fail::{Fail, Result};
 /// The template's function environment (`infra/template.yaml`, `Globals.Function.
 /// Environment`) as the stack's parameters give it: each variable and the parameter it is
 /// `Ref`'d (or, when set, `Fn::If`'d) from. A test reads the template and holds this to it.
-pub const FROM_PARAMETERS: [(&str, &str); 16] = [
+pub const FROM_PARAMETERS: [(&str, &str); 17] = [
     ("ALLOWED_REGIONS", "AllowedRegions"),
     ("ALLOWED_REQUEST_SOURCES", "AllowedRequestSources"),
     ("APPROVER_SOURCES", "ApproverSources"),
@@ -28,6 +28,10 @@ pub const FROM_PARAMETERS: [(&str, &str); 16] = [
     ("TEAM_SOURCES", "TeamSources"),
     ("DEFAULT_DRAIN_MINUTES", "DefaultDrainMinutes"),
     ("HOLD_APPROVAL_MINUTES", "HoldApprovalMinutes"),
+    (
+        "EXTENSION_PAYMENT_LEAD_MINUTES",
+        "ExtensionPaymentLeadMinutes",
+    ),
     (
         "MAX_REPLACEMENTS_PER_RESERVATION",
         "MaxReplacementsPerReservation",

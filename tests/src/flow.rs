@@ -8,6 +8,8 @@
 //! its buses, as well as the table.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
@@ -379,7 +381,7 @@ impl Flow {
         let reads = &self.reads[&f];
         reads.begin();
         let detail_type = ev.detail_type.clone();
-        let result = Box::pin(self.run(f, ev)).await;
+        let result = self.run(f, ev).await;
         let again = reads.again();
         assert!(
             again.is_empty(),
@@ -390,21 +392,31 @@ impl Flow {
         result
     }
 
-    async fn run(&self, f: Function, ev: EventBridgeEvent<Value>) -> Result<(), String> {
+    /// The function's run on `ev`, boxed here: only the invoked function's future is built
+    /// and polled, in a frame of its own. Awaited in one async fn, the five handlers' futures
+    /// would each take room in its frame, which in a debug build is hundreds of KiB of a test
+    /// thread's 2 MiB stack, under every function's call stack.
+    fn run(
+        &self,
+        f: Function,
+        ev: EventBridgeEvent<Value>,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + '_>> {
         match f {
-            Function::Search => self
-                .searcher
-                .handle(ev)
-                .await
-                .map(drop)
-                .map_err(|e| e.to_string()),
-            Function::Purchase => self
-                .purchaser
-                .handle(ev)
-                .await
-                .map(drop)
-                .map_err(|e| e.to_string()),
-            Function::Launch => {
+            Function::Search => Box::pin(async move {
+                self.searcher
+                    .handle(ev)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }),
+            Function::Purchase => Box::pin(async move {
+                self.purchaser
+                    .handle(ev)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }),
+            Function::Launch => Box::pin(async move {
                 let timeout = *self.launch_timeout.lock().unwrap();
                 let deadline = WallDeadline::after(timeout);
                 let run = self.launcher.handle_by(ev, &deadline);
@@ -412,19 +424,21 @@ impl Flow {
                     Ok(r) => r.map(drop).map_err(|e| e.to_string()),
                     Err(_) => Err(format!("{TIMED_OUT} after {timeout:?}")),
                 }
-            }
-            Function::Replace => self
-                .replacer
-                .handle(ev)
-                .await
-                .map(drop)
-                .map_err(|e| e.to_string()),
-            Function::Cleanup => self
-                .cleaner
-                .handle(ev)
-                .await
-                .map(drop)
-                .map_err(|e| e.to_string()),
+            }),
+            Function::Replace => Box::pin(async move {
+                self.replacer
+                    .handle(ev)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }),
+            Function::Cleanup => Box::pin(async move {
+                self.cleaner
+                    .handle(ev)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }),
         }
     }
 

@@ -475,7 +475,6 @@ impl SageMakerAdapter {
         })
     }
 
-    /// DescribeTrainingPlan by name or ARN; `None` when SageMaker does not know it.
     /// SearchTrainingPlanOfferings with the plan's ARN: what plan `arn` can be extended by,
     /// for `hours` (ARCHITECTURE §9.3).
     pub async fn plan_extension_offers(
@@ -584,6 +583,7 @@ impl SageMakerAdapter {
         Ok(out)
     }
 
+    /// DescribeTrainingPlan by name or ARN; `None` when SageMaker does not know it.
     pub async fn describe_plan(
         &self,
         region: &str,

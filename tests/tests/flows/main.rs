@@ -67,6 +67,9 @@ pub(crate) fn play_all() {
         notices::a_teams_filter_policy_receives_only_its_own_notices,
         extensions::a_block_extended_by_hand_drains_before_its_new_end_and_a_stale_warning_drains_nothing,
         extensions::a_plan_extended_by_hand_is_not_drained_at_its_old_end,
+        extensions::a_block_extension_the_team_asks_for_is_bought_once_and_moves_the_drain_once_paid,
+        extensions::a_plan_extension_the_team_asks_for_is_bought_once_and_moves_the_drain_once_paid,
+        extensions::a_block_extension_whose_payment_fails_gives_its_fee_back_and_keeps_the_end,
     ];
     for scenario in scenarios {
         scenario();
