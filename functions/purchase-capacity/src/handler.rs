@@ -241,15 +241,17 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock, W: Workloads> Purchase
         {
             self.protocols().track(rec, cause, now, out).await?;
         }
+        // Boxed, as every extension step below: their state would otherwise sit inside
+        // every invocation's future.
         if extending && let Some(rec) = self.store.get_request(id).await? {
-            self.protocols()
-                .step_extensions(&rec, cause, now, out)
-                .await?;
+            Box::pin(self.protocols().step_extensions(&rec, cause, now, out)).await?;
         }
         if looking && let Some(rec) = self.store.get_request(id).await? {
-            self.protocols()
-                .auto_extend(&self.workloads, &rec, cause, now, out)
-                .await?;
+            Box::pin(
+                self.protocols()
+                    .auto_extend(&self.workloads, &rec, cause, now, out),
+            )
+            .await?;
         }
         Ok(())
     }
@@ -296,19 +298,18 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock, W: Workloads> Purchase
         if let Some(p) = self.config.team_source_problem(&rec.team, source) {
             return self.reject_inbound(ev, source, "source", &p.message).await;
         }
-        self.protocols()
-            .ask_extension(
-                rec,
-                x.reservation_id.as_deref(),
-                x.hours,
-                Asked::Requested {
-                    event_id: cause.event_id.clone(),
-                },
-                cause,
-                now,
-                out,
-            )
-            .await
+        Box::pin(self.protocols().ask_extension(
+            rec,
+            x.reservation_id.as_deref(),
+            x.hours,
+            Asked::Requested {
+                event_id: cause.event_id.clone(),
+            },
+            cause,
+            now,
+            out,
+        ))
+        .await
     }
 
     /// An approver's decision naming an extension's key.
@@ -326,9 +327,11 @@ impl<S: Store, M: CapacityMarket, E: EventSink, C: Clock, W: Workloads> Purchase
         };
         match rec {
             Some(rec) => {
-                self.protocols()
-                    .decide_extension(&rec, d, approved, cause, now, out)
-                    .await?;
+                Box::pin(
+                    self.protocols()
+                        .decide_extension(&rec, d, approved, cause, now, out),
+                )
+                .await?;
                 Ok(())
             }
             // Answered as any decision for no request is.
