@@ -53,7 +53,8 @@ fn expected(name: &str) -> (Bus, &'static [&'static str]) {
         "inbound/capacity-request-cancelled.json"
         | "inbound/capacity-request-cancelled-stop-running.json"
         | "inbound/capacity-purchase-approved.json"
-        | "inbound/capacity-purchase-rejected.json" => (custom, &["purchase-capacity"]),
+        | "inbound/capacity-purchase-rejected.json"
+        | "inbound/capacity-extension-requested.json" => (custom, &["purchase-capacity"]),
         // Nobody outside may speak for capacity-pilot, and capacity-pilot submits nothing.
         "inbound/forged-offerings-found.json" | "inbound/forged-submitted.json" => (custom, &[]),
         n if n.starts_with("requests/") => (custom, &["search-offerings"]),
