@@ -1156,7 +1156,8 @@ pub struct DecideArgs {
     /// Do not ask: needs --key or --max-fee, and refuses (exit 6) if the plan differs.
     #[arg(long)]
     yes: bool,
-    /// The `approves` key of the Awaiting Approval this answers (`status` shows it).
+    /// The `approves` key of the Awaiting Approval this answers, a purchase's or an
+    /// extension's (`status` shows it).
     #[arg(long)]
     key: Option<String>,
     /// Refuse (exit 6) if what waits for approval costs more than this, in USD.
