@@ -21,6 +21,7 @@ use capacity_pilot::domain::money::{MicroUsd, Usd};
 use capacity_pilot::domain::request::{
     RequestId, Team, ValidationContext, WorkloadKind, parse_request,
 };
+use capacity_pilot::domain::reservation::Reservation;
 use capacity_pilot::domain::status::RequestStatus;
 use capacity_pilot::domain::window::{self, DrainLead, KeptWindow, WindowState};
 use capacity_pilot::ports::{BudgetMonth, RequestRecord, Store};
@@ -28,6 +29,7 @@ use capacity_pilot::purchase::approval;
 
 use crate::Global;
 use crate::deployment::{self, Deployment};
+use crate::extend;
 use crate::fail::{Fail, Result};
 use crate::new::{self as newreq, NewRequest};
 use crate::show::{Out, micro, usd, when, when_opt};
@@ -269,7 +271,7 @@ pub fn new(_out: &Out, a: NewArgs) -> Result<()> {
 /// What a command that talks to the deployment holds.
 pub(crate) struct Conn {
     pub(crate) sdk: SdkConfig,
-    dep: Deployment,
+    pub(crate) dep: Deployment,
     pub(crate) store: DynamoStore,
     pub(crate) now: chrono::DateTime<chrono::Utc>,
 }
@@ -289,7 +291,7 @@ pub(crate) async fn connect(g: &Global) -> Result<Conn> {
 }
 
 impl Conn {
-    async fn request(&self, id: &str) -> Result<RequestRecord> {
+    pub(crate) async fn request(&self, id: &str) -> Result<RequestRecord> {
         let rid =
             RequestId::parse(id).map_err(|m| Fail::Usage(format!("request id {id:?}: {m}")))?;
         match self.store.get_request(&rid).await.map_err(Fail::store)? {
@@ -322,7 +324,7 @@ impl Conn {
         }
     }
 
-    fn drain_lead(&self, rec: &RequestRecord) -> DrainLead {
+    pub(crate) fn drain_lead(&self, rec: &RequestRecord) -> DrainLead {
         let default = self
             .dep
             .config
@@ -333,20 +335,25 @@ impl Conn {
 
     /// The request's windows with their times, as the cancellation answers list them.
     async fn windows(&self, rec: &RequestRecord) -> Result<Vec<KeptWindow>> {
-        let held = self
-            .store
+        let held = self.held(rec).await?;
+        Ok(self.windows_of(rec, &held))
+    }
+
+    /// The request's reservations as recorded, their extensions with them.
+    pub(crate) async fn held(&self, rec: &RequestRecord) -> Result<Vec<Reservation>> {
+        self.store
             .reservations(&rec.request_id)
             .await
-            .map_err(Fail::store)?;
-        Ok(window::listed(&window::windows(
-            &held,
-            &rec.windows,
-            self.drain_lead(rec),
-        )))
+            .map_err(Fail::store)
+    }
+
+    /// The windows of the request's reservations `held`, with their times.
+    fn windows_of(&self, rec: &RequestRecord, held: &[Reservation]) -> Vec<KeptWindow> {
+        window::listed(&window::windows(held, &rec.windows, self.drain_lead(rec)))
     }
 
     /// Puts one event on the bus; a failed entry fails the command (the AWS CLI exits 0).
-    async fn put(
+    pub(crate) async fn put(
         &self,
         source: &str,
         detail_type: &str,
@@ -422,7 +429,7 @@ impl Conn {
             .to_string())
     }
 
-    fn source(&self, given: &Option<String>, parameter: &str) -> Result<String> {
+    pub(crate) fn source(&self, given: &Option<String>, parameter: &str) -> Result<String> {
         given
             .clone()
             .or_else(|| self.dep.first_source(parameter))
@@ -717,7 +724,8 @@ fn awaiting_fee(rec: &RequestRecord) -> Option<Usd> {
 pub async fn status(g: &Global, out: &Out, id: &str) -> Result<()> {
     let c = connect(g).await?;
     let rec = c.request(id).await?;
-    let windows = c.windows(&rec).await?;
+    let bought = c.held(&rec).await?;
+    let windows = c.windows_of(&rec, &bought);
     let slots = c
         .store
         .workloads(&rec.request_id)
@@ -742,6 +750,8 @@ pub async fn status(g: &Global, out: &Out, id: &str) -> Result<()> {
         let mut v = status_json(&rec, &windows, &resources);
         v["next_action"] = json!(next);
         v["purchases_paused"] = serde_json::to_value(&pause).unwrap_or(Value::Null);
+        v["extend"] = extend::policy_json(&rec, &bought);
+        v["extensions"] = extend::json(&bought);
         out.print_json(&v);
         return Ok(());
     }
@@ -783,10 +793,23 @@ pub async fn status(g: &Global, out: &Out, id: &str) -> Result<()> {
             usd(r.budget.max_upfront)
         ),
     ]);
+    if let Some(line) = extend::policy_line(&rec, &bought) {
+        t.add_row(vec!["extend".to_string(), line]);
+    }
     if let (Some(key), Some(fee)) = (approval::awaiting(&rec), awaiting_fee(&rec)) {
         t.add_row(vec![
             "awaiting".to_string(),
             format!("{} (key {key})", awaiting_what(&rec, fee)),
+        ]);
+    }
+    for (r, e, key) in extend::awaiting(&bought) {
+        t.add_row(vec![
+            "awaiting".to_string(),
+            format!(
+                "{}, approved by {} at the latest (key {key})",
+                extend::what(r, e),
+                when(e.buy_by)
+            ),
         ]);
     }
     out.print_table(&mut t);
@@ -811,6 +834,10 @@ pub async fn status(g: &Global, out: &Out, id: &str) -> Result<()> {
         }
         println!();
         out.print_table(&mut w);
+    }
+    if let Some(mut x) = extend::table(out, &bought) {
+        println!();
+        out.print_table(&mut x);
     }
     if !slots.is_empty() {
         let mut s = out.table(&["RESOURCE", "STATE", "IN", "REPLACEMENTS"]);
@@ -1129,7 +1156,8 @@ pub struct DecideArgs {
     /// Do not ask: needs --key or --max-fee, and refuses (exit 6) if the plan differs.
     #[arg(long)]
     yes: bool,
-    /// The `approves` key of the Awaiting Approval this answers (`status` shows it).
+    /// The `approves` key of the Awaiting Approval this answers, a purchase's or an
+    /// extension's (`status` shows it).
     #[arg(long)]
     key: Option<String>,
     /// Refuse (exit 6) if what waits for approval costs more than this, in USD.
@@ -1171,6 +1199,20 @@ fn awaiting_what(rec: &RequestRecord, fee: Usd) -> String {
     }
 }
 
+/// What a decision answers: the request's plan (or hold), or an extension of one of its
+/// reservations, which waits on the reservation's record under a key of its own.
+enum Awaiting {
+    Plan {
+        key: String,
+    },
+    Extension {
+        key: String,
+        reservation_id: String,
+        number: u32,
+        buy_by: chrono::DateTime<chrono::Utc>,
+    },
+}
+
 pub async fn decide(g: &Global, out: &Out, a: DecideArgs, approve: bool) -> Result<()> {
     let verb = if approve { "approve" } else { "reject" };
     if a.yes && a.key.is_none() && a.max_fee.is_none() {
@@ -1190,26 +1232,99 @@ pub async fn decide(g: &Global, out: &Out, a: DecideArgs, approve: bool) -> Resu
     let c = connect(g).await?;
     let source = c.source(&a.source, "ApproverSources")?;
     let rec = c.request(&a.request_id).await?;
-    let (Some(key), Some(fee)) = (approval::awaiting(&rec), awaiting_fee(&rec)) else {
-        return Err(Fail::Refused(format!(
-            "{} is {}, not awaiting approval: nothing to {verb} ({})",
-            rec.request_id,
-            rec.status.as_str(),
-            rec.reason
-        )));
+    let held = c.held(&rec).await?;
+    let extensions = extend::awaiting(&held);
+    let plan = approval::awaiting(&rec).zip(awaiting_fee(&rec));
+    let named = a
+        .key
+        .as_deref()
+        .and_then(|k| extensions.iter().find(|(_, _, key)| *key == k));
+    let keys = || {
+        extensions
+            .iter()
+            .map(|(r, e, k)| format!("  extension {} of {}: key {k}", e.number, r.id))
+            .collect::<Vec<_>>()
+            .join("\n")
     };
-    let what = awaiting_what(&rec, fee);
-    if let Some(k) = &a.key
-        && !(k == &key
-            || k.strip_prefix(key.as_str())
-                .is_some_and(|v| v.starts_with(":v")))
-    {
-        return Err(Fail::Refused(format!(
-            "the plan awaiting approval is not the one --key names: it is now {what}, key \
-             {key}\n  nothing was sent; look at it with `capacity-pilot status {}`",
-            rec.request_id
-        )));
-    }
+    let pick = match (named, &a.key, &plan) {
+        (Some(x), _, _) => Some(*x),
+        (None, Some(k), _) if k.contains(":extension-") => {
+            return Err(Fail::Refused(format!(
+                "no extension of {} awaits approval under the key --key names ({k}){}\n  \
+                 nothing was sent; look at it with `capacity-pilot status {}`",
+                rec.request_id,
+                if extensions.is_empty() {
+                    String::new()
+                } else {
+                    format!("; awaiting now:\n{}", keys())
+                },
+                rec.request_id
+            )));
+        }
+        (None, _, Some(_)) => None,
+        (None, None, None) if extensions.len() == 1 => Some(extensions[0]),
+        (None, None, None) if extensions.len() > 1 => {
+            return Err(Fail::Usage(format!(
+                "several extensions of {} await approval; name one with --key:\n{}",
+                rec.request_id,
+                keys()
+            )));
+        }
+        (None, _, None) => {
+            return Err(Fail::Refused(format!(
+                "{} is {}, not awaiting approval: nothing to {verb} ({}){}",
+                rec.request_id,
+                rec.status.as_str(),
+                rec.reason,
+                if extensions.is_empty() {
+                    String::new()
+                } else {
+                    format!("\n  an extension awaits approval:\n{}", keys())
+                }
+            )));
+        }
+    };
+    let (awaits, fee, what) = match (pick, plan) {
+        (Some((r, e, key)), _) => (
+            Awaiting::Extension {
+                key: key.to_string(),
+                reservation_id: r.id.clone(),
+                number: e.number,
+                buy_by: e.buy_by,
+            },
+            e.offer.fee,
+            extend::what(r, e),
+        ),
+        (None, Some((key, fee))) => (Awaiting::Plan { key }, fee, awaiting_what(&rec, fee)),
+        (None, None) => unreachable!("a decision without a plan has an extension"),
+    };
+    let key = match &awaits {
+        Awaiting::Plan { key } => {
+            if let Some(k) = &a.key
+                && !(k == key
+                    || k.strip_prefix(key.as_str())
+                        .is_some_and(|v| v.starts_with(":v")))
+            {
+                return Err(Fail::Refused(format!(
+                    "the plan awaiting approval is not the one --key names: it is now {what}, \
+                     key {key}\n  nothing was sent; look at it with `capacity-pilot status {}`",
+                    rec.request_id
+                )));
+            }
+            key.clone()
+        }
+        Awaiting::Extension { key, buy_by, .. } => {
+            if approve && c.now > *buy_by {
+                return Err(Fail::Refused(format!(
+                    "{what} had to be approved by {}, the payment lead before its window's \
+                     drain: purchase-capacity would refuse the approval\n  nothing was sent; \
+                     it fails on its own, and the window drains as planned",
+                    when(*buy_by)
+                )));
+            }
+            key.clone()
+        }
+    };
     if let Some(m) = max_fee
         && fee > m
     {
@@ -1219,11 +1334,15 @@ pub async fn decide(g: &Global, out: &Out, a: DecideArgs, approve: bool) -> Resu
             usd(m)
         )));
     }
+    let kind = match awaits {
+        Awaiting::Plan { .. } => "purchase",
+        Awaiting::Extension { .. } => "extension",
+    };
     if !a.yes {
         eprintln!("{} awaits approval:\n  {what}", rec.request_id);
         let ok = dialoguer::Confirm::new()
             .with_prompt(format!(
-                "{} this purchase?",
+                "{} this {kind}?",
                 if approve { "Approve" } else { "Reject" }
             ))
             .default(false)
@@ -1253,13 +1372,34 @@ pub async fn decide(g: &Global, out: &Out, a: DecideArgs, approve: bool) -> Resu
     };
     let event_id = c.put(&source, dt, &detail, true).await?;
     if out.json() {
-        out.print_json(&json!({"request_id": rec.request_id, "decision": verb, "approves": key, "approver": approver, "event_id": event_id, "upfront_fee_usd": fee}));
+        let mut v = json!({"request_id": rec.request_id, "decision": verb, "approves": key, "approver": approver, "event_id": event_id, "upfront_fee_usd": fee});
+        if let Awaiting::Extension {
+            reservation_id,
+            number,
+            ..
+        } = &awaits
+        {
+            v["extension"] = json!({"reservation_id": reservation_id, "extension": number});
+        }
+        out.print_json(&v);
     } else {
         println!(
             "{} {}:\n  {what}\n  sent as event {event_id} by {approver}",
             if approve { "approved" } else { "rejected" },
             rec.request_id
         );
+        if let Awaiting::Extension { .. } = awaits {
+            println!(
+                "purchase-capacity {}; follow it: capacity-pilot status {}",
+                if approve {
+                    "buys it and answers Capacity Reservation Extended once AWS takes the \
+                     payment, or Capacity Extension Failed"
+                } else {
+                    "fails it (Capacity Extension Failed): nothing is bought"
+                },
+                rec.request_id
+            );
+        }
     }
     Ok(())
 }

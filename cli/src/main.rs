@@ -4,6 +4,7 @@
 
 mod commands;
 mod deployment;
+mod extend;
 mod fail;
 mod new;
 mod pause;
@@ -91,10 +92,13 @@ enum Command {
     Watch(commands::WatchArgs),
     /// A team's monthly cap, spend, holds and what is left.
     Budget(commands::BudgetArgs),
-    /// Approve the purchase a request awaits approval for.
+    /// Approve the purchase (or extension) a request awaits approval for.
     Approve(commands::DecideArgs),
-    /// Reject the purchase a request awaits approval for.
+    /// Reject the purchase (or extension) a request awaits approval for.
     Reject(commands::DecideArgs),
+    /// Ask for an extension of a request's Capacity Block or training plan, within its
+    /// `extend` policy; purchase-capacity prices and buys it (or asks an approver).
+    Extend(extend::ExtendArgs),
     /// Cancel a request: stops what is not yet bought (with --stop-running, paid windows too).
     Cancel(commands::CancelArgs),
     /// Stop every new purchase and on-demand run until `resume`; what is under way finishes.
@@ -122,6 +126,7 @@ async fn main() -> ExitCode {
         Command::Approve(a) => commands::decide(&cli.global, &out, a, true).await,
         Command::Reject(a) => commands::decide(&cli.global, &out, a, false).await,
         Command::Cancel(a) => commands::cancel(&cli.global, &out, a).await,
+        Command::Extend(a) => extend::extend(&cli.global, &out, a).await,
         Command::Pause(a) => pause::pause(&cli.global, &out, a).await,
         Command::Resume => pause::resume(&cli.global, &out).await,
         Command::Completions { shell } => {

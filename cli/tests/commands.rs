@@ -753,3 +753,311 @@ async fn reject_ends_the_request_and_watch_shows_its_changes_until_it_has_ended(
     );
     assert_eq!(f.blocks_for("cli-reject"), 0);
 }
+
+/// Runs a test's body as `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]`
+/// does, but on a thread (and workers) with 16 MiB stacks: purchase-capacity's extension
+/// protocol, polled in a debug build, needs more than a test thread's 2 MiB.
+fn on_big_stack<F>(body: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    const STACK: usize = 16 << 20;
+    std::thread::Builder::new()
+        .stack_size(STACK)
+        .spawn(move || {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_stack_size(STACK)
+                .enable_all()
+                .build()
+                .expect("a runtime")
+                .block_on(body)
+        })
+        .expect("the test's thread")
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
+/// [`Flow::ec2_request`] whose reservations may be extended by up to `max_hours`.
+fn extendable_request(f: &Flow, id: &str, max_hours: u32) -> std::path::PathBuf {
+    let mut r = f.ec2_request(id);
+    r["extend"] = json!({"when": "requested", "max_hours": max_hours, "max_upfront_usd": "100000"});
+    file(&format!("{id}.json"), &r)
+}
+
+/// Submits `path` and lets the functions buy it, the payment taken: a bought request.
+async fn bought(f: &Flow, path: &Path) {
+    ok(&mut cli(f), &["submit", path.to_str().unwrap()]);
+    Box::pin(f.deliver()).await;
+    settle(f).await;
+}
+
+/// Lets the emulator's payments clear, and the purchase function read them.
+async fn settle(f: &Flow) {
+    f.cloud.step(chrono::TimeDelta::minutes(15));
+    Box::pin(f.tick(Function::Purchase)).await.unwrap();
+    Box::pin(f.deliver()).await;
+}
+
+/// Delivers what reached the bus: the `Capacity Extension Requested` events from the CLI
+/// go to purchase-capacity, by the template's rule or, where it has none yet, directly.
+async fn deliver_asks(f: &Flow, from: usize) {
+    for ev in f.bus("Capacity Extension Requested").into_iter().skip(from) {
+        if Function::for_event(BUS, &ev).is_empty() {
+            Box::pin(f.invoke(Function::Purchase, serde_json::from_value(ev).unwrap()))
+                .await
+                .expect("purchase-capacity takes the ask");
+        }
+    }
+    Box::pin(f.deliver()).await;
+}
+
+#[test]
+fn extend_refuses_locally_what_cannot_be_bought_then_asks_and_status_shows_the_extension() {
+    on_big_stack(extend_refuses_locally_then_asks());
+}
+
+async fn extend_refuses_locally_then_asks() {
+    // GIVEN a bought request whose reservations may be extended by 48 h, and one without
+    // `extend`
+    let f = deployed(&[], "").await;
+    Box::pin(bought(&f, &extendable_request(&f, "cli-extend", 48))).await;
+    Box::pin(bought(&f, &file("plain.json", &f.ec2_request("cli-plain")))).await;
+    assert_eq!(f.status("cli-extend").await.as_str(), "Reserved");
+
+    // WHEN an extension is asked for that cannot be bought, THEN each says why and what to
+    // do, with the exit code of its kind, and nothing reaches the bus
+    for (args, code, says) in [
+        (
+            vec!["extend", "cli-extend", "--hours", "30", "--yes"],
+            2,
+            "whole days given as hours",
+        ),
+        (
+            vec!["extend", "cli-extend", "--hours", "360", "--yes"],
+            2,
+            "whole weeks",
+        ),
+        (
+            vec!["extend", "cli-extend", "--hours", "24"],
+            2,
+            "pass --yes",
+        ),
+        (
+            vec!["extend", "nobody", "--hours", "24", "--yes"],
+            4,
+            "no request \"nobody\"",
+        ),
+        (
+            vec!["extend", "cli-plain", "--hours", "24", "--yes"],
+            6,
+            "submitted without `extend`",
+        ),
+        (
+            vec!["extend", "cli-extend", "--hours", "72", "--yes"],
+            6,
+            "over extend.max_hours: 72 h on top of the 0 h extended so far is more than 48",
+        ),
+        (
+            vec![
+                "extend",
+                "cli-extend",
+                "--hours",
+                "24",
+                "--reservation",
+                "cr-0000000000000000f",
+                "--yes",
+            ],
+            4,
+            "is not a reservation of cli-extend",
+        ),
+    ] {
+        let err = fails(&mut cli(&f), &args, code);
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(
+            code == 4 || err.contains("nothing was sent") || code == 2,
+            "{args:?}: {err}"
+        );
+    }
+    assert!(f.bus("Capacity Extension Requested").is_empty());
+
+    // WHEN it asks for a day
+    let out = ok(
+        &mut cli(&f),
+        &[
+            "extend",
+            "cli-extend",
+            "--hours",
+            "24",
+            "--yes",
+            "-o",
+            "table",
+        ],
+    );
+    // THEN the ask is put as the request source, and says what comes next
+    assert!(
+        out.starts_with("extension asked for cli-extend (event "),
+        "{out}"
+    );
+    assert!(
+        out.contains("Capacity Extension Offered")
+            && out.contains("capacity-pilot status cli-extend"),
+        "{out}"
+    );
+    let asked = f.bus("Capacity Extension Requested");
+    assert_eq!(asked.len(), 1);
+    assert_eq!(asked[0]["source"], SOURCE);
+    assert_eq!(
+        asked[0]["detail"],
+        json!({"request_id": "cli-extend", "hours": 24})
+    );
+    // AND purchase-capacity prices and buys it, and status shows it on its reservation
+    Box::pin(deliver_asks(&f, 0)).await;
+    assert_eq!(
+        f.bus_for("Capacity Extension Offered", "cli-extend").len(),
+        1,
+        "{:?}",
+        f.bus_for("Capacity Extension Failed", "cli-extend")
+    );
+    let status: Value =
+        serde_json::from_str(&ok(&mut cli(&f), &["status", "cli-extend", "-o", "json"])).unwrap();
+    let x = &status["extensions"][0];
+    assert_eq!(x["extension"], 1, "{status}");
+    assert_eq!(x["hours"], 24, "{status}");
+    assert!(x["upfront_fee_usd"].is_string(), "{status}");
+    assert_eq!(x["approves"], Value::Null, "{status}");
+    assert_eq!(status["extend"]["used_hours"], 24, "{status}");
+    let table = ok(&mut cli(&f), &["status", "cli-extend", "-o", "table"]);
+    assert!(
+        table.contains("EXTENSION") && table.contains("NEW END"),
+        "{table}"
+    );
+    assert!(table.contains("requested: 24 of 48 h"), "{table}");
+    // AND while it is not settled, another is refused: AWS takes one at a time
+    if x["state"] == "buying" || x["state"] == "payment-pending" {
+        let err = fails(
+            &mut cli(&f),
+            &["extend", "cli-extend", "--hours", "24", "--yes"],
+            6,
+        );
+        assert!(err.contains("AWS takes one at a time"), "{err}");
+    }
+}
+
+#[test]
+fn approve_answers_an_extension_awaiting_approval_by_its_own_key() {
+    on_big_stack(approve_an_extension());
+}
+
+async fn approve_an_extension() {
+    // GIVEN a deployment that asks an approver above $1, and a bought request whose
+    // extension waits for one
+    let f = deployed(
+        &[("APPROVE_ABOVE_USD", "1")],
+        "arn:aws:iam::123456789012:role/capacity-approver",
+    )
+    .await;
+    ok(
+        &mut cli(&f),
+        &[
+            "submit",
+            extendable_request(&f, "cli-xapprove", 96).to_str().unwrap(),
+        ],
+    );
+    Box::pin(f.deliver()).await;
+    let status: Value =
+        serde_json::from_str(&ok(&mut cli(&f), &["status", "cli-xapprove", "-o", "json"])).unwrap();
+    let plan_key = status["awaiting_approval"]["approves"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    ok(
+        &mut cli_as(&f, "AKIDAPPROVER"),
+        &["approve", "cli-xapprove", "--yes", "--key", &plan_key],
+    );
+    Box::pin(f.deliver()).await;
+    Box::pin(settle(&f)).await;
+    assert_eq!(f.status("cli-xapprove").await.as_str(), "Reserved");
+    ok(
+        &mut cli(&f),
+        &["extend", "cli-xapprove", "--hours", "48", "--yes"],
+    );
+    Box::pin(deliver_asks(&f, 0)).await;
+    let asking = f.bus_for("Capacity Extension Awaiting Approval", "cli-xapprove");
+    assert_eq!(asking.len(), 1, "{:?}", f.cloud.events(BUS));
+    let key = asking[0]["detail"]["event_key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // THEN status shows the extension waiting, with the key an approver names
+    let status: Value =
+        serde_json::from_str(&ok(&mut cli(&f), &["status", "cli-xapprove", "-o", "json"])).unwrap();
+    let x = &status["extensions"][0];
+    assert_eq!(x["state"], "awaiting-approval", "{status}");
+    assert_eq!(x["approves"], key.as_str(), "{status}");
+    let table = ok(&mut cli(&f), &["status", "cli-xapprove", "-o", "table"]);
+    assert!(table.contains(&format!("(key {key})")), "{table}");
+
+    // WHEN an approval names another extension's key, or caps the fee below it
+    let err = fails(
+        &mut cli_as(&f, "AKIDAPPROVER"),
+        &[
+            "approve",
+            "cli-xapprove",
+            "--yes",
+            "--key",
+            "cli-xapprove:window-1:extension-9:awaiting-approval",
+        ],
+        6,
+    );
+    assert!(
+        err.contains(&key),
+        "the refusal names the key awaiting: {err}"
+    );
+    let err = fails(
+        &mut cli_as(&f, "AKIDAPPROVER"),
+        &["approve", "cli-xapprove", "--yes", "--max-fee", "0.01"],
+        6,
+    );
+    assert!(err.contains("extension 1 of "), "{err}");
+    // THEN nothing was put
+    assert!(f.bus("Capacity Purchase Approved").len() == 1);
+
+    // WHEN the approver approves it by its key
+    let out = ok(
+        &mut cli_as(&f, "AKIDAPPROVER"),
+        &[
+            "approve",
+            "cli-xapprove",
+            "--yes",
+            "--key",
+            &key,
+            "-o",
+            "json",
+        ],
+    );
+    let sent: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(sent["extension"]["extension"], 1, "{sent}");
+    // THEN the decision names the extension's key, and purchase-capacity buys it
+    let approved = f.bus("Capacity Purchase Approved");
+    assert_eq!(approved.len(), 2);
+    assert_eq!(approved[1]["detail"]["approves"], key.as_str());
+    assert_eq!(approved[1]["source"], APPROVER);
+    Box::pin(f.deliver()).await;
+    let status: Value =
+        serde_json::from_str(&ok(&mut cli(&f), &["status", "cli-xapprove", "-o", "json"])).unwrap();
+    let x = &status["extensions"][0];
+    assert_ne!(x["state"], "awaiting-approval", "{status}");
+    assert_ne!(x["state"], "failed", "{status}");
+    assert_eq!(x["approved_by"], APPROVER_ARN, "{status}");
+    // AND nothing awaits approval any more
+    let err = fails(
+        &mut cli_as(&f, "AKIDAPPROVER"),
+        &["approve", "cli-xapprove", "--yes", "--key", &key],
+        6,
+    );
+    assert!(
+        err.contains("no extension of cli-xapprove awaits approval"),
+        "{err}"
+    );
+}

@@ -53,7 +53,7 @@ const POLICIES: [(&str, &[&str], &str); 3] = [
     (
         "RequesterPolicy",
         &[
-            "types", "new", "submit", "status", "list", "history", "watch", "cancel",
+            "types", "new", "submit", "status", "list", "history", "watch", "cancel", "extend",
         ],
         "AllowedRequestSources",
     ),
@@ -612,7 +612,11 @@ async fn each_role_policy_grants_exactly_what_its_commands_call() {
         "team-a",
     ]);
     // (one of them waiting until the functions record it)
-    let path = file("pol-bought.json", &f.ec2_request("pol-bought"));
+    // (one that may be extended)
+    let mut extendable = f.ec2_request("pol-bought");
+    extendable["extend"] =
+        json!({"when": "requested", "max_hours": 48, "max_upfront_usd": "20000"});
+    let path = file("pol-bought.json", &extendable);
     r.requester(&["submit", path.to_str().unwrap()]);
     let path = file("pol-rejected.json", &f.ec2_request("pol-rejected"));
     let accepted = r
@@ -645,6 +649,23 @@ async fn each_role_policy_grants_exactly_what_its_commands_call() {
     f.deliver().await;
     assert_eq!(f.status("pol-bought").await.as_str(), "Reserved");
     assert_eq!(f.status("pol-rejected").await.as_str(), "Rejected");
+    // AND the requester asks for an extension of the bought one
+    let asked: Value = serde_json::from_str(&r.requester(&[
+        "extend",
+        "pol-bought",
+        "--hours",
+        "24",
+        "--yes",
+        "-o",
+        "json",
+    ]))
+    .expect("extend answers JSON");
+    assert_eq!(asked["hours"], 24, "{asked}");
+    assert_eq!(
+        f.bus("Capacity Extension Requested").len(),
+        1,
+        "the ask is on the bus"
+    );
 
     // AND the requester and an operator follow the rejected one (it has ended: watch
     // returns), read the bought one with its window, and cancel it
