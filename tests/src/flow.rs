@@ -400,7 +400,7 @@ impl Flow {
         &self,
         f: Function,
         ev: EventBridgeEvent<Value>,
-    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + '_>> {
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
         match f {
             Function::Search => Box::pin(async move {
                 self.searcher

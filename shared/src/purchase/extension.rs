@@ -38,7 +38,7 @@ use crate::domain::extension::{
 use crate::domain::money::MicroUsd;
 use crate::domain::notices::announced;
 use crate::domain::request::WorkloadKind;
-use crate::domain::reservation::Reservation;
+use crate::domain::reservation::{Reservation, ReservationState};
 use crate::domain::time_rules::IN_DOUBT_WINDOW;
 use crate::domain::window::{self, Window, WindowState};
 use crate::outbox;
@@ -228,7 +228,16 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         let w = last_window(&windows, r).expect("extendable has a last window");
         let buy_by = w.drain_at - self.extension_lead();
         let (used_hours, used_fee) = used(held.iter().flat_map(|h| h.extensions.iter()));
-        let problem = if let Some(open) = r.open_extension() {
+        let problem = if !matches!(
+            r.state,
+            ReservationState::Scheduled | ReservationState::Active
+        ) {
+            refuse(format!(
+                "{} is {}: AWS extends a block or plan only once it is scheduled or active \
+                 (paid for); ask again once it is",
+                r.id, r.state
+            ))
+        } else if let Some(open) = r.open_extension() {
             refuse(format!(
                 "extension {} of {} is still {} (AWS takes one at a time)",
                 open.number,
@@ -262,7 +271,25 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 .await
                 .map(Some);
         }
-        let offers = self.market.extension_offers(r, hours).await?;
+        let offers = match self.market.extension_offers(r, hours).await {
+            Ok(offers) => offers,
+            // AWS refuses to offer one (its state, a payment pending, its rules): said as
+            // such; a failure that may pass is retried by the caller.
+            Err(e @ (PortError::Permanent { .. } | PortError::OfferingGone { .. })) => {
+                return self
+                    .refuse_ask(
+                        rec,
+                        hours,
+                        format!("AWS offers no extension of {}: {e}", r.id),
+                        cause,
+                        now,
+                        out,
+                    )
+                    .await
+                    .map(Some);
+            }
+            Err(e) => return Err(e),
+        };
         let Some(offer) = offers
             .into_iter()
             .filter(|o| o.hours == hours)

@@ -556,3 +556,43 @@ async fn a_look_past_max_hours_extends_nothing() {
     assert_eq!(w.market.extensions_bought(&cr), 2);
     assert!(record(&w, "r1").reason.contains("max_hours is used up"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ask_before_the_block_is_paid_or_that_aws_refuses_is_refused_with_its_reason() {
+    // GIVEN r1's block bought, its payment still pending
+    let w = World::new();
+    let mut req = request("r1", "team-a", "5000");
+    req.extend = Some(policy(72, "2000"));
+    w.with_candidate(req, block("cb-1", "1661.18"));
+    let p = w.purchaser(CAPS);
+    p.handle(found("r1", "e1")).await.unwrap();
+    w.market.offer_extensions(Usd::parse("10").unwrap());
+    // WHEN the team asks
+    p.handle(ask("x1", 24)).await.unwrap();
+    // THEN it is refused, nothing asked of AWS
+    let failed = w.events.published_of("Capacity Extension Failed");
+    assert_eq!(failed.len(), 1);
+    let why = failed[0].detail["reason"].as_str().unwrap().to_string();
+    assert!(why.contains("only once it is scheduled or active"), "{why}");
+    assert_eq!(w.market.calls_of(MarketOp::ExtensionOffers), 0);
+
+    // GIVEN it paid, and AWS refusing to offer (its own rules)
+    let w = World::new();
+    let (p, _) = scheduled(&w, policy(72, "2000"), None).await;
+    w.market.fail_next(
+        MarketOp::ExtensionOffers,
+        PortError::Permanent {
+            service: "ec2",
+            code: "InvalidParameterValue".into(),
+            message: "cannot be extended in its current state".into(),
+        },
+    );
+    // WHEN the team asks
+    p.handle(ask("x1", 24)).await.unwrap();
+    // THEN AWS's reason is the answer, and nothing is debited
+    let failed = w.events.published_of("Capacity Extension Failed");
+    assert_eq!(failed.len(), 1);
+    let why = failed[0].detail["reason"].as_str().unwrap().to_string();
+    assert!(why.contains("cannot be extended in its current state"), "{why}");
+    assert_eq!(w.spent("team-a"), MicroUsd(FEE_1661));
+}
