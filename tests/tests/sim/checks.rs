@@ -39,6 +39,9 @@ pub struct Sold {
     pub created: DateTime<Utc>,
     /// Its upfront fee in micro-USD, extensions included.
     pub fee: i64,
+    /// Its upfront fee as bought, without any extension (each extension passes its own
+    /// approval gate).
+    pub bought_fee: i64,
     /// Not payment-failed (a block) or `Failed` (a plan): live, or paid and over.
     pub live_or_paid: bool,
     pub plan: bool,
@@ -200,6 +203,7 @@ pub fn sold(cloud: &LocalCloud) -> Vec<Sold> {
                     .unwrap_or(cr.end),
                 created: cr.created,
                 fee: micros(cr.upfront_fee + ext),
+                bought_fee: micros(cr.upfront_fee),
                 live_or_paid: cr.state != "payment-failed",
                 plan: false,
                 windows: 1,
@@ -249,6 +253,14 @@ pub fn sold(cloud: &LocalCloud) -> Vec<Sold> {
                         + p.extensions
                             .iter()
                             .filter(|e| !e.by_hand && !e.failed)
+                            .map(|e| e.upfront_fee)
+                            .sum::<Decimal>(),
+                ),
+                bought_fee: micros(
+                    p.offering.upfront_fee
+                        - p.extensions
+                            .iter()
+                            .filter(|e| e.paid)
                             .map(|e| e.upfront_fee)
                             .sum::<Decimal>(),
                 ),
@@ -1152,7 +1164,12 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
         .filter_map(|e| e["detail"]["request_id"].as_str().map(str::to_string))
         .collect();
     for r in recs.values() {
-        let cap = r.request.budget.max_upfront.to_micros_ceil().0;
+        // (Its extensions spend within `extend.max_upfront_usd`, on top: ARCHITECTURE §9.3.)
+        let cap = r.request.budget.max_upfront.to_micros_ceil().0
+            + r.request
+                .extend
+                .as_ref()
+                .map_or(0, |p| p.max_upfront_usd.to_micros_ceil().0);
         if r.spent.0 > cap && !unrecorded.contains(&r.request_id.to_string()) {
             out.push(format!(
                 "cap: {} spent {} micro-USD over its cap of {cap} with no Unrecorded adoption",
@@ -1715,14 +1732,44 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
         // naming its plan, from an approver source.
         if let Some(above) = r.request.budget.approval_above {
             let above = above.to_micros_ceil().0;
+            // (As bought: an extension passes a gate of its own, judged below.)
             let before = |s: &Sold| -> i64 {
                 bought
                     .iter()
                     .filter(|b| b.live_or_paid && b.created < s.created)
-                    .map(|b| b.fee)
+                    .map(|b| b.bought_fee)
                     .sum()
             };
-            for s in bought.iter().filter(|s| before(s) + s.fee > above) {
+            // An extension that needed an approver (ARCHITECTURE §9.3) was bought only once an
+            // approval naming its own Awaiting Approval was delivered from an approver source.
+            for o in ours(&bus, "Capacity Extension Offered", id)
+                .into_iter()
+                .filter(|o| o["detail"]["needs_approval"] == true)
+            {
+                let offering = &o["detail"]["offering_id"];
+                let sold_it = bought.iter().any(|s| {
+                    s.extensions
+                        .iter()
+                        .any(|e| offering.as_str() == Some(e.as_str()))
+                });
+                let approved = sim.delivered.iter().any(|d| {
+                    d.event["detail-type"] == "Capacity Purchase Approved"
+                        && d.event["source"] == APPROVER
+                        && ours(&bus, "Capacity Extension Awaiting Approval", id)
+                            .iter()
+                            .any(|a| {
+                                a["detail"]["event_key"] == d.event["detail"]["approves"]
+                                    && a["detail"]["offering_id"] == *offering
+                            })
+                });
+                if sold_it && !approved {
+                    out.push(format!(
+                        "no spend past its gate: {id}'s extension {offering} needed an approver \
+                         and was bought with no valid approval delivered"
+                    ));
+                }
+            }
+            for s in bought.iter().filter(|s| before(s) + s.bought_fee > above) {
                 let approved = sim.delivered.iter().any(|d| {
                     d.event["detail-type"] == "Capacity Purchase Approved"
                         && d.event["source"] == APPROVER
@@ -1747,7 +1794,7 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
                          micro-USD bought before: above its approval threshold) with no valid \
                          approval delivered first",
                         s.id,
-                        s.fee,
+                        s.bought_fee,
                         before(s)
                     ));
                 }

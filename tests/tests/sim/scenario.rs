@@ -861,14 +861,23 @@ impl Scenario {
                         .any(|p| p == "capacity-block" || p == "training-plan")
                 })
             });
-            if !req.invalid.is_empty() || !reserves || !r.chance(35) {
+            // A request an approver answers asks, with room to spend: its extension waits
+            // for the approver as its purchase did.
+            let approved = req.detail["budget"]["approval_above_usd"].is_string()
+                && matches!(req.approver, Approver::Approves { .. });
+            if !req.invalid.is_empty() || !reserves || !(approved || r.chance(35)) {
                 continue;
             }
-            let auto = r.chance(35);
+            let auto = !approved && r.chance(35);
+            let max_upfront = if approved {
+                "50000"
+            } else {
+                *r.pick(&["300", "5000", "50000"])
+            };
             let policy = json!({
                 "when": if auto { "workload-running" } else { "requested" },
                 "max_hours": *r.pick(&[24, 48, 96]),
-                "max_upfront_usd": *r.pick(&["300", "5000", "50000"]),
+                "max_upfront_usd": max_upfront,
             });
             req.detail["extend"] = policy.clone();
             if let Some((_, again)) = &mut req.resubmit {
@@ -877,7 +886,11 @@ impl Scenario {
             if !auto || r.chance(30) {
                 extension_asks.push(ExtensionAsk {
                     request: i,
-                    after: r.range(10, 12 * 60),
+                    after: if approved {
+                        r.range(10, 5 * 60)
+                    } else {
+                        r.range(10, 12 * 60)
+                    },
                     hours: *r.pick(&[24, 48]),
                     twice: r.chance(25),
                 });
