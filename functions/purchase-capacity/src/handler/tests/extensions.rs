@@ -593,6 +593,9 @@ async fn an_ask_before_the_block_is_paid_or_that_aws_refuses_is_refused_with_its
     let failed = w.events.published_of("Capacity Extension Failed");
     assert_eq!(failed.len(), 1);
     let why = failed[0].detail["reason"].as_str().unwrap().to_string();
-    assert!(why.contains("cannot be extended in its current state"), "{why}");
+    assert!(
+        why.contains("cannot be extended in its current state"),
+        "{why}"
+    );
     assert_eq!(w.spent("team-a"), MicroUsd(FEE_1661));
 }
