@@ -53,23 +53,56 @@ pub struct Window {
     pub kind: String,
 }
 
-/// An extension a team bought by hand (a scenario's `extend`) that was paid, so its window
-/// ends later.
-#[derive(Debug, Clone)]
-pub struct HandExtension {
+/// An extension of a reservation of a request, as the emulator holds it: bought by
+/// capacity-pilot through the API, or by a team by hand (a scenario's `extend`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SoldExtension {
     /// The block id, or the plan ARN.
     pub reservation_id: String,
-    /// The plan segment it lengthened (the last); 0 for a block.
+    /// The plan segment it lengthens (the last); 0 for a block.
     pub segment: usize,
     pub kind: String,
+    /// The extension offering it was bought from (`cbe-`, `tpeo-`).
+    pub offering_id: String,
+    pub hours: i64,
+    pub fee: Decimal,
+    pub by_hand: bool,
+    pub payment: Payment,
     pub old_end: DateTime<Utc>,
     pub new_end: DateTime<Utc>,
-    /// AWS's forced termination for the new end, by the emulator's settings.
-    pub new_forced: DateTime<Utc>,
-    pub paid_at: DateTime<Utc>,
+    /// When its payment succeeded (the reservation's end moved then).
+    pub paid_at: Option<DateTime<Utc>>,
     /// A block's instances that had not terminated when it was paid, each with its
     /// `capacity-pilot:drain-at` tag.
     pub instances: Vec<(String, Option<String>)>,
+}
+
+/// An extension's payment, as the emulator holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payment {
+    Pending,
+    Paid,
+    Failed,
+}
+
+impl Payment {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Payment::Pending => "pending",
+            Payment::Paid => "paid",
+            Payment::Failed => "failed",
+        }
+    }
+}
+
+impl SoldExtension {
+    fn who(&self) -> &'static str {
+        if self.by_hand {
+            "by hand"
+        } else {
+            "by capacity-pilot"
+        }
+    }
 }
 
 /// The instance tag that says when the product drains an instance's window (the product's
@@ -228,39 +261,46 @@ impl Observed<'_> {
         })
     }
 
-    /// The paid extensions a team bought by hand for the reservations of request `id`.
-    pub fn hand_extensions(&self, id: &str) -> Vec<HandExtension> {
+    /// Every extension sold for the reservations of request `id` (by capacity-pilot, or by
+    /// hand), whatever its payment, oldest first.
+    pub fn extensions(&self, id: &str) -> Vec<SoldExtension> {
         self.cloud.with_world(|w| {
             let mut out = Vec::new();
             for cr in w.ec2.reservations.values() {
                 if cr.tags.get(REQUEST_TAG).map(String::as_str) != Some(id) {
                     continue;
                 }
-                let lead = if cr.ultraserver {
-                    w.settings.ultraserver_termination_lead_minutes
-                } else {
-                    w.settings.block_termination_lead_minutes
-                };
-                for x in cr.extensions.iter().filter(|x| x.by_hand) {
-                    let Some(paid_at) = x.paid_at else {
-                        continue;
+                for x in &cr.extensions {
+                    let payment = match x.status.as_str() {
+                        "payment-succeeded" => Payment::Paid,
+                        "payment-failed" => Payment::Failed,
+                        _ => Payment::Pending,
                     };
-                    let instances = w
-                        .ec2
-                        .instances
-                        .values()
-                        .filter(|i| i.capacity_reservation_id.as_deref() == Some(cr.id.as_str()))
-                        .filter(|i| i.terminated_at.is_none_or(|t| t > paid_at))
-                        .map(|i| (i.id.clone(), i.tags.get(DRAIN_AT_TAG).cloned()))
-                        .collect();
-                    out.push(HandExtension {
+                    let instances = match x.paid_at {
+                        Some(paid_at) => w
+                            .ec2
+                            .instances
+                            .values()
+                            .filter(|i| {
+                                i.capacity_reservation_id.as_deref() == Some(cr.id.as_str())
+                            })
+                            .filter(|i| i.terminated_at.is_none_or(|t| t > paid_at))
+                            .map(|i| (i.id.clone(), i.tags.get(DRAIN_AT_TAG).cloned()))
+                            .collect(),
+                        None => Vec::new(),
+                    };
+                    out.push(SoldExtension {
                         reservation_id: cr.id.clone(),
                         segment: 0,
                         kind: "capacity-block".into(),
+                        offering_id: x.offering_id.clone(),
+                        hours: x.hours,
+                        fee: x.upfront_fee,
+                        by_hand: x.by_hand,
+                        payment,
                         old_end: x.start,
                         new_end: x.end,
-                        new_forced: x.end - TimeDelta::minutes(lead),
-                        paid_at,
+                        paid_at: x.paid_at,
                         instances,
                     });
                 }
@@ -273,25 +313,31 @@ impl Observed<'_> {
                 if !tagged {
                     continue;
                 }
-                let lead = match p.offering.target.as_str() {
-                    "training-job" => w.settings.training_job_termination_lead_minutes,
-                    "hyperpod-cluster" => w.settings.hyperpod_termination_lead_minutes,
-                    _ => 0,
-                };
-                for x in p.extensions.iter().filter(|x| x.by_hand && x.paid) {
-                    out.push(HandExtension {
+                for x in &p.extensions {
+                    let payment = if x.paid {
+                        Payment::Paid
+                    } else if x.failed {
+                        Payment::Failed
+                    } else {
+                        Payment::Pending
+                    };
+                    out.push(SoldExtension {
                         reservation_id: p.arn.clone(),
                         segment: p.offering.segments.len() - 1,
                         kind: format!("training-plan/{}", p.offering.target),
+                        offering_id: x.offering_id.clone(),
+                        hours: x.hours,
+                        fee: x.upfront_fee,
+                        by_hand: x.by_hand,
+                        payment,
                         old_end: x.start,
                         new_end: x.end,
-                        new_forced: x.end - TimeDelta::minutes(lead),
-                        paid_at: x.paid_at,
+                        paid_at: x.paid.then_some(x.paid_at),
                         instances: Vec::new(),
                     });
                 }
             }
-            out.sort_by_key(|x| x.paid_at);
+            out.sort_by(|a, b| (a.old_end, &a.reservation_id).cmp(&(b.old_end, &b.reservation_id)));
             out
         })
     }
@@ -594,7 +640,48 @@ pub fn judge(o: &Observed) -> Vec<Check> {
 
         if e.drain_followed_extension {
             let (ok, detail) = drain_followed_extension(o, id);
-            check("drain followed the extension by hand", id, ok, detail);
+            check("drain followed the extension", id, ok, detail);
+        }
+
+        if let Some(x) = &e.extended {
+            let (ok, detail) = judge_extended(
+                x.hours,
+                &o.extensions(id),
+                &o.ours(id, "Capacity Reservation Extended"),
+                &ends(o, id),
+            );
+            check(
+                "extended by capacity-pilot, bought once and paid",
+                id,
+                ok,
+                detail,
+            );
+        }
+
+        if e.extension_failed {
+            let reserved_fees: Decimal = reserved
+                .iter()
+                .filter_map(|r| money(&r["detail"]["upfront_fee_usd"]))
+                .sum();
+            let spent = ["Capacity Reservation Ended", "Capacity Request Failed"]
+                .into_iter()
+                .flat_map(|dt| o.ours(id, dt))
+                .max_by_key(|ev| time(&ev["time"]))
+                .and_then(|ev| money(&ev["detail"]["spent_usd"]));
+            let (ok, detail) = judge_extension_failed(
+                &o.extensions(id),
+                &o.ours(id, "Capacity Extension Failed"),
+                &o.ours(id, "Capacity Reservation Extended"),
+                &ends(o, id),
+                reserved_fees,
+                spent,
+            );
+            check(
+                "extension payment failed, its fee returned, the end kept",
+                id,
+                ok,
+                detail,
+            );
         }
 
         if e.cleaned_up {
@@ -894,7 +981,8 @@ pub fn judge(o: &Observed) -> Vec<Check> {
     }
 
     if o.scenario.budgets_exact {
-        // Per team: the fees on the Reserved events equal what the emulator charged.
+        // Per team: the fees on the Reserved events, and on the Extension Offered events of
+        // the extensions that did not fail, equal what the emulator charged.
         let mut teams: BTreeMap<String, (Decimal, Decimal)> = BTreeMap::new();
         for (id, detail) in &requests {
             let team = detail["team"].as_str().unwrap_or("?").to_string();
@@ -902,7 +990,8 @@ pub fn judge(o: &Observed) -> Vec<Check> {
                 .reserved_and_paid(id)
                 .iter()
                 .filter_map(|r| money(&r["detail"]["upfront_fee_usd"]))
-                .sum();
+                .sum::<Decimal>()
+                + extension_fees(o, id);
             let charged: Decimal = o.windows(id).iter().map(|w| w.fee).sum();
             let t = teams.entry(team).or_default();
             t.0 += published;
@@ -913,7 +1002,9 @@ pub fn judge(o: &Observed) -> Vec<Check> {
                 "budget exact",
                 &team,
                 published == charged,
-                format!("Reserved fees ${published}; the emulator charged ${charged}"),
+                format!(
+                    "Reserved and extension fees ${published}; the emulator charged ${charged}"
+                ),
             );
         }
     }
@@ -938,120 +1029,440 @@ pub fn judge(o: &Observed) -> Vec<Check> {
     out
 }
 
-/// For request `id`, whose reservation a team extended by hand: each paid extension's window
-/// was first drained after its old end and before the new end's forced termination, and (a
-/// block) each of its instances still running when the extension was paid carries a
-/// `capacity-pilot:drain-at` tag after the old end and no later than that forced termination.
+/// For request `id`, whose reservations were extended (by hand, an `extend` action, or by
+/// capacity-pilot) and paid: judged per extended reservation by [`drain_followed`] against
+/// its end as the emulator holds it now.
 fn drain_followed_extension(o: &Observed, id: &str) -> (bool, String) {
-    let extensions = o.hand_extensions(id);
-    if extensions.is_empty() {
+    let sold = o.extensions(id);
+    let paid: Vec<&SoldExtension> = sold.iter().filter(|x| x.payment == Payment::Paid).collect();
+    if paid.is_empty() {
         return (
             false,
-            "no extension bought by hand (an `extend` action) of its reservations was paid".into(),
+            "no extension of its reservations (by hand, an `extend` action, or by capacity-pilot) \
+             was paid"
+                .into(),
         );
     }
+    let windows = o.windows(id);
     let drained = o.ours(id, "Capacity Workload Drained");
+    let reservations: BTreeSet<&str> = paid.iter().map(|x| x.reservation_id.as_str()).collect();
     let mut ok = true;
     let mut notes = Vec::new();
-    for x in &extensions {
-        let window = Window {
-            reservation_id: x.reservation_id.clone(),
-            segment: x.segment,
-            start: x.old_end,
-            end: x.new_end,
-            forced: x.new_forced,
-            usable: x.old_end,
-            fee: Decimal::ZERO,
-            kind: x.kind.clone(),
+    for r in reservations {
+        let mine: Vec<&SoldExtension> = paid
+            .iter()
+            .copied()
+            .filter(|x| x.reservation_id == r)
+            .collect();
+        // Its window now: the last one of the reservation, as the emulator holds it.
+        let Some(current) = windows
+            .iter()
+            .filter(|w| w.reservation_id == r)
+            .max_by_key(|w| w.end)
+        else {
+            ok = false;
+            notes.push(format!("{}: the emulator holds no window of it", short(r)));
+            continue;
         };
         let first = drained
             .iter()
-            .filter(|d| {
-                d["detail"]["reservation_id"] == x.reservation_id.as_str()
-                    && window.is_segment(&d["detail"])
-            })
+            .filter(|d| d["detail"]["reservation_id"] == r && current.is_segment(&d["detail"]))
             .filter_map(|d| time(&d["time"]))
             .min();
-        let name = short(&x.reservation_id);
-        let span = format!(
-            "{name} extended by hand from {} to {} (paid {}; AWS's forced termination {})",
-            x.old_end.format("%m-%d %H:%M"),
-            x.new_end.format("%m-%d %H:%M"),
-            x.paid_at.format("%m-%d %H:%M"),
-            x.new_forced.format("%m-%d %H:%M")
-        );
-        match first {
-            Some(t) if t > x.old_end && t < x.new_forced => notes.push(format!(
-                "{span}: drained {}, after the old end and {} min before the forced termination",
-                t.format("%m-%d %H:%M"),
-                (x.new_forced - t).num_minutes()
+        let (fine, said) = drain_followed(&mine, current, first);
+        ok &= fine;
+        notes.extend(said);
+    }
+    (ok, notes.join("; "))
+}
+
+/// Whether the drain of an extended reservation followed its paid extensions `paid` (oldest
+/// first, all of one reservation): its window as the emulator holds it now (`current`, whose
+/// end is the latest extension's) was first drained (`first_drain`) after the latest
+/// extension's old end and before the current end's forced termination, and (a block) each
+/// of its instances still running when that extension was paid carries a
+/// `capacity-pilot:drain-at` tag after the old end and no later than that forced termination.
+fn drain_followed(
+    paid: &[&SoldExtension],
+    current: &Window,
+    first_drain: Option<DateTime<Utc>>,
+) -> (bool, Vec<String>) {
+    let Some(x) = paid.iter().max_by_key(|x| x.new_end) else {
+        return (false, vec!["no paid extension".into()]);
+    };
+    let name = short(&x.reservation_id);
+    let mut ok = true;
+    let mut notes = Vec::new();
+    let steps: Vec<String> = paid
+        .iter()
+        .map(|x| {
+            format!(
+                "{} to {} (paid {})",
+                x.who(),
+                x.new_end.format("%m-%d %H:%M"),
+                x.paid_at
+                    .map_or("?".into(), |t| t.format("%m-%d %H:%M").to_string())
+            )
+        })
+        .collect();
+    let span = format!(
+        "{name}, ending {}, extended {}; it now ends {} (AWS's forced termination {})",
+        paid[0].old_end.format("%m-%d %H:%M"),
+        steps.join(", then "),
+        current.end.format("%m-%d %H:%M"),
+        current.forced.format("%m-%d %H:%M")
+    );
+    if current.end != x.new_end {
+        ok = false;
+        notes.push(format!(
+            "{span}: the emulator's end is not the latest paid extension's ({})",
+            x.new_end.format("%m-%d %H:%M")
+        ));
+    }
+    match first_drain {
+        Some(t) if t > x.old_end && t < current.forced => notes.push(format!(
+            "{span}: drained {}, after the old end and {} min before the forced termination",
+            t.format("%m-%d %H:%M"),
+            (current.forced - t).num_minutes()
+        )),
+        Some(t) if t <= x.old_end => {
+            ok = false;
+            notes.push(format!(
+                "{span}: drained {}, by the OLD end: the drain did not follow the extension",
+                t.format("%m-%d %H:%M")
+            ));
+        }
+        Some(t) => {
+            ok = false;
+            notes.push(format!(
+                "{span}: drained {}, not before the new end's forced termination",
+                t.format("%m-%d %H:%M")
+            ));
+        }
+        None => {
+            ok = false;
+            notes.push(format!("{span}: never drained"));
+        }
+    }
+    if x.kind != "capacity-block" {
+        return (ok, notes);
+    }
+    if x.instances.is_empty() {
+        ok = false;
+        notes.push(format!(
+            "{name}: no instance of it was running when the extension was paid"
+        ));
+    }
+    let stale: Vec<String> = x
+        .instances
+        .iter()
+        .filter(|(_, tag)| {
+            !tag.as_deref()
+                .and_then(|v| v.parse::<DateTime<Utc>>().ok())
+                .is_some_and(|t| t > x.old_end && t <= current.forced)
+        })
+        .map(|(i, tag)| {
+            format!(
+                "{i} ({DRAIN_AT_TAG} {})",
+                tag.as_deref().unwrap_or("absent")
+            )
+        })
+        .collect();
+    if stale.is_empty() {
+        if !x.instances.is_empty() {
+            notes.push(format!(
+                "its {} instance(s) carry {DRAIN_AT_TAG} {}",
+                x.instances.len(),
+                x.instances
+                    .iter()
+                    .filter_map(|(_, t)| t.clone())
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    } else {
+        ok = false;
+        notes.push(format!(
+            "instances whose drain time is not after the old end: {}",
+            stale.join(", ")
+        ));
+    }
+    (ok, notes)
+}
+
+/// The end of each reservation of request `id` when it was bought (its `Capacity Reserved`
+/// event's `end`), and now, as the emulator holds it (its last window's end).
+fn ends(o: &Observed, id: &str) -> BTreeMap<String, (Option<DateTime<Utc>>, DateTime<Utc>)> {
+    let mut bought: BTreeMap<String, DateTime<Utc>> = BTreeMap::new();
+    for r in o.reserved_and_paid(id) {
+        let Some(end) = time(&r["detail"]["end"]) else {
+            continue;
+        };
+        for rid in r["detail"]["reservation_ids"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+        {
+            let e = bought.entry(rid.to_string()).or_insert(end);
+            *e = (*e).max(end);
+        }
+    }
+    let mut out: BTreeMap<String, (Option<DateTime<Utc>>, DateTime<Utc>)> = BTreeMap::new();
+    for w in o.windows(id) {
+        let e = out
+            .entry(w.reservation_id.clone())
+            .or_insert((bought.get(&w.reservation_id).copied(), w.end));
+        e.1 = e.1.max(w.end);
+    }
+    out
+}
+
+/// `extended: {hours}` for a request: every extension capacity-pilot bought of its
+/// reservations (`sold`, by hand ones aside) was paid, `hours` in all; one `Capacity
+/// Reservation Extended` with `external: false` (`extended`, ours and AWS's events of the
+/// request) names each, with its new end; and each extended reservation's end, per the
+/// emulator (`ends`: at purchase, now), moved by the hours of its paid extensions.
+fn judge_extended(
+    hours: i64,
+    sold: &[SoldExtension],
+    extended: &[&Value],
+    ends: &BTreeMap<String, (Option<DateTime<Utc>>, DateTime<Utc>)>,
+) -> (bool, String) {
+    let ours: Vec<&SoldExtension> = sold.iter().filter(|x| !x.by_hand).collect();
+    let announced: Vec<&Value> = extended
+        .iter()
+        .copied()
+        .filter(|e| e["detail"]["external"] == false)
+        .collect();
+    let mut ok = !ours.is_empty();
+    let mut notes = Vec::new();
+    let unpaid: Vec<String> = ours
+        .iter()
+        .filter(|x| x.payment != Payment::Paid)
+        .map(|x| format!("{} {}", x.offering_id, x.payment.as_str()))
+        .collect();
+    let paid_hours: i64 = ours
+        .iter()
+        .filter(|x| x.payment == Payment::Paid)
+        .map(|x| x.hours)
+        .sum();
+    ok &= unpaid.is_empty() && paid_hours == hours;
+    notes.push(if ours.is_empty() {
+        "capacity-pilot bought no extension of its reservations".to_string()
+    } else {
+        format!(
+            "capacity-pilot bought {} extension(s) of its reservations, {paid_hours} h paid (expected {hours} h){}",
+            ours.len(),
+            if unpaid.is_empty() {
+                String::new()
+            } else {
+                format!("; not paid: {}", unpaid.join(", "))
+            }
+        )
+    });
+    for x in ours.iter().filter(|x| x.payment == Payment::Paid) {
+        let hit = announced.iter().find(|e| {
+            e["detail"]["reservation_id"] == x.reservation_id.as_str()
+                && time(&e["detail"]["ends_at"]) == Some(x.new_end)
+        });
+        match hit {
+            Some(e) => notes.push(format!(
+                "Reservation Extended (external: false) at {}: {} now ends {}",
+                time(&e["time"]).map_or("?".into(), |t| t.format("%m-%d %H:%M").to_string()),
+                short(&x.reservation_id),
+                x.new_end.format("%m-%d %H:%M")
             )),
-            Some(t) if t <= x.old_end => {
+            None => {
                 ok = false;
                 notes.push(format!(
-                    "{span}: drained {}, by the OLD end: the drain did not follow the extension",
-                    t.format("%m-%d %H:%M")
+                    "no Reservation Extended (external: false) says {} ends {}",
+                    short(&x.reservation_id),
+                    x.new_end.format("%m-%d %H:%M")
                 ));
             }
-            Some(t) => {
+        }
+    }
+    let paid_count = ours.iter().filter(|x| x.payment == Payment::Paid).count();
+    if announced.len() != paid_count {
+        ok = false;
+        notes.push(format!(
+            "{} Reservation Extended (external: false) for {paid_count} paid extension(s)",
+            announced.len()
+        ));
+    }
+    let extended_ids: BTreeSet<&str> = sold
+        .iter()
+        .filter(|x| x.payment == Payment::Paid)
+        .map(|x| x.reservation_id.as_str())
+        .collect();
+    for r in extended_ids {
+        let added: i64 = sold
+            .iter()
+            .filter(|x| x.reservation_id == r && x.payment == Payment::Paid)
+            .map(|x| x.hours)
+            .sum();
+        match ends.get(r) {
+            Some((Some(bought), now)) => {
+                let moved = (*now - *bought).num_hours();
+                ok &= moved == added;
+                notes.push(format!(
+                    "the emulator's end of {} moved from {} to {}: {moved} h{}",
+                    short(r),
+                    bought.format("%m-%d %H:%M"),
+                    now.format("%m-%d %H:%M"),
+                    if moved == added {
+                        String::new()
+                    } else {
+                        format!(", not the {added} h paid")
+                    }
+                ));
+            }
+            _ => {
                 ok = false;
                 notes.push(format!(
-                    "{span}: drained {}, not before the new end's forced termination",
-                    t.format("%m-%d %H:%M")
+                    "{}: no Capacity Reserved or window of it to measure its end by",
+                    short(r)
+                ));
+            }
+        }
+    }
+    (ok, notes.join("; "))
+}
+
+/// `extension_failed: true` for a request: the payment of an extension capacity-pilot
+/// bought of its reservations failed (`sold`), a `Capacity Extension Failed` (`failed`)
+/// named each such one and returned its fee; none was paid, and no `Capacity Reservation
+/// Extended` with `external: false` came (`extended`); each reservation keeps the end it was
+/// bought with (`ends`); and the request's spend, as its last `Capacity Reservation Ended` or
+/// `Capacity Request Failed` says (`spent`), is only its reservations' fees (`reserved_fees`).
+fn judge_extension_failed(
+    sold: &[SoldExtension],
+    failed: &[&Value],
+    extended: &[&Value],
+    ends: &BTreeMap<String, (Option<DateTime<Utc>>, DateTime<Utc>)>,
+    reserved_fees: Decimal,
+    spent: Option<Decimal>,
+) -> (bool, String) {
+    let ours: Vec<&SoldExtension> = sold.iter().filter(|x| !x.by_hand).collect();
+    let refused: Vec<&SoldExtension> = ours
+        .iter()
+        .copied()
+        .filter(|x| x.payment == Payment::Failed)
+        .collect();
+    let paid: Vec<&SoldExtension> = ours
+        .iter()
+        .copied()
+        .filter(|x| x.payment == Payment::Paid)
+        .collect();
+    let mut ok = !refused.is_empty() && paid.is_empty();
+    let mut notes = vec![format!(
+        "capacity-pilot bought {} extension(s) of its reservations: {} payment(s) failed, {} paid",
+        ours.len(),
+        refused.len(),
+        paid.len()
+    )];
+    for x in &refused {
+        let hit = failed.iter().find(|f| {
+            let e = &f["detail"]["extension"];
+            e["reservation_id"] == x.reservation_id.as_str()
+                && e["offering_id"] == x.offering_id.as_str()
+        });
+        match hit {
+            Some(f) => {
+                let back = money(&f["detail"]["returned_usd"]);
+                let whole = back == Some(x.fee);
+                ok &= whole;
+                notes.push(format!(
+                    "Extension Failed at {} ({}): ${} of its ${} fee returned",
+                    time(&f["time"]).map_or("?".into(), |t| t.format("%m-%d %H:%M").to_string()),
+                    f["detail"]["reason"].as_str().unwrap_or("?"),
+                    back.map_or("?".into(), |b| b.to_string()),
+                    x.fee
                 ));
             }
             None => {
                 ok = false;
-                notes.push(format!("{span}: never drained"));
-            }
-        }
-        if x.kind != "capacity-block" {
-            continue;
-        }
-        if x.instances.is_empty() {
-            ok = false;
-            notes.push(format!(
-                "{name}: no instance of it was running when the extension was paid"
-            ));
-        }
-        let stale: Vec<String> = x
-            .instances
-            .iter()
-            .filter(|(_, tag)| {
-                !tag.as_deref()
-                    .and_then(|v| v.parse::<DateTime<Utc>>().ok())
-                    .is_some_and(|t| t > x.old_end && t <= x.new_forced)
-            })
-            .map(|(i, tag)| {
-                format!(
-                    "{i} ({DRAIN_AT_TAG} {})",
-                    tag.as_deref().unwrap_or("absent")
-                )
-            })
-            .collect();
-        if stale.is_empty() {
-            if !x.instances.is_empty() {
                 notes.push(format!(
-                    "its {} instance(s) carry {DRAIN_AT_TAG} {}",
-                    x.instances.len(),
-                    x.instances
-                        .iter()
-                        .filter_map(|(_, t)| t.clone())
-                        .collect::<BTreeSet<_>>()
-                        .into_iter()
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    "no Capacity Extension Failed names {} of {}",
+                    x.offering_id,
+                    short(&x.reservation_id)
                 ));
             }
-        } else {
+        }
+    }
+    let announced = extended
+        .iter()
+        .filter(|e| e["detail"]["external"] == false)
+        .count();
+    if announced > 0 {
+        ok = false;
+        notes.push(format!(
+            "yet {announced} Reservation Extended (external: false)"
+        ));
+    }
+    for (r, (bought, now)) in ends {
+        match bought {
+            Some(b) if b == now => notes.push(format!(
+                "{} keeps its end {}",
+                short(r),
+                now.format("%m-%d %H:%M")
+            )),
+            Some(b) => {
+                ok = false;
+                notes.push(format!(
+                    "{} was bought to end {}, yet ends {}",
+                    short(r),
+                    b.format("%m-%d %H:%M"),
+                    now.format("%m-%d %H:%M")
+                ));
+            }
+            None => {}
+        }
+    }
+    match spent {
+        Some(s) if s == reserved_fees => {
+            notes.push(format!("its spend is ${s}: its reservations' fees only"))
+        }
+        Some(s) => {
             ok = false;
             notes.push(format!(
-                "instances whose drain time is not after the old end: {}",
-                stale.join(", ")
+                "its spend is ${s}, not its reservations' fees ${reserved_fees}"
             ));
+        }
+        None => {
+            ok = false;
+            notes.push(
+                "it never ended: no Reservation Ended or Request Failed says its spend".into(),
+            );
         }
     }
     (ok, notes.join("; "))
+}
+
+/// The fees of the extensions capacity-pilot announced for request `id` (`Capacity Extension
+/// Offered`) that no `Capacity Extension Failed` named (by reservation and number): what it
+/// says it spent on extensions.
+fn extension_fees(o: &Observed, id: &str) -> Decimal {
+    let failed: BTreeSet<(String, String)> = o
+        .ours(id, "Capacity Extension Failed")
+        .iter()
+        .filter(|f| f["detail"]["extension"].is_object())
+        .map(|f| {
+            let e = &f["detail"]["extension"];
+            (e["reservation_id"].to_string(), e["extension"].to_string())
+        })
+        .collect();
+    o.ours(id, "Capacity Extension Offered")
+        .iter()
+        .filter(|e| {
+            let d = &e["detail"];
+            !failed.contains(&(d["reservation_id"].to_string(), d["extension"].to_string()))
+        })
+        .filter_map(|e| money(&e["detail"]["upfront_fee_usd"]))
+        .sum()
 }
 
 /// A short form of a reservation id or plan ARN, for reading.
@@ -1197,4 +1608,196 @@ fn noticed(o: &Observed, id: &str, windows: &[Window]) -> (bool, String) {
         notes.join("; ")
     };
     (ok, detail)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn t(s: &str) -> DateTime<Utc> {
+        s.parse().expect("a time")
+    }
+
+    /// A 24 h extension of block `cr-1` from 3 to 4 December 11:30, its fee $843.89.
+    fn sold(payment: Payment, by_hand: bool) -> SoldExtension {
+        SoldExtension {
+            reservation_id: "cr-1".into(),
+            segment: 0,
+            kind: "capacity-block".into(),
+            offering_id: "cbe-1".into(),
+            hours: 24,
+            fee: "843.89".parse().unwrap(),
+            by_hand,
+            payment,
+            old_end: t("2026-12-03T11:30:00Z"),
+            new_end: t("2026-12-04T11:30:00Z"),
+            paid_at: (payment == Payment::Paid).then(|| t("2026-12-02T14:35:00Z")),
+            instances: vec![("i-1".into(), Some("2026-12-04T10:40:00Z".into()))],
+        }
+    }
+
+    fn extended(ends_at: &str, external: bool) -> Value {
+        json!({"detail-type": "Capacity Reservation Extended", "time": "2026-12-02T14:40:00Z",
+               "detail": {"request_id": "r", "reservation_id": "cr-1", "external": external,
+                          "previous_ends_at": "2026-12-03T11:30:00Z", "ends_at": ends_at}})
+    }
+
+    fn failed(returned: &str) -> Value {
+        json!({"detail-type": "Capacity Extension Failed", "time": "2026-12-02T14:40:00Z",
+               "detail": {"request_id": "r", "hours": 24, "returned_usd": returned,
+                          "reason": "AWS did not take the payment",
+                          "extension": {"extension": 1, "reservation_id": "cr-1",
+                                        "offering_id": "cbe-1"}}})
+    }
+
+    fn ends(bought: &str, now: &str) -> BTreeMap<String, (Option<DateTime<Utc>>, DateTime<Utc>)> {
+        BTreeMap::from([("cr-1".to_string(), (Some(t(bought)), t(now)))])
+    }
+
+    #[test]
+    fn an_extension_is_judged_bought_once_paid_announced_and_the_end_moved_by_its_hours() {
+        // GIVEN capacity-pilot's one paid 24 h extension, announced, the end a day later
+        let paid = [sold(Payment::Paid, false)];
+        let announced = extended("2026-12-04T11:30:00Z", false);
+        let moved = ends("2026-12-03T11:30:00Z", "2026-12-04T11:30:00Z");
+        // WHEN 24 h are expected THEN it passes, saying so
+        let (ok, detail) = judge_extended(24, &paid, &[&announced], &moved);
+        assert!(ok, "{detail}");
+        assert!(
+            detail.contains("24 h paid")
+                && detail.contains("moved from 12-03 11:30 to 12-04 11:30"),
+            "{detail}"
+        );
+        // ... and 48 h expected fail
+        assert!(!judge_extended(48, &paid, &[&announced], &moved).0);
+        // ... as does no Reservation Extended of ours (only an external one), or one with
+        // another end
+        let external = extended("2026-12-04T11:30:00Z", true);
+        let (ok, detail) = judge_extended(24, &paid, &[&external], &moved);
+        assert!(
+            !ok && detail.contains("no Reservation Extended"),
+            "{detail}"
+        );
+        let other = extended("2026-12-05T11:30:00Z", false);
+        assert!(!judge_extended(24, &paid, &[&other], &moved).0);
+        // ... an end the emulator did not move
+        let kept = ends("2026-12-03T11:30:00Z", "2026-12-03T11:30:00Z");
+        let (ok, detail) = judge_extended(24, &paid, &[&announced], &kept);
+        assert!(!ok && detail.contains("not the 24 h paid"), "{detail}");
+        // ... a second extension bought and not paid (bought twice)
+        let twice = [sold(Payment::Paid, false), sold(Payment::Pending, false)];
+        let (ok, detail) = judge_extended(24, &twice, &[&announced], &moved);
+        assert!(
+            !ok && detail.contains("not paid: cbe-1 pending"),
+            "{detail}"
+        );
+        // ... and an extension bought by hand is not capacity-pilot's
+        let by_hand = [sold(Payment::Paid, true)];
+        let (ok, detail) = judge_extended(24, &by_hand, &[], &moved);
+        assert!(!ok && detail.contains("bought no extension"), "{detail}");
+    }
+
+    #[test]
+    fn a_failed_extension_is_judged_by_its_event_its_fee_back_the_end_kept_and_the_spend() {
+        // GIVEN capacity-pilot's extension whose payment failed, its whole fee returned, the
+        // end kept, and the request's spend its block's fee
+        let refused = [sold(Payment::Failed, false)];
+        let said = failed("843.89");
+        let kept = ends("2026-12-03T11:30:00Z", "2026-12-03T11:30:00Z");
+        let fee: Decimal = "825.6".parse().unwrap();
+        // WHEN judged THEN it passes, saying so
+        let (ok, detail) = judge_extension_failed(&refused, &[&said], &[], &kept, fee, Some(fee));
+        assert!(ok, "{detail}");
+        assert!(
+            detail.contains("$843.89 of its $843.89 fee returned")
+                && detail.contains("keeps its end 12-03 11:30"),
+            "{detail}"
+        );
+        // ... and fails when part of the fee stays spent
+        let part = failed("800");
+        assert!(!judge_extension_failed(&refused, &[&part], &[], &kept, fee, Some(fee)).0);
+        // ... when no Extension Failed names it
+        let (ok, detail) = judge_extension_failed(&refused, &[], &[], &kept, fee, Some(fee));
+        assert!(
+            !ok && detail.contains("no Capacity Extension Failed names cbe-1"),
+            "{detail}"
+        );
+        // ... when the window was announced extended anyway, or its end moved
+        let announced = extended("2026-12-04T11:30:00Z", false);
+        assert!(
+            !judge_extension_failed(&refused, &[&said], &[&announced], &kept, fee, Some(fee)).0
+        );
+        let moved = ends("2026-12-03T11:30:00Z", "2026-12-04T11:30:00Z");
+        assert!(!judge_extension_failed(&refused, &[&said], &[], &moved, fee, Some(fee)).0);
+        // ... when the request's spend kept the extension's fee, or it never ended
+        let kept_fee: Decimal = "1669.49".parse().unwrap();
+        let (ok, detail) =
+            judge_extension_failed(&refused, &[&said], &[], &kept, fee, Some(kept_fee));
+        assert!(
+            !ok && detail.contains("not its reservations' fees $825.6"),
+            "{detail}"
+        );
+        assert!(!judge_extension_failed(&refused, &[&said], &[], &kept, fee, None).0);
+        // ... and when no payment failed at all (the scenario's failure never took)
+        let paid = [sold(Payment::Paid, false)];
+        assert!(!judge_extension_failed(&paid, &[&said], &[], &kept, fee, Some(fee)).0);
+    }
+
+    #[test]
+    fn a_drain_follows_the_latest_paid_extension_to_the_end_the_emulator_holds_now() {
+        // GIVEN a block extended by hand to 4 December, then by capacity-pilot to 5 December,
+        // as the emulator now holds it (forced termination 30 min before its end)
+        let first = sold(Payment::Paid, true);
+        let mut second = sold(Payment::Paid, false);
+        second.old_end = t("2026-12-04T11:30:00Z");
+        second.new_end = t("2026-12-05T11:30:00Z");
+        second.paid_at = Some(t("2026-12-03T14:35:00Z"));
+        second.instances = vec![("i-1".into(), Some("2026-12-05T10:40:00Z".into()))];
+        let current = Window {
+            reservation_id: "cr-1".into(),
+            segment: 0,
+            start: t("2026-12-02T11:30:00Z"),
+            end: t("2026-12-05T11:30:00Z"),
+            forced: t("2026-12-05T11:00:00Z"),
+            usable: t("2026-12-02T11:35:00Z"),
+            fee: Decimal::ZERO,
+            kind: "capacity-block".into(),
+        };
+        let paid = [&first, &second];
+        // WHEN first drained 50 min before the current end THEN it followed, saying each step
+        let (ok, notes) = drain_followed(&paid, &current, Some(t("2026-12-05T10:40:00Z")));
+        assert!(ok, "{notes:?}");
+        let text = notes.join("; ");
+        assert!(
+            text.contains("ending 12-03 11:30, extended by hand to 12-04 11:30"),
+            "{text}"
+        );
+        assert!(
+            text.contains("then by capacity-pilot to 12-05 11:30"),
+            "{text}"
+        );
+        // ... but not when drained at the first extension's end (the latest one not followed)
+        let (ok, notes) = drain_followed(&paid, &current, Some(t("2026-12-04T10:40:00Z")));
+        assert!(!ok && notes.join(" ").contains("OLD end"), "{notes:?}");
+        // ... nor after the current end's forced termination, nor never
+        assert!(!drain_followed(&paid, &current, Some(t("2026-12-05T11:10:00Z"))).0);
+        assert!(!drain_followed(&paid, &current, None).0);
+        // ... nor when an instance still carries the old drain time
+        let mut stale = second.clone();
+        stale.instances = vec![("i-1".into(), Some("2026-12-04T10:40:00Z".into()))];
+        let (ok, notes) =
+            drain_followed(&[&first, &stale], &current, Some(t("2026-12-05T10:40:00Z")));
+        assert!(
+            !ok && notes
+                .join(" ")
+                .contains("i-1 (capacity-pilot:drain-at 2026-12-04T10:40:00Z)"),
+            "{notes:?}"
+        );
+        // ... nor when the emulator's end is not the latest paid extension's
+        let mut shorter = current.clone();
+        shorter.end = t("2026-12-04T11:30:00Z");
+        shorter.forced = t("2026-12-04T11:00:00Z");
+        assert!(!drain_followed(&paid, &shorter, Some(t("2026-12-04T10:40:00Z"))).0);
+    }
 }

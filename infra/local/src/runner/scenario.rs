@@ -296,12 +296,24 @@ pub struct Expect {
     /// Failed` reason says this.
     #[serde(default)]
     pub not_bought_because: Option<String>,
-    /// Its reservation, extended by hand by an `extend` action, was followed: the first drain
-    /// of the extended window came after its old end and before the new end's forced
-    /// termination, and its EC2 instances running when the extension was paid carry
-    /// `capacity-pilot:drain-at` after the old end.
+    /// Its reservation, extended (by hand by an `extend` action, or by capacity-pilot) and
+    /// paid, was followed: the first drain of the extended window came after the latest paid
+    /// extension's old end and before the forced termination of the end the emulator holds
+    /// now, and its EC2 instances running when that extension was paid carry
+    /// `capacity-pilot:drain-at` after the old end and no later than that.
     #[serde(default)]
     pub drain_followed_extension: bool,
+    /// capacity-pilot extended its reservations by `hours` in all: every extension it bought
+    /// was paid, each announced by `Capacity Reservation Extended` with `external: false` and
+    /// its new end, and each reservation's end per the emulator moved by its paid hours.
+    #[serde(default)]
+    pub extended: Option<ExtendedBy>,
+    /// The payment of an extension capacity-pilot bought failed: `Capacity Extension Failed`
+    /// named it and returned its whole fee, nothing was extended (no `Capacity Reservation
+    /// Extended` with `external: false`, every reservation ends as bought), and the request's
+    /// spend at its end is only its reservations' fees.
+    #[serde(default)]
+    pub extension_failed: bool,
     /// Every window had each `Capacity Window Opening` lead due after its purchase before it
     /// opened, and each `Capacity Reservation Ending` lead before its drain, on the bus and
     /// on the notices topic (ARCHITECTURE §9.2).
@@ -311,6 +323,13 @@ pub struct Expect {
     /// moment and before what it announced.
     #[serde(default)]
     pub noticed_late: bool,
+}
+
+/// `extended`: by how many hours capacity-pilot extended a request's reservations.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExtendedBy {
+    pub hours: i64,
 }
 
 impl Scenario {
@@ -589,6 +608,32 @@ mod tests {
             "- at: 2026-12-01T09:00:00Z\n  extend: {request_id: team-a}\n",
         );
         assert!(bad.is_err());
+    }
+
+    #[test]
+    fn a_scenario_can_expect_a_request_extended_by_capacity_pilot_or_its_extension_failed() {
+        // GIVEN the extension checks of two requests
+        let s: Scenario = serde_yaml_ng::from_str(
+            "name: x\nseed: 1\nstart: 2026-12-01T09:00:00Z\nend: 2026-12-05T12:30:00Z\n\
+             actions: []\n\
+             expect:\n  team-r: {extended: {hours: 24}, drain_followed_extension: true}\n\
+             \x20 team-f: {extension_failed: true}\n",
+        )
+        .expect("parses");
+        // WHEN read THEN each says what it expects, and nothing else
+        let r = &s.expect["team-r"];
+        assert_eq!(r.extended, Some(ExtendedBy { hours: 24 }));
+        assert!(r.drain_followed_extension && !r.extension_failed);
+        let f = &s.expect["team-f"];
+        assert!(f.extension_failed && f.extended.is_none());
+        // ... and `extended` needs its hours, and nothing else
+        for bad in ["{extended: {}}", "{extended: {hours: 24, by: hand}}"] {
+            let text = format!(
+                "name: x\nseed: 1\nstart: 2026-12-01T09:00:00Z\nend: 2026-12-02T09:00:00Z\n\
+                 actions: []\nexpect:\n  a: {bad}\n"
+            );
+            assert!(serde_yaml_ng::from_str::<Scenario>(&text).is_err(), "{bad}");
+        }
     }
 
     #[test]
