@@ -94,14 +94,20 @@ fn bought_at(
 /// but a stray its request never recorded (the stray's own check judges that).
 pub fn counted(sim: &Sim) -> Vec<Sold> {
     let reservations = sim.store.all_reservations();
-    // Extensions capacity-pilot recorded as its own, not failed: (reservation, offering).
+    // Extensions capacity-pilot recorded as bought, its own: (reservation, offering). (One
+    // awaiting approval, or being bought, names an offering a team may buy by hand first.)
     let ours: BTreeSet<(String, String)> = reservations
         .values()
         .flatten()
         .flat_map(|r| {
             r.extensions
                 .iter()
-                .filter(|e| e.state != capacity_pilot::domain::extension::ExtensionState::Failed)
+                .filter(|e| {
+                    use capacity_pilot::domain::extension::ExtensionState::{
+                        PaymentPending, Succeeded,
+                    };
+                    matches!(e.state, PaymentPending | Succeeded)
+                })
                 .map(|e| (r.id.clone(), e.offer.offering_id.clone()))
         })
         .collect();
