@@ -39,6 +39,7 @@ use crate::domain::money::MicroUsd;
 use crate::domain::notices::announced;
 use crate::domain::request::WorkloadKind;
 use crate::domain::reservation::{Reservation, ReservationState};
+use crate::domain::status::RequestStatus;
 use crate::domain::time_rules::IN_DOUBT_WINDOW;
 use crate::domain::window::{self, Window, WindowState};
 use crate::outbox;
@@ -200,6 +201,33 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 .await
                 .map(Some);
         };
+        if rec.status == RequestStatus::Purchasing {
+            // A purchase's lease owns the request's writes until it ends (minutes): answered
+            // at once, nothing written.
+            let why = "a purchase of the request is under way (a later segment or a \
+                       replacement): ask again once it is recorded, in a few minutes";
+            let failed = ExtensionFailed {
+                event_key: format!(
+                    "{}:extension-refused:{}{}",
+                    rec.request_id,
+                    cause.event_id,
+                    rec.whose().salt()
+                ),
+                request_id: rec.request_id.to_string(),
+                extension: None,
+                hours,
+                reason: why.to_string(),
+                returned_usd: Default::default(),
+            };
+            outbox::publish_now(self.events, &[announced(Some(rec.team.as_str()), &failed)])
+                .await?;
+            out.decisions.push(Decision::new(
+                &rec.request_id,
+                "extension-refused",
+                format!("extension by {hours} h refused: {why}"),
+            ));
+            return Ok(None);
+        }
         let (held, windows) = self.windows_of(rec).await?;
         let extendable = |r: &&Reservation| {
             r.product.is_reservation()
@@ -1213,6 +1241,15 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         out: &mut Outcome,
     ) -> Result<(), PortError> {
         let id = &rec.request_id;
+        if rec.status == RequestStatus::Purchasing {
+            // The purchase's lease owns the request's writes: looked at once it ends.
+            out.decisions.push(Decision::new(
+                id,
+                "waiting",
+                "a purchase is under way: whether the workload runs on is looked at once it ends",
+            ));
+            return Ok(());
+        }
         let (held, windows) = self.windows_of(rec).await?;
         for r in held
             .iter()

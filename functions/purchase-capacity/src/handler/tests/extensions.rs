@@ -599,3 +599,25 @@ async fn an_ask_before_the_block_is_paid_or_that_aws_refuses_is_refused_with_its
     );
     assert_eq!(w.spent("team-a"), MicroUsd(FEE_1661));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ask_while_a_purchase_is_under_way_is_answered_and_writes_nothing() {
+    // GIVEN r1's block scheduled, and the request buying (a replacement, say)
+    let w = World::new();
+    let (p, _) = scheduled(&w, policy(72, "2000"), None).await;
+    let mut rec = record(&w, "r1");
+    rec.status = RequestStatus::Purchasing;
+    w.store.insert_record(rec.clone());
+    // WHEN the team asks
+    p.handle(ask("x1", 24)).await.unwrap();
+    // THEN it is told to ask again, and nothing is written or asked of AWS
+    let failed = w.events.published_of("Capacity Extension Failed");
+    assert_eq!(failed.len(), 1);
+    let why = failed[0].detail["reason"].as_str().unwrap().to_string();
+    assert!(
+        why.contains("a purchase of the request is under way"),
+        "{why}"
+    );
+    assert_eq!(record(&w, "r1").version, rec.version);
+    assert_eq!(w.market.calls_of(MarketOp::ExtensionOffers), 0);
+}
