@@ -242,7 +242,7 @@ impl Extension {
     /// is in doubt, one bought since the doubt began (`recorded`: every offering id the
     /// reservation's other extensions hold).
     pub fn is(&self, seen: &ExtensionSeen, recorded: &[&str]) -> bool {
-        seen.offering_id == self.offer.offering_id
+        (seen.offering_id == self.offer.offering_id && self.bought_since(seen))
             || (self.state == ExtensionState::Buying
                 && !recorded.contains(&seen.offering_id.as_str())
                 && match (self.doubt_since, seen.bought_at) {
@@ -253,6 +253,27 @@ impl Extension {
                     }
                     (None, _) => false,
                 })
+    }
+}
+
+impl Extension {
+    /// Whether `seen` was bought no earlier than this extension's lease (a minute's slack for
+    /// clocks): an earlier extension of the same offering id is another's (sources are
+    /// silent on whether AWS reuses an extension offering's id; the harsher reading is that
+    /// it may, and the emulator does for the same block and length).
+    pub fn bought_since(&self, seen: &ExtensionSeen) -> bool {
+        match (self.doubt_since.or(self.called_at), seen.bought_at) {
+            (Some(since), Some(at)) => at >= since - Duration::minutes(1),
+            _ => true,
+        }
+    }
+
+    /// This extension among AWS's list `seen`: the latest of its offering bought since its
+    /// lease.
+    pub fn find_in(&self, seen: Vec<ExtensionSeen>) -> Option<ExtensionSeen> {
+        seen.into_iter()
+            .filter(|s| s.offering_id == self.offer.offering_id && self.bought_since(s))
+            .max_by_key(|s| s.bought_at)
     }
 }
 
@@ -292,6 +313,59 @@ pub fn used<'a>(all: impl IntoIterator<Item = &'a Extension>) -> (u32, MicroUsd)
 mod tests {
     use super::*;
 
+    /// Seed 668: a team's extension by hand of the very offering capacity-pilot then bought
+    /// again (its payment failed first); reading the history by offering id alone took the
+    /// earlier, failed one for ours and gave back a fee AWS went on to take.
+    #[test]
+    fn an_extension_is_found_in_the_history_by_its_offering_bought_since_its_lease() {
+        use chrono::TimeZone;
+        let at = Utc.with_ymd_and_hms(2026, 12, 2, 17, 1, 0).unwrap();
+        let offer = ExtensionOffer {
+            offering_id: "cbe-1".into(),
+            hours: 48,
+            starts_at: at + Duration::days(1),
+            ends_at: at + Duration::days(3),
+            fee: Usd::parse("3825.98").unwrap(),
+        };
+        let e = Extension {
+            number: 1,
+            asked: Asked::WorkloadRunning,
+            asked_at: at,
+            offer: offer.clone(),
+            state: ExtensionState::PaymentPending,
+            reason: String::new(),
+            buy_by: at + Duration::hours(6),
+            check_at: None,
+            lease_token: None,
+            lease_until: None,
+            called_at: Some(at),
+            doubt_since: Some(at),
+            approval_key: None,
+            approved_by: None,
+            debited: offer.fee.to_micros_ceil(),
+            debit_team: None,
+            debit_month: None,
+        };
+        let seen = |bought: DateTime<Utc>, payment| ExtensionSeen {
+            offering_id: "cbe-1".into(),
+            hours: 48,
+            starts_at: offer.starts_at,
+            ends_at: offer.ends_at,
+            fee: Some(offer.fee),
+            payment,
+            bought_at: Some(bought),
+        };
+        let earlier = seen(at - Duration::hours(4), ExtensionPayment::Failed);
+        let ours = seen(at, ExtensionPayment::Pending);
+        assert_eq!(
+            e.find_in(vec![earlier.clone(), ours.clone()]),
+            Some(ours.clone())
+        );
+        assert_eq!(e.find_in(vec![earlier.clone()]), None);
+        assert!(!e.is(&earlier, &[]));
+        assert!(e.is(&ours, &[]));
+    }
+
     #[test]
     fn an_extension_is_whole_days_to_two_weeks_then_whole_weeks_to_182_days() {
         for ok in [24, 48, 14 * 24, 21 * 24, 182 * 24] {
@@ -300,5 +374,33 @@ mod tests {
         for bad in [0, 12, 25, 15 * 24, 183 * 24, 189 * 24] {
             assert!(hours_problem(bad).is_some(), "{bad}");
         }
+    }
+}
+
+#[cfg(test)]
+mod coverage {
+    use crate::domain::reservation::ReservationState;
+    use crate::fakes::fixtures::{block_starting, request, t0};
+    use chrono::Duration;
+
+    /// Seed 515: a block extended past the request's `latest_end` still serves the request
+    /// (what it covers is counted within the window); before, `covered_by` dropped it, so a
+    /// split whose other block's payment failed would have searched for what it held.
+    #[test]
+    fn a_reservation_extended_past_the_window_still_covers_it_within_the_window() {
+        let req = request("r1", "team-a", "5000");
+        let mut r = block_starting(t0() + Duration::hours(3), ReservationState::Active);
+        r.instance_count = req.instance_count;
+        r.segments[0].end = r.segments[0].start + Duration::hours(24);
+        assert!(r.end() <= req.window.latest_end);
+        assert_eq!(req.covered_by([&r]), Duration::hours(24));
+        // Extended by 7 days, past latest_end (t0 + 7 days): it still serves, counted up to
+        // latest_end.
+        r.segments[0].end += Duration::days(7);
+        assert!(r.end() > req.window.latest_end);
+        assert_eq!(
+            req.covered_by([&r]),
+            req.window.latest_end - r.segments[0].start
+        );
     }
 }

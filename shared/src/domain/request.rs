@@ -478,11 +478,20 @@ impl CapacityRequest {
     /// How much of its duration what it `held` covers: the time within the segments of the
     /// reservations it takes, each moment once (a stray adopted beside a split may overlap
     /// its blocks), so what is counted is what a workload can run in.
+    ///
+    /// A reservation extended past `latest_end` (ARCHITECTURE §9.3) still serves it: its
+    /// time is counted within the window, the added hours beyond it not.
     pub fn covered_by<'a>(&self, held: impl IntoIterator<Item = &'a Reservation>) -> Duration {
+        let (from, to) = (self.window.earliest_start, self.window.latest_end);
         let mut spans: Vec<(DateTime<Utc>, DateTime<Utc>)> = held
             .into_iter()
-            .filter(|r| self.takes(r))
-            .flat_map(|r| r.segments.iter().map(|s| (s.start, s.end)))
+            .filter(|r| self.takes(r) || (r.end() > to && self.takes(&ended_by(r, to))))
+            .flat_map(|r| {
+                r.segments
+                    .iter()
+                    .map(|s| (s.start.max(from), s.end.min(to)))
+            })
+            .filter(|(start, end)| end > start)
             .collect();
         spans.sort();
         let mut covered = Duration::zero();
@@ -495,6 +504,22 @@ impl CapacityRequest {
             reached = Some(reached.map_or(end, |r| r.max(end)));
         }
         covered
+    }
+}
+
+/// `r` with no segment ending after `to`: as it was bought, when only an extension took it
+/// past `to`.
+fn ended_by(r: &Reservation, to: DateTime<Utc>) -> Reservation {
+    Reservation {
+        segments: r
+            .segments
+            .iter()
+            .map(|s| super::offering::Segment {
+                end: s.end.min(to),
+                ..s.clone()
+            })
+            .collect(),
+        ..r.clone()
     }
 }
 

@@ -1116,10 +1116,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                         .await?;
                 }
                 ExtensionState::PaymentPending => {
-                    let seen = self.market.extensions(r).await?;
-                    let mine = seen
-                        .into_iter()
-                        .find(|s| s.offering_id == e.offer.offering_id);
+                    let mine = e.find_in(self.market.extensions(r).await?);
                     match mine {
                         Some(s) if s.payment != ExtensionPayment::Pending => {
                             let note = format!("{} read back", s.offering_id);
@@ -1167,7 +1164,11 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             .filter(|x| x.number != e.number)
             .map(|x| x.offer.offering_id.as_str())
             .collect();
-        if let Some(s) = seen.into_iter().find(|s| e.is(s, &recorded)) {
+        if let Some(s) = seen
+            .into_iter()
+            .filter(|s| e.is(s, &recorded))
+            .max_by_key(|s| s.bought_at)
+        {
             let note = format!(
                 "reconciled: AWS lists {} (bought since the doubt began at {}), ours",
                 s.offering_id,

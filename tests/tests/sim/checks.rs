@@ -138,6 +138,20 @@ impl Sold {
     }
 }
 
+/// Whether AWS reports reservation `id` extended (by anyone, its payment taken).
+fn aws_extended(sim: &Sim, id: &str) -> bool {
+    sim.cloud.with_world(|w| {
+        w.ec2
+            .reservations
+            .get(id)
+            .is_some_and(|c| c.extensions.iter().any(|e| e.status == "payment-succeeded"))
+            || w.sm
+                .plans
+                .values()
+                .any(|p| p.arn == id && p.extensions.iter().any(|e| e.paid))
+    })
+}
+
 fn micros(d: Decimal) -> i64 {
     (d * Decimal::from(1_000_000))
         .ceil()
@@ -744,10 +758,15 @@ pub fn per_step(sim: &Sim) -> Vec<String> {
                     && want.regions.contains(&x.region)
                     && x.instance_count >= want.instance_count
                     && x.start() >= want.window.earliest_start
-                    && x.end() <= want.window.latest_end
+                    // (Its extensions may take it past the window: counted within it.)
+                    && (x.end() <= want.window.latest_end
+                        || x.extensions.iter().any(|e| {
+                            e.state == capacity_pilot::domain::extension::ExtensionState::Succeeded
+                        })
+                        || aws_extended(sim, &x.id))
             })
             .flat_map(|x| &x.segments)
-            .map(|g| (g.end - g.start).num_minutes())
+            .map(|g| (g.end.min(want.window.latest_end) - g.start).num_minutes())
             .sum();
         // A spot run that fell back served part of it (ARCHITECTURE §9.1): whole hours from
         // its start to its fall-back, by the run's record.
