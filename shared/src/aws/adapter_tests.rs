@@ -1600,3 +1600,50 @@ async fn an_ultraserver_block_offering_is_never_taken_for_an_instance_block() {
     let ids: Vec<&str> = found.iter().map(|o| o.id.as_str()).collect();
     assert_eq!(ids, ["cb-plain"]);
 }
+
+fn extension_offer() -> crate::domain::extension::ExtensionOffer {
+    let end = Utc.with_ymd_and_hms(2026, 12, 9, 11, 30, 0).unwrap();
+    crate::domain::extension::ExtensionOffer {
+        offering_id: "cbe-0123456789abcdefg".into(),
+        hours: 24,
+        starts_at: end,
+        ends_at: end + chrono::Duration::hours(24),
+        fee: Usd::parse("1661.18").unwrap(),
+    }
+}
+
+/// ARCHITECTURE §8.11, §9.3: an extension's purchase has no idempotency token either, so the
+/// SDK never retries it: a lost answer is `OutcomeUnknown`, settled from the history.
+#[tokio::test]
+async fn an_extension_purchase_whose_answer_is_lost_is_outcome_unknown_and_sent_once() {
+    let rule = mock!(aws_sdk_ec2::Client::purchase_capacity_block_extension)
+        .sequence()
+        .http_status(
+            500,
+            ec2_error("InternalError", "An internal error has occurred"),
+        )
+        .times(3)
+        .build();
+    let err = ec2(&[&rule], true)
+        .extend_block(REGION, "cr-0123456789abcdef0", &extension_offer())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PortError::OutcomeUnknown { .. }), "{err:?}");
+    assert_eq!(rule.num_calls(), 1, "the SDK must not retry an extension");
+
+    let rule = mock!(aws_sdk_sagemaker::Client::extend_training_plan)
+        .sequence()
+        .http_status(500, json_error("InternalFailure", "oops"))
+        .times(3)
+        .build();
+    let offer = crate::domain::extension::ExtensionOffer {
+        offering_id: "tpeo-0123456789abcdefg".into(),
+        ..extension_offer()
+    };
+    let err = sagemaker(&[&rule], true)
+        .extend_plan(REGION, &offer)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PortError::OutcomeUnknown { .. }), "{err:?}");
+    assert_eq!(rule.num_calls(), 1, "the SDK must not retry an extension");
+}
