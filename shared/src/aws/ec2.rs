@@ -123,6 +123,19 @@ fn tag_spec(resource: ResourceType, tags: &BTreeMap<String, String>) -> TagSpeci
     b.build()
 }
 
+/// A purchase call's configuration (ARCHITECTURE §8.11): no SDK retries (no purchase API has
+/// an idempotency token: a retry after a lost answer could buy twice) and an explicit
+/// operation timeout; the block's or plan's purchase and its extension's alike.
+fn purchase_config() -> aws_sdk_ec2::config::Builder {
+    aws_sdk_ec2::config::Builder::default()
+        .retry_config(RetryConfig::disabled())
+        .timeout_config(
+            aws_sdk_ec2::config::timeout::TimeoutConfig::builder()
+                .operation_timeout(super::PURCHASE_OPERATION_TIMEOUT)
+                .build(),
+        )
+}
+
 fn time(
     op: &'static str,
     what: &str,
@@ -130,6 +143,12 @@ fn time(
 ) -> Result<DateTime<Utc>, PortError> {
     t.and_then(to_chrono)
         .ok_or_else(|| malformed(SERVICE, op, format!("{what} is missing or out of range")))
+}
+
+/// `what`'s `UpfrontFee` (an offering's, an extension's), which must be there and read as USD.
+fn upfront_fee(op: &'static str, what: &str, fee: Option<&str>) -> Result<Usd, PortError> {
+    let f = fee.ok_or_else(|| malformed(SERVICE, op, format!("{what} has no UpfrontFee")))?;
+    Usd::parse(f).map_err(|e| malformed(SERVICE, op, format!("{what} UpfrontFee {f:?}: {e}")))
 }
 
 /// An extension as EC2 reports it; a status this build does not know is read as pending
@@ -144,13 +163,7 @@ fn block_extension(
         .ok_or_else(|| malformed(SERVICE, op, "an extension has no offering id"))?;
     let fee = match e.upfront_fee() {
         Some(f) if e.currency_code().is_none_or(|c| c == "USD") => {
-            Some(Usd::parse(f).map_err(|err| {
-                malformed(
-                    SERVICE,
-                    op,
-                    format!("extension {id} UpfrontFee {f:?}: {err}"),
-                )
-            })?)
+            Some(upfront_fee(op, &format!("extension {id}"), Some(f))?)
         }
         _ => None,
     };
@@ -357,14 +370,7 @@ impl Ec2Adapter {
             );
             return Ok(None);
         }
-        let fee = o
-            .upfront_fee()
-            .ok_or_else(|| malformed(SERVICE, OP, format!("offering {id} has no UpfrontFee")))
-            .and_then(|f| {
-                Usd::parse(f).map_err(|e| {
-                    malformed(SERVICE, OP, format!("offering {id} UpfrontFee {f:?}: {e}"))
-                })
-            })?;
+        let fee = upfront_fee(OP, &format!("offering {id}"), o.upfront_fee())?;
         let segment = Segment {
             start: time(OP, "StartDate", o.start_date())?,
             end: time(OP, "EndDate", o.end_date())?,
@@ -413,15 +419,7 @@ impl Ec2Adapter {
             ))
             .tag_specifications(tag_spec(ResourceType::CapacityReservation, &tags))
             .customize()
-            .config_override(
-                aws_sdk_ec2::config::Builder::default()
-                    .retry_config(RetryConfig::disabled())
-                    .timeout_config(
-                        aws_sdk_ec2::config::timeout::TimeoutConfig::builder()
-                            .operation_timeout(super::PURCHASE_OPERATION_TIMEOUT)
-                            .build(),
-                    ),
-            )
+            .config_override(purchase_config())
             .send()
             .await
             .map_err(err(OP, Call::Purchase))?;
@@ -483,14 +481,7 @@ impl Ec2Adapter {
                 );
                 continue;
             }
-            let fee = o
-                .upfront_fee()
-                .ok_or_else(|| malformed(SERVICE, OP, format!("offering {id} has no UpfrontFee")))
-                .and_then(|f| {
-                    Usd::parse(f).map_err(|e| {
-                        malformed(SERVICE, OP, format!("offering {id} UpfrontFee {f:?}: {e}"))
-                    })
-                })?;
+            let fee = upfront_fee(OP, &format!("offering {id}"), o.upfront_fee())?;
             out.push(ExtensionOffer {
                 offering_id: id.to_string(),
                 hours: count(
@@ -537,15 +528,7 @@ impl Ec2Adapter {
             .capacity_block_extension_offering_id(&offer.offering_id)
             .capacity_reservation_id(reservation_id)
             .customize()
-            .config_override(
-                aws_sdk_ec2::config::Builder::default()
-                    .retry_config(RetryConfig::disabled())
-                    .timeout_config(
-                        aws_sdk_ec2::config::timeout::TimeoutConfig::builder()
-                            .operation_timeout(super::PURCHASE_OPERATION_TIMEOUT)
-                            .build(),
-                    ),
-            )
+            .config_override(purchase_config())
             .send()
             .await
             .map_err(err(OP, Call::Purchase))?;

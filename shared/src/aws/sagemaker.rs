@@ -81,6 +81,19 @@ fn i32_of(op: &'static str, what: &str, n: u32) -> Result<i32, PortError> {
     })
 }
 
+/// A purchase call's configuration (ARCHITECTURE §8.11): no SDK retries (no purchase API has
+/// an idempotency token: a retry after a lost answer could buy twice) and an explicit
+/// operation timeout; the block's or plan's purchase and its extension's alike.
+fn purchase_config() -> aws_sdk_sagemaker::config::Builder {
+    aws_sdk_sagemaker::config::Builder::default()
+        .retry_config(RetryConfig::disabled())
+        .timeout_config(
+            aws_sdk_sagemaker::config::timeout::TimeoutConfig::builder()
+                .operation_timeout(super::PURCHASE_OPERATION_TIMEOUT)
+                .build(),
+        )
+}
+
 fn time(
     op: &'static str,
     what: &str,
@@ -433,15 +446,7 @@ impl SageMakerAdapter {
             .training_plan_offering_id(&offering.id)
             .set_tags(Some(tags_with_managed(&tags)))
             .customize()
-            .config_override(
-                aws_sdk_sagemaker::config::Builder::default()
-                    .retry_config(RetryConfig::disabled())
-                    .timeout_config(
-                        aws_sdk_sagemaker::config::timeout::TimeoutConfig::builder()
-                            .operation_timeout(super::PURCHASE_OPERATION_TIMEOUT)
-                            .build(),
-                    ),
-            )
+            .config_override(purchase_config())
             .send()
             .await
             .map_err(err(OP, Call::Purchase))?;
@@ -531,15 +536,7 @@ impl SageMakerAdapter {
             .extend_training_plan()
             .training_plan_extension_offering_id(&offer.offering_id)
             .customize()
-            .config_override(
-                aws_sdk_sagemaker::config::Builder::default()
-                    .retry_config(RetryConfig::disabled())
-                    .timeout_config(
-                        aws_sdk_sagemaker::config::timeout::TimeoutConfig::builder()
-                            .operation_timeout(super::PURCHASE_OPERATION_TIMEOUT)
-                            .build(),
-                    ),
-            )
+            .config_override(purchase_config())
             .send()
             .await
             .map_err(err(OP, Call::Purchase))?;
