@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use capacity_pilot::domain::events::{ExtensionRequest, inbound as detail_type};
 use capacity_pilot::domain::extension::{
-    Asked, DEFAULT_PAYMENT_LEAD_MINUTES, Extension, ExtensionState, hours_problem, used,
+    DEFAULT_PAYMENT_LEAD_MINUTES, Extension, ExtensionState, hours_problem, used,
 };
 use capacity_pilot::domain::money::MicroUsd;
 use capacity_pilot::domain::reservation::Reservation;
@@ -269,15 +269,6 @@ pub async fn extend(g: &Global, out: &Out, a: ExtendArgs) -> Result<()> {
 // What status, approve and reject show
 // ---------------------------------------------------------------------------------------
 
-/// Who asked for it, in the events' words.
-fn asked_by(e: &Extension) -> &'static str {
-    match e.asked {
-        Asked::Requested { .. } => "requested",
-        Asked::WorkloadRunning => "workload-running",
-        Asked::Adopted => "adopted",
-    }
-}
-
 /// The key an approver names, while it awaits one.
 fn approves(e: &Extension) -> Option<&str> {
     (e.state == ExtensionState::AwaitingApproval)
@@ -323,7 +314,7 @@ pub fn json(held: &[Reservation]) -> Value {
                 "reservation_id": r.id, "extension": e.number, "hours": e.offer.hours,
                 "upfront_fee_usd": e.offer.fee, "state": e.state, "reason": e.reason,
                 "ends_at": e.offer.starts_at, "extended_ends_at": e.offer.ends_at,
-                "buy_by": e.buy_by, "asked_by": asked_by(e), "asked_at": e.asked_at,
+                "buy_by": e.buy_by, "asked_by": e.asked.as_str(), "asked_at": e.asked_at,
                 "approves": approves(e), "approved_by": e.approved_by,
             }))
             .collect::<Vec<_>>()

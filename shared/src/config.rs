@@ -112,6 +112,11 @@ pub struct Config {
 }
 
 impl Config {
+    /// [`Config::extension_payment_lead_minutes`] as a duration.
+    pub fn extension_payment_lead(&self) -> chrono::Duration {
+        chrono::Duration::minutes(i64::from(self.extension_payment_lead_minutes))
+    }
+
     /// Whether the functions may pass `role` to SageMaker (`iam:PassRole` on the execution
     /// role and `HyperPodRoleArns`).
     pub fn may_pass(&self, role: &str) -> bool {

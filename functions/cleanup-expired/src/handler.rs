@@ -738,8 +738,7 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         let mut said = Vec::new();
         // Reservations whose workload is looked at, to extend it (ARCHITECTURE §9.3).
         let mut armed: Vec<Reservation> = Vec::new();
-        let payment_lead =
-            chrono::Duration::minutes(i64::from(self.config.extension_payment_lead_minutes));
+        let payment_lead = self.config.extension_payment_lead();
         let policy = rec.request.extend.as_ref();
         for r in records.iter_mut() {
             if r.notice_due().is_none_or(|t| t > now) {

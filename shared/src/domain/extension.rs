@@ -136,8 +136,16 @@ pub enum Asked {
     Requested { event_id: String },
     /// The request's `extend.when: workload-running`, the workload running near the end.
     WorkloadRunning,
-    /// Found on AWS while an extension of ours was in doubt: ours, adopted and debited.
-    Adopted,
+}
+
+impl Asked {
+    /// In the events' words (`asked_by`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Asked::Requested { .. } => "requested",
+            Asked::WorkloadRunning => "workload-running",
+        }
+    }
 }
 
 /// Where an extension stands.

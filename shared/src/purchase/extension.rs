@@ -37,7 +37,7 @@ use crate::domain::extension::{
 };
 use crate::domain::money::MicroUsd;
 use crate::domain::notices::announced;
-use crate::domain::request::WorkloadKind;
+use crate::domain::request::{Team, WorkloadKind};
 use crate::domain::reservation::{Reservation, ReservationState};
 use crate::domain::status::RequestStatus;
 use crate::domain::time_rules::IN_DOUBT_WINDOW;
@@ -84,6 +84,43 @@ fn last_window<'a>(windows: &'a [Window], r: &Reservation) -> Option<&'a Window>
         .max_by_key(|w| w.end())
 }
 
+/// `Capacity Extension Failed` for an ask refused before anything was priced or debited,
+/// keyed by the asking event.
+fn refused(rec: &RequestRecord, hours: u32, why: &str, cause: &Cause) -> OutboundEvent {
+    announced(
+        Some(rec.team.as_str()),
+        &ExtensionFailed {
+            event_key: format!(
+                "{}:extension-refused:{}{}",
+                rec.request_id,
+                cause.event_id,
+                rec.whose().salt()
+            ),
+            request_id: rec.request_id.to_string(),
+            extension: None,
+            hours,
+            reason: why.to_string(),
+            returned_usd: Default::default(),
+        },
+    )
+}
+
+/// The ledger extension `e`'s debit was charged to (the request's team and this month when
+/// it does not say): where a refund or an adjustment of it goes.
+fn ledger(rec: &RequestRecord, e: &Extension, now: DateTime<Utc>) -> (Team, BudgetMonth) {
+    (
+        e.debit_team
+            .as_deref()
+            .and_then(|t| Team::parse(t).ok())
+            .unwrap_or_else(|| rec.team.ledger()),
+        BudgetMonth(
+            e.debit_month
+                .clone()
+                .unwrap_or_else(|| BudgetMonth::of(now).0),
+        ),
+    )
+}
+
 fn summary(r: &Reservation, w: u32, e: &Extension) -> ExtensionSummary {
     ExtensionSummary {
         extension: e.number,
@@ -96,18 +133,14 @@ fn summary(r: &Reservation, w: u32, e: &Extension) -> ExtensionSummary {
         ends_at: e.offer.starts_at,
         extended_ends_at: e.offer.ends_at,
         upfront_fee_usd: e.offer.fee,
-        asked_by: match &e.asked {
-            Asked::Requested { .. } => "requested".into(),
-            Asked::WorkloadRunning => "workload-running".into(),
-            Asked::Adopted => "adopted".into(),
-        },
+        asked_by: e.asked.as_str().to_string(),
     }
 }
 
 impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
     /// The payment lead: an extension is bought no later than this before its window's drain.
     pub fn extension_lead(&self) -> Duration {
-        Duration::minutes(i64::from(self.config.extension_payment_lead_minutes))
+        self.config.extension_payment_lead()
     }
 
     /// Request `rec`'s windows, from its reservations as recorded.
@@ -185,7 +218,6 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         now: DateTime<Utc>,
         out: &mut Outcome,
     ) -> Result<Option<WriteOutcome>, PortError> {
-        let refuse = |reason: String| Some(reason);
         let Some(policy) = rec.request.extend.clone() else {
             return self
                 .refuse_ask(
@@ -206,21 +238,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             // at once, nothing written.
             let why = "a purchase of the request is under way (a later segment or a \
                        replacement): ask again once it is recorded, in a few minutes";
-            let failed = ExtensionFailed {
-                event_key: format!(
-                    "{}:extension-refused:{}{}",
-                    rec.request_id,
-                    cause.event_id,
-                    rec.whose().salt()
-                ),
-                request_id: rec.request_id.to_string(),
-                extension: None,
-                hours,
-                reason: why.to_string(),
-                returned_usd: Default::default(),
-            };
-            outbox::publish_now(self.events, &[announced(Some(rec.team.as_str()), &failed)])
-                .await?;
+            outbox::publish_now(self.events, &[refused(rec, hours, why, cause)]).await?;
             out.decisions.push(Decision::new(
                 &rec.request_id,
                 "extension-refused",
@@ -260,20 +278,20 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             r.state,
             ReservationState::Scheduled | ReservationState::Active
         ) {
-            refuse(format!(
+            Some(format!(
                 "{} is {}: AWS extends a block or plan only once it is scheduled or active \
                  (paid for); ask again once it is",
                 r.id, r.state
             ))
         } else if let Some(open) = r.open_extension() {
-            refuse(format!(
+            Some(format!(
                 "extension {} of {} is still {} (AWS takes one at a time)",
                 open.number,
                 r.id,
                 open.state.as_str()
             ))
         } else if now > buy_by {
-            refuse(format!(
+            Some(format!(
                 "past the payment lead: an extension of {} had to be bought by {buy_by}, {} \
                  before window {}'s drain at {}, so that AWS's payment (up to 12 hours) clears \
                  before it",
@@ -283,9 +301,9 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                 w.drain_at
             ))
         } else if let Some(p) = hours_problem(hours) {
-            refuse(p)
+            Some(p)
         } else if used_hours + hours > policy.max_hours {
-            refuse(format!(
+            Some(format!(
                 "over extend.max_hours: {hours} h on top of the {used_hours} h extended so far \
                  is more than {}",
                 policy.max_hours
@@ -478,22 +496,9 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         now: DateTime<Utc>,
         out: &mut Outcome,
     ) -> Result<WriteOutcome, PortError> {
-        let failed = ExtensionFailed {
-            event_key: format!(
-                "{}:extension-refused:{}{}",
-                rec.request_id,
-                cause.event_id,
-                rec.whose().salt()
-            ),
-            request_id: rec.request_id.to_string(),
-            extension: None,
-            hours,
-            reason: why.clone(),
-            returned_usd: Default::default(),
-        };
         let reason = format!("extension by {hours} h refused: {why}");
         let t = Transition::of(rec, rec.status, &reason, rec.next_action_at, now, cause)
-            .with_outbox(vec![announced(Some(rec.team.as_str()), &failed)]);
+            .with_outbox(vec![refused(rec, hours, &why, cause)]);
         let w = self.store.transition(t).await?;
         out.decisions.push(Decision::new(
             &rec.request_id,
@@ -989,19 +994,13 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         out: &mut Outcome,
     ) -> Result<WriteOutcome, PortError> {
         let returned = e.debited;
-        let refund = (returned.0 > 0).then(|| Refund {
-            month: BudgetMonth(
-                e.debit_month
-                    .clone()
-                    .unwrap_or_else(|| BudgetMonth::of(now).0),
-            ),
-            amount: returned,
-            team: Some(
-                e.debit_team
-                    .as_deref()
-                    .and_then(|t| crate::domain::request::Team::parse(t).ok())
-                    .unwrap_or_else(|| rec.team.ledger()),
-            ),
+        let refund = (returned.0 > 0).then(|| {
+            let (team, month) = ledger(rec, &e, now);
+            Refund {
+                month,
+                amount: returned,
+                team: Some(team),
+            }
         });
         let (_, windows) = self.windows_of(rec).await?;
         let w = last_window(&windows, r).map_or(0, |w| w.number);
@@ -1567,16 +1566,7 @@ fn adjusted(
     now: DateTime<Utc>,
 ) -> (Option<Debit>, Option<Refund>) {
     let diff = fee.to_micros_ceil().0 - e.debited.0;
-    let team = e
-        .debit_team
-        .as_deref()
-        .and_then(|t| crate::domain::request::Team::parse(t).ok())
-        .unwrap_or_else(|| rec.team.ledger());
-    let month = BudgetMonth(
-        e.debit_month
-            .clone()
-            .unwrap_or_else(|| BudgetMonth::of(now).0),
-    );
+    let (team, month) = ledger(rec, e, now);
     match diff.cmp(&0) {
         std::cmp::Ordering::Greater => (
             Some(Debit {
