@@ -776,8 +776,8 @@ impl Announce for ExtensionFailed {
         Some((
             format!("{id}: extension by {} h failed", self.hours),
             format!(
-                "{what} was not made: {}.{returned}\nThe reservation keeps its end, and what \
-                 runs in it is stopped at the drain as planned.{}",
+                "{what} failed: {}.{returned}\nThe reservation keeps its end, and what runs in \
+                 it is stopped at the drain as planned.{}",
                 self.reason,
                 next(format!("capacity-pilot status {id}"))
             ),

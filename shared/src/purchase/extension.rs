@@ -847,8 +847,7 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
             .as_ref()
             .is_some_and(|s| s.payment == ExtensionPayment::Failed)
         {
-            let why =
-                format!("{note}: AWS did not take the payment; the reservation keeps its end");
+            let why = format!("AWS did not take the payment ({note})");
             return self
                 .settle_failed(id, reservation_id, number, why, cause, now, out)
                 .await;

@@ -448,7 +448,7 @@ fn samples() -> Vec<(&'static str, &'static str, &'static str, OutboundEvent)> {
                 "asked_by": "requested"
                 },
                 "hours": 24,
-                "reason": "bought cbe-0123456789abcdefg: AWS reports its payment pending; cbe-0123456789abcdefg read back: AWS did not take the payment; the reservation keeps its end",
+                "reason": "AWS did not take the payment (cbe-0123456789abcdefg read back)",
                 "returned_usd": "1661.18"
             })),
         ),
