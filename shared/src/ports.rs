@@ -807,10 +807,6 @@ pub struct FallBack {
     pub at: DateTime<Utc>,
 }
 
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
 impl OnDemandRun {
     /// What of `estimate` (for `count` instances over `hours` hours) stays spent by what the
     /// run's slots ran (ARCHITECTURE §9.1): each instance from its launch to when it was first
@@ -1887,6 +1883,15 @@ pub struct WorkloadRecord {
     /// What the slot's earlier instances ran (replaced, or taken back and launched anew).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ran: Vec<Ran>,
+    /// The window's relaunch it was launched in ([`crate::domain::window::WindowRecord::relaunch`]),
+    /// 0 for the window's first launch: a record of an earlier one is of a workload an
+    /// extension's relaunch replaces.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub relaunch: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// One instance's run in a slot: from its launch to when it was first seen not running.
@@ -1917,6 +1922,7 @@ impl WorkloadRecord {
             started_at: None,
             ended_at: None,
             ran: Vec::new(),
+            relaunch: 0,
         }
     }
 
@@ -2285,6 +2291,7 @@ mod tests {
             next_action_at: next,
             updated_at: at(0, 0),
             notices: None,
+            relaunch: None,
         };
         let rec = |windows| RequestRecord {
             next_action_at: Some(at(0, 0)),

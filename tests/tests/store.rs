@@ -1018,6 +1018,7 @@ async fn workloads_are_recorded_under_their_reservation_and_replaced_by_slot() {
         started_at: None,
         ended_at: None,
         ran: Vec::new(),
+        relaunch: 0,
     };
 
     for rec in [w(0, 0, "i-0"), w(1, 0, "i-1"), w(1, 1, "i-1b")] {
@@ -1742,6 +1743,7 @@ async fn ended_long_ago(store: &DynamoStore, id: &str) {
             started_at: None,
             ended_at: None,
             ran: Vec::new(),
+            relaunch: 0,
         })
         .await
         .unwrap();
@@ -2351,6 +2353,7 @@ async fn a_window_update_while_searching_or_purchasing_changes_only_the_windows_
         next_action_at: Some(a.start()),
         updated_at: t0() + Duration::minutes(5),
         notices: None,
+        relaunch: None,
     }];
     assert_eq!(rec, expected);
     assert_eq!(rec.next_action_at, Some(lease_expiry));
@@ -2404,6 +2407,7 @@ async fn a_window_update_while_searching_or_purchasing_changes_only_the_windows_
         next_action_at: Some(drain),
         updated_at: a.start(),
         notices: None,
+        relaunch: None,
     }];
     assert_eq!(rec, expected);
     assert_eq!(
@@ -2474,6 +2478,7 @@ async fn a_window_update_writes_a_reservation_whose_end_moved_with_its_windows()
         &rec.windows,
         std::slice::from_ref(&seen),
         DRAIN,
+        window::Reopen::of(&rec),
         a.start(),
     );
     let mut u = WindowUpdate::of(
@@ -2931,6 +2936,7 @@ async fn a_tick_reads_what_is_due_what_runs_and_what_is_unsent_in_one_query() {
         started_at: None,
         ended_at: None,
         ran: Vec::new(),
+        relaunch: 0,
     };
     for n in 0..2 {
         store.put_workload(slot(n)).await.unwrap();

@@ -118,6 +118,8 @@ fn windows(rng: &mut Rng, now: DateTime<Utc>) -> Vec<WindowRecord> {
                     .then(|| now + Duration::minutes(rng.below(240) as i64 - 60)),
                 updated_at: now,
                 notices: None,
+                // Kept whole by both stores (no draw: the stream stays).
+                relaunch: (state == WindowState::Launching).then_some(i as u32 + 1),
             }
         })
         .collect()
@@ -540,6 +542,7 @@ async fn play(seed: u64, steps: usize, reached: &mut Reached) {
                     // What ran is data both stores keep whole (no draw: the stream stays).
                     started_at: Some(now),
                     ended_at: (step % 2 == 0).then_some(now),
+                    relaunch: (step % 3 == 0).into(),
                     ran: vec![capacity_pilot::ports::Ran {
                         from: now - chrono::Duration::hours(1),
                         to: now,

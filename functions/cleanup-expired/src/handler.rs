@@ -573,7 +573,14 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             }
         }
         let lead = self.drain_lead(&rec);
-        let moved = window::ends_moved(&reservations, &rec.windows, &seen, lead, now);
+        let moved = window::ends_moved(
+            &reservations,
+            &rec.windows,
+            &seen,
+            lead,
+            window::Reopen::of(&rec),
+            now,
+        );
         let after = window::windows(&moved.reservations, &moved.records, lead);
         let read_ids: Vec<&str> = read.iter().map(|r| r.id.as_str()).collect();
         let tagged = self.retag(&rec, &after, &read_ids, &mut notes).await;
@@ -867,8 +874,12 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             // reads the window now finds it draining. The stop follows at once, in this run's
             // next step, or in the next run if this one dies first.
             let (expiring, _, _) = drain_record(rec, rec.version + 1, &v, &[], why, now);
-            let records =
+            let mut records =
                 window::records_with(&rec.windows, windows, &w.key, WindowState::Stopping, now);
+            // A relaunch it had is over: only an extension paid while it stops reopens it.
+            if let Some(r) = records.iter_mut().find(|r| r.key == w.key) {
+                r.relaunch = None;
+            }
             let u = WindowUpdate::of(
                 rec,
                 records,
@@ -892,9 +903,30 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
             return Ok(written);
         }
         let stopped = self.stop(rec, &v).await?;
-        let (_, drained, reason) = drain_record(rec, rec.version + 1, &v, &stopped, why, now);
-        let records =
-            window::records_with(&rec.windows, windows, &w.key, WindowState::Draining, now);
+        let (_, drained, mut reason) = drain_record(rec, rec.version + 1, &v, &stopped, why, now);
+        let reopened = window::reopened_after_stop(w, window::Reopen::of(rec), now);
+        let mut records = window::records_with(
+            &rec.windows,
+            windows,
+            &w.key,
+            if reopened.is_some() {
+                WindowState::Launching
+            } else {
+                WindowState::Draining
+            },
+            now,
+        );
+        if let Some(n) = reopened
+            && let Some(r) = records.iter_mut().find(|r| r.key == w.key)
+        {
+            // Its drain moved later while it stopped: launched again at once.
+            r.next_action_at = Some(now);
+            reason = format!(
+                "{reason}; extension {n}'s paid end moved its drain to {} while it stopped, so \
+                 window {} is reopened and its workload launched again",
+                w.drain_at, w.number
+            );
+        }
         let u = WindowUpdate::of(
             rec,
             records,

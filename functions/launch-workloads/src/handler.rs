@@ -198,7 +198,16 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
         }
         let reservations = self.store.reservations(id).await?;
         let windows = window::windows(&reservations, &rec.windows, self.drain_lead(rec));
-        let Some(w) = windows.iter().find(|w| w.is_launchable(now)) else {
+        // A window reopened for a training job's follow-on is due when the job before it
+        // stops (its record's next action), not while it runs.
+        let due = |w: &Window| {
+            rec.windows
+                .iter()
+                .find(|r| r.key == w.key)
+                .and_then(|r| r.next_action_at)
+                .is_none_or(|at| at <= now)
+        };
+        let Some(w) = windows.iter().find(|w| w.is_launchable(now) && due(w)) else {
             if follows {
                 let next = windows
                     .iter()
@@ -243,6 +252,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
             segment: w.number,
             must_end_by: w.forced_at,
             drain_at: Some(w.drain_at),
+            relaunch: w.relaunch,
         };
         match workload::launch(
             &self.workloads,
@@ -259,7 +269,10 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                 let ev = WorkloadLaunched {
                     event_key: event_key(
                         rec.whose(),
-                        &format!("launched-s{}", w.number),
+                        &match w.relaunch {
+                            None => format!("launched-s{}", w.number),
+                            Some(n) => format!("launched-s{}-x{n}", w.number),
+                        },
                         rec.version + 1,
                     ),
                     request_id: id.to_string(),
@@ -270,18 +283,32 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                     planned_start: w.start(),
                     launched_at: now,
                     estimated_cost_usd: None,
-                    start_delay_minutes: ((now - w.start()) > ACTIVATION_BOUND)
+                    // A relaunch starts late by design: its window was reopened.
+                    start_delay_minutes: (w.relaunch.is_none()
+                        && (now - w.start()) > ACTIVATION_BOUND)
                         .then(|| (now - w.start()).num_minutes()),
                 };
-                let reason = format!(
-                    "launched {} in {} (segment {}, window opened {}, {} min ago); drain starts at {}",
-                    resource_ids.join(", "),
-                    r.id,
-                    w.number,
-                    w.start(),
-                    (now - w.start()).num_minutes(),
-                    w.drain_at
-                );
+                let reason = match w.relaunch {
+                    None => format!(
+                        "launched {} in {} (segment {}, window opened {}, {} min ago); drain \
+                         starts at {}",
+                        resource_ids.join(", "),
+                        r.id,
+                        w.number,
+                        w.start(),
+                        (now - w.start()).num_minutes(),
+                        w.drain_at
+                    ),
+                    Some(n) => format!(
+                        "launched {} in {} again (segment {}, reopened by extension {n}, which \
+                         now ends it at {}); drain starts at {}",
+                        resource_ids.join(", "),
+                        r.id,
+                        w.number,
+                        w.end(),
+                        w.drain_at
+                    ),
+                };
                 let windows =
                     window::records_with(&rec.windows, &windows, &w.key, WindowState::Running, now);
                 let u = WindowUpdate::of(
@@ -594,6 +621,7 @@ impl<S: Store, W: Workloads, E: EventSink, C: Clock> Launcher<S, W, E, C> {
                     segment: 0,
                     must_end_by: now + req.duration(),
                     drain_at: None,
+                    relaunch: None,
                 };
                 // A crash from here on is repaired by the next tick: the estimate is held, and
                 // the launch returns the same instances (same client tokens).

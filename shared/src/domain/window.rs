@@ -98,6 +98,12 @@ pub struct WindowRecord {
     /// them, which is due at once ([`WindowRecord::notice_due`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notices: Option<NoticeMarks>,
+    /// The number of capacity-pilot's extension whose payment reopened the window after its
+    /// workload was stopped at the old end (or, for a training job, whose fixed runtime ends
+    /// at the old end): what runs in it from then on is launched anew under names and client
+    /// tokens of its own ([`relaunch_after`]). `None` until an extension does so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relaunch: Option<u32>,
 }
 
 /// The drain lead a request asks for and the deployment's default (the larger wins).
@@ -135,6 +141,8 @@ pub struct Window {
     pub last_of_reservation: bool,
     /// Its lead-time notices so far, as its record keeps them.
     pub notices: Option<NoticeMarks>,
+    /// The extension that reopened it, as its record keeps it ([`WindowRecord::relaunch`]).
+    pub relaunch: Option<u32>,
 }
 
 pub fn window_key(reservation_id: &str, segment_index: usize) -> String {
@@ -237,6 +245,7 @@ impl Window {
             next_action_at: self.next_action_in(state),
             updated_at: at,
             notices: self.notices.clone(),
+            relaunch: self.relaunch,
         }
     }
 }
@@ -277,6 +286,7 @@ pub fn windows(
                 forced_at: s.end - forced_lead,
                 last_of_reservation: i + 1 == r.segments.len(),
                 notices: record.and_then(|w| w.notices.clone()),
+                relaunch: record.and_then(|w| w.relaunch),
             });
         }
     }
@@ -391,6 +401,69 @@ pub struct EndsMoved {
     /// Each window whose end moved (or that AWS added), with the end it had before (a new
     /// segment's: its reservation's end before).
     pub moved: Vec<(DateTime<Utc>, Window)>,
+    /// Each window the move reopened ([`relaunch_after`]): its number, the extension's, and
+    /// whether its workload was drained (launched again at once) or is a training job still
+    /// running to its old end (its follow-on starts when it stops).
+    pub reopened: Vec<(u32, u32, WindowState)>,
+}
+
+/// What an extension's paid end may reopen of a request's windows ([`relaunch_after`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reopen {
+    /// The workload's runtime is fixed when it starts (a training job's
+    /// `MaxRuntimeInSeconds`): a window running it gets a follow-on launch when it stops.
+    pub fixed_runtime: bool,
+    /// A cancellation asked for what runs to stop (`stop_running`): nothing is reopened.
+    pub stopped: bool,
+}
+
+impl Reopen {
+    /// What `rec`'s windows may be reopened for.
+    pub fn of(rec: &crate::ports::RequestRecord) -> Reopen {
+        Reopen {
+            fixed_runtime: matches!(
+                rec.request.workload,
+                super::request::WorkloadDetail::TrainingJob(_)
+            ),
+            stopped: rec.cancel.as_ref().is_some_and(|c| c.stop_running),
+        }
+    }
+}
+
+/// The extension that reopens `w`, a `Stopping` window whose stop is done at `now`: one
+/// whose paid end moved its drain later while it stopped ([`ends_moved`] keeps the number on
+/// its record; marking a window `Stopping` clears it). `None`: it drains as it was going to.
+pub fn reopened_after_stop(w: &Window, reopen: Reopen, now: DateTime<Utc>) -> Option<u32> {
+    if reopen.stopped || now >= w.drain_at || !usable(&w.reservation) {
+        return None;
+    }
+    w.relaunch
+}
+
+/// The number of capacity-pilot's extension whose paid end reopens `w` in `state` at `now`,
+/// if it does (ARCHITECTURE §9.3): a window drained at the old end (`Draining`, or
+/// `Stopping` once its stop is done) whose new drain is still ahead is launched again; so is
+/// one running a workload whose runtime was fixed at the old end (a training job: its
+/// follow-on starts when it stops). Never one a cancellation stopped, nor for an extension
+/// not ours (its fee was not counted, ARCHITECTURE §8.6), nor twice for one extension.
+pub fn relaunch_after(
+    w: &Window,
+    state: WindowState,
+    reopen: Reopen,
+    now: DateTime<Utc>,
+) -> Option<u32> {
+    if reopen.stopped || now >= w.drain_at || !usable(&w.reservation) {
+        return None;
+    }
+    let n = ours(w)?;
+    if w.relaunch.is_some_and(|r| r >= n) {
+        return None;
+    }
+    match state {
+        WindowState::Draining | WindowState::Stopping => Some(n),
+        WindowState::Running | WindowState::Launching if reopen.fixed_runtime => Some(n),
+        _ => None,
+    }
 }
 
 impl EndsMoved {
@@ -416,6 +489,36 @@ impl EndsMoved {
                     w.number,
                     w.drain_at
                 )
+            })
+            .chain(self.reopened_said())
+            .collect()
+    }
+
+    /// What the move reopened, in words ([`EndsMoved::reopened`]): the last of
+    /// [`EndsMoved::said`].
+    pub fn reopened_said(&self) -> Vec<String> {
+        self.reopened
+            .iter()
+            .map(|(window, n, was)| {
+                if *was == WindowState::Stopping {
+                    format!(
+                        "window {window}'s workload is being stopped at its old end: once it \
+                         is, extension {n}'s paid end reopens the window and its workload is \
+                         launched again into the extended window"
+                    )
+                } else if *was == WindowState::Draining {
+                    format!(
+                        "window {window} was drained at its old end: extension {n}'s paid end \
+                         reopens it, and its workload is launched again into the extended \
+                         window under names and client tokens of its own"
+                    )
+                } else {
+                    format!(
+                        "window {window}'s training job stops at the old end (its runtime \
+                         cannot change): extension {n}'s follow-on job, started when it \
+                         stops, runs to the new end and must resume from the checkpoint"
+                    )
+                }
             })
             .collect()
     }
@@ -461,6 +564,7 @@ pub fn ends_moved(
     records: &[WindowRecord],
     seen: &[Reservation],
     drain: DrainLead,
+    reopen: Reopen,
     at: DateTime<Utc>,
 ) -> EndsMoved {
     let before = windows(reservations, records, drain);
@@ -471,6 +575,7 @@ pub fn ends_moved(
     let after = windows(&after_reservations, records, drain);
     let mut out = records.to_vec();
     let mut moved = Vec::new();
+    let mut reopened = Vec::new();
     for w in after
         .iter()
         .filter(|w| seen.iter().any(|s| s.id == w.reservation.id))
@@ -490,6 +595,26 @@ pub fn ends_moved(
             Some(r) if r.state == WindowState::Ended => continue,
             Some(r) => {
                 r.next_action_at = w.next_action_in(r.state);
+                let n = relaunch_after(w, r.state, reopen, at);
+                if let Some(n) = n
+                    && r.state == WindowState::Stopping
+                {
+                    // Its stop is under way: finished first, then reopened
+                    // ([`reopened_after_stop`]).
+                    reopened.push((w.number, n, r.state));
+                    r.relaunch = Some(n);
+                } else if let (Some(n), Some(b)) = (n, was) {
+                    // Drained: launched again at once. Running a job: its follow-on is due
+                    // when the job's fixed runtime ends, at the old forced end.
+                    reopened.push((w.number, n, r.state));
+                    r.next_action_at = Some(if r.state == WindowState::Draining {
+                        at
+                    } else {
+                        b.forced_at.max(at)
+                    });
+                    r.state = WindowState::Launching;
+                    r.relaunch = Some(n);
+                }
                 r.notices = Some(r.notices.clone().unwrap_or_default().end_moved(at));
                 r.updated_at = at;
             }
@@ -502,6 +627,7 @@ pub fn ends_moved(
         reservations: after_reservations,
         records: out,
         moved,
+        reopened,
     }
 }
 
@@ -773,6 +899,12 @@ mod tests {
         default_minutes: 15,
     };
 
+    /// EC2 instances, no cancellation: a drained window may be reopened, a running one not.
+    const KEEP: Reopen = Reopen {
+        fixed_runtime: false,
+        stopped: false,
+    };
+
     /// Which requests every tick reads whole (issue 51: `may_be_running` -> `true` put every
     /// request in it): a window launching, running, stopping or draining, or a run.
     #[test]
@@ -940,6 +1072,7 @@ mod tests {
             std::slice::from_ref(&running),
             std::slice::from_ref(&moved),
             LEAD,
+            KEEP,
             at,
         );
         assert_eq!(m.reservations, vec![moved.clone()]);
@@ -959,10 +1092,104 @@ mod tests {
             std::slice::from_ref(&ended),
             std::slice::from_ref(&moved),
             LEAD,
+            KEEP,
             at,
         );
         assert_eq!(m.records, vec![ended]);
         assert!(m.moved.is_empty());
+    }
+
+    /// Issue 58: an extension whose payment clears after the drain began reopens the window
+    /// (launched again into the extended window), once, and only for capacity-pilot's own
+    /// extension, never for a window a cancellation stopped; a training job running to its
+    /// fixed old end gets its follow-on when it stops; a window still stopping is reopened
+    /// once its stop is done.
+    #[test]
+    fn an_extension_paid_after_the_drain_reopens_the_window_once_and_only_ours() {
+        let recorded = block("cr-1", 3, 4);
+        let ws = windows(std::slice::from_ref(&recorded), &[], LEAD);
+        let drained_at = t(4) - Duration::minutes(45);
+        let at = drained_at + Duration::minutes(10);
+        let ours = crate::fakes::fixtures::extended_by_us(block("cr-1", 3, 4), 1, t(5));
+        let moved = |state: WindowState, seen: &Reservation, reopen: Reopen| {
+            ends_moved(
+                std::slice::from_ref(&recorded),
+                &[ws[0].record(state, drained_at)],
+                std::slice::from_ref(seen),
+                LEAD,
+                reopen,
+                at,
+            )
+        };
+        // Drained at the old end: launched again at once, under extension 1's relaunch.
+        let m = moved(WindowState::Draining, &ours, KEEP);
+        let r = &m.records[0];
+        assert_eq!(
+            (r.state, r.relaunch, r.next_action_at),
+            (WindowState::Launching, Some(1), Some(at))
+        );
+        assert_eq!(m.reopened, vec![(ws[0].number, 1, WindowState::Draining)]);
+        assert!(
+            m.said().iter().any(|s| s.contains("launched again")),
+            "{:?}",
+            m.said()
+        );
+        // Once: the end read back again moves nothing and reopens nothing.
+        let again = ends_moved(&m.reservations, &m.records, &m.reservations, LEAD, KEEP, at);
+        assert_eq!((again.records, again.reopened), (m.records.clone(), vec![]));
+        // An extension bought outside capacity-pilot (its fee not counted): drained it stays.
+        let external = block("cr-1", 3, 5);
+        let m = moved(WindowState::Draining, &external, KEEP);
+        assert_eq!(
+            (m.records[0].state, m.records[0].relaunch),
+            (WindowState::Draining, None)
+        );
+        // A cancellation with stop_running stopped it: drained it stays.
+        let stopped = Reopen {
+            stopped: true,
+            ..KEEP
+        };
+        let m = moved(WindowState::Draining, &ours, stopped);
+        assert_eq!(m.records[0].state, WindowState::Draining);
+        assert!(m.reopened.is_empty());
+        // EC2 instances still running: they run on, nothing is launched.
+        let m = moved(WindowState::Running, &ours, KEEP);
+        assert_eq!(
+            (m.records[0].state, m.records[0].relaunch),
+            (WindowState::Running, None)
+        );
+        // A training job running to its fixed old end: its follow-on is due when it stops,
+        // at the old forced end.
+        let job = Reopen {
+            fixed_runtime: true,
+            ..KEEP
+        };
+        let m = moved(WindowState::Running, &ours, job);
+        let r = &m.records[0];
+        assert_eq!(
+            (r.state, r.relaunch, r.next_action_at),
+            (WindowState::Launching, Some(1), Some(ws[0].forced_at))
+        );
+        assert!(m.said().iter().any(|s| s.contains("follow-on")));
+        // Still stopping: its stop goes on, and it is reopened once the stop is done.
+        let m = moved(WindowState::Stopping, &ours, KEEP);
+        let r = &m.records[0];
+        assert_eq!((r.state, r.relaunch), (WindowState::Stopping, Some(1)));
+        let after = windows(&m.reservations, &m.records, LEAD);
+        assert_eq!(reopened_after_stop(&after[0], KEEP, at), Some(1));
+        assert_eq!(reopened_after_stop(&after[0], stopped, at), None);
+        assert_eq!(
+            reopened_after_stop(&after[0], KEEP, after[0].drain_at),
+            None
+        );
+        // Paid too late: the new drain has passed, nothing is reopened.
+        let late = crate::fakes::fixtures::extended_by_us(
+            block("cr-1", 3, 4),
+            1,
+            at + Duration::minutes(45),
+        );
+        let m = moved(WindowState::Draining, &late, KEEP);
+        assert_eq!(m.records[0].state, WindowState::Draining);
     }
 
     #[test]
@@ -1023,6 +1250,7 @@ mod tests {
             &records,
             std::slice::from_ref(&moved),
             LEAD,
+            KEEP,
             t(2),
         );
         assert_eq!(m.records.len(), 3);

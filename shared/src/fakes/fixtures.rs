@@ -86,6 +86,42 @@ pub fn block_starting(start: DateTime<Utc>, state: ReservationState) -> Reservat
     }
 }
 
+/// `r` extended by capacity-pilot's extension `n` ($1), paid, to `end`: its last segment now
+/// ends there.
+pub fn extended_by_us(mut r: Reservation, n: u32, end: DateTime<Utc>) -> Reservation {
+    use crate::domain::extension::{Asked, Extension, ExtensionOffer, ExtensionState};
+    let fee = Usd::new(rust_decimal::Decimal::ONE);
+    r.extensions.push(Extension {
+        number: n,
+        asked: Asked::WorkloadRunning,
+        asked_at: r.start(),
+        offer: ExtensionOffer {
+            offering_id: format!("cbe-{n}"),
+            hours: u32::try_from((end - r.end()).num_hours()).unwrap_or(0),
+            starts_at: r.end(),
+            ends_at: end,
+            fee,
+        },
+        state: ExtensionState::Succeeded,
+        reason: String::new(),
+        buy_by: r.start(),
+        check_at: None,
+        lease_token: None,
+        lease_until: None,
+        called_at: None,
+        doubt_since: None,
+        approval_key: None,
+        approved_by: None,
+        debited: fee.to_micros_ceil(),
+        debit_team: None,
+        debit_month: None,
+    });
+    if let Some(last) = r.segments.last_mut() {
+        last.end = end;
+    }
+    r
+}
+
 /// A two-instance, one-day Capacity Block request for EC2 instances in us-east-1, any time
 /// in the week after [`t0`], that may spend `max_upfront_usd` up front.
 pub fn request(id: &str, team_name: &str, max_upfront_usd: &str) -> CapacityRequest {

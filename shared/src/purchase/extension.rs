@@ -911,9 +911,16 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
                         &rec.windows,
                         &[extended],
                         self.drain_lead(&rec),
+                        window::Reopen::of(&rec),
                         now,
                     );
                     fx.outbox = m.announced(rec.whose(), rec.team.as_str());
+                    // What the move reopens, in the history: the window launched again, or a
+                    // training job's follow-on.
+                    for said in m.reopened_said() {
+                        e.reason.push_str("; ");
+                        e.reason.push_str(&said);
+                    }
                     fx.moved = Some(m);
                 }
                 action = "extension-paid";

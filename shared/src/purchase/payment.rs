@@ -196,7 +196,14 @@ impl<S: Store, M: CapacityMarket, E: EventSink> Protocols<'_, S, M, E> {
         if moved.is_empty() {
             return t;
         }
-        let m = window::ends_moved(recorded, &rec.windows, moved, self.drain_lead(rec), t.at);
+        let m = window::ends_moved(
+            recorded,
+            &rec.windows,
+            moved,
+            self.drain_lead(rec),
+            window::Reopen::of(rec),
+            t.at,
+        );
         for said in m.said() {
             t.reason.push_str("; ");
             t.reason.push_str(&said);

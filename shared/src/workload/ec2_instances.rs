@@ -162,7 +162,14 @@ pub(super) async fn launch<W: Workloads, S: Store>(
         let mut earlier = Vec::new();
         // The subnet a block slot's unanswered call went to: asked first.
         let mut first = None;
-        if let Some(w) = l.recorded.get(&slot) {
+        if let Some(w) = l.recorded.get(&slot).filter(|w| l.stale(w)) {
+            // Launched before an extension's paid end reopened the drained window (its
+            // instance was terminated by the drain): launched again at the next generation,
+            // a client token of its own. A crash before the new instance is recorded leaves
+            // this record, so the retry makes the same call and EC2 answers that instance.
+            earlier = w.closed(None, l.now).ran;
+            generation = w.generation + 1;
+        } else if let Some(w) = l.recorded.get(&slot) {
             let mut w = w.clone();
             if off_block && w.state == LAUNCHING {
                 let now = spec(l, template, &subnets, 0, slot, w.generation);

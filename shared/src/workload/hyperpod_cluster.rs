@@ -215,10 +215,8 @@ pub(super) async fn launch<W: Workloads, S: Store>(
     let cluster_name = g.cluster_name;
     let resource = format!("{cluster_name}/{}", g.instance_group_name);
     // "Requested": recorded before the call, so a crash after it still finds the group ours.
-    let done = l
-        .recorded
-        .get(&t.segment)
-        .is_some_and(|w| w.state != REQUESTED);
+    // A relaunch sets the group again: the drain scaled it to zero or removed it.
+    let done = l.current(t.segment).is_some_and(|w| w.state != REQUESTED);
     if !done {
         let group = l
             .workloads
@@ -251,7 +249,7 @@ pub(super) async fn launch<W: Workloads, S: Store>(
             }
             Some(_) => {}
         }
-        if !l.recorded.contains_key(&t.segment) {
+        if l.current(t.segment).is_none() {
             l.store
                 .put_workload(l.record(t.segment, resource.clone(), REQUESTED))
                 .await?;

@@ -77,7 +77,8 @@ pub(super) async fn launch<W: Workloads, S: Store>(
     let (t, id) = (l.target, &l.rec.request_id);
     let endpoint_name = e.endpoint_name;
     let deployment = l.config.deployment_id.as_str();
-    let recorded = l.recorded.get(&t.segment);
+    // A relaunch creates the endpoint again: the drain deleted it.
+    let recorded = l.current(t.segment);
     let attempt = recorded.map_or(0, |r| r.generation);
     let record = |state: &str, generation: u32| {
         let mut r = l.record(t.segment, endpoint_name.to_string(), state);

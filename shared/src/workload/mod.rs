@@ -50,6 +50,10 @@ pub struct Target {
     /// When the window's drain starts, for a launch into a window: EC2 instances carry it as
     /// `capacity-pilot:drain-at`, so the workload can checkpoint before it is stopped.
     pub drain_at: Option<DateTime<Utc>>,
+    /// The extension whose paid end reopened the window ([`crate::domain::window::relaunch_after`]):
+    /// what was launched in it before is replaced (a drained workload launched again, a
+    /// training job's follow-on), under names and client tokens of its own.
+    pub relaunch: Option<u32>,
 }
 
 /// What one launch attempt came to, short of an error worth retrying as it is.
@@ -377,16 +381,32 @@ struct Launching<'a, W, S> {
 }
 
 impl<W, S> Launching<'_, W, S> {
-    /// The record of a resource launched in the target, at the launch's generation 0.
+    /// The record of a resource launched in the target, at the launch's generation 0 and the
+    /// window's relaunch.
     fn record(&self, slot: u32, resource_id: String, state: &str) -> WorkloadRecord {
-        WorkloadRecord::new(
-            self.rec.request_id.clone(),
-            self.target.reservation_id.clone(),
-            slot,
-            resource_id,
-            state,
-            self.now,
-        )
+        WorkloadRecord {
+            relaunch: self.target.relaunch.unwrap_or(0),
+            ..WorkloadRecord::new(
+                self.rec.request_id.clone(),
+                self.target.reservation_id.clone(),
+                slot,
+                resource_id,
+                state,
+                self.now,
+            )
+        }
+    }
+
+    /// Whether `w` records what a relaunch of the window replaces: launched before the
+    /// extension that reopened it.
+    fn stale(&self, w: &WorkloadRecord) -> bool {
+        self.target.relaunch.is_some_and(|n| w.relaunch < n)
+    }
+
+    /// What is recorded in the target's `slot` for the window as it now runs: a record the
+    /// relaunch replaces counts as none.
+    fn current(&self, slot: u32) -> Option<&WorkloadRecord> {
+        self.recorded.get(&slot).filter(|w| !self.stale(w))
     }
 }
 

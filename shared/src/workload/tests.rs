@@ -120,6 +120,7 @@ fn on_demand(region: &str) -> Target {
         segment: 0,
         must_end_by: t0() + Duration::hours(24),
         drain_at: None,
+        relaunch: None,
     }
 }
 
@@ -327,6 +328,7 @@ fn block_with_two_subnets(
         segment: 0,
         must_end_by: t0() + Duration::hours(24),
         drain_at: None,
+        relaunch: None,
     };
     (workloads, store, record(req), target)
 }
@@ -608,6 +610,7 @@ fn group_record(reservation_id: &str) -> WorkloadRecord {
         started_at: None,
         ended_at: None,
         ran: Vec::new(),
+        relaunch: 0,
     }
 }
 
@@ -651,6 +654,7 @@ fn plan_target() -> Target {
         segment: 0,
         must_end_by: t0() + Duration::hours(24),
         drain_at: None,
+        relaunch: None,
     }
 }
 
@@ -985,4 +989,147 @@ async fn instances_launched_into_a_window_carry_its_drain_start() {
             Some(rec.request_id.as_str())
         );
     }
+}
+
+/// Issue 58: a block window drained at its old end and reopened by an extension's paid end
+/// (relaunch 1) launches every slot again at the next generation, a client token of its own
+/// (the old one answers the terminated instance), once: a second run starts nothing.
+#[tokio::test]
+async fn a_reopened_block_window_launches_every_slot_again_under_tokens_of_its_own() {
+    // GIVEN a block of 2 launched, then drained at its old end (every instance terminated)
+    let (workloads, store, rec, mut target) = block_with_two_subnets(2, 5, 5);
+    let Launch::Done(first) = launch_now(&workloads, &store, &rec, &target).await.unwrap() else {
+        panic!("the window launches");
+    };
+    drain(&workloads, &store, &config(), &rec, &window("cr-1"))
+        .await
+        .unwrap();
+    for i in &first {
+        workloads.set_instance_state(i, InstanceState::Terminated);
+    }
+    assert!(workloads.live_in_reservation("cr-1").is_empty());
+
+    // WHEN extension 1's paid end reopens it and the launch runs (twice)
+    target.relaunch = Some(1);
+    let got = launch_now(&workloads, &store, &rec, &target).await.unwrap();
+    let again = launch_now(&workloads, &store, &rec, &target).await.unwrap();
+
+    // THEN two new instances run, recorded at generation 1 under relaunch 1, launched with
+    // tokens none of the first launch's used; the second run starts nothing
+    let Launch::Done(ids) = got else {
+        panic!("the reopened window launches again: {got:?}");
+    };
+    assert_eq!(ids.len(), 2);
+    assert!(ids.iter().all(|i| !first.contains(i)), "{ids:?} {first:?}");
+    assert_eq!(again, Launch::Done(ids.clone()));
+    assert_eq!(workloads.live_in_reservation("cr-1").len(), 2);
+    let tokens: Vec<(String, String)> = workloads
+        .calls_of(WorkloadsOp::LaunchInstances)
+        .into_iter()
+        .filter_map(|c| match c {
+            WorkloadsCall::LaunchInstances(s) => Some((s.client_token, s.subnet_id)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(tokens.len(), 4, "{tokens:?}");
+    assert!(
+        tokens[2..].iter().all(|t| !tokens[..2].contains(t)),
+        "{tokens:?}"
+    );
+    let recorded = store.workloads(&rec.request_id).await.unwrap();
+    assert!(
+        recorded
+            .iter()
+            .all(|w| (w.generation, w.relaunch) == (1, 1) && ids.contains(&w.resource_id)),
+        "{recorded:?}"
+    );
+}
+
+/// Issue 58: a training job on a plan runs with a runtime fixed at the old end; an extension
+/// paid while it runs reopens its window (relaunch 1): the follow-on job `<name>-x1` (same
+/// image, inputs and output) starts only once the first has stopped, with a runtime to the
+/// new end, and once; a job that completed needs none.
+#[tokio::test]
+async fn a_training_jobs_follow_on_starts_when_the_first_stops_at_the_old_end() {
+    let (workloads, store) = world();
+    let mut req = request("req-1", "team-a", "50000");
+    training_job(&mut req);
+    let rec = record(req);
+    let mut target = Target {
+        reservation_id: "arn:plan".into(),
+        token_base: "arn:plan".into(),
+        market: LaunchMarket::CapacityBlock {
+            reservation_id: "arn:plan".into(),
+        },
+        plan_arn: Some("arn:plan".into()),
+        must_end_by: t0() + Duration::hours(24),
+        ..on_demand(REGION)
+    };
+    let first = "cp-req-1-s0";
+    assert_eq!(
+        launch_now(&workloads, &store, &rec, &target).await.unwrap(),
+        Launch::Done(vec![first.into()])
+    );
+    workloads.set_job_state(REGION, first, JobState::InProgress, "Training", None);
+
+    // WHEN extension 1 moves the end 24 hours later while the job runs
+    target.relaunch = Some(1);
+    target.must_end_by = t0() + Duration::hours(48);
+    let running = launch_now(&workloads, &store, &rec, &target).await.unwrap();
+
+    // THEN nothing starts while the first job runs
+    let Launch::Starting(why) = running else {
+        panic!("the follow-on waits for the first job: {running:?}");
+    };
+    assert!(
+        why.contains(first) && why.contains("cp-req-1-s0-x1"),
+        "{why}"
+    );
+    assert_eq!(workloads.calls_of(WorkloadsOp::StartTrainingJob).len(), 1);
+
+    // WHEN the first stops at its runtime's end, and the launch runs twice
+    workloads.set_job_state(REGION, first, JobState::Stopped, "MaxRuntimeExceeded", None);
+    let got = launch_now(&workloads, &store, &rec, &target).await.unwrap();
+    let again = launch_now(&workloads, &store, &rec, &target).await.unwrap();
+
+    // THEN the follow-on starts once, like the first but running to the new end
+    assert_eq!(got, Launch::Done(vec!["cp-req-1-s0-x1".into()]));
+    assert_eq!(again, got);
+    assert_eq!(workloads.calls_of(WorkloadsOp::StartTrainingJob).len(), 2);
+    let (a, b) = (
+        workloads.training_job_spec(REGION, first).unwrap(),
+        workloads
+            .training_job_spec(REGION, "cp-req-1-s0-x1")
+            .unwrap(),
+    );
+    assert_eq!(
+        (
+            &b.training_image,
+            &b.output_s3_uri,
+            &b.hyper_parameters,
+            &b.training_plan_arn
+        ),
+        (
+            &a.training_image,
+            &a.output_s3_uri,
+            &a.hyper_parameters,
+            &a.training_plan_arn
+        )
+    );
+    assert_eq!(b.max_runtime_seconds, 48 * 3600);
+
+    // AND a job that completed before the old end needs no follow-on
+    target.relaunch = Some(2);
+    workloads.set_job_state(
+        REGION,
+        "cp-req-1-s0-x1",
+        JobState::Completed,
+        "Completed",
+        None,
+    );
+    assert_eq!(
+        launch_now(&workloads, &store, &rec, &target).await.unwrap(),
+        Launch::Done(vec!["cp-req-1-s0-x1".into()])
+    );
+    assert_eq!(workloads.calls_of(WorkloadsOp::StartTrainingJob).len(), 2);
 }

@@ -19,11 +19,17 @@ pub(super) async fn launch<W: Workloads, S: Store>(
     let (t, id) = (l.target, &l.rec.request_id);
     // An on-demand job has a name of its own: after a fall-back, the plan's job for the same
     // segment must not collide with (and "find") the failed one.
-    let name = match &t.plan_arn {
-        Some(_) => workload_name(id, t.segment),
-        None => format!("{}-od", workload_name(id, t.segment)),
+    let name = match (&t.plan_arn, t.relaunch) {
+        (Some(_), None) => workload_name(id, t.segment),
+        (Some(_), Some(n)) => follow_on_name(id, t.segment, n),
+        (None, _) => format!("{}-od", workload_name(id, t.segment)),
     };
-    if !l.recorded.contains_key(&t.segment) {
+    if let Some(before) = l.recorded.get(&t.segment).filter(|w| l.stale(w))
+        && let Some(wait) = before_follow_on(l, &before.resource_id, &name).await?
+    {
+        return Ok(wait);
+    }
+    if l.current(t.segment).is_none() {
         let runtime = (t.must_end_by - l.now)
             .num_seconds()
             .clamp(1, MAX_JOB_RUNTIME_SECONDS);
@@ -53,6 +59,43 @@ pub(super) async fn launch<W: Workloads, S: Store>(
         return placed(l.workloads, &t.region, &name).await;
     }
     Ok(Launch::Done(vec![name]))
+}
+
+/// The follow-on job of window `segment` in the window extension `n` reopened: the job
+/// before it ran with a runtime fixed at the old end (ARCHITECTURE §9.3).
+pub fn follow_on_name(id: &RequestId, segment: u32, n: u32) -> String {
+    format!("{}-x{n}", workload_name(id, segment))
+}
+
+/// What keeps the follow-on job `name` from starting after the job `before`: it still runs
+/// (its runtime ends at the old end; `Starting` until it stops), or it completed or failed,
+/// so nothing follows it (`Done`: the training is over, or its failure is the team's to
+/// read). `None`: it stopped (at its runtime's end, or by the drain) or is gone, and the
+/// follow-on starts, resuming from the checkpoint the job wrote.
+async fn before_follow_on<W: Workloads, S: Store>(
+    l: &Launching<'_, W, S>,
+    before: &str,
+    name: &str,
+) -> Result<Option<Launch>, PortError> {
+    let job = l
+        .workloads
+        .describe_training_job(&l.target.region, before)
+        .await?;
+    Ok(match job.map(|j| j.state) {
+        Some(JobState::InProgress | JobState::Stopping) => Some(Launch::Starting(format!(
+            "training job {before} runs until its runtime ends at the reservation's old end; \
+             the follow-on job {name} starts in the extended window when it stops"
+        ))),
+        Some(JobState::Completed) => {
+            info!(request_id = %l.rec.request_id, job = %before, "the training job completed before its old end: no follow-on job");
+            Some(Launch::Done(vec![before.to_string()]))
+        }
+        Some(JobState::Failed) => {
+            info!(request_id = %l.rec.request_id, job = %before, "the training job failed: no follow-on job");
+            Some(Launch::Done(vec![before.to_string()]))
+        }
+        Some(JobState::Stopped) | None => None,
+    })
 }
 
 /// Whether SageMaker has placed the on-demand training job `name`. CreateTrainingJob

@@ -258,6 +258,7 @@ fn arbitrary_records() -> impl Strategy<Value = Vec<WindowRecord>> {
                 next_action_at,
                 updated_at: recorded_at(),
                 notices: None,
+                relaunch: None,
             })
             .collect()
     })
@@ -573,6 +574,7 @@ proptest! {
                 next_action_at: None,
                 updated_at: recorded_at(),
                 notices: None,
+                relaunch: None,
             })
             .collect();
         let s = window::summary(&records);

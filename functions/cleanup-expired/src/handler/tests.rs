@@ -13,6 +13,7 @@ use capacity_pilot::domain::offering::{Product, Segment, TargetResource};
 use capacity_pilot::domain::request::{CapacityRequest, TrainingJobTemplate, WorkloadDetail};
 use capacity_pilot::domain::reservation::{Reservation, ReservationState};
 use capacity_pilot::domain::status::RequestStatus;
+use capacity_pilot::domain::window::WindowState;
 use capacity_pilot::fakes::fixtures::{request, request_id, t0};
 use capacity_pilot::fakes::{
     FakeMarket, FakeWorkloads, InMemoryStore, ManualClock, RecordingEvents, StoreOp, WorkloadsOp,
@@ -296,6 +297,7 @@ async fn hyperpod_group_of(w: &World, mut req: CapacityRequest) -> CapacityReque
             started_at: None,
             ended_at: None,
             ran: Vec::new(),
+            relaunch: 0,
         })
         .await
         .unwrap();
@@ -1173,6 +1175,7 @@ async fn running_window(
         next_action_at: Some(drain_at),
         updated_at: open(),
         notices: None,
+        relaunch: None,
     }];
     rec.next_action_at = None;
     w.store.insert_record(rec);
@@ -1265,6 +1268,7 @@ async fn a_drain_stops_an_instance_launched_within_the_listing_lag_from_its_slot
                 started_at: None,
                 ended_at: None,
                 ran: Vec::new(),
+                relaunch: 0,
             })
             .await
             .unwrap();
@@ -1784,6 +1788,69 @@ async fn a_block_extended_in_the_console_drains_before_its_new_end_not_its_old_o
         w.events.published_of(EXPIRING)[0].detail["forced_termination_at"],
         json!(new_end - Duration::minutes(30))
     );
+}
+
+/// Issue 58 (ARCHITECTURE §9.3): a window still stopping when capacity-pilot's extension's
+/// payment moved its drain a day later (the move kept the extension's number on it) finishes
+/// its stop, then is reopened: launching again, due at once, its history saying why. One a
+/// cancellation with `stop_running` stopped is drained as it was going to be.
+#[tokio::test]
+async fn a_window_stopping_when_its_extension_is_paid_is_reopened_once_its_stop_is_done() {
+    for stop_running in [false, true] {
+        // GIVEN a running block whose drain began (marked Stopping) at its old drain start,
+        // then extension 1's payment moved its end a day later
+        let w = World::new();
+        let drain_at = end() - Duration::minutes(45);
+        let extended = capacity_pilot::fakes::fixtures::extended_by_us(
+            block("cr-1", "r-1"),
+            1,
+            end() + Duration::days(1),
+        );
+        running_window(
+            &w,
+            request("r-1", "team-a", "50000"),
+            extended,
+            RequestStatus::Draining,
+            drain_at,
+        )
+        .await;
+        w.instance("i-1", "r-1", Some("cr-1"), true);
+        assert!(w.market.extend_reservation("cr-1", Duration::days(1)));
+        let mut rec = w.record("r-1").await;
+        rec.windows[0].state = WindowState::Stopping;
+        rec.windows[0].relaunch = Some(1);
+        rec.windows[0].next_action_at = Some(drain_at);
+        if stop_running {
+            rec.cancel = Some(capacity_pilot::ports::CancelNote {
+                reason: "cancelled by the requester".into(),
+                at: drain_at,
+                event_id: "cancel".into(),
+                found: None,
+                stop_running: true,
+                stopped: vec![],
+            });
+        }
+        w.store.insert_record(rec);
+        // WHEN cleanup runs
+        let now = drain_at + Duration::minutes(5);
+        let out = w.tick_at(now, "tick-1").await;
+        // THEN the stop is done
+        assert_eq!(w.state_of("i-1"), InstanceState::Terminated);
+        let rec = w.record("r-1").await;
+        let win = &rec.windows[0];
+        if stop_running {
+            // AND a window a cancellation stopped stays drained
+            assert_eq!(win.state, WindowState::Draining, "{out:?}");
+        } else {
+            // AND the window is reopened: launched again at once under extension 1
+            assert_eq!(
+                (win.state, win.relaunch, win.next_action_at),
+                (WindowState::Launching, Some(1), Some(now)),
+                "{out:?}"
+            );
+            assert!(rec.reason.contains("reopened"), "{}", rec.reason);
+        }
+    }
 }
 
 /// The same for a training plan extended as `ExtendTrainingPlan` would: the HyperPod group on

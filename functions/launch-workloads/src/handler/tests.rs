@@ -12,11 +12,13 @@ use capacity_pilot::domain::request::{
 };
 use capacity_pilot::domain::reservation::{Reservation, ReservationState};
 use capacity_pilot::domain::status::RequestStatus;
+use capacity_pilot::domain::window::WindowState;
 use capacity_pilot::fakes::fixtures::{request, request_id, t0, team};
 use capacity_pilot::fakes::{
     FakeWorkloads, InMemoryStore, LaunchKind, ManualClock, RecordingEvents, WorkloadsCall,
     WorkloadsOp, errors,
 };
+use capacity_pilot::ports::JobState;
 use capacity_pilot::ports::{
     BeginPurchase, BudgetMonth, Cause, LaunchMarket, Lease, PortError, RecordReservation,
     RequestRecord, Store,
@@ -413,6 +415,94 @@ async fn a_training_job_and_an_endpoint_launch_with_the_plan_arn() {
     );
 }
 
+/// Issue 58 (ARCHITECTURE §9.3): a training job runs with a runtime fixed at its plan's old
+/// end. Once capacity-pilot's extension moved the end a day later and reopened the window for
+/// a follow-on (relaunch 1, due at the old forced end), nothing starts while the first job
+/// runs; when it has stopped and the follow-on is due, `cp-r1-s0-x1` starts once, with a
+/// runtime to the new end, and is announced under a key of its own.
+#[tokio::test]
+async fn a_training_jobs_follow_on_starts_once_the_first_stops_at_the_old_end() {
+    let w = World::new();
+    let mut job = request("r1", "team-a", "5000");
+    job.workload = WorkloadDetail::TrainingJob(TrainingJobTemplate {
+        training_image: "img".into(),
+        output_s3_uri: "s3://b/o".into(),
+        volume_size_gb: 100,
+        hyper_parameters: Default::default(),
+    });
+    let p = plan(TargetResource::TrainingJob);
+    w.reserved(job, p.clone(), opens()).await;
+    w.clock.set(opens());
+    w.launcher().handle(tick("t1")).await.unwrap();
+    w.workloads.set_job_state(
+        "us-east-1",
+        "cp-r1-s0",
+        JobState::InProgress,
+        "Training",
+        None,
+    );
+    // GIVEN extension 1 moved the plan's end a day later and reopened the window for the
+    // follow-on, due when the first job's runtime ends (the old forced end)
+    let old_forced = p.end() - Duration::minutes(30);
+    let new_end = p.end() + Duration::days(1);
+    let mut rec = w.record_of("r1").await;
+    let extended = capacity_pilot::fakes::fixtures::extended_by_us(p.clone(), 1, new_end);
+    let mut t = capacity_pilot::ports::Transition::of(
+        &rec,
+        rec.status,
+        "extended",
+        rec.next_action_at,
+        opens() + Duration::hours(2),
+        &Cause::new("extended"),
+    );
+    t.reservations = vec![extended];
+    w.store.transition(t).await.unwrap();
+    rec = w.record_of("r1").await;
+    rec.windows[0].state = WindowState::Launching;
+    rec.windows[0].relaunch = Some(1);
+    rec.windows[0].next_action_at = Some(old_forced);
+    rec.next_action_at = Some(old_forced);
+    w.store.insert_record(rec);
+    // WHEN the schedule ticks while the first job runs (and a delivery wakes it)
+    w.clock.set(opens() + Duration::hours(3));
+    w.launcher().handle(tick("t2")).await.unwrap();
+    w.launcher().handle(delivered("d1")).await.unwrap();
+    // THEN nothing starts, and SageMaker is not even asked: the window is not due yet
+    assert_eq!(w.workloads.calls_of(WorkloadsOp::StartTrainingJob).len(), 1);
+    assert!(
+        w.workloads
+            .calls_of(WorkloadsOp::DescribeTrainingJob)
+            .is_empty()
+    );
+    // WHEN the first stops at its runtime's end and the follow-on is due (twice)
+    w.workloads.set_job_state(
+        "us-east-1",
+        "cp-r1-s0",
+        JobState::Stopped,
+        "MaxRuntimeExceeded",
+        None,
+    );
+    w.clock.set(old_forced + Duration::minutes(1));
+    w.launcher().handle(tick("t3")).await.unwrap();
+    w.launcher().handle(tick("t4")).await.unwrap();
+    // THEN the follow-on started once, running to the new end's forced termination
+    assert_eq!(w.workloads.calls_of(WorkloadsOp::StartTrainingJob).len(), 2);
+    let spec = w
+        .workloads
+        .training_job_spec("us-east-1", "cp-r1-s0-x1")
+        .expect("the follow-on job");
+    let runtime = (new_end - Duration::minutes(30) - w.clock.get()).num_seconds();
+    assert_eq!(i64::from(spec.max_runtime_seconds), runtime);
+    let rec = w.record_of("r1").await;
+    assert_eq!(rec.windows[0].state, WindowState::Running);
+    assert_eq!(rec.status, RequestStatus::Active);
+    assert!(rec.reason.contains("again"), "{}", rec.reason);
+    let launched = w.events.published_of("Capacity Workload Launched");
+    assert_eq!(launched.len(), 2);
+    assert_eq!(launched[1].detail["resource_ids"], json!(["cp-r1-s0-x1"]));
+    assert_eq!(launched[1].detail["start_delay_minutes"], Value::Null);
+}
+
 fn endpoint_request(id: &str) -> CapacityRequest {
     let mut endpoint = request(id, "team-a", "5000");
     endpoint.workload = WorkloadDetail::InferenceEndpoint {
@@ -518,6 +608,7 @@ async fn an_endpoint_name_still_deleting_is_waited_out_not_taken_for_created() {
             started_at: None,
             ended_at: None,
             ran: Vec::new(),
+            relaunch: 0,
         })
         .await
         .unwrap();

@@ -2415,6 +2415,7 @@ fn holding(w: &World, status: RequestStatus, state: WindowState) -> RequestRecor
         next_action_at: Some(start + Duration::hours(20)),
         updated_at: t0(),
         notices: None,
+        relaunch: None,
     }];
     w.store.insert_record(rec.clone());
     let mut kept = stray("p5.48xlarge", 2, "3000");
@@ -2726,6 +2727,7 @@ async fn an_approvers_rejection_of_a_replacement_lists_the_running_block_it_keep
         next_action_at: Some(first.segments[0].end - Duration::minutes(45)),
         updated_at: t0(),
         notices: None,
+        relaunch: None,
     }];
     w.store.insert_record(rec);
     let mut kept = stray("p5.48xlarge", 2, "3000");
@@ -2964,6 +2966,7 @@ async fn bought_then(w: &World, status: RequestStatus) -> (P, String) {
         next_action_at: Some(held[0].start()),
         updated_at: t0(),
         notices: None,
+        relaunch: None,
     }];
     w.store.insert_record(rec);
     w.clock.set(check);

@@ -160,6 +160,7 @@ impl World {
                     started_at: None,
                     ended_at: None,
                     ran: Vec::new(),
+                    relaunch: 0,
                 })
                 .await
                 .unwrap();
@@ -806,6 +807,7 @@ async fn run_of(w: &World, market: LaunchMarket) -> Vec<String> {
                 started_at: Some(t0() + Duration::hours(2)),
                 ended_at: None,
                 ran: Vec::new(),
+                relaunch: 0,
             })
             .await
             .unwrap();
@@ -1050,6 +1052,7 @@ async fn a_spot_run_watches_only_its_own_slots_not_an_earlier_attempts() {
             started_at: None,
             ended_at: None,
             ran: Vec::new(),
+            relaunch: 0,
         })
         .await
         .unwrap();

@@ -1633,6 +1633,7 @@ async fn a_request_that_ended_leaves_its_name_or_keeps_it_over_its_paid_windows_
                 next_action_at: Some(day(3)),
                 updated_at: t0(),
                 notices: None,
+                relaunch: None,
             }];
             // (Its block, cr-1, days 3-5.)
             let mut paid = block_starting(day(3), ReservationState::Scheduled);

@@ -49,6 +49,7 @@ fn window(state: WindowState, marks: Option<NoticeMarks>) -> Window {
         next_action_at: Some(opens()),
         updated_at: opens() - Duration::days(3),
         notices: marks,
+        relaunch: None,
     };
     windows(
         &[r],
@@ -258,6 +259,7 @@ fn a_window_stopped_early_skips_its_ending_notices_and_an_ended_one_is_never_due
         next_action_at: None,
         updated_at: opens(),
         notices: None,
+        relaunch: None,
     };
     assert_eq!(ended.notice_due(), None);
 }
@@ -271,6 +273,7 @@ fn a_window_never_looked_at_is_due_at_once() {
         next_action_at: Some(opens()),
         updated_at: opens() - Duration::days(3),
         notices: None,
+        relaunch: None,
     };
     assert_eq!(r.notice_due(), Some(opens() - Duration::days(3)));
     assert_eq!(
@@ -377,6 +380,7 @@ fn ending_notices_follow_an_end_that_moved_under_keys_that_carry_it() {
         next_action_at: None,
         updated_at: bought,
         notices: Some(marks.end_moved(moved_at)),
+        relaunch: None,
     };
     let w = windows(
         &[r],

@@ -1186,6 +1186,7 @@ async fn an_ended_request_is_archived_after_the_retention_and_its_id_is_free_aga
             started_at: None,
             ended_at: None,
             ran: Vec::new(),
+            relaunch: 0,
         })
         .await
         .unwrap();
@@ -1258,6 +1259,7 @@ async fn a_workload_record_is_kept_per_reservation_and_slot_and_replaced_by_the_
         started_at: None,
         ended_at: None,
         ran: Vec::new(),
+        relaunch: 0,
     };
     store.put_workload(w(0, 0, "i-a")).await.unwrap();
     store.put_workload(w(1, 0, "i-b")).await.unwrap();

@@ -621,3 +621,43 @@ async fn an_ask_while_a_purchase_is_under_way_is_answered_and_writes_nothing() {
     assert_eq!(record(&w, "r1").version, rec.version);
     assert_eq!(w.market.calls_of(MarketOp::ExtensionOffers), 0);
 }
+
+/// Issue 58 (ARCHITECTURE §9.3): a pending extension does not hold the drain; one whose
+/// payment clears after the drain began reopens the drained window, which launch-workloads
+/// launches into again at once (relaunch 1), and the history says so. A second read of the
+/// same end reopens nothing more.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payment_that_clears_after_the_drain_reopens_the_window_once() {
+    let w = World::new();
+    let (p, cr) = looked_at(&w, true).await;
+    p.handle(tick("t1")).await.unwrap();
+    assert_eq!(w.market.extensions_bought(&cr), 1);
+    let r = held(&w)[0].clone();
+    let old_end = r.end();
+    // GIVEN the payment is still pending when the drain starts: cleanup drains the window
+    let drained_at = old_end - Duration::minutes(45);
+    w.clock.set(drained_at + Duration::minutes(5));
+    let mut rec = record(&w, "r1");
+    rec.status = RequestStatus::Draining;
+    rec.windows[0].state = WindowState::Draining;
+    rec.windows[0].next_action_at = Some(old_end);
+    w.store.insert_record(rec);
+    // WHEN AWS takes the payment and the extension is read
+    assert_eq!(w.market.settle_extensions(ExtensionPayment::Succeeded), 1);
+    tick_when_due(&w, &p, "t2").await;
+    // THEN the reservation ends a day later, and the window is reopened: launching again,
+    // due now, under extension 1's relaunch
+    assert_eq!(held(&w)[0].end(), old_end + Duration::hours(24));
+    let rec = record(&w, "r1");
+    let win = &rec.windows[0];
+    assert_eq!(
+        (win.state, win.relaunch, win.next_action_at),
+        (WindowState::Launching, Some(1), Some(w.clock.get())),
+        "{}",
+        rec.reason
+    );
+    assert!(rec.reason.contains("launched again"), "{}", rec.reason);
+    // AND a second tick changes nothing
+    p.handle(tick("t3")).await.unwrap();
+    assert_eq!(record(&w, "r1").windows, rec.windows);
+}
