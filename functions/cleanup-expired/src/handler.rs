@@ -517,7 +517,8 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
     }
 
     /// ARCHITECTURE §9.3: reads back the reservations of `windows` about to be drained or to
-    /// have an Ending notice sent (and the one `warned` names), and when AWS reports an end
+    /// have an Ending notice sent (and the one `warned` names, and one about to end with an
+    /// extension of capacity-pilot's still open), and when AWS reports an end
     /// that moved, records it: the windows' drain, next action and Ending notices follow the
     /// new end, `Capacity Reservation Extended` says so, and the windows' instances get the
     /// new `capacity-pilot:drain-at` (re-tagged wherever it differs, whether or not the end
@@ -540,7 +541,11 @@ impl<S: Store, M: CapacityMarket, W: Workloads, E: EventSink, C: Clock> Cleaner<
         for w in windows {
             let named = warned.is_some_and(|x| x.reservation_id == w.reservation.id);
             let drains = w.state.is_undrained() && w.needs_drain(now, named);
-            if (drains || named || self.ending_due(&rec, w, now))
+            // A window about to end whose reservation has an extension still open (its
+            // payment pending when last read): AWS may have taken the payment since, and
+            // the window is then reopened rather than ended at its old end.
+            let extended = w.needs_end(now) && w.reservation.open_extension().is_some();
+            if (drains || named || extended || self.ending_due(&rec, w, now))
                 && !read.iter().any(|r| r.id == w.reservation.id)
             {
                 read.push(&w.reservation);

@@ -164,6 +164,9 @@ pub struct DueTimes {
     pub own: Option<DateTime<Utc>>,
     /// Its windows' next actions, and their lead-time notices (cleanup's work too).
     pub window: Option<DateTime<Utc>>,
+    /// Its reservations' payment and extension reads ([`Reservation::payment_due`]): the
+    /// purchase function's, whatever the request's status.
+    pub payment: Option<DateTime<Utc>>,
 }
 
 /// An in-memory [`Store`]; clones share the data.
@@ -465,6 +468,13 @@ impl InMemoryStore {
                     .iter()
                     .filter_map(|w| w.next_action_at)
                     .chain(crate::domain::window::notice_at(&r.record.windows))
+                    .min(),
+                payment: s
+                    .reservations
+                    .get(&r.record.request_id)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Reservation::payment_due)
                     .min(),
             })
             .collect();

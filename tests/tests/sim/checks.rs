@@ -883,6 +883,36 @@ fn aws_ends(sim: &Sim) -> BTreeMap<String, Vec<DateTime<Utc>>> {
     })
 }
 
+/// How much earlier than now reservation `id` ended as AWS had it paid at `at`, and when
+/// the last payment after `at` that moved it cleared: each extension paid after `at` (or
+/// not yet) had not moved its end then. `None` when nothing paid after `at` moved it.
+fn unpaid_at(sim: &Sim, id: &str, at: DateTime<Utc>) -> Option<(TimeDelta, DateTime<Utc>)> {
+    sim.cloud.with_world(|w| {
+        // (end, paid at) of each extension that moved the end, in end order.
+        let moves: Vec<(DateTime<Utc>, DateTime<Utc>, DateTime<Utc>)> =
+            if let Some(cr) = w.ec2.reservations.get(id) {
+                cr.extensions
+                    .iter()
+                    .filter(|e| e.status == "payment-succeeded")
+                    .filter_map(|e| Some((e.start, e.end, e.paid_at?)))
+                    .collect()
+            } else {
+                let p = w.sm.plans.values().find(|p| p.arn == id)?;
+                p.extensions
+                    .iter()
+                    .filter(|e| e.paid)
+                    .map(|e| (e.start, e.end, e.paid_at))
+                    .collect()
+            };
+        let later: Vec<&(DateTime<Utc>, DateTime<Utc>, DateTime<Utc>)> =
+            moves.iter().filter(|(_, _, paid)| *paid > at).collect();
+        let first = later.iter().map(|(start, ..)| *start).min()?;
+        let last = later.iter().map(|(_, end, _)| *end).max()?;
+        let cleared = later.iter().map(|(.., paid)| *paid).max()?;
+        Some((last - first, cleared))
+    })
+}
+
 /// Whether the submitted `detail` is `planned`'s: the same but for the budget (a cap set
 /// at the quote just before it went).
 fn same_submission(detail: &Value, planned: &Value) -> bool {
@@ -1713,6 +1743,33 @@ pub async fn at_end(sim: &Sim) -> Vec<String> {
             let Some(drained_at) = time(&e["detail"]["drained_at"]) else {
                 continue;
             };
+            // ARCHITECTURE §9.3: a pending extension does not hold the drain. A window
+            // drained by the end AWS had paid then is drained on time; the extension paid
+            // after reopens it, and it runs again (launched after the drain) when the payment
+            // cleared an hour or more before its new drain.
+            let unpaid = unpaid_at(sim, res, drained_at).filter(|_| w.last_of_reservation);
+            if let Some((added, cleared)) = unpaid
+                && drained_at + TimeDelta::minutes(1) >= w.drain_at - added
+            {
+                let again = ours(&bus, "Capacity Workload Launched", id)
+                    .iter()
+                    .any(|l| {
+                        l["detail"]["reservation_id"] == res
+                            && l["detail"]["segment"] == number
+                            && time(&l["detail"]["launched_at"]).is_some_and(|t| t > drained_at)
+                    });
+                let cancelled = !ours(&bus, "Capacity Cancellation Applied", id).is_empty();
+                if !again && !cancelled && cleared + TimeDelta::hours(1) < w.drain_at {
+                    out.push(format!(
+                        "an extension paid after the drain reopens the window: {id}'s window \
+                         {number} ({res}) was drained at {drained_at}, its extension's payment \
+                         cleared at {cleared}, and nothing was launched into it again before \
+                         its new drain at {}",
+                        w.drain_at
+                    ));
+                }
+                continue;
+            }
             if drained_at + TimeDelta::minutes(1) < w.drain_at && !stopped(id, res, number) {
                 out.push(format!(
                     "a paid window is served to its drain: {id}'s window {number} ({res}) was \

@@ -253,6 +253,8 @@ pub struct Sim {
     /// What the run reached (published detail-types, retries, the DLQ, faults that struck),
     /// for the generators' reach check.
     pub reached: BTreeSet<String>,
+    /// The windows drained so far, as (reservation, window number).
+    pub drained: BTreeSet<(String, u64)>,
     /// The requests whose purchase in doubt was resolved at its offering's end with nothing
     /// listed: its debit is kept spent for a person to check (`checks::unverified`).
     pub unverified: BTreeSet<String>,
@@ -522,8 +524,10 @@ fn block_offers(
     offers
 }
 
-fn env(budgets: &str) -> Vec<(String, String)> {
+fn env(budgets: &str, extension_lead_minutes: i64) -> Vec<(String, String)> {
+    let lead = extension_lead_minutes.to_string();
     [
+        ("EXTENSION_PAYMENT_LEAD_MINUTES", lead.as_str()),
         ("TABLE_NAME", "capacity-pilot-sim"),
         ("EVENT_BUS_NAME", BUS),
         ("NOTICES_TOPIC_ARN", integration_tests::flow::NOTICES_TOPIC),
@@ -613,7 +617,10 @@ impl Sim {
                 capacity_pilot::domain::money::MicroUsd(*micros),
             );
         }
-        let env = env(&scenario.team_budgets.to_string());
+        let env = env(
+            &scenario.team_budgets.to_string(),
+            scenario.timings.extension_lead_minutes,
+        );
         let config = Arc::new(
             Config::from_lookup(&|k| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
                 .expect("config"),
@@ -737,6 +744,7 @@ impl Sim {
             invocations: 0,
             by_function: BTreeMap::new(),
             reached: BTreeSet::new(),
+            drained: BTreeSet::new(),
             unverified: BTreeSet::new(),
             doubt_debits: BTreeMap::new(),
             ended_in_doubt: BTreeSet::new(),
@@ -1331,6 +1339,10 @@ impl Sim {
             let due = [
                 own.then_some(t.own).flatten(),
                 windows.then_some(t.window).flatten(),
+                // A payment or extension read is the purchase function's in any status.
+                (function == "purchase-capacity")
+                    .then_some(t.payment)
+                    .flatten(),
             ]
             .into_iter()
             .flatten()
@@ -1468,6 +1480,33 @@ impl Sim {
         let Some(i) = index else {
             return;
         };
+        let window = (
+            ev["detail"]["reservation_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            ev["detail"]["segment"].as_u64().unwrap_or_default(),
+        );
+        // Windows drained, and what launched into one since (issue 58): a window reopened by
+        // an extension paid after its drain, a training job's follow-on.
+        if dt == "Capacity Workload Drained" {
+            self.drained.insert(window.clone());
+        }
+        if dt == "Capacity Workload Launched" {
+            if self.drained.contains(&window) {
+                self.reached.insert(
+                    "a drained window was launched again after its extension was paid".to_string(),
+                );
+            }
+            let follow_on = ev["detail"]["resource_ids"].as_array().is_some_and(|ids| {
+                ids.iter()
+                    .any(|i| i.as_str().is_some_and(|i| i.contains("-x")))
+            });
+            if follow_on && ev["detail"]["workload_kind"] == "training-job" {
+                self.reached
+                    .insert("a training job's follow-on job started".to_string());
+            }
+        }
         match dt {
             "Capacity Reservation Extended" if ev["detail"]["external"] == false => {
                 self.reached.insert("an extension was bought".to_string());
@@ -1596,11 +1635,36 @@ impl Sim {
                 }
             }
             "Capacity Workload Launched" if self.launched.insert(i) => {
+                // Under a one-hour payment lead, the team asks late: 2-4 hours before its
+                // reservation's end, so a payment that takes hours clears after the drain
+                // began (issue 58: the window is reopened).
+                let late = (self.scenario.timings.extension_lead_minutes < 720)
+                    .then(|| {
+                        let rid = ev["detail"]["reservation_id"].as_str().unwrap_or_default();
+                        self.cloud.with_world(|w| {
+                            w.ec2
+                                .reservations
+                                .values()
+                                .find(|c| c.id == rid)
+                                .map(|c| c.end)
+                                .or_else(|| {
+                                    w.sm.plans
+                                        .values()
+                                        .find(|p| p.arn == rid)
+                                        .map(|p| p.offering.end())
+                                })
+                        })
+                    })
+                    .flatten();
                 for x in self.scenario.extension_asks.clone() {
                     if x.request == i {
+                        let at = match late {
+                            Some(end) => (end - TimeDelta::minutes(120 + x.after % 120)).max(now),
+                            None => now + TimeDelta::minutes(x.after),
+                        };
                         for k in 0..if x.twice { 2 } else { 1 } {
                             self.act_at(
-                                now + TimeDelta::minutes(x.after + k),
+                                at + TimeDelta::minutes(k),
                                 Act::AskExtension {
                                     request: i,
                                     hours: x.hours,

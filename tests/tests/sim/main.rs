@@ -179,6 +179,7 @@ const MUST_REACH: &[&str] = &[
     "an extension was bought",
     "an extension was bought because the workload ran",
     "an extension's payment failed",
+    "a drained window was launched again after its extension was paid",
     "Capacity Reservation Extended",
     "Capacity Reserved",
     "Capacity Payment Failed",
@@ -531,6 +532,12 @@ fn smaller(s: &Scenario) -> Vec<Scenario> {
     if t.payment_minutes != 1 {
         mild.push(scenario::Timings {
             payment_minutes: 1,
+            ..t.clone()
+        });
+    }
+    if t.extension_lead_minutes != 720 {
+        mild.push(scenario::Timings {
+            extension_lead_minutes: 720,
             ..t.clone()
         });
     }

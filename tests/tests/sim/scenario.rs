@@ -229,6 +229,10 @@ pub struct Timings {
     pub block_activation_seconds: i64,
     pub instance_listing_lag_seconds: i64,
     pub payment_minutes: i64,
+    /// `EXTENSION_PAYMENT_LEAD_MINUTES`: the default 12 h, or, where payments take 6 hours
+    /// (no draw), the template's least, one hour: an extension asked late then clears after
+    /// the window's drain began, and reopens it (issue 58).
+    pub extension_lead_minutes: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -369,6 +373,7 @@ impl Scenario {
             block_activation_seconds: *r.pick(&[0, 300, 900]),
             instance_listing_lag_seconds: *r.pick(&[0, 120, 600]),
             payment_minutes: *r.pick(&[1, 5, 60, 360]),
+            extension_lead_minutes: 720,
         };
         let n = r.range(2, 3) as usize;
         let mut requests = Vec::new();
@@ -562,6 +567,9 @@ impl Scenario {
         let mut timings = timings;
         if r.chance(15) {
             timings.listing_lag_seconds = 1800;
+        }
+        if timings.payment_minutes == 360 {
+            timings.extension_lead_minutes = 60;
         }
         // The draws below answer the mutation campaign's misses (issue 25,
         // tests/mutants/purchase.md); they too come after every earlier draw.

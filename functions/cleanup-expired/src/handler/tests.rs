@@ -1853,6 +1853,51 @@ async fn a_window_stopping_when_its_extension_is_paid_is_reopened_once_its_stop_
     }
 }
 
+/// Issue 58: a drained window at its old end whose reservation has capacity-pilot's
+/// extension still recorded as payment pending (the purchase function has not read it since
+/// AWS took the payment: it was down, say) is read back before it is ended: AWS reports the
+/// new end, so the window is reopened and launched again, not ended with a paid day unused.
+#[tokio::test]
+async fn a_drained_window_whose_extension_was_paid_meanwhile_is_reopened_not_ended() {
+    // GIVEN a block drained at its old drain start, extension 1 pending payment when last
+    // read, and AWS having taken the payment since (the block ends a day later)
+    let w = World::new();
+    let mut r = capacity_pilot::fakes::fixtures::extended_by_us(
+        block("cr-1", "r-1"),
+        1,
+        end() + Duration::days(1),
+    );
+    r.segments[0].end = end();
+    r.extensions[0].state = capacity_pilot::domain::extension::ExtensionState::PaymentPending;
+    running_window(
+        &w,
+        request("r-1", "team-a", "50000"),
+        r,
+        RequestStatus::Draining,
+        end() - Duration::minutes(45),
+    )
+    .await;
+    assert!(w.market.extend_reservation("cr-1", Duration::days(1)));
+    let mut rec = w.record("r-1").await;
+    rec.windows[0].state = WindowState::Draining;
+    rec.windows[0].next_action_at = Some(end());
+    w.store.insert_record(rec);
+    // WHEN cleanup runs at the old end
+    let out = w.tick_at(end(), "tick-1").await;
+    // THEN the window is not ended: it is reopened under extension 1, due at once, and the
+    // extension is announced as capacity-pilot's
+    let rec = w.record("r-1").await;
+    let win = &rec.windows[0];
+    assert_eq!(
+        (win.state, win.relaunch, win.next_action_at),
+        (WindowState::Launching, Some(1), Some(end())),
+        "{out:?}"
+    );
+    let ext = w.events.published_of(EXTENDED);
+    assert_eq!(ext.len(), 1, "{out:?}");
+    assert_eq!(ext[0].detail["external"], json!(false));
+}
+
 /// The same for a training plan extended as `ExtendTrainingPlan` would: the HyperPod group on
 /// it stays until the drain before the plan's new end.
 #[tokio::test]
