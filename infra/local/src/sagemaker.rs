@@ -105,6 +105,11 @@ pub struct PlanExtensionOffering {
     pub upfront_fee: Decimal,
 }
 
+/// The emulator's own hyperparameter: how many seconds of training a job's work takes
+/// ([`TrainingJob::work_left`]). SageMaker passes hyperparameters to the algorithm; what a
+/// job does with its time is the algorithm's, so the emulator is told.
+pub const WORK_SECONDS: &str = "local-work-seconds";
+
 /// A training job.
 #[derive(Debug, Clone, Serialize)]
 pub struct TrainingJob {
@@ -119,7 +124,13 @@ pub struct TrainingJob {
     pub instance_type: String,
     pub instance_count: i64,
     pub plan_arn: Option<String>,
+    /// What is left of its `MaxRuntimeInSeconds` (plan time trained so far deducted).
     pub remaining_seconds: i64,
+    /// What is left of its work, from the emulator's hyperparameter [`WORK_SECONDS`]: the
+    /// job completes once it has trained that long. `None`: its work outlasts any runtime
+    /// (the harsher reading), so it trains until its `MaxRuntimeInSeconds` and is then
+    /// `Stopped` (`MaxRuntimeExceeded`), as SageMaker ends a job at its time limit.
+    pub work_left: Option<i64>,
     pub resumed_at: Option<DateTime<Utc>>,
     pub waiting_since: Option<DateTime<Utc>>,
     pub training_start: Option<DateTime<Utc>>,
@@ -1432,6 +1443,10 @@ impl World {
             instance_count: count,
             plan_arn,
             remaining_seconds: max_runtime,
+            work_left: input
+                .get("HyperParameters")
+                .and_then(|h| s(h, WORK_SECONDS))
+                .and_then(|w| w.parse().ok()),
             resumed_at: None,
             waiting_since: None,
             training_start: None,
@@ -2382,11 +2397,26 @@ impl World {
                 next.training_end = Some(now);
             }
             ("InProgress", "Training") => {
-                let done_at = j.resumed_at.expect("training has a start")
-                    + TimeDelta::seconds(j.remaining_seconds);
-                if now >= done_at {
+                let completes = j.work_left.is_some_and(|w| w <= j.remaining_seconds);
+                let left = j
+                    .work_left
+                    .map_or(j.remaining_seconds, |w| w.min(j.remaining_seconds));
+                let done_at =
+                    j.resumed_at.expect("training has a start") + TimeDelta::seconds(left);
+                if now >= done_at && completes {
                     next.status = "Completed".to_string();
                     set_secondary(&mut next, "Completed", "Training job completed", now);
+                    next.training_end = Some(now);
+                    next.remaining_seconds = 0;
+                    next.work_left = Some(0);
+                } else if now >= done_at {
+                    next.status = "Stopped".to_string();
+                    set_secondary(
+                        &mut next,
+                        "MaxRuntimeExceeded",
+                        "Training job runtime exceeded MaxRuntimeInSeconds provided",
+                        now,
+                    );
                     next.training_end = Some(now);
                     next.remaining_seconds = 0;
                 } else if let Some(pa) = &j.plan_arn {
@@ -2397,6 +2427,7 @@ impl World {
                     if seg_end.is_none_or(|e| now >= e - lead) {
                         let trained = (now - j.resumed_at.expect("training")).num_seconds();
                         next.remaining_seconds = (j.remaining_seconds - trained).max(0);
+                        next.work_left = j.work_left.map(|w| (w - trained).max(0));
                         next.resumed_at = None;
                         let later = plan
                             .as_ref()
@@ -2491,10 +2522,10 @@ impl World {
             && j.secondary != "Training"
             && let Some(r) = next.resumed_at
         {
-            self.schedule(
-                r + TimeDelta::seconds(next.remaining_seconds),
-                Action::SageMakerSync,
-            );
+            let left = next
+                .work_left
+                .map_or(next.remaining_seconds, |w| w.min(next.remaining_seconds));
+            self.schedule(r + TimeDelta::seconds(left), Action::SageMakerSync);
         }
         let changed = next.status != j.status || next.secondary != j.secondary;
         if changed {

@@ -658,6 +658,16 @@ pub fn judge(o: &Observed) -> Vec<Check> {
             );
         }
 
+        if e.follow_on_job {
+            let (ok, detail) = judge_follow_on(o, id);
+            check(
+                "a training job's follow-on ran in the extended window",
+                id,
+                ok,
+                detail,
+            );
+        }
+
         if e.extension_failed {
             let reserved_fees: Decimal = reserved
                 .iter()
@@ -1074,6 +1084,69 @@ fn drain_followed_extension(o: &Observed, id: &str) -> (bool, String) {
         notes.extend(said);
     }
     (ok, notes.join("; "))
+}
+
+/// `follow_on_job: true` for request `id`: its first training job was ended at its fixed
+/// runtime (`Stopped`, `MaxRuntimeExceeded`), a second `Capacity Workload Launched` named the
+/// job `<first>-x<n>`, and the emulator holds that job on the same plan, image and output,
+/// created no earlier than the first stopped.
+fn judge_follow_on(o: &Observed, id: &str) -> (bool, String) {
+    let launched = o.ours(id, "Capacity Workload Launched");
+    let names: Vec<String> = launched
+        .iter()
+        .flat_map(|e| {
+            e["detail"]["resource_ids"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect();
+    let Some(first) = names.first().cloned() else {
+        return (false, "nothing was launched".into());
+    };
+    let Some(next) = names
+        .iter()
+        .find(|n| n.starts_with(&format!("{first}-x")))
+        .cloned()
+    else {
+        return (
+            false,
+            format!("launched {names:?}: no follow-on of {first}"),
+        );
+    };
+    o.cloud.with_world(|w| {
+        let job = |name: &str| w.sm.jobs.values().find(|j| j.name == name).cloned();
+        let (Some(a), Some(b)) = (job(&first), job(&next)) else {
+            return (
+                false,
+                format!("the emulator holds no job {first} or {next}"),
+            );
+        };
+        let same = |k: &str| a.request.get(k) == b.request.get(k);
+        let ok = a.status == "Stopped"
+            && a.transitions
+                .iter()
+                .any(|(st, ..)| st == "MaxRuntimeExceeded")
+            && a.training_end.is_some_and(|t| b.created >= t)
+            && a.plan_arn == b.plan_arn
+            && same("AlgorithmSpecification")
+            && same("OutputDataConfig")
+            && same("HyperParameters");
+        (
+            ok,
+            format!(
+                "{first} {} ({}) ended {}; {next} created {} on {}, {}",
+                a.status,
+                a.secondary,
+                a.training_end
+                    .map_or("never".to_string(), |t| t.format("%m-%d %H:%M").to_string()),
+                b.created.format("%m-%d %H:%M"),
+                b.plan_arn.as_deref().map_or("no plan", short),
+                b.status
+            ),
+        )
+    })
 }
 
 /// Whether the drain of an extended reservation followed its paid extensions `paid` (oldest

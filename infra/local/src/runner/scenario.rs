@@ -314,6 +314,12 @@ pub struct Expect {
     /// spend at its end is only its reservations' fees.
     #[serde(default)]
     pub extension_failed: bool,
+    /// A training job whose plan capacity-pilot extended while it ran got its follow-on:
+    /// the first job was ended at its fixed runtime (`Stopped`, `MaxRuntimeExceeded`), and
+    /// a job `<first>-x<n>` on the same plan, image and output was created once it had
+    /// stopped and announced by a second `Capacity Workload Launched`.
+    #[serde(default)]
+    pub follow_on_job: bool,
     /// Every window had each `Capacity Window Opening` lead due after its purchase before it
     /// opened, and each `Capacity Reservation Ending` lead before its drain, on the bus and
     /// on the notices topic (ARCHITECTURE §9.2).

@@ -93,6 +93,8 @@ pub fn job(
                 .max_runtime_in_seconds(runtime)
                 .build(),
         )
+        // Its work fits its runtime: it completes then.
+        .hyper_parameters(local_cloud::sagemaker::WORK_SECONDS, runtime.to_string())
 }
 
 pub(crate) async fn job_status(env: &Env, name: &str) -> (String, String) {
@@ -422,6 +424,63 @@ async fn a_job_on_a_plan_waits_while_scheduled_then_trains_and_completes() {
     assert_eq!(last["source"], "aws.sagemaker");
     assert_eq!(last["detail"]["TrainingJobStatus"], "Completed");
     assert_eq!(last["resources"][0], created.training_job_arn().unwrap());
+}
+
+/// SageMaker ends a job at its `MaxRuntimeInSeconds`: `Stopped`, secondary status
+/// `MaxRuntimeExceeded` (DescribeTrainingJob's `SecondaryStatus`). A job whose work is not
+/// given (no `local-work-seconds`) outlasts its runtime; one whose work is shorter completes.
+#[tokio::test]
+async fn a_job_whose_work_outlasts_its_runtime_is_stopped_at_max_runtime_exceeded() {
+    let env = env().await;
+    let offer = plan_offerings(
+        &env,
+        "ml.p5.48xlarge",
+        2,
+        48,
+        SageMakerResourceName::TrainingJob,
+    )
+    .await
+    .remove(0);
+    let arn = buy_plan(&env, "runtime-plan", &offer).await;
+    let long = job(&env, "long-job", "ml.p5.48xlarge", 1, Some(&arn), 3600)
+        .set_hyper_parameters(None)
+        .send()
+        .await
+        .unwrap();
+    job(&env, "short-job", "ml.p5.48xlarge", 1, Some(&arn), 3600)
+        .hyper_parameters(local_cloud::sagemaker::WORK_SECONDS, "1800")
+        .send()
+        .await
+        .unwrap();
+    let start = chrono_of(offer.reserved_capacity_offerings()[0].start_time().unwrap());
+    env.cloud.advance_to(start);
+    env.cloud.step(TimeDelta::minutes(30));
+    assert_eq!(job_status(&env, "short-job").await.0, "Completed");
+    assert_eq!(
+        job_status(&env, "long-job").await,
+        ("InProgress".into(), "Training".into())
+    );
+    env.cloud.step(TimeDelta::minutes(30));
+    assert_eq!(
+        job_status(&env, "long-job").await,
+        ("Stopped".into(), "MaxRuntimeExceeded".into())
+    );
+    let out = env
+        .sm
+        .describe_training_job()
+        .training_job_name("long-job")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        chrono_of(out.training_end_time().unwrap()),
+        start + TimeDelta::hours(1)
+    );
+    let events = events_of(&env.cloud, "SageMaker Training Job State Change");
+    assert!(events.iter().any(|e| {
+        e["resources"][0] == long.training_job_arn().unwrap()
+            && e["detail"]["TrainingJobStatus"] == "Stopped"
+    }));
 }
 
 #[tokio::test]
