@@ -772,14 +772,18 @@ pub const HOLDS_WINDOWS: [RequestStatus; 11] = [
     RequestStatus::Cancelled,
 ];
 
-/// What a `FOLLOWS_WINDOWS` request's status is, given its windows: `Active` while one runs,
-/// else `Draining` while one drains, else `Reserved` while one is still to come, else
-/// `Ended`. `None` without windows.
+/// What a `FOLLOWS_WINDOWS` request's status is, given its windows: `Active` while one runs
+/// (or an extension reopened one, [`WindowRecord::relaunch`]: its training job still runs to
+/// the old end, or its workload is being launched again), else `Draining` while one drains,
+/// else `Reserved` while one is still to come, else `Ended`. `None` without windows.
 pub fn summary(records: &[WindowRecord]) -> Option<RequestStatus> {
     let has = |s: WindowState| records.iter().any(|r| r.state == s);
+    let reopened = records
+        .iter()
+        .any(|r| r.state == WindowState::Launching && r.relaunch.is_some());
     if records.is_empty() {
         None
-    } else if has(WindowState::Running) {
+    } else if has(WindowState::Running) || reopened {
         Some(RequestStatus::Active)
     } else if has(WindowState::Stopping) || has(WindowState::Draining) {
         Some(RequestStatus::Draining)
@@ -1171,6 +1175,8 @@ mod tests {
             (WindowState::Launching, Some(1), Some(ws[0].forced_at))
         );
         assert!(m.said().iter().any(|s| s.contains("follow-on")));
+        // The request stays Active meanwhile: its job runs.
+        assert_eq!(summary(&m.records), Some(RequestStatus::Active));
         // Still stopping: its stop goes on, and it is reopened once the stop is done.
         let m = moved(WindowState::Stopping, &ours, KEEP);
         let r = &m.records[0];
