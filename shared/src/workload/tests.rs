@@ -1133,3 +1133,110 @@ async fn a_training_jobs_follow_on_starts_when_the_first_stops_at_the_old_end() 
     );
     assert_eq!(workloads.calls_of(WorkloadsOp::StartTrainingJob).len(), 2);
 }
+
+/// A plan's window target for `segment` 0 of plan `arn`.
+fn plan_window(arn: &str) -> Target {
+    Target {
+        reservation_id: arn.into(),
+        token_base: arn.into(),
+        market: LaunchMarket::CapacityBlock {
+            reservation_id: arn.into(),
+        },
+        plan_arn: Some(arn.into()),
+        ..on_demand(REGION)
+    }
+}
+
+/// Issue 58: a HyperPod group scaled to zero by its window's drain is set on the plan again
+/// when an extension's paid end reopens the window (relaunch 1), once.
+#[tokio::test]
+async fn a_reopened_hyperpod_window_sets_its_group_again_once() {
+    // GIVEN our group, launched on tp-1 and drained (scaled to zero)
+    let (workloads, store) = world();
+    let req = our_group(&workloads, &store).await;
+    let rec = record(req);
+    drain(&workloads, &store, &config(), &rec, &window("tp-1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        workloads
+            .instance_group_spec(REGION, "research", "gpu")
+            .map(|s| s.instance_count),
+        Some(0)
+    );
+    let mut target = plan_window("tp-1");
+    // Without a relaunch, the recorded group stands: nothing is sent.
+    let before = workloads.calls_of(WorkloadsOp::PutInstanceGroup).len();
+    assert_eq!(
+        launch_now(&workloads, &store, &rec, &target).await.unwrap(),
+        Launch::Done(vec!["research/gpu".into()])
+    );
+    assert_eq!(
+        workloads.calls_of(WorkloadsOp::PutInstanceGroup).len(),
+        before
+    );
+
+    // WHEN extension 1 reopens the window and the launch runs twice
+    target.relaunch = Some(1);
+    let got = launch_now(&workloads, &store, &rec, &target).await.unwrap();
+    let again = launch_now(&workloads, &store, &rec, &target).await.unwrap();
+
+    // THEN the group is set on the plan at the window's count again, once
+    assert_eq!(got, Launch::Done(vec!["research/gpu".into()]));
+    assert_eq!(again, got);
+    assert_eq!(
+        workloads.calls_of(WorkloadsOp::PutInstanceGroup).len(),
+        before + 1
+    );
+    let spec = workloads
+        .instance_group_spec(REGION, "research", "gpu")
+        .unwrap();
+    assert_eq!(
+        (spec.instance_count, spec.training_plan_arn.as_deref()),
+        (2, Some("tp-1"))
+    );
+}
+
+/// Issue 58: an endpoint deleted by its window's drain is created again when an extension's
+/// paid end reopens the window (relaunch 1), once.
+#[tokio::test]
+async fn a_reopened_endpoint_window_creates_the_endpoint_again_once() {
+    // GIVEN an endpoint on plan arn:plan, in service, then drained (deleted)
+    let (workloads, store) = world();
+    let mut req = request("req-1", "team-a", "50000");
+    req.workload = WorkloadDetail::InferenceEndpoint {
+        model_name: "m".into(),
+        endpoint_name: "ep".into(),
+        variant_name: "v".into(),
+    };
+    let rec = record(req);
+    workloads.set_plan_state(
+        "arn:plan",
+        crate::domain::reservation::ReservationState::Active,
+    );
+    let mut target = plan_window("arn:plan");
+    launch_now(&workloads, &store, &rec, &target).await.unwrap();
+    workloads.set_endpoint_status(REGION, "ep", "InService", None);
+    assert_eq!(
+        launch_now(&workloads, &store, &rec, &target).await.unwrap(),
+        Launch::Done(vec!["ep".into()])
+    );
+    drain(&workloads, &store, &config(), &rec, &window("arn:plan"))
+        .await
+        .unwrap();
+    assert!(!workloads.describe_endpoint_now(REGION, "ep"));
+
+    // WHEN extension 1 reopens the window: the launch runs, the endpoint comes into
+    // service, and the launch runs again
+    target.relaunch = Some(1);
+    let creating = launch_now(&workloads, &store, &rec, &target).await.unwrap();
+    workloads.set_endpoint_status(REGION, "ep", "InService", None);
+    let done = launch_now(&workloads, &store, &rec, &target).await.unwrap();
+    let again = launch_now(&workloads, &store, &rec, &target).await.unwrap();
+
+    // THEN it was created a second time, once, and the window runs
+    assert!(matches!(creating, Launch::Starting(_)), "{creating:?}");
+    assert_eq!(done, Launch::Done(vec!["ep".into()]));
+    assert_eq!(again, done);
+    assert_eq!(workloads.calls_of(WorkloadsOp::CreateEndpoint).len(), 2);
+}
