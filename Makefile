@@ -18,7 +18,7 @@ TEMPLATE := infra/template.yaml
 FORWARDER := infra/region-forwarder.yaml
 
 .PHONY: test lint lint-rust lint-iac fmt soak run venv venv-iac schemas build bench deploy sam-check deploy-forwarders destroy cost \
-	mutants mutants-store mutants-tree mutants-shards mutants-again mutants-again-run \
+	mutants mutants-extension mutants-store mutants-tree mutants-shards mutants-again mutants-again-run \
 	mutants-report no-mutants
 
 ## test: every test, lint included (what CI runs)
@@ -182,6 +182,9 @@ MUTANTS_ENV_store =
 MUTANTS_TEST_store = --test-package integration-tests -- --test store_diff
 # The second line for what a campaign missed (`make mutants-again AGAIN_TEST=units`): the unit
 # tests of the library and of every function.
+MUTANTS_ENV_extension =
+MUTANTS_TEST_extension = --test-package capacity-pilot --test-package purchase-capacity \
+	--test-package cleanup-expired -- --lib
 MUTANTS_ENV_units =
 MUTANTS_TEST_units = --test-package capacity-pilot --test-package search-offerings \
 	--test-package purchase-capacity --test-package launch-workloads \
@@ -199,6 +202,11 @@ endef
 
 mutants: $(MUTANTS_BIN) venv
 	$(call mutants-run,purchase,$(MUTANTS_TREE),$(MUTANTS_TARGET),$(MUTANTS_OUT)/$$rev/purchase/$(MUTANTS_SHARD_DIR),tests/mutants/purchase.toml)
+
+## mutants-extension: the extension files' mutants (tests/mutants/extension.toml, issue 58),
+## tested by the unit tests of the library, purchase-capacity and cleanup-expired.
+mutants-extension: $(MUTANTS_BIN) venv
+	$(call mutants-run,extension,$(MUTANTS_TREE),$(MUTANTS_TARGET),$(MUTANTS_OUT)/$$rev/extension/$(MUTANTS_SHARD_DIR),tests/mutants/extension.toml)
 
 mutants-store: $(MUTANTS_BIN) venv
 	$(call mutants-run,store,$(MUTANTS_TREE),$(MUTANTS_TARGET),$(MUTANTS_OUT)/$$rev/store/$(MUTANTS_SHARD_DIR),tests/mutants/store.toml)
