@@ -374,6 +374,71 @@ mod tests {
         assert!(e.is(&ours, &[]));
     }
 
+    /// Mutants of `Extension::due` and `Extension::is` the simulation left unjudged
+    /// (tests/mutants/purchase.md, issue 58): only an open extension is looked at, and only
+    /// once its look is due; an extension AWS lists under another offering is ours only while
+    /// ours is being bought in doubt, and never one another of the reservation's extensions
+    /// holds.
+    #[test]
+    fn only_an_open_extension_is_due_and_only_one_in_doubt_adopts_another_offering() {
+        use chrono::TimeZone;
+        let at = Utc.with_ymd_and_hms(2026, 12, 2, 17, 1, 0).unwrap();
+        let offer = ExtensionOffer {
+            offering_id: "cbe-1".into(),
+            hours: 24,
+            starts_at: at + Duration::days(1),
+            ends_at: at + Duration::days(2),
+            fee: Usd::parse("480").unwrap(),
+        };
+        let e = |state: ExtensionState, check_at: Option<DateTime<Utc>>| Extension {
+            number: 1,
+            asked: Asked::WorkloadRunning,
+            asked_at: at,
+            offer: offer.clone(),
+            state,
+            reason: String::new(),
+            buy_by: at + Duration::hours(6),
+            check_at,
+            lease_token: None,
+            lease_until: None,
+            called_at: Some(at),
+            doubt_since: Some(at),
+            approval_key: None,
+            approved_by: None,
+            debited: offer.fee.to_micros_ceil(),
+            debit_team: None,
+            debit_month: None,
+        };
+        let now = at + Duration::minutes(20);
+        // due: open and its look has come; not before it, never once settled
+        assert!(e(ExtensionState::PaymentPending, Some(now)).due(now));
+        assert!(
+            !e(
+                ExtensionState::PaymentPending,
+                Some(now + Duration::minutes(1))
+            )
+            .due(now)
+        );
+        assert!(!e(ExtensionState::PaymentPending, None).due(now));
+        assert!(!e(ExtensionState::Succeeded, Some(at)).due(now));
+        assert!(!e(ExtensionState::Failed, Some(at)).due(now));
+        // is: another offering bought since the doubt began
+        let other = ExtensionSeen {
+            offering_id: "cbe-9".into(),
+            hours: 24,
+            starts_at: offer.starts_at,
+            ends_at: offer.ends_at,
+            fee: Some(offer.fee),
+            payment: ExtensionPayment::Pending,
+            bought_at: Some(at + Duration::minutes(1)),
+        };
+        assert!(e(ExtensionState::Buying, None).is(&other, &[]));
+        // ... is not ours once another extension of the reservation holds it
+        assert!(!e(ExtensionState::Buying, None).is(&other, &["cbe-9"]));
+        // ... nor once ours is no longer being bought
+        assert!(!e(ExtensionState::PaymentPending, None).is(&other, &[]));
+    }
+
     #[test]
     fn an_extension_is_whole_days_to_two_weeks_then_whole_weeks_to_182_days() {
         for ok in [24, 48, 14 * 24, 21 * 24, 182 * 24] {

@@ -231,6 +231,28 @@ async fn a_failed_payment_keeps_the_old_end_and_returns_the_debit() {
     );
 }
 
+/// A failed extension does not count against `extend.max_hours` or `max_upfront_usd`
+/// (`Extension::counts`; a mutant the simulation left unjudged, tests/mutants/purchase.md):
+/// after its payment failed, the team may ask for the same day again, and it is bought.
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_failed_payment_the_same_day_may_be_asked_for_again() {
+    // GIVEN at most 24 h and $500 of extensions, and a day's extension whose payment failed
+    let w = World::new();
+    let (p, cr) = scheduled(&w, policy(24, "500"), None).await;
+    p.handle(ask("x1", 24)).await.unwrap();
+    w.market.settle_extensions(ExtensionPayment::Failed);
+    tick_when_due(&w, &p, "t1").await;
+    assert_eq!(held(&w)[0].extensions[0].state, ExtensionState::Failed);
+    // WHEN the team asks for the day again
+    p.handle(ask("x2", 24)).await.unwrap();
+    // THEN it is bought: the failed one used none of the policy's hours or dollars
+    let r = held(&w)[0].clone();
+    assert_eq!(r.extensions.len(), 2, "{}", record(&w, "r1").reason);
+    assert_eq!(r.extensions[1].state, ExtensionState::PaymentPending);
+    assert_eq!(w.market.extensions_bought(&cr), 2);
+    assert_eq!(w.spent("team-a"), MicroUsd(FEE_1661 + DAY_FEE));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_approval_past_the_payment_lead_is_refused_and_one_in_time_buys() {
     for in_time in [false, true] {
