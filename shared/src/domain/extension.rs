@@ -321,6 +321,35 @@ pub fn used<'a>(all: impl IntoIterator<Item = &'a Extension>) -> (u32, MicroUsd)
 mod tests {
     use super::*;
 
+    /// Extension 1 of `offer`, in `state`, its call made and its doubt begun at `at`, its fee
+    /// debited, next looked at `check_at`.
+    fn called(
+        offer: &ExtensionOffer,
+        at: DateTime<Utc>,
+        state: ExtensionState,
+        check_at: Option<DateTime<Utc>>,
+    ) -> Extension {
+        Extension {
+            number: 1,
+            asked: Asked::WorkloadRunning,
+            asked_at: at,
+            offer: offer.clone(),
+            state,
+            reason: String::new(),
+            buy_by: at + Duration::hours(6),
+            check_at,
+            lease_token: None,
+            lease_until: None,
+            called_at: Some(at),
+            doubt_since: Some(at),
+            approval_key: None,
+            approved_by: None,
+            debited: offer.fee.to_micros_ceil(),
+            debit_team: None,
+            debit_month: None,
+        }
+    }
+
     /// Seed 668: a team's extension by hand of the very offering capacity-pilot then bought
     /// again (its payment failed first); reading the history by offering id alone took the
     /// earlier, failed one for ours and gave back a fee AWS went on to take.
@@ -335,25 +364,7 @@ mod tests {
             ends_at: at + Duration::days(3),
             fee: Usd::parse("3825.98").unwrap(),
         };
-        let e = Extension {
-            number: 1,
-            asked: Asked::WorkloadRunning,
-            asked_at: at,
-            offer: offer.clone(),
-            state: ExtensionState::PaymentPending,
-            reason: String::new(),
-            buy_by: at + Duration::hours(6),
-            check_at: None,
-            lease_token: None,
-            lease_until: None,
-            called_at: Some(at),
-            doubt_since: Some(at),
-            approval_key: None,
-            approved_by: None,
-            debited: offer.fee.to_micros_ceil(),
-            debit_team: None,
-            debit_month: None,
-        };
+        let e = called(&offer, at, ExtensionState::PaymentPending, None);
         let seen = |bought: DateTime<Utc>, payment| ExtensionSeen {
             offering_id: "cbe-1".into(),
             hours: 48,
@@ -390,25 +401,7 @@ mod tests {
             ends_at: at + Duration::days(2),
             fee: Usd::parse("480").unwrap(),
         };
-        let e = |state: ExtensionState, check_at: Option<DateTime<Utc>>| Extension {
-            number: 1,
-            asked: Asked::WorkloadRunning,
-            asked_at: at,
-            offer: offer.clone(),
-            state,
-            reason: String::new(),
-            buy_by: at + Duration::hours(6),
-            check_at,
-            lease_token: None,
-            lease_until: None,
-            called_at: Some(at),
-            doubt_since: Some(at),
-            approval_key: None,
-            approved_by: None,
-            debited: offer.fee.to_micros_ceil(),
-            debit_team: None,
-            debit_month: None,
-        };
+        let e = |state, check_at| called(&offer, at, state, check_at);
         let now = at + Duration::minutes(20);
         // due: open and its look has come; not before it, never once settled
         assert!(e(ExtensionState::PaymentPending, Some(now)).due(now));

@@ -434,10 +434,13 @@ impl Reopen {
 /// whose paid end moved its drain later while it stopped ([`ends_moved`] keeps the number on
 /// its record; marking a window `Stopping` clears it). `None`: it drains as it was going to.
 pub fn reopened_after_stop(w: &Window, reopen: Reopen, now: DateTime<Utc>) -> Option<u32> {
-    if reopen.stopped || now >= w.drain_at || !usable(&w.reservation) {
-        return None;
-    }
-    w.relaunch
+    w.relaunch.filter(|_| may_reopen(w, reopen, now))
+}
+
+/// Whether `w` may be reopened at all at `now`: no cancellation stopped it, its (new) drain
+/// is still ahead, and its reservation is usable.
+fn may_reopen(w: &Window, reopen: Reopen, now: DateTime<Utc>) -> bool {
+    !reopen.stopped && now < w.drain_at && usable(&w.reservation)
 }
 
 /// The number of capacity-pilot's extension whose paid end reopens `w` in `state` at `now`,
@@ -452,7 +455,7 @@ pub fn relaunch_after(
     reopen: Reopen,
     now: DateTime<Utc>,
 ) -> Option<u32> {
-    if reopen.stopped || now >= w.drain_at || !usable(&w.reservation) {
+    if !may_reopen(w, reopen, now) {
         return None;
     }
     let n = ours(w)?;

@@ -365,16 +365,22 @@ async fn nothing_launches_before_the_window_opens() {
     assert!(w.events.published().is_empty());
 }
 
-#[tokio::test]
-async fn a_training_job_and_an_endpoint_launch_with_the_plan_arn() {
-    let w = World::new();
-    let mut job = request("r1", "team-a", "5000");
+/// A request for a training job (image `img`, output `s3://b/o`) with the fixture's budget.
+fn training_job_request(id: &str) -> CapacityRequest {
+    let mut job = request(id, "team-a", "5000");
     job.workload = WorkloadDetail::TrainingJob(TrainingJobTemplate {
         training_image: "img".into(),
         output_s3_uri: "s3://b/o".into(),
         volume_size_gb: 100,
         hyper_parameters: Default::default(),
     });
+    job
+}
+
+#[tokio::test]
+async fn a_training_job_and_an_endpoint_launch_with_the_plan_arn() {
+    let w = World::new();
+    let job = training_job_request("r1");
     let mut endpoint = request("r2", "team-a", "5000");
     endpoint.workload = WorkloadDetail::InferenceEndpoint {
         model_name: "m".into(),
@@ -423,13 +429,7 @@ async fn a_training_job_and_an_endpoint_launch_with_the_plan_arn() {
 #[tokio::test]
 async fn a_training_jobs_follow_on_starts_once_the_first_stops_at_the_old_end() {
     let w = World::new();
-    let mut job = request("r1", "team-a", "5000");
-    job.workload = WorkloadDetail::TrainingJob(TrainingJobTemplate {
-        training_image: "img".into(),
-        output_s3_uri: "s3://b/o".into(),
-        volume_size_gb: 100,
-        hyper_parameters: Default::default(),
-    });
+    let job = training_job_request("r1");
     let p = plan(TargetResource::TrainingJob);
     w.reserved(job, p.clone(), opens()).await;
     w.clock.set(opens());
